@@ -1,0 +1,62 @@
+"""The ``luftpause`` command.
+
+``luftpause up`` runs the whole stack; ``scheduler``, ``dataplane`` and ``runtime`` run one process
+each; ``fake-engine``, ``fake-mcp`` and ``loadgen`` come from the test kit. Every subcommand lives in
+its own module, which exposes ``add_arguments(parser)`` and ``run(args) -> int``; that module is
+imported only when its command runs, so ``luftpause dataplane`` never loads the MCP SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from luftpause import __version__
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("luftpause.up", "run scheduler, dataplane and runtime (and, with no config, the simulated pool)"),
+    "scheduler": ("luftpause.scheduler.server", "run the scheduler (gRPC admission, HTTP status)"),
+    "dataplane": ("luftpause.dataplane.server", "run the OpenAI-compatible proxy"),
+    "runtime": ("luftpause.runtime.server", "run the MCP server that drives sub-agents"),
+    "fake-engine": ("luftpause.testkit.fake_engine", "run the OpenAI-compatible engine simulator"),
+    "fake-mcp": ("luftpause.testkit.fake_mcp", "run the fake MCP tool server (lookup, deep_search)"),
+    "loadgen": ("luftpause.testkit.loadgen", "drive load through the runtime or the proxy"),
+}
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``; absent, ``LUFTPAUSE_CONFIG`` or the embedded default is used."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="TOML configuration (default: $LUFTPAUSE_CONFIG, else the embedded default)",
+    )
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="luftpause", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module_name).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_in if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(args_in)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    result: int = module.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""One typed configuration for all three processes.
+
+The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in DESIGN.md
+("Configuration"). With no file the embedded default below is used: two simulated replicas serving
+one model and the fake MCP tool server, all on loopback, which ``luftpause up`` starts itself.
+
+A bad file is refused with :class:`ConfigError`, whose message names the file, the key and what was
+expected, for example::
+
+    luftpause.toml: replicas[0].kind: expected 'generative' or 'single_pass', got 'gpu'
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_ENV = "LUFTPAUSE_CONFIG"
+
+DEFAULT_MODEL = "llama-3.2-1b"
+
+EMBEDDED_DEFAULT = f"""
+[scheduler]
+grpc = "127.0.0.1:5000"
+http = "127.0.0.1:5001"
+
+[dataplane]
+listen = "127.0.0.1:8080"
+scheduler = "127.0.0.1:5000"
+
+[runtime]
+listen = "127.0.0.1:7000"
+dataplane = "http://127.0.0.1:8080"
+state_dir = "state"
+
+[[replicas]]
+name = "sim-a"
+url = "http://127.0.0.1:30001"
+models = ["{DEFAULT_MODEL}"]
+
+[[replicas]]
+name = "sim-b"
+url = "http://127.0.0.1:30002"
+models = ["{DEFAULT_MODEL}"]
+
+[[mcp_servers]]
+name = "fake"
+url = "http://127.0.0.1:7100/mcp"
+"""
+
+
+class ConfigError(Exception):
+    """The configuration file is unreadable or does not have the expected shape.
+
+    The message names the file, the key and what was expected; the processes print it and exit 2.
+    """
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected 'host:port', got {value!r}")
+    return value
+
+
+class SchedulerConfig(_Section):
+    grpc: str = "127.0.0.1:5000"
+    """gRPC listen address (``host:port``) for Admit / Report / Resync."""
+    http: str = "127.0.0.1:5001"
+    """HTTP listen address for ``GET /status``."""
+
+    _check = field_validator("grpc", "http")(_host_port)
+
+
+class DataplaneConfig(_Section):
+    listen: str = "127.0.0.1:8080"
+    scheduler: str = "127.0.0.1:5000"
+    """Where the scheduler's gRPC endpoint is (``host:port``)."""
+
+    _check = field_validator("listen", "scheduler")(_host_port)
+
+
+class RuntimeConfig(_Section):
+    listen: str = "127.0.0.1:7000"
+    dataplane: str = "http://127.0.0.1:8080"
+    """Base URL of the dataplane the sub-agents' turns go through."""
+    state_dir: str = "state"
+    """Where ``runs.jsonl`` lives; relative paths are taken from the working directory."""
+    default_model: str | None = None
+    """Model for ``spawn`` without one; by default the first model of the first generative replica."""
+
+    _check = field_validator("listen")(_host_port)
+
+
+class ReplicaConfig(_Section):
+    name: str = Field(min_length=1)
+    url: str
+    """Base URL of an OpenAI-compatible engine (``http://`` or ``https://``), without ``/v1``."""
+    models: tuple[str, ...] = Field(min_length=1)
+    kind: Literal["generative", "single_pass"] = "generative"
+    api_key_env: str | None = None
+    """Name of the environment variable holding the key sent upstream as ``Authorization: Bearer``."""
+    health_path: str = "/health"
+    load_from: tuple[str, ...] = ()
+    max_inflight: int = Field(default=32, ge=1)
+    """Cap on turns in flight at this replica; the scheduler holds the rest."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    def api_key(self) -> str | None:
+        """The upstream key read from ``api_key_env`` at call time, or ``None``."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class McpServerConfig(_Section):
+    name: str = Field(min_length=1)
+    url: str | None = None
+    """A streamable HTTP MCP endpoint, e.g. ``http://127.0.0.1:7100/mcp``."""
+    command: tuple[str, ...] | None = None
+    """A stdio MCP server's argv (instead of ``url``)."""
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("expected exactly one of 'url' or 'command'")
+        return self
+
+
+class Config(_Section):
+    scheduler: SchedulerConfig = SchedulerConfig()
+    dataplane: DataplaneConfig = DataplaneConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    replicas: tuple[ReplicaConfig, ...] = Field(min_length=1)
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    source: str | None = None
+    """The file this came from; ``None`` for the embedded default."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        for what, names in (
+            ("replicas", [r.name for r in self.replicas]),
+            ("mcp_servers", [s.name for s in self.mcp_servers]),
+        ):
+            seen: set[str] = set()
+            for name in names:
+                if name in seen:
+                    raise ValueError(f"{what}: expected unique names, {name!r} appears twice")
+                seen.add(name)
+        return self
+
+    @property
+    def is_embedded_default(self) -> bool:
+        return self.source is None
+
+    def replica(self, name: str) -> ReplicaConfig:
+        """The replica called ``name``; ``KeyError`` if there is none."""
+        for replica in self.replicas:
+            if replica.name == name:
+                return replica
+        raise KeyError(name)
+
+    @property
+    def models(self) -> list[str]:
+        """Every model some replica serves, in configuration order, without repeats."""
+        return list(dict.fromkeys(m for r in self.replicas for m in r.models))
+
+    @property
+    def default_model(self) -> str:
+        if self.runtime.default_model:
+            return self.runtime.default_model
+        for replica in self.replicas:
+            if replica.kind == "generative":
+                return replica.models[0]
+        return self.replicas[0].models[0]
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        key = ""
+        for loc in item["loc"]:
+            key += f"[{loc}]" if isinstance(loc, int) else (f".{loc}" if key else str(loc))
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif item["type"] == "missing":
+            message = "expected a value, none given"
+        parts.append(f"{key or '(top level)'}: {message}")
+    return "; ".join(parts)
+
+
+def parse_config(text: str, source: str | None = None) -> Config:
+    """Parse TOML text into a :class:`Config`; raises :class:`ConfigError` naming ``source``."""
+    where = source or "embedded default"
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    data.pop("source", None)
+    try:
+        return Config.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_describe(exc)}") from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load ``path``, else the file named by ``LUFTPAUSE_CONFIG``, else the embedded default.
+
+    Raises :class:`ConfigError` when the file cannot be read or has the wrong shape.
+    """
+    chosen = path if path is not None else os.environ.get(CONFIG_ENV) or None
+    if chosen is None:
+        return parse_config(EMBEDDED_DEFAULT)
+    file = Path(chosen)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+    return parse_config(text, str(file))
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``"127.0.0.1:8080"`` -> ``("127.0.0.1", 8080)``."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)

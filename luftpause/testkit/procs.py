@@ -1,0 +1,128 @@
+"""Start luftpause commands as real child processes on loopback, and wait until they answer.
+
+Used by the tests and by ``luftpause up``. Every process runs ``python -m luftpause <command>`` with
+the interpreter that runs this module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """True when a TCP connection to ``host:port`` succeeds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def http_ok(url: str, timeout: float = 0.5) -> bool:
+    """True when ``GET url`` answers with any HTTP status below 500."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status) < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except (OSError, ValueError):
+        return False
+
+
+class ChildProcess:
+    """One ``luftpause`` command running as a child process, its output sent to ``log_path``.
+
+    ``ready_url`` (HTTP) or ``ready_port`` (TCP) tells when it is serving; :meth:`wait_ready`
+    raises ``RuntimeError`` with the end of its log when it exits first or takes too long.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+        ready_url: str | None = None,
+        ready_port: tuple[str, int] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = [sys.executable, "-m", "luftpause", *argv]
+        self.log_path = log_path
+        self.ready_url = ready_url
+        self.ready_port = ready_port
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ChildProcess:
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        if self.log_path:
+            out.close()  # type: ignore[union-attr]
+        return self
+
+    def is_ready(self) -> bool:
+        if self.ready_url is not None:
+            return http_ok(self.ready_url)
+        if self.ready_port is not None:
+            return port_open(*self.ready_port)
+        return True
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout`` seconds."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()

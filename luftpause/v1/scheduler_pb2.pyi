@@ -1,0 +1,154 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVICE_CLASS_UNSPECIFIED: _ClassVar[ServiceClass]
+    INTERACTIVE: _ClassVar[ServiceClass]
+    BATCH: _ClassVar[ServiceClass]
+
+class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_PHASE_UNSPECIFIED: _ClassVar[RunPhase]
+    IDLE: _ClassVar[RunPhase]
+    GENERATING: _ClassVar[RunPhase]
+    TOOL_PAUSED: _ClassVar[RunPhase]
+SERVICE_CLASS_UNSPECIFIED: ServiceClass
+INTERACTIVE: ServiceClass
+BATCH: ServiceClass
+RUN_PHASE_UNSPECIFIED: RunPhase
+IDLE: RunPhase
+GENERATING: RunPhase
+TOOL_PAUSED: RunPhase
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    dataplane_id: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("replica",)
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    def __init__(self, replica: _Optional[str] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("reason", "http_status")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    http_status: int
+    def __init__(self, reason: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("placed", "refused")
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    placed: Placement
+    refused: Refusal
+    def __init__(self, placed: _Optional[_Union[Placement, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class TurnEvent(_message.Message):
+    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[TurnEvent.Kind]
+        STARTED: _ClassVar[TurnEvent.Kind]
+        FIRST_TOKEN: _ClassVar[TurnEvent.Kind]
+        FINISHED: _ClassVar[TurnEvent.Kind]
+        FAILED: _ClassVar[TurnEvent.Kind]
+        RUN_ENDED: _ClassVar[TurnEvent.Kind]
+    KIND_UNSPECIFIED: TurnEvent.Kind
+    STARTED: TurnEvent.Kind
+    FIRST_TOKEN: TurnEvent.Kind
+    FINISHED: TurnEvent.Kind
+    FAILED: TurnEvent.Kind
+    RUN_ENDED: TurnEvent.Kind
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    kind: TurnEvent.Kind
+    finish_reason: str
+    tool_calls: bool
+    prompt_tokens: int
+    completion_tokens: int
+    error: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReportSummary(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: int
+    def __init__(self, events: _Optional[int] = ...) -> None: ...
+
+class RunRecord(_message.Message):
+    __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    last_replica: str
+    phase: RunPhase
+    service_class: ServiceClass
+    caller: str
+    def __init__(self, run_id: _Optional[str] = ..., last_replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class InFlightTurn(_message.Message):
+    __slots__ = ("turn_id", "run_id", "replica", "model", "service_class", "caller")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    replica: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class ResyncRequest(_message.Message):
+    __slots__ = ("dataplane_id", "runs", "turns")
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    dataplane_id: str
+    runs: _containers.RepeatedCompositeFieldContainer[RunRecord]
+    turns: _containers.RepeatedCompositeFieldContainer[InFlightTurn]
+    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ...) -> None: ...
+
+class ResyncReply(_message.Message):
+    __slots__ = ("runs", "turns")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    turns: int
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
