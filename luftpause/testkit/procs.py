@@ -71,7 +71,7 @@ class ChildProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ChildProcess:
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )

@@ -1,0 +1,228 @@
+"""The dataplane's RSGI application (served by granian on uvloop).
+
+Routes (DESIGN.md, "The dataplane"):
+
+=========================  ======================================================================
+``POST /v1/chat/completions``  OpenAI Chat Completions, streamed or not, admitted by the scheduler
+``GET /v1/models``            the union of the models the configured replicas serve
+``DELETE /v1/runs/{id}``      the run ended: the scheduler forgets it at once (204)
+``GET /health``               ``{"status": "ok", "scheduler": "connected" | "connecting"}``
+=========================  ======================================================================
+
+Request headers read: ``x-luftpause-run-id`` (else a new run), ``x-luftpause-class``
+(``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``.
+With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from luftpause.config import Config, load_config
+from luftpause.dataplane.admission import SchedulerLink
+from luftpause.dataplane.errors import (
+    BadRequest,
+    DataplaneError,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn
+from luftpause.dataplane.runs import RunTable
+from luftpause.v1 import scheduler_pb2 as pb
+
+if TYPE_CHECKING:
+    from granian.rsgi import HTTPProtocol, Scope
+
+log = logging.getLogger("luftpause.dataplane")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+CALLER_MAX_BYTES = 128
+ENGINE_CONNECT_TIMEOUT_S = 2.0
+TOKEN_ENV = "LUFTPAUSE_TOKEN"
+
+_CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
+_JSON = [("content-type", "application/json")]
+
+
+def truncate_caller(caller: str) -> str:
+    """At most ``CALLER_MAX_BYTES`` bytes of UTF-8, never cutting a character in half."""
+    raw = caller.encode()
+    if len(raw) <= CALLER_MAX_BYTES:
+        return caller
+    return raw[:CALLER_MAX_BYTES].decode(errors="ignore")
+
+
+class Dataplane:
+    """RSGI application; granian calls ``__rsgi_init__`` in the worker before serving."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.runs = RunTable()
+        self.link = SchedulerLink(config.dataplane.scheduler, self.runs)
+        self.token = os.environ.get(TOKEN_ENV) or None
+        self.models_body = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in config.models
+                ],
+            }
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._relay: Relay | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(self.startup())
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(self.shutdown())
+
+    async def startup(self) -> None:
+        # No total timeout: a stream lasts as long as the engine generates.
+        timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)  # engines close idle at 5 s
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        self._relay = Relay(self._session, self.link, self.runs)
+        await self.link.start()
+
+    async def shutdown(self) -> None:
+        await self.link.close()
+        if self._session is not None:
+            await self._session.close()
+
+    # --- routing ---------------------------------------------------------------------------------
+
+    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
+        try:
+            await self._route(scope, proto)
+        except DataplaneError as exc:
+            headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
+            proto.response_bytes(exc.status, headers, exc.body())
+
+    async def _route(self, scope: Scope, proto: HTTPProtocol) -> None:
+        path, method = scope.path, scope.method
+        if path == "/health":
+            state = "connected" if self.link.connected else "connecting"
+            proto.response_bytes(200, _JSON, orjson.dumps({"status": "ok", "scheduler": state}))
+            return
+        if not path.startswith("/v1/"):
+            raise NotFound(f"no route {method} {path}")
+        self._authorize(scope)
+        if path == "/v1/chat/completions":
+            if method != "POST":
+                raise MethodNotAllowed(f"{path} takes POST, not {method}")
+            await self._chat_completions(scope, proto)
+        elif path == "/v1/models":
+            proto.response_bytes(200, _JSON, self.models_body)
+        elif path.startswith("/v1/runs/") and len(path) > len("/v1/runs/"):
+            if method != "DELETE":
+                raise MethodNotAllowed(f"{path} takes DELETE, not {method}")
+            run_id = path[len("/v1/runs/") :]
+            self.runs.forget(run_id)
+            self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
+            proto.response_empty(204, [(RUN_ID_HEADER, run_id)])
+        else:
+            raise NotFound(f"no route {method} {path}")
+
+    def _authorize(self, scope: Scope) -> None:
+        if self.token is None:
+            return
+        given = scope.headers.get("authorization") or ""
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token.encode()):
+            raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)")
+
+    # --- chat completions ------------------------------------------------------------------------
+
+    def _parse_turn(self, scope: Scope, body: bytes) -> Turn:
+        if len(body) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+        try:
+            payload: Any = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' must be a non-empty string")
+        if not isinstance(payload.get("messages"), list):
+            raise BadRequest("'messages' must be an array")
+        headers = scope.headers
+        class_name = headers.get("x-luftpause-class") or "interactive"
+        service_class = _CLASSES.get(class_name)
+        if service_class is None:
+            raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
+        return Turn(
+            turn_id=Turn.new_id(),
+            run_id=headers.get(RUN_ID_HEADER) or f"run-{uuid.uuid4().hex}",
+            model=model,
+            service_class=service_class,
+            caller=truncate_caller(headers.get("x-luftpause-caller") or ""),
+            stream=payload.get("stream") is True,
+            body=body,
+            traceparent=headers.get("traceparent"),
+        )
+
+    async def _chat_completions(self, scope: Scope, proto: HTTPProtocol) -> None:
+        turn = self._parse_turn(scope, await proto())
+        # Race the whole turn against the client leaving: a held turn must leave the queue at once
+        # and a streaming one must close its engine request at once (starlette's pattern).
+        work = asyncio.ensure_future(self._admit_and_forward(turn, proto))
+        gone = asyncio.ensure_future(proto.client_disconnect())
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():
+                work.cancel()  # Admit cancelled -> TurnAbandoned; engine request closed -> failed
+                try:
+                    await work
+                except asyncio.CancelledError:
+                    pass
+            gone.cancel()
+        if not work.cancelled() and work.exception() is not None:
+            exc = work.exception()
+            if isinstance(exc, DataplaneError):
+                exc.run_id = turn.run_id
+            raise exc  # type: ignore[misc]
+
+    async def _admit_and_forward(self, turn: Turn, proto: HTTPProtocol) -> None:
+        assert self._relay is not None
+        reply = await self.link.admit(
+            pb.AdmitRequest(
+                turn_id=turn.turn_id,
+                run_id=turn.run_id,
+                model=turn.model,
+                service_class=turn.service_class,  # type: ignore[arg-type]
+                caller=turn.caller,
+                dataplane_id=self.link.dataplane_id,
+            )
+        )
+        if reply.WhichOneof("outcome") == "refused":
+            raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
+        try:
+            replica = self.config.replica(reply.placed.replica)
+        except KeyError:
+            self._relay.failed(turn, f"unknown replica {reply.placed.replica!r}")
+            raise DataplaneError(
+                f"the scheduler placed the turn on replica {reply.placed.replica!r}, "
+                "which this dataplane's configuration does not name"
+            ) from None
+        await self._relay.forward(turn, replica, proto)
+
+
+def create_app() -> Dataplane:
+    """Build the app from ``LUFTPAUSE_CONFIG`` (or the embedded default); granian's factory."""
+    return Dataplane(load_config())

@@ -1,0 +1,61 @@
+"""Errors the dataplane answers with, each knowing its HTTP status.
+
+The body is always ``{"error": {"message": "..."}}`` (DESIGN.md, "Failure contract")::
+
+    DataplaneError (500)
+    ├── BadRequest (400)          malformed JSON, missing model/messages, bad x-luftpause-class
+    ├── Unauthorized (401)        LUFTPAUSE_TOKEN set and the bearer token missing or wrong
+    ├── NotFound (404)            unknown route, or no replica serves the model
+    ├── MethodNotAllowed (405)
+    ├── PayloadTooLarge (413)     request body over MAX_BODY_BYTES
+    └── EngineUnreachable (502)   the engine could not be connected to: "engine <replica>: <error>"
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class DataplaneError(Exception):
+    """Base: ``status`` is the HTTP status, ``str(err)`` the message returned to the client."""
+
+    status = 500
+    run_id: str | None = None
+    """Set once the turn has a run: the answer then carries ``x-luftpause-run-id``."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+    def body(self) -> bytes:
+        return error_body(str(self))
+
+
+class BadRequest(DataplaneError):
+    status = 400
+
+
+class Unauthorized(DataplaneError):
+    status = 401
+
+
+class NotFound(DataplaneError):
+    status = 404
+
+
+class MethodNotAllowed(DataplaneError):
+    status = 405
+
+
+class PayloadTooLarge(DataplaneError):
+    status = 413
+
+
+class EngineUnreachable(DataplaneError):
+    status = 502
+
+
+def error_body(message: str) -> bytes:
+    """The JSON error contract: ``{"error": {"message": message}}`` as bytes."""
+    return orjson.dumps({"error": {"message": message}})

@@ -1,0 +1,55 @@
+"""``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from luftpause.cli import add_config_argument
+from luftpause.config import CONFIG_ENV, ConfigError, load_config, split_host_port
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"luftpause dataplane: {exc}", file=sys.stderr)
+        return 2
+    # The granian worker builds the app from the same file (see app.create_app).
+    if config.source is not None:
+        os.environ[CONFIG_ENV] = os.path.abspath(config.source)
+    else:
+        os.environ.pop(CONFIG_ENV, None)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not os.environ.get("LUFTPAUSE_TOKEN"):
+        logging.getLogger("luftpause.dataplane").warning(
+            "LUFTPAUSE_TOKEN is not set: every request is accepted without authentication"
+        )
+
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+
+    host, port = split_host_port(config.dataplane.listen)
+    server = Granian(
+        "luftpause.dataplane.app:create_app",
+        address=host,
+        port=port,
+        interface=Interfaces.RSGI,
+        loop=Loops.uvloop,
+        workers=1,
+        factory=True,
+        log_access=False,
+    )
+    print(
+        f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "
+        f"(scheduler {config.dataplane.scheduler})",
+        flush=True,
+    )
+    server.serve()
+    return 0

@@ -1,0 +1,147 @@
+"""A whole luftpause stack as real processes on free loopback ports, for tests and benchmarks.
+
+``Stack.start(workdir)`` writes a configuration file, starts two simulated engines, the fake MCP
+server, the scheduler, the dataplane and the runtime, and waits until each answers; ``stop()`` ends
+them all. ``Stack`` is also a context manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from luftpause.config import DEFAULT_MODEL
+from luftpause.testkit.procs import ChildProcess, free_port
+
+
+@dataclass
+class Stack:
+    """URLs of a running stack; ``children`` in start order."""
+
+    workdir: Path
+    config_path: Path
+    model: str
+    engine_urls: list[str]
+    mcp_url: str
+    dataplane_url: str
+    status_url: str
+    runtime_url: str
+    scheduler_grpc: str
+    children: dict[str, ChildProcess] = field(default_factory=dict)
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path,
+        *,
+        slots: int = 4,
+        max_inflight: int = 32,
+        tool_rounds: int = 2,
+        decode_ms: float = 1.0,
+        env: dict[str, str] | None = None,
+    ) -> Stack:
+        """Start everything; raises ``RuntimeError`` (with the failing child's log) if one fails."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        engine_ports = [free_port(), free_port()]
+        mcp_port, grpc_port, status_port, dp_port, rt_port = (free_port() for _ in range(5))
+        replicas = "".join(
+            f"""
+[[replicas]]
+name = "sim-{i}"
+url = "http://127.0.0.1:{port}"
+models = ["{DEFAULT_MODEL}"]
+max_inflight = {max_inflight}
+"""
+            for i, port in enumerate(engine_ports)
+        )
+        config_path = workdir / "luftpause.toml"
+        config_path.write_text(
+            f"""
+[scheduler]
+grpc = "127.0.0.1:{grpc_port}"
+http = "127.0.0.1:{status_port}"
+
+[dataplane]
+listen = "127.0.0.1:{dp_port}"
+scheduler = "127.0.0.1:{grpc_port}"
+
+[runtime]
+listen = "127.0.0.1:{rt_port}"
+dataplane = "http://127.0.0.1:{dp_port}"
+state_dir = "{workdir / "state"}"
+{replicas}
+[[mcp_servers]]
+name = "fake"
+url = "http://127.0.0.1:{mcp_port}/mcp"
+"""
+        )
+        stack = cls(
+            workdir=workdir,
+            config_path=config_path,
+            model=DEFAULT_MODEL,
+            engine_urls=[f"http://127.0.0.1:{p}" for p in engine_ports],
+            mcp_url=f"http://127.0.0.1:{mcp_port}/mcp",
+            dataplane_url=f"http://127.0.0.1:{dp_port}",
+            status_url=f"http://127.0.0.1:{status_port}/status",
+            runtime_url=f"http://127.0.0.1:{rt_port}/mcp",
+            scheduler_grpc=f"127.0.0.1:{grpc_port}",
+        )
+        conf = ["--config", str(config_path)]
+        plan: list[tuple[str, list[str], str | None, tuple[str, int] | None]] = [
+            *(
+                (
+                    f"engine{i}",
+                    [
+                        "fake-engine",
+                        "--port",
+                        str(port),
+                        "--model",
+                        DEFAULT_MODEL,
+                        "--slots",
+                        str(slots),
+                        "--decode-ms",
+                        str(decode_ms),
+                        "--tool-rounds",
+                        str(tool_rounds),
+                    ],
+                    f"http://127.0.0.1:{port}/health",
+                    None,
+                )
+                for i, port in enumerate(engine_ports)
+            ),
+            ("mcp", ["fake-mcp", "--port", str(mcp_port)], None, ("127.0.0.1", mcp_port)),
+            ("scheduler", ["scheduler", *conf], f"http://127.0.0.1:{status_port}/health", None),
+            ("dataplane", ["dataplane", *conf], f"{stack.dataplane_url}/health", None),
+            ("runtime", ["runtime", *conf], f"http://127.0.0.1:{rt_port}/health", None),
+        ]
+        try:
+            for name, argv, ready_url, ready_port in plan:
+                child = ChildProcess(
+                    name, argv, workdir / f"{name}.log", env=env, ready_url=ready_url, ready_port=ready_port
+                )
+                stack.children[name] = child.start()
+                child.wait_ready()
+        except BaseException:
+            stack.stop()
+            raise
+        return stack
+
+    def stop(self) -> None:
+        for child in reversed(list(self.children.values())):
+            child.stop()
+
+    def logs(self) -> str:
+        """Every child's log tail, for a failing test's message."""
+        return "\n".join(f"--- {name}\n{child.log_tail()}" for name, child in self.children.items())
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

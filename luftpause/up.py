@@ -1,0 +1,155 @@
+"""``luftpause up``: run the whole stack in the foreground and stop it as one.
+
+With no configuration file (the embedded default) it also starts the simulated pool: one
+``luftpause fake-engine`` per configured replica and one ``luftpause fake-mcp`` per configured MCP
+server, on the ports their URLs name. With ``--config FILE`` it starts only scheduler, dataplane and
+runtime. It prints the URLs once everything answers, and stops every child on Ctrl-C / SIGTERM or as
+soon as one of them dies, printing that child's last log lines. Exit status: 0 after Ctrl-C, 1 when a
+child died, 2 for a bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlsplit
+
+from luftpause.cli import add_config_argument
+from luftpause.config import Config, ConfigError, load_config, split_host_port
+from luftpause.testkit.procs import ChildProcess
+
+READY_TIMEOUT_S = 60.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument(
+        "--logs",
+        metavar="DIR",
+        default=None,
+        help="where each process writes its log (default: <runtime state_dir>/logs)",
+    )
+
+
+def plan(config: Config, logs: Path) -> list[ChildProcess]:
+    """The child processes to start, in start order (the simulated pool first)."""
+    config_args = ["--config", str(Path(config.source).resolve())] if config.source else []
+    children: list[ChildProcess] = []
+    if config.is_embedded_default:
+        for replica in config.replicas:
+            url = urlsplit(replica.url)
+            models = [arg for m in replica.models for arg in ("--model", m)]
+            children.append(
+                ChildProcess(
+                    f"engine {replica.name}",
+                    ["fake-engine", "--host", url.hostname or "127.0.0.1", "--port", str(url.port), *models],
+                    logs / f"engine-{replica.name}.log",
+                    ready_url=f"{replica.url}{replica.health_path}",
+                )
+            )
+        for server in config.mcp_servers:
+            if server.url is None:
+                continue
+            url = urlsplit(server.url)
+            children.append(
+                ChildProcess(
+                    f"mcp {server.name}",
+                    ["fake-mcp", "--host", url.hostname or "127.0.0.1", "--port", str(url.port)],
+                    logs / f"mcp-{server.name}.log",
+                    ready_port=(url.hostname or "127.0.0.1", url.port or 80),
+                )
+            )
+    status_host, status_port = split_host_port(config.scheduler.http)
+    dp_host, dp_port = split_host_port(config.dataplane.listen)
+    rt_host, rt_port = split_host_port(config.runtime.listen)
+    children += [
+        ChildProcess(
+            "scheduler",
+            ["scheduler", *config_args],
+            logs / "scheduler.log",
+            ready_url=f"http://{status_host}:{status_port}/health",
+        ),
+        ChildProcess(
+            "dataplane",
+            ["dataplane", *config_args],
+            logs / "dataplane.log",
+            ready_url=f"http://{dp_host}:{dp_port}/health",
+        ),
+        ChildProcess(
+            "runtime",
+            ["runtime", *config_args],
+            logs / "runtime.log",
+            ready_url=f"http://{rt_host}:{rt_port}/health",
+        ),
+    ]
+    return children
+
+
+def banner(config: Config, logs: Path) -> str:
+    dp_host, dp_port = split_host_port(config.dataplane.listen)
+    rt_host, rt_port = split_host_port(config.runtime.listen)
+    st_host, st_port = split_host_port(config.scheduler.http)
+    pool = ", ".join(f"{r.name} ({r.url})" for r in config.replicas)
+    lines = [
+        "luftpause is up" + (" (embedded default: simulated engines)" if config.is_embedded_default else ""),
+        f"  OpenAI base_url   http://{dp_host}:{dp_port}/v1   models: {', '.join(config.models)}",
+        f"  MCP endpoint      http://{rt_host}:{rt_port}/mcp",
+        f"  scheduler status  http://{st_host}:{st_port}/status",
+        f"  replicas          {pool}",
+        f"  logs              {logs}/",
+        "Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"luftpause up: {exc}", file=sys.stderr)
+        return 2
+    logs = Path(args.logs) if args.logs else Path(config.runtime.state_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    children = plan(config, logs)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    started: list[ChildProcess] = []
+    try:
+        for child in children:
+            print(f"starting {child.name} ...", flush=True)
+            started.append(child.start())
+            child.wait_ready(READY_TIMEOUT_S)
+        print(banner(config, logs), flush=True)
+        while True:
+            for child in started:
+                code = child.poll()
+                if code is not None:
+                    print(
+                        f"luftpause up: {child.name} exited with {code}; stopping the rest", file=sys.stderr
+                    )
+                    print(child.log_tail(), file=sys.stderr)
+                    return 1
+            time.sleep(0.2)
+    except _Stop:
+        print("stopping ...", flush=True)
+        return 0
+    except RuntimeError as exc:  # a child failed to become ready
+        print(f"luftpause up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for child in reversed(started):
+            child.stop()

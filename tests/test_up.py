@@ -1,0 +1,160 @@
+"""``luftpause up``: what it starts, the ready banner, and stopping everything as one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from luftpause.config import load_config
+from luftpause.testkit.procs import ChildProcess, free_port, port_open
+from luftpause.up import plan
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedded_default_starts_the_simulated_pool_before_the_three_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
+    children = plan(load_config(), tmp_path)
+    assert [c.name for c in children] == [
+        "engine sim-a",
+        "engine sim-b",
+        "mcp fake",
+        "scheduler",
+        "dataplane",
+        "runtime",
+    ]
+    assert "fake-engine" in children[0].argv and "30001" in children[0].argv
+    assert "fake-mcp" in children[2].argv and "7100" in children[2].argv
+
+
+def test_with_a_file_only_the_three_processes_start(tmp_path: Path) -> None:
+    path = tmp_path / "lp.toml"
+    path.write_text('[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n')
+    children = plan(load_config(path), tmp_path)
+    assert [c.name for c in children] == ["scheduler", "dataplane", "runtime"]
+    assert all(["--config", str(path.resolve())] == c.argv[-2:] for c in children)
+
+
+def _pids_with(fragment: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if fragment in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def up_with_file(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int], Path]]:
+    """``luftpause up --config FILE`` against a simulated engine and MCP server the test starts."""
+    engine_port, mcp_port = free_port(), free_port()
+    ports = {name: free_port() for name in ("grpc", "status", "dataplane", "runtime")}
+    path = tmp_path / "up.toml"
+    path.write_text(
+        f"""
+[scheduler]
+grpc = "127.0.0.1:{ports["grpc"]}"
+http = "127.0.0.1:{ports["status"]}"
+[dataplane]
+listen = "127.0.0.1:{ports["dataplane"]}"
+scheduler = "127.0.0.1:{ports["grpc"]}"
+[runtime]
+listen = "127.0.0.1:{ports["runtime"]}"
+dataplane = "http://127.0.0.1:{ports["dataplane"]}"
+state_dir = "{tmp_path / "state"}"
+[[replicas]]
+name = "a"
+url = "http://127.0.0.1:{engine_port}"
+models = ["llama-3.2-1b"]
+[[mcp_servers]]
+name = "fake"
+url = "http://127.0.0.1:{mcp_port}/mcp"
+"""
+    )
+    engine = ChildProcess(
+        "engine",
+        ["fake-engine", "--port", str(engine_port)],
+        tmp_path / "engine.log",
+        ready_url=f"http://127.0.0.1:{engine_port}/health",
+    ).start()
+    mcp = ChildProcess(
+        "mcp", ["fake-mcp", "--port", str(mcp_port)], tmp_path / "mcp.log", ready_port=("127.0.0.1", mcp_port)
+    ).start()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "luftpause", "up", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        engine.wait_ready()
+        mcp.wait_ready()
+        yield up, ports, path
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        for pid in _pids_with(str(path)):
+            os.kill(pid, signal.SIGKILL)
+        engine.stop()
+        mcp.stop()
+
+
+def _read_until(up: subprocess.Popen[bytes], marker: bytes, timeout: float = 60.0) -> bytes:
+    assert up.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        line = up.stdout.readline()
+        if not line or time.monotonic() > deadline:
+            raise AssertionError(f"no {marker!r} from luftpause up; it printed:\n{seen.decode()}")
+        seen += line
+    return seen
+
+
+def _wait_exit(up: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
+    return up.wait(timeout)
+
+
+def test_up_prints_the_urls_once_ready_and_ctrl_c_stops_every_child(
+    up_with_file: tuple[subprocess.Popen[bytes], dict[str, int], Path],
+) -> None:
+    up, ports, path = up_with_file
+    printed = _read_until(up, b"Ctrl-C stops everything")
+    assert f"http://127.0.0.1:{ports['dataplane']}/v1".encode() in printed
+    assert f"http://127.0.0.1:{ports['runtime']}/mcp".encode() in printed
+    assert all(port_open("127.0.0.1", p) for p in ports.values())
+    up.send_signal(signal.SIGINT)
+    assert _wait_exit(up) == 0
+    assert not any(port_open("127.0.0.1", p) for p in ports.values())
+    assert _pids_with(str(path)) == []
+
+
+def test_up_stops_everything_when_one_child_dies_and_shows_its_log(
+    up_with_file: tuple[subprocess.Popen[bytes], dict[str, int], Path],
+) -> None:
+    up, ports, path = up_with_file
+    _read_until(up, b"Ctrl-C stops everything")
+    scheduler = [
+        pid for pid in _pids_with(str(path)) if b"scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert scheduler
+    for pid in scheduler:
+        os.kill(pid, signal.SIGKILL)
+    assert _wait_exit(up) == 1
+    assert up.stdout is not None
+    assert b"scheduler exited" in up.stdout.read()
+    assert not any(port_open("127.0.0.1", p) for p in ports.values())
+    assert _pids_with(str(path)) == []
