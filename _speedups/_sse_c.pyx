@@ -1,0 +1,282 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The incremental SSE event scanner, compiled twin of ``luftpause/dataplane/_sse_py.py``.
+
+Same behaviour, same attributes, same rules (WHATWG HTML 9.2.6 "Interpreting an event stream";
+OpenAI ``chat.completion.chunk`` payloads); see the pure twin for the full account. Here the byte
+work -- finding line ends with ``memchr``, matching ``data`` fields, holding the unfinished line and
+the event being read -- runs in C over the read's buffer, and Python objects are made only for a
+``data`` value and for what orjson returns from a complete payload.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memchr, memcmp
+
+import orjson
+
+cdef object _loads = orjson.loads
+cdef bytes _DONE = b"[DONE]"
+cdef str _TOOL_CALLS = "tool_calls"
+
+cdef enum:
+    LF = 10
+    CR = 13
+
+
+cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py_ssize_t n) noexcept:
+    while i < n and (s[i] == b' ' or s[i] == b'\t' or s[i] == LF or s[i] == CR):
+        i += 1
+    return i
+
+
+cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
+    """Whether a payload provably changes nothing once the first token has been seen.
+
+    After the first token, a chunk object matters only through a ``usage``, ``tool_calls`` or
+    ``finish_reason`` key whose value is not null. Without ``\\u`` escapes those keys can only be
+    written as the literal bytes ``"usage"`` etc., so if every such byte run (in a key or not: the
+    test errs towards parsing) is followed by ``: null``, parsing the payload would change nothing
+    and orjson is not called. Most chunks of a stream are content deltas like that. Anything else,
+    including what is not JSON at all, is left to orjson and the full reading.
+    """
+    cdef const unsigned char* q
+    cdef Py_ssize_t i, j, key_len
+    q = <const unsigned char*>memchr(s, b'\\', n)
+    while q != NULL:
+        i = q - s + 1
+        if i < n and s[i] == b'u':
+            return False
+        q = <const unsigned char*>memchr(s + i, b'\\', n - i)
+    q = <const unsigned char*>memchr(s, b'"', n)
+    while q != NULL:
+        i = q - s + 1
+        key_len = 0
+        if i < n:
+            if s[i] == b'u' and n - i >= 6 and memcmp(s + i, b'usage"', 6) == 0:
+                key_len = 6
+            elif s[i] == b't' and n - i >= 11 and memcmp(s + i, b'tool_calls"', 11) == 0:
+                key_len = 11
+            elif s[i] == b'f' and n - i >= 14 and memcmp(s + i, b'finish_reason"', 14) == 0:
+                key_len = 14
+        if key_len:
+            j = _skip_json_space(s, i + key_len, n)
+            if j >= n or s[j] != b':':
+                return False
+            j = _skip_json_space(s, j + 1, n)
+            if n - j < 4 or memcmp(s + j, b"null", 4) != 0:
+                return False
+            i = j + 4
+        if i >= n:
+            break
+        q = <const unsigned char*>memchr(s + i, b'"', n - i)
+    return True
+
+
+cdef class SSEScanner:
+    """Scan one turn's event stream, fed in reads of any size, and keep what it says.
+
+    Attributes are read-only from Python: ``first_token_seen``, ``finish_reason``,
+    ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``, ``completion_tokens``, ``done``,
+    ``event_count``, ``events``; their meaning is given in ``luftpause.dataplane._sse_py``.
+    """
+
+    cdef readonly bint first_token_seen
+    cdef readonly object finish_reason
+    cdef readonly bint saw_tool_calls
+    cdef readonly list tool_call_ids
+    cdef readonly object prompt_tokens
+    cdef readonly object completion_tokens
+    cdef readonly bint done
+    cdef readonly Py_ssize_t event_count
+    cdef readonly list events
+
+    cdef bint _keep_events
+    cdef set _seen_ids
+    # the line read so far whose end has not arrived yet
+    cdef bytearray _tail
+    # data of the event being read: the first data line alone, and all of them joined once there
+    # are two or more (events of several data lines are rare in chat streams)
+    cdef Py_ssize_t _n_data
+    cdef bytes _data
+    cdef bytearray _data_lines
+    # the last read ended in CR: an LF opening the next read completes that CRLF
+    cdef bint _skip_lf
+    # no line completed yet: the first one may start with a byte order mark
+    cdef bint _at_start
+
+    def __init__(self, keep_events: bool = False) -> None:
+        self.first_token_seen = False
+        self.finish_reason = None
+        self.saw_tool_calls = False
+        self.tool_call_ids = []
+        self.prompt_tokens = -1
+        self.completion_tokens = -1
+        self.done = False
+        self.event_count = 0
+        self.events = []
+        self._keep_events = bool(keep_events)
+        self._seen_ids = set()
+        self._tail = bytearray()
+        self._n_data = 0
+        self._data = None
+        self._data_lines = None
+        self._skip_lf = False
+        self._at_start = True
+
+    def feed(self, chunk) -> bool:
+        """Consume the next ``chunk`` of bytes read from the engine, cut anywhere.
+
+        Returns ``True`` iff the turn's first token was seen inside this chunk, which happens at
+        most once per scanner. Never raises on any content of ``chunk``.
+        """
+        cdef bytes buf = chunk if type(chunk) is bytes else bytes(chunk)
+        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(buf)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(buf)
+        cdef Py_ssize_t pos = 0
+        cdef Py_ssize_t end
+        cdef Py_ssize_t cr = -1  # offset of the next CR at or after pos, or n if none
+        cdef const unsigned char* hit
+        cdef bint had_first_token = self.first_token_seen
+        cdef bytes line
+        if n == 0:
+            return False
+        if self._skip_lf:
+            self._skip_lf = False
+            if p[0] == LF:
+                pos = 1
+        while pos < n:
+            # The end of the line is the first CR or LF. CR is rare in practice, so its next
+            # position is looked up once and reused until the scan passes it.
+            if cr < pos:
+                hit = <const unsigned char*>memchr(p + pos, CR, n - pos)
+                cr = n if hit == NULL else hit - p
+            hit = <const unsigned char*>memchr(p + pos, LF, cr - pos)
+            end = cr if hit == NULL else hit - p
+            if end == n:
+                # No line end in the rest of this read: keep it for the next. Each byte is
+                # searched only once, so a long line read in many pieces costs linear time.
+                self._tail.extend(p[pos:n])
+                break
+            if len(self._tail):
+                self._tail.extend(p[pos:end])
+                line = bytes(self._tail)
+                del self._tail[:]
+                self._line(<const unsigned char*>PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line))
+            else:
+                self._line(p + pos, end - pos)
+            if p[end] == CR:
+                if end + 1 == n:
+                    self._skip_lf = True
+                    pos = n
+                elif p[end + 1] == LF:
+                    pos = end + 2
+                else:
+                    pos = end + 1
+            else:
+                pos = end + 1
+        return self.first_token_seen and not had_first_token
+
+    cdef int _line(self, const unsigned char* s, Py_ssize_t n) except -1:
+        """Interpret one complete line of ``n`` bytes at ``s``, its end of line removed."""
+        if self._at_start:
+            self._at_start = False
+            if n >= 3 and s[0] == 0xEF and s[1] == 0xBB and s[2] == 0xBF:
+                s += 3
+                n -= 3
+        if n == 0:
+            return self._dispatch()
+        if s[0] == b':':
+            return 0
+        if n < 4 or memcmp(s, b"data", 4) != 0:
+            return 0
+        if n == 4:
+            return self._add_data(s, 0)
+        if s[4] != b':':
+            return 0  # a field merely starting with "data", e.g. "database:"
+        if n > 5 and s[5] == b' ':
+            return self._add_data(s + 6, n - 6)
+        return self._add_data(s + 5, n - 5)
+
+    cdef int _add_data(self, const unsigned char* s, Py_ssize_t n) except -1:
+        if self._n_data == 0:
+            self._data = PyBytes_FromStringAndSize(<const char*>s, n)
+        else:
+            if self._n_data == 1:
+                self._data_lines = bytearray(self._data)
+            self._data_lines.append(LF)
+            self._data_lines.extend(s[:n])
+        self._n_data += 1
+        return 0
+
+    cdef int _dispatch(self) except -1:
+        """End the current event; an event without any ``data`` line is dropped."""
+        cdef bytes data
+        if self._n_data == 0:
+            return 0
+        if self._n_data == 1:
+            data = self._data
+        else:
+            data = bytes(self._data_lines)
+            self._data_lines = None
+        self._data = None
+        self._n_data = 0
+        self.event_count += 1
+        if self._keep_events:
+            self.events.append(data)
+        if PyBytes_GET_SIZE(data) == 6 and memcmp(PyBytes_AS_STRING(data), b"[DONE]", 6) == 0:
+            self.done = True
+            return 0
+        if self.first_token_seen and _is_inert(
+            <const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)
+        ):
+            return 0
+        return self._read_chunk_object(data)
+
+    cdef int _read_chunk_object(self, bytes data) except -1:
+        """Take first token, finish reason, tool-call ids and usage from one chunk object."""
+        cdef dict d
+        cdef object usage, tokens, choices, choice, delta, tool_calls, call, call_id, text, reason
+        try:
+            obj = _loads(data)
+        except ValueError:  # orjson.JSONDecodeError: not JSON, or not UTF-8
+            return 0
+        if type(obj) is not dict:
+            return 0
+        d = <dict>obj
+        usage = d.get("usage")
+        if type(usage) is dict:
+            tokens = (<dict>usage).get("prompt_tokens")
+            if type(tokens) is int and tokens >= 0:
+                self.prompt_tokens = tokens
+            tokens = (<dict>usage).get("completion_tokens")
+            if type(tokens) is int and tokens >= 0:
+                self.completion_tokens = tokens
+        choices = d.get("choices")
+        if type(choices) is not list:
+            return 0
+        for choice in <list>choices:
+            if type(choice) is not dict:
+                continue
+            delta = (<dict>choice).get("delta")
+            if type(delta) is dict:
+                tool_calls = (<dict>delta).get("tool_calls")
+                if type(tool_calls) is list and len(<list>tool_calls) > 0:
+                    self.saw_tool_calls = True
+                    self.finish_reason = _TOOL_CALLS
+                    self.first_token_seen = True
+                    for call in <list>tool_calls:
+                        if type(call) is dict:
+                            call_id = (<dict>call).get("id")
+                            if type(call_id) is str and len(<str>call_id) > 0 \
+                                    and call_id not in self._seen_ids:
+                                self._seen_ids.add(call_id)
+                                self.tool_call_ids.append(call_id)
+                elif not self.first_token_seen:
+                    for key in ("content", "reasoning_content", "reasoning"):
+                        text = (<dict>delta).get(key)
+                        if type(text) is str and len(<str>text) > 0:
+                            self.first_token_seen = True
+                            break
+            reason = (<dict>choice).get("finish_reason")
+            if type(reason) is str and len(<str>reason) > 0 and not self.saw_tool_calls:
+                self.finish_reason = reason
+        return 0
