@@ -1,0 +1,253 @@
+"""The sub-agent loop: LLM turns through the dataplane, tool rounds on the upstream MCP servers.
+
+One run, from its first turn to its answer::
+
+    messages = [system?] + [user: task]
+    repeat:
+        turn: POST {dataplane}/v1/chat/completions  (tools offered while the tool budget lasts)
+        no tool_calls in the reply  -> the reply's text is the answer; the run is completed
+        tool_calls                  -> one tool round: execute each call, append the assistant
+                                       message and one ``role: tool`` message per call
+    finally: DELETE {dataplane}/v1/runs/{handle}   (best effort; skipped when the runtime stops)
+
+Request and reply shapes are the OpenAI chat completions API (non-streamed). Every turn carries
+``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller`` so the dataplane can schedule
+it as part of this run (DESIGN.md, "The dataplane").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+from luftpause.runtime.errors import TurnFailed
+from luftpause.runtime.runs import Run
+from luftpause.runtime.upstream import UpstreamPool, openai_tool
+
+log = logging.getLogger("luftpause.runtime.loop")
+
+TURN_TIMEOUT_SECONDS = 600.0
+"""One turn, queue wait at the dataplane included (DESIGN.md constants: 10 min)."""
+
+DEFAULT_RETRY_AFTER_SECONDS = 1.0
+"""Wait after a 429 without a usable ``Retry-After`` header."""
+
+MAX_TOOLLESS_TOOL_TURNS = 2
+"""Turns in a row in which the model calls tools although none were offered (its budget is
+spent) before the run fails instead of looping for ever."""
+
+CALLER_HEADER_MAX_BYTES = 128
+
+
+def new_http_session() -> aiohttp.ClientSession:
+    """The one aiohttp session all runs share: 600 s per turn in total (no shorter library default)
+    and no connection cap, because a held turn keeps its connection open while the dataplane
+    queues it."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT_SECONDS),
+        connector=aiohttp.TCPConnector(limit=0),
+    )
+
+
+def header_safe(value: str, max_bytes: int = CALLER_HEADER_MAX_BYTES) -> str:
+    """``value`` cut to ``max_bytes`` UTF-8 bytes without control characters (header injection)."""
+    cleaned = "".join(ch for ch in value if ch.isprintable())
+    return cleaned.encode("utf-8")[:max_bytes].decode("utf-8", "ignore") or "anonymous"
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        seconds = float(value) if value is not None else DEFAULT_RETRY_AFTER_SECONDS
+    except ValueError:  # an HTTP-date: rare from engines; the default is close enough
+        seconds = DEFAULT_RETRY_AFTER_SECONDS
+    return min(max(seconds, 0.0), TURN_TIMEOUT_SECONDS)
+
+
+def _error_message(status: int, body: bytes) -> str:
+    try:
+        data = json.loads(body)
+        message = data["error"]["message"] if isinstance(data.get("error"), dict) else data["error"]
+        text = str(message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = body.decode("utf-8", "replace").strip()[:500]
+    return f"dataplane answered {status}: {text}" if text else f"dataplane answered {status}"
+
+
+class DataplaneClient:
+    """The runtime's side of the dataplane: one turn at a time per run, and run endings."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+
+    def _headers(self, run: Run) -> dict[str, str]:
+        return {
+            "x-luftpause-run-id": run.handle,
+            "x-luftpause-class": run.service_class,
+            "x-luftpause-caller": header_safe(run.caller),
+        }
+
+    async def complete(self, run: Run, body: dict[str, Any]) -> dict[str, Any]:
+        """POST one non-streamed chat completion for ``run``; the reply as JSON.
+
+        A 429 is waited out (``Retry-After`` seconds, else 1 s) and retried until the run is
+        cancelled. Raises :class:`TurnFailed` for any other HTTP error status, a connection error,
+        the 600 s turn timeout or a reply that is not a JSON object.
+        """
+        url = f"{self.base_url}/v1/chat/completions"
+        while True:
+            try:
+                async with self.session.post(url, json=body, headers=self._headers(run)) as response:
+                    raw = await response.read()
+                    if response.status == 429:
+                        delay = _retry_after(response.headers.get("Retry-After"))
+                    elif response.status >= 400:
+                        raise TurnFailed(_error_message(response.status, raw))
+                    else:
+                        reply = json.loads(raw)
+                        if not isinstance(reply, dict):
+                            raise TurnFailed("dataplane reply is not a JSON object")
+                        return reply
+            except aiohttp.ClientError as exc:
+                raise TurnFailed(f"dataplane {url}: {exc or type(exc).__name__}") from exc
+            except TimeoutError as exc:
+                raise TurnFailed(f"dataplane {url}: no reply within {TURN_TIMEOUT_SECONDS:.0f} s") from exc
+            except ValueError as exc:  # json.loads
+                raise TurnFailed(f"dataplane reply is not JSON: {exc}") from exc
+            await asyncio.sleep(delay)
+
+    async def end_run(self, handle: str) -> None:
+        """``DELETE /v1/runs/{handle}``: the run ended, the scheduler may forget it. Best effort:
+        every error is logged and ignored."""
+        url = f"{self.base_url}/v1/runs/{handle}"
+        try:
+            async with self.session.delete(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("could not report the end of %s to the dataplane: %s", handle, exc)
+
+
+def _first_message(reply: dict[str, Any]) -> dict[str, Any]:
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise TurnFailed("dataplane reply has no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise TurnFailed("dataplane reply has no message")
+    return message
+
+
+def _count_usage(run: Run, reply: dict[str, Any]) -> None:
+    usage = reply.get("usage")
+    if isinstance(usage, dict):
+        run.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        run.completion_tokens += int(usage.get("completion_tokens") or 0)
+
+
+def _parse_arguments(raw: Any) -> dict[str, Any]:
+    """A tool call's ``function.arguments`` (a JSON object as a string) as a dict; ValueError."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or raw == "":
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+class SubAgentLoop:
+    """Drives runs: what every run shares (the dataplane client and the upstream tools)."""
+
+    def __init__(self, dataplane: DataplaneClient, upstream: UpstreamPool) -> None:
+        self.dataplane = dataplane
+        self.upstream = upstream
+
+    async def drive(self, run: Run) -> None:
+        """Run ``run`` to its end and record the outcome on it (``completed`` with its answer,
+        or ``failed`` with the error text). Cancellation propagates (the registry records it)."""
+        try:
+            answer = await self._turns(run)
+        except TurnFailed as exc:
+            log.info("%s failed: %s", run.handle, exc)
+            run.finish("failed", error=str(exc))
+        else:
+            run.finish("completed", answer=answer)
+        finally:
+            if not run.interrupted:
+                # Shielded so a run cancelled mid-turn still tells the scheduler it is over.
+                await asyncio.shield(self.dataplane.end_run(run.handle))
+
+    async def _turns(self, run: Run) -> str:
+        toolless_tool_turns = 0
+        while True:
+            budget_left = run.max_tool_calls - run.tool_calls
+            tools = await self.upstream.offered_tools(run.allowed_tools) if budget_left > 0 else []
+            body: dict[str, Any] = {"model": run.model, "messages": run.messages}
+            if tools:
+                body["tools"] = [openai_tool(tool) for tool in tools]
+                # OpenAI and vLLM refuse parallel_tool_calls without tools, so only send it with them.
+                body["parallel_tool_calls"] = False
+            if run.max_tokens > 0:
+                body["max_tokens"] = run.max_tokens
+            reply = await self.dataplane.complete(run, body)
+            run.turns += 1
+            _count_usage(run, reply)
+            message = _first_message(reply)
+            calls = message.get("tool_calls") or []
+            if not isinstance(calls, list) or not calls:
+                content = message.get("content")
+                return content if isinstance(content, str) else ""
+            toolless_tool_turns = 0 if tools else toolless_tool_turns + 1
+            if toolless_tool_turns > MAX_TOOLLESS_TOOL_TURNS:
+                raise TurnFailed(
+                    f"the model kept calling tools after its tool budget ({run.max_tool_calls}) was spent"
+                )
+            await self._tool_round(run, message, calls, {tool.name for tool in tools})
+
+    async def _tool_round(
+        self, run: Run, message: dict[str, Any], calls: list[Any], offered: set[str]
+    ) -> None:
+        """Execute the reply's tool calls in order and append the round's messages to the run.
+
+        The assistant message keeps the reply's ``tool_calls`` as they came and every tool message
+        repeats its call's ``id`` byte for byte: the dataplane and engines match them.
+        """
+        assistant: dict[str, Any] = {
+            "role": "assistant",
+            "content": message.get("content"),
+            "tool_calls": calls,
+        }
+        results: list[dict[str, Any]] = []
+        for call in calls:
+            call_id = call.get("id", "") if isinstance(call, dict) else ""
+            text, failed = await self._execute(run, call, offered)
+            run.tool_calls += 1
+            if failed:
+                run.failed_tool_calls += 1
+            results.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        # Appended only once the whole round is done: a round is the unit a journal will replay.
+        run.messages.append(assistant)
+        run.messages.extend(results)
+
+    async def _execute(self, run: Run, call: Any, offered: set[str]) -> tuple[str, bool]:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            return "Error: the tool call names no function", True
+        if name not in offered:
+            if run.tool_calls >= run.max_tool_calls:
+                return f"Error: the tool budget ({run.max_tool_calls} calls) is spent; answer now", True
+            return f"Error: the tool {name!r} is not offered to you", True
+        if run.tool_calls >= run.max_tool_calls:
+            return f"Error: the tool budget ({run.max_tool_calls} calls) is spent; answer now", True
+        try:
+            arguments = _parse_arguments(function.get("arguments"))  # type: ignore[union-attr]
+        except ValueError as exc:
+            return f"Error: the arguments of {name} are not a JSON object: {exc}", True
+        outcome = await self.upstream.call_tool(name, arguments)
+        return outcome.text, outcome.failed

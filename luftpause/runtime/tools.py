@@ -1,0 +1,158 @@
+"""The runtime's MCP tools: ``spawn``, ``await``, ``status``.
+
+Argument names are camelCase on the wire, as in DESIGN.md ("The runtime"). Results are JSON
+objects (``structuredContent``, and the same JSON as the text content)::
+
+    spawn(task, model?, serviceClass = "interactive" | "batch", system?, maxToolCalls = 8,
+          tools?: [name], maxTokens = 256)
+        -> {"handle": "run-…", "state": "running"}                       at once
+    await(handles: [handle], mode = "all" | "any", timeout = 60)        timeout capped at 600 s
+        -> {"runs": [run result], "timedOut": bool}
+    status(handle?)
+        -> {"run": run status}  or  {"runs": [run status]}
+
+    run result = {"handle", "state": running|completed|failed|cancelled, "answer"?, "error"?,
+                  "toolCalls", "failedToolCalls", "turns", "seconds",
+                  "usage": {"promptTokens", "completionTokens"}}
+    run status = run result + {"model", "serviceClass", "caller", "task", "maxToolCalls", "startedAt"}
+
+Bad input (an unknown handle, a ``serviceClass`` or ``mode`` outside its enum, an unknown tool
+name) comes back as an MCP tool error (``isError: true``) whose text says what was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from luftpause import __version__
+from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.runs import Run, new_handle
+
+if TYPE_CHECKING:
+    from luftpause.runtime.server import Runtime
+
+MAX_AWAIT_SECONDS = 600.0
+DEFAULT_AWAIT_SECONDS = 60.0
+
+INSTRUCTIONS = """\
+luftpause runs sub-agents for you. `spawn` starts one on a task and returns a handle at once; \
+the sub-agent works through its own LLM turns and tool calls while you continue. `await` waits for \
+handles (all or any, up to `timeout` seconds) and returns each run's state and, when done, its \
+answer. `status` shows one run or all of them. Runs survive your disconnecting: await a handle \
+from a new session and you still get its answer."""
+
+
+def caller_of(ctx: Context) -> str:
+    """Who is asking, for fairness at the scheduler: the MCP session id (2025-era connections),
+    else the client's declared name (``clientInfo.name``), else ``"anonymous"``."""
+    headers = ctx.headers
+    if headers is not None:
+        session_id = headers.get("mcp-session-id")
+        if session_id:
+            return session_id
+    params = ctx.session.client_params
+    if params is not None and params.client_info.name:
+        return params.client_info.name
+    return "anonymous"
+
+
+def build_mcp_server(runtime: Runtime) -> MCPServer:
+    """The ``MCPServer`` with the runtime's tools, bound to ``runtime`` (its registry, loop and
+    configuration)."""
+    mcp: MCPServer = MCPServer("luftpause", instructions=INSTRUCTIONS, version=__version__)
+
+    @mcp.tool(
+        name="spawn",
+        description=(
+            "Start a sub-agent on `task` and return its handle at once. It runs its own loop of LLM "
+            "turns and tool calls on the runtime's MCP tools until it answers; collect the answer "
+            "with `await`. `serviceClass` is 'interactive' (someone waits) or 'batch'. `tools` "
+            "limits which tools it may use (names; default all). `maxToolCalls` is its tool "
+            "budget; `maxTokens` the reply length per turn (0 = the engine's default)."
+        ),
+    )
+    async def spawn(
+        task: Annotated[str, Field(min_length=1, description="what the sub-agent should do")],
+        ctx: Context,
+        model: Annotated[str | None, Field(description="model name; default: the runtime's")] = None,
+        serviceClass: Literal["interactive", "batch"] = "interactive",
+        system: Annotated[str | None, Field(description="system prompt")] = None,
+        maxToolCalls: Annotated[int, Field(ge=0, description="tool budget of the run")] = 8,
+        tools: Annotated[list[str] | None, Field(description="tool names it may use")] = None,
+        maxTokens: Annotated[int, Field(ge=0, description="reply length per turn, tokens")] = 256,
+    ) -> dict[str, Any]:
+        if tools is not None:
+            known = runtime.upstream.known_tool_names()
+            unknown = sorted(set(tools) - known) if known is not None else []
+            if unknown:
+                named = ", ".join(map(repr, unknown))
+                raise ToolError(f"unknown tool(s) {named}; known: {', '.join(sorted(known or ()))}")
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": task})
+        run = runtime.registry.add(
+            Run(
+                handle=new_handle(),
+                task=task,
+                model=model or runtime.config.default_model,
+                service_class=serviceClass,
+                caller=caller_of(ctx),
+                max_tool_calls=maxToolCalls,
+                max_tokens=maxTokens,
+                allowed_tools=frozenset(tools) if tools is not None else None,
+                messages=messages,
+            )
+        )
+        runtime.registry.start(run, runtime.loop.drive(run))
+        return {"handle": run.handle, "state": run.state}
+
+    @mcp.tool(
+        name="await",
+        description=(
+            "Wait for runs started with `spawn`: until all of `handles` are done (mode 'all') or any "
+            "one is (mode 'any'), or `timeout` seconds pass (default 60, at most 600). Returns each "
+            "run's state and, when done, its answer or error, with its tool-call and token counts; "
+            "`timedOut` tells whether the wait ended by timeout. Await again to keep waiting."
+        ),
+    )
+    async def await_(
+        handles: Annotated[list[str], Field(min_length=1, description="run handles from spawn")],
+        ctx: Context,
+        mode: Literal["all", "any"] = "all",
+        timeout: Annotated[  # noqa: ASYNC109 (the wire name; the wait is bounded by it below)
+            float, Field(description="seconds to wait, at most 600")
+        ] = DEFAULT_AWAIT_SECONDS,
+    ) -> dict[str, Any]:
+        try:
+            runs = runtime.registry.lookup(handles)
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+        wait_seconds = min(max(timeout, 0.0), MAX_AWAIT_SECONDS)
+
+        async def progress(elapsed: float, finished: int) -> None:
+            await ctx.report_progress(
+                round(elapsed, 1), wait_seconds, f"{finished} of {len(runs)} runs finished"
+            )
+
+        timed_out = await runtime.registry.wait(runs, mode, wait_seconds, on_progress=progress)
+        return {"runs": [run.result() for run in runs], "timedOut": timed_out}
+
+    @mcp.tool(
+        name="status",
+        description="One run's status by `handle`, or every run of this runtime without one.",
+    )
+    async def status(handle: str | None = None) -> dict[str, Any]:
+        if handle is None:
+            return {"runs": [run.status() for run in runtime.registry.all()]}
+        try:
+            return {"run": runtime.registry.get(handle).status()}
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+
+    return mcp

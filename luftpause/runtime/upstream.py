@@ -1,0 +1,289 @@
+"""The upstream MCP tool servers the sub-agents call (``[[mcp_servers]]`` in the configuration).
+
+Each server gets one connected ``mcp.Client`` for the runtime's lifetime: streamable HTTP for a
+``url``, a child process over stdio for a ``command`` (``StdioServerParameters``; the child gets the
+SDK's safe default environment plus the entry's ``env``). The client is entered and left by one
+long-lived *keeper* task per server, because the SDK's clients hold anyio task groups that must be
+left by the task that entered them; runs only borrow the connected client.
+
+A server that cannot be reached at start is logged and tried again on first use (at most once per
+:data:`RETRY_SECONDS`), so a tool server started after the runtime is picked up without a restart.
+
+Tool shapes come from the MCP spec (``tools/list``: ``name``, ``description``, ``inputSchema``); they
+are offered to the model as OpenAI function tools (``{"type": "function", "function": {"name",
+"description", "parameters"}}``, OpenAI chat completions API, ``tools``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from mcp import Client, StdioServerParameters
+from mcp.types import CallToolResult, Implementation, TextContent, Tool
+
+from luftpause import __version__
+from luftpause.config import McpServerConfig
+from luftpause.runtime.errors import UpstreamUnavailable
+
+log = logging.getLogger("luftpause.runtime.upstream")
+
+RETRY_SECONDS = 5.0
+"""A server that failed to connect is not tried again sooner than this (seconds)."""
+
+START_WAIT_SECONDS = 10.0
+"""How long the runtime's start waits for the first connection attempt of every server (seconds)."""
+
+TOOL_CALL_TIMEOUT_SECONDS = 600.0
+"""Longest one upstream tool call may take before it counts as failed (seconds)."""
+
+_CLIENT_INFO = Implementation(name="luftpause-runtime", version=__version__)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What one tool call gave back: the text for the model and whether it failed."""
+
+    text: str
+    failed: bool
+
+
+def openai_tool(tool: Tool) -> dict[str, Any]:
+    """An MCP tool as an OpenAI chat-completions function tool."""
+    schema = tool.input_schema or {"type": "object", "properties": {}}
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description or "", "parameters": schema},
+    }
+
+
+def result_text(result: CallToolResult) -> str:
+    """The text of an MCP tool result: text blocks joined by newlines, other blocks as JSON;
+    ``structuredContent`` as JSON when there is no content block."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, TextContent):
+            parts.append(block.text)
+        else:
+            parts.append(block.model_dump_json(by_alias=True, exclude_none=True))
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content))
+    return "\n".join(parts)
+
+
+def _as_error(text: str) -> str:
+    return text if text.lower().startswith("error") else f"Error: {text}"
+
+
+class UpstreamServer:
+    """One configured MCP server, its connected client (when it is) and its listed tools."""
+
+    def __init__(self, config: McpServerConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.client: Client | None = None
+        self.tools: list[Tool] = []
+        self.last_error: str | None = None
+        self._last_attempt = 0.0
+        self._attempt_wanted = asyncio.Event()
+        self._attempted = asyncio.Event()  # replaced after every attempt, like RunRegistry._changed
+        self._stop = asyncio.Event()
+
+    @property
+    def target(self) -> str:
+        """The URL or the command line, for messages."""
+        return self.config.url or " ".join(self.config.command or ())
+
+    @property
+    def connected(self) -> bool:
+        return self.client is not None
+
+    def _new_client(self) -> Client:
+        if self.config.url is not None:
+            return Client(self.config.url, client_info=_CLIENT_INFO)
+        command = list(self.config.command or ())
+        params = StdioServerParameters(
+            command=command[0], args=command[1:], env=dict(self.config.env) or None
+        )
+        return Client(params, client_info=_CLIENT_INFO)
+
+    async def _list_tools(self, client: Client) -> list[Tool]:
+        tools: list[Tool] = []
+        cursor: str | None = None
+        for _ in range(100):  # a server whose pagination never ends cannot hang the runtime
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return tools
+
+    def _attempt_finished(self) -> None:
+        attempted, self._attempted = self._attempted, asyncio.Event()
+        attempted.set()
+
+    async def keep_connected(self) -> None:
+        """Connect, list tools, hold the client until :meth:`stop`; after a failure wait until a
+        run asks for this server again. Runs as one task for the runtime's lifetime."""
+        while not self._stop.is_set():
+            self._last_attempt = time.monotonic()
+            try:
+                async with self._new_client() as client:
+                    self.tools = await self._list_tools(client)
+                    self.client = client
+                    self.last_error = None
+                    log.info("MCP server %s (%s): %d tools", self.name, self.target, len(self.tools))
+                    self._attempt_finished()
+                    await self._stop.wait()
+            except Exception as exc:
+                self.last_error = _describe(exc)
+                log.warning("MCP server %s (%s) unavailable: %s", self.name, self.target, self.last_error)
+            finally:
+                self.client = None
+            self._attempt_finished()
+            if self._stop.is_set():
+                return
+            stop = asyncio.ensure_future(self._stop.wait())
+            wanted = asyncio.ensure_future(self._attempt_wanted.wait())
+            try:
+                await asyncio.wait({stop, wanted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                wanted.cancel()
+            self._attempt_wanted.clear()
+
+    async def first_attempt(self) -> None:
+        """Return once the first connection attempt has succeeded or failed."""
+        if self._last_attempt and (self.connected or self.last_error is not None):
+            return
+        await self._attempted.wait()
+
+    async def ensure_connected(self) -> Client:
+        """The connected client; if there is none, one more attempt unless the last one is less
+        than :data:`RETRY_SECONDS` old. Raises :class:`UpstreamUnavailable`."""
+        if self.client is not None:
+            return self.client
+        if time.monotonic() - self._last_attempt >= RETRY_SECONDS and not self._stop.is_set():
+            attempted = self._attempted
+            self._attempt_wanted.set()
+            await attempted.wait()
+        if self.client is None:
+            raise UpstreamUnavailable(f"MCP server {self.name} ({self.target}): {self.last_error}")
+        return self.client
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _describe(exc: BaseException) -> str:
+    # The SDK's transports raise exception groups; the leaf says what actually went wrong.
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
+
+
+class UpstreamPool:
+    """All configured MCP servers, as one set of tools by name.
+
+    Use as an async context manager in the server's lifespan: entering starts every keeper task
+    and waits (at most :data:`START_WAIT_SECONDS`) for each first attempt; leaving disconnects.
+    When two servers offer a tool of the same name, the one configured first wins.
+    """
+
+    def __init__(self, configs: Iterable[McpServerConfig]) -> None:
+        self.servers = [UpstreamServer(config) for config in configs]
+        self._group: asyncio.TaskGroup | None = None
+
+    async def __aenter__(self) -> UpstreamPool:
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        for server in self.servers:
+            self._group.create_task(server.keep_connected(), name=f"mcp-upstream-{server.name}")
+        if self.servers:
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(s.first_attempt() for s in self.servers)), START_WAIT_SECONDS
+                )
+            except TimeoutError:
+                log.warning("some MCP servers did not answer within %.0f s; trying again on use",
+                            START_WAIT_SECONDS)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for server in self.servers:
+            server.stop()
+        group, self._group = self._group, None
+        if group is not None:
+            await group.__aexit__(exc_type, exc, tb)
+
+    async def _reconnect_missing(self) -> None:
+        missing = [s for s in self.servers if not s.connected]
+        if missing:
+            await asyncio.gather(*(s.ensure_connected() for s in missing), return_exceptions=True)
+
+    def _index(self) -> dict[str, tuple[UpstreamServer, Tool]]:
+        index: dict[str, tuple[UpstreamServer, Tool]] = {}
+        for server in self.servers:
+            if server.connected:
+                for tool in server.tools:
+                    index.setdefault(tool.name, (server, tool))
+        return index
+
+    def known_tool_names(self) -> set[str] | None:
+        """Names of every listed tool, or ``None`` while some server is unreachable (its tools
+        are unknown, so no name can be ruled out)."""
+        if any(not s.connected for s in self.servers):
+            return None
+        return set(self._index())
+
+    async def offered_tools(self, allowed: frozenset[str] | None) -> list[Tool]:
+        """The tools a run may use now: all listed tools, or those named in ``allowed``.
+
+        Servers that are not connected are tried again first (see :data:`RETRY_SECONDS`); those
+        still unreachable offer nothing this turn.
+        """
+        await self._reconnect_missing()
+        return [tool for name, (_, tool) in self._index().items() if allowed is None or name in allowed]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        """Call ``name`` on the server that lists it. Never raises for a failed call: an MCP
+        ``isError`` result, an unreachable server or a transport error come back as a failed
+        :class:`ToolOutcome` whose text begins ``Error``."""
+        entry = self._index().get(name)
+        if entry is None:
+            return ToolOutcome(f"Error: no MCP server offers the tool {name!r}", failed=True)
+        server, _ = entry
+        try:
+            client = await server.ensure_connected()
+            result = await client.call_tool(name, arguments, read_timeout_seconds=TOOL_CALL_TIMEOUT_SECONDS)
+        except Exception as exc:
+            where = f"tool {name} on MCP server {server.name}"
+            return ToolOutcome(f"Error: {where}: {_describe(exc)}", failed=True)
+        text = result_text(result)
+        if result.is_error:
+            return ToolOutcome(_as_error(text or "the tool reported an error"), failed=True)
+        return ToolOutcome(text, failed=False)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per server: ``name``, ``target``, ``connected``, ``tools`` (names), ``error``."""
+        return [
+            {
+                "name": s.name,
+                "target": s.target,
+                "connected": s.connected,
+                "tools": [t.name for t in s.tools] if s.connected else [],
+                "error": s.last_error,
+            }
+            for s in self.servers
+        ]
