@@ -1,0 +1,56 @@
+"""The scheduler's pure core: ``decide(state, event) -> (state, actions)`` and ``snapshot``.
+
+No IO, no clock, no randomness: time arrives inside events. The shell
+(:mod:`luftpause.scheduler.server`) turns gRPC calls and its 1 s timer into events and carries out
+the actions. Rules: :mod:`luftpause.scheduler.core.decide`; policies: :mod:`.policies`.
+"""
+
+from __future__ import annotations
+
+from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
+from luftpause.scheduler.core.decide import decide
+from luftpause.scheduler.core.events import (
+    Event,
+    FirstToken,
+    InFlightRecord,
+    Resynced,
+    RunEnded,
+    RunPhase,
+    RunRecord,
+    ServiceClass,
+    Tick,
+    TurnAbandoned,
+    TurnArrived,
+    TurnFailed,
+    TurnFinished,
+    TurnStarted,
+)
+from luftpause.scheduler.core.snapshot import snapshot
+from luftpause.scheduler.core.state import State, new_state, state_from_replicas
+
+__all__ = [
+    "AckResync",
+    "Action",
+    "Event",
+    "FirstToken",
+    "Forget",
+    "InFlightRecord",
+    "Place",
+    "Reject",
+    "Resynced",
+    "RunEnded",
+    "RunPhase",
+    "RunRecord",
+    "ServiceClass",
+    "State",
+    "Tick",
+    "TurnAbandoned",
+    "TurnArrived",
+    "TurnFailed",
+    "TurnFinished",
+    "TurnStarted",
+    "decide",
+    "new_state",
+    "snapshot",
+    "state_from_replicas",
+]

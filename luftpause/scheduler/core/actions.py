@@ -1,0 +1,45 @@
+"""What the shell must do: the outputs of :func:`luftpause.scheduler.core.decide.decide`.
+
+Actions are imperatives, frozen and slotted. ``Place`` and ``Reject`` answer the Admit waiting for
+that turn id; ``Forget`` and ``AckResync`` tell the shell what became of runs and of a resync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Send turn ``turn_id`` to replica ``replica`` (a replica name from the configuration)."""
+
+    turn_id: str
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse turn ``turn_id``: the dataplane answers ``http_status`` with ``reason`` as the message."""
+
+    turn_id: str
+    reason: str
+    http_status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Run ``run_id`` is no longer tracked; its next turn starts with no affinity."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckResync:
+    """Answer dataplane ``dataplane_id``'s resync: ``runs`` runs and ``turns`` in-flight turns adopted."""
+
+    dataplane_id: str
+    runs: int
+    turns: int
+
+
+Action = Place | Reject | Forget | AckResync

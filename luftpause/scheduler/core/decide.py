@@ -1,0 +1,347 @@
+"""``decide(state, event) -> (state, actions)``: every placement decision of the scheduler.
+
+The rules, in the order they apply (DESIGN.md, "The scheduler"; this version has no engine probing,
+engine-load admission, headroom, caller fairness or single-pass replicas yet):
+
+1. Model routing. A turn may go only to generative replicas that declare its model. A model that
+   none declares is refused at once, ``Reject(turn, "no Generative replica serves model '<m>'",
+   404)``; nothing is held or recorded.
+2. Capacity. A replica has at most ``max_inflight`` placed turns: placed by ``Place`` (or adopted
+   on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned`` or expiry. The rest are held.
+3. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
+   even when another has room. An ``idle`` or new run may go anywhere: to the replica with the
+   fewest placed turns among those with room, ties in configuration order.
+4. Held turns wait in arrival order, filed under their pinned replica or under their model. When a
+   slot frees on a replica, the oldest held turn that may use it takes it; a turn pinned to a full
+   replica never blocks turns that may go elsewhere. There is no deadline and no limit: a held turn
+   leaves only when placed or abandoned. Hence the invariant: a held turn never waits while a
+   replica it may use has room.
+5. Run phases. Placed -> ``generating`` on that replica (its last replica). Finished with tool
+   calls -> ``tool_paused``; finished without -> ``idle``; failed, abandoned after placement or
+   expired -> ``idle``. Whenever a run changes, its held turns are re-filed under their new affinity
+   (and placed at once if that lets them go somewhere with room).
+6. ``TurnAbandoned``: a held turn leaves its queue (no action); a placed one frees its slot.
+7. ``RunEnded``: the run is forgotten at once (``Forget``); its held turns lose their affinity.
+8. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
+   no held or placed turn and no activity for 1800 s is forgotten (``Forget``).
+9. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted, the turns
+   counting against capacity (a turn id listed twice counts once; a held turn that the dataplane
+   says is already running is answered with its replica). Turns the scheduler had placed for that
+   dataplane (non-empty id) that it no longer lists are gone and free their slots. ``AckResync``
+   gives the counts.
+10. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
+    (it is answered when placed).
+
+Report events about turns the scheduler does not hold placed (already expired, or never seen) are
+ignored. Event times are the shell's monotonic seconds and never go backwards.
+
+For speed, ``decide`` changes ``state`` in place and returns the same object: a caller that needs
+the state before the event must copy it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
+from luftpause.scheduler.core.events import (
+    Event,
+    FirstToken,
+    Resynced,
+    RunEnded,
+    RunPhase,
+    Tick,
+    TurnAbandoned,
+    TurnArrived,
+    TurnFailed,
+    TurnFinished,
+    TurnStarted,
+)
+from luftpause.scheduler.core.held import HeldTurn, QueueKey, any_replica_for, pinned_to
+from luftpause.scheduler.core.policies import affinity, capacity, expiry, least_loaded, ordering, routing
+from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
+
+
+def decide(state: State, event: Event) -> tuple[State, list[Action]]:
+    """Apply ``event`` to ``state`` (in place) and say what the shell must do, in order."""
+    out: list[Action] = []
+    match event:
+        case TurnArrived():
+            _arrived(state, event, out)
+        case TurnStarted():
+            placed = state.placed.get(event.turn_id)
+            if placed is not None and placed.started_at is None:
+                placed.started_at = event.at
+        case FirstToken():
+            placed = state.placed.get(event.turn_id)
+            if placed is not None and placed.first_token_at is None:
+                placed.first_token_at = event.at
+        case TurnFinished():
+            phase: RunPhase = "tool_paused" if event.tool_calls else "idle"
+            if _end_placed(state, event.turn_id, event.at, phase, out):
+                state.counters.finished += 1
+        case TurnFailed():
+            if _end_placed(state, event.turn_id, event.at, "idle", out):
+                state.counters.failed += 1
+        case TurnAbandoned():
+            _abandoned(state, event, out)
+        case RunEnded():
+            _run_ended(state, event, out)
+        case Tick():
+            _tick(state, event.at, out)
+        case Resynced():
+            _resynced(state, event, out)
+    return state, out
+
+
+def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
+    placed = state.placed.get(event.turn_id)
+    if placed is not None:
+        out.append(Place(event.turn_id, placed.replica))
+        return
+    if event.turn_id in state.held:
+        return
+    serving = routing.replicas_for(state, event.model)
+    if not serving:
+        state.counters.rejected += 1
+        reason = routing.unknown_model_reason(event.model)
+        out.append(Reject(event.turn_id, reason, routing.UNKNOWN_MODEL_STATUS))
+        return
+    state.counters.arrived += 1
+    run = state.runs.get(event.run_id)
+    if run is None:
+        run = Run(event.run_id, "idle", None, event.service_class, event.caller, event.at)
+        state.runs[event.run_id] = run
+    else:
+        run.service_class = event.service_class
+        run.caller = event.caller
+        _touch(state, run, event.at)
+    run.turns.add(event.turn_id)
+    turn = HeldTurn(
+        event.turn_id,
+        event.run_id,
+        event.model,
+        event.service_class,
+        event.caller,
+        event.dataplane_id,
+        event.at,
+        state.next_seq,
+        any_replica_for(event.model),
+    )
+    state.next_seq += 1
+    queue, target = _where(run, turn, serving)
+    turn.queue = queue
+    if target is None:
+        state.held.add(turn)
+    else:
+        _place(state, turn, target, event.at, out)
+
+
+def _where(run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]) -> tuple[QueueKey, Replica | None]:
+    """The queue ``turn`` belongs in under the run's affinity, and a replica with room for it now."""
+    pinned = affinity.pinned_replica(run, serving)
+    if pinned is not None:
+        return pinned_to(pinned.name), pinned if capacity.has_room(pinned) else None
+    return any_replica_for(turn.model), least_loaded.pick(capacity.with_room(serving))
+
+
+def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[Action]) -> None:
+    """Put ``turn`` (not in the held queues) on ``replica``; its run now generates there."""
+    state.placed[turn.turn_id] = PlacedTurn(
+        turn.turn_id,
+        turn.run_id,
+        turn.model,
+        turn.service_class,
+        turn.caller,
+        turn.dataplane_id,
+        replica.name,
+        at,
+    )
+    replica.inflight += 1
+    state.counters.admitted += 1
+    out.append(Place(turn.turn_id, replica.name))
+    run = state.runs.get(turn.run_id)
+    if run is None:
+        # the run ended (RunEnded) while this turn was held: it starts afresh
+        run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at)
+        state.runs[turn.run_id] = run
+    else:
+        run.phase = "generating"
+        run.last_replica = replica.name
+        _touch(state, run, at)
+    run.turns.add(turn.turn_id)
+    _refile(state, run, run.turns, at, out)
+
+
+def _refile(state: State, run: Run | None, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
+    """Re-file the held ones of ``turn_ids`` under ``run``'s current affinity (``None``: no run).
+
+    A turn that moves to a queue whose replica has room is placed at once, so no held turn ever
+    waits while a replica it may use has room.
+    """
+    held = [turn for turn_id in turn_ids if (turn := state.held.get(turn_id)) is not None]
+    for turn in held:
+        if state.held.get(turn.turn_id) is not turn:
+            continue  # placed by a re-file further up this loop
+        queue, target = _where(run, turn, routing.replicas_for(state, turn.model))
+        if queue == turn.queue:
+            continue  # same queue: it still waits for the same full replicas
+        state.held.refile(turn, queue)
+        if target is not None:
+            state.held.remove(turn.turn_id)
+            _place(state, turn, target, at, out)
+
+
+def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
+    """Give ``replica``'s free slots to the oldest held turns that may use it."""
+    if not state.held or replica.kind != "generative":
+        return
+    queues = [pinned_to(replica.name), *(any_replica_for(model) for model in replica.models)]
+    while capacity.has_room(replica):
+        turn = ordering.first(state.held.head(queue) for queue in queues)
+        if turn is None:
+            return
+        state.held.remove(turn.turn_id)
+        _place(state, turn, replica, at, out)
+
+
+def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: list[Action]) -> bool:
+    """A placed turn ended: free its slot, move its run to ``phase``; False if it was not placed."""
+    placed = state.placed.pop(turn_id, None)
+    if placed is None:
+        return False
+    replica = state.replicas[placed.replica]
+    replica.inflight -= 1
+    run = state.runs.get(placed.run_id)
+    if run is not None:
+        run.turns.discard(turn_id)
+        run.phase = phase
+        run.last_replica = placed.replica
+        _touch(state, run, at)
+        _refile(state, run, run.turns, at, out)
+    _fill(state, replica, at, out)
+    return True
+
+
+def _abandoned(state: State, event: TurnAbandoned, out: list[Action]) -> None:
+    turn = state.held.remove(event.turn_id)
+    if turn is not None:
+        state.counters.abandoned += 1
+        run = state.runs.get(turn.run_id)
+        if run is not None:
+            run.turns.discard(turn.turn_id)
+            _touch(state, run, event.at)
+        return
+    if _end_placed(state, event.turn_id, event.at, "idle", out):
+        state.counters.abandoned += 1
+
+
+def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
+    state.counters.runs_ended += 1
+    out.append(Forget(event.run_id))
+    run = state.runs.pop(event.run_id, None)
+    if run is not None:
+        _refile(state, None, run.turns, event.at, out)
+
+
+def _tick(state: State, now: float, out: list[Action]) -> None:
+    # ``placed`` is in placement order and ``runs`` in order of last activity, so only the expired
+    # front of each is visited.
+    while state.placed:
+        placed = next(iter(state.placed.values()))
+        if not expiry.turn_expired(placed.placed_at, now):
+            break
+        _end_placed(state, placed.turn_id, now, "idle", out)
+        state.counters.expired_turns += 1
+    while state.runs:
+        run = next(iter(state.runs.values()))
+        if not expiry.run_expired(run.last_activity, now):
+            break
+        if run.turns:
+            _touch(state, run, now)  # a run with a held or placed turn is active
+            continue
+        del state.runs[run.run_id]
+        state.counters.expired_runs += 1
+        out.append(Forget(run.run_id))
+
+
+def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
+    changed: dict[str, Run] = {}
+    for record in event.runs:
+        last_replica = record.last_replica or None
+        run = state.runs.get(record.run_id)
+        if run is None:
+            run = Run(
+                record.run_id, record.phase, last_replica, record.service_class, record.caller, event.at
+            )
+            state.runs[record.run_id] = run
+        else:
+            run.phase = record.phase
+            run.last_replica = last_replica
+            run.service_class = record.service_class
+            run.caller = record.caller
+            _touch(state, run, event.at)
+        changed[run.run_id] = run
+
+    listed: set[str] = set()
+    for turn in event.turns:
+        replica = state.replicas.get(turn.replica)
+        if turn.turn_id in listed or replica is None:
+            continue  # counted once; a replica not configured here cannot hold a slot
+        listed.add(turn.turn_id)
+        known = state.placed.get(turn.turn_id)
+        if known is not None:
+            if known.replica != replica.name:
+                state.replicas[known.replica].inflight -= 1
+                replica.inflight += 1
+                known.replica = replica.name
+            known.dataplane_id = event.dataplane_id
+            continue
+        waiting = state.held.remove(turn.turn_id)
+        state.placed[turn.turn_id] = PlacedTurn(
+            turn.turn_id,
+            turn.run_id,
+            turn.model,
+            turn.service_class,
+            turn.caller,
+            event.dataplane_id,
+            replica.name,
+            event.at,
+        )
+        replica.inflight += 1
+        state.counters.adopted += 1
+        if waiting is not None:
+            out.append(Place(turn.turn_id, replica.name))  # its Admit is still waiting: answer it
+        run = state.runs.get(turn.run_id)
+        if run is None:
+            run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, event.at)
+            state.runs[turn.run_id] = run
+        else:
+            _touch(state, run, event.at)
+        run.turns.add(turn.turn_id)
+        changed[run.run_id] = run
+
+    if event.dataplane_id:
+        gone = [
+            placed
+            for placed in state.placed.values()
+            if placed.dataplane_id == event.dataplane_id and placed.turn_id not in listed
+        ]
+        for placed in gone:
+            del state.placed[placed.turn_id]
+            state.replicas[placed.replica].inflight -= 1
+            run = state.runs.get(placed.run_id)
+            if run is not None:
+                run.turns.discard(placed.turn_id)
+
+    for run in changed.values():
+        _refile(state, run, run.turns, event.at, out)
+    for replica in state.replicas.values():
+        _fill(state, replica, event.at, out)
+    out.append(AckResync(event.dataplane_id, len({r.run_id for r in event.runs}), len(listed)))
+
+
+def _touch(state: State, run: Run, at: float) -> None:
+    """Record activity of ``run`` at ``at``, keeping ``state.runs`` in order of last activity."""
+    run.last_activity = at
+    state.runs.move_to_end(run.run_id)

@@ -1,0 +1,153 @@
+"""What happened: the inputs of :func:`luftpause.scheduler.core.decide.decide`.
+
+Every event is a fact in the past tense, frozen and slotted. ``at`` is the shell's monotonic clock in
+seconds (``time.monotonic()``), non-decreasing from one event to the next; the core never reads a
+clock itself, so the same events always give the same decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ServiceClass = Literal["interactive", "batch"]
+"""The class of work a run does: ``interactive`` (a person waits) or ``batch``."""
+
+RunPhase = Literal["idle", "generating", "tool_paused"]
+"""Where a run is: between answers, a turn in flight, or paused on a tool round."""
+
+SERVICE_CLASSES: tuple[ServiceClass, ...] = ("interactive", "batch")
+RUN_PHASES: tuple[RunPhase, ...] = ("idle", "generating", "tool_paused")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnArrived:
+    """A dataplane asked where turn ``turn_id`` of run ``run_id`` may run (an Admit).
+
+    ``caller`` is ``""`` for the shared anonymous caller. A second arrival with the same ``turn_id``
+    (an Admit retried after a reconnect) is answered from what the scheduler already knows.
+    """
+
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    dataplane_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """The dataplane sent the placed turn's request to its replica."""
+
+    turn_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The placed turn streamed its first delta (content, reasoning or a tool call)."""
+
+    turn_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFinished:
+    """The engine completed the turn; ``tool_calls`` means the run now pauses on a tool round.
+
+    Token counts come from the engine's usage (0 when it reported none).
+    """
+
+    turn_id: str
+    at: float
+    finish_reason: str
+    tool_calls: bool
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed:
+    """The placed turn ended without a completion (engine error, client gone mid-stream)."""
+
+    turn_id: str
+    at: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAbandoned:
+    """The client left before the turn ran: a held turn leaves its queue, a placed one its slot."""
+
+    turn_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """The run is over (``DELETE /v1/runs/{id}``): the scheduler forgets it at once."""
+
+    run_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The shell's clock ticked (every 1 s): time for expiry."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run as a dataplane knows it, handed over on resync.
+
+    ``last_replica`` is ``""`` when the run has not been placed yet.
+    """
+
+    run_id: str
+    last_replica: str
+    phase: RunPhase
+    service_class: ServiceClass
+    caller: str
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightRecord:
+    """One turn a dataplane has sent to ``replica`` and not yet seen end, handed over on resync."""
+
+    turn_id: str
+    run_id: str
+    replica: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resynced:
+    """Dataplane ``dataplane_id`` (re)connected and handed over its runs and in-flight turns.
+
+    Its view replaces the scheduler's for that dataplane: its in-flight turns count against capacity
+    (a turn id listed twice counts once) and its runs keep their affinity.
+    """
+
+    dataplane_id: str
+    at: float
+    runs: tuple[RunRecord, ...]
+    turns: tuple[InFlightRecord, ...]
+
+
+Event = (
+    TurnArrived
+    | TurnStarted
+    | FirstToken
+    | TurnFinished
+    | TurnFailed
+    | TurnAbandoned
+    | RunEnded
+    | Tick
+    | Resynced
+)

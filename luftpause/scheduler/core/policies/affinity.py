@@ -1,0 +1,25 @@
+"""Strict affinity: a run that is generating or paused on a tool goes only to its last replica.
+
+That replica holds the run's prefix cache, so the run waits for it even when another replica has
+room. An ``idle`` run (finished its answer, failed its last turn, expired) or a new run may go
+anywhere. Reads: the run's ``phase`` and ``last_replica``; the replicas serving the turn's model.
+A last replica that does not serve the turn's model (or is no longer configured) pins nothing,
+since it cannot hold a prefix for that model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from luftpause.scheduler.core.state import Replica, Run
+
+
+def pinned_replica(run: Run | None, serving: tuple[Replica, ...]) -> Replica | None:
+    """The only replica ``run``'s next turn may use, or ``None`` when any of ``serving`` will do."""
+    if run is None or run.phase == "idle" or run.last_replica is None:
+        return None
+    for replica in serving:
+        if replica.name == run.last_replica:
+            return replica
+    return None

@@ -1,0 +1,136 @@
+"""The scheduler's placement state: replicas, runs, held turns and placed (in-flight) turns.
+
+Plain mutable records, changed only by :mod:`luftpause.scheduler.core.decide`. Built from the
+configuration's replicas by :func:`new_state`; everything else arrives as events.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from luftpause.scheduler.core.events import RunPhase, ServiceClass
+from luftpause.scheduler.core.held import HeldTurns
+
+if TYPE_CHECKING:
+    from luftpause.config import Config
+
+
+class ReplicaSpec(Protocol):
+    """What the core reads of a configured replica (``luftpause.config.ReplicaConfig`` fits)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def models(self) -> tuple[str, ...]: ...
+    @property
+    def kind(self) -> Literal["generative", "single_pass"]: ...
+    @property
+    def max_inflight(self) -> int: ...
+
+
+@dataclass(slots=True)
+class Replica:
+    """One configured engine replica and the turns the scheduler has placed on it."""
+
+    name: str
+    models: tuple[str, ...]
+    kind: Literal["generative", "single_pass"]
+    max_inflight: int
+    """Capacity: at most this many placed turns at once (a resync may adopt more; none are added then)."""
+    index: int
+    """Position in the configuration: breaks ties between equally loaded replicas."""
+    inflight: int = 0
+    """Turns placed here and not yet finished, failed, abandoned or expired."""
+
+
+@dataclass(slots=True)
+class Run:
+    """What the scheduler remembers of one run (an agent's sequence of turns)."""
+
+    run_id: str
+    phase: RunPhase
+    last_replica: str | None
+    """Where its last turn was placed (holds its prefix cache); ``None`` before its first placement."""
+    service_class: ServiceClass
+    caller: str
+    last_activity: float
+    """Seconds (the shell's monotonic clock) of the last arrival, placement or end of one of its turns."""
+    turns: set[str] = field(default_factory=set)
+    """Its turns that are held or placed right now."""
+
+
+@dataclass(slots=True)
+class PlacedTurn:
+    """A turn placed on a replica and not yet ended: it holds one of that replica's slots."""
+
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    dataplane_id: str
+    replica: str
+    placed_at: float
+    started_at: float | None = None
+    first_token_at: float | None = None
+
+
+@dataclass(slots=True)
+class Counters:
+    """Cumulative counts since the scheduler started (turns unless named otherwise)."""
+
+    arrived: int = 0
+    """New turns with a served model (retried Admits and rejected turns not counted)."""
+    admitted: int = 0
+    """Placed by this scheduler."""
+    adopted: int = 0
+    """Taken over from a dataplane's resync."""
+    finished: int = 0
+    failed: int = 0
+    rejected: int = 0
+    abandoned: int = 0
+    """Held or placed turns whose client left before they ran."""
+    expired_turns: int = 0
+    expired_runs: int = 0
+    runs_ended: int = 0
+
+
+@dataclass(slots=True)
+class State:
+    """All placement state of one scheduler.
+
+    ``runs`` is kept least recently active first and ``placed`` in placement order, so expiry looks
+    only at the front of each (event times never go backwards).
+    """
+
+    replicas: dict[str, Replica]
+    """By name, in configuration order."""
+    model_replicas: dict[str, tuple[Replica, ...]]
+    """Model -> the generative replicas that declare it, in configuration order."""
+    runs: OrderedDict[str, Run] = field(default_factory=OrderedDict)
+    held: HeldTurns = field(default_factory=HeldTurns)
+    placed: OrderedDict[str, PlacedTurn] = field(default_factory=OrderedDict)
+    counters: Counters = field(default_factory=Counters)
+    next_seq: int = 0
+    """Arrival number given to the next held turn."""
+
+
+def state_from_replicas(specs: Iterable[ReplicaSpec]) -> State:
+    """An empty state for these replicas (names must be unique, as the configuration ensures)."""
+    replicas: dict[str, Replica] = {}
+    model_replicas: dict[str, list[Replica]] = {}
+    for index, spec in enumerate(specs):
+        replica = Replica(spec.name, tuple(spec.models), spec.kind, spec.max_inflight, index)
+        replicas[replica.name] = replica
+        if replica.kind == "generative":
+            for model in replica.models:
+                model_replicas.setdefault(model, []).append(replica)
+    return State(replicas, {model: tuple(rs) for model, rs in model_replicas.items()})
+
+
+def new_state(config: Config) -> State:
+    """An empty state for the replicas of ``config`` (no runs, no turns)."""
+    return state_from_replicas(config.replicas)
