@@ -9,8 +9,9 @@ engine-load admission, headroom, caller fairness or single-pass replicas yet):
 2. Capacity. A replica has at most ``max_inflight`` placed turns: placed by ``Place`` (or adopted
    on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned`` or expiry. The rest are held.
 3. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
-   even when another has room. An ``idle`` or new run may go anywhere: to the replica with the
-   fewest placed turns among those with room, ties in configuration order.
+   even when another has room (unless that replica does not serve the turn's model). An ``idle``
+   or new run may go anywhere: to the replica with the fewest placed turns among those with room,
+   ties in configuration order.
 4. Held turns wait in arrival order, filed under their pinned replica or under their model. When a
    slot frees on a replica, the oldest held turn that may use it takes it; a turn pinned to a full
    replica never blocks turns that may go elsewhere. There is no deadline and no limit: a held turn
@@ -24,11 +25,11 @@ engine-load admission, headroom, caller fairness or single-pass replicas yet):
 7. ``RunEnded``: the run is forgotten at once (``Forget``); its held turns lose their affinity.
 8. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
    no held or placed turn and no activity for 1800 s is forgotten (``Forget``).
-9. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted, the turns
-   counting against capacity (a turn id listed twice counts once; a held turn that the dataplane
-   says is already running is answered with its replica). Turns the scheduler had placed for that
-   dataplane (non-empty id) that it no longer lists are gone and free their slots. ``AckResync``
-   gives the counts.
+9. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted. The
+   turns count against capacity (a turn id listed twice counts once) and put a run with no record
+   of its own in ``generating`` there; a held turn that the dataplane says is already running is
+   answered with its replica. Turns the scheduler had placed for that dataplane (non-empty id) that
+   it no longer lists are gone and free their slots. ``AckResync`` gives the counts.
 10. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
     (it is answered when placed).
 
@@ -283,6 +284,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             _touch(state, run, event.at)
         changed[run.run_id] = run
 
+    recorded = set(changed)
     listed: set[str] = set()
     for turn in event.turns:
         replica = state.replicas.get(turn.replica)
@@ -317,6 +319,9 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, event.at)
             state.runs[turn.run_id] = run
         else:
+            if run.run_id not in recorded:  # a turn in flight there means the run generates there
+                run.phase = "generating"
+                run.last_replica = replica.name
             _touch(state, run, event.at)
         run.turns.add(turn.turn_id)
         changed[run.run_id] = run
@@ -338,7 +343,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         _refile(state, run, run.turns, event.at, out)
     for replica in state.replicas.values():
         _fill(state, replica, event.at, out)
-    out.append(AckResync(event.dataplane_id, len({r.run_id for r in event.runs}), len(listed)))
+    out.append(AckResync(event.dataplane_id, len(recorded), len(listed)))
 
 
 def _touch(state: State, run: Run, at: float) -> None:

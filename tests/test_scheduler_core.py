@@ -1,0 +1,658 @@
+"""Table-driven tests of the scheduler core: (state, event) -> (actions, resulting state).
+
+Each case builds a state from its replicas by feeding ``before`` through ``decide``, then feeds one
+``event`` and compares the actions and the resulting placements, held turns and runs exactly.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from luftpause.config import parse_config
+from luftpause.scheduler.core import (
+    AckResync,
+    Action,
+    Event,
+    FirstToken,
+    Forget,
+    InFlightRecord,
+    Place,
+    Reject,
+    Resynced,
+    RunEnded,
+    RunPhase,
+    RunRecord,
+    State,
+    Tick,
+    TurnAbandoned,
+    TurnArrived,
+    TurnFailed,
+    TurnFinished,
+    TurnStarted,
+    decide,
+    new_state,
+    snapshot,
+)
+
+# -- builders ---------------------------------------------------------------------------------------
+
+
+def arrive(
+    turn: str, run: str, model: str = "m", at: float = 0.0, cls: str = "interactive", caller: str = ""
+) -> TurnArrived:
+    return TurnArrived(turn, run, model, cls, caller, "dp", at)  # type: ignore[arg-type]
+
+
+def finish(turn: str, at: float = 1.0, tools: bool = False) -> TurnFinished:
+    return TurnFinished(turn, at, "tool_calls" if tools else "stop", tools, 10, 5)
+
+
+def fail(turn: str, at: float = 1.0) -> TurnFailed:
+    return TurnFailed(turn, at, "engine a: connection refused")
+
+
+def abandon(turn: str, at: float = 1.0) -> TurnAbandoned:
+    return TurnAbandoned(turn, at)
+
+
+def inflight(turn: str, run: str, replica: str, model: str = "m") -> InFlightRecord:
+    return InFlightRecord(turn, run, replica, model, "interactive", "")
+
+
+def run_record(run: str, replica: str, phase: RunPhase) -> RunRecord:
+    return RunRecord(run, replica, phase, "interactive", "")
+
+
+def make_state(replicas: list[tuple[str, list[str], int] | tuple[str, list[str], int, str]]) -> State:
+    blocks = []
+    for spec in replicas:
+        name, models, cap = spec[0], spec[1], spec[2]
+        kind = spec[3] if len(spec) > 3 else "generative"
+        blocks.append(
+            f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:1"\nmodels = {models!r}\n'
+            f'max_inflight = {cap}\nkind = "{kind}"\n'.replace("'", '"')
+        )
+    return new_state(parse_config("\n".join(blocks), "test.toml"))
+
+
+def feed(state: State, events: list[Event]) -> list[Action]:
+    actions: list[Action] = []
+    for event in events:
+        state, out = decide(state, event)
+        actions.extend(out)
+    return actions
+
+
+def placements(state: State) -> dict[str, str]:
+    return {turn_id: placed.replica for turn_id, placed in state.placed.items()}
+
+
+def held_turns(state: State) -> list[str]:
+    return [turn.turn_id for turn in state.held]
+
+
+def runs(state: State) -> dict[str, tuple[str, str | None]]:
+    return {run_id: (run.phase, run.last_replica) for run_id, run in state.runs.items()}
+
+
+TWO = [("a", ["m"], 2), ("b", ["m"], 2)]
+TWO_OF_ONE = [("a", ["m"], 1), ("b", ["m"], 1)]
+ONE_OF_ONE = [("a", ["m"], 1)]
+
+
+@dataclass
+class Case:
+    name: str
+    replicas: list[tuple[str, list[str], int] | tuple[str, list[str], int, str]]
+    before: list[Event]
+    event: Event
+    actions: list[Action]
+    placed: dict[str, str]
+    held: list[str]
+    runs: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+
+
+CASES = [
+    # -- model routing ------------------------------------------------------------------------------
+    Case(
+        "routes to the replica declaring the model",
+        [("a", ["m1"], 2), ("b", ["m2"], 2)],
+        [],
+        arrive("t1", "r1", model="m2"),
+        [Place("t1", "b")],
+        {"t1": "b"},
+        [],
+        {"r1": ("generating", "b")},
+    ),
+    Case(
+        "never routes to a single-pass replica",
+        [("s", ["m"], 8, "single_pass"), ("b", ["m"], 2)],
+        [],
+        arrive("t1", "r1"),
+        [Place("t1", "b")],
+        {"t1": "b"},
+        [],
+        {"r1": ("generating", "b")},
+    ),
+    Case(
+        "unknown model is rejected at once and nothing is recorded",
+        TWO,
+        [],
+        arrive("t1", "r1", model="gpt-9"),
+        [Reject("t1", "no Generative replica serves model 'gpt-9'", 404)],
+        {},
+        [],
+        {},
+    ),
+    Case(
+        "a model served only by single-pass replicas is unknown to generative routing",
+        [("s", ["cls"], 8, "single_pass"), ("b", ["m"], 2)],
+        [],
+        arrive("t1", "r1", model="cls"),
+        [Reject("t1", "no Generative replica serves model 'cls'", 404)],
+        {},
+        [],
+        {},
+    ),
+    # -- choice and capacity ------------------------------------------------------------------------
+    Case(
+        "a new run goes to the least loaded replica",
+        TWO,
+        [arrive("t1", "r1")],
+        arrive("t2", "r2"),
+        [Place("t2", "b")],
+        {"t1": "a", "t2": "b"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "b")},
+    ),
+    Case(
+        "equal load goes to the replica configured first",
+        [("b", ["m"], 2), ("a", ["m"], 2)],
+        [],
+        arrive("t1", "r1"),
+        [Place("t1", "b")],
+        {"t1": "b"},
+        [],
+        {"r1": ("generating", "b")},
+    ),
+    Case(
+        "a full replica holds the turn",
+        ONE_OF_ONE,
+        [arrive("t1", "r1")],
+        arrive("t2", "r2", at=1.0),
+        [],
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
+        "a full replica is skipped for one with room",
+        [("a", ["m"], 1), ("b", ["m"], 3)],
+        [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3")],
+        arrive("t4", "r4"),
+        [Place("t4", "b")],
+        {"t1": "a", "t2": "b", "t3": "b", "t4": "b"},
+        [],
+        {
+            "r1": ("generating", "a"),
+            "r2": ("generating", "b"),
+            "r3": ("generating", "b"),
+            "r4": ("generating", "b"),
+        },
+    ),
+    # -- held turns ---------------------------------------------------------------------------------
+    Case(
+        "a freed slot goes to the oldest held turn",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2", at=1.0), arrive("t3", "r3", at=2.0)],
+        finish("t1", at=3.0),
+        [Place("t2", "a")],
+        {"t2": "a"},
+        ["t3"],
+        {"r1": ("idle", "a"), "r2": ("generating", "a"), "r3": ("idle", None)},
+    ),
+    Case(
+        "a turn pinned to a full replica does not block a later turn for another replica",
+        TWO_OF_ONE,
+        [
+            arrive("t1", "r1"),  # a
+            arrive("t2", "r2"),  # b
+            finish("t1", at=1.0, tools=True),  # r1 tool_paused on a, a free
+            arrive("t3", "r3", at=2.0),  # a (the only room)
+            arrive("t4", "r1", at=3.0),  # pinned to a, held
+            arrive("t5", "r5", at=4.0),  # may go anywhere, held
+        ],
+        finish("t2", at=5.0),
+        [Place("t5", "b")],
+        {"t3": "a", "t5": "b"},
+        ["t4"],
+        {
+            "r1": ("tool_paused", "a"),
+            "r2": ("idle", "b"),
+            "r3": ("generating", "a"),
+            "r5": ("generating", "b"),
+        },
+    ),
+    Case(
+        "a slot freed on the pinned replica goes to the turn pinned there",
+        TWO_OF_ONE,
+        [
+            arrive("t1", "r1"),
+            arrive("t2", "r2"),
+            finish("t1", at=1.0, tools=True),
+            arrive("t3", "r3", at=2.0),  # takes a
+            arrive("t4", "r1", at=3.0),  # pinned to a, held
+        ],
+        finish("t3", at=4.0),
+        [Place("t4", "a")],
+        {"t2": "b", "t4": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "b"), "r3": ("idle", "a")},
+    ),
+    # -- affinity -----------------------------------------------------------------------------------
+    Case(
+        "a generating run's next turn goes to its last replica although another is less loaded",
+        TWO,
+        [arrive("t1", "r1")],
+        arrive("t2", "r1", at=1.0),
+        [Place("t2", "a")],
+        {"t1": "a", "t2": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "a tool-paused run's next turn goes to its last replica although another is less loaded",
+        TWO,
+        [arrive("t1", "r1"), arrive("t2", "r2"), finish("t1", tools=True), arrive("t3", "r3")],
+        arrive("t4", "r1", at=2.0),
+        [Place("t4", "a")],
+        {"t2": "b", "t3": "a", "t4": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "b"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "a tool-paused run waits for its full last replica although another has room",
+        TWO_OF_ONE,
+        [arrive("t1", "r1"), finish("t1", tools=True), arrive("t2", "r2")],
+        arrive("t3", "r1", at=2.0),
+        [],
+        {"t2": "a"},
+        ["t3"],
+        {"r1": ("tool_paused", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "an idle run may move to a less loaded replica",
+        TWO,
+        [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3"), finish("t1"), arrive("t5", "r3")],
+        arrive("t4", "r1", at=2.0),
+        [Place("t4", "b")],
+        {"t2": "b", "t3": "a", "t5": "a", "t4": "b"},
+        [],
+        {"r1": ("generating", "b"), "r2": ("generating", "b"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "a failed turn leaves the run idle, free to move",
+        TWO_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2"), fail("t1"), arrive("t3", "r3")],
+        arrive("t4", "r1", at=2.0),
+        [],
+        {"t2": "b", "t3": "a"},
+        ["t4"],
+        {"r1": ("idle", "a"), "r2": ("generating", "b"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "a held turn of a generating run waits for its replica although another frees",
+        TWO_OF_ONE,
+        [
+            arrive("t1", "r1"),  # a
+            arrive("t2", "r1"),  # pinned to a, held
+            arrive("t3", "r3"),  # b
+        ],
+        finish("t3", at=2.0),
+        [],  # t2 stays pinned: r1 still generating on a
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r3": ("idle", "b")},
+    ),
+    # -- abandon ------------------------------------------------------------------------------------
+    Case(
+        "an abandoned held turn leaves the queue without an action",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3")],
+        abandon("t2"),
+        [],
+        {"t1": "a"},
+        ["t3"],
+        {"r1": ("generating", "a"), "r2": ("idle", None), "r3": ("idle", None)},
+    ),
+    Case(
+        "an abandoned placed turn frees its slot for the oldest held turn",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2")],
+        abandon("t1"),
+        [Place("t2", "a")],
+        {"t2": "a"},
+        [],
+        {"r1": ("idle", "a"), "r2": ("generating", "a")},
+    ),
+    # -- run ended ----------------------------------------------------------------------------------
+    Case(
+        "a run that ended is forgotten at once",
+        TWO,
+        [arrive("t1", "r1"), finish("t1", tools=True)],
+        RunEnded("r1", 2.0),
+        [Forget("r1")],
+        {},
+        [],
+        {},
+    ),
+    Case(
+        "a held turn of an ended run loses its affinity and takes a replica with room",
+        TWO_OF_ONE,
+        [arrive("t1", "r1"), finish("t1", tools=True), arrive("t2", "r2"), arrive("t3", "r1")],
+        RunEnded("r1", 2.0),
+        [Forget("r1"), Place("t3", "b")],
+        {"t2": "a", "t3": "b"},
+        [],
+        {"r2": ("generating", "a"), "r1": ("generating", "b")},
+    ),
+    # -- tick: expiry -------------------------------------------------------------------------------
+    Case(
+        "a placed turn is kept until 600 s without a completion",
+        ONE_OF_ONE,
+        [arrive("t1", "r1", at=0.0), arrive("t2", "r2", at=1.0)],
+        Tick(599.0),
+        [],
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
+        "a placed turn without a completion after 600 s is dropped and its slot freed",
+        ONE_OF_ONE,
+        [arrive("t1", "r1", at=0.0), arrive("t2", "r2", at=1.0)],
+        Tick(600.0),
+        [Place("t2", "a")],
+        {"t2": "a"},
+        [],
+        {"r1": ("idle", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "a run is kept until 1800 s without a turn",
+        TWO,
+        [arrive("t1", "r1", at=0.0), finish("t1", at=10.0)],
+        Tick(1809.0),
+        [],
+        {},
+        [],
+        {"r1": ("idle", "a")},
+    ),
+    Case(
+        "a run without a turn for 1800 s is forgotten",
+        TWO,
+        [arrive("t1", "r1", at=0.0), finish("t1", at=10.0, tools=True), arrive("t2", "r2", at=1700.0)],
+        Tick(1810.0),
+        [Forget("r1")],
+        {"t2": "a"},
+        [],
+        {"r2": ("generating", "a")},
+    ),
+    Case(
+        "a run whose turn is held is never forgotten",
+        ONE_OF_ONE,
+        [arrive("t1", "r1", at=0.0), arrive("t2", "r2", at=1.0), arrive("t3", "r3", at=2.0)],
+        Tick(2000.0),
+        [Place("t2", "a")],  # t1 expired and t2 took its slot; r3, still held, is kept
+        {"t2": "a"},
+        ["t3"],
+        {"r1": ("idle", "a"), "r2": ("generating", "a"), "r3": ("idle", None)},
+    ),
+    # -- resync -------------------------------------------------------------------------------------
+    Case(
+        "resynced in-flight turns count against capacity",
+        TWO_OF_ONE,
+        [Resynced("dp", 0.0, (), (inflight("x1", "q1", "a"),))],
+        arrive("t1", "r1", at=1.0),
+        [Place("t1", "b")],
+        {"x1": "a", "t1": "b"},
+        [],
+        {"q1": ("generating", "a"), "r1": ("generating", "b")},
+    ),
+    Case(
+        "a resynced turn id listed twice is counted once",
+        [("a", ["m"], 2)],
+        [],
+        Resynced("dp", 0.0, (), (inflight("x1", "q1", "a"), inflight("x1", "q1", "a"))),
+        [AckResync("dp", 0, 1)],
+        {"x1": "a"},
+        [],
+        {"q1": ("generating", "a")},
+    ),
+    Case(
+        "a resynced turn already placed is counted once",
+        [("a", ["m"], 2)],
+        [arrive("t1", "r1")],
+        Resynced("dp", 1.0, (run_record("r1", "a", "generating"),), (inflight("t1", "r1", "a"),)),
+        [AckResync("dp", 1, 1)],
+        {"t1": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "a resynced tool-paused run keeps its affinity",
+        TWO,
+        [
+            Resynced("dp", 0.0, (run_record("q1", "b", "tool_paused"),), ()),
+            arrive("t1", "r1"),
+            arrive("t2", "r2"),
+        ],
+        arrive("t3", "q1", at=1.0),
+        [Place("t3", "b")],
+        {"t1": "a", "t2": "b", "t3": "b"},
+        [],
+        {"q1": ("generating", "b"), "r1": ("generating", "a"), "r2": ("generating", "b")},
+    ),
+    Case(
+        "a resynced idle run may go anywhere",
+        TWO,
+        [Resynced("dp", 0.0, (run_record("q1", "b", "idle"),), ()), arrive("t1", "r1")],
+        arrive("t2", "q1", at=1.0),
+        [Place("t2", "b")],
+        {"t1": "a", "t2": "b"},
+        [],
+        {"q1": ("generating", "b"), "r1": ("generating", "a")},
+    ),
+    Case(
+        "a held turn the dataplane says is running is answered with that replica",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2")],
+        Resynced("dp", 1.0, (), (inflight("t1", "r1", "a"), inflight("t2", "r2", "a"))),
+        [Place("t2", "a"), AckResync("dp", 0, 2)],
+        {"t1": "a", "t2": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "turns a dataplane no longer lists free their slots on its resync",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), TurnArrived("t2", "r2", "m", "batch", "", "other-dp", 0.5)],
+        Resynced("dp", 1.0, (), ()),
+        [Place("t2", "a"), AckResync("dp", 0, 0)],
+        {"t2": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "a resynced turn on a replica not configured here is not adopted",
+        ONE_OF_ONE,
+        [],
+        Resynced("dp", 0.0, (), (inflight("x1", "q1", "gone"),)),
+        [AckResync("dp", 0, 0)],
+        {},
+        [],
+        {},
+    ),
+    # -- retries and stray reports ------------------------------------------------------------------
+    Case(
+        "a retried arrival of a placed turn is answered with its placement",
+        TWO,
+        [arrive("t1", "r1"), arrive("t2", "r2")],
+        arrive("t1", "r1", at=1.0),
+        [Place("t1", "a")],
+        {"t1": "a", "t2": "b"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "b")},
+    ),
+    Case(
+        "a retried arrival of a held turn stays held once",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2")],
+        arrive("t2", "r2", at=1.0),
+        [],
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
+        "a report about an unknown turn is ignored",
+        ONE_OF_ONE,
+        [arrive("t1", "r1")],
+        finish("nope"),
+        [],
+        {"t1": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_decide(case: Case) -> None:
+    state = make_state(case.replicas)
+    feed(state, case.before)
+    state, actions = decide(state, case.event)
+    assert actions == case.actions
+    assert placements(state) == case.placed
+    assert held_turns(state) == case.held
+    assert runs(state) == case.runs
+    for replica in state.replicas.values():
+        assert replica.inflight == sum(1 for p in state.placed.values() if p.replica == replica.name)
+
+
+def test_unknown_model_is_counted_as_rejected_only() -> None:
+    state = make_state(TWO)
+    feed(state, [arrive("t1", "r1", model="nope")])
+    counters = snapshot(state, 0.0)["counters"]
+    assert counters["rejected"] == 1
+    assert counters["arrived"] == 0
+    assert counters["admitted"] == 0
+
+
+def test_started_and_first_token_are_recorded_without_actions() -> None:
+    state = make_state(TWO)
+    feed(state, [arrive("t1", "r1", at=0.0)])
+    assert feed(state, [TurnStarted("t1", 0.1), FirstToken("t1", 0.3), TurnStarted("t1", 0.5)]) == []
+    assert state.placed["t1"].started_at == 0.1
+    assert state.placed["t1"].first_token_at == 0.3
+
+
+def test_resync_reply_counts_runs_and_turns() -> None:
+    state = make_state(TWO)
+    event = Resynced(
+        "dp",
+        0.0,
+        (run_record("q1", "a", "tool_paused"), run_record("q2", "", "idle")),
+        (inflight("x1", "q3", "b"), inflight("x2", "q3", "b")),
+    )
+    assert feed(state, [event]) == [AckResync("dp", 2, 2)]
+    assert runs(state) == {"q1": ("tool_paused", "a"), "q2": ("idle", None), "q3": ("generating", "b")}
+    assert state.replicas["b"].inflight == 2
+
+
+def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
+    state = make_state(ONE_OF_ONE)
+    feed(
+        state,
+        [
+            arrive("t1", "r1", at=0.0),
+            arrive("t2", "r2", at=1.0, cls="batch", caller="ci"),
+            arrive("t3", "r3", at=2.0, caller="alice"),
+            arrive("t4", "r4", at=3.0, caller="alice"),
+            arrive("t5", "r5", model="nope", at=3.0),
+            abandon("t4", at=3.5),
+        ],
+    )
+    assert snapshot(state, 11.0) == {
+        "replicas": [{"name": "a", "kind": "generative", "models": ["m"], "inflight": 1, "capacity": 1}],
+        "held": {
+            "count": 2,
+            "by_class": {"interactive": 1, "batch": 1},
+            "by_caller": {"ci": 1, "alice": 1},
+            "oldest_wait_s": 10.0,
+        },
+        "runs": {"idle": 3, "generating": 1, "tool_paused": 0},
+        "runs_by_class": {"interactive": 3, "batch": 1},
+        "counters": {
+            "arrived": 4,
+            "admitted": 1,
+            "adopted": 0,
+            "finished": 0,
+            "failed": 0,
+            "rejected": 1,
+            "abandoned": 1,
+            "expired_turns": 0,
+            "expired_runs": 0,
+            "runs_ended": 0,
+        },
+    }
+    feed(state, [finish("t1", at=12.0, tools=True)])
+    after = snapshot(state, 12.0)
+    assert after["held"]["count"] == 1 and after["held"]["oldest_wait_s"] == 10.0
+    assert after["runs"] == {"idle": 2, "generating": 1, "tool_paused": 1}
+    assert after["counters"]["finished"] == 1 and after["counters"]["admitted"] == 2
+
+
+def test_held_turns_are_placed_in_arrival_order_across_many_frees() -> None:
+    state = make_state(TWO_OF_ONE)
+    feed(state, [arrive(f"t{i}", f"r{i}", at=float(i)) for i in range(10)])
+    order: list[str] = []
+    for i in range(10):
+        actions = feed(state, [finish(f"t{i}", at=20.0 + i)])
+        order.extend(a.turn_id for a in actions if isinstance(a, Place))
+    assert order == [f"t{i}" for i in range(2, 10)]
+
+
+def test_many_abandons_behind_a_stuck_head_do_not_lose_live_turns() -> None:
+    state = make_state(ONE_OF_ONE)
+    feed(state, [arrive("t0", "r0")])
+    feed(state, [arrive(f"t{i}", f"r{i}", at=float(i)) for i in range(1, 400)])
+    feed(state, [abandon(f"t{i}", at=500.0) for i in range(1, 400) if i % 7])
+    live = [f"t{i}" for i in range(1, 400) if i % 7 == 0]
+    assert held_turns(state) == live
+    placed: list[str] = []
+    for turn in ["t0", *live]:
+        actions = feed(state, [finish(turn, at=600.0)])
+        placed.extend(a.turn_id for a in actions if isinstance(a, Place))
+    assert placed == live
+
+
+_CORE = Path(__file__).resolve().parent.parent / "luftpause" / "scheduler" / "core"
+
+
+@pytest.mark.parametrize("module", sorted(_CORE.rglob("*.py")), ids=lambda p: p.name)
+def test_core_imports_no_io_clock_or_randomness(module: Path) -> None:
+    forbidden = {"asyncio", "grpc", "time", "random", "socket", "aiohttp", "os"}
+    tree = ast.parse(module.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            assert name.split(".")[0] not in forbidden, f"{module.name} imports {name}"
