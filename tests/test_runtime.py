@@ -1,0 +1,433 @@
+"""The MCP runtime end to end: fake MCP server, simulated engine and runtime as real processes.
+
+The runtime's ``dataplane`` points straight at the simulated engine (it speaks the same OpenAI API
+and ignores the luftpause headers), so these tests exercise the runtime alone. Every MCP call goes
+through the official ``mcp`` client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from mcp import Client
+from mcp.types import CallToolResult, TextContent
+
+from luftpause.config import DEFAULT_MODEL, McpServerConfig
+from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
+from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.upstream import UpstreamPool
+from luftpause.testkit.procs import ChildProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Runtime:
+    mcp_url: str
+    status_url: str
+    upstream_url: str
+    child: ChildProcess
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """fake-mcp, fake-engine (two tool rounds per run) and the runtime, stopped after the module."""
+    workdir = tmp_path_factory.mktemp("runtime")
+    mcp_port, engine_port, runtime_port = free_port(), free_port(), free_port()
+    config = workdir / "luftpause.toml"
+    config.write_text(
+        f"""
+[runtime]
+listen = "127.0.0.1:{runtime_port}"
+dataplane = "http://127.0.0.1:{engine_port}"
+state_dir = "{workdir / 'state'}"
+
+[[replicas]]
+name = "sim"
+url = "http://127.0.0.1:{engine_port}"
+models = ["{DEFAULT_MODEL}"]
+
+[[mcp_servers]]
+name = "fake"
+url = "http://127.0.0.1:{mcp_port}/mcp"
+"""
+    )
+    children = [
+        ChildProcess(
+            "fake-mcp",
+            ["fake-mcp", "--port", str(mcp_port)],
+            log_path=workdir / "fake-mcp.log",
+            ready_port=("127.0.0.1", mcp_port),
+        ),
+        ChildProcess(
+            "fake-engine",
+            ["fake-engine", "--port", str(engine_port), "--model", DEFAULT_MODEL, "--slots", "4",
+             "--tool-rounds", "2"],
+            log_path=workdir / "fake-engine.log",
+            ready_url=f"http://127.0.0.1:{engine_port}/health",
+        ),
+        ChildProcess(
+            "runtime",
+            ["runtime", "--config", str(config)],
+            log_path=workdir / "runtime.log",
+            ready_url=f"http://127.0.0.1:{runtime_port}/health",
+        ),
+    ]
+    started: list[ChildProcess] = []
+    try:
+        for child in children:
+            started.append(child.start())
+            child.wait_ready()
+        yield Runtime(
+            mcp_url=f"http://127.0.0.1:{runtime_port}/mcp",
+            status_url=f"http://127.0.0.1:{runtime_port}/status",
+            upstream_url=f"http://127.0.0.1:{mcp_port}/mcp",
+            child=children[-1],
+        )
+    finally:
+        for child in reversed(started):
+            child.stop()
+
+
+def _payload(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, _text(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+async def _spawn(client: Client, task: str, **extra: Any) -> str:
+    handle = _payload(await client.call_tool("spawn", {"task": task, **extra}))["handle"]
+    assert isinstance(handle, str) and handle.startswith("run-")
+    return handle
+
+
+async def _await(client: Client, handles: list[str], wait: float = 60, mode: str = "all") -> dict[str, Any]:
+    return _payload(
+        await client.call_tool(
+            "await", {"handles": handles, "timeout": wait, "mode": mode}, read_timeout_seconds=wait + 30
+        )
+    )
+
+
+def test_three_sub_agents_complete_with_answers_and_tool_calls(runtime: Runtime) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with Client(runtime.mcp_url) as client:
+            handles = await asyncio.gather(*(_spawn(client, f"Research topic {i}.") for i in range(3)))
+            return await _await(client, list(handles))
+
+    result = asyncio.run(scenario())
+    assert result["timedOut"] is False
+    assert len(result["runs"]) == 3
+    for run in result["runs"]:
+        assert run["state"] == "completed", run
+        assert run["answer"].strip()
+        assert run["toolCalls"] >= 1
+        assert run["failedToolCalls"] == 0
+        assert run["turns"] == run["toolCalls"] + 1  # one call per round (parallel_tool_calls false)
+        assert run["usage"]["promptTokens"] > 0 and run["usage"]["completionTokens"] > 0
+
+
+def test_run_survives_the_spawning_client_disconnecting(runtime: Runtime) -> None:
+    async def spawn_and_leave() -> str:
+        async with Client(runtime.mcp_url) as client:
+            return await _spawn(client, "Research the history of lighthouses.")
+
+    async def come_back(handle: str) -> dict[str, Any]:
+        async with Client(runtime.mcp_url) as client:
+            return await _await(client, [handle])
+
+    handle = asyncio.run(spawn_and_leave())
+    result = asyncio.run(come_back(handle))
+    (run,) = result["runs"]
+    assert run["handle"] == handle
+    assert run["state"] == "completed", run
+    assert run["toolCalls"] >= 1
+
+
+def test_await_on_an_unknown_handle_is_a_tool_error_naming_it(runtime: Runtime) -> None:
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.mcp_url) as client:
+            return await client.call_tool("await", {"handles": ["run-doesnotexist"], "timeout": 1})
+
+    result = asyncio.run(scenario())
+    assert result.is_error
+    assert "run-doesnotexist" in _text(result)
+
+
+def test_bad_service_class_and_mode_are_tool_errors(runtime: Runtime) -> None:
+    async def scenario() -> tuple[CallToolResult, CallToolResult]:
+        async with Client(runtime.mcp_url) as client:
+            bad_class = await client.call_tool("spawn", {"task": "x", "serviceClass": "gpu"})
+            handle = await _spawn(client, "Quick one.")
+            bad_mode = await client.call_tool("await", {"handles": [handle], "mode": "some"})
+            await _await(client, [handle])
+            return bad_class, bad_mode
+
+    bad_class, bad_mode = asyncio.run(scenario())
+    assert bad_class.is_error and "serviceClass" in _text(bad_class)
+    assert bad_mode.is_error and "mode" in _text(bad_mode)
+
+
+def test_await_with_a_short_timeout_on_a_running_run_times_out(runtime: Runtime) -> None:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with Client(runtime.mcp_url) as client:
+            # A long reply per turn keeps the run going well past a zero-second wait.
+            handle = await _spawn(client, "Write at length.", maxTokens=2000)
+            early = await _await(client, [handle], wait=0)
+            final = await _await(client, [handle])
+            return early, final
+
+    early, final = asyncio.run(scenario())
+    assert early["timedOut"] is True
+    assert early["runs"][0]["state"] == "running"
+    assert "answer" not in early["runs"][0]
+    assert final["timedOut"] is False
+    assert final["runs"][0]["state"] == "completed"
+
+
+def test_status_tool_and_http_status_list_the_runs(runtime: Runtime) -> None:
+    async def scenario() -> tuple[str, dict[str, Any], dict[str, Any]]:
+        async with Client(runtime.mcp_url) as client:
+            handle = await _spawn(client, "Status check.", serviceClass="batch")
+            await _await(client, [handle])
+            one = _payload(await client.call_tool("status", {"handle": handle}))
+            every = _payload(await client.call_tool("status", {}))
+            return handle, one, every
+
+    handle, one, every = asyncio.run(scenario())
+    assert one["run"]["handle"] == handle
+    assert one["run"]["serviceClass"] == "batch"
+    assert one["run"]["model"] == DEFAULT_MODEL
+    assert handle in {run["handle"] for run in every["runs"]}
+
+    with urllib.request.urlopen(runtime.status_url, timeout=10) as response:
+        status = json.loads(response.read())
+    by_handle = {run["handle"]: run for run in status["runs"]}
+    run = by_handle[handle]
+    assert run["state"] == "completed"
+    assert run["serviceClass"] == "batch"
+    assert run["turns"] >= 2 and run["toolCalls"] >= 1
+    assert run["usage"]["promptTokens"] > 0
+    assert status["upstream"][0]["connected"] is True
+    assert set(status["upstream"][0]["tools"]) == {"lookup", "deep_search"}
+
+
+def test_tools_argument_limits_what_the_sub_agent_may_call(runtime: Runtime) -> None:
+    async def scenario() -> tuple[dict[str, Any], CallToolResult]:
+        async with Client(runtime.mcp_url) as client:
+            limited = await _spawn(client, "Only look things up.", tools=["lookup"], maxToolCalls=1)
+            unknown = await client.call_tool("spawn", {"task": "x", "tools": ["no_such_tool"]})
+            return await _await(client, [limited]), unknown
+
+    result, unknown = asyncio.run(scenario())
+    (run,) = result["runs"]
+    assert run["state"] == "completed"
+    assert run["toolCalls"] == 1  # the budget: the next turn offered no tools, so it answered
+    assert unknown.is_error and "no_such_tool" in _text(unknown)
+
+
+def test_loadgen_spawns_three_and_reports_them_completed(runtime: Runtime) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "luftpause", "loadgen", "--runtime", runtime.mcp_url, "--spawn", "3",
+         "--timeout", "120", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["spawned"] == 3
+    assert summary["completed"] == 3
+    assert summary["failed"] == 0
+    assert summary["toolCalls"] >= 3
+    assert summary["runTimeP50"] is not None
+
+
+def _run(handle: str, **overrides: Any) -> Run:
+    fields: dict[str, Any] = {
+        "handle": handle,
+        "task": "t",
+        "model": DEFAULT_MODEL,
+        "service_class": "batch",
+        "caller": "tester",
+        "max_tool_calls": 8,
+        "max_tokens": 256,
+        "allowed_tools": None,
+        "messages": [{"role": "user", "content": "t"}],
+    }
+    return Run(**{**fields, **overrides})
+
+
+def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _reply(message: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+    }
+
+
+class ScriptedDataplane:
+    """A dataplane double on a loopback port: answers turns from a script, records what it got."""
+
+    def __init__(self, script: list[tuple[int, dict[str, Any], dict[str, str]]]) -> None:
+        self.script = list(script)
+        self.turns: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.deleted: list[str] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        self.turns.append((dict(request.headers), await request.json()))
+        status, body, headers = self.script.pop(0)
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        self.deleted.append(request.match_info["handle"])
+        return web.json_response({})
+
+    async def __aenter__(self) -> ScriptedDataplane:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_delete("/v1/runs/{handle}", self._delete)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+async def _drive(dataplane: ScriptedDataplane, run: Run, upstream_url: str | None) -> None:
+    servers = [McpServerConfig(name="fake", url=upstream_url)] if upstream_url else []
+    async with new_http_session() as session, UpstreamPool(servers) as upstream, RunRegistry() as registry:
+        loop = SubAgentLoop(DataplaneClient(dataplane.url, session), upstream)
+        registry.add(run)
+        registry.start(run, loop.drive(run))
+        assert await registry.wait([run], "all", 30) is False
+
+
+def test_turns_carry_run_headers_retry_429_and_keep_tool_call_ids(runtime: Runtime) -> None:
+    lookup = _tool_call("call_Ab1", "lookup", '{"query": "q"}')
+    script = [
+        (429, {"error": {"message": "busy"}}, {"Retry-After": "0"}),
+        (200, _reply({"content": None, "tool_calls": [lookup]}), {}),
+        (200, _reply({"content": "", "tool_calls": [_tool_call("call_Zz9", "rm_rf", "{}")]}), {}),
+        (200, _reply({"content": "the answer"}), {}),
+    ]
+    run = _run("run-scripted1")
+
+    async def scenario() -> ScriptedDataplane:
+        async with ScriptedDataplane(script) as dataplane:
+            await _drive(dataplane, run, runtime.upstream_url)
+        return dataplane
+
+    dataplane = asyncio.run(scenario())
+    assert run.state == "completed" and run.answer == "the answer"
+    assert (run.turns, run.tool_calls, run.failed_tool_calls) == (3, 2, 1)
+    assert (run.prompt_tokens, run.completion_tokens) == (30, 9)
+    assert len(dataplane.turns) == 4  # the 429 was retried, not counted as a turn
+    for headers, body in dataplane.turns:
+        assert headers["x-luftpause-run-id"] == "run-scripted1"
+        assert headers["x-luftpause-class"] == "batch"
+        assert headers["x-luftpause-caller"] == "tester"
+        assert body["model"] == DEFAULT_MODEL and body["max_tokens"] == 256
+        assert body["parallel_tool_calls"] is False
+        assert {t["function"]["name"] for t in body["tools"]} == {"lookup", "deep_search"}
+    last = dataplane.turns[-1][1]["messages"]
+    assert [m["role"] for m in last] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert last[1]["tool_calls"][0]["id"] == "call_Ab1" and last[2]["tool_call_id"] == "call_Ab1"
+    assert "Error" not in last[2]["content"] and last[2]["content"].strip()
+    assert last[4]["tool_call_id"] == "call_Zz9" and last[4]["content"].startswith("Error")
+    assert dataplane.deleted == ["run-scripted1"]
+
+
+def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
+    script = [
+        (200, _reply({"content": None, "tool_calls": [_tool_call("c1", "lookup", '{"query": "q"}')]}), {}),
+        (200, _reply({"content": "done"}), {}),
+    ]
+    run = _run("run-budget", max_tool_calls=1, max_tokens=0, allowed_tools=frozenset({"lookup"}))
+
+    async def scenario() -> ScriptedDataplane:
+        async with ScriptedDataplane(script) as dataplane:
+            await _drive(dataplane, run, runtime.upstream_url)
+        return dataplane
+
+    dataplane = asyncio.run(scenario())
+    first, second = (body for _, body in dataplane.turns)
+    assert [t["function"]["name"] for t in first["tools"]] == ["lookup"]
+    assert "tools" not in second and "parallel_tool_calls" not in second
+    assert "max_tokens" not in first  # 0 = the engine's default
+    assert run.state == "completed" and run.tool_calls == 1
+
+
+def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> None:
+    script = [(503, {"error": {"message": "engine sim-a: overloaded"}}, {})]
+    run = _run("run-refused")
+
+    async def scenario() -> ScriptedDataplane:
+        async with ScriptedDataplane(script) as dataplane:
+            await _drive(dataplane, run, None)
+        return dataplane
+
+    dataplane = asyncio.run(scenario())
+    assert run.state == "failed"
+    assert run.error == "dataplane answered 503: engine sim-a: overloaded"
+    assert dataplane.deleted == ["run-refused"]
+
+
+def test_long_wait_reports_progress_until_the_run_finishes() -> None:
+    async def scenario() -> tuple[bool, list[tuple[float, int]], bool]:
+        progress: list[tuple[float, int]] = []
+
+        async def on_progress(elapsed: float, finished: int) -> None:
+            progress.append((elapsed, finished))
+
+        async def body(run: Run) -> None:
+            await asyncio.sleep(0.3)
+            run.finish("completed", answer="ok")
+
+        async with RunRegistry() as registry:
+            slow, never = registry.add(_run("run-slow")), registry.add(_run("run-never"))
+            registry.start(slow, body(slow))
+            registry.start(never, asyncio.sleep(3600))
+            any_timed_out = await registry.wait([slow, never], "any", 30, on_progress, progress_interval=0.05)
+            all_timed_out = await registry.wait([slow, never], "all", 0.1)
+        return any_timed_out, progress, all_timed_out
+
+    any_timed_out, progress, all_timed_out = asyncio.run(scenario())
+    assert any_timed_out is False
+    assert all_timed_out is True
+    assert progress, "a wait longer than the progress interval must report progress"
+    elapsed = [e for e, _ in progress]
+    assert elapsed == sorted(elapsed) and len(set(elapsed)) == len(elapsed)  # strictly increasing
+
+
+def test_runtime_exits_zero_on_sigterm(runtime: Runtime) -> None:
+    # Last in the module: it stops the shared runtime.
+    runtime.child.stop()
+    assert runtime.child.poll() == 0, runtime.child.log_tail()
