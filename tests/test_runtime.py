@@ -286,10 +286,14 @@ def _reply(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+Script = list[tuple[int, dict[str, Any], dict[str, str]]]
+"""Replies of a scripted dataplane, in order: (HTTP status, JSON body, headers)."""
+
+
 class ScriptedDataplane:
     """A dataplane double on a loopback port: answers turns from a script, records what it got."""
 
-    def __init__(self, script: list[tuple[int, dict[str, Any], dict[str, str]]]) -> None:
+    def __init__(self, script: Script) -> None:
         self.script = list(script)
         self.turns: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.deleted: list[str] = []
@@ -332,7 +336,7 @@ async def _drive(dataplane: ScriptedDataplane, run: Run, upstream_url: str | Non
 
 def test_turns_carry_run_headers_retry_429_and_keep_tool_call_ids(runtime: Runtime) -> None:
     lookup = _tool_call("call_Ab1", "lookup", '{"query": "q"}')
-    script = [
+    script: Script = [
         (429, {"error": {"message": "busy"}}, {"Retry-After": "0"}),
         (200, _reply({"content": None, "tool_calls": [lookup]}), {}),
         (200, _reply({"content": "", "tool_calls": [_tool_call("call_Zz9", "rm_rf", "{}")]}), {}),
@@ -366,7 +370,7 @@ def test_turns_carry_run_headers_retry_429_and_keep_tool_call_ids(runtime: Runti
 
 
 def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
-    script = [
+    script: Script = [
         (200, _reply({"content": None, "tool_calls": [_tool_call("c1", "lookup", '{"query": "q"}')]}), {}),
         (200, _reply({"content": "done"}), {}),
     ]
@@ -386,7 +390,7 @@ def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
 
 
 def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> None:
-    script = [(503, {"error": {"message": "engine sim-a: overloaded"}}, {})]
+    script: Script = [(503, {"error": {"message": "engine sim-a: overloaded"}}, {})]
     run = _run("run-refused")
 
     async def scenario() -> ScriptedDataplane:

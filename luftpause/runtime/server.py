@@ -124,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"luftpause runtime: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
+    # lines (httpx, the SDK) would bury them.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("luftpause").setLevel(logging.INFO)
     from granian import Granian
     from granian.constants import Interfaces, Loops
     from granian.log import LogLevels

@@ -56,9 +56,8 @@ def caller_of(ctx: Context) -> str:
         if session_id:
             return session_id
     params = ctx.session.client_params
-    if params is not None and params.client_info.name:
-        return params.client_info.name
-    return "anonymous"
+    name = params.client_info.name if params is not None else None
+    return name if isinstance(name, str) and name else "anonymous"
 
 
 def build_mcp_server(runtime: Runtime) -> MCPServer:
