@@ -1,0 +1,100 @@
+"""Running slots and a FIFO waiting queue, as an SGLang or vLLM scheduler has them.
+
+An engine decodes at most ``slots`` requests at once; every other admitted request waits in
+arrival order. A request that leaves while waiting (its client disconnected) leaves the queue at
+once; one that leaves while running frees its slot at once for the head of the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters of one engine since it started (request counts, tokens).
+
+    ``requests`` counts chat completion requests that passed validation; ``completed`` those that
+    sent their whole answer; ``disconnected`` those whose client left first (while waiting or
+    running). ``running`` and ``waiting`` are the current counts; ``max_running_seen`` and
+    ``max_waiting_seen`` the highest ever seen.
+    """
+
+    requests: int = 0
+    completed: int = 0
+    disconnected: int = 0
+    running: int = 0
+    waiting: int = 0
+    max_running_seen: int = 0
+    max_waiting_seen: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class SlotPool:
+    """``slots`` running places and a FIFO queue in front of them; counts go to ``stats``.
+
+    Use ``async with pool.slot(): ...``. Cancelling a task that waits removes it from the queue;
+    leaving the block (normally or by cancellation) hands the slot to the oldest waiter.
+    """
+
+    def __init__(self, slots: int, stats: EngineStats) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self._slots = slots
+        self._stats = stats
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        await self._acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self) -> None:
+        stats = self._stats
+        if stats.running < self._slots and not self._waiters:
+            self._start_running()
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        stats.waiting += 1
+        stats.max_waiting_seen = max(stats.max_waiting_seen, stats.waiting)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed over just as the caller left: pass it on.
+                self._release()
+            elif waiter in self._waiters:
+                # Still queued (a cancelled waiter already popped by _release was counted there).
+                self._waiters.remove(waiter)
+                stats.waiting -= 1
+            raise
+
+    def _start_running(self) -> None:
+        stats = self._stats
+        stats.running += 1
+        stats.max_running_seen = max(stats.max_running_seen, stats.running)
+
+    def _release(self) -> None:
+        stats = self._stats
+        stats.running -= 1
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            stats.waiting -= 1
+            if not waiter.done():
+                # The slot moves to the waiter now, so that no newcomer can overtake it.
+                self._start_running()
+                waiter.set_result(None)
+                return

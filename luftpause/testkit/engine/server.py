@@ -1,0 +1,277 @@
+"""The simulated engine's HTTP server (aiohttp) and its in-process handle.
+
+Routes, as SGLang and vLLM serve them:
+
+* ``POST /v1/chat/completions``: streamed or not (see :mod:`.wire`, :mod:`.replies`);
+* ``GET /health`` -> ``{}``; ``GET /v1/models``; ``GET /metrics`` (see :mod:`.metrics`);
+* ``GET /server_info``, ``/get_server_info``, ``/model_info``, ``/get_model_info``: the little
+  SGLang's router asks of a worker.
+
+A request's life: validated (400/404 at once), queued for a running slot (FIFO), prefill
+(:class:`.costs.CostModel`), then one output token per ``decode_ms``. The HTTP handler is
+cancelled when the client disconnects (aiohttp's ``handler_cancellation``), which takes the
+request out of the queue or frees its slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from luftpause.testkit.engine import wire
+from luftpause.testkit.engine.costs import CostModel, estimate_prompt_tokens
+from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST, ModelLoad, SglangMetrics
+from luftpause.testkit.engine.replies import Reply, plan_reply
+from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
+from luftpause.testkit.engine.settings import EngineSettings
+
+# Shortest sleep between streamed tokens: below it, tokens that are due go out together in one
+# write, so a tiny decode_ms keeps the total time of the model without a timer per token.
+MIN_SLEEP_S = 0.001
+
+# Seconds that close() gives streams still running before aiohttp cancels them.
+SHUTDOWN_GRACE_S = 0.5
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class _HeldTokens:
+    """KV-cache tokens one running request holds (prompt, then each decoded token)."""
+
+    __slots__ = ("_load", "tokens")
+
+    def __init__(self, load: ModelLoad) -> None:
+        self._load = load
+        self.tokens = 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+        self._load.kv_tokens += tokens
+
+    def release(self) -> None:
+        self._load.kv_tokens -= self.tokens
+        self.tokens = 0
+
+
+class SimulatedEngine:
+    """One engine replica: its settings, slots, counters and routes (:meth:`app`)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.stats = EngineStats()
+        self.started = int(time.time())
+        self._pool = SlotPool(settings.slots, self.stats)
+        self._costs = CostModel(settings)
+        self._metrics = SglangMetrics(settings.models, settings.slots)
+        self._load = {model: ModelLoad() for model in settings.models}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        for path in ("/server_info", "/get_server_info"):
+            app.router.add_get(path, self.server_info)
+        for path in ("/model_info", "/get_model_info"):
+            app.router.add_get(path, self.model_info)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": self.started, "owned_by": "luftpause-sim", "root": m}
+            for m in self.settings.models
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self._metrics.render(self._load), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        model = self.settings.models[0]
+        return web.json_response(
+            {
+                "model_path": model,
+                "served_model_name": model,
+                "tokenizer_path": model,
+                "tp_size": 1,
+                "dp_size": 1,
+                "max_running_requests": self.settings.slots,
+                "max_total_num_tokens": self.settings.slots * 8192,
+                "version": "luftpause-sim",
+            }
+        )
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        model = self.settings.models[0]
+        return web.json_response({"model_path": model, "tokenizer_path": model, "is_generation": True})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (OpenAI "Create chat completion")."""
+        try:
+            chat = wire.parse_chat_request(await request.read(), self.settings.models)
+        except wire.RequestError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        self.stats.requests += 1
+        prompt_tokens = estimate_prompt_tokens(chat.messages)
+        reply = plan_reply(
+            chat.messages,
+            chat.tools,
+            chat.tool_choice,
+            chat.parallel_tool_calls,
+            limit=chat.max_tokens or self.settings.max_tokens,
+            tool_rounds=self.settings.tool_rounds,
+            seed=self.settings.seed,
+        )
+        ids = wire.ResponseIds(chat.model)
+        # Fault injection (refusing with 429/5xx, breaking a stream) would decide here, per request.
+        try:
+            if chat.stream:
+                response = web.StreamResponse(headers=SSE_HEADERS)
+                await response.prepare(request)
+                async with self._running(chat.model, prompt_tokens) as held:
+                    await self._stream(response, chat, ids, reply, prompt_tokens, held)
+                await response.write_eof()
+                result: web.StreamResponse = response
+            else:
+                async with self._running(chat.model, prompt_tokens) as held:
+                    await self._decode_unseen(reply.count, held)
+                body = wire.completion(ids, reply, chat, prompt_tokens)
+                result = web.json_response(body)
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: the slot (or queue place) is already given back.
+            self.stats.disconnected += 1
+            raise
+        self.stats.completed += 1
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += reply.count
+        return result
+
+    @asynccontextmanager
+    async def _running(self, model: str, prompt_tokens: int) -> AsyncIterator[_HeldTokens]:
+        """Wait for a slot (FIFO), then prefill; the block decodes. Counts go to ``/metrics``."""
+        load = self._load[model]
+        load.waiting += 1
+        queued = True
+        try:
+            async with self._pool.slot():
+                load.waiting -= 1
+                queued = False
+                load.running += 1
+                held = _HeldTokens(load)
+                held.add(prompt_tokens)
+                try:
+                    await asyncio.sleep(self._costs.prefill_seconds(prompt_tokens))
+                    yield held
+                finally:
+                    load.running -= 1
+                    held.release()
+        finally:
+            if queued:
+                load.waiting -= 1
+
+    async def _stream(
+        self,
+        response: web.StreamResponse,
+        chat: wire.ChatRequest,
+        ids: wire.ResponseIds,
+        reply: Reply,
+        prompt_tokens: int,
+        held: _HeldTokens,
+    ) -> None:
+        """Write the chunks of ``reply`` at the pace of decode, then the end of the stream."""
+        head = wire.chunk(ids, {"role": "assistant", "content": ""})
+        emitted = 0
+        async for due in self._decode_schedule(reply.count):
+            batch = [wire.piece_chunk(ids, reply, piece, chat) for piece in reply.pieces(emitted, due)]
+            if emitted == 0:
+                batch.insert(0, head)
+            held.add(due - emitted)
+            emitted = due
+            await response.write(b"".join(batch))
+        tail = [wire.chunk(ids, {}, None, reply.finish_reason)]
+        if emitted == 0:
+            tail.insert(0, head)
+        if chat.include_usage:
+            tail.append(wire.usage_chunk(ids, prompt_tokens, reply.count))
+        tail.append(wire.SSE_DONE)
+        await response.write(b"".join(tail))
+
+    async def _decode_unseen(self, count: int, held: _HeldTokens) -> None:
+        """Decode ``count`` tokens that nobody sees until the end (a non-streamed answer)."""
+        done = 0
+        async for due in self._decode_schedule(count):
+            held.add(due - done)
+            done = due
+
+    async def _decode_schedule(self, count: int) -> AsyncIterator[int]:
+        """Yield how many of ``count`` tokens are decoded by now, each time more are: token ``i``
+        is due ``(i + 1) * decode_ms`` after the first decode step starts."""
+        decode_s = self._costs.decode_seconds()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        done = 0
+        while done < count:
+            elapsed = loop.time() - start
+            due = count if decode_s <= 0 else min(count, int(elapsed / decode_s + 1e-9))
+            if due > done:
+                done = due
+                yield done
+                continue
+            await asyncio.sleep(max(start + (done + 1) * decode_s - loop.time(), MIN_SLEEP_S))
+
+
+@dataclass(slots=True)
+class RunningEngine:
+    """A simulated engine serving on loopback; ``url`` is ``http://host:port`` (no ``/v1``)."""
+
+    engine: SimulatedEngine
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.engine.stats
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self.engine.settings
+
+    async def close(self) -> None:
+        """Stop listening and end every request in flight (their clients see the stream cut)."""
+        await self.runner.cleanup()
+
+
+async def start_engine(settings: EngineSettings, host: str = "127.0.0.1", port: int = 0) -> RunningEngine:
+    """Serve a simulated engine on ``host:port`` (0 = any free port) in the running event loop.
+
+    Raises ``OSError`` when the port cannot be bound.
+    """
+    engine = SimulatedEngine(settings)
+    runner = web.AppRunner(
+        engine.app(), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound: int = runner.addresses[0][1]
+    return RunningEngine(engine, runner, host, bound)

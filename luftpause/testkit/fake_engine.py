@@ -1,0 +1,125 @@
+"""``luftpause fake-engine``: an OpenAI-compatible engine simulator standing in for SGLang/vLLM.
+
+It speaks the chat completions wire format as vLLM and SGLang do (streamed and not, tool calls,
+usage, first-token logprobs), schedules requests on a fixed number of running slots with a FIFO
+queue, takes prefill and decode time from a simple cost model, and reports its load on
+``/metrics`` under SGLang's names. The pieces live in :mod:`luftpause.testkit.engine`.
+
+In tests::
+
+    engine = await start_engine(EngineSettings(slots=1))
+    try:
+        client = openai.AsyncOpenAI(base_url=engine.url + "/v1", api_key="x")
+        ...
+    finally:
+        await engine.close()
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
+from luftpause.testkit.engine.settings import DEFAULT_MODEL
+
+__all__ = [
+    "EngineSettings",
+    "EngineStats",
+    "RunningEngine",
+    "SimulatedEngine",
+    "add_arguments",
+    "run",
+    "settings_from_args",
+    "start_engine",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``fake-engine`` flags (defaults as :class:`EngineSettings`)."""
+    defaults = EngineSettings()
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=30001, help="port to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"a model to serve; repeat for several (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--slots", type=int, default=defaults.slots, help="requests running at once (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--prefill-ms-per-1k",
+        type=float,
+        default=defaults.prefill_ms_per_1k,
+        metavar="MS",
+        help="prefill milliseconds per 1,000 prompt tokens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--decode-ms",
+        type=float,
+        default=defaults.decode_ms,
+        metavar="MS",
+        help="milliseconds per output token (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=defaults.max_tokens,
+        metavar="N",
+        help="reply length when the request sets no max_tokens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tool-rounds",
+        type=int,
+        default=defaults.tool_rounds,
+        metavar="N",
+        help="tool rounds before a final answer (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=defaults.seed, help="varies text and tool choice (default: %(default)s)"
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> EngineSettings:
+    """:class:`EngineSettings` from parsed ``fake-engine`` flags; raises ``ValueError`` on bad values."""
+    return EngineSettings(
+        models=tuple(args.model or (DEFAULT_MODEL,)),
+        slots=args.slots,
+        prefill_ms_per_1k=args.prefill_ms_per_1k,
+        decode_ms=args.decode_ms,
+        max_tokens=args.max_tokens,
+        tool_rounds=args.tool_rounds,
+        seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; 0 on a clean stop, 2 on bad flags or a port in use."""
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"luftpause fake-engine: {exc}", flush=True)
+        return 2
+    return asyncio.run(_serve(settings, args.host, args.port))
+
+
+async def _serve(settings: EngineSettings, host: str, port: int) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        engine = await start_engine(settings, host, port)
+    except OSError as exc:
+        print(f"luftpause fake-engine: cannot listen on {host}:{port}: {exc}", flush=True)
+        return 2
+    try:
+        print(f"luftpause fake-engine: serving {', '.join(settings.models)} on {engine.url}", flush=True)
+        await stop.wait()
+    finally:
+        await engine.close()
+    return 0
