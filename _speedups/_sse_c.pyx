@@ -123,12 +123,12 @@ cdef class SSEScanner:
         self._at_start = True
 
     def feed(self, chunk) -> bool:
-        """Consume the next ``chunk`` of bytes read from the engine, cut anywhere.
+        """Consume the next ``chunk`` read from the engine (``bytes`` or ``bytearray``), cut anywhere.
 
         Returns ``True`` iff the turn's first token was seen inside this chunk, which happens at
         most once per scanner. Never raises on any content of ``chunk``.
         """
-        cdef bytes buf = chunk if type(chunk) is bytes else bytes(chunk)
+        cdef bytes buf = chunk if type(chunk) is bytes else bytes(memoryview(chunk))
         cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(buf)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(buf)
         cdef Py_ssize_t pos = 0

@@ -95,8 +95,8 @@ class SSEScanner:
         # no line completed yet: the first one may start with a byte order mark
         self._at_start = True
 
-    def feed(self, chunk: bytes) -> bool:
-        """Consume the next ``chunk`` of bytes read from the engine, cut anywhere.
+    def feed(self, chunk: bytes | bytearray) -> bool:
+        """Consume the next ``chunk`` read from the engine (``bytes`` or ``bytearray``), cut anywhere.
 
         Returns ``True`` iff the turn's first token was seen inside this chunk, which happens at
         most once per scanner. Never raises on any content of ``chunk``.

@@ -1,0 +1,676 @@
+"""The incremental SSE event scanner, both twins.
+
+Every behaviour test runs on the pure twin (``py``) and the compiled one (``c``); the Hypothesis tests
+feed both the same random streams cut at random offsets and require them to agree on everything, with
+the pure twin, which parses every payload, as the reference for the compiled twin's shortcuts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from luftpause.dataplane import _sse_py, sse
+
+NO_EXTENSIONS = bool(os.environ.get("LUFTPAUSE_NO_EXTENSIONS"))
+
+ATTRIBUTES = (
+    "first_token_seen",
+    "finish_reason",
+    "saw_tool_calls",
+    "tool_call_ids",
+    "prompt_tokens",
+    "completion_tokens",
+    "done",
+    "event_count",
+    "events",
+)
+
+
+class Scanner(Protocol):
+    first_token_seen: bool
+    finish_reason: str | None
+    saw_tool_calls: bool
+    tool_call_ids: list[str]
+    prompt_tokens: int
+    completion_tokens: int
+    done: bool
+    event_count: int
+    events: list[bytes]
+
+    def feed(self, chunk: bytes | bytearray) -> bool: ...
+
+
+class ScannerClass(Protocol):
+    def __call__(self, keep_events: bool = False) -> Scanner: ...
+
+
+def _compiled_twin() -> ScannerClass:
+    # An ImportError here is a failure, not a skip: a normal install must have built the twin.
+    compiled: Any = importlib.import_module("luftpause.dataplane._sse_c")
+    return compiled.SSEScanner  # type: ignore[no-any-return]
+
+
+TWINS: dict[str, ScannerClass] = {"py": _sse_py.SSEScanner}
+if not NO_EXTENSIONS:
+    TWINS["c"] = _compiled_twin()
+
+
+@pytest.fixture(params=["py", "c"])
+def scanner_cls(request: pytest.FixtureRequest) -> ScannerClass:
+    if request.param not in TWINS:
+        pytest.skip("LUFTPAUSE_NO_EXTENSIONS is set: the compiled twin is not used")
+    return TWINS[request.param]
+
+
+# --- building streams ------------------------------------------------------------------------------
+
+_BASE = {
+    "id": "chatcmpl-7f3a",
+    "object": "chat.completion.chunk",
+    "created": 1730000000,
+    "model": "qwen3-32b",
+}
+
+
+def chunk_object(
+    delta: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    *,
+    index: int = 0,
+    usage: dict[str, Any] | None = None,
+    choices: list[Any] | None = None,
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` object as an engine sends it."""
+    obj: dict[str, Any] = dict(_BASE)
+    if choices is None:
+        choices = [{"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": finish_reason}]
+    obj["choices"] = choices
+    if usage is not None:
+        obj["usage"] = usage
+    return obj
+
+
+def event(obj: object, end: bytes = b"\n") -> bytes:
+    """One SSE event whose single data line is ``obj`` as JSON (or raw bytes)."""
+    payload = obj if isinstance(obj, bytes) else orjson.dumps(obj)
+    return b"data: " + payload + end + end
+
+
+def openai_stream(words: Sequence[str] = ("Hello", ",", " world", "!")) -> list[bytes]:
+    """A streamed chat completion, one event per element: role, content, finish, usage, [DONE]."""
+    events = [event(chunk_object({"role": "assistant", "content": ""}))]
+    events += [event(chunk_object({"content": word})) for word in words]
+    events.append(event(chunk_object({}, "stop")))
+    usage = {"prompt_tokens": 31, "completion_tokens": len(words), "total_tokens": 31 + len(words)}
+    events.append(event(chunk_object(choices=[], usage=usage)))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def tool_call_stream() -> list[bytes]:
+    """Two parallel tool calls (indexes 0 and 1), their arguments streamed in pieces."""
+
+    def call(index: int, call_id: str | None = None, name: str | None = None, args: str = "") -> Any:
+        piece: dict[str, Any] = {"index": index, "function": {"arguments": args}}
+        if call_id is not None:
+            piece["id"] = call_id
+            piece["type"] = "function"
+        if name is not None:
+            piece["function"]["name"] = name
+        return piece
+
+    deltas: list[dict[str, Any]] = [
+        {"role": "assistant", "content": None},
+        {"tool_calls": [call(0, "call_a1", "read_file")]},
+        {"tool_calls": [call(0, args='{"path": ')]},
+        {"tool_calls": [call(0, "", args='"a.txt"}')]},
+        {"tool_calls": [call(1, "call_b2", "list_dir")]},
+        {"tool_calls": [call(1, args='{"dir": "."}')]},
+    ]
+    events = [event(chunk_object(delta)) for delta in deltas]
+    events.append(event(chunk_object({}, "tool_calls")))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def scan(cls: ScannerClass, reads: Iterable[bytes], keep_events: bool = True) -> tuple[Scanner, list[int]]:
+    """Feed ``reads`` in order; return the scanner and the indexes of reads whose feed said True."""
+    scanner = cls(keep_events=keep_events)
+    firsts = [i for i, read in enumerate(reads) if scanner.feed(read)]
+    return scanner, firsts
+
+
+def state(scanner: Scanner) -> dict[str, object]:
+    return {name: getattr(scanner, name) for name in ATTRIBUTES}
+
+
+def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:
+    points = [0, *sorted(set(cuts)), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
+
+
+# --- the stream as the engine sends it -----------------------------------------------------------
+
+
+def test_openai_stream_gives_first_token_finish_reason_usage_and_done(scanner_cls: ScannerClass) -> None:
+    events = openai_stream()
+    scanner, firsts = scan(scanner_cls, events)
+    assert firsts == [1]  # the first content delta, not the role chunk
+    assert scanner.first_token_seen
+    assert scanner.finish_reason == "stop"
+    assert not scanner.saw_tool_calls
+    assert scanner.tool_call_ids == []
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (31, 4)
+    assert scanner.done
+    assert scanner.event_count == len(events)
+    assert scanner.events == [e[len(b"data: ") : -2] for e in events]
+
+
+def test_fresh_scanner_reports_nothing(scanner_cls: ScannerClass) -> None:
+    scanner = scanner_cls()
+    assert state(scanner) == {
+        "first_token_seen": False,
+        "finish_reason": None,
+        "saw_tool_calls": False,
+        "tool_call_ids": [],
+        "prompt_tokens": -1,
+        "completion_tokens": -1,
+        "done": False,
+        "event_count": 0,
+        "events": [],
+    }
+
+
+def test_events_are_kept_only_when_asked(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, openai_stream(), keep_events=False)
+    assert scanner.events == []
+    assert scanner.event_count == 8
+
+
+def test_tool_call_stream_collects_each_id_once_in_order(scanner_cls: ScannerClass) -> None:
+    scanner, firsts = scan(scanner_cls, tool_call_stream())
+    assert firsts == [1]  # the first tool-call delta is the first token
+    assert scanner.saw_tool_calls
+    assert scanner.tool_call_ids == ["call_a1", "call_b2"]
+    assert scanner.finish_reason == "tool_calls"
+    assert scanner.done
+
+
+def test_tool_calls_win_over_the_engines_finish_reason(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "call_x", "function": {"name": "f"}}]})),
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "call_x", "function": {"arguments": "{}"}}]})),
+        event(chunk_object({}, "stop")),
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert scanner.finish_reason == "tool_calls"
+    assert scanner.tool_call_ids == ["call_x"]  # an engine repeating the id does not repeat it here
+
+
+def test_last_non_null_finish_reason_wins(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event(chunk_object({"content": "a"}, "length", index=0)),
+        event(chunk_object({"content": "b"}, None, index=1)),
+        event(chunk_object({"content": "c"}, "stop", index=1)),
+        event(chunk_object({}, None)),
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert scanner.finish_reason == "stop"
+
+
+# --- what counts as the first token --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"role": "assistant"},
+        {"role": "assistant", "content": ""},
+        {"content": None},
+        {"content": ""},
+        {"reasoning_content": ""},
+        {"tool_calls": []},
+        {"tool_calls": None},
+        {"content": ["not", "a", "string"]},
+        {},
+    ],
+)
+def test_first_token_not_triggered_by(scanner_cls: ScannerClass, delta: dict[str, Any]) -> None:
+    scanner, firsts = scan(scanner_cls, [event(chunk_object(delta))])
+    assert firsts == []
+    assert not scanner.first_token_seen
+    assert not scanner.saw_tool_calls
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"content": "x"},
+        {"reasoning_content": "Let me think"},
+        {"reasoning": "Let me think"},
+        {"role": "assistant", "content": "", "reasoning_content": "hm"},
+        {"tool_calls": [{"index": 0}]},
+    ],
+)
+def test_first_token_triggered_by(scanner_cls: ScannerClass, delta: dict[str, Any]) -> None:
+    reads = [
+        event(chunk_object({"role": "assistant"})),
+        event(chunk_object(delta)),
+        event(chunk_object(delta)),
+    ]
+    scanner, firsts = scan(scanner_cls, reads)
+    assert firsts == [1]  # and only once
+    assert scanner.first_token_seen
+
+
+def test_first_token_in_a_later_choice_counts(scanner_cls: ScannerClass) -> None:
+    choices = [
+        {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None},
+        {"index": 1, "delta": {"content": "y"}, "finish_reason": None},
+    ]
+    _, firsts = scan(scanner_cls, [event(chunk_object(choices=choices))])
+    assert firsts == [0]
+
+
+# --- usage ---------------------------------------------------------------------------------------
+
+
+def test_usage_only_chunk_with_empty_choices_is_read(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event(chunk_object({"content": "hi"}, usage=None)),
+        event({**_BASE, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1}}),
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (12, 1)
+
+
+def test_last_usage_wins_and_null_usage_is_ignored(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event({**_BASE, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}),
+        event({**_BASE, "choices": [{"index": 0, "delta": {"content": "a"}}], "usage": None}),
+        event({**_BASE, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
+        event({**_BASE, "choices": [], "usage": None}),
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (7, 3)
+
+
+@pytest.mark.parametrize("bad", ["12", 1.5, True, -3, None, [1], 2**70])
+def test_usage_of_the_wrong_type_is_ignored(scanner_cls: ScannerClass, bad: object) -> None:
+    usage = {"prompt_tokens": bad, "completion_tokens": bad}
+    reads = [event(json.dumps({"choices": [], "usage": usage}).encode())]  # orjson refuses 2**70
+    scanner, _ = scan(scanner_cls, reads)
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (-1, -1)
+
+
+def test_usage_read_after_first_token_whatever_the_spacing(scanner_cls: ScannerClass) -> None:
+    """Keys written with spaces, with \\u escapes, or looking like content must all be read."""
+    reads = [
+        event(chunk_object({"content": 'she said "usage": null and \\u0041'})),
+        b'data: {"choices": [], "usage" :\t{"prompt_tokens": 3, "completion_tokens": 4}}\n\n',
+        b'data: {"choices":[{"delta":{},"finish_reason" : "length"}]}\n\n',
+        b'data: {"choices":[],"\\u0075sage":{"prompt_tokens":8}}\n\n',
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (8, 4)
+    assert scanner.finish_reason == "length"
+
+
+def test_tool_calls_after_content_are_read(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event(chunk_object({"content": "I will call a tool"})),
+        b'data: {"choices":[{"delta":{"tool_calls" : [{"index":0,"id":"call_q"}]}}]}\n\n',
+        b'data: {"choices":[{"delta":{"tool_c\\u0061lls":[{"index":1,"id":"call_r"}]}}]}\n\n',
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert scanner.tool_call_ids == ["call_q", "call_r"]
+    assert scanner.finish_reason == "tool_calls"
+
+
+# --- [DONE] --------------------------------------------------------------------------------------
+
+
+def test_missing_done_leaves_done_false(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, openai_stream()[:-1])
+    assert not scanner.done
+    assert scanner.finish_reason == "stop"
+
+
+def test_duplicated_done_is_counted_and_harmless(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, [*openai_stream(), b"data: [DONE]\n\n"])
+    assert scanner.done
+    assert scanner.events[-2:] == [b"[DONE]", b"[DONE]"]
+
+
+def test_done_needs_the_exact_payload(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, [b"data: [DONE] \n\n", b"data:  [DONE]\n\n", b"data: [done]\n\n"])
+    assert not scanner.done
+    assert scanner.event_count == 3
+
+
+# --- framing -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r", b"\r\n"], ids=["LF", "CR", "CRLF"])
+def test_every_line_ending_gives_the_same_events(scanner_cls: ScannerClass, eol: bytes) -> None:
+    lf_stream = b"".join(openai_stream())
+    scanner, _ = scan(scanner_cls, [lf_stream.replace(b"\n", eol)])
+    reference, _ = scan(scanner_cls, [lf_stream])
+    assert state(scanner) == state(reference)
+    assert scanner.event_count == 8
+
+
+def test_mixed_line_endings(scanner_cls: ScannerClass) -> None:
+    stream = b"data: a\rdata: b\r\ndata: c\n\r\ndata: d\r\r: note\r\ndata: e\n\n"
+    scanner, _ = scan(scanner_cls, [stream])
+    assert scanner.events == [b"a\nb\nc", b"d", b"e"]
+
+
+def test_crlf_split_between_reads_is_one_line_end(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(
+        scanner_cls, [b"data: a\r", b"\ndata: b\r", b"\n", b"\r", b"\n", b"data: c\r\n\r", b"\n"]
+    )
+    assert scanner.events == [b"a\nb", b"c"]
+
+
+def test_cr_at_the_end_of_a_read_ends_the_line_at_once(scanner_cls: ScannerClass) -> None:
+    scanner = scanner_cls(keep_events=True)
+    scanner.feed(b"data: [DONE]\r")
+    assert not scanner.done
+    scanner.feed(b"\r")
+    assert scanner.done  # dispatched without waiting to see whether an LF follows
+    scanner.feed(b"\n")  # completes the CRLF: no extra empty line, nothing else happens
+    assert scanner.events == [b"[DONE]"]
+
+
+def test_data_with_and_without_the_space(scanner_cls: ScannerClass) -> None:
+    stream = b"data:x\n\ndata: x\n\ndata:  x\n\ndata\n\ndata:\n\ndata: \n\n"
+    scanner, _ = scan(scanner_cls, [stream])
+    assert scanner.events == [b"x", b"x", b" x", b"", b"", b""]
+
+
+def test_multi_line_data_joins_with_lf_and_parses(scanner_cls: ScannerClass) -> None:
+    stream = b'data: {"choices": [],\ndata: "usage": {"prompt_tokens": 9,\ndata:"completion_tokens": 2}}\n\n'
+    scanner, _ = scan(scanner_cls, [stream])
+    assert scanner.events == [b'{"choices": [],\n"usage": {"prompt_tokens": 9,\n"completion_tokens": 2}}']
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (9, 2)
+
+
+def test_comments_and_other_fields_are_ignored(scanner_cls: ScannerClass) -> None:
+    stream = (
+        b": keep-alive\n\n"
+        b":\n"
+        b"event: message\nid: 7\nretry: 1000\ndata: one\n\n"
+        b"event: ping\n\n"
+        b"id\nretry\n\n"
+        b"database: x\ndatum: y\nDATA: z\n data: w\n\n"
+        b"data: two\n: inside an event\ndata: three\n\n"
+    )
+    scanner, _ = scan(scanner_cls, [stream])
+    assert scanner.events == [b"one", b"two\nthree"]
+    assert scanner.event_count == 2
+
+
+def test_empty_data_events_are_dispatched_and_empty_events_are_not(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, [b"\n\n\n", b"data:\n\n", b"event: x\n\n", b"data\ndata\n\n"])
+    assert scanner.events == [b"", b"\n"]
+    assert scanner.event_count == 2
+    assert not scanner.first_token_seen
+
+
+def test_unfinished_event_is_not_dispatched(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, [b"data: [DONE]\n", b"data: [DONE]"])
+    assert scanner.event_count == 0
+    assert not scanner.done
+
+
+def test_leading_byte_order_mark_is_ignored_once(scanner_cls: ScannerClass) -> None:
+    bom = b"\xef\xbb\xbf"
+    scanner, _ = scan(scanner_cls, [bom[:2], bom[2:] + b"data: a\n\n" + bom + b"data: b\n\n"])
+    assert scanner.events == [b"a"]  # a BOM later in the stream is part of a field name
+
+
+def test_utf8_characters_split_between_reads(scanner_cls: ScannerClass) -> None:
+    text = "héllo 世界 🎉 — ok"
+    stream = b"".join([event(chunk_object({"content": text})), event(chunk_object({}, "stop"))])
+    start = stream.index("é".encode())
+    for cut in range(start, start + len(text.encode())):
+        scanner, firsts = scan(scanner_cls, [stream[:cut], stream[cut:]])
+        assert firsts == [1]  # the first event ends in the second read
+        assert orjson.loads(scanner.events[0])["choices"][0]["delta"]["content"] == text
+        assert scanner.finish_reason == "stop"
+
+
+def test_very_long_tool_argument_line(scanner_cls: ScannerClass) -> None:
+    arguments = json.dumps({"content": "x" * 300_000, "path": "big.txt"})
+    first = event(chunk_object({"tool_calls": [{"index": 0, "id": "call_big", "function": {"name": "w"}}]}))
+    big = event(chunk_object({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}))
+    stream = first + big + event(chunk_object({}, "tool_calls")) + b"data: [DONE]\n\n"
+    scanner, _ = scan(scanner_cls, split_at(stream, range(1024, len(stream), 1024)))
+    assert scanner.tool_call_ids == ["call_big"]
+    assert scanner.done
+    assert len(scanner.events[1]) > 300_000
+    assert orjson.loads(scanner.events[1])["choices"][0]["delta"]["tool_calls"][0]["function"] == {
+        "arguments": arguments
+    }
+
+
+def test_bytearray_reads_are_accepted(scanner_cls: ScannerClass) -> None:
+    scanner = scanner_cls()
+    firsts = [i for i, read in enumerate(openai_stream()) if scanner.feed(bytearray(read))]
+    assert firsts == [1]
+    assert scanner.done
+
+
+# --- robustness ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"{",
+        b"not json",
+        b'{"choices": [{"delta": {"content": "\xff\xfe"}}]}',  # bad UTF-8 inside a string
+        b'{"choices": [{"delta": {"content": "\xed\xa0\x80"}}]}',  # a lone surrogate
+        b"[1, 2, 3]",
+        b'"a string"',
+        b"42",
+        b"null",
+        b'{"choices": "nope"}',
+        b'{"choices": [null, 1, "x", []]}',
+        b'{"choices": [{"delta": null, "finish_reason": 7}]}',
+        b'{"choices": [{"delta": [], "finish_reason": ""}]}',
+        b'{"choices": [{"delta": {"content": 5, "tool_calls": {"id": "x"}}}]}',
+        b'{"choices": [{"delta": {"tool_calls": "call"}}]}',
+        b'{"usage": [1, 2], "choices": {}}',
+        b"[" * 5000 + b"]" * 5000,
+        b"\x00\x01\x02",
+    ],
+)
+def test_bad_payloads_are_ignored(scanner_cls: ScannerClass, payload: bytes) -> None:
+    scanner, firsts = scan(scanner_cls, [b"data: " + payload + b"\n\n"])
+    assert firsts == []
+    assert state(scanner) | {"event_count": 0, "events": []} == state(scanner_cls())
+    assert scanner.events == [payload]
+
+
+def test_tool_call_entries_of_the_wrong_shape_count_but_give_no_id(scanner_cls: ScannerClass) -> None:
+    reads = [event(chunk_object({"tool_calls": [None, 3, {"id": 5}, {"id": ""}, {"id": "call_ok"}]}))]
+    scanner, _ = scan(scanner_cls, reads)
+    assert scanner.saw_tool_calls
+    assert scanner.tool_call_ids == ["call_ok"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(reads=st.lists(st.binary(max_size=64), max_size=12))
+def test_garbage_bytes_never_raise(reads: list[bytes]) -> None:
+    for cls in TWINS.values():
+        scan(cls, reads)
+        scan(cls, [b"".join(reads).replace(b"\n", b"\ndata: ")])
+
+
+# --- the twins agree, however the stream is cut ---------------------------------------------------
+
+
+def _kitchen_sink_stream() -> bytes:
+    """One stream with every feature: BOM, CR/LF/CRLF, comments, multi-line data, UTF-8, tools."""
+    return (
+        b"\xef\xbb\xbf: hello\r\n\r\n"
+        + event(chunk_object({"role": "assistant", "content": ""}), b"\r\n")
+        + event(chunk_object({"reasoning_content": "Überlegung…"}), b"\r")
+        + b"event: message\nid: 1\ndata:"
+        + orjson.dumps(chunk_object({"content": "日本"}))
+        + b"\n\n"
+        + b': keep-alive\n\ndata: {"choices":[{"delta":\r\ndata: {"content":"x"}}]}\n\n'
+        + event(chunk_object({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f"}}]}))
+        + event(chunk_object({"tool_calls": [{"index": 1, "id": "call_2", "function": {"name": "g"}}]}))
+        + event(chunk_object({}, "stop"), b"\r\n")
+        + b"data: {bad json\n\ndata:\n\n"
+        + event({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}, b"\r")
+        + b"data: [DONE]\r\n\r\ndata: [DONE]\n\n"
+    )
+
+
+def test_every_two_part_split_gives_the_same_result() -> None:
+    stream = _kitchen_sink_stream()
+    whole = {name: state(scan(cls, [stream])[0]) for name, cls in TWINS.items()}
+    assert whole["py"]["tool_call_ids"] == ["call_1", "call_2"]
+    assert whole["py"]["done"] and whole["py"]["event_count"] == 12
+    for name, cls in TWINS.items():
+        assert whole[name] == whole["py"]
+        for cut in range(len(stream) + 1):
+            scanner, firsts = scan(cls, [stream[:cut], stream[cut:]])
+            assert state(scanner) == whole["py"], (name, cut)
+            assert len(firsts) == 1, (name, cut)
+
+
+def test_one_byte_at_a_time_gives_the_same_result() -> None:
+    stream = _kitchen_sink_stream()
+    expected = state(scan(_sse_py.SSEScanner, [stream])[0])
+    for cls in TWINS.values():
+        scanner, _ = scan(cls, [stream[i : i + 1] for i in range(len(stream))])
+        assert state(scanner) == expected
+
+
+_texts = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(
+    ['"usage": null', '"finish_reason": "stop"', "tool_calls", "\\u0041", "\n", ""]
+)
+_call_ids = st.none() | st.sampled_from(["", "call_1", "call_2", "call_3"])
+_tool_calls = st.lists(
+    st.fixed_dictionaries(
+        {"index": st.integers(0, 2)}, optional={"id": _call_ids, "function": st.just({"arguments": "{}"})}
+    ),
+    max_size=2,
+)
+_deltas = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.just("assistant"),
+        "content": st.none() | _texts,
+        "reasoning_content": st.none() | _texts,
+        "reasoning": _texts,
+        "tool_calls": st.none() | _tool_calls,
+    },
+)
+_choices = st.lists(
+    st.fixed_dictionaries(
+        {"index": st.integers(0, 1), "delta": _deltas},
+        optional={"finish_reason": st.none() | st.sampled_from(["stop", "length", "tool_calls", ""])},
+    ),
+    max_size=2,
+)
+_usage = st.none() | st.fixed_dictionaries(
+    {}, optional={"prompt_tokens": st.integers(-2, 500), "completion_tokens": st.integers(-2, 500)}
+)
+_objects = st.fixed_dictionaries(
+    {"choices": _choices}, optional={"usage": _usage, "id": st.just("chatcmpl-1")}
+)
+
+
+@st.composite
+def _payloads(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["object", "object", "object", "done", "garbage"]))
+    if kind == "done":
+        return b"[DONE]"
+    if kind == "garbage":
+        return draw(st.binary(max_size=20).filter(lambda b: b"\n" not in b and b"\r" not in b))
+    obj = draw(_objects)
+    style = draw(st.sampled_from(["orjson", "ascii", "spaced", "escaped keys"]))
+    if style == "orjson":
+        return orjson.dumps(obj)
+    # json escapes non-ASCII as \uXXXX; "spaced" puts blanks around colons
+    separators = (", ", " : ") if style == "spaced" else (",", ":")
+    payload = json.dumps(obj, ensure_ascii=True, separators=separators).encode()
+    if style == "escaped keys":  # the same keys, spelled with \u escapes
+        for key in (b"usage", b"tool_calls", b"finish_reason", b"content"):
+            payload = payload.replace(b'"%s"' % key, b'"\\u%04x%s"' % (key[0], key[1:]))
+    return payload
+
+
+@st.composite
+def _streams(draw: st.DrawFn) -> bytes:
+    parts: list[bytes] = []
+    if draw(st.booleans()):  # the first token first, so what follows meets the compiled twin's shortcut
+        parts.append(event(chunk_object({"content": "x"})))
+    for _ in range(draw(st.integers(0, 8))):
+        eol = draw(st.sampled_from([b"\n", b"\r", b"\r\n"]))
+        for _ in range(draw(st.integers(0, 2))):
+            parts.append(
+                draw(st.sampled_from([b": keep-alive", b"event: delta", b"id: 3", b"retry: 10"])) + eol
+            )
+        payload = draw(_payloads())
+        # split the payload over several data lines, sometimes inside a JSON string (then invalid)
+        cuts = sorted(draw(st.lists(st.integers(0, len(payload)), max_size=2)))
+        for line in split_at(payload, cuts):
+            prefix = draw(st.sampled_from([b"data: ", b"data:"]))
+            parts.append(prefix + line + eol)
+        # now and then an event runs on into the next one, its blank line missing
+        if draw(st.integers(0, 9)):
+            parts.append(eol)
+    return b"".join(parts)
+
+
+@pytest.mark.skipif(NO_EXTENSIONS, reason="LUFTPAUSE_NO_EXTENSIONS is set: only the pure twin is used")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=_streams(), data=st.data())
+def test_twins_agree_on_random_streams_cut_anywhere(stream: bytes, data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6), label="cuts")
+    after_cr = [i + 1 for i, byte in enumerate(stream) if byte == 0x0D]
+    if after_cr:  # reads that end between the CR and LF of a CRLF
+        cuts += data.draw(st.lists(st.sampled_from(after_cr), max_size=3), label="cuts after CR")
+    reads = split_at(stream, cuts)
+    reference, reference_firsts = scan(_sse_py.SSEScanner, [stream])
+    py, py_firsts = scan(TWINS["py"], reads)
+    c, c_firsts = scan(TWINS["c"], reads)
+    assert state(py) == state(reference)
+    assert state(c) == state(py)
+    assert c_firsts == py_firsts
+    assert len(py_firsts) == int(reference.first_token_seen) == len(reference_firsts)
+
+
+# --- which twin is loaded ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(NO_EXTENSIONS, reason="LUFTPAUSE_NO_EXTENSIONS is set: the pure twin is expected")
+def test_compiled_twin_is_loaded_in_a_normal_install() -> None:
+    assert sse.USING_EXTENSION, "luftpause.dataplane._sse_c did not load: build it with pip install -e ."
+    assert sse.SSEScanner.__module__ == "luftpause.dataplane._sse_c"
+
+
+def test_no_extensions_variable_selects_the_pure_twin() -> None:
+    code = "from luftpause.dataplane import sse; print(sse.USING_EXTENSION, sse.SSEScanner.__module__)"
+    env = {**os.environ, "LUFTPAUSE_NO_EXTENSIONS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "luftpause.dataplane._sse_py"]
