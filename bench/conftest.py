@@ -1,0 +1,39 @@
+"""Benchmark helpers: print, after the run, how much faster each compiled twin was than its pure one.
+
+A benchmark records its median time per round with ``record_twin_time(group, twin)``, ``twin`` being
+``"py"`` or ``"c"``; the terminal summary then prints ``py / c`` for every group that has both, so the
+ratio comes from one run on one machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+# group -> twin -> median seconds per round
+_MEDIANS: dict[str, dict[str, float]] = {}
+
+
+@pytest.fixture
+def record_twin_time(benchmark: object) -> Callable[[str, str], None]:
+    """Return ``record(group, twin)``, to be called after ``benchmark(...)`` has run."""
+
+    def record(group: str, twin: str) -> None:
+        stats = getattr(benchmark, "stats", None)  # None when benchmarks are disabled
+        if stats is not None:
+            _MEDIANS.setdefault(group, {})[twin] = float(stats["median"])
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    pairs = {group: by_twin for group, by_twin in _MEDIANS.items() if {"py", "c"} <= by_twin.keys()}
+    if not pairs:
+        return
+    terminalreporter.section("compiled twin vs pure twin (median per round, same run)")
+    for group, by_twin in pairs.items():
+        py, c = by_twin["py"], by_twin["c"]
+        terminalreporter.write_line(
+            f"{group}: py {py * 1e6:9.1f} us   c {c * 1e6:9.1f} us   c is {py / c:5.1f}x faster"
+        )
