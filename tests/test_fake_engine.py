@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
@@ -26,7 +28,8 @@ MODEL = "llama-3.2-1b"
 
 Factory = Callable[..., Awaitable[RunningEngine]]
 
-WEATHER_TOOL = {
+# Any: the openai client types these as TypedDicts; the tests also send them as raw JSON.
+WEATHER_TOOL: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -44,7 +47,7 @@ WEATHER_TOOL = {
     },
 }
 
-SEARCH_TOOL = {
+SEARCH_TOOL: Any = {
     "type": "function",
     "function": {
         "name": "search",
@@ -76,7 +79,7 @@ SEARCH_TOOL = {
     },
 }
 
-TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
+TOOLS: list[Any] = [WEATHER_TOOL, SEARCH_TOOL]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
@@ -110,8 +113,14 @@ def client_for(engine: RunningEngine) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=engine.url + "/v1", api_key="x", max_retries=0)
 
 
-def user(text: str) -> list[dict[str, Any]]:
+def user(text: str) -> list[Any]:
     return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]
+
+
+def first_call(answer: ChatCompletion) -> ChatCompletionMessageFunctionToolCall:
+    calls = answer.choices[0].message.tool_calls
+    assert calls is not None and isinstance(calls[0], ChatCompletionMessageFunctionToolCall)
+    return calls[0]
 
 
 async def raw_sse(engine: RunningEngine, body: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -168,7 +177,7 @@ async def test_reply_length_defaults_to_the_engine_setting(make_engine: Factory)
     engine = await make_engine(decode_ms=0.0, max_tokens=9)
     async with client_for(engine) as client:
         for limit in (None, 0):
-            kwargs = {} if limit is None else {"max_tokens": limit}
+            kwargs: dict[str, Any] = {} if limit is None else {"max_tokens": limit}
             answer = await client.chat.completions.create(model=MODEL, messages=user("hi"), **kwargs)
             assert answer.usage is not None and answer.usage.completion_tokens == 9
         answer = await client.chat.completions.create(
@@ -349,7 +358,7 @@ async def test_non_streamed_tool_call(engine: RunningEngine) -> None:
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
     assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
-    call = choice.message.tool_calls[0]
+    call = first_call(answer)
     assert call.id.startswith("call_") and call.type == "function"
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
     assert answer.usage is not None and answer.usage.completion_tokens >= 2
@@ -362,8 +371,7 @@ async def test_tool_choice_differs_between_conversations(engine: RunningEngine) 
             answer = await client.chat.completions.create(
                 model=MODEL, messages=user(f"question number {i} about things"), tools=TOOLS
             )
-            assert answer.choices[0].message.tool_calls is not None
-            names.add(answer.choices[0].message.tool_calls[0].function.name)
+            names.add(first_call(answer).function.name)
     assert names == {"get_weather", "search"}
 
 
@@ -400,8 +408,7 @@ async def test_tool_choice_none_and_named(engine: RunningEngine) -> None:
                 tools=TOOLS,
                 tool_choice={"type": "function", "function": {"name": "search"}},
             )
-            assert named.choices[0].message.tool_calls is not None
-            assert named.choices[0].message.tool_calls[0].function.name == "search"
+            assert first_call(named).function.name == "search"
 
 
 async def test_tool_call_cut_by_the_limit_ends_with_length(engine: RunningEngine) -> None:
@@ -705,7 +712,25 @@ def test_runs_as_a_real_process(tmp_path: Path) -> None:
             answer = client.chat.completions.create(model="m-two", messages=user("hello"), max_tokens=5)
             assert answer.choices[0].message.content == "I saw 0 tool results."
             assert [m.id for m in client.models.list().data] == ["m-one", "m-two"]
+            leave_mid_stream(port)
+            answer = client.chat.completions.create(model="m-one", messages=user("again"), max_tokens=5)
+            assert answer.choices[0].finish_reason == "stop"
     finally:
         child.stop()
     assert child.poll() == 0
-    assert f"luftpause fake-engine: serving m-one, m-two on {url}" in child.log_tail()
+    # One line when listening, and nothing else: no access log, no error for the client that left.
+    assert child.log_tail().strip() == f"luftpause fake-engine: serving m-one, m-two on {url}"
+
+
+def leave_mid_stream(port: int) -> None:
+    """Start an endless stream on a raw socket, read its first bytes, and hang up."""
+    body = json.dumps({"model": "m-one", "messages": user("x"), "stream": True, "max_tokens": 10**7}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + body)
+        received = b""
+        while b"data: " not in received:
+            received += sock.recv(65536)

@@ -34,6 +34,10 @@ from luftpause.testkit.engine.settings import EngineSettings
 # write, so a tiny decode_ms keeps the total time of the model without a timer per token.
 MIN_SLEEP_S = 0.001
 
+# Most tokens sent in one write: with decode_ms 0 a huge max_tokens must not build one huge
+# write nor hold the event loop from other requests.
+MAX_TOKENS_PER_STEP = 64
+
 # Seconds that close() gives streams still running before aiohttp cancels them.
 SHUTDOWN_GRACE_S = 0.5
 
@@ -135,27 +139,37 @@ class SimulatedEngine:
         )
         ids = wire.ResponseIds(chat.model)
         # Fault injection (refusing with 429/5xx, breaking a stream) would decide here, per request.
-        try:
-            if chat.stream:
-                response = web.StreamResponse(headers=SSE_HEADERS)
-                await response.prepare(request)
-                async with self._running(chat.model, prompt_tokens) as held:
-                    await self._stream(response, chat, ids, reply, prompt_tokens, held)
-                await response.write_eof()
-                result: web.StreamResponse = response
-            else:
+        if not chat.stream:
+            try:
                 async with self._running(chat.model, prompt_tokens) as held:
                     await self._decode_unseen(reply.count, held)
-                body = wire.completion(ids, reply, chat, prompt_tokens)
-                result = web.json_response(body)
-        except (asyncio.CancelledError, ConnectionResetError):
-            # The client went away: the slot (or queue place) is already given back.
+            except asyncio.CancelledError:
+                # The client went away: its queue place or slot is already given back.
+                self.stats.disconnected += 1
+                raise
+            self._count_completed(prompt_tokens, reply.count)
+            return web.json_response(wire.completion(ids, reply, chat, prompt_tokens))
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            await response.prepare(request)
+            async with self._running(chat.model, prompt_tokens) as held:
+                await self._stream(response, chat, ids, reply, prompt_tokens, held)
+            await response.write_eof()
+        except asyncio.CancelledError:
             self.stats.disconnected += 1
             raise
+        except ConnectionResetError:
+            # A write found the connection closed before aiohttp cancelled this handler; returning
+            # instead of raising keeps aiohttp from logging a client's departure as a server error.
+            self.stats.disconnected += 1
+            return response
+        self._count_completed(prompt_tokens, reply.count)
+        return response
+
+    def _count_completed(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.stats.completed += 1
         self.stats.prompt_tokens += prompt_tokens
-        self.stats.completion_tokens += reply.count
-        return result
+        self.stats.completion_tokens += completion_tokens
 
     @asynccontextmanager
     async def _running(self, model: str, prompt_tokens: int) -> AsyncIterator[_HeldTokens]:
@@ -225,8 +239,11 @@ class SimulatedEngine:
             elapsed = loop.time() - start
             due = count if decode_s <= 0 else min(count, int(elapsed / decode_s + 1e-9))
             if due > done:
-                done = due
+                done = min(due, done + MAX_TOKENS_PER_STEP)
                 yield done
+                if done < due:
+                    # Behind schedule (decode_ms 0, or a busy loop): let other requests run too.
+                    await asyncio.sleep(0)
                 continue
             await asyncio.sleep(max(start + (done + 1) * decode_s - loop.time(), MIN_SLEEP_S))
 
