@@ -235,6 +235,22 @@ async def test_stream_follows_the_vllm_event_format(engine: RunningEngine) -> No
     }
 
 
+async def test_the_bytes_sent_are_kept_for_a_relay_to_be_checked_against(engine: RunningEngine) -> None:
+    body = {"model": MODEL, "messages": user("hello"), "max_tokens": 8}
+    async with aiohttp.ClientSession() as session:
+        for stream in (True, False):
+            request = {**body, "stream": stream}
+            async with session.post(engine.url + "/v1/chat/completions", json=request) as resp:
+                received = await resp.read()
+            first = received.split(b"\n", 1)[0].removeprefix(b"data: ") if stream else received
+            completion_id = json.loads(first)["id"]
+            async with session.get(f"{engine.url}/testkit/sent/{completion_id}") as resp:
+                assert resp.status == 200
+                assert await resp.read() == received
+        async with session.get(f"{engine.url}/testkit/sent/chatcmpl-never") as resp:
+            assert resp.status == 404
+
+
 async def test_usage_chunk_only_when_asked(engine: RunningEngine) -> None:
     _, events = await raw_sse(engine, {"model": MODEL, "messages": user("hello"), "max_tokens": 4})
     assert all(e == "[DONE]" or e["choices"] for e in events)

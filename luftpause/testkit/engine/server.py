@@ -5,7 +5,9 @@ Routes, as SGLang and vLLM serve them:
 * ``POST /v1/chat/completions``: streamed or not (see :mod:`.wire`, :mod:`.replies`);
 * ``GET /health`` -> ``{}``; ``GET /v1/models``; ``GET /metrics`` (see :mod:`.metrics`);
 * ``GET /server_info``, ``/get_server_info``, ``/model_info``, ``/get_model_info``: the little
-  SGLang's router asks of a worker.
+  SGLang's router asks of a worker;
+* ``GET /testkit/sent/{id}``: the exact response bytes sent for the completion ``id`` (one of the
+  last ``SENT_KEPT``), so a test can check that a proxy relayed them unchanged.
 
 A request's life: validated (400/404 at once), queued for a running slot (FIFO), prefill
 (:class:`.costs.CostModel`), then one output token per ``decode_ms``. The HTTP handler is
@@ -16,7 +18,9 @@ request out of the queue or frees its slot at once.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,6 +44,9 @@ MAX_TOKENS_PER_STEP = 64
 
 # Seconds that close() gives streams still running before aiohttp cancels them.
 SHUTDOWN_GRACE_S = 0.5
+
+# How many completed responses GET /testkit/sent/{id} can still show.
+SENT_KEPT = 256
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -73,11 +80,13 @@ class SimulatedEngine:
         self._costs = CostModel(settings)
         self._metrics = SglangMetrics(settings.models, settings.slots)
         self._load = {model: ModelLoad() for model in settings.models}
+        self._sent: OrderedDict[str, bytes] = OrderedDict()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/testkit/sent/{id}", self.sent)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
         for path in ("/server_info", "/get_server_info"):
@@ -95,6 +104,17 @@ class SimulatedEngine:
             for m in self.settings.models
         ]
         return web.json_response({"object": "list", "data": data})
+
+    async def sent(self, request: web.Request) -> web.Response:
+        body = self._sent.get(request.match_info["id"])
+        if body is None:
+            return web.json_response({"error": {"message": "not recorded"}}, status=404)
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    def _record(self, completion_id: str, body: bytes) -> None:
+        self._sent[completion_id] = body
+        while len(self._sent) > SENT_KEPT:
+            self._sent.popitem(last=False)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -148,12 +168,14 @@ class SimulatedEngine:
                 self.stats.disconnected += 1
                 raise
             self._count_completed(prompt_tokens, reply.count)
-            return web.json_response(wire.completion(ids, reply, chat, prompt_tokens))
+            body = json.dumps(wire.completion(ids, reply, chat, prompt_tokens)).encode()
+            self._record(ids.id, body)
+            return web.Response(body=body, content_type="application/json")
         response = web.StreamResponse(headers=SSE_HEADERS)
         try:
             await response.prepare(request)
             async with self._running(chat.model, prompt_tokens) as held:
-                await self._stream(response, chat, ids, reply, prompt_tokens, held)
+                sent = await self._stream(response, chat, ids, reply, prompt_tokens, held)
             await response.write_eof()
         except asyncio.CancelledError:
             self.stats.disconnected += 1
@@ -164,6 +186,7 @@ class SimulatedEngine:
             self.stats.disconnected += 1
             return response
         self._count_completed(prompt_tokens, reply.count)
+        self._record(ids.id, sent)
         return response
 
     def _count_completed(self, prompt_tokens: int, completion_tokens: int) -> None:
@@ -202,8 +225,12 @@ class SimulatedEngine:
         reply: Reply,
         prompt_tokens: int,
         held: _HeldTokens,
-    ) -> None:
-        """Write the chunks of ``reply`` at the pace of decode, then the end of the stream."""
+    ) -> bytes:
+        """Write the chunks of ``reply`` at the pace of decode, then the end of the stream.
+
+        Returns every byte written, for ``GET /testkit/sent/{id}``.
+        """
+        sent = bytearray()
         head = wire.chunk(ids, {"role": "assistant", "content": ""})
         emitted = 0
         async for due in self._decode_schedule(reply.count):
@@ -212,14 +239,19 @@ class SimulatedEngine:
                 batch.insert(0, head)
             held.add(due - emitted)
             emitted = due
-            await response.write(b"".join(batch))
+            data = b"".join(batch)
+            sent += data
+            await response.write(data)
         tail = [wire.chunk(ids, {}, None, reply.finish_reason)]
         if emitted == 0:
             tail.insert(0, head)
         if chat.include_usage:
             tail.append(wire.usage_chunk(ids, prompt_tokens, reply.count))
         tail.append(wire.SSE_DONE)
-        await response.write(b"".join(tail))
+        data = b"".join(tail)
+        sent += data
+        await response.write(data)
+        return bytes(sent)
 
     async def _decode_unseen(self, count: int, held: _HeldTokens) -> None:
         """Decode ``count`` tokens that nobody sees until the end (a non-streamed answer)."""
