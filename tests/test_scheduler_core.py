@@ -360,6 +360,32 @@ CASES = [
         [],
         {"r2": ("generating", "a"), "r1": ("generating", "b")},
     ),
+    Case(
+        "held turns of an ended run follow the affinity of its fresh placement",
+        [("a", ["m"], 2), ("b", ["m"], 1)],
+        [
+            arrive("t0", "r0"),
+            arrive("t1", "r0"),
+            arrive("t2", "r0"),  # pinned to full a
+            arrive("t3", "r0"),  # pinned to full a
+            RunEnded("r0", 1.0),  # t2 starts r0 afresh on b; t3 is now pinned to b
+        ],
+        abandon("t0", at=2.0),
+        [],
+        {"t1": "a", "t2": "b"},
+        ["t3"],
+        {"r0": ("generating", "b")},
+    ),
+    Case(
+        "a turn of an ended run does not change the run started afresh when it ends",
+        [("a", ["m"], 2), ("b", ["m"], 1)],
+        [arrive("t0", "r0"), RunEnded("r0", 1.0), arrive("t1", "r0", at=2.0)],
+        finish("t0", at=3.0, tools=True),
+        [],
+        {"t1": "b"},
+        [],
+        {"r0": ("generating", "b")},
+    ),
     # -- tick: expiry -------------------------------------------------------------------------------
     Case(
         "a placed turn is kept until 600 s without a completion",

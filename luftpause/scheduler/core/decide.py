@@ -19,10 +19,14 @@ engine-load admission, headroom, caller fairness or single-pass replicas yet):
    replica it may use has room.
 5. Run phases. Placed -> ``generating`` on that replica (its last replica). Finished with tool
    calls -> ``tool_paused``; finished without -> ``idle``; failed, abandoned after placement or
-   expired -> ``idle``. Whenever a run changes, its held turns are re-filed under their new affinity
-   (and placed at once if that lets them go somewhere with room).
+   expired -> ``idle``. The phase follows the run's latest placed turn: when turns of one run
+   overlap, the end of an earlier one frees its slot and leaves the phase alone. Whenever a run
+   changes, its held turns are re-filed under their new affinity (and placed at once if that lets
+   them go somewhere with room).
 6. ``TurnAbandoned``: a held turn leaves its queue (no action); a placed one frees its slot.
-7. ``RunEnded``: the run is forgotten at once (``Forget``); its held turns lose their affinity.
+7. ``RunEnded``: the run is forgotten at once (``Forget``): its placed turns no longer change any
+   run when they end, and its held turns (clients still wait for them) start it afresh, with no
+   affinity.
 8. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
    no held or placed turn and no activity for 1800 s is forgotten (``Forget``).
 9. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted. The
@@ -171,19 +175,23 @@ def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[
         run.last_replica = replica.name
         _touch(state, run, at)
     run.turns.add(turn.turn_id)
-    _refile(state, run, run.turns, at, out)
+    run.latest_turn = turn.turn_id
+    _refile(state, run.turns, at, out)
 
 
-def _refile(state: State, run: Run | None, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
-    """Re-file the held ones of ``turn_ids`` under ``run``'s current affinity (``None``: no run).
+def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
+    """Re-file the held ones of ``turn_ids`` under their run's current affinity.
 
     A turn that moves to a queue whose replica has room is placed at once, so no held turn ever
-    waits while a replica it may use has room.
+    waits while a replica it may use has room. The run is looked up for every turn, since placing
+    one turn changes its run's affinity for the next.
     """
     held = [turn for turn_id in turn_ids if (turn := state.held.get(turn_id)) is not None]
+    held.sort(key=ordering.order_key)  # a run's turns are a set: restore their order
     for turn in held:
         if state.held.get(turn.turn_id) is not turn:
             continue  # placed by a re-file further up this loop
+        run = state.runs.get(turn.run_id)
         queue, target = _where(run, turn, routing.replicas_for(state, turn.model))
         if queue == turn.queue:
             continue  # same queue: it still waits for the same full replicas
@@ -214,12 +222,14 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
     replica = state.replicas[placed.replica]
     replica.inflight -= 1
     run = state.runs.get(placed.run_id)
-    if run is not None:
+    if run is not None and turn_id in run.turns:  # not a turn of a run that ended meanwhile
         run.turns.discard(turn_id)
-        run.phase = phase
-        run.last_replica = placed.replica
         _touch(state, run, at)
-        _refile(state, run, run.turns, at, out)
+        if run.latest_turn in (None, turn_id):
+            run.latest_turn = None
+            run.phase = phase
+            run.last_replica = placed.replica
+            _refile(state, run.turns, at, out)
     _fill(state, replica, at, out)
     return True
 
@@ -241,8 +251,15 @@ def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
     state.counters.runs_ended += 1
     out.append(Forget(event.run_id))
     run = state.runs.pop(event.run_id, None)
-    if run is not None:
-        _refile(state, None, run.turns, event.at, out)
+    if run is None:
+        return
+    held = [turn_id for turn_id in run.turns if turn_id in state.held]
+    if held:
+        # its held turns still have clients waiting: they start the run afresh, without affinity
+        state.runs[run.run_id] = Run(
+            run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held)
+        )
+        _refile(state, held, event.at, out)
 
 
 def _tick(state: State, now: float, out: list[Action]) -> None:
@@ -281,6 +298,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             run.last_replica = last_replica
             run.service_class = record.service_class
             run.caller = record.caller
+            run.latest_turn = None
             _touch(state, run, event.at)
         changed[run.run_id] = run
 
@@ -324,6 +342,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
                 run.last_replica = replica.name
             _touch(state, run, event.at)
         run.turns.add(turn.turn_id)
+        run.latest_turn = turn.turn_id
         changed[run.run_id] = run
 
     if event.dataplane_id:
@@ -338,9 +357,11 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             run = state.runs.get(placed.run_id)
             if run is not None:
                 run.turns.discard(placed.turn_id)
+                if run.latest_turn == placed.turn_id:
+                    run.latest_turn = None
 
     for run in changed.values():
-        _refile(state, run, run.turns, event.at, out)
+        _refile(state, run.turns, event.at, out)
     for replica in state.replicas.values():
         _fill(state, replica, event.at, out)
     out.append(AckResync(event.dataplane_id, len(recorded), len(listed)))

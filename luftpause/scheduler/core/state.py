@@ -60,6 +60,8 @@ class Run:
     """Seconds (the shell's monotonic clock) of the last arrival, placement or end of one of its turns."""
     turns: set[str] = field(default_factory=set)
     """Its turns that are held or placed right now."""
+    latest_turn: str | None = None
+    """Its most recently placed turn: only that turn's end changes the phase (``None``: any does)."""
 
 
 @dataclass(slots=True)

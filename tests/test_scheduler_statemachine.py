@@ -1,0 +1,250 @@
+"""Random sequences of events through ``decide``, checked after every step (Hypothesis).
+
+The machine drives arrivals (known and unknown models, a small pool of runs so that runs come back
+and even overlap), finishes with and without tool calls, failures, abandons of held and placed
+turns, run ends and clock ticks that jump far enough for expiry. Beside the core it keeps its own
+record of each run's phase and last replica, built only from the events it sent and the actions it
+got back, and checks the core against it:
+
+* no replica ever has more placed turns than its capacity;
+* every arrived turn is exactly one of held, placed, rejected or ended: never lost, never twice;
+* a turn of a run that is generating or tool-paused is placed only on the run's last replica;
+* a held turn never waits while a replica it may use has room.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from luftpause.config import parse_config
+from luftpause.scheduler.core import (
+    Action,
+    Event,
+    Forget,
+    Place,
+    Reject,
+    RunEnded,
+    Tick,
+    TurnAbandoned,
+    TurnArrived,
+    TurnFailed,
+    TurnFinished,
+    decide,
+    new_state,
+)
+
+CONFIG = """
+[[replicas]]
+name = "a"
+url = "http://127.0.0.1:1"
+models = ["m1", "m2"]
+max_inflight = 2
+
+[[replicas]]
+name = "b"
+url = "http://127.0.0.1:2"
+models = ["m1"]
+max_inflight = 1
+
+[[replicas]]
+name = "c"
+url = "http://127.0.0.1:3"
+models = ["m2"]
+max_inflight = 2
+
+[[replicas]]
+name = "s"
+url = "http://127.0.0.1:4"
+models = ["m1"]
+kind = "single_pass"
+max_inflight = 4
+"""
+
+MODELS = ["m1", "m2", "m3"]  # m3: no generative replica serves it
+SERVING = {"m1": ("a", "b"), "m2": ("a", "c")}
+RUNS = [f"r{i}" for i in range(6)]
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """The core under random events, with a shadow of run phases and turn fates."""
+
+    @initialize()
+    def start(self) -> None:
+        self.config = parse_config(CONFIG, "machine.toml")
+        self.state = new_state(self.config)
+        self.now = 0.0
+        self.next_turn = 0
+        self.turns: dict[str, tuple[str, str]] = {}  # turn -> (run, model)
+        self.arrived: set[str] = set()
+        self.rejected: set[str] = set()
+        self.ended: set[str] = set()
+        self.placed_on: dict[str, str] = {}  # every Place seen: turn -> replica
+        # shadow of each run: (phase, last replica); absent = unknown or forgotten
+        self.shadow: dict[str, tuple[str, str]] = {}
+        self.latest: dict[str, str] = {}  # run -> its most recently placed turn
+        self.orphans: set[str] = set()  # turns placed for a run that was forgotten since
+
+    # -- feeding --------------------------------------------------------------------------------------
+
+    def feed(self, event: Event) -> list[Action]:
+        before = list(self.state.placed)  # in placement order, the order expiry visits them
+        self.state, actions = decide(self.state, event)
+        # turns that left the placed set on a tick expired: apply that to the shadow before the
+        # placements the tick caused (a turn placed by the tick is not in ``before``)
+        if isinstance(event, Tick):
+            for turn_id in before:
+                if turn_id not in self.state.placed:
+                    self.end_placed(turn_id, "idle")
+        for action in actions:
+            if isinstance(action, Place):
+                self.on_place(action)
+            elif isinstance(action, Reject):
+                assert action.http_status == 404
+                assert action.turn_id in self.turns
+                self.rejected.add(action.turn_id)
+            elif isinstance(action, Forget):
+                self.shadow.pop(action.run_id, None)
+                self.latest.pop(action.run_id, None)
+                self.orphans.update(t for t in before if self.turns[t][0] == action.run_id)
+        return actions
+
+    def on_place(self, action: Place) -> None:
+        turn_id = action.turn_id
+        assert turn_id not in self.placed_on, f"{turn_id} placed twice"
+        run_id, model = self.turns[turn_id]
+        assert action.replica in SERVING[model], f"{model} placed on {action.replica}"
+        phase, last = self.shadow.get(run_id, ("idle", ""))
+        if phase in ("generating", "tool_paused") and last in SERVING[model]:
+            assert action.replica == last, f"affinity broken: {run_id} on {last}, not {action.replica}"
+        self.placed_on[turn_id] = action.replica
+        self.shadow[run_id] = ("generating", action.replica)
+        self.latest[run_id] = turn_id
+
+    def end_placed(self, turn_id: str, phase: str) -> None:
+        """A placed turn ended; the run's phase follows only its latest placed turn."""
+        run_id, _ = self.turns[turn_id]
+        self.ended.add(turn_id)
+        if turn_id in self.orphans:
+            return
+        if run_id in self.shadow and self.latest.get(run_id) in (None, turn_id):
+            self.shadow[run_id] = (phase, self.placed_on[turn_id])
+            self.latest.pop(run_id, None)
+
+    # -- rules ----------------------------------------------------------------------------------------
+
+    @rule(
+        run=st.sampled_from(RUNS),
+        model=st.sampled_from(MODELS),
+        batch=st.booleans(),
+        caller=st.sampled_from(["", "x", "y"]),
+    )
+    def arrive(self, run: str, model: str, batch: bool, caller: str) -> None:
+        turn_id = f"t{self.next_turn}"
+        self.next_turn += 1
+        self.turns[turn_id] = (run, model)
+        self.arrived.add(turn_id)
+        self.now += 0.5
+        actions = self.feed(
+            TurnArrived(turn_id, run, model, "batch" if batch else "interactive", caller, "dp", self.now)
+        )
+        if model not in SERVING:
+            assert [a for a in actions if a.turn_id == turn_id] == [  # type: ignore[union-attr]
+                Reject(turn_id, f"no Generative replica serves model '{model}'", 404)
+            ]
+
+    @precondition(lambda self: bool(self.state.placed))
+    @rule(pick=st.integers(0, 1000), tools=st.booleans())
+    def finish(self, pick: int, tools: bool) -> None:
+        turn_id = sorted(self.state.placed)[pick % len(self.state.placed)]
+        self.now += 1.0
+        self.end_placed(turn_id, "tool_paused" if tools else "idle")
+        self.feed(TurnFinished(turn_id, self.now, "stop", tools, 10, 5))
+
+    @precondition(lambda self: bool(self.state.placed))
+    @rule(pick=st.integers(0, 1000))
+    def fail(self, pick: int) -> None:
+        turn_id = sorted(self.state.placed)[pick % len(self.state.placed)]
+        self.now += 1.0
+        self.end_placed(turn_id, "idle")
+        self.feed(TurnFailed(turn_id, self.now, "engine gone"))
+
+    @precondition(lambda self: bool(self.state.held) or bool(self.state.placed))
+    @rule(pick=st.integers(0, 1000), held=st.booleans())
+    def abandon(self, pick: int, held: bool) -> None:
+        held_ids = sorted(turn.turn_id for turn in self.state.held)
+        pool = held_ids if (held and held_ids) or not self.state.placed else sorted(self.state.placed)
+        turn_id = pool[pick % len(pool)]
+        self.now += 0.1
+        was_held = turn_id in self.state.held
+        if was_held:
+            self.ended.add(turn_id)
+        else:
+            self.end_placed(turn_id, "idle")
+        actions = self.feed(TurnAbandoned(turn_id, self.now))
+        if was_held:
+            assert actions == [], "a held turn leaving its queue frees nothing"
+
+    @rule(run=st.sampled_from(RUNS))
+    def run_ends(self, run: str) -> None:
+        self.now += 0.1
+        actions = self.feed(RunEnded(run, self.now))
+        assert actions[0] == Forget(run)
+
+    @rule(seconds=st.sampled_from([1.0, 30.0, 599.0, 600.0, 1800.0]))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.feed(Tick(self.now))
+
+    @rule()
+    def report_unknown_turn(self) -> None:
+        self.now += 0.1
+        assert self.feed(TurnFinished("never-seen", self.now, "stop", False, 0, 0)) == []
+
+    # -- invariants -----------------------------------------------------------------------------------
+
+    @invariant()
+    def no_replica_above_capacity(self) -> None:
+        for replica in self.state.replicas.values():
+            count = sum(1 for placed in self.state.placed.values() if placed.replica == replica.name)
+            assert replica.inflight == count
+            assert count <= replica.max_inflight, f"{replica.name}: {count} > {replica.max_inflight}"
+
+    @invariant()
+    def every_turn_has_exactly_one_fate(self) -> None:
+        held = {turn.turn_id for turn in self.state.held}
+        placed = set(self.state.placed)
+        fates = [held, placed, self.rejected, self.ended]
+        assert sum(len(f) for f in fates) == len(self.arrived), "a turn is lost or counted twice"
+        assert set().union(*fates) == self.arrived
+        assert len(self.state.held) == len(held)
+        # a placed turn is where its Place said, and was placed exactly once
+        for turn_id, placed_turn in self.state.placed.items():
+            assert self.placed_on[turn_id] == placed_turn.replica
+
+    @invariant()
+    def runs_match_the_shadow(self) -> None:
+        for run_id, (phase, last) in self.shadow.items():
+            run = self.state.runs.get(run_id)
+            assert run is not None, f"{run_id} forgotten without Forget"
+            assert (run.phase, run.last_replica) == (phase, last)
+
+    @invariant()
+    def held_turn_never_waits_beside_room(self) -> None:
+        for turn in self.state.held:
+            run_id, model = self.turns[turn.turn_id]
+            phase, last = self.shadow.get(run_id, ("idle", ""))
+            usable = (last,) if phase != "idle" and last in SERVING[model] else SERVING[model]
+            for name in usable:
+                replica = self.state.replicas[name]
+                assert replica.inflight >= replica.max_inflight, f"{turn.turn_id} held while {name} has room"
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestScheduler = SchedulerMachine.TestCase
