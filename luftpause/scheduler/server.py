@@ -1,0 +1,84 @@
+"""``luftpause scheduler``: the gRPC admission service and the HTTP status endpoint, one process.
+
+Both servers and the 1 s clock tick share one uvloop event loop and one :class:`SchedulerHost`.
+SIGINT or SIGTERM stops them (held Admits are cancelled, which abandons their turns) and the
+process exits 0. A bad configuration prints the :class:`~luftpause.config.ConfigError` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import grpc
+import uvloop
+from aiohttp import web
+
+from luftpause.cli import add_config_argument
+from luftpause.config import Config, ConfigError, load_config, split_host_port
+from luftpause.scheduler.grpc_service import SchedulerService
+from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.status_http import status_app
+from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
+
+STOP_GRACE_S = 1.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``."""
+    add_config_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad configuration, 1 if a port is taken."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"luftpause scheduler: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(serve(config))
+    except OSError as exc:
+        print(f"luftpause scheduler: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
+    """Run the scheduler on ``config.scheduler.grpc`` and ``.http`` until ``stop`` is set (or a signal)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+    host = SchedulerHost(config)
+    grpc_server = grpc.aio.server()
+    pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
+    runner = web.AppRunner(status_app(host), access_log=None)
+    await runner.setup()
+    http_host, http_port = split_host_port(config.scheduler.http)
+    try:
+        try:
+            bound = grpc_server.add_insecure_port(config.scheduler.grpc)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
+        if bound == 0:
+            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}")
+        await grpc_server.start()
+        await web.TCPSite(runner, http_host, http_port).start()
+        host.start_clock()
+        print(
+            f"luftpause scheduler: gRPC on {config.scheduler.grpc}, "
+            f"status on http://{config.scheduler.http}/status",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+    finally:
+        host.stop_clock()
+        await grpc_server.stop(STOP_GRACE_S)
+        await runner.cleanup()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
