@@ -106,6 +106,8 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
         if up.poll() is None:
             up.kill()
             up.wait()
+        if up.stdout is not None:
+            up.stdout.close()
         for pid in _pids_with(str(path)):
             os.kill(pid, signal.SIGKILL)
         engine.stop()
