@@ -50,7 +50,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
 [runtime]
 listen = "127.0.0.1:{runtime_port}"
 dataplane = "http://127.0.0.1:{engine_port}"
-state_dir = "{workdir / 'state'}"
+state_dir = "{workdir / "state"}"
 
 [[replicas]]
 name = "sim"
@@ -71,8 +71,17 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
         ),
         ChildProcess(
             "fake-engine",
-            ["fake-engine", "--port", str(engine_port), "--model", DEFAULT_MODEL, "--slots", "4",
-             "--tool-rounds", "2"],
+            [
+                "fake-engine",
+                "--port",
+                str(engine_port),
+                "--model",
+                DEFAULT_MODEL,
+                "--slots",
+                "4",
+                "--tool-rounds",
+                "2",
+            ],
             log_path=workdir / "fake-engine.log",
             ready_url=f"http://127.0.0.1:{engine_port}/health",
         ),
@@ -242,8 +251,19 @@ def test_tools_argument_limits_what_the_sub_agent_may_call(runtime: Runtime) -> 
 
 def test_loadgen_spawns_three_and_reports_them_completed(runtime: Runtime) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "luftpause", "loadgen", "--runtime", runtime.mcp_url, "--spawn", "3",
-         "--timeout", "120", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "luftpause",
+            "loadgen",
+            "--runtime",
+            runtime.mcp_url,
+            "--spawn",
+            "3",
+            "--timeout",
+            "120",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=180,

@@ -41,7 +41,8 @@ from luftpause.dataplane.runs import RunTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
-    from granian.rsgi import HTTPProtocol, Scope
+    from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+    from granian.rsgi import Scope
 
 log = logging.getLogger("luftpause.dataplane")
 

@@ -25,7 +25,7 @@ from luftpause.dataplane.sse import SSEScanner
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
-    from granian.rsgi import HTTPProtocol
+    from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -220,8 +220,11 @@ def _completion_facts(body: bytes) -> tuple[str, bool, int, int]:
     if tool_calls:
         finish_reason = "tool_calls"
     usage = doc.get("usage")
-    prompt = completion = -1
-    if isinstance(usage, dict):
-        prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else -1
-        completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else -1
-    return str(finish_reason), tool_calls, prompt, completion
+    usage = usage if isinstance(usage, dict) else {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (
+        str(finish_reason),
+        tool_calls,
+        prompt if type(prompt) is int else -1,
+        completion if type(completion) is int else -1,
+    )

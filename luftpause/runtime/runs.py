@@ -98,9 +98,9 @@ class Run:
     def result(self) -> dict[str, Any]:
         """The run as ``await`` reports it (MCP tool result, camelCase)::
 
-            {"handle", "state", "answer"? (completed), "error"? (failed, cancelled),
-             "toolCalls", "failedToolCalls", "turns", "seconds",
-             "usage": {"promptTokens", "completionTokens"}}
+        {"handle", "state", "answer"? (completed), "error"? (failed, cancelled),
+         "toolCalls", "failedToolCalls", "turns", "seconds",
+         "usage": {"promptTokens", "completionTokens"}}
         """
         out: dict[str, Any] = {"handle": self.handle, "state": self.state}
         if self.answer is not None:

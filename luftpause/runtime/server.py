@@ -40,7 +40,6 @@ from luftpause.runtime.upstream import UpstreamPool
 log = logging.getLogger("luftpause.runtime")
 
 
-
 class Runtime:
     """The state of one runtime process: configuration, runs, upstream tools and the loop.
 

@@ -211,8 +211,9 @@ class UpstreamPool:
                     asyncio.gather(*(s.first_attempt() for s in self.servers)), START_WAIT_SECONDS
                 )
             except TimeoutError:
-                log.warning("some MCP servers did not answer within %.0f s; trying again on use",
-                            START_WAIT_SECONDS)
+                log.warning(
+                    "some MCP servers did not answer within %.0f s; trying again on use", START_WAIT_SECONDS
+                )
         return self
 
     async def __aexit__(

@@ -13,6 +13,7 @@ the core's actions:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -49,18 +50,22 @@ def service_class(value: int) -> ServiceClass:
     return "batch" if value == pb.BATCH else "interactive"
 
 
+if TYPE_CHECKING:
+    _Context = grpc.aio.ServicerContext[Any, Any]
+
+
 def run_phase(value: int) -> RunPhase:
     """Proto ``RunPhase`` -> the core's (unspecified or unknown values count as ``idle``)."""
     return _PHASES.get(value, "idle")
 
 
-class SchedulerService(pb_grpc.SchedulerServicer):
+class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped generated base
     """Serves Admit, Report and Resync from one :class:`SchedulerHost`."""
 
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
 
-    async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
+    async def Admit(self, request: pb.AdmitRequest, context: _Context) -> pb.AdmitReply:
         outcome = await self.host.admit(
             TurnArrived(
                 request.turn_id,
@@ -77,7 +82,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         return pb.AdmitReply(refused=pb.Refusal(reason=outcome.reason, http_status=outcome.http_status))
 
     async def Report(
-        self, request_iterator: AsyncIterator[pb.TurnEvent], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.TurnEvent], context: _Context
     ) -> pb.ReportSummary:
         count = 0
         async for message in request_iterator:
@@ -109,7 +114,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             return RunEnded(message.run_id, at)
         return None  # KIND_UNSPECIFIED or a kind from a newer dataplane: nothing to apply
 
-    async def Resync(self, request: pb.ResyncRequest, context: grpc.aio.ServicerContext) -> pb.ResyncReply:
+    async def Resync(self, request: pb.ResyncRequest, context: _Context) -> pb.ResyncReply:
         event = Resynced(
             request.dataplane_id,
             self.host.now(),

@@ -42,14 +42,28 @@ MAX_ERRORS_SHOWN = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="URL",
-                        help=f"the runtime's MCP endpoint (default {DEFAULT_RUNTIME})")
+    parser.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        metavar="URL",
+        help=f"the runtime's MCP endpoint (default {DEFAULT_RUNTIME})",
+    )
     parser.add_argument("--spawn", type=int, required=True, metavar="N", help="sub-agents to spawn at once")
     parser.add_argument("--task", default=DEFAULT_TASK, metavar="TEXT", help="the task of every sub-agent")
-    parser.add_argument("--class", dest="service_class", choices=("interactive", "batch"),
-                        default="interactive", help="service class of the runs (default interactive)")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                        help="give up waiting after S seconds (default 600)")
+    parser.add_argument(
+        "--class",
+        dest="service_class",
+        choices=("interactive", "batch"),
+        default="interactive",
+        help="service class of the runs (default interactive)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up waiting after S seconds (default 600)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -120,9 +134,7 @@ def _payload(result: CallToolResult) -> dict[str, Any]:
     return data
 
 
-async def drive(
-    runtime_url: str, spawn: int, task: str, service_class: str, wait_seconds: float
-) -> Summary:
+async def drive(runtime_url: str, spawn: int, task: str, service_class: str, wait_seconds: float) -> Summary:
     """Spawn ``spawn`` runs at once on ``runtime_url`` and await them for at most ``wait_seconds``."""
     summary = Summary()
     started = time.monotonic()
