@@ -35,6 +35,7 @@ from luftpause.dataplane.errors import (
     NotFound,
     PayloadTooLarge,
     Unauthorized,
+    error_body,
 )
 from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn
 from luftpause.dataplane.runs import RunTable
@@ -111,6 +112,13 @@ class Dataplane:
         except DataplaneError as exc:
             headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
             proto.response_bytes(exc.status, headers, exc.body())
+        except Exception as exc:
+            # A fault of ours still answers with the error contract (if nothing was sent yet).
+            log.exception("%s %s failed", scope.method, scope.path)
+            try:
+                proto.response_bytes(500, _JSON, error_body(f"internal error: {type(exc).__name__}"))
+            except RuntimeError:
+                pass  # the response had already started
 
     async def _route(self, scope: Scope, proto: HTTPProtocol) -> None:
         path, method = scope.path, scope.method
