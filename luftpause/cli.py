@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from luftpause import __version__
+from luftpause.config import Config, ConfigError, load_config
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +36,20 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="TOML configuration (default: $LUFTPAUSE_CONFIG, else the embedded default)",
     )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The configuration ``--config`` names (or the default); a bad one ends the command.
+
+    Prints ``luftpause <command>: <file>: <key>: <what was expected>`` to stderr and raises
+    ``SystemExit(2)``.
+    """
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        command = getattr(args, "command", None)
+        print(f"luftpause {command}: {exc}" if command else f"luftpause: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:

@@ -18,8 +18,8 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
-from luftpause.cli import add_config_argument
-from luftpause.config import Config, ConfigError, load_config, split_host_port
+from luftpause.cli import add_config_argument, config_from_args
+from luftpause.config import Config, split_host_port
 from luftpause.testkit.procs import ChildProcess
 
 READY_TIMEOUT_S = 60.0
@@ -115,11 +115,7 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"luftpause up: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
     logs = Path(args.logs) if args.logs else Path(config.runtime.state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     children = plan(config, logs)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
-from luftpause.cli import add_config_argument
-from luftpause.config import CONFIG_ENV, ConfigError, load_config, split_host_port
+from luftpause.cli import add_config_argument, config_from_args
+from luftpause.config import CONFIG_ENV, split_host_port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,11 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"luftpause dataplane: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
     # The granian worker builds the app from the same file (see app.create_app).
     if config.source is not None:
         os.environ[CONFIG_ENV] = os.path.abspath(config.source)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -30,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from luftpause.cli import add_config_argument
-from luftpause.config import Config, ConfigError, load_config, split_host_port
+from luftpause.cli import add_config_argument, config_from_args
+from luftpause.config import Config, split_host_port
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import RunRegistry
 from luftpause.runtime.tools import build_mcp_server
@@ -118,11 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; 0 then, 2 for a bad configuration."""
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"luftpause runtime: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
     # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
     # lines (httpx, the SDK) would bury them.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")

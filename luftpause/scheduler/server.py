@@ -16,8 +16,8 @@ import grpc
 import uvloop
 from aiohttp import web
 
-from luftpause.cli import add_config_argument
-from luftpause.config import Config, ConfigError, load_config, split_host_port
+from luftpause.cli import add_config_argument, config_from_args
+from luftpause.config import Config, split_host_port
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
@@ -33,11 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad configuration, 1 if a port is taken."""
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"luftpause scheduler: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
     try:
         uvloop.run(serve(config))
     except OSError as exc:
