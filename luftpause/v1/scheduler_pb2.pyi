@@ -75,12 +75,14 @@ class TurnEvent(_message.Message):
         FINISHED: _ClassVar[TurnEvent.Kind]
         FAILED: _ClassVar[TurnEvent.Kind]
         RUN_ENDED: _ClassVar[TurnEvent.Kind]
+        ABANDONED: _ClassVar[TurnEvent.Kind]
     KIND_UNSPECIFIED: TurnEvent.Kind
     STARTED: TurnEvent.Kind
     FIRST_TOKEN: TurnEvent.Kind
     FINISHED: TurnEvent.Kind
     FAILED: TurnEvent.Kind
     RUN_ENDED: TurnEvent.Kind
+    ABANDONED: TurnEvent.Kind
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
