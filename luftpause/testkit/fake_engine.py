@@ -5,6 +5,10 @@ usage, first-token logprobs), schedules requests on a fixed number of running sl
 queue, takes prefill and decode time from a simple cost model, and reports its load on
 ``/metrics`` under SGLang's names. The pieces live in :mod:`luftpause.testkit.engine`.
 
+It misbehaves on demand (:mod:`luftpause.testkit.engine.faults`): per request through the body's
+``"luftpause_fault"`` field, or for a random fraction of requests with ``--fault SPEC
+--fault-rate F --seed N``.
+
 In tests::
 
     engine = await start_engine(EngineSettings(slots=1))
@@ -24,6 +28,7 @@ import signal
 import uvloop
 
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
+from luftpause.testkit.engine.faults import parse_fault_option
 from luftpause.testkit.engine.settings import DEFAULT_MODEL
 
 __all__ = [
@@ -82,12 +87,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tool rounds before a final answer (default: %(default)s)",
     )
     parser.add_argument(
-        "--seed", type=int, default=defaults.seed, help="varies text and tool choice (default: %(default)s)"
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help="varies text, tool choice and which requests get --fault (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--fault",
+        default=None,
+        metavar="SPEC",
+        help="a fault for requests that ask for none: a kind (status, die_mid_stream, stall, slow, close) "
+        'or the JSON of the request field, e.g. \'{"kind": "status", "status": 429, "retry_after": 1}\'',
+    )
+    parser.add_argument(
+        "--fault-rate",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the fraction of requests (0 to 1) that get --fault, drawn from --seed (default: 1)",
     )
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
-    """:class:`EngineSettings` from parsed ``fake-engine`` flags; raises ``ValueError`` on bad values."""
+    """:class:`EngineSettings` from parsed ``fake-engine`` flags; raises ``ValueError`` on bad values
+    (a bad ``--fault`` spec, or ``--fault-rate`` without ``--fault``)."""
+    fault = parse_fault_option(args.fault) if args.fault is not None else None
+    if args.fault_rate is not None and fault is None:
+        raise ValueError("--fault-rate needs --fault")
     return EngineSettings(
         models=tuple(args.model or (DEFAULT_MODEL,)),
         slots=args.slots,
@@ -96,6 +122,8 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         max_tokens=args.max_tokens,
         tool_rounds=args.tool_rounds,
         seed=args.seed,
+        fault=fault,
+        fault_rate=1.0 if args.fault_rate is None else args.fault_rate,
     )
 
 

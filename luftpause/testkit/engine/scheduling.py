@@ -8,10 +8,10 @@ once; one that leaves while running frees its slot at once for the head of the q
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -21,7 +21,11 @@ class EngineStats:
     ``requests`` counts chat completion requests that passed validation; ``completed`` those that
     sent their whole answer; ``disconnected`` those whose client left first (while waiting or
     running). ``running`` and ``waiting`` are the current counts; ``max_running_seen`` and
-    ``max_waiting_seen`` the highest ever seen.
+    ``max_waiting_seen`` the highest ever seen. ``faults`` counts the requests given each fault,
+    by kind (``"status"``, ``"die_mid_stream"``, ``"stall"``, ``"slow"``, ``"close"``; see
+    :mod:`.faults`), whether from the request's own field or the engine's configured fault; a
+    faulted request never counts as ``completed`` unless its answer was sent whole (``stall``,
+    ``slow``).
     """
 
     requests: int = 0
@@ -33,6 +37,7 @@ class EngineStats:
     max_waiting_seen: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
 
 
 class SlotPool:

@@ -7,12 +7,14 @@ Routes, as SGLang and vLLM serve them:
 * ``GET /server_info``, ``/get_server_info``, ``/model_info``, ``/get_model_info``: the little
   SGLang's router asks of a worker;
 * ``GET /testkit/sent/{id}``: the exact response bytes sent for the completion ``id`` (one of the
-  last ``SENT_KEPT``), so a test can check that a proxy relayed them unchanged.
+  last ``SENT_KEPT``), so a test can check that a proxy relayed them unchanged (a completion cut
+  by a fault is not kept).
 
 A request's life: validated (400/404 at once), queued for a running slot (FIFO), prefill
 (:class:`.costs.CostModel`), then one output token per ``decode_ms``. The HTTP handler is
 cancelled when the client disconnects (aiohttp's ``handler_cancellation``), which takes the
-request out of the queue or frees its slot at once.
+request out of the queue or frees its slot at once. A request may instead get a fault
+(:mod:`.faults`): a refusal, a stream cut, a stall, a slow stream or a closed connection.
 """
 
 from __future__ import annotations
@@ -21,14 +23,24 @@ import asyncio
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from luftpause.testkit.engine import wire
 from luftpause.testkit.engine.costs import CostModel, estimate_prompt_tokens
+from luftpause.testkit.engine.faults import (
+    SLOW_PIECE_BYTES,
+    CloseConnection,
+    DieMidStream,
+    Fault,
+    FaultDice,
+    Slow,
+    Stall,
+    StatusFault,
+)
 from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST, ModelLoad, SglangMetrics
 from luftpause.testkit.engine.replies import Reply, plan_reply
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
@@ -81,6 +93,7 @@ class SimulatedEngine:
         self._metrics = SglangMetrics(settings.models, settings.slots)
         self._load = {model: ModelLoad() for model in settings.models}
         self._sent: OrderedDict[str, bytes] = OrderedDict()
+        self._dice = FaultDice(settings.fault, settings.fault_rate, settings.seed)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -141,12 +154,27 @@ class SimulatedEngine:
         return web.json_response({"model_path": model, "tokenizer_path": model, "is_generation": True})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/chat/completions`` (OpenAI "Create chat completion")."""
+        """``POST /v1/chat/completions`` (OpenAI "Create chat completion").
+
+        With a fault (the body's ``luftpause_fault``, else the configured one; see :mod:`.faults`)
+        the engine misbehaves as that fault says instead of answering normally.
+        """
         try:
             chat = wire.parse_chat_request(await request.read(), self.settings.models)
         except wire.RequestError as exc:
             return web.json_response(exc.body(), status=exc.status)
         self.stats.requests += 1
+        fault = chat.fault if chat.fault is not None else self._dice.draw()
+        if fault is not None:
+            self.stats.faults[fault.kind] += 1
+        if isinstance(fault, StatusFault):
+            # Refused before any slot is taken, as an engine's own admission refuses.
+            return web.json_response(fault.body(), status=fault.status, headers=fault.headers())
+        if isinstance(fault, CloseConnection):
+            if request.transport is not None:
+                request.transport.close()
+            # aiohttp finds the connection closed when it writes this and drops it quietly.
+            return web.Response()
         prompt_tokens = estimate_prompt_tokens(chat.messages)
         reply = plan_reply(
             chat.messages,
@@ -158,24 +186,80 @@ class SimulatedEngine:
             seed=self.settings.seed,
         )
         ids = wire.ResponseIds(chat.model)
-        # Fault injection (refusing with 429/5xx, breaking a stream) would decide here, per request.
-        if not chat.stream:
-            try:
-                async with self._running(chat.model, prompt_tokens) as held:
-                    await self._decode_unseen(reply.count, held)
-            except asyncio.CancelledError:
-                # The client went away: its queue place or slot is already given back.
-                self.stats.disconnected += 1
-                raise
+        if chat.stream:
+            return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, fault)
+        return await self._answer_whole(request, chat, ids, reply, prompt_tokens, fault)
+
+    async def _answer_whole(
+        self,
+        request: web.Request,
+        chat: wire.ChatRequest,
+        ids: wire.ResponseIds,
+        reply: Reply,
+        prompt_tokens: int,
+        fault: Fault | None,
+    ) -> web.StreamResponse:
+        """A non-streamed answer: decode unseen, then one ``chat.completion`` object."""
+        try:
+            async with self._running(chat.model, prompt_tokens) as held:
+                if isinstance(fault, Stall):
+                    await asyncio.sleep(fault.seconds)
+                await self._decode_unseen(reply.count, held)
+        except asyncio.CancelledError:
+            # The client went away: its queue place or slot is already given back.
+            self.stats.disconnected += 1
+            raise
+        body = json.dumps(wire.completion(ids, reply, chat, prompt_tokens)).encode()
+        if not isinstance(fault, (DieMidStream, Slow)):
             self._count_completed(prompt_tokens, reply.count)
-            body = json.dumps(wire.completion(ids, reply, chat, prompt_tokens)).encode()
             self._record(ids.id, body)
             return web.Response(body=body, content_type="application/json")
-        response = web.StreamResponse(headers=SSE_HEADERS)
+        # Status line and headers now, with the length of the whole answer, so that a client
+        # sees a 200 whose body is cut (DieMidStream) or trickles in (Slow).
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = len(body)
         try:
             await response.prepare(request)
+            if isinstance(fault, DieMidStream):
+                await _abort(request)
+                return response
+            pieces = [body[i : i + SLOW_PIECE_BYTES] for i in range(0, len(body), SLOW_PIECE_BYTES)]
+            await _write_paced(response, pieces, fault.delay_ms / 1000, first=True)
+            await response.write_eof()
+        except asyncio.CancelledError:
+            self.stats.disconnected += 1
+            raise
+        except ConnectionResetError:
+            self.stats.disconnected += 1
+            return response
+        self._count_completed(prompt_tokens, reply.count)
+        self._record(ids.id, body)
+        return response
+
+    async def _answer_streamed(
+        self,
+        request: web.Request,
+        chat: wire.ChatRequest,
+        ids: wire.ResponseIds,
+        reply: Reply,
+        prompt_tokens: int,
+        fault: Fault | None,
+    ) -> web.StreamResponse:
+        """A streamed answer: headers at once (queued or not), then events at the pace of decode."""
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            if not isinstance(fault, Stall):
+                await response.prepare(request)
             async with self._running(chat.model, prompt_tokens) as held:
-                sent = await self._stream(response, chat, ids, reply, prompt_tokens, held)
+                if isinstance(fault, Stall):
+                    await asyncio.sleep(fault.seconds)
+                    await response.prepare(request)
+                events = self._events(chat, ids, reply, prompt_tokens, held)
+                if isinstance(fault, DieMidStream):
+                    await self._send_then_die(request, response, events, fault.after_chunks)
+                    return response
+                pace_s = fault.delay_ms / 1000 if isinstance(fault, Slow) else 0.0
+                sent = await self._send(response, events, pace_s)
             await response.write_eof()
         except asyncio.CancelledError:
             self.stats.disconnected += 1
@@ -217,20 +301,16 @@ class SimulatedEngine:
             if queued:
                 load.waiting -= 1
 
-    async def _stream(
+    async def _events(
         self,
-        response: web.StreamResponse,
         chat: wire.ChatRequest,
         ids: wire.ResponseIds,
         reply: Reply,
         prompt_tokens: int,
         held: _HeldTokens,
-    ) -> bytes:
-        """Write the chunks of ``reply`` at the pace of decode, then the end of the stream.
-
-        Returns every byte written, for ``GET /testkit/sent/{id}``.
-        """
-        sent = bytearray()
+    ) -> AsyncGenerator[list[bytes], None]:
+        """The server-sent events of ``reply``, a list at a time as decode makes them due; the
+        last list holds the finish chunk, the usage chunk when asked, and ``data: [DONE]``."""
         head = wire.chunk(ids, {"role": "assistant", "content": ""})
         emitted = 0
         async for due in self._decode_schedule(reply.count):
@@ -239,19 +319,49 @@ class SimulatedEngine:
                 batch.insert(0, head)
             held.add(due - emitted)
             emitted = due
-            data = b"".join(batch)
-            sent += data
-            await response.write(data)
+            yield batch
         tail = [wire.chunk(ids, {}, None, reply.finish_reason)]
         if emitted == 0:
             tail.insert(0, head)
         if chat.include_usage:
             tail.append(wire.usage_chunk(ids, prompt_tokens, reply.count))
         tail.append(wire.SSE_DONE)
-        data = b"".join(tail)
-        sent += data
-        await response.write(data)
+        yield tail
+
+    async def _send(
+        self, response: web.StreamResponse, events: AsyncGenerator[list[bytes], None], pace_s: float
+    ) -> bytes:
+        """Write ``events``: each list in one write, or with ``pace_s`` > 0 (seconds) each event
+        in its own write, ``pace_s`` apart. Returns every byte written, for ``GET /testkit/sent``."""
+        sent = bytearray()
+        async with aclosing(events):
+            async for batch in events:
+                if pace_s > 0:
+                    await _write_paced(response, batch, pace_s, first=not sent)
+                    sent += b"".join(batch)
+                    continue
+                data = b"".join(batch)
+                sent += data
+                await response.write(data)
         return bytes(sent)
+
+    async def _send_then_die(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        events: AsyncGenerator[list[bytes], None],
+        after_chunks: int,
+    ) -> None:
+        """Write the first ``after_chunks`` events (never ``[DONE]``), then abort the connection."""
+        written = 0
+        async with aclosing(events):
+            async for batch in events:
+                if written >= after_chunks:
+                    break
+                batch = [event for event in batch if event != wire.SSE_DONE][: after_chunks - written]
+                await response.write(b"".join(batch))
+                written += len(batch)
+        await _abort(request)
 
     async def _decode_unseen(self, count: int, held: _HeldTokens) -> None:
         """Decode ``count`` tokens that nobody sees until the end (a non-streamed answer)."""
@@ -278,6 +388,32 @@ class SimulatedEngine:
                     await asyncio.sleep(0)
                 continue
             await asyncio.sleep(max(start + (done + 1) * decode_s - loop.time(), MIN_SLEEP_S))
+
+
+async def _write_paced(response: web.StreamResponse, pieces: list[bytes], pace_s: float, first: bool) -> None:
+    """Write each of ``pieces`` on its own, ``pace_s`` seconds apart (and after the previous
+    write, unless ``first``): a slow engine."""
+    for piece in pieces:
+        if not first:
+            await asyncio.sleep(pace_s)
+        first = False
+        await response.write(piece)
+
+
+async def _abort(request: web.BaseRequest) -> None:
+    """Abort the connection as a crashing engine would: no further byte, no clean end.
+
+    ``abort()`` drops what the transport still buffers, so the bytes already written are let out
+    first: a client must see the chunks sent so far, then the broken connection.
+    """
+    transport = request.transport
+    if transport is None:
+        return
+    # No transport event says "buffer empty" (resume_writing fires at the low-water mark), hence
+    # the poll; it ends when the client reads or leaves.
+    while transport.get_write_buffer_size() > 0 and not transport.is_closing():  # noqa: ASYNC110
+        await asyncio.sleep(MIN_SLEEP_S)
+    transport.abort()
 
 
 @dataclass(slots=True)

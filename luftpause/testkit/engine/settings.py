@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from luftpause.testkit.engine.faults import Fault
 
 DEFAULT_MODEL = "llama-3.2-1b"
 
@@ -19,8 +22,13 @@ class EngineSettings:
       ``max_completion_tokens`` (or sets them to 0).
     * ``tool_rounds``: tool rounds (assistant messages with ``tool_calls`` after the last user
       message) before the simulated model gives a final text answer.
-    * ``seed``: varies the filler text and which offered tool is chosen; never the ids, which are
-      random so that two replicas never emit the same ``tool_call`` id.
+    * ``seed``: varies the filler text and which offered tool is chosen, and which requests get
+      ``fault``; never the ids, which are random so that two replicas never emit the same
+      ``tool_call`` id.
+    * ``fault``: a fault (see :mod:`.faults`) given to requests that carry no ``luftpause_fault``
+      field of their own; ``None`` (the default) for none.
+    * ``fault_rate``: the fraction of those requests (0 to 1) that get ``fault``, drawn at random
+      from ``seed``; read only when ``fault`` is set.
     """
 
     models: tuple[str, ...] = (DEFAULT_MODEL,)
@@ -30,8 +38,10 @@ class EngineSettings:
     max_tokens: int = 64
     tool_rounds: int = 2
     seed: int = 0
-    # Later behaviour (a prefix cache, batch-size effects on decode, vLLM metric names, fault
-    # injection) each gets its own field here; costs.py and metrics.py are where it acts.
+    fault: Fault | None = None
+    fault_rate: float = 1.0
+    # Later behaviour (a prefix cache, batch-size effects on decode, vLLM metric names) each gets
+    # its own field here; costs.py and metrics.py are where it acts.
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -44,3 +54,5 @@ class EngineSettings:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.tool_rounds < 0:
             raise ValueError(f"tool_rounds must not be negative, got {self.tool_rounds}")
+        if not (math.isfinite(self.fault_rate) and 0.0 <= self.fault_rate <= 1.0):
+            raise ValueError(f"fault_rate must be from 0 to 1, got {self.fault_rate}")

@@ -4,6 +4,7 @@ Request: ``POST /v1/chat/completions`` with a JSON object (OpenAI API reference,
 completion"). Responses: a ``chat.completion`` object, or a stream of ``chat.completion.chunk``
 objects as server-sent events (``data: {json}\\n\\n`` ... ``data: [DONE]\\n\\n``). Errors:
 ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status, as vLLM answers them.
+One extension: the optional field ``luftpause_fault`` asks for a fault (see :mod:`.faults`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from luftpause.testkit.engine.faults import FIELD as FAULT_FIELD
+from luftpause.testkit.engine.faults import Fault, FaultSpecError, parse_fault
 from luftpause.testkit.engine.replies import ContentPiece, Piece, Reply, ToolCallStart
 
 # OpenAI's limit on top_logprobs.
@@ -39,7 +42,8 @@ class RequestError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """A validated chat completion request; ``max_tokens`` is 0 when the client set no limit."""
+    """A validated chat completion request; ``max_tokens`` is 0 when the client set no limit,
+    ``fault`` is ``None`` when the body carries no ``luftpause_fault``."""
 
     model: str
     messages: Sequence[Mapping[str, Any]]
@@ -51,6 +55,7 @@ class ChatRequest:
     parallel_tool_calls: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    fault: Fault | None = None
 
 
 def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
@@ -91,6 +96,7 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         raise RequestError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
     if top_logprobs and not logprobs:
         raise RequestError(400, "'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
+    fault = _fault(body)
     if model not in served:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
     return ChatRequest(
@@ -104,7 +110,18 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         parallel_tool_calls=parallel,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        fault=fault,
     )
+
+
+def _fault(body: Mapping[str, Any]) -> Fault | None:
+    spec = body.get(FAULT_FIELD)
+    if spec is None:
+        return None
+    try:
+        return parse_fault(spec)
+    except FaultSpecError as exc:
+        raise RequestError(400, exc.message, exc.param) from None
 
 
 def _optional(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
