@@ -14,6 +14,7 @@ import pytest
 
 from luftpause.config import parse_config
 from luftpause.scheduler.core import (
+    AbandonReported,
     AckResync,
     Action,
     Event,
@@ -37,6 +38,7 @@ from luftpause.scheduler.core import (
     new_state,
     snapshot,
 )
+from luftpause.scheduler.core.policies import abandoned
 
 # -- builders ---------------------------------------------------------------------------------------
 
@@ -57,6 +59,14 @@ def fail(turn: str, at: float = 1.0) -> TurnFailed:
 
 def abandon(turn: str, at: float = 1.0) -> TurnAbandoned:
     return TurnAbandoned(turn, at)
+
+
+def reported(turn: str, at: float = 1.0) -> AbandonReported:
+    return AbandonReported(turn, at)
+
+
+def refused(turn: str) -> Reject:
+    return Reject(turn, "turn was abandoned by its dataplane", 499)
 
 
 def inflight(turn: str, run: str, replica: str, model: str = "m") -> InFlightRecord:
@@ -339,6 +349,97 @@ CASES = [
         [],
         {"r1": ("idle", "a"), "r2": ("generating", "a")},
     ),
+    # -- abandon reported by the dataplane (TurnEvent.ABANDONED) -------------------------------------
+    Case(
+        "a reported abandon of a held turn takes it out of the queue and refuses its waiting Admit",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3")],
+        reported("t2"),
+        [refused("t2")],
+        {"t1": "a"},
+        ["t3"],
+        {"r1": ("generating", "a"), "r2": ("idle", None), "r3": ("idle", None)},
+    ),
+    Case(
+        "a reported abandon of a placed turn frees its slot and leaves its run idle",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2")],
+        reported("t1"),
+        [Place("t2", "a")],
+        {"t2": "a"},
+        [],
+        {"r1": ("idle", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "a reported abandon of an earlier turn leaves the phase to the run's newer turn in flight",
+        TWO,
+        [arrive("t1", "r1"), arrive("t2", "r1")],
+        reported("t1"),
+        [],
+        {"t2": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "a reported abandon of a run's latest turn leaves the run idle though an earlier one runs",
+        TWO,
+        [arrive("t1", "r1"), arrive("t2", "r1")],
+        reported("t2"),
+        [],
+        {"t1": "a"},
+        [],
+        {"r1": ("idle", "a")},
+    ),
+    Case(
+        "a reported abandon of a turn never seen changes nothing",
+        TWO,
+        [arrive("t1", "r1")],
+        reported("zz"),
+        [],
+        {"t1": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "an Admit arriving after its turn was reported abandoned is refused and nothing is recorded",
+        ONE_OF_ONE,
+        [reported("t1", at=0.0)],
+        arrive("t1", "r1", at=1.0),
+        [refused("t1")],
+        {},
+        [],
+        {},
+    ),
+    Case(
+        "a retried Admit of a placed turn reported abandoned since is refused",
+        TWO,
+        [arrive("t1", "r1"), reported("t1", at=1.0)],
+        arrive("t1", "r1", at=2.0),
+        [refused("t1")],
+        {},
+        [],
+        {"r1": ("idle", "a")},
+    ),
+    Case(
+        "a tombstone younger than 120 s survives a tick",
+        TWO,
+        [reported("t1", at=0.0), Tick(119.0)],
+        arrive("t1", "r1", at=119.5),
+        [refused("t1")],
+        {},
+        [],
+        {},
+    ),
+    Case(
+        "a tombstone is forgotten by the first tick 120 s after the report",
+        TWO,
+        [reported("t1", at=0.0), Tick(120.0)],
+        arrive("t1", "r1", at=120.5),
+        [Place("t1", "a")],
+        {"t1": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
     # -- run ended ----------------------------------------------------------------------------------
     Case(
         "a run that ended is forgotten at once",
@@ -510,7 +611,45 @@ CASES = [
         [Place("t2", "a"), AckResync("dp", 0, 0)],
         {"t2": "a"},
         [],
-        {"r1": ("generating", "a"), "r2": ("generating", "a")},
+        # r1's latest turn is gone and the dataplane sent no record of r1: it is idle, not generating
+        {"r1": ("idle", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "a gone turn leaves a run the dataplane sent a record of in the recorded phase",
+        ONE_OF_ONE,
+        [arrive("t1", "r1")],
+        Resynced("dp", 1.0, (run_record("r1", "a", "tool_paused"),), ()),
+        [AckResync("dp", 1, 0)],
+        {},
+        [],
+        {"r1": ("tool_paused", "a")},
+    ),
+    Case(
+        "a gone turn that was not its run's latest leaves the phase to the latest",
+        TWO,
+        [arrive("t1", "r1"), TurnArrived("t2", "r1", "m", "interactive", "", "other-dp", 0.5)],
+        Resynced("dp", 1.0, (), ()),
+        [AckResync("dp", 0, 0)],
+        {"t2": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "a held turn of a run whose latest turn is gone loses its affinity",
+        [("a", ["m"], 2), ("b", ["m"], 1)],
+        [
+            arrive("t1", "r1"),
+            TurnArrived("t2", "r2", "m", "interactive", "", "other-dp", 0.5),  # b
+            TurnArrived("t5", "r5", "m", "interactive", "", "other-dp", 0.5),  # a, now full
+            TurnArrived("t3", "r1", "m", "interactive", "", "other-dp", 0.6),  # pinned to full a
+            finish("t2", at=0.7),  # b has room, but t3 stays pinned to a
+        ],
+        Resynced("dp", 1.0, (), ()),
+        # r1 is idle now, so t3 may go anywhere: to the least loaded, b (pinned, it would take a)
+        [Place("t3", "b"), AckResync("dp", 0, 0)],
+        {"t5": "a", "t3": "b"},
+        [],
+        {"r1": ("generating", "b"), "r2": ("idle", "b"), "r5": ("generating", "a")},
     ),
     Case(
         "a resynced turn on a replica not configured here is not adopted",
@@ -576,6 +715,22 @@ def test_unknown_model_is_counted_as_rejected_only() -> None:
     assert counters["rejected"] == 1
     assert counters["arrived"] == 0
     assert counters["admitted"] == 0
+
+
+def test_tombstones_are_capped_oldest_forgotten_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(abandoned, "MAX_TOMBSTONES", 3)
+    state = make_state(TWO)
+    feed(state, [reported(f"t{i}", at=float(i)) for i in range(1, 5)])
+    assert list(state.tombstones) == ["t2", "t3", "t4"]
+    assert feed(state, [arrive("t1", "r1", at=5.0)]) == [Place("t1", "a")]
+    assert feed(state, [arrive("t2", "r2", at=5.0)]) == [refused("t2")]
+
+
+def test_a_refused_abandoned_turn_is_counted_as_rejected_only() -> None:
+    state = make_state(TWO)
+    feed(state, [reported("t1", at=0.0), arrive("t1", "r1", at=1.0)])
+    counters = snapshot(state, 1.0)["counters"]
+    assert (counters["rejected"], counters["arrived"], counters["abandoned"]) == (1, 0, 0)
 
 
 def test_started_and_first_token_are_recorded_without_actions() -> None:

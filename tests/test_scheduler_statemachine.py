@@ -1,15 +1,19 @@
 """Random sequences of events through ``decide``, checked after every step (Hypothesis).
 
-The machine drives arrivals (known and unknown models, a small pool of runs so that runs come back
-and even overlap), finishes with and without tool calls, failures, abandons of held and placed
-turns, run ends and clock ticks that jump far enough for expiry. Beside the core it keeps its own
-record of each run's phase and last replica, built only from the events it sent and the actions it
-got back, and checks the core against it:
+The machine drives arrivals from two dataplanes (known and unknown models, a small pool of runs so
+that runs come back and even overlap), finishes with and without tool calls, failures, abandons of
+held and placed turns (Admit cancelled, and reported ABANDONED by the dataplane, also for turn ids
+never seen), Admits for turns reported abandoned, run ends, empty resyncs of one dataplane (its
+placed turns are gone) and clock ticks that jump far enough for expiry. Beside the core it keeps
+its own record of each run's phase and last replica and of the abandoned turn ids, built only from
+the events it sent and the actions it got back, and checks the core against it:
 
 * no replica ever has more placed turns than its capacity;
 * every arrived turn is exactly one of held, placed, rejected or ended: never lost, never twice;
 * a turn of a run that is generating or tool-paused is placed only on the run's last replica;
-* a held turn never waits while a replica it may use has room.
+* a held turn never waits while a replica it may use has room;
+* a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
+  long as its tombstone lives (120 s, dropped by the next tick).
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from luftpause.config import parse_config
 from luftpause.scheduler.core import (
+    AbandonReported,
+    AckResync,
     Action,
     Event,
     Forget,
     Place,
     Reject,
+    Resynced,
     RunEnded,
     Tick,
     TurnAbandoned,
@@ -65,6 +72,9 @@ max_inflight = 4
 MODELS = ["m1", "m2", "m3"]  # m3: no generative replica serves it
 SERVING = {"m1": ("a", "b"), "m2": ("a", "c")}
 RUNS = [f"r{i}" for i in range(6)]
+DATAPLANES = ["dp", "dp2"]
+ABANDONED = Reject("", "turn was abandoned by its dataplane", 499)  # turn id filled in per use
+TOMBSTONE_S = 120.0
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -77,6 +87,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.next_turn = 0
         self.turns: dict[str, tuple[str, str]] = {}  # turn -> (run, model)
+        self.dataplane: dict[str, str] = {}  # turn -> the dataplane that sent it
         self.arrived: set[str] = set()
         self.rejected: set[str] = set()
         self.ended: set[str] = set()
@@ -85,6 +96,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.shadow: dict[str, tuple[str, str]] = {}
         self.latest: dict[str, str] = {}  # run -> its most recently placed turn
         self.orphans: set[str] = set()  # turns placed for a run that was forgotten since
+        self.tombstones: dict[str, float] = {}  # turn ids reported abandoned -> when
+        self.next_ghost = 0
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -93,13 +106,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.state, actions = decide(self.state, event)
         # turns that left the placed set on a tick expired: apply that to the shadow before the
         # placements the tick caused (a turn placed by the tick is not in ``before``)
-        if isinstance(event, Tick):
+        # (a resync likewise drops the placed turns its dataplane no longer lists, before it places)
+        if isinstance(event, Tick | Resynced):
             for turn_id in before:
                 if turn_id not in self.state.placed:
                     self.end_placed(turn_id, "idle")
+        if isinstance(event, Tick):
+            for turn_id, reported_at in list(self.tombstones.items()):
+                if event.at - reported_at >= TOMBSTONE_S:
+                    del self.tombstones[turn_id]
         for action in actions:
             if isinstance(action, Place):
                 self.on_place(action)
+            elif isinstance(action, Reject) and action.http_status == 499:
+                assert action.turn_id in self.tombstones
+                assert action == Reject(action.turn_id, ABANDONED.reason, 499)
             elif isinstance(action, Reject):
                 assert action.http_status == 404
                 assert action.turn_id in self.turns
@@ -139,15 +160,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         model=st.sampled_from(MODELS),
         batch=st.booleans(),
         caller=st.sampled_from(["", "x", "y"]),
+        dataplane=st.sampled_from(DATAPLANES),
     )
-    def arrive(self, run: str, model: str, batch: bool, caller: str) -> None:
+    def arrive(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
         turn_id = f"t{self.next_turn}"
         self.next_turn += 1
         self.turns[turn_id] = (run, model)
+        self.dataplane[turn_id] = dataplane
         self.arrived.add(turn_id)
         self.now += 0.5
         actions = self.feed(
-            TurnArrived(turn_id, run, model, "batch" if batch else "interactive", caller, "dp", self.now)
+            TurnArrived(turn_id, run, model, "batch" if batch else "interactive", caller, dataplane, self.now)
         )
         if model not in SERVING:
             assert [a for a in actions if a.turn_id == turn_id] == [  # type: ignore[union-attr]
@@ -185,6 +208,49 @@ class SchedulerMachine(RuleBasedStateMachine):
         actions = self.feed(TurnAbandoned(turn_id, self.now))
         if was_held:
             assert actions == [], "a held turn leaving its queue frees nothing"
+
+    @rule(pick=st.integers(0, 1000), which=st.sampled_from(["held", "placed", "ended", "never seen"]))
+    def report_abandoned(self, pick: int, which: str) -> None:
+        """The dataplane reports ABANDONED: for a held, a placed, an ended or a never seen turn."""
+        pools = {
+            "held": sorted(turn.turn_id for turn in self.state.held),
+            "placed": sorted(self.state.placed),
+            "ended": sorted(self.ended | self.rejected),
+        }
+        pool = pools.get(which) or []
+        if pool:
+            turn_id = pool[pick % len(pool)]
+        else:
+            turn_id = f"ghost{self.next_ghost}"  # an Admit that has not arrived (or never will)
+            self.next_ghost += 1
+        self.now += 0.1
+        was_held = turn_id in self.state.held
+        if was_held:
+            self.ended.add(turn_id)
+        elif turn_id in self.state.placed:
+            self.end_placed(turn_id, "idle")
+        self.tombstones[turn_id] = self.now
+        actions = self.feed(AbandonReported(turn_id, self.now))
+        if was_held:
+            assert actions == [Reject(turn_id, ABANDONED.reason, 499)], "its waiting Admit is answered"
+
+    @precondition(lambda self: bool(self.tombstones))
+    @rule(pick=st.integers(0, 1000), run=st.sampled_from(RUNS))
+    def admit_abandoned(self, pick: int, run: str) -> None:
+        """An Admit crossed (or was retried after) its turn's ABANDONED report: refused at once."""
+        turn_id = sorted(self.tombstones)[pick % len(self.tombstones)]
+        run_id, model = self.turns.get(turn_id, (run, "m1"))
+        self.now += 0.1
+        actions = self.feed(TurnArrived(turn_id, run_id, model, "interactive", "", "dp", self.now))
+        assert actions == [Reject(turn_id, ABANDONED.reason, 499)]
+
+    @rule(dataplane=st.sampled_from(DATAPLANES))
+    def resync_empty(self, dataplane: str) -> None:
+        """The dataplane reconnects with nothing in flight: the turns placed for it are gone."""
+        self.now += 0.1
+        actions = self.feed(Resynced(dataplane, self.now, (), ()))
+        assert actions[-1] == AckResync(dataplane, 0, 0)
+        assert all(placed.dataplane_id != dataplane for placed in self.state.placed.values())
 
     @rule(run=st.sampled_from(RUNS))
     def run_ends(self, run: str) -> None:
@@ -229,6 +295,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             run = self.state.runs.get(run_id)
             assert run is not None, f"{run_id} forgotten without Forget"
             assert (run.phase, run.last_replica) == (phase, last)
+
+    @invariant()
+    def abandoned_turns_stay_gone(self) -> None:
+        held = {turn.turn_id for turn in self.state.held}
+        for turn_id in self.tombstones:
+            assert turn_id not in held and turn_id not in self.state.placed
+        assert set(self.state.tombstones) == set(self.tombstones)
 
     @invariant()
     def held_turn_never_waits_beside_room(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
 from luftpause.scheduler.core.decide import decide
 from luftpause.scheduler.core.events import (
+    AbandonReported,
     Event,
     FirstToken,
     InFlightRecord,
@@ -29,6 +30,7 @@ from luftpause.scheduler.core.snapshot import snapshot
 from luftpause.scheduler.core.state import State, new_state, state_from_replicas
 
 __all__ = [
+    "AbandonReported",
     "AckResync",
     "Action",
     "Event",

@@ -7,7 +7,8 @@ engine-load admission, headroom, caller fairness or single-pass replicas yet):
    none declares is refused at once, ``Reject(turn, "no Generative replica serves model '<m>'",
    404)``; nothing is held or recorded.
 2. Capacity. A replica has at most ``max_inflight`` placed turns: placed by ``Place`` (or adopted
-   on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned`` or expiry. The rest are held.
+   on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned``, ``AbandonReported``, expiry
+   or a resync that no longer lists it. The rest are held.
 3. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
    even when another has room (unless that replica does not serve the turn's model). An ``idle``
    or new run may go anywhere: to the replica with the fewest placed turns among those with room,
@@ -23,22 +24,31 @@ engine-load admission, headroom, caller fairness or single-pass replicas yet):
    overlap, the end of an earlier one frees its slot and leaves the phase alone. Whenever a run
    changes, its held turns are re-filed under their new affinity (and placed at once if that lets
    them go somewhere with room).
-6. ``TurnAbandoned``: a held turn leaves its queue (no action); a placed one frees its slot.
+6. ``TurnAbandoned`` (an Admit call cancelled): a held turn leaves its queue (no action); a placed
+   one frees its slot. ``AbandonReported`` (the dataplane's ``TurnEvent.ABANDONED``, final): the same,
+   except that a held turn's waiting Admit is answered ``Reject(turn, "turn was abandoned by its
+   dataplane", 499)``; and the turn id, known or not, is remembered (a tombstone) so that an Admit for
+   it arriving later is refused the same way at once, with nothing held or recorded. Tombstones are
+   kept 120 s and at most 100,000 (the oldest forgotten first).
 7. ``RunEnded``: the run is forgotten at once (``Forget``): its placed turns no longer change any
    run when they end, and its held turns (clients still wait for them) start it afresh, with no
    affinity.
 8. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
-   no held or placed turn and no activity for 1800 s is forgotten (``Forget``).
+   no held or placed turn and no activity for 1800 s is forgotten (``Forget``); tombstones older than
+   120 s are dropped.
 9. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted. The
    turns count against capacity (a turn id listed twice counts once) and put a run with no record
    of its own in ``generating`` there; a held turn that the dataplane says is already running is
    answered with its replica. Turns the scheduler had placed for that dataplane (non-empty id) that
-   it no longer lists are gone and free their slots. ``AckResync`` gives the counts.
+   it no longer lists are gone and free their slots; a run the dataplane did not send a record of
+   goes ``idle`` by rule 5 when the gone turn was its latest (the dataplane's own record of a run
+   wins over what a stale turn implies). ``AckResync`` gives the counts.
 10. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
-    (it is answered when placed).
+    (it is answered when placed); of a tombstoned turn, ``Reject`` with 499 (rule 6).
 
 Report events about turns the scheduler does not hold placed (already expired, or never seen) are
-ignored. Event times are the shell's monotonic seconds and never go backwards.
+ignored, except ``AbandonReported``, which leaves its tombstone. Event times are the shell's
+monotonic seconds and never go backwards.
 
 For speed, ``decide`` changes ``state`` in place and returns the same object: a caller that needs
 the state before the event must copy it first.
@@ -50,6 +60,7 @@ from collections.abc import Iterable
 
 from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
 from luftpause.scheduler.core.events import (
+    AbandonReported,
     Event,
     FirstToken,
     Resynced,
@@ -63,7 +74,15 @@ from luftpause.scheduler.core.events import (
     TurnStarted,
 )
 from luftpause.scheduler.core.held import HeldTurn, QueueKey, any_replica_for, pinned_to
-from luftpause.scheduler.core.policies import affinity, capacity, expiry, least_loaded, ordering, routing
+from luftpause.scheduler.core.policies import (
+    abandoned,
+    affinity,
+    capacity,
+    expiry,
+    least_loaded,
+    ordering,
+    routing,
+)
 from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
 
 
@@ -89,7 +108,9 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             if _end_placed(state, event.turn_id, event.at, "idle", out):
                 state.counters.failed += 1
         case TurnAbandoned():
-            _abandoned(state, event, out)
+            _abandoned(state, event.turn_id, event.at, out)
+        case AbandonReported():
+            _abandon_reported(state, event, out)
         case RunEnded():
             _run_ended(state, event, out)
         case Tick():
@@ -105,6 +126,10 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         out.append(Place(event.turn_id, placed.replica))
         return
     if event.turn_id in state.held:
+        return
+    if event.turn_id in state.tombstones:
+        state.counters.rejected += 1
+        out.append(Reject(event.turn_id, abandoned.ABANDONED_REASON, abandoned.ABANDONED_STATUS))
         return
     serving = routing.replicas_for(state, event.model)
     if not serving:
@@ -234,17 +259,30 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
     return True
 
 
-def _abandoned(state: State, event: TurnAbandoned, out: list[Action]) -> None:
-    turn = state.held.remove(event.turn_id)
+def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool:
+    """Take back turn ``turn_id``: out of its queue, or off its slot; True if it was held."""
+    turn = state.held.remove(turn_id)
     if turn is not None:
         state.counters.abandoned += 1
         run = state.runs.get(turn.run_id)
         if run is not None:
             run.turns.discard(turn.turn_id)
-            _touch(state, run, event.at)
-        return
-    if _end_placed(state, event.turn_id, event.at, "idle", out):
+            _touch(state, run, at)
+        return True
+    if _end_placed(state, turn_id, at, "idle", out):
         state.counters.abandoned += 1
+    return False
+
+
+def _abandon_reported(state: State, event: AbandonReported, out: list[Action]) -> None:
+    # the Admit for this turn may still be on its way (or be retried): remember the id to refuse it
+    state.tombstones[event.turn_id] = event.at
+    state.tombstones.move_to_end(event.turn_id)
+    while len(state.tombstones) > abandoned.MAX_TOMBSTONES:
+        state.tombstones.popitem(last=False)
+    if _abandoned(state, event.turn_id, event.at, out):
+        # its Admit may still be waiting on the scheduler (the cancel has not arrived): answer it
+        out.append(Reject(event.turn_id, abandoned.ABANDONED_REASON, abandoned.ABANDONED_STATUS))
 
 
 def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
@@ -281,6 +319,11 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         del state.runs[run.run_id]
         state.counters.expired_runs += 1
         out.append(Forget(run.run_id))
+    while state.tombstones:
+        turn_id, reported_at = next(iter(state.tombstones.items()))
+        if not abandoned.tombstone_expired(reported_at, now):
+            break
+        del state.tombstones[turn_id]
 
 
 def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
@@ -355,10 +398,17 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             del state.placed[placed.turn_id]
             state.replicas[placed.replica].inflight -= 1
             run = state.runs.get(placed.run_id)
-            if run is not None:
-                run.turns.discard(placed.turn_id)
-                if run.latest_turn == placed.turn_id:
-                    run.latest_turn = None
+            if run is None or placed.turn_id not in run.turns:
+                continue  # the run ended (or expired) since: the turn changes nothing
+            run.turns.discard(placed.turn_id)
+            if run.latest_turn in (None, placed.turn_id):
+                run.latest_turn = None
+                if run.run_id not in recorded:
+                    # as if it had failed (rule 5); otherwise the dataplane's record stands
+                    run.phase = "idle"
+                    run.last_replica = placed.replica
+            _touch(state, run, event.at)
+            changed[run.run_id] = run
 
     for run in changed.values():
         _refile(state, run.turns, event.at, out)

@@ -86,6 +86,20 @@ class TurnAbandoned:
 
 
 @dataclass(frozen=True, slots=True)
+class AbandonReported:
+    """The dataplane reported that it gave turn ``turn_id`` up for good (``TurnEvent.ABANDONED``).
+
+    Its client left while the Admit was outstanding, so the turn will never be sent to an engine.
+    Unlike ``TurnAbandoned`` (an Admit call cancelled, which may be a broken connection that the
+    dataplane retries) this is final: the turn is undone whatever the scheduler made of it, and an
+    Admit for ``turn_id`` that arrives later (it may have crossed this report) is refused.
+    """
+
+    turn_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnded:
     """The run is over (``DELETE /v1/runs/{id}``): the scheduler forgets it at once."""
 
@@ -147,6 +161,7 @@ Event = (
     | TurnFinished
     | TurnFailed
     | TurnAbandoned
+    | AbandonReported
     | RunEnded
     | Tick
     | Resynced

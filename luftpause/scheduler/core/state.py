@@ -93,8 +93,9 @@ class Counters:
     finished: int = 0
     failed: int = 0
     rejected: int = 0
+    """Refused at once: an unknown model, or a turn its dataplane had reported abandoned."""
     abandoned: int = 0
-    """Held or placed turns whose client left before they ran."""
+    """Held or placed turns whose client left before they ran (Admit cancelled or reported)."""
     expired_turns: int = 0
     expired_runs: int = 0
     runs_ended: int = 0
@@ -104,8 +105,8 @@ class Counters:
 class State:
     """All placement state of one scheduler.
 
-    ``runs`` is kept least recently active first and ``placed`` in placement order, so expiry looks
-    only at the front of each (event times never go backwards).
+    ``runs`` is kept least recently active first, ``placed`` in placement order and ``tombstones``
+    in report order, so expiry looks only at the front of each (event times never go backwards).
     """
 
     replicas: dict[str, Replica]
@@ -115,6 +116,8 @@ class State:
     runs: OrderedDict[str, Run] = field(default_factory=OrderedDict)
     held: HeldTurns = field(default_factory=HeldTurns)
     placed: OrderedDict[str, PlacedTurn] = field(default_factory=OrderedDict)
+    tombstones: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    """Turn ids a dataplane reported abandoned -> when (seconds), oldest first: their Admits are refused."""
     counters: Counters = field(default_factory=Counters)
     next_seq: int = 0
     """Arrival number given to the next held turn."""
