@@ -7,6 +7,8 @@ tool call, go back to the model as the tool's result::
     RuntimeFault (500)
     ├── BadToolInput (400)          a tool argument the schema cannot express (e.g. an empty handle list)
     ├── UnknownRun (404)            no run has this handle: "unknown run handle 'run-…'"
+    ├── ExpiredRun (410)            the run finished and was dropped after its retention time
+    ├── UnknownModel (404)          ``spawn`` names a model no generative replica serves
     ├── TurnFailed (502)            an LLM turn through the dataplane failed (HTTP status or connection)
     └── UpstreamUnavailable (502)   an upstream MCP tool server cannot be reached or listed
 """
@@ -32,6 +34,32 @@ class UnknownRun(RuntimeFault):
     def __init__(self, handle: str) -> None:
         super().__init__(f"unknown run handle {handle!r}")
         self.handle = handle
+
+
+class ExpiredRun(RuntimeFault):
+    """The run with ``handle`` finished and was evicted from the registry (its retention time
+    passed, or the cap on finished runs was reached); its result is gone."""
+
+    status = 410
+
+    def __init__(self, handle: str, retention_seconds: float, max_finished: int) -> None:
+        super().__init__(
+            f"run handle {handle!r} expired: finished runs are kept {retention_seconds:g} s after "
+            f"they end (at most {max_finished} of them), and this one is gone"
+        )
+        self.handle = handle
+
+
+class UnknownModel(RuntimeFault):
+    """``spawn`` asked for a model that no generative replica serves; the message names it and the
+    models that are served."""
+
+    status = 404
+
+    def __init__(self, model: str, served: list[str]) -> None:
+        listed = ", ".join(map(repr, served)) or "none"
+        super().__init__(f"no generative replica serves model {model!r}; models served: {listed}")
+        self.model = model
 
 
 class TurnFailed(RuntimeFault):

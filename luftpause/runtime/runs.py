@@ -10,11 +10,18 @@ or error. Its state moves one way only::
 The :class:`RunRegistry` owns the asyncio task of every run in a task group entered in the
 server's lifespan, never in the MCP request that spawned it: a run outlives the ``spawn`` call,
 the client's session and a client crash. Waiting (``await``) is answered from the records.
+
+The registry is bounded: a finished run (completed, failed, cancelled) is kept for a retention time
+after it ends (default one hour) and at most a cap of finished runs is kept (default 10,000, the
+oldest finished dropped first). A running run is never dropped. A dropped run's handle is
+remembered (a bounded number of them) so ``await`` / ``status`` can say it expired rather than
+that it never existed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -22,7 +29,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
-from luftpause.runtime.errors import UnknownRun
+from luftpause.runtime.errors import ExpiredRun, UnknownRun
 
 RunState = Literal["running", "completed", "failed", "cancelled"]
 ServiceClass = Literal["interactive", "batch"]
@@ -31,6 +38,17 @@ WaitMode = Literal["all", "any"]
 # How often a long ``await`` tells its caller it is still waiting (seconds). Claude Code resets
 # its idle timeout on progress; a few seconds keeps every reasonable client waiting.
 PROGRESS_INTERVAL_SECONDS = 5.0
+
+DEFAULT_RETENTION_SECONDS = 3600.0
+"""How long a finished run stays in the registry after it ended (seconds)."""
+
+DEFAULT_MAX_FINISHED = 10_000
+"""Most finished runs the registry keeps; past it the oldest finished are dropped first. A run
+holds its whole conversation, so this caps the memory that finished runs can take."""
+
+DEFAULT_MAX_EXPIRED_HANDLES = 100_000
+"""Most dropped handles remembered to answer "expired" (about 100 bytes each); a handle dropped
+longer ago than that is reported as unknown."""
 
 
 def new_handle() -> str:
@@ -135,10 +153,36 @@ class RunRegistry:
 
     Use as an async context manager inside the server's lifespan. Leaving it cancels the runs that
     are still going (marking them ``interrupted``) and waits for their tasks to end.
+
+    Finished runs are dropped ``retention_seconds`` after they end and beyond ``max_finished`` of
+    them (oldest finished first); running runs never. Dropping is done lazily, whenever the
+    registry is used (a run added, finished or looked up), so no timer is needed and memory stays
+    bounded by the cap between uses. ``clock`` gives the time in seconds that retention is measured
+    in (monotonic by default; a test passes its own).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        max_finished: int = DEFAULT_MAX_FINISHED,
+        max_expired_handles: int = DEFAULT_MAX_EXPIRED_HANDLES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not (math.isfinite(retention_seconds) and retention_seconds >= 0):
+            raise ValueError(f"retention_seconds must be finite and >= 0, got {retention_seconds!r}")
+        if max_finished < 1 or max_expired_handles < 0:
+            raise ValueError("max_finished must be >= 1 and max_expired_handles >= 0")
+        self.retention_seconds = retention_seconds
+        self.max_finished = max_finished
+        self.max_expired_handles = max_expired_handles
+        self._clock = clock
         self._runs: dict[str, Run] = {}
+        # Finished runs' handles -> when they ended (on ``clock``), in the order they ended, so the
+        # oldest finished is always first.
+        self._ended_at: dict[str, float] = {}
+        # Handles dropped from the registry, oldest first (a dict used as an ordered set).
+        self._expired: dict[str, None] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
         # Replaced on every finish: a waiter takes the current one, re-checks, then waits on it,
@@ -165,6 +209,7 @@ class RunRegistry:
 
     def add(self, run: Run) -> Run:
         """Record ``run`` (not yet started)."""
+        self.evict_expired()
         run._on_finish = self._finished
         self._runs[run.handle] = run
         return run
@@ -178,7 +223,19 @@ class RunRegistry:
         if self._group is None:
             body.close()
             raise RuntimeError("the run registry is not open (outside the server's lifespan)")
-        self._tasks[run.handle] = self._group.create_task(self._own(run, body), name=run.handle)
+        task = self._group.create_task(self._own(run, body), name=run.handle)
+        self._tasks[run.handle] = task
+
+        def settled(_: asyncio.Task[None]) -> None:
+            # A task cancelled before its first step (the runtime stopping right after a spawn)
+            # never enters ``_own``: close its body so it is not left unawaited, and record the run
+            # as cancelled rather than running for ever.
+            body.close()
+            self._tasks.pop(run.handle, None)
+            if not run.done:
+                run.finish("cancelled", error="runtime shut down" if run.interrupted else "cancelled")
+
+        task.add_done_callback(settled)
 
     async def _own(self, run: Run, body: Coroutine[Any, Any, None]) -> None:
         try:
@@ -194,26 +251,59 @@ class RunRegistry:
                 run.finish("failed", error="internal error: the run loop ended without an outcome")
 
     def _finished(self, run: Run) -> None:
+        if self._runs.get(run.handle) is run:
+            self._ended_at[run.handle] = self._clock()
+            self.evict_expired()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def evict_expired(self) -> int:
+        """Drop the finished runs whose retention time has passed, then the oldest finished ones
+        beyond ``max_finished``; returns how many were dropped. Running runs are never dropped."""
+        cutoff = self._clock() - self.retention_seconds
+        dropped = 0
+        while self._ended_at:
+            handle, ended = next(iter(self._ended_at.items()))
+            if ended > cutoff and len(self._ended_at) <= self.max_finished:
+                break
+            del self._ended_at[handle]
+            self._runs.pop(handle, None)
+            self._expired[handle] = None
+            dropped += 1
+        while len(self._expired) > self.max_expired_handles:
+            del self._expired[next(iter(self._expired))]
+        return dropped
+
+    def _missing(self, handle: str) -> ExpiredRun | UnknownRun:
+        if handle in self._expired:
+            return ExpiredRun(handle, self.retention_seconds, self.max_finished)
+        return UnknownRun(handle)
+
     def get(self, handle: str) -> Run:
-        """The run with ``handle``; raises :class:`UnknownRun`."""
+        """The run with ``handle``; raises :class:`ExpiredRun` for a finished run that was dropped,
+        :class:`UnknownRun` for a handle this registry never had (or dropped too long ago)."""
+        self.evict_expired()
         try:
             return self._runs[handle]
         except KeyError:
-            raise UnknownRun(handle) from None
+            raise self._missing(handle) from None
 
     def lookup(self, handles: Iterable[str]) -> list[Run]:
-        """The runs for ``handles`` in order; raises :class:`UnknownRun` naming every unknown one."""
+        """The runs for ``handles`` in order. Raises :class:`UnknownRun` naming every unknown
+        handle, else :class:`ExpiredRun` for the first dropped one."""
+        self.evict_expired()
         handles = list(handles)
-        unknown = [h for h in handles if h not in self._runs]
+        missing = [h for h in handles if h not in self._runs]
+        unknown = [h for h in missing if h not in self._expired]
         if unknown:
             raise UnknownRun(", ".join(unknown)) if len(unknown) > 1 else UnknownRun(unknown[0])
+        if missing:
+            raise self._missing(missing[0])
         return [self._runs[h] for h in handles]
 
     def all(self) -> list[Run]:
-        """Every run, oldest first."""
+        """Every run still held (running, or finished within retention), oldest first."""
+        self.evict_expired()
         return list(self._runs.values())
 
     async def wait(
@@ -228,8 +318,11 @@ class RunRegistry:
 
         Waits at most ``seconds``. While waiting, ``on_progress(elapsed_seconds, finished_count)``
         is awaited every ``progress_interval`` seconds. Returns ``True`` when the timeout passed
-        first (the caller reports ``timedOut``), ``False`` when the condition holds.
+        first (the caller reports ``timedOut``), ``False`` when the condition holds. Raises
+        ``ValueError`` for a non-finite ``seconds`` (NaN would otherwise end the wait at once).
         """
+        if not math.isfinite(seconds):
+            raise ValueError(f"a wait needs a finite number of seconds, got {seconds!r}")
         loop = asyncio.get_running_loop()
         start = loop.time()
         deadline = start + max(0.0, seconds)

@@ -1,0 +1,249 @@
+"""The runtime in-process: the bounded run registry (retention, cap, expired handles), waits that
+refuse NaN, and the HTTP edge (``GET /status`` on any value, JSON 500) driven as an ASGI app.
+
+Times are injected (a fake clock), nothing sleeps for the retention time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import orjson
+import pytest
+from starlette.types import ASGIApp, Message
+
+from luftpause.config import DEFAULT_MODEL, parse_config
+from luftpause.runtime.errors import ExpiredRun, UnknownRun
+from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.server import Runtime, create_app, json_bytes
+
+
+class FakeClock:
+    """Seconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run(handle: str, **overrides: Any) -> Run:
+    fields: dict[str, Any] = {
+        "handle": handle,
+        "task": "t",
+        "model": DEFAULT_MODEL,
+        "service_class": "batch",
+        "caller": "tester",
+        "max_tool_calls": 8,
+        "max_tokens": 256,
+        "allowed_tools": None,
+        "messages": [{"role": "user", "content": "t"}],
+    }
+    return Run(**{**fields, **overrides})
+
+
+def test_finished_runs_are_dropped_after_retention_and_running_ones_never() -> None:
+    clock = FakeClock()
+    registry = RunRegistry(retention_seconds=3600, clock=clock)
+    done, running = registry.add(_run("run-done")), registry.add(_run("run-running"))
+    done.finish("completed", answer="ok")
+
+    clock.now += 3599
+    assert registry.get("run-done") is done  # still within its hour
+
+    clock.now += 2
+    with pytest.raises(ExpiredRun, match="run-done") as expired:
+        registry.get("run-done")
+    assert "expired" in str(expired.value) and "3600 s" in str(expired.value)
+    assert registry.all() == [running]
+
+    clock.now += 10 * 3600  # a running run is never dropped, however old
+    assert registry.get("run-running") is running
+    running.finish("failed", error="x")
+    clock.now += 3599
+    assert registry.get("run-running") is running  # retention counts from its end, not its start
+    clock.now += 2
+    with pytest.raises(ExpiredRun):
+        registry.lookup(["run-running"])
+
+
+def test_the_cap_drops_the_oldest_finished_first_and_spares_running_runs() -> None:
+    clock = FakeClock()
+    registry = RunRegistry(max_finished=3, clock=clock)
+    running = registry.add(_run("run-live"))
+    finished = [registry.add(_run(f"run-{i}")) for i in range(5)]
+    # Finish out of creation order: the order they ended is what counts.
+    for i in (2, 0, 4, 1, 3):
+        clock.now += 1
+        finished[i].finish("completed", answer=str(i))
+
+    held = {run.handle for run in registry.all()}
+    assert held == {"run-live", "run-4", "run-1", "run-3"}
+    assert running in registry.all()
+    for gone in ("run-2", "run-0"):
+        with pytest.raises(ExpiredRun):
+            registry.get(gone)
+
+
+def test_an_expired_handle_is_told_apart_from_one_never_issued() -> None:
+    clock = FakeClock()
+    registry = RunRegistry(retention_seconds=60, clock=clock)
+    registry.add(_run("run-old")).finish("cancelled", error="cancelled")
+    clock.now += 61
+
+    with pytest.raises(UnknownRun, match="run-never"):
+        registry.lookup(["run-old", "run-never"])  # unknown handles are named first
+    with pytest.raises(ExpiredRun, match="run-old"):
+        registry.lookup(["run-old"])
+    with pytest.raises(UnknownRun):
+        registry.get("run-never")
+
+
+def test_remembered_expired_handles_are_bounded() -> None:
+    clock = FakeClock()
+    registry = RunRegistry(retention_seconds=0, max_expired_handles=2, clock=clock)
+    for i in range(3):
+        registry.add(_run(f"run-{i}")).finish("completed", answer="")
+        clock.now += 1
+    registry.evict_expired()
+
+    with pytest.raises(UnknownRun):  # the oldest tombstone itself was dropped
+        registry.get("run-0")
+    for kept in ("run-1", "run-2"):
+        with pytest.raises(ExpiredRun):
+            registry.get(kept)
+
+
+def test_registry_refuses_bounds_that_would_keep_nothing_or_forever() -> None:
+    with pytest.raises(ValueError):
+        RunRegistry(retention_seconds=math.inf)
+    with pytest.raises(ValueError):
+        RunRegistry(retention_seconds=math.nan)
+    with pytest.raises(ValueError):
+        RunRegistry(max_finished=0)
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -math.inf])
+def test_a_wait_on_a_non_finite_time_is_refused(seconds: float) -> None:
+    async def scenario() -> None:
+        async with RunRegistry() as registry:
+            run = registry.add(_run("run-wait"))
+            registry.start(run, asyncio.sleep(3600))
+            with pytest.raises(ValueError, match="finite"):
+                await registry.wait([run], "all", seconds)
+
+    asyncio.run(scenario())
+
+
+def test_json_bytes_writes_what_orjson_refuses() -> None:
+    data = {"big": 10**30, "text": "lone \ud800 surrogate", "ok": [1, "a"]}
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(data)
+    assert json.loads(json_bytes(data)) == data
+    assert json_bytes({"ok": [1, "a"]}) == orjson.dumps({"ok": [1, "a"]})  # the fast path otherwise
+
+
+CONFIG = parse_config(
+    f"""
+[runtime]
+listen = "127.0.0.1:7999"
+dataplane = "http://127.0.0.1:9"
+
+[[replicas]]
+name = "sim"
+url = "http://127.0.0.1:9"
+models = ["{DEFAULT_MODEL}"]
+"""
+)
+
+
+async def _asgi(app: ASGIApp, method: str, path: str) -> tuple[int, dict[str, str], bytes, Exception | None]:
+    """One HTTP request through ``app`` in-process: (status, headers, body, what the app raised)."""
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1:7999")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 7999),
+    }
+    raised: Exception | None = None
+    try:
+        await app(scope, receive, send)
+    except Exception as exc:  # Starlette re-raises after answering 500, for the server's log
+        raised = exc
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], headers, body, raised
+
+
+def test_http_status_answers_even_with_values_orjson_refuses() -> None:
+    app = create_app(CONFIG, token="")
+    runtime: Runtime = app.state.runtime
+    # Values that once reached GET /status and made it answer 500 for ever (orjson: "Integer
+    # exceeds 64-bit range"); spawn refuses them now, the page must not depend on that.
+    runtime.registry.add(_run("run-huge", max_tool_calls=10**30, prompt_tokens=2**70))
+
+    status, headers, body, raised = asyncio.run(_asgi(app, "GET", "/status"))
+    assert raised is None
+    assert status == 200, body
+    assert headers["content-type"] == "application/json"
+    (run,) = json.loads(body)["runs"]
+    assert run["handle"] == "run-huge"
+    assert run["maxToolCalls"] == 10**30 and run["usage"]["promptTokens"] == 2**70
+
+
+def test_an_unexpected_error_is_a_json_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode(self: Runtime) -> dict[str, Any]:
+        raise RuntimeError("status exploded")
+
+    monkeypatch.setattr(Runtime, "status", explode)
+    status, headers, body, raised = asyncio.run(_asgi(create_app(CONFIG, token=""), "GET", "/status"))
+    assert isinstance(raised, RuntimeError) and "status exploded" in str(raised)
+    assert status == 500
+    assert headers["content-type"] == "application/json"
+    message = json.loads(body)["error"]["message"]
+    assert "internal error" in message and "exploded" not in message  # no internals leak
+
+
+def test_unknown_path_and_wrong_method_are_json_in_process() -> None:
+    app = create_app(CONFIG, token="")
+    status, headers, body, _ = asyncio.run(_asgi(app, "GET", "/nope"))
+    assert (status, headers["content-type"]) == (404, "application/json")
+    assert json.loads(body) == {"error": {"message": "no route GET /nope"}}
+    status, headers, body, _ = asyncio.run(_asgi(app, "DELETE", "/health"))
+    assert (status, headers["content-type"]) == (405, "application/json")
+    assert headers["allow"] == "GET, HEAD"
+    assert json.loads(body) == {"error": {"message": "/health takes GET, HEAD, not DELETE"}}
+
+
+def test_a_run_stopped_before_its_first_step_ends_cancelled() -> None:
+    async def scenario() -> Run:
+        async with RunRegistry() as registry:
+            run = registry.add(_run("run-unstarted"))
+            registry.start(run, asyncio.sleep(3600))
+            # Leaving the registry at once cancels the task before it ever ran.
+        return run
+
+    run = asyncio.run(scenario())
+    assert run.state == "cancelled"
+    assert run.error == "runtime shut down"
