@@ -89,6 +89,7 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
             "runtime",
             ["runtime", "--config", str(config)],
             log_path=workdir / "runtime.log",
+            env={"LUFTPAUSE_TOKEN": ""},  # these tests are of an open runtime, whatever the shell has
             ready_url=f"http://127.0.0.1:{runtime_port}/health",
         ),
     ]
@@ -317,6 +318,7 @@ class ScriptedDataplane:
         self.script = list(script)
         self.turns: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.deleted: list[str] = []
+        self.delete_headers: list[dict[str, str]] = []
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -327,6 +329,7 @@ class ScriptedDataplane:
 
     async def _delete(self, request: web.Request) -> web.Response:
         self.deleted.append(request.match_info["handle"])
+        self.delete_headers.append(dict(request.headers))
         return web.json_response({})
 
     async def __aenter__(self) -> ScriptedDataplane:
@@ -345,10 +348,12 @@ class ScriptedDataplane:
         await self._runner.cleanup()
 
 
-async def _drive(dataplane: ScriptedDataplane, run: Run, upstream_url: str | None) -> None:
+async def _drive(
+    dataplane: ScriptedDataplane, run: Run, upstream_url: str | None, token: str | None = None
+) -> None:
     servers = [McpServerConfig(name="fake", url=upstream_url)] if upstream_url else []
     async with new_http_session() as session, UpstreamPool(servers) as upstream, RunRegistry() as registry:
-        loop = SubAgentLoop(DataplaneClient(dataplane.url, session), upstream)
+        loop = SubAgentLoop(DataplaneClient(dataplane.url, session, token), upstream)
         registry.add(run)
         registry.start(run, loop.drive(run))
         assert await registry.wait([run], "all", 30) is False
@@ -422,6 +427,33 @@ def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> N
     assert run.state == "failed"
     assert run.error == "dataplane answered 503: engine sim-a: overloaded"
     assert dataplane.deleted == ["run-refused"]
+
+
+def test_turns_and_run_endings_carry_the_token_and_only_when_one_is_set() -> None:
+    script: Script = [(200, _reply({"content": "a"}), {}), (200, _reply({"content": "b"}), {})]
+    with_token, without = _run("run-token"), _run("run-open")
+
+    async def scenario() -> ScriptedDataplane:
+        async with ScriptedDataplane(script) as dataplane:
+            await _drive(dataplane, with_token, None, token="tok-123")
+            await _drive(dataplane, without, None)
+        return dataplane
+
+    dataplane = asyncio.run(scenario())
+    assert with_token.state == without.state == "completed"
+    (turn_with, _), (turn_without, _) = dataplane.turns
+    assert turn_with["Authorization"] == "Bearer tok-123"
+    assert dataplane.deleted == ["run-token", "run-open"]
+    assert dataplane.delete_headers[0]["Authorization"] == "Bearer tok-123"
+    assert "Authorization" not in turn_without and "Authorization" not in dataplane.delete_headers[1]
+
+
+def test_without_a_token_the_runtime_warns_at_start_and_accepts_requests(runtime: Runtime) -> None:
+    assert runtime.child.log_path is not None
+    log = runtime.child.log_path.read_text()
+    assert "LUFTPAUSE_TOKEN is not set" in log
+    with urllib.request.urlopen(runtime.status_url, timeout=10) as response:  # no Authorization
+        assert response.status == 200
 
 
 def test_long_wait_reports_progress_until_the_run_finishes() -> None:

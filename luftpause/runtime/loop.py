@@ -12,7 +12,9 @@ One run, from its first turn to its answer::
 
 Request and reply shapes are the OpenAI chat completions API (non-streamed). Every turn carries
 ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller`` so the dataplane can schedule
-it as part of this run (DESIGN.md, "The dataplane").
+it as part of this run (DESIGN.md, "The dataplane"); with ``LUFTPAUSE_TOKEN`` set, every request to
+the dataplane (turns and run endings) also carries ``Authorization: Bearer <token>`` (DESIGN.md,
+"Auth").
 """
 
 from __future__ import annotations
@@ -78,14 +80,20 @@ def _error_message(status: int, body: bytes) -> str:
 
 
 class DataplaneClient:
-    """The runtime's side of the dataplane: one turn at a time per run, and run endings."""
+    """The runtime's side of the dataplane: one turn at a time per run, and run endings.
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
+    ``token`` (the shared ``LUFTPAUSE_TOKEN``, or ``None``) is sent as ``Authorization: Bearer``
+    on every request, so a dataplane that requires it admits the runtime's turns.
+    """
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.session = session
+        self._auth: dict[str, str] = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _headers(self, run: Run) -> dict[str, str]:
         return {
+            **self._auth,
             "x-luftpause-run-id": run.handle,
             "x-luftpause-class": run.service_class,
             "x-luftpause-caller": header_safe(run.caller),
@@ -125,8 +133,13 @@ class DataplaneClient:
         every error is logged and ignored."""
         url = f"{self.base_url}/v1/runs/{handle}"
         try:
-            async with self.session.delete(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
-                await response.read()
+            async with self.session.delete(
+                url, headers=self._auth, timeout=aiohttp.ClientTimeout(total=5)
+            ) as response:
+                raw = await response.read()
+                if response.status >= 400:  # a 401 here means the tokens of the two processes differ
+                    refusal = _error_message(response.status, raw)
+                    log.warning("the dataplane refused the end of %s: %s", handle, refusal)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.info("could not report the end of %s to the dataplane: %s", handle, exc)
 

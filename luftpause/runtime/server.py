@@ -6,7 +6,13 @@ Serves, on ``[runtime] listen``:
   tools of :mod:`luftpause.runtime.tools`;
 * ``GET /status``: JSON ``{"runs": [run status], "upstream": [server]}``, every run of this process
   with its state, model, service class, turns, tool calls, failed tool calls and tokens;
-* ``GET /health``: ``{"ok": true}``.
+* ``GET /health``: ``{"ok": true}``, always open (no token).
+
+With ``LUFTPAUSE_TOKEN`` set, everything but ``/health`` needs ``Authorization: Bearer <token>``
+(:mod:`luftpause.runtime.auth`) and the runtime sends the same token to the dataplane. Every HTTP
+error the runtime itself answers (401, 404 for an unknown path, 405 with ``Allow``, 500) has the
+JSON error body ``{"error": {"message": "..."}}``; ``/mcp``'s own protocol errors are the SDK's
+JSON-RPC error objects, which have the same ``error.message``.
 
 The ASGI app runs on granian (one worker process, uvloop). Its lifespan owns everything that
 outlives a request, in this order: the shared aiohttp session to the dataplane, the upstream MCP
@@ -17,6 +23,7 @@ mounted inside ours, only runs if our lifespan enters it).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,12 +32,15 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Route
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
+from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import RunRegistry
 from luftpause.runtime.tools import build_mcp_server
@@ -45,8 +55,9 @@ class Runtime:
     ``loop`` exists only inside the lifespan (it needs the HTTP session the lifespan opens).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, token: str | None = None) -> None:
         self.config = config
+        self.token = token
         self.registry = RunRegistry()
         self.upstream = UpstreamPool(config.mcp_servers)
         self._loop: SubAgentLoop | None = None
@@ -71,13 +82,68 @@ class Runtime:
         }
 
 
+def json_bytes(data: Any) -> bytes:
+    """``data`` as JSON bytes, whatever values it holds.
+
+    orjson refuses integers past 64 bits and strings with lone surrogates; the inputs that could
+    carry them are bounded or refused at ``spawn``, but ``GET /status`` must never fail on a value a
+    client sent, so anything orjson refuses is written by the standard library (any integer, every
+    string escaped to ASCII) instead.
+    """
+    try:
+        return orjson.dumps(data)
+    except orjson.JSONEncodeError:
+        return json.dumps(data, ensure_ascii=True).encode("ascii")
+
+
 def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+    return Response(json_bytes(data), status_code=status, media_type="application/json")
 
 
-def create_app(config: Config) -> Starlette:
-    """The runtime's ASGI app for ``config``: ``/mcp``, ``GET /status``, ``GET /health``."""
-    runtime = Runtime(config)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message), status_code=status, headers=headers, media_type="application/json")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """404, 405 (with ``Allow``) and any other ``HTTPException`` the router raises, as JSON."""
+    assert isinstance(exc, HTTPException)
+    method, path = request.method, request.url.path
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        message = f"no route {method} {path}"
+    elif exc.status_code == 405 and headers.get("Allow"):
+        # Starlette joins a set, so its order changes between processes; sorted, it reads the same.
+        headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
+        message = f"{path} takes {headers['Allow']}, not {method}"
+    else:
+        message = str(exc.detail)
+    return _error(exc.status_code, message, headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette's ServerErrorMiddleware sends this, then re-raises so the server logs the traceback;
+    # the client learns only that it was our fault, never our internals.
+    return _error(500, f"internal error of the luftpause runtime ({type(exc).__name__}); see its log")
+
+
+def _mcp_routes(mcp_app: Starlette) -> list[BaseRoute]:
+    """The SDK app's routes (``/mcp``), to be served by our router rather than a catch-all mount, so
+    that unknown paths reach our JSON 404. Without SDK auth its app has no middleware of its own;
+    should a later SDK add some, taking only its routes would silently drop it, so refuse."""
+    if mcp_app.user_middleware:
+        raise RuntimeError("the SDK's MCP app carries middleware; serve it whole instead of its routes")
+    return list(mcp_app.routes)
+
+
+def create_app(config: Config, token: str | None = None) -> Starlette:
+    """The runtime's ASGI app for ``config``: ``/mcp``, ``GET /status``, ``GET /health``; its
+    :class:`Runtime` is ``app.state.runtime``.
+
+    ``token`` is the shared ``LUFTPAUSE_TOKEN`` (default: read from the environment); with one,
+    every path but ``/health`` requires it and turns sent to the dataplane carry it.
+    """
+    token = (token if token is not None else token_from_env()) or None
+    runtime = Runtime(config, token)
     mcp = build_mcp_server(runtime)
     host, _ = split_host_port(config.runtime.listen)
     # The SDK turns on DNS-rebinding protection for loopback hosts itself; bound elsewhere, the
@@ -86,10 +152,13 @@ def create_app(config: Config) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if token is None:
+            log.warning("%s is not set: /mcp and /status accept every request without a token", TOKEN_ENV)
         async with AsyncExitStack() as stack:
             session = await stack.enter_async_context(new_http_session())
             await stack.enter_async_context(runtime.upstream)
-            runtime._loop = SubAgentLoop(DataplaneClient(config.runtime.dataplane, session), runtime.upstream)
+            dataplane = DataplaneClient(config.runtime.dataplane, session, token)
+            runtime._loop = SubAgentLoop(dataplane, runtime.upstream)
             await stack.enter_async_context(runtime.registry)
             await stack.enter_async_context(mcp.session_manager.run())
             print(f"luftpause runtime: MCP on {runtime.mcp_url}", flush=True)
@@ -101,14 +170,18 @@ def create_app(config: Config) -> Starlette:
     async def health(request: Request) -> Response:
         return _json({"ok": True})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/status", status, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
-            Mount("/", app=mcp_app),
+            *_mcp_routes(mcp_app),
         ],
+        middleware=[Middleware(BearerTokenGate, token=token)],
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
+    app.state.runtime = runtime
+    return app
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

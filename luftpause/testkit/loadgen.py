@@ -12,7 +12,8 @@ The exit status is 0 only when all N runs completed.
      "failedToolCalls", "promptTokens", "completionTokens", "runTimeP50", "runTimeP99",
      "wallTime", "errors": [first distinct error texts]}
 
-Times are seconds.
+Times are seconds. With ``LUFTPAUSE_TOKEN`` set (or ``--token``), every request to the runtime
+carries ``Authorization: Bearer <token>``; :func:`runtime_client` is that connection, for tests too.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Implementation, TextContent
 
 from luftpause import __version__
@@ -39,6 +45,27 @@ DEFAULT_TASK = (
 AWAIT_SLICE_SECONDS = 60.0
 """Longest single ``await`` call; the runtime answers within it and we ask again."""
 MAX_ERRORS_SHOWN = 5
+TOKEN_ENV = "LUFTPAUSE_TOKEN"
+
+# The SDK's own defaults for its HTTP client (mcp.shared._httpx_utils): 30 s to connect, write and
+# take a pooled connection, 300 s to read, because a response stream may stay open that long.
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+
+
+@asynccontextmanager
+async def runtime_client(
+    url: str, token: str | None = None, client_info: Implementation | None = None
+) -> AsyncIterator[Client]:
+    """A connected official ``mcp`` ``Client`` on the runtime's streamable HTTP endpoint ``url``.
+
+    With ``token``, every HTTP request of the session (POST, the GET stream, the closing DELETE)
+    carries ``Authorization: Bearer <token>``: the SDK's transport takes a caller's ``httpx2``
+    client for that (``streamable_http_client(url, http_client=...)``), whose lifetime stays ours.
+    """
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=_HTTP_TIMEOUT) as http:
+        async with Client(streamable_http_client(url, http_client=http), client_info=client_info) as client:
+            yield client
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         metavar="S",
         help="give up waiting after S seconds (default 600)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        metavar="TOKEN",
+        help=f"bearer token for the runtime (default: ${TOKEN_ENV}, else none)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -134,13 +167,21 @@ def _payload(result: CallToolResult) -> dict[str, Any]:
     return data
 
 
-async def drive(runtime_url: str, spawn: int, task: str, service_class: str, wait_seconds: float) -> Summary:
-    """Spawn ``spawn`` runs at once on ``runtime_url`` and await them for at most ``wait_seconds``."""
+async def drive(
+    runtime_url: str,
+    spawn: int,
+    task: str,
+    service_class: str,
+    wait_seconds: float,
+    token: str | None = None,
+) -> Summary:
+    """Spawn ``spawn`` runs at once on ``runtime_url`` and await them for at most ``wait_seconds``;
+    ``token`` is the runtime's bearer token, if it requires one."""
     summary = Summary()
     started = time.monotonic()
     deadline = started + wait_seconds
     info = Implementation(name="luftpause-loadgen", version=__version__)
-    async with Client(runtime_url, client_info=info) as client:
+    async with runtime_client(runtime_url, token, info) as client:
 
         async def spawn_one() -> str | None:
             try:
@@ -198,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
         print("luftpause loadgen: --spawn must be at least 1", file=sys.stderr)
         return 2
     try:
-        summary = asyncio.run(drive(args.runtime, args.spawn, args.task, args.service_class, args.timeout))
+        summary = asyncio.run(
+            drive(args.runtime, args.spawn, args.task, args.service_class, args.timeout, args.token)
+        )
     except Exception as exc:
         print(f"luftpause loadgen: runtime {args.runtime}: {_describe(exc)}", file=sys.stderr)
         return 1

@@ -1,0 +1,192 @@
+"""The runtime's HTTP edge with ``LUFTPAUSE_TOKEN`` set, on a whole stack of real processes.
+
+Every child gets the token, so the dataplane requires it on ``/v1`` too: a run that completes with
+tool calls proves the runtime sent it on its turns. Also here, because they need a running runtime:
+JSON error bodies for 401, 404 and 405, and ``spawn`` / ``await`` refusing bad numbers and unknown
+models at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.types import CallToolResult, TextContent
+
+from luftpause.config import DEFAULT_MODEL
+from luftpause.testkit.loadgen import runtime_client
+from luftpause.testkit.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = Stack.start(tmp_path_factory.mktemp("guarded"), env={"LUFTPAUSE_TOKEN": TOKEN})
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _base(stack: Stack) -> str:
+    return stack.runtime_url.removesuffix("/mcp")
+
+
+def _http(
+    method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def _error_message(headers: dict[str, str], body: bytes) -> str:
+    """The message of a JSON error body ``{"error": {"message": ...}}``; fails on any other shape."""
+    assert headers["content-type"].startswith("application/json"), headers
+    message = json.loads(body)["error"]["message"]
+    assert isinstance(message, str) and message
+    return message
+
+
+INITIALIZE = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+).encode()
+MCP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-token", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer"],
+    ids=["none", "wrong", "other-scheme", "longer", "empty"],
+)
+def test_mcp_and_status_refuse_a_missing_or_wrong_token_with_json_401(
+    guarded: Stack, authorization: str | None
+) -> None:
+    auth = {"authorization": authorization} if authorization is not None else {}
+    for method, path, headers, body in [
+        ("POST", "/mcp", {**MCP_HEADERS, **auth}, INITIALIZE),
+        ("GET", "/status", auth, None),
+        ("GET", "/no-such-path", auth, None),
+    ]:
+        status, got, raw = _http(method, _base(guarded) + path, headers, body)
+        assert status == 401, (path, raw)
+        assert "LUFTPAUSE_TOKEN" in _error_message(got, raw)
+        assert got["www-authenticate"].startswith("Bearer")
+
+
+def test_health_stays_open_and_the_right_token_opens_status(guarded: Stack) -> None:
+    status, _, body = _http("GET", _base(guarded) + "/health")
+    assert (status, json.loads(body)) == (200, {"ok": True})
+    status, headers, body = _http("GET", _base(guarded) + "/status", {"authorization": f"bearer {TOKEN}"})
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert "runs" in json.loads(body)
+
+
+def _payload(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, _text(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+def test_a_client_with_the_token_spawns_runs_whose_turns_pass_the_guarded_dataplane(guarded: Stack) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with runtime_client(guarded.runtime_url, TOKEN) as client:
+            handles = [
+                _payload(await client.call_tool("spawn", {"task": f"Research topic {i}."}))["handle"]
+                for i in range(2)
+            ]
+            return _payload(
+                await client.call_tool("await", {"handles": handles, "timeout": 60}, read_timeout_seconds=90)
+            )
+
+    result = asyncio.run(scenario())
+    assert result["timedOut"] is False
+    for run in result["runs"]:
+        # A turn without the token would be the dataplane's 401 and fail the run.
+        assert run["state"] == "completed", (run, guarded.logs())
+        assert run["toolCalls"] >= 1 and run["turns"] == run["toolCalls"] + 1
+    runtime_log = Path(guarded.children["runtime"].log_path or "").read_text()
+    assert "refused the end" not in runtime_log  # DELETE /v1/runs/{id} carried the token as well
+
+
+def test_unknown_paths_and_wrong_methods_answer_the_json_error_body(guarded: Stack) -> None:
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    status, headers, body = _http("GET", _base(guarded) + "/no-such-path", auth)
+    assert status == 404
+    assert _error_message(headers, body) == "no route GET /no-such-path"
+
+    status, headers, body = _http("POST", _base(guarded) + "/status", auth, b"{}")
+    assert status == 405
+    assert headers["allow"] == "GET, HEAD"
+    assert _error_message(headers, body) == "/status takes GET, HEAD, not POST"
+
+    # /mcp's own refusals are the SDK's JSON-RPC error objects, which carry error.message too.
+    status, headers, body = _http("PUT", _base(guarded) + "/mcp", {**auth, **MCP_HEADERS}, b"{}")
+    assert status == 405
+    assert "POST" in headers["allow"]
+    assert _error_message(headers, body)
+
+
+def test_spawn_and_await_refuse_bad_numbers_and_unknown_models_at_once(guarded: Stack) -> None:
+    refused_spawns = [
+        ({"maxToolCalls": 10**30}, "maxToolCalls"),
+        ({"maxToolCalls": 1001}, "maxToolCalls"),
+        ({"maxToolCalls": -1}, "maxToolCalls"),
+        ({"maxTokens": 10**12}, "maxTokens"),
+        ({"model": "no-such-model"}, "no-such-model"),
+    ]
+
+    async def scenario() -> tuple[list[CallToolResult], list[CallToolResult], int]:
+        async with runtime_client(guarded.runtime_url, TOKEN) as client:
+            before = len(_payload(await client.call_tool("status", {}))["runs"])
+            spawns = [await client.call_tool("spawn", {"task": "x", **extra}) for extra, _ in refused_spawns]
+            handle = _payload(await client.call_tool("spawn", {"task": "Short one.", "maxTokens": 16}))[
+                "handle"
+            ]
+            waits = [
+                await client.call_tool("await", {"handles": [handle], "timeout": timeout})
+                for timeout in ("NaN", "Infinity", "-Infinity")
+            ]
+            await client.call_tool("await", {"handles": [handle], "timeout": 60}, read_timeout_seconds=90)
+            after = len(_payload(await client.call_tool("status", {}))["runs"])
+            return spawns, waits, after - before
+
+    spawns, waits, added = asyncio.run(scenario())
+    for result, (_, named) in zip(spawns, refused_spawns, strict=True):
+        assert result.is_error and named in _text(result), _text(result)
+    unknown_model = _text(spawns[-1])
+    assert "no-such-model" in unknown_model and DEFAULT_MODEL in unknown_model  # names what is served
+    for result in waits:
+        assert result.is_error and "finite" in _text(result), _text(result)
+    assert added == 1  # only the good spawn made a run
+
+    # The page that a 10**30 once broke for ever still answers.
+    status, headers, body = _http("GET", _base(guarded) + "/status", {"authorization": f"Bearer {TOKEN}"})
+    assert (status, headers["content-type"]) == (200, "application/json"), body
+    assert all(run["maxToolCalls"] <= 1000 for run in json.loads(body)["runs"])
