@@ -16,12 +16,15 @@ objects (``structuredContent``, and the same JSON as the text content)::
                   "usage": {"promptTokens", "completionTokens"}}
     run status = run result + {"model", "serviceClass", "caller", "task", "maxToolCalls", "startedAt"}
 
-Bad input (an unknown handle, a ``serviceClass`` or ``mode`` outside its enum, an unknown tool
-name) comes back as an MCP tool error (``isError: true``) whose text says what was wrong.
+Bad input comes back as an MCP tool error (``isError: true``) whose text says what was wrong: an
+unknown or expired handle, a ``serviceClass`` or ``mode`` outside its enum, an unknown tool name, a
+model no generative replica serves, ``maxToolCalls`` outside 0..1000, ``maxTokens`` outside
+0..1,000,000, a ``timeout`` that is not a finite number (NaN, infinity).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from mcp.server import MCPServer
@@ -30,7 +33,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from luftpause import __version__
-from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.errors import RuntimeFault, UnknownModel
 from luftpause.runtime.runs import Run, new_handle
 
 if TYPE_CHECKING:
@@ -38,6 +41,15 @@ if TYPE_CHECKING:
 
 MAX_AWAIT_SECONDS = 600.0
 DEFAULT_AWAIT_SECONDS = 60.0
+
+MAX_TOOL_CALLS = 1000
+"""Highest ``maxToolCalls``: 125 times the default budget of 8, far past any sub-agent task, and
+low enough that every counter stays a small integer (an unbounded one reached ``GET /status`` as a
+number JSON encoders refuse)."""
+
+MAX_TOKENS_PER_TURN = 1_000_000
+"""Highest ``maxTokens`` per turn: above the longest context any engine serves today, so it never
+refuses a real request, and a bound on what we send on."""
 
 INSTRUCTIONS = """\
 luftpause runs sub-agents for you. `spawn` starts one on a task and returns a handle at once; \
@@ -58,6 +70,13 @@ def caller_of(ctx: Context) -> str:
     params = ctx.session.client_params
     name = params.client_info.name if params is not None else None
     return name if isinstance(name, str) and name else "anonymous"
+
+
+def generative_models(runtime: Runtime) -> list[str]:
+    """The models a sub-agent can run on: those of generative replicas, in configuration order
+    (a single-pass replica cannot answer a chat turn)."""
+    replicas = runtime.config.replicas
+    return list(dict.fromkeys(m for r in replicas if r.kind == "generative" for m in r.models))
 
 
 def build_mcp_server(runtime: Runtime) -> MCPServer:
@@ -81,10 +100,19 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         model: Annotated[str | None, Field(description="model name; default: the runtime's")] = None,
         serviceClass: Literal["interactive", "batch"] = "interactive",
         system: Annotated[str | None, Field(description="system prompt")] = None,
-        maxToolCalls: Annotated[int, Field(ge=0, description="tool budget of the run")] = 8,
+        maxToolCalls: Annotated[
+            int, Field(ge=0, le=MAX_TOOL_CALLS, description="tool budget of the run")
+        ] = 8,
         tools: Annotated[list[str] | None, Field(description="tool names it may use")] = None,
-        maxTokens: Annotated[int, Field(ge=0, description="reply length per turn, tokens")] = 256,
+        maxTokens: Annotated[
+            int, Field(ge=0, le=MAX_TOKENS_PER_TURN, description="reply length per turn, tokens")
+        ] = 256,
     ) -> dict[str, Any]:
+        chosen_model = model or runtime.config.default_model
+        served = generative_models(runtime)
+        if chosen_model not in served:
+            # Refused here, at once: the dataplane would refuse every turn of it with a 404 anyway.
+            raise ToolError(str(UnknownModel(chosen_model, served)))
         if tools is not None:
             known = runtime.upstream.known_tool_names()
             unknown = sorted(set(tools) - known) if known is not None else []
@@ -99,7 +127,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             Run(
                 handle=new_handle(),
                 task=task,
-                model=model or runtime.config.default_model,
+                model=chosen_model,
                 service_class=serviceClass,
                 caller=caller_of(ctx),
                 max_tool_calls=maxToolCalls,
@@ -125,13 +153,16 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         ctx: Context,
         mode: Literal["all", "any"] = "all",
         timeout: Annotated[  # noqa: ASYNC109 (the wire name; the wait is bounded by it below)
-            float, Field(description="seconds to wait, at most 600")
+            # NaN would compare false with every bound and end the wait at once: refused instead.
+            float, Field(allow_inf_nan=False, description="seconds to wait, at most 600")
         ] = DEFAULT_AWAIT_SECONDS,
     ) -> dict[str, Any]:
         try:
             runs = runtime.registry.lookup(handles)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
+        if not math.isfinite(timeout):  # the schema refuses it already; never wait on NaN
+            raise ToolError(f"timeout must be a finite number of seconds, got {timeout!r}")
         wait_seconds = min(max(timeout, 0.0), MAX_AWAIT_SECONDS)
 
         async def progress(elapsed: float, finished: int) -> None:
