@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -94,6 +97,8 @@ def test_mcp_and_status_refuse_a_missing_or_wrong_token_with_json_401(
         assert status == 401, (path, raw)
         assert "LUFTPAUSE_TOKEN" in _error_message(got, raw)
         assert got["www-authenticate"].startswith("Bearer")
+        if path == "/mcp":  # also a JSON-RPC error, so MCP clients show the message
+            assert json.loads(raw)["jsonrpc"] == "2.0"
 
 
 def test_health_stays_open_and_the_right_token_opens_status(guarded: Stack) -> None:
@@ -190,3 +195,20 @@ def test_spawn_and_await_refuse_bad_numbers_and_unknown_models_at_once(guarded: 
     status, headers, body = _http("GET", _base(guarded) + "/status", {"authorization": f"Bearer {TOKEN}"})
     assert (status, headers["content-type"]) == (200, "application/json"), body
     assert all(run["maxToolCalls"] <= 1000 for run in json.loads(body)["runs"])
+
+
+def test_loadgen_sends_the_token_from_the_environment(guarded: Stack) -> None:
+    argv = [sys.executable, "-m", "luftpause", "loadgen", "--runtime", guarded.runtime_url]
+    argv += ["--spawn", "2", "--timeout", "120", "--json"]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=180, env={**os.environ, "LUFTPAUSE_TOKEN": TOKEN}
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["spawned"], summary["completed"]) == (2, 2)
+
+    refused = subprocess.run(
+        [*argv, "--token", "wrong"], capture_output=True, text=True, timeout=180, env=os.environ.copy()
+    )
+    assert refused.returncode == 1
+    assert "missing or wrong bearer token" in refused.stderr, refused.stderr  # our message, not the SDK's

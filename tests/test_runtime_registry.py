@@ -13,12 +13,15 @@ from typing import Any
 
 import orjson
 import pytest
+from mcp import Client
+from mcp.types import CallToolResult, TextContent
 from starlette.types import ASGIApp, Message
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.runs import Run, RunRegistry
 from luftpause.runtime.server import Runtime, create_app, json_bytes
+from luftpause.runtime.tools import build_mcp_server
 
 
 class FakeClock:
@@ -247,3 +250,27 @@ def test_a_run_stopped_before_its_first_step_ends_cancelled() -> None:
     run = asyncio.run(scenario())
     assert run.state == "cancelled"
     assert run.error == "runtime shut down"
+
+
+def test_await_and_status_tools_say_an_evicted_handle_expired() -> None:
+    clock = FakeClock()
+    runtime = Runtime(CONFIG, token=None)
+    runtime.registry = RunRegistry(retention_seconds=60, clock=clock)
+    runtime.registry.add(_run("run-gone")).finish("completed", answer="ok")
+    clock.now += 61
+    mcp = build_mcp_server(runtime)
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(mcp) as client:
+            return [
+                await client.call_tool("await", {"handles": ["run-gone"], "timeout": 0}),
+                await client.call_tool("status", {"handle": "run-gone"}),
+                await client.call_tool("status", {"handle": "run-never"}),
+            ]
+
+    awaited, status, never = asyncio.run(scenario())
+    for result in (awaited, status):
+        text = "\n".join(b.text for b in result.content if isinstance(b, TextContent))
+        assert result.is_error and "run-gone" in text and "expired" in text, text
+    never_text = "\n".join(b.text for b in never.content if isinstance(b, TextContent))
+    assert never.is_error and "unknown run handle 'run-never'" in never_text

@@ -176,7 +176,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             Route("/health", health, methods=["GET"]),
             *_mcp_routes(mcp_app),
         ],
-        middleware=[Middleware(BearerTokenGate, token=token)],
+        middleware=[Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"}))],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
