@@ -7,6 +7,7 @@ Each case builds a state from its replicas by feeding ``before`` through ``decid
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def run_record(run: str, replica: str, phase: RunPhase) -> RunRecord:
     return RunRecord(run, replica, phase, "interactive", "")
 
 
-def make_state(replicas: list[tuple[str, list[str], int] | tuple[str, list[str], int, str]]) -> State:
+def make_state(replicas: Sequence[tuple[str, list[str], int] | tuple[str, list[str], int, str]]) -> State:
     blocks = []
     for spec in replicas:
         name, models, cap = spec[0], spec[1], spec[2]
@@ -117,7 +118,7 @@ ONE_OF_ONE = [("a", ["m"], 1)]
 @dataclass
 class Case:
     name: str
-    replicas: list[tuple[str, list[str], int] | tuple[str, list[str], int, str]]
+    replicas: Sequence[tuple[str, list[str], int] | tuple[str, list[str], int, str]]
     before: list[Event]
     event: Event
     actions: list[Action]

@@ -311,3 +311,143 @@ def test_a_bad_configuration_exits_2(tmp_path: Path) -> None:
         assert "bad.toml: replicas[0].url" in process.log_tail()
     finally:
         process.kill()
+
+
+# -- the link to dataplanes: keepalive pings and large messages ------------------------------------------
+
+# Pings far more often than a dataplane (every 10 s), with or without a call open; a client sends
+# at most 2 pings without data unless max_pings_without_data is 0. gRPC 1.85 still sends them only
+# about once a second: a server with gRPC's default options strikes from the third ping with no data
+# moving and sends GOAWAY too_many_pings at the fifth, within HOLD_S.
+EAGER_PINGS = [
+    ("grpc.keepalive_time_ms", 200),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+HOLD_S = 6.0  # how long the link is watched, with a stream open and with no call: ~6 pings each
+
+
+def test_eager_keepalive_pings_never_cost_the_link(one_slot: Scheduler) -> None:
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(one_slot.grpc_address, options=EAGER_PINGS) as channel:
+            stub = pb_grpc.SchedulerStub(channel)
+            assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "solo"
+            assert channel.get_state() == grpc.ChannelConnectivity.READY
+            # a GOAWAY (too_many_pings) takes the channel out of READY, even with no call open
+            left_ready = asyncio.ensure_future(channel.wait_for_state_change(grpc.ChannelConnectivity.READY))
+            try:
+                report = stub.Report()
+                await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.STARTED))
+                await asyncio.sleep(HOLD_S)  # the stream stays open, no data moves: only pings
+                assert not left_ready.done(), f"the link dropped: channel went {channel.get_state()}"
+                await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.FIRST_TOKEN))
+                await report.done_writing()
+                assert (await report).events == 2
+                await asyncio.sleep(HOLD_S)  # no call open at all: only pings
+                assert not left_ready.done(), f"the link dropped: channel went {channel.get_state()}"
+            finally:
+                left_ready.cancel()
+                await asyncio.gather(left_ready, return_exceptions=True)
+            assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "solo"
+
+    asyncio.run(main())
+
+
+def test_a_resync_of_ten_megabytes_is_taken_over(two_replicas: Scheduler) -> None:
+    runs = 40_000
+    request = pb.ResyncRequest(
+        dataplane_id="dp-test",
+        runs=[
+            pb.RunRecord(
+                run_id=f"{i:08d}".ljust(200, "r"),  # the dataplane's limit is 256 bytes
+                last_replica="a" if i % 2 else "b",
+                phase=pb.TOOL_PAUSED if i % 2 else pb.IDLE,
+                caller="c" * 40,
+            )
+            for i in range(runs)
+        ],
+    )
+    assert request.ByteSize() > 10_000_000  # well past gRPC's default 4 MiB receive limit
+
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        reply = await stub.Resync(request)
+        assert (reply.runs, reply.turns) == (runs, 0)
+        now = await status.get()
+        assert now["runs"] == {"idle": runs // 2, "generating": 0, "tool_paused": runs // 2}
+
+    run_scenario(two_replicas, scenario)
+
+
+# -- turns the dataplane reports abandoned ---------------------------------------------------------------
+
+ABANDONED_REASON = "turn was abandoned by its dataplane"
+
+
+def test_an_abandoned_report_frees_a_placed_turns_slot_and_refuses_later_admits(one_slot: Scheduler) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        # the client left while t1's Admit was on the wire: the placement crossed the cancel
+        assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "solo"
+        report = stub.Report()
+        await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.ABANDONED))
+        freed = await status.until(lambda s: inflight(s) == {"solo": 0})
+        assert freed["runs"] == {"idle": 1, "generating": 0, "tool_paused": 0}
+        assert freed["counters"]["abandoned"] == 1
+
+        # t9 reported abandoned before its Admit arrived
+        await report.write(pb.TurnEvent(turn_id="t9", run_id="r9", kind=pb.TurnEvent.ABANDONED))
+        await report.done_writing()
+        assert (await report).events == 2  # both applied once the summary is back
+        for turn in ("t9", "t1"):  # and a retried Admit of t1 is refused too
+            reply = await stub.Admit(admit(turn, "r9"))
+            assert reply.WhichOneof("outcome") == "refused"
+            assert (reply.refused.reason, reply.refused.http_status) == (ABANDONED_REASON, 499)
+        after = await status.get()
+        assert after["held"]["count"] == 0
+        assert inflight(after) == {"solo": 0}
+        assert after["runs"] == {"idle": 1, "generating": 0, "tool_paused": 0}
+
+    run_scenario(one_slot, scenario)
+
+
+def test_an_abandoned_report_answers_the_held_admit_of_that_turn(one_slot: Scheduler) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        await stub.Admit(admit("t1", "r1"))
+        waiting = asyncio.ensure_future(stub.Admit(admit("t2", "r2")))
+        try:
+            await status.until(lambda s: s["held"]["count"] == 1)
+            report = stub.Report()
+            await report.write(pb.TurnEvent(turn_id="t2", run_id="r2", kind=pb.TurnEvent.ABANDONED))
+            reply = await asyncio.wait_for(waiting, WAIT_S)
+        finally:
+            waiting.cancel()
+        assert (reply.refused.reason, reply.refused.http_status) == (ABANDONED_REASON, 499)
+        await report.done_writing()
+        assert (await report).events == 1
+        after = await status.get()
+        assert after["held"]["count"] == 0
+        assert inflight(after) == {"solo": 1}
+        assert after["counters"]["abandoned"] == 1
+
+    run_scenario(one_slot, scenario)
+
+
+# -- HTTP errors -----------------------------------------------------------------------------------------
+
+
+def test_http_errors_are_answered_with_the_json_error_body(one_slot: Scheduler) -> None:
+    base = one_slot.status_url.removesuffix("/status")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/nope") as response:
+                assert response.status == 404
+                assert response.content_type == "application/json"
+                assert await response.json() == {"error": {"message": "no route GET /nope"}}
+            async with session.post(f"{base}/status", data=b"{}") as response:
+                assert response.status == 405
+                assert response.content_type == "application/json"
+                assert response.headers["Allow"] == "GET, HEAD"
+                assert await response.json() == {"error": {"message": "/status takes GET, HEAD, not POST"}}
+
+    asyncio.run(main())

@@ -6,7 +6,9 @@ the core's actions:
 * ``Admit`` -> ``TurnArrived``; replies ``placed{replica}`` or ``refused{reason, http_status}``;
   a call cancelled before its answer -> ``TurnAbandoned``.
 * ``Report`` (client stream of ``TurnEvent``) -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished``
-  / ``TurnFailed`` / ``RunEnded``; replies ``ReportSummary{events}`` when the dataplane closes it.
+  / ``TurnFailed`` / ``AbandonReported`` (ABANDONED) / ``RunEnded``; replies
+  ``ReportSummary{events}`` when the dataplane closes it. An ABANDONED turn whose Admit still waits
+  here is answered ``refused{"turn was abandoned by its dataplane", 499}``.
 * ``Resync`` -> ``Resynced``; replies the counts of runs and in-flight turns taken over.
 """
 
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from luftpause.scheduler.core import (
+    AbandonReported,
     AckResync,
     Event,
     FirstToken,
@@ -110,6 +113,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             )
         if kind == pb.TurnEvent.FAILED:
             return TurnFailed(message.turn_id, at, message.error)
+        if kind == pb.TurnEvent.ABANDONED:
+            return AbandonReported(message.turn_id, at)
         if kind == pb.TurnEvent.RUN_ENDED:
             return RunEnded(message.run_id, at)
         return None  # KIND_UNSPECIFIED or a kind from a newer dataplane: nothing to apply

@@ -25,6 +25,27 @@ from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
 STOP_GRACE_S = 1.0
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest gRPC message either way. A Resync carries every run of a dataplane's last 30 min
+(run ids up to 256 bytes, callers up to 128): far past gRPC's default 4 MiB receive limit, which
+would refuse the Resync and keep that dataplane from ever admitting again."""
+
+GRPC_SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A dataplane pings every 10 s (grpc.keepalive_time_ms) and keeps its Report stream open for
+    # good, usually with no data moving. gRPC's server defaults count a ping that comes sooner than
+    # 5 min after the last one (2 h when no call is open) as a strike, and after 2 strikes answer
+    # GOAWAY ENHANCE_YOUR_CALM "too_many_pings", dropping the dataplane's link. Dataplanes are our
+    # own peers: their pings are welcome with or without calls, ...
+    ("grpc.keepalive_permit_without_calls", 1),
+    # ... every 5 s is no strike at all (core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS) ...
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # ... and faster ones (a dataplane configured otherwise) never cost the link: 0 strikes = no limit
+    ("grpc.http2.max_ping_strikes", 0),
+]
+"""Channel arguments of the scheduler's gRPC server (gRPC core's doc/keepalive.md)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config FILE``."""
@@ -50,7 +71,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signum, stop.set)
 
     host = SchedulerHost(config)
-    grpc_server = grpc.aio.server()
+    grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
     runner = web.AppRunner(status_app(host), access_log=None)
     await runner.setup()
