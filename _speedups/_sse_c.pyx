@@ -6,20 +6,40 @@ OpenAI ``chat.completion.chunk`` payloads); see the pure twin for the full accou
 work -- finding line ends with ``memchr``, matching ``data`` fields, holding the unfinished line and
 the event being read -- runs in C over the read's buffer, and Python objects are made only for a
 ``data`` value and for what orjson returns from a complete payload.
+
+What is held of one event is bounded by ``max_event_bytes`` exactly as in the pure twin: the event's
+data so far plus the line being read; an event that would need more is dropped, read past up to its
+blank line and counted in ``oversized_events``.
 """
 
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memchr, memcmp
+from libc.string cimport memchr, memcmp, memcpy
+
+import operator
+import sys
 
 import orjson
 
+DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+
 cdef object _loads = orjson.loads
+cdef object _index = operator.index
+cdef object _MAXSIZE = sys.maxsize
 cdef bytes _DONE = b"[DONE]"
 cdef str _TOOL_CALLS = "tool_calls"
 
 cdef enum:
     LF = 10
     CR = 13
+
+
+cdef inline int _append(bytearray buf, const unsigned char* s, Py_ssize_t n) except -1:
+    """Append ``n`` bytes at ``s`` to ``buf``, with no temporary bytes object."""
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(buf)
+    PyByteArray_Resize(buf, size + n)
+    memcpy(PyByteArray_AS_STRING(buf) + size, s, n)
+    return 0
 
 
 cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py_ssize_t n) noexcept:
@@ -74,9 +94,14 @@ cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
 cdef class SSEScanner:
     """Scan one turn's event stream, fed in reads of any size, and keep what it says.
 
+    ``SSEScanner(keep_events=False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``; raises
+    ``TypeError`` if ``max_event_bytes`` is not an integer, ``ValueError`` if it is below 1 or
+    above ``sys.maxsize``.
+
     Attributes are read-only from Python: ``first_token_seen``, ``finish_reason``,
     ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``, ``completion_tokens``, ``done``,
-    ``event_count``, ``events``; their meaning is given in ``luftpause.dataplane._sse_py``.
+    ``event_count``, ``events``, ``oversized_events``, ``buffered_bytes``, ``max_event_bytes``;
+    their meaning is given in ``luftpause.dataplane._sse_py``.
     """
 
     cdef readonly bint first_token_seen
@@ -88,22 +113,35 @@ cdef class SSEScanner:
     cdef readonly bint done
     cdef readonly Py_ssize_t event_count
     cdef readonly list events
+    cdef readonly Py_ssize_t oversized_events
+    cdef readonly Py_ssize_t max_event_bytes
 
     cdef bint _keep_events
     cdef set _seen_ids
     # the line read so far whose end has not arrived yet
     cdef bytearray _tail
     # data of the event being read: the first data line alone, and all of them joined once there
-    # are two or more (events of several data lines are rare in chat streams)
+    # are two or more (events of several data lines are rare in chat streams); its size joined
     cdef Py_ssize_t _n_data
     cdef bytes _data
     cdef bytearray _data_lines
+    cdef Py_ssize_t _data_size
+    # the event being read outgrew max_event_bytes: read past it up to its blank line
+    cdef bint _skipping
+    # while skipping: the line being read began in an earlier read, so it is not blank
+    cdef bint _line_open
     # the last read ended in CR: an LF opening the next read completes that CRLF
     cdef bint _skip_lf
     # no line completed yet: the first one may start with a byte order mark
     cdef bint _at_start
 
-    def __init__(self, keep_events: bool = False) -> None:
+    def __init__(self, keep_events: bool = False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES) -> None:
+        # untyped: an ``int`` annotation would make Cython accept 1.5 as 1
+        bound = _index(max_event_bytes)
+        if not 1 <= bound <= _MAXSIZE:
+            raise ValueError(f"max_event_bytes must be at least 1 and at most {_MAXSIZE}, not {bound}")
+        self.max_event_bytes = bound
+        self.oversized_events = 0
         self.first_token_seen = False
         self.finish_reason = None
         self.saw_tool_calls = False
@@ -119,8 +157,16 @@ cdef class SSEScanner:
         self._n_data = 0
         self._data = None
         self._data_lines = None
+        self._data_size = 0
+        self._skipping = False
+        self._line_open = False
         self._skip_lf = False
         self._at_start = True
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held now of the event being read: its data so far plus the unfinished line."""
+        return self._data_size + PyByteArray_GET_SIZE(self._tail)
 
     def feed(self, chunk) -> bool:
         """Consume the next ``chunk`` read from the engine (``bytes`` or ``bytearray``), cut anywhere.
@@ -133,6 +179,7 @@ cdef class SSEScanner:
         cdef Py_ssize_t n = PyBytes_GET_SIZE(buf)
         cdef Py_ssize_t pos = 0
         cdef Py_ssize_t end
+        cdef Py_ssize_t held
         cdef Py_ssize_t cr = -1  # offset of the next CR at or after pos, or n if none
         cdef const unsigned char* hit
         cdef bint had_first_token = self.first_token_seen
@@ -154,15 +201,23 @@ cdef class SSEScanner:
             if end == n:
                 # No line end in the rest of this read: keep it for the next. Each byte is
                 # searched only once, so a long line read in many pieces costs linear time.
-                self._tail.extend(p[pos:n])
+                self._hold(p + pos, n - pos)
                 break
-            if len(self._tail):
-                self._tail.extend(p[pos:end])
-                line = bytes(self._tail)
-                del self._tail[:]
-                self._line(<const unsigned char*>PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line))
+            if self._skipping:
+                if end == pos and not self._line_open:
+                    self._skipping = False  # the blank line that ends the dropped event
+                self._line_open = False
             else:
-                self._line(p + pos, end - pos)
+                held = PyByteArray_GET_SIZE(self._tail)
+                if self._data_size + held + (end - pos) > self.max_event_bytes:
+                    self._drop(False)
+                elif held:
+                    _append(self._tail, p + pos, end - pos)
+                    line = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(self._tail), held + end - pos)
+                    del self._tail[:]
+                    self._line(<const unsigned char*>PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line))
+                else:
+                    self._line(p + pos, end - pos)
             if p[end] == CR:
                 if end + 1 == n:
                     self._skip_lf = True
@@ -174,6 +229,29 @@ cdef class SSEScanner:
             else:
                 pos = end + 1
         return self.first_token_seen and not had_first_token
+
+    cdef int _hold(self, const unsigned char* s, Py_ssize_t n) except -1:
+        """Keep the ``n`` > 0 bytes at ``s``, the start of a line whose end has not arrived yet."""
+        if self._skipping:
+            self._line_open = True
+        elif self._data_size + PyByteArray_GET_SIZE(self._tail) + n > self.max_event_bytes:
+            self._drop(True)
+        else:
+            _append(self._tail, s, n)
+        return 0
+
+    cdef int _drop(self, bint line_open) except -1:
+        """Give up the event being read, which needs more than ``max_event_bytes``."""
+        self.oversized_events += 1
+        del self._tail[:]  # frees the buffer
+        self._data = None
+        self._data_lines = None
+        self._n_data = 0
+        self._data_size = 0
+        self._skipping = True
+        self._line_open = line_open
+        self._at_start = False  # the first line has begun: a BOM can only open it
+        return 0
 
     cdef int _line(self, const unsigned char* s, Py_ssize_t n) except -1:
         """Interpret one complete line of ``n`` bytes at ``s``, its end of line removed."""
@@ -197,13 +275,18 @@ cdef class SSEScanner:
         return self._add_data(s + 5, n - 5)
 
     cdef int _add_data(self, const unsigned char* s, Py_ssize_t n) except -1:
+        # Within the bound still: a value is at least 4 bytes shorter than its line.
+        cdef unsigned char lf = LF
         if self._n_data == 0:
             self._data = PyBytes_FromStringAndSize(<const char*>s, n)
+            self._data_size = n
         else:
             if self._n_data == 1:
                 self._data_lines = bytearray(self._data)
-            self._data_lines.append(LF)
-            self._data_lines.extend(s[:n])
+                self._data = None  # hold the event's data once
+            _append(self._data_lines, &lf, 1)
+            _append(self._data_lines, s, n)
+            self._data_size += 1 + n
         self._n_data += 1
         return 0
 
@@ -219,6 +302,7 @@ cdef class SSEScanner:
             self._data_lines = None
         self._data = None
         self._n_data = 0
+        self._data_size = 0
         self.event_count += 1
         if self._keep_events:
             self.events.append(data)

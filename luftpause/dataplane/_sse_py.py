@@ -16,15 +16,33 @@ The scanner works on bytes and decodes (with orjson) only complete ``data`` payl
 character split between reads needs no care. It never raises on what the engine sends: bad framing,
 bad UTF-8, bad JSON, JSON of an unexpected shape are all ignored quietly.
 
+Its memory is bounded whatever the engine sends. It holds at most ``max_event_bytes`` of the event
+being read: the event's ``data`` so far (joined with LF, as it would be dispatched) plus the line
+being read (as received, without its line end; so a ``data:`` prefix counts, and a comment or other
+field counts while it is the line being read). An event that would need more is dropped: what the
+scanner holds of it is released, the rest of it is read past up to its blank line, it is counted in
+``oversized_events`` (not in ``event_count``), and scanning resumes with the next event. The rule
+depends only on the bytes, never on how they were cut into reads. A dropped event is never
+dispatched, so whatever it carried -- the first token, a tool call, a finish reason, usage,
+``[DONE]`` -- is simply not seen. What the dataplane sends is not affected: the scanner only
+observes the bytes the relay passes on unchanged.
+
 Both twins behave identically (``tests/test_sse.py`` runs every case on both and compares them on
 random streams); ``luftpause.dataplane.sse`` picks one at import time.
 """
 
 from __future__ import annotations
 
+import operator
+import sys
+
 import orjson
 
-__all__ = ["SSEScanner"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEScanner"]
+
+DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+"""Default bound on what a scanner holds of one event, in bytes: far above the tool-call argument
+lines of hundreds of KB that agents send, far below what would hurt a dataplane relaying many turns."""
 
 _DONE = b"[DONE]"
 _BOM = b"\xef\xbb\xbf"
@@ -36,6 +54,11 @@ _SPACE = 0x20
 
 class SSEScanner:
     """Scan one turn's event stream, fed in reads of any size, and keep what it says.
+
+    ``SSEScanner(keep_events=False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``: ``keep_events``
+    keeps each dispatched event's data in ``events``; ``max_event_bytes`` (bytes, at least 1) bounds
+    what is held of one event (see the module docstring). Raises ``TypeError`` if
+    ``max_event_bytes`` is not an integer, ``ValueError`` if it is below 1 or above ``sys.maxsize``.
 
     Attributes (read them; the scanner alone writes them):
 
@@ -54,14 +77,25 @@ class SSEScanner:
     * ``event_count`` -- number of dispatched events, i.e. events with at least one ``data`` field.
     * ``events`` -- with ``keep_events=True``, each dispatched event's data (``bytes``, lines joined
       with ``b"\\n"``) in order; else stays empty.
+    * ``oversized_events`` -- number of events dropped for needing more than ``max_event_bytes``,
+      counted as soon as the bound is crossed (read-only property).
+    * ``buffered_bytes`` -- bytes held now of the event being read: its data so far plus the
+      unfinished line; at most ``max_event_bytes`` between calls to :meth:`feed` (read-only
+      property).
+    * ``max_event_bytes`` -- the bound given to the constructor, in bytes (read-only property).
     """
 
     __slots__ = (
         "_at_start",
         "_data",
+        "_data_size",
         "_keep_events",
+        "_line_open",
+        "_max_event_bytes",
+        "_oversized_events",
         "_seen_ids",
         "_skip_lf",
+        "_skipping",
         "_tail",
         "completion_tokens",
         "done",
@@ -74,7 +108,12 @@ class SSEScanner:
         "tool_call_ids",
     )
 
-    def __init__(self, keep_events: bool = False) -> None:
+    def __init__(self, keep_events: bool = False, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        max_event_bytes = operator.index(max_event_bytes)
+        if not 1 <= max_event_bytes <= sys.maxsize:  # the compiled twin holds it in a Py_ssize_t
+            raise ValueError(
+                f"max_event_bytes must be at least 1 and at most {sys.maxsize}, not {max_event_bytes}"
+            )
         self.first_token_seen: bool = False
         self.finish_reason: str | None = None
         self.saw_tool_calls: bool = False
@@ -85,15 +124,37 @@ class SSEScanner:
         self.event_count: int = 0
         self.events: list[bytes] = []
         self._keep_events = bool(keep_events)
+        self._max_event_bytes = max_event_bytes
+        self._oversized_events = 0
         self._seen_ids: set[str] = set()
         # the line read so far whose end has not arrived yet
         self._tail = bytearray()
-        # data lines of the event being read
+        # data lines of the event being read, and their size once joined with LF
         self._data: list[bytes] = []
+        self._data_size = 0
+        # the event being read outgrew max_event_bytes: read past it up to its blank line
+        self._skipping = False
+        # while skipping: the line being read began in an earlier read, so it is not blank
+        self._line_open = False
         # the last read ended in CR: an LF opening the next read completes that CRLF
         self._skip_lf = False
         # no line completed yet: the first one may start with a byte order mark
         self._at_start = True
+
+    @property
+    def max_event_bytes(self) -> int:
+        """The bound on what is held of one event, in bytes."""
+        return self._max_event_bytes
+
+    @property
+    def oversized_events(self) -> int:
+        """Number of events dropped for needing more than ``max_event_bytes``."""
+        return self._oversized_events
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held now of the event being read: its data so far plus the unfinished line."""
+        return self._data_size + len(self._tail)
 
     def feed(self, chunk: bytes | bytearray) -> bool:
         """Consume the next ``chunk`` read from the engine (``bytes`` or ``bytearray``), cut anywhere.
@@ -103,6 +164,8 @@ class SSEScanner:
         """
         if not chunk:
             return False
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)  # so that lines, data and ``events`` are bytes
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == _LF:
@@ -112,32 +175,84 @@ class SSEScanner:
         # Only the new bytes are searched for a line end, so a line of any length read in many
         # pieces costs time linear in its length.
         if b"\n" not in chunk and b"\r" not in chunk:
-            self._tail += chunk
+            self._hold(chunk)
             return False
-        tail = self._tail
-        if tail:
-            tail += chunk
-            buf = bytes(tail)
-            tail.clear()
-        else:
-            buf = bytes(chunk)
-        lines = buf.splitlines(keepends=True)
+        lines = chunk.splitlines(keepends=True)
         last_byte = lines[-1][-1]
+        rest = b""
         if last_byte == _CR:
             self._skip_lf = True
         elif last_byte != _LF:
-            tail += lines.pop()
+            rest = lines.pop()
         had_first_token = self.first_token_seen
+        # whether the first line continues one begun in an earlier read
+        continued = bool(self._tail) or self._line_open
+        # The event's data grows by less than the bytes read, so if the data, the unfinished line
+        # and this whole read fit the bound, no line of this read needs testing against it.
+        careful = self._skipping or (
+            self._data_size + len(self._tail) + len(chunk) > self._max_event_bytes
+        )
         for line in lines:
             if line[-1] == _LF:
                 line = line[:-2] if line[-2:] == b"\r\n" else line[:-1]
             else:
                 line = line[:-1]
-            self._line(line)
+            if continued:
+                continued = False
+                self._end_continued_line(line)
+            elif careful:
+                self._bounded_line(line)
+            else:
+                self._line(line)
+        if rest:
+            self._hold(rest)
         return self.first_token_seen and not had_first_token
 
+    def _hold(self, part: bytes) -> None:
+        """Keep ``part``, the non-empty start of a line whose end has not arrived yet."""
+        if self._skipping:
+            self._line_open = True
+        elif self._data_size + len(self._tail) + len(part) > self._max_event_bytes:
+            self._drop(line_open=True)
+        else:
+            self._tail += part
+
+    def _end_continued_line(self, end: bytes) -> None:
+        """Complete the line begun in an earlier read with its last part ``end``."""
+        if self._skipping:
+            self._line_open = False  # not a blank line: the dropped event goes on
+            return
+        tail = self._tail
+        if self._data_size + len(tail) + len(end) > self._max_event_bytes:
+            self._drop(line_open=False)
+            return
+        tail += end
+        line = bytes(tail)
+        tail.clear()
+        self._line(line)
+
+    def _bounded_line(self, line: bytes) -> None:
+        """Interpret one complete line, unless it belongs to an event over the bound."""
+        if self._skipping:
+            if not line:  # the blank line that ends the dropped event
+                self._skipping = False
+        elif self._data_size + len(line) > self._max_event_bytes:
+            self._drop(line_open=False)
+        else:
+            self._line(line)
+
+    def _drop(self, line_open: bool) -> None:
+        """Give up the event being read, which needs more than ``max_event_bytes``."""
+        self._oversized_events += 1
+        self._tail.clear()  # frees the buffer
+        self._data = []
+        self._data_size = 0
+        self._skipping = True
+        self._line_open = line_open
+        self._at_start = False  # the first line has begun: a BOM can only open it
+
     def _line(self, line: bytes) -> None:
-        """Interpret one complete line, its end of line removed."""
+        """Interpret one complete line of an event within the bound, its end of line removed."""
         if self._at_start:
             self._at_start = False
             if line.startswith(_BOM):
@@ -148,13 +263,14 @@ class SSEScanner:
             return
         elif line.startswith(b"data"):
             if len(line) == 4:
-                self._data.append(b"")
+                value = b""
             elif line[4] == _COLON:
-                if len(line) > 5 and line[5] == _SPACE:
-                    self._data.append(line[6:])
-                else:
-                    self._data.append(line[5:])
-            # else: a field merely starting with "data", e.g. "database:", ignored
+                value = line[6:] if len(line) > 5 and line[5] == _SPACE else line[5:]
+            else:
+                return  # a field merely starting with "data", e.g. "database:"
+            # Within the bound still: a value is at least 4 bytes shorter than its line.
+            self._data_size += len(value) + 1 if self._data else len(value)
+            self._data.append(value)
 
     def _dispatch(self) -> None:
         """End the current event; an event without any ``data`` line is dropped."""
@@ -163,6 +279,7 @@ class SSEScanner:
             return
         data = pending[0] if len(pending) == 1 else b"\n".join(pending)
         self._data = []
+        self._data_size = 0
         self.event_count += 1
         if self._keep_events:
             self.events.append(data)

@@ -2,7 +2,9 @@
 
 ``LUFTPAUSE_NO_EXTENSIONS`` (any non-empty value) forces the pure twin, as it stops ``setup.py``
 from building the extension. ``USING_EXTENSION`` tells which twin was taken; both behave the same
-(see ``luftpause.dataplane._sse_py`` for the interface).
+(see ``luftpause.dataplane._sse_py`` for the interface). ``DEFAULT_MAX_EVENT_BYTES`` (16 MiB) is the
+default bound on what a scanner holds of one event: ``SSEScanner(keep_events=False,
+max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``.
 """
 
 from __future__ import annotations
@@ -10,22 +12,23 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-__all__ = ["USING_EXTENSION", "SSEScanner"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "USING_EXTENSION", "SSEScanner"]
 
 USING_EXTENSION: bool
+DEFAULT_MAX_EVENT_BYTES: int
 
 if TYPE_CHECKING:
-    from luftpause.dataplane._sse_py import SSEScanner
+    from luftpause.dataplane._sse_py import DEFAULT_MAX_EVENT_BYTES, SSEScanner
 elif os.environ.get("LUFTPAUSE_NO_EXTENSIONS"):
-    from luftpause.dataplane._sse_py import SSEScanner
+    from luftpause.dataplane._sse_py import DEFAULT_MAX_EVENT_BYTES, SSEScanner
 
     USING_EXTENSION = False
 else:
     try:
-        from luftpause.dataplane._sse_c import SSEScanner
+        from luftpause.dataplane._sse_c import DEFAULT_MAX_EVENT_BYTES, SSEScanner
 
         USING_EXTENSION = True
     except ImportError:
-        from luftpause.dataplane._sse_py import SSEScanner
+        from luftpause.dataplane._sse_py import DEFAULT_MAX_EVENT_BYTES, SSEScanner
 
         USING_EXTENSION = False
