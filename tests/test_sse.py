@@ -2,7 +2,8 @@
 
 Every behaviour test runs on the pure twin (``py``) and the compiled one (``c``); the Hypothesis tests
 feed both the same random streams cut at random offsets and require them to agree on everything, with
-the pure twin, which parses every payload, as the reference for the compiled twin's shortcuts.
+the pure twin, which parses every payload, as the reference for the compiled twin's shortcuts. Every
+scan also checks, after each read, that the scanner holds no more than its ``max_event_bytes``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from luftpause.dataplane import _sse_py, sse
 
 NO_EXTENSIONS = bool(os.environ.get("LUFTPAUSE_NO_EXTENSIONS"))
+DEFAULT = sse.DEFAULT_MAX_EVENT_BYTES
 
 ATTRIBUTES = (
     "first_token_seen",
@@ -35,6 +38,8 @@ ATTRIBUTES = (
     "done",
     "event_count",
     "events",
+    "oversized_events",
+    "buffered_bytes",
 )
 
 
@@ -48,12 +53,18 @@ class Scanner(Protocol):
     done: bool
     event_count: int
     events: list[bytes]
+    @property
+    def oversized_events(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int: ...
+    @property
+    def max_event_bytes(self) -> int: ...
 
     def feed(self, chunk: bytes | bytearray) -> bool: ...
 
 
 class ScannerClass(Protocol):
-    def __call__(self, keep_events: bool = False) -> Scanner: ...
+    def __call__(self, keep_events: bool = False, max_event_bytes: int = ...) -> Scanner: ...
 
 
 def _compiled_twin() -> ScannerClass:
@@ -145,10 +156,22 @@ def tool_call_stream() -> list[bytes]:
     return events
 
 
-def scan(cls: ScannerClass, reads: Iterable[bytes], keep_events: bool = True) -> tuple[Scanner, list[int]]:
-    """Feed ``reads`` in order; return the scanner and the indexes of reads whose feed said True."""
-    scanner = cls(keep_events=keep_events)
-    firsts = [i for i, read in enumerate(reads) if scanner.feed(read)]
+def scan(
+    cls: ScannerClass,
+    reads: Iterable[bytes],
+    keep_events: bool = True,
+    max_event_bytes: int = DEFAULT,
+) -> tuple[Scanner, list[int]]:
+    """Feed ``reads`` in order; return the scanner and the indexes of reads whose feed said True.
+
+    After every read, the scanner must hold no more than its bound.
+    """
+    scanner = cls(keep_events=keep_events, max_event_bytes=max_event_bytes)
+    firsts = []
+    for i, read in enumerate(reads):
+        if scanner.feed(read):
+            firsts.append(i)
+        assert 0 <= scanner.buffered_bytes <= max_event_bytes, (i, scanner.buffered_bytes)
     return scanner, firsts
 
 
@@ -190,7 +213,10 @@ def test_fresh_scanner_reports_nothing(scanner_cls: ScannerClass) -> None:
         "done": False,
         "event_count": 0,
         "events": [],
+        "oversized_events": 0,
+        "buffered_bytes": 0,
     }
+    assert scanner.max_event_bytes == 16 * 1024 * 1024 == DEFAULT
 
 
 def test_events_are_kept_only_when_asked(scanner_cls: ScannerClass) -> None:
@@ -474,6 +500,174 @@ def test_bytearray_reads_are_accepted(scanner_cls: ScannerClass) -> None:
     assert scanner.done
 
 
+# --- the bound on what is held of one event ------------------------------------------------------
+
+
+def every_split(stream: bytes) -> Iterable[list[bytes]]:
+    """The stream whole, cut once at every offset, and one byte per read."""
+    yield [stream]
+    for cut in range(len(stream) + 1):
+        yield [stream[:cut], stream[cut:]]
+    yield [stream[i : i + 1] for i in range(len(stream))]
+
+
+@pytest.mark.parametrize("bad", [0, -1, -(2**70), sys.maxsize + 1, 2**70])
+def test_bound_out_of_range_is_refused(scanner_cls: ScannerClass, bad: int) -> None:
+    with pytest.raises(ValueError, match="at least 1 and at most"):
+        scanner_cls(max_event_bytes=bad)
+
+
+@pytest.mark.parametrize("bad", [1.5, "64", None])
+def test_bound_that_is_not_an_integer_is_refused(scanner_cls: ScannerClass, bad: Any) -> None:
+    with pytest.raises(TypeError):
+        scanner_cls(max_event_bytes=bad)
+
+
+def test_compiled_twin_has_the_same_default_bound() -> None:
+    if "c" not in TWINS:
+        pytest.skip("LUFTPAUSE_NO_EXTENSIONS is set: the compiled twin is not used")
+    compiled: Any = importlib.import_module("luftpause.dataplane._sse_c")
+    assert compiled.DEFAULT_MAX_EVENT_BYTES == _sse_py.DEFAULT_MAX_EVENT_BYTES == 16 * 1024 * 1024
+
+
+@pytest.mark.parametrize(("bound", "events", "oversized"), [(9, [b"abc", b"ok"], 0), (8, [b"ok"], 1)])
+def test_line_of_exactly_the_bound_is_read_and_one_byte_more_is_dropped(
+    scanner_cls: ScannerClass, bound: int, events: list[bytes], oversized: int
+) -> None:
+    stream = b"data: abc\n\ndata: ok\n\n"  # "data: abc" is 9 bytes: the prefix counts
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads, max_event_bytes=bound)
+        assert (scanner.events, scanner.oversized_events) == (events, oversized), reads
+        assert scanner.event_count == len(events)
+
+
+@pytest.mark.parametrize(("bound", "events", "oversized"), [(10, [b"ab\ncd", b"ok"], 0), (9, [b"ok"], 1)])
+def test_bound_counts_the_data_so_far_plus_the_line_being_read(
+    scanner_cls: ScannerClass, bound: int, events: list[bytes], oversized: int
+) -> None:
+    # after "data: ab" the event holds 2 bytes of data; "data: cd" is 8 more: 10 held at most,
+    # though the event's data is only 5 bytes once joined
+    stream = b"data: ab\ndata: cd\n\ndata: ok\n\n"
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads, max_event_bytes=bound)
+        assert (scanner.events, scanner.oversized_events) == (events, oversized), reads
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r", b"\r\n"], ids=["LF", "CR", "CRLF"])
+def test_dropped_event_is_read_past_up_to_its_blank_line(scanner_cls: ScannerClass, eol: bytes) -> None:
+    lines = [b"data: small", b"data: " + b"x" * 100, b"data: more", b": a comment", b"", b"data: next", b""]
+    stream = eol.join(lines) + eol
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads, max_event_bytes=50)
+        assert scanner.events == [b"next"], reads
+        assert (scanner.event_count, scanner.oversized_events, scanner.buffered_bytes) == (1, 1, 0)
+
+
+def test_an_over_long_comment_or_field_line_drops_its_event(scanner_cls: ScannerClass) -> None:
+    stream = (
+        b": " + b"c" * 100 + b"\ndata: lost\n\n"
+        + b"data: kept\n\n"
+        + b"event: " + b"e" * 100 + b"\ndata: lost too\n\n"
+        + b": " + b"c" * 100 + b"\n\n"  # a block with no data at all is counted too
+        + b"data: last\n\n"
+    )
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads, max_event_bytes=64)
+        assert scanner.events == [b"kept", b"last"], reads
+        assert scanner.oversized_events == 3
+
+
+def test_first_token_and_tool_calls_in_a_dropped_event_are_not_seen(scanner_cls: ScannerClass) -> None:
+    big_call = {"index": 0, "id": "call_big", "function": {"name": "w", "arguments": "x" * 2000}}
+    reads = [
+        event(chunk_object({"role": "assistant"})),
+        event(chunk_object({"tool_calls": [big_call]})),
+        event(chunk_object({"content": "after"})),
+        event(chunk_object({}, "stop")),
+        event(chunk_object(choices=[], usage={"prompt_tokens": 3, "completion_tokens": 9})),
+        b"data: [DONE]\n\n",
+    ]
+    scanner, firsts = scan(scanner_cls, reads, max_event_bytes=1024)
+    assert scanner.oversized_events == 1
+    assert firsts == [2]  # the tool call would have been the first token
+    assert not scanner.saw_tool_calls and scanner.tool_call_ids == []
+    assert scanner.finish_reason == "stop"
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (3, 9)
+    assert scanner.done and scanner.event_count == 5
+    # and with the default bound the same stream is read whole
+    scanner, firsts = scan(scanner_cls, reads)
+    assert (firsts, scanner.tool_call_ids, scanner.oversized_events) == ([1], ["call_big"], 0)
+
+
+def test_over_long_first_line_ends_the_byte_order_mark_window(scanner_cls: ScannerClass) -> None:
+    bom = b"\xef\xbb\xbf"
+    stream = bom + b": " + b"c" * 100 + b"\n\n" + bom + b"data: b\n\ndata: c\n\n"
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads, max_event_bytes=64)
+        # the second BOM is not at the start of the stream: "\xef\xbb\xbfdata" is another field
+        assert (scanner.events, scanner.oversized_events) == ([b"c"], 1), reads
+
+
+def test_event_still_over_the_bound_when_the_stream_ends_holds_nothing(scanner_cls: ScannerClass) -> None:
+    reads = [b"data: [DONE]\n\n", b"data: ", b"y" * 300, b"y" * 300]
+    scanner, _ = scan(scanner_cls, reads, max_event_bytes=500)
+    assert (scanner.oversized_events, scanner.buffered_bytes, scanner.event_count) == (1, 0, 1)
+    assert scanner.done
+
+
+def test_buffered_bytes_counts_the_unfinished_line_and_the_data_so_far(scanner_cls: ScannerClass) -> None:
+    scanner = scanner_cls()
+    scanner.feed(b"data: abc\ndata: de")  # data "abc" (3) + unfinished line "data: de" (8)
+    assert scanner.buffered_bytes == 11
+    scanner.feed(b"\n")  # data "abc\nde"
+    assert scanner.buffered_bytes == 6
+    scanner.feed(b"\n")  # dispatched
+    assert scanner.buffered_bytes == 0
+
+
+@pytest.mark.parametrize("twin", ["py", "c"])
+def test_held_memory_stays_bounded_on_a_50_mb_line_without_newline(twin: str) -> None:
+    """The reviewer's case: a line that never ends must not grow the scanner past its bound."""
+    if twin not in TWINS:
+        pytest.skip("LUFTPAUSE_NO_EXTENSIONS is set: the compiled twin is not used")
+    cls = TWINS[twin]
+    read_size = bound = 64 * 1024
+    read = b"data: " + b"x" * (read_size - 6)  # made before tracing: only the scanner's bytes count
+    reads = 800  # 52 MB in all
+    tracemalloc.start()
+    try:
+        # Control: with the default bound, four reads of the line are held and tracemalloc sees
+        # them, so the measurement below would catch a twin that held the line.
+        unbounded = cls()
+        for _ in range(4):
+            unbounded.feed(read)
+        _, control_peak = tracemalloc.get_traced_memory()
+        assert unbounded.buffered_bytes == 4 * read_size
+        assert control_peak >= 4 * read_size
+        del unbounded
+
+        tracemalloc.reset_peak()
+        scanner = cls(max_event_bytes=bound)
+        held = []
+        for _ in range(reads):
+            scanner.feed(read)
+            held.append(scanner.buffered_bytes)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert max(held) <= bound
+    assert held[-1] == 0  # the line was given up, not kept
+    assert peak <= bound + read_size, peak
+    assert scanner.oversized_events == 1
+    # the blank line ends the dropped event; the turn that follows is read as usual
+    firsts = [i for i, r in enumerate([b"xyz\n\n", *openai_stream()]) if scanner.feed(r)]
+    assert firsts == [2]
+    assert scanner.finish_reason == "stop"
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (31, 4)
+    assert scanner.done and scanner.event_count == 8
+    assert scanner.oversized_events == 1
+
+
 # --- robustness ----------------------------------------------------------------------------------
 
 
@@ -517,15 +711,20 @@ def test_tool_call_entries_of_the_wrong_shape_count_but_give_no_id(scanner_cls: 
 @given(reads=st.lists(st.binary(max_size=64), max_size=12))
 def test_garbage_bytes_never_raise(reads: list[bytes]) -> None:
     for cls in TWINS.values():
-        scan(cls, reads)
-        scan(cls, [b"".join(reads).replace(b"\n", b"\ndata: ")])
+        for bound in (DEFAULT, 1, 7):
+            scan(cls, reads, max_event_bytes=bound)
+            scan(cls, [b"".join(reads).replace(b"\n", b"\ndata: ")], max_event_bytes=bound)
 
 
 # --- the twins agree, however the stream is cut ---------------------------------------------------
 
 
 def _kitchen_sink_stream() -> bytes:
-    """One stream with every feature: BOM, CR/LF/CRLF, comments, multi-line data, UTF-8, tools."""
+    """One stream with every feature: BOM, CR/LF/CRLF, comments, multi-line data, UTF-8, tools.
+
+    Its lines are 5-238 bytes long, but for three events that a small bound drops: one line of 306
+    bytes (CRLF), a comment of 302 bytes, and two data lines of 156 bytes (CR).
+    """
     return (
         b"\xef\xbb\xbf: hello\r\n\r\n"
         + event(chunk_object({"role": "assistant", "content": ""}), b"\r\n")
@@ -533,34 +732,52 @@ def _kitchen_sink_stream() -> bytes:
         + b"event: message\nid: 1\ndata:"
         + orjson.dumps(chunk_object({"content": "日本"}))
         + b"\n\n"
+        + b"data: " + b"y" * 300 + b"\r\ndata: tail\r\n\r\n"
         + b': keep-alive\n\ndata: {"choices":[{"delta":\r\ndata: {"content":"x"}}]}\n\n'
+        + b": " + b"z" * 300 + b"\ndata: lost\n\n"
         + event(chunk_object({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f"}}]}))
         + event(chunk_object({"tool_calls": [{"index": 1, "id": "call_2", "function": {"name": "g"}}]}))
         + event(chunk_object({}, "stop"), b"\r\n")
         + b"data: {bad json\n\ndata:\n\n"
+        + b"data: " + b"w" * 150 + b"\rdata: " + b"w" * 150 + b"\r\r"
         + event({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}, b"\r")
         + b"data: [DONE]\r\n\r\ndata: [DONE]\n\n"
     )
 
 
-def test_every_two_part_split_gives_the_same_result() -> None:
+# max_event_bytes -> facts about the kitchen-sink stream read whole with it
+_KITCHEN_SINK_FACTS: dict[int, dict[str, object]] = {
+    DEFAULT: {"oversized_events": 0, "event_count": 15, "tool_call_ids": ["call_1", "call_2"]},
+    # the three long events
+    256: {"oversized_events": 3, "event_count": 12, "tool_call_ids": ["call_1", "call_2"]},
+    # and the role, reasoning and both tool-call events; the first token comes from the "日本" event
+    200: {"oversized_events": 7, "event_count": 8, "tool_call_ids": [], "first_token_seen": True},
+    # all but the short events: no first token, but [DONE] (12 bytes) is read
+    16: {"oversized_events": 11, "first_token_seen": False, "done": True, "event_count": 4},
+}
+
+
+@pytest.mark.parametrize("bound", list(_KITCHEN_SINK_FACTS), ids=lambda b: f"bound={b}")
+def test_every_two_part_split_gives_the_same_result(bound: int) -> None:
     stream = _kitchen_sink_stream()
-    whole = {name: state(scan(cls, [stream])[0]) for name, cls in TWINS.items()}
-    assert whole["py"]["tool_call_ids"] == ["call_1", "call_2"]
-    assert whole["py"]["done"] and whole["py"]["event_count"] == 12
+    whole = {name: state(scan(cls, [stream], max_event_bytes=bound)[0]) for name, cls in TWINS.items()}
+    expected = whole["py"]
+    assert expected | _KITCHEN_SINK_FACTS[bound] == expected
+    assert expected["done"]
     for name, cls in TWINS.items():
-        assert whole[name] == whole["py"]
+        assert whole[name] == expected
         for cut in range(len(stream) + 1):
-            scanner, firsts = scan(cls, [stream[:cut], stream[cut:]])
-            assert state(scanner) == whole["py"], (name, cut)
-            assert len(firsts) == 1, (name, cut)
+            scanner, firsts = scan(cls, [stream[:cut], stream[cut:]], max_event_bytes=bound)
+            assert state(scanner) == expected, (name, cut)
+            assert len(firsts) == int(bool(expected["first_token_seen"])), (name, cut)
 
 
-def test_one_byte_at_a_time_gives_the_same_result() -> None:
+@pytest.mark.parametrize("bound", list(_KITCHEN_SINK_FACTS), ids=lambda b: f"bound={b}")
+def test_one_byte_at_a_time_gives_the_same_result(bound: int) -> None:
     stream = _kitchen_sink_stream()
-    expected = state(scan(_sse_py.SSEScanner, [stream])[0])
+    expected = state(scan(_sse_py.SSEScanner, [stream], max_event_bytes=bound)[0])
     for cls in TWINS.values():
-        scanner, _ = scan(cls, [stream[i : i + 1] for i in range(len(stream))])
+        scanner, _ = scan(cls, [stream[i : i + 1] for i in range(len(stream))], max_event_bytes=bound)
         assert state(scanner) == expected
 
 
@@ -631,6 +848,10 @@ def _streams(draw: st.DrawFn) -> bytes:
                 draw(st.sampled_from([b": keep-alive", b"event: delta", b"id: 3", b"retry: 10"])) + eol
             )
         payload = draw(_payloads())
+        # now and then a long line, for small bounds to drop its event
+        if not draw(st.integers(0, 5)):
+            head = draw(st.sampled_from([b"data: ", b"data:", b": ", b"event: "]))
+            parts.append(head + b"y" * draw(st.integers(0, 600)) + eol)
         # split the payload over several data lines, sometimes inside a JSON string (then invalid)
         cuts = sorted(draw(st.lists(st.integers(0, len(payload)), max_size=2)))
         for line in split_at(payload, cuts):
@@ -646,14 +867,17 @@ def _streams(draw: st.DrawFn) -> bytes:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=_streams(), data=st.data())
 def test_twins_agree_on_random_streams_cut_anywhere(stream: bytes, data: st.DataObject) -> None:
+    # the default bound, or (twice as often) one small enough to drop some events of the stream
+    small = data.draw(st.integers(1, 700), label="small bound")
+    bound = data.draw(st.sampled_from([DEFAULT, small, small]), label="max_event_bytes")
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6), label="cuts")
     after_cr = [i + 1 for i, byte in enumerate(stream) if byte == 0x0D]
     if after_cr:  # reads that end between the CR and LF of a CRLF
         cuts += data.draw(st.lists(st.sampled_from(after_cr), max_size=3), label="cuts after CR")
     reads = split_at(stream, cuts)
-    reference, reference_firsts = scan(_sse_py.SSEScanner, [stream])
-    py, py_firsts = scan(TWINS["py"], reads)
-    c, c_firsts = scan(TWINS["c"], reads)
+    reference, reference_firsts = scan(_sse_py.SSEScanner, [stream], max_event_bytes=bound)
+    py, py_firsts = scan(TWINS["py"], reads, max_event_bytes=bound)
+    c, c_firsts = scan(TWINS["c"], reads, max_event_bytes=bound)
     assert state(py) == state(reference)
     assert state(c) == state(py)
     assert c_firsts == py_firsts
