@@ -8,6 +8,8 @@
 * :mod:`.toolargs`: tool-call arguments valid against a JSON Schema;
 * :mod:`.wire`: the OpenAI chat completions wire format (requests, chunks, errors);
 * :mod:`.metrics`: ``/metrics`` with SGLang's names, through ``prometheus_client``;
+* :mod:`.faults`: misbehaviour on demand (refusals, cut streams, stalls, slow streams, closed
+  connections), per request (``"luftpause_fault"`` in the body) or for a seeded fraction of requests;
 * :mod:`.server`: the aiohttp routes, ``start_engine`` and ``RunningEngine``.
 """
 
