@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
-from luftpause.testkit.procs import ChildProcess
+from luftpause.testkit.procs import ChildProcess, port_open
 
 READY_TIMEOUT_S = 60.0
 
@@ -89,6 +89,19 @@ def plan(config: Config, logs: Path) -> list[ChildProcess]:
     return children
 
 
+def busy_ports(config: Config) -> list[str]:
+    """The ``host:port`` addresses ``up`` would listen on that something already listens on.
+
+    Checked before starting anything: a readiness probe cannot tell our child from a stranger.
+    """
+    addresses = [config.scheduler.grpc, config.scheduler.http, config.dataplane.listen, config.runtime.listen]
+    if config.is_embedded_default:
+        for url in [r.url for r in config.replicas] + [s.url for s in config.mcp_servers if s.url]:
+            parts = urlsplit(url)
+            addresses.append(f"{parts.hostname}:{parts.port}")
+    return [a for a in addresses if port_open(*split_host_port(a))]
+
+
 def banner(config: Config, logs: Path) -> str:
     dp_host, dp_port = split_host_port(config.dataplane.listen)
     rt_host, rt_port = split_host_port(config.runtime.listen)
@@ -116,6 +129,12 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    busy = busy_ports(config)
+    if busy:
+        print(
+            f"luftpause up: already in use, stop what listens there first: {', '.join(busy)}", file=sys.stderr
+        )
+        return 1
     logs = Path(args.logs) if args.logs else Path(config.runtime.state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     children = plan(config, logs)

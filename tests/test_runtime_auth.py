@@ -212,3 +212,27 @@ def test_loadgen_sends_the_token_from_the_environment(guarded: Stack) -> None:
     )
     assert refused.returncode == 1
     assert "missing or wrong bearer token" in refused.stderr, refused.stderr  # our message, not the SDK's
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x"],
+)
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/chat/completions"), ("GET", "/v1/models")])
+def test_the_dataplane_refuses_v1_routes_without_the_token_with_json_401(
+    guarded: Stack, authorization: str | None, method: str, path: str
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    code, answer_headers, answer = _http(method, f"{guarded.dataplane_url}{path}", headers=headers)
+    assert code == 401
+    assert answer_headers["content-type"] == "application/json"
+    assert "bearer token" in json.loads(answer)["error"]["message"]
+
+
+def test_the_dataplane_serves_v1_routes_with_the_token_and_health_without(guarded: Stack) -> None:
+    code, _, answer = _http(
+        "GET", f"{guarded.dataplane_url}/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert code == 200 and json.loads(answer)["data"]
+    code, _, _ = _http("GET", f"{guarded.dataplane_url}/health")
+    assert code == 200

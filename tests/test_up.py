@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -160,3 +161,23 @@ def test_up_stops_everything_when_one_child_dies_and_shows_its_log(
     assert b"scheduler exited" in up.stdout.read()
     assert not any(port_open("127.0.0.1", p) for p in ports.values())
     assert _pids_with(str(path)) == []
+
+
+def test_up_refuses_to_start_when_a_port_it_needs_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        path = tmp_path / "busy.toml"
+        path.write_text(
+            f'[dataplane]\nlisten = "127.0.0.1:{taken}"\n'
+            '[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "luftpause", "up", "--config", str(path)],
+            capture_output=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"127.0.0.1:{taken}".encode() in done.stderr
+    assert b"already in use" in done.stderr

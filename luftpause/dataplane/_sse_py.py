@@ -189,9 +189,7 @@ class SSEScanner:
         continued = bool(self._tail) or self._line_open
         # The event's data grows by less than the bytes read, so if the data, the unfinished line
         # and this whole read fit the bound, no line of this read needs testing against it.
-        careful = self._skipping or (
-            self._data_size + len(self._tail) + len(chunk) > self._max_event_bytes
-        )
+        careful = self._skipping or (self._data_size + len(self._tail) + len(chunk) > self._max_event_bytes)
         for line in lines:
             if line[-1] == _LF:
                 line = line[:-2] if line[-2:] == b"\r\n" else line[:-1]

@@ -141,6 +141,11 @@ class SchedulerLink:
             except grpc.aio.AioRpcError as exc:
                 if self._synced.is_set():
                     log.warning("lost the scheduler %s: %s", self.target, exc.code().name)
+                elif exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    # Not the scheduler being away: a refused Resync would otherwise repeat silently.
+                    log.error(
+                        "resync with scheduler %s failed: %s %s", self.target, exc.code().name, exc.details()
+                    )
             finally:
                 self._synced.clear()
             await asyncio.sleep(RETRY_S)

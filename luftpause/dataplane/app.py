@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 
 from luftpause.config import Config, load_config
 from luftpause.dataplane.admission import SchedulerLink
@@ -49,11 +50,24 @@ log = logging.getLogger("luftpause.dataplane")
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 CALLER_MAX_BYTES = 128
+RUN_ID_MAX_BYTES = 256
 ENGINE_CONNECT_TIMEOUT_S = 2.0
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
 _CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 _JSON = [("content-type", "application/json")]
+
+
+class _ClientGone(Exception):
+    """The client went away before its answer began; there is nobody to answer."""
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    """A request header as text; :class:`BadRequest` when it is present but not valid UTF-8."""
+    value: str | None = scope.headers.get(name)
+    if value is None and name in scope.headers:
+        raise BadRequest(f"header {name} is not valid UTF-8")
+    return value
 
 
 def truncate_caller(caller: str) -> str:
@@ -111,7 +125,11 @@ class Dataplane:
             await self._route(scope, proto)
         except DataplaneError as exc:
             headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
+            if isinstance(exc, MethodNotAllowed):
+                headers = [*headers, ("allow", exc.allow)]
             proto.response_bytes(exc.status, headers, exc.body())
+        except _ClientGone:
+            pass
         except Exception as exc:
             # A fault of ours still answers with the error contract (if nothing was sent yet).
             log.exception("%s %s failed", scope.method, scope.path)
@@ -123,6 +141,7 @@ class Dataplane:
     async def _route(self, scope: Scope, proto: HTTPProtocol) -> None:
         path, method = scope.path, scope.method
         if path == "/health":
+            _allow(path, method, "GET", "HEAD")
             state = "connected" if self.link.connected else "connecting"
             proto.response_bytes(200, _JSON, orjson.dumps({"status": "ok", "scheduler": state}))
             return
@@ -130,14 +149,13 @@ class Dataplane:
             raise NotFound(f"no route {method} {path}")
         self._authorize(scope)
         if path == "/v1/chat/completions":
-            if method != "POST":
-                raise MethodNotAllowed(f"{path} takes POST, not {method}")
+            _allow(path, method, "POST")
             await self._chat_completions(scope, proto)
         elif path == "/v1/models":
+            _allow(path, method, "GET", "HEAD")
             proto.response_bytes(200, _JSON, self.models_body)
         elif path.startswith("/v1/runs/") and len(path) > len("/v1/runs/"):
-            if method != "DELETE":
-                raise MethodNotAllowed(f"{path} takes DELETE, not {method}")
+            _allow(path, method, "DELETE")
             run_id = path[len("/v1/runs/") :]
             self.runs.forget(run_id)
             self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
@@ -148,16 +166,31 @@ class Dataplane:
     def _authorize(self, scope: Scope) -> None:
         if self.token is None:
             return
-        given = scope.headers.get("authorization") or ""
+        given = _header(scope, "authorization") or ""
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token.encode()):
             raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)")
 
     # --- chat completions ------------------------------------------------------------------------
 
+    async def _read_body(self, scope: Scope, proto: HTTPProtocol) -> bytes:
+        """The request body, refused with 413 as soon as it passes ``MAX_BODY_BYTES``."""
+        declared = scope.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for part in proto:
+                size += len(part)
+                if size > MAX_BODY_BYTES:
+                    raise PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
+                parts.append(part)
+        except (RSGIProtocolClosed, RSGIProtocolError):
+            raise _ClientGone from None
+        return b"".join(parts)
+
     def _parse_turn(self, scope: Scope, body: bytes) -> Turn:
-        if len(body) > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
         try:
             payload: Any = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -169,24 +202,25 @@ class Dataplane:
             raise BadRequest("'model' must be a non-empty string")
         if not isinstance(payload.get("messages"), list):
             raise BadRequest("'messages' must be an array")
-        headers = scope.headers
-        class_name = headers.get("x-luftpause-class") or "interactive"
+        class_name = _header(scope, "x-luftpause-class") or "interactive"
         service_class = _CLASSES.get(class_name)
         if service_class is None:
             raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
+        run_id = _header(scope, RUN_ID_HEADER) or f"run-{uuid.uuid4().hex}"
+        if len(run_id.encode()) > RUN_ID_MAX_BYTES:
+            raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
         return Turn(
             turn_id=Turn.new_id(),
-            run_id=headers.get(RUN_ID_HEADER) or f"run-{uuid.uuid4().hex}",
+            run_id=run_id,
             model=model,
             service_class=service_class,
-            caller=truncate_caller(headers.get("x-luftpause-caller") or ""),
-            stream=payload.get("stream") is True,
+            caller=truncate_caller(_header(scope, "x-luftpause-caller") or ""),
             body=body,
-            traceparent=headers.get("traceparent"),
+            traceparent=_header(scope, "traceparent"),
         )
 
     async def _chat_completions(self, scope: Scope, proto: HTTPProtocol) -> None:
-        turn = self._parse_turn(scope, await proto())
+        turn = self._parse_turn(scope, await self._read_body(scope, proto))
         # Race the whole turn against the client leaving: a held turn must leave the queue at once
         # and a streaming one must close its engine request at once (starlette's pattern).
         work = asyncio.ensure_future(self._admit_and_forward(turn, proto))
@@ -209,27 +243,37 @@ class Dataplane:
 
     async def _admit_and_forward(self, turn: Turn, proto: HTTPProtocol) -> None:
         assert self._relay is not None
-        reply = await self.link.admit(
-            pb.AdmitRequest(
-                turn_id=turn.turn_id,
-                run_id=turn.run_id,
-                model=turn.model,
-                service_class=turn.service_class,  # type: ignore[arg-type]
-                caller=turn.caller,
-                dataplane_id=self.link.dataplane_id,
-            )
+        request = pb.AdmitRequest(
+            turn_id=turn.turn_id,
+            run_id=turn.run_id,
+            model=turn.model,
+            service_class=turn.service_class,  # type: ignore[arg-type]
+            caller=turn.caller,
+            dataplane_id=self.link.dataplane_id,
         )
+        try:
+            reply = await self.link.admit(request)
+        except BaseException:
+            # The client left (or the link failed) while the Admit was out: the placement may cross
+            # the cancel on the wire, so tell the scheduler to undo whatever it did.
+            self._relay.abandoned(turn)
+            raise
         if reply.WhichOneof("outcome") == "refused":
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         try:
             replica = self.config.replica(reply.placed.replica)
         except KeyError:
-            self._relay.failed(turn, f"unknown replica {reply.placed.replica!r}")
+            self._relay.abandoned(turn)
             raise DataplaneError(
                 f"the scheduler placed the turn on replica {reply.placed.replica!r}, "
                 "which this dataplane's configuration does not name"
             ) from None
         await self._relay.forward(turn, replica, proto)
+
+
+def _allow(path: str, method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise MethodNotAllowed(f"{path} takes {', '.join(allowed)}, not {method}", allow=", ".join(allowed))
 
 
 def create_app() -> Dataplane:

@@ -45,7 +45,13 @@ class NotFound(DataplaneError):
 
 
 class MethodNotAllowed(DataplaneError):
+    """405; ``allow`` is the value of the ``Allow`` header sent with it."""
+
     status = 405
+
+    def __init__(self, message: str, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
 
 
 class PayloadTooLarge(DataplaneError):

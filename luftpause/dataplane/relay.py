@@ -9,6 +9,7 @@ client sees in each failure case is the table in DESIGN.md ("Failure contract").
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import uuid
 from dataclasses import dataclass
@@ -16,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 
 from luftpause.config import ReplicaConfig
 from luftpause.dataplane.admission import SchedulerLink
-from luftpause.dataplane.errors import EngineUnreachable, error_body
+from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.sse import SSEScanner
 from luftpause.v1 import scheduler_pb2 as pb
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("luftpause.dataplane")
 
 RUN_ID_HEADER = "x-luftpause-run-id"
+_INLINE_BODY_BYTES = 1024 * 1024
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those the server recomputes are never relayed.
 _NOT_RELAYED = frozenset(
@@ -59,7 +62,6 @@ class Turn:
     model: str
     service_class: int
     caller: str
-    stream: bool
     body: bytes
     traceparent: str | None
 
@@ -69,7 +71,11 @@ class Turn:
 
 
 class Relay:
-    """Forwards admitted turns to replicas over one shared aiohttp session and reports them."""
+    """Forwards admitted turns to replicas over one shared aiohttp session and reports them.
+
+    Every turn given to :meth:`forward` is reported ended exactly once (finished or failed); a turn
+    given up before it reached an engine is reported with :meth:`abandoned`.
+    """
 
     def __init__(self, session: aiohttp.ClientSession, link: SchedulerLink, runs: RunTable) -> None:
         self.session = session
@@ -77,17 +83,23 @@ class Relay:
         self.runs = runs
 
     def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
-        self.link.report(pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields))  # type: ignore[arg-type]
+        event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields)  # type: ignore[arg-type]
+        self.link.report(event)
 
     def failed(self, turn: Turn, error: str) -> None:
-        """The turn ended without a completion: free its slot, leave the run idle."""
-        self.runs.ended(turn.turn_id, False, asyncio.get_running_loop().time())
-        self._event(turn, pb.TurnEvent.FAILED, error=error[:500])
+        """The turn ended without a completion: free its slot, leave the run idle (once per turn)."""
+        if self.runs.ended(turn.turn_id, False, asyncio.get_running_loop().time()):
+            self._event(turn, pb.TurnEvent.FAILED, error=error[:500])
+
+    def abandoned(self, turn: Turn) -> None:
+        """The turn was given up before any engine saw it: the scheduler undoes what it did with it."""
+        self._event(turn, pb.TurnEvent.ABANDONED)
 
     def _finished(
         self, turn: Turn, finish_reason: str, tool_calls: bool, prompt: int, completion: int
     ) -> None:
-        self.runs.ended(turn.turn_id, tool_calls, asyncio.get_running_loop().time())
+        if not self.runs.ended(turn.turn_id, tool_calls, asyncio.get_running_loop().time()):
+            return
         self._event(
             turn,
             pb.TurnEvent.FINISHED,
@@ -100,8 +112,9 @@ class Relay:
     async def forward(self, turn: Turn, replica: ReplicaConfig, proto: HTTPProtocol) -> None:
         """Send ``turn`` to ``replica`` and relay the answer to ``proto``.
 
-        Raises :class:`EngineUnreachable` (nothing sent to the client yet) when the engine cannot
-        be connected to. Cancellation (the client left) closes the engine request at once.
+        Raises :class:`EngineUnreachable` (nothing sent to the client yet) when the engine cannot be
+        connected to or breaks off before its answer has begun. Cancellation (the client left)
+        closes the engine request at once.
         """
         self.runs.placed(
             InFlight(turn.turn_id, turn.run_id, replica.name, turn.model, turn.service_class, turn.caller),
@@ -114,9 +127,13 @@ class Relay:
             headers["authorization"] = f"Bearer {key}"
         if turn.traceparent:
             headers["traceparent"] = turn.traceparent
+        # aiohttp writes a bytes body in one call; past 1 MiB a file-like payload is streamed.
+        data: bytes | io.BytesIO = (
+            turn.body if len(turn.body) <= _INLINE_BODY_BYTES else io.BytesIO(turn.body)
+        )
         try:
             async with self.session.post(
-                f"{replica.url}/v1/chat/completions", data=turn.body, headers=headers
+                f"{replica.url}/v1/chat/completions", data=data, headers=headers
             ) as upstream:
                 out_headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in _NOT_RELAYED]
                 out_headers.append((RUN_ID_HEADER, turn.run_id))
@@ -126,13 +143,17 @@ class Relay:
                     await self._relay_stream(turn, upstream, out_headers, proto)
                 else:
                     await self._relay_whole(turn, upstream, out_headers, proto)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-            # Nothing was answered yet: the client gets a 502 naming the replica.
-            self.failed(turn, f"engine {replica.name}: {exc}")
-            raise EngineUnreachable(f"engine {replica.name}: {exc}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            # Errors after a stream began are handled in _relay_stream, so nothing was answered
+            # yet: the client gets a 502 naming the replica.
+            message = f"engine {replica.name}: {str(exc) or type(exc).__name__}"
+            self.failed(turn, message)
+            raise EngineUnreachable(message) from None
         except asyncio.CancelledError:
             self.failed(turn, "client disconnected")
             raise
+        finally:
+            self.failed(turn, "the relay ended without an outcome")  # a no-op once the turn ended
 
     async def _relay_refusal(
         self,
@@ -162,13 +183,24 @@ class Relay:
                 await transport.send_bytes(chunk)
                 if scanner.feed(chunk):
                     self._event(turn, pb.TurnEvent.FIRST_TOKEN)
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # The client has had 200 and the chunks so far; the stream ends without [DONE].
             self.failed(turn, f"engine failed mid-stream: {exc!r}")
             return
-        except Exception as exc:  # the client's side of the stream went away
+        except (RSGIProtocolClosed, RSGIProtocolError) as exc:  # the client's side went away
             self.failed(turn, f"client stream closed: {exc!r}")
             return
+        finally:
+            # granian ends a streamed response when its transport object is freed, and a caught
+            # exception's traceback keeps this frame alive: without this the client would hang.
+            del transport
+            if scanner.oversized_events:
+                log.warning(
+                    "turn %s: %d SSE events over %d bytes were relayed unread",
+                    turn.turn_id,
+                    scanner.oversized_events,
+                    scanner.max_event_bytes,
+                )
         if not scanner.done and scanner.finish_reason is None:
             self.failed(turn, "engine closed the stream before it finished")
             return
@@ -187,12 +219,7 @@ class Relay:
         headers: list[tuple[str, str]],
         proto: HTTPProtocol,
     ) -> None:
-        try:
-            body = await upstream.read()
-        except aiohttp.ClientError as exc:
-            self.failed(turn, f"engine failed mid-response: {exc!r}")
-            proto.response_bytes(502, [("content-type", "application/json")], error_body(str(exc)))
-            return
+        body = await upstream.read()  # a read error here becomes forward()'s 502
         self._event(turn, pb.TurnEvent.FIRST_TOKEN)
         finish_reason, tool_calls, prompt, completion = _completion_facts(body)
         proto.response_bytes(200, headers, body)

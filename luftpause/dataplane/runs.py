@@ -51,15 +51,19 @@ class RunTable:
         run.last_seen = now
         self.inflight[turn.turn_id] = turn
 
-    def ended(self, turn_id: str, tool_calls: bool, now: float) -> None:
-        """The turn finished (``tool_calls``: the run pauses on a tool) or failed (False)."""
+    def ended(self, turn_id: str, tool_calls: bool, now: float) -> bool:
+        """The turn finished (``tool_calls``: the run pauses on a tool) or failed (False).
+
+        Returns False when the turn was not in flight (already ended), so it is reported once.
+        """
         turn = self.inflight.pop(turn_id, None)
         if turn is None:
-            return
+            return False
         run = self.runs.get(turn.run_id)
         if run is not None:
             run.phase = pb.TOOL_PAUSED if tool_calls else pb.IDLE
             run.last_seen = now
+        return True
 
     def forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)

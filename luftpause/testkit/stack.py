@@ -40,8 +40,12 @@ class Stack:
         tool_rounds: int = 2,
         decode_ms: float = 1.0,
         env: dict[str, str] | None = None,
+        extra_config: str = "",
     ) -> Stack:
-        """Start everything; raises ``RuntimeError`` (with the failing child's log) if one fails."""
+        """Start everything; raises ``RuntimeError`` (with the failing child's log) if one fails.
+
+        ``extra_config`` is TOML appended to the generated file, e.g. more ``[[replicas]]``.
+        """
         workdir.mkdir(parents=True, exist_ok=True)
         engine_ports = [free_port(), free_port()]
         mcp_port, grpc_port, status_port, dp_port, rt_port = (free_port() for _ in range(5))
@@ -74,6 +78,7 @@ state_dir = "{workdir / "state"}"
 [[mcp_servers]]
 name = "fake"
 url = "http://127.0.0.1:{mcp_port}/mcp"
+{extra_config}
 """
         )
         stack = cls(
