@@ -87,6 +87,27 @@ def test_non_streamed_completion_reaches_the_client_byte_identical(stack: Stack)
     assert raw.headers["x-luftpause-run-id"].startswith("run-")
 
 
+def test_the_engine_gets_the_replica_key_and_the_trace_never_the_clients_authorization(
+    stack: Stack, engine_key: str
+) -> None:
+    client = openai.OpenAI(
+        base_url=f"{stack.dataplane_url}/v1",
+        api_key="the-clients-own-secret",
+        default_headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        max_retries=0,
+    )
+    completion = client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=4)
+    received: dict[str, str] = {}
+    for url in stack.engine_urls:
+        status, _, body = _http("GET", f"{url}/testkit/received/{completion.id}")
+        if status == 200:
+            received = orjson.loads(body)
+    assert received["authorization"] == f"Bearer {engine_key}"
+    assert "the-clients-own-secret" not in json.dumps(received)
+    assert received["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert not any(name.startswith("x-luftpause-") for name in received)
+
+
 def test_unknown_model_is_answered_404_with_the_json_error_body(stack: Stack) -> None:
     client = _client(stack)
     with pytest.raises(openai.NotFoundError) as caught:

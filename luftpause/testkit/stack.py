@@ -41,10 +41,12 @@ class Stack:
         decode_ms: float = 1.0,
         env: dict[str, str] | None = None,
         extra_config: str = "",
+        api_key_env: str | None = None,
     ) -> Stack:
         """Start everything; raises ``RuntimeError`` (with the failing child's log) if one fails.
 
-        ``extra_config`` is TOML appended to the generated file, e.g. more ``[[replicas]]``.
+        ``extra_config`` is TOML appended to the generated file, e.g. more ``[[replicas]]``;
+        ``api_key_env`` names the environment variable holding both replicas' upstream key.
         """
         workdir.mkdir(parents=True, exist_ok=True)
         engine_ports = [free_port(), free_port()]
@@ -56,6 +58,7 @@ name = "sim-{i}"
 url = "http://127.0.0.1:{port}"
 models = ["{DEFAULT_MODEL}"]
 max_inflight = {max_inflight}
+{f'api_key_env = "{api_key_env}"' if api_key_env else ""}
 """
             for i, port in enumerate(engine_ports)
         )

@@ -8,7 +8,9 @@ Routes, as SGLang and vLLM serve them:
   SGLang's router asks of a worker;
 * ``GET /testkit/sent/{id}``: the exact response bytes sent for the completion ``id`` (one of the
   last ``SENT_KEPT``), so a test can check that a proxy relayed them unchanged (a completion cut
-  by a fault is not kept).
+  by a fault is not kept);
+* ``GET /testkit/received/{id}``: the request headers that completion ``id`` arrived with, as a
+  JSON object of lower-cased names, so a test can check what a proxy sent upstream.
 
 A request's life: validated (400/404 at once), queued for a running slot (FIFO), prefill
 (:class:`.costs.CostModel`), then one output token per ``decode_ms``. The HTTP handler is
@@ -26,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -57,7 +60,9 @@ MAX_TOKENS_PER_STEP = 64
 # Seconds that close() gives streams still running before aiohttp cancels them.
 SHUTDOWN_GRACE_S = 0.5
 
-# How many completed responses GET /testkit/sent/{id} can still show.
+_T = TypeVar("_T")
+
+# How many completed responses GET /testkit/sent/{id} (and .../received/{id}) can still show.
 SENT_KEPT = 256
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -93,6 +98,7 @@ class SimulatedEngine:
         self._metrics = SglangMetrics(settings.models, settings.slots)
         self._load = {model: ModelLoad() for model in settings.models}
         self._sent: OrderedDict[str, bytes] = OrderedDict()
+        self._received: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._dice = FaultDice(settings.fault, settings.fault_rate, settings.seed)
 
     def app(self) -> web.Application:
@@ -100,6 +106,7 @@ class SimulatedEngine:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
         app.router.add_get("/testkit/sent/{id}", self.sent)
+        app.router.add_get("/testkit/received/{id}", self.received)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
         for path in ("/server_info", "/get_server_info"):
@@ -124,10 +131,14 @@ class SimulatedEngine:
             return web.json_response({"error": {"message": "not recorded"}}, status=404)
         return web.Response(body=body, content_type="application/octet-stream")
 
+    async def received(self, request: web.Request) -> web.Response:
+        headers = self._received.get(request.match_info["id"])
+        if headers is None:
+            return web.json_response({"error": {"message": "not recorded"}}, status=404)
+        return web.json_response(headers)
+
     def _record(self, completion_id: str, body: bytes) -> None:
-        self._sent[completion_id] = body
-        while len(self._sent) > SENT_KEPT:
-            self._sent.popitem(last=False)
+        _keep(self._sent, completion_id, body)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -186,6 +197,7 @@ class SimulatedEngine:
             seed=self.settings.seed,
         )
         ids = wire.ResponseIds(chat.model)
+        _keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
         if chat.stream:
             return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, fault)
         return await self._answer_whole(request, chat, ids, reply, prompt_tokens, fault)
@@ -414,6 +426,13 @@ async def _abort(request: web.BaseRequest) -> None:
     while transport.get_write_buffer_size() > 0 and not transport.is_closing():  # noqa: ASYNC110
         await asyncio.sleep(MIN_SLEEP_S)
     transport.abort()
+
+
+def _keep(kept: OrderedDict[str, _T], key: str, value: _T) -> None:
+    """Remember ``value`` under ``key``, forgetting the oldest beyond ``SENT_KEPT`` entries."""
+    kept[key] = value
+    while len(kept) > SENT_KEPT:
+        kept.popitem(last=False)
 
 
 @dataclass(slots=True)
