@@ -24,6 +24,7 @@ from luftpause.scheduler.core import (
     InFlightRecord,
     Place,
     Reject,
+    ReplicaProbed,
     Resynced,
     RunEnded,
     RunPhase,
@@ -68,6 +69,16 @@ def reported(turn: str, at: float = 1.0) -> AbandonReported:
 
 def refused(turn: str) -> Reject:
     return Reject(turn, "turn was abandoned by its dataplane", 499)
+
+
+def probe(
+    replica: str,
+    at: float = 0.5,
+    healthy: bool = True,
+    running: int | None = None,
+    waiting: int | None = None,
+) -> ReplicaProbed:
+    return ReplicaProbed(replica, at, healthy, running, waiting, 0.5 if running is not None else None, None)
 
 
 def inflight(turn: str, run: str, replica: str, model: str = "m") -> InFlightRecord:
@@ -693,6 +704,317 @@ CASES = [
         [],
         {"r1": ("generating", "a")},
     ),
+    # -- health ---------------------------------------------------------------------------------------
+    Case(
+        "an unhealthy replica gets no turns",
+        TWO,
+        [probe("a", healthy=False)],
+        arrive("t1", "r1", at=1.0),
+        [Place("t1", "b")],
+        {"t1": "b"},
+        [],
+        {"r1": ("generating", "b")},
+    ),
+    Case(
+        "a known model whose replicas are all unhealthy waits, it is not refused",
+        ONE_OF_ONE,
+        [probe("a", healthy=False)],
+        arrive("t1", "r1", at=1.0),
+        [],
+        {},
+        ["t1"],
+        {"r1": ("idle", None)},
+    ),
+    Case(
+        "a held turn is placed when its replica is healthy again",
+        ONE_OF_ONE,
+        [probe("a", healthy=False), arrive("t1", "r1", at=1.0)],
+        probe("a", at=2.0),
+        [Place("t1", "a")],
+        {"t1": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "a never probed replica counts as healthy",
+        ONE_OF_ONE,
+        [probe("b", healthy=False)],  # not configured: ignored
+        arrive("t1", "r1", at=1.0),
+        [Place("t1", "a")],
+        {"t1": "a"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "strict affinity yields when the run's replica is unhealthy",
+        TWO,
+        [arrive("t1", "r1"), finish("t1", at=1.0, tools=True), probe("a", at=1.5, healthy=False)],
+        arrive("t2", "r1", at=2.0),
+        [Place("t2", "b")],
+        {"t2": "b"},
+        [],
+        {"r1": ("generating", "b")},
+    ),
+    Case(
+        "a turn held for its replica moves to one with room when that replica turns unhealthy",
+        TWO_OF_ONE,
+        [
+            arrive("t1", "r1"),  # a
+            arrive("t2", "r2"),  # b
+            finish("t1", at=1.0, tools=True),  # r1 paused on a
+            arrive("t3", "r3", at=2.0),  # takes a
+            arrive("t4", "r1", at=3.0),  # pinned to a: held
+            finish("t2", at=4.0),  # b frees, nothing for it
+        ],
+        probe("a", at=5.0, healthy=False),
+        [Place("t4", "b")],
+        {"t3": "a", "t4": "b"},
+        [],
+        {"r1": ("generating", "b"), "r2": ("idle", "b"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "a held turn of a run paused on a healthy replica stays pinned there",
+        TWO_OF_ONE,
+        [
+            arrive("t1", "r1"),
+            arrive("t2", "r2"),
+            finish("t1", at=1.0, tools=True),
+            arrive("t3", "r3", at=2.0),
+            arrive("t4", "r1", at=3.0),
+        ],
+        probe("b", at=4.0, running=0, waiting=0),
+        [],
+        {"t2": "b", "t3": "a"},
+        ["t4"],
+        {"r1": ("tool_paused", "a"), "r2": ("generating", "b"), "r3": ("generating", "a")},
+    ),
+    # -- engine-load admission ----------------------------------------------------------------------
+    Case(
+        "with no engine queue a replica accepts turns up to max_inflight",
+        [("a", ["m"], 3)],
+        [probe("a", running=1, waiting=0), arrive("t1", "r1", at=1.0), arrive("t2", "r2", at=1.0)],
+        arrive("t3", "r3", at=1.0),
+        [Place("t3", "a")],
+        {"t1": "a", "t2": "a", "t3": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "a"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "once the engine reports a queue in-flight turns are capped at its running count",
+        [("a", ["m"], 4)],
+        [arrive("t1", "r1"), arrive("t2", "r2"), probe("a", at=1.0, running=2, waiting=3)],
+        arrive("t3", "r3", at=1.5),
+        [],
+        {"t1": "a", "t2": "a"},
+        ["t3"],
+        {"r1": ("generating", "a"), "r2": ("generating", "a"), "r3": ("idle", None)},
+    ),
+    Case(
+        "the cap lifts when the engine's queue drains",
+        [("a", ["m"], 4)],
+        [
+            arrive("t1", "r1"),
+            arrive("t2", "r2"),
+            probe("a", at=1.0, running=2, waiting=3),
+            arrive("t3", "r3", at=1.5),
+        ],
+        probe("a", at=2.0, running=2, waiting=0),
+        [Place("t3", "a")],
+        {"t1": "a", "t2": "a", "t3": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "a"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "a queued engine's cap never exceeds max_inflight",
+        [("a", ["m"], 1)],
+        [arrive("t1", "r1"), probe("a", at=1.0, running=9, waiting=3)],
+        arrive("t2", "r2", at=1.5),
+        [],
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
+        "a replica that reports no load is capped only by max_inflight",
+        [("a", ["m"], 3)],
+        [probe("a"), arrive("t1", "r1", at=1.0), arrive("t2", "r2", at=1.0)],
+        arrive("t3", "r3", at=1.0),
+        [Place("t3", "a")],
+        {"t1": "a", "t2": "a", "t3": "a"},
+        [],
+        {"r1": ("generating", "a"), "r2": ("generating", "a"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "a turn goes to the replica whose engine has no queue",
+        TWO,
+        [probe("a", running=0, waiting=2)],
+        arrive("t1", "r1", at=1.0),
+        [Place("t1", "b")],
+        {"t1": "b"},
+        [],
+        {"r1": ("generating", "b")},
+    ),
+    # -- headroom -----------------------------------------------------------------------------------
+    Case(
+        "a batch turn may use a slot beyond the headroom",
+        [("a", ["m"], 2)],
+        [arrive("t1", "r1"), finish("t1", at=1.0, tools=True)],
+        arrive("t2", "r2", at=2.0, cls="batch"),
+        [Place("t2", "a")],
+        {"t2": "a"},
+        [],
+        {"r1": ("tool_paused", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "a batch turn may not take the slot kept for a paused interactive run",
+        [("a", ["m"], 2)],
+        [arrive("t1", "r1"), finish("t1", at=1.0, tools=True), arrive("t2", "r2", at=2.0, cls="batch")],
+        arrive("t3", "r3", at=3.0, cls="batch"),
+        [],
+        {"t2": "a"},
+        ["t3"],
+        {"r1": ("tool_paused", "a"), "r2": ("generating", "a"), "r3": ("idle", None)},
+    ),
+    Case(
+        "an interactive turn may take the kept slot",
+        [("a", ["m"], 2)],
+        [arrive("t1", "r1"), finish("t1", at=1.0, tools=True), arrive("t2", "r2", at=2.0, cls="batch")],
+        arrive("t3", "r3", at=3.0),
+        [Place("t3", "a")],
+        {"t2": "a", "t3": "a"},
+        [],
+        {"r1": ("tool_paused", "a"), "r2": ("generating", "a"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "the returning paused run takes its kept slot",
+        [("a", ["m"], 2)],
+        [
+            arrive("t1", "r1"),
+            finish("t1", at=1.0, tools=True),
+            arrive("t2", "r2", at=2.0, cls="batch"),
+            arrive("t3", "r3", at=3.0, cls="batch"),
+        ],
+        arrive("t4", "r1", at=4.0),
+        [Place("t4", "a")],
+        {"t2": "a", "t4": "a"},
+        ["t3"],
+        {"r1": ("generating", "a"), "r2": ("generating", "a"), "r3": ("idle", None)},
+    ),
+    Case(
+        "a paused batch run keeps no slot",
+        [("a", ["m"], 1)],
+        [arrive("t1", "r1", cls="batch"), finish("t1", at=1.0, tools=True)],
+        arrive("t2", "r2", at=2.0, cls="batch"),
+        [Place("t2", "a")],
+        {"t2": "a"},
+        [],
+        {"r1": ("tool_paused", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "the kept slot is released when the paused run ends",
+        [("a", ["m"], 2)],
+        [
+            arrive("t1", "r1"),
+            finish("t1", at=1.0, tools=True),
+            arrive("t2", "r2", at=2.0, cls="batch"),
+            arrive("t3", "r3", at=3.0, cls="batch"),
+        ],
+        RunEnded("r1", 4.0),
+        [Forget("r1"), Place("t3", "a")],
+        {"t2": "a", "t3": "a"},
+        [],
+        {"r2": ("generating", "a"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "the kept slot is released when the paused run expires",
+        [("a", ["m"], 2)],
+        [
+            arrive("t1", "r1"),
+            finish("t1", at=1.0, tools=True),
+            arrive("t2", "r2", at=2.0, cls="batch"),
+            arrive("t3", "r3", at=3.0, cls="batch"),
+            finish("t2", at=1500.0),  # r3's turn takes t2's slot at once
+            arrive("t4", "r4", at=1600.0, cls="batch"),
+        ],
+        Tick(1801.0),
+        [Forget("r1"), Place("t4", "a")],
+        {"t3": "a", "t4": "a"},
+        [],
+        {"r2": ("idle", "a"), "r3": ("generating", "a"), "r4": ("generating", "a")},
+    ),
+    # -- order of held turns ------------------------------------------------------------------------
+    Case(
+        "an interactive held turn goes before an older batch one",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2", at=1.0, cls="batch"), arrive("t3", "r3", at=2.0)],
+        finish("t1", at=3.0),
+        [Place("t3", "a")],
+        {"t3": "a"},
+        ["t2"],
+        {"r1": ("idle", "a"), "r2": ("idle", None), "r3": ("generating", "a")},
+    ),
+    Case(
+        "the caller with fewer in-flight turns goes before an older turn of a busier caller",
+        [("a", ["m"], 2)],
+        [
+            arrive("t1", "r1", caller="x"),
+            arrive("t2", "r2", caller="x"),
+            arrive("t3", "r3", at=1.0, caller="x"),
+            arrive("t4", "r4", at=2.0, caller="y"),
+        ],
+        finish("t1", at=3.0),
+        [Place("t4", "a")],
+        {"t2": "a", "t4": "a"},
+        ["t3"],
+        {
+            "r1": ("idle", "a"),
+            "r2": ("generating", "a"),
+            "r3": ("idle", None),
+            "r4": ("generating", "a"),
+        },
+    ),
+    Case(
+        "callers with equally many in-flight turns go in arrival order",
+        [("a", ["m"], 3)],
+        [
+            arrive("t1", "r1", caller="x"),
+            arrive("t2", "r2", caller="y"),
+            arrive("t3", "r3", caller="z"),
+            arrive("t4", "r4", at=1.0, caller="y"),
+            arrive("t5", "r5", at=2.0, caller="x"),
+        ],
+        finish("t3", at=3.0),
+        [Place("t4", "a")],
+        {"t1": "a", "t2": "a", "t4": "a"},
+        ["t5"],
+        {
+            "r1": ("generating", "a"),
+            "r2": ("generating", "a"),
+            "r3": ("idle", "a"),
+            "r4": ("generating", "a"),
+            "r5": ("idle", None),
+        },
+    ),
+    Case(
+        "class comes before the caller's load",
+        [("a", ["m"], 2)],
+        [
+            arrive("t1", "r1", caller="x"),
+            arrive("t2", "r2", caller="x"),
+            arrive("t3", "r3", at=1.0, caller="y", cls="batch"),
+            arrive("t4", "r4", at=2.0, caller="x"),
+        ],
+        finish("t1", at=3.0),
+        [Place("t4", "a")],
+        {"t2": "a", "t4": "a"},
+        ["t3"],
+        {
+            "r1": ("idle", "a"),
+            "r2": ("generating", "a"),
+            "r3": ("idle", None),
+            "r4": ("generating", "a"),
+        },
+    ),
 ]
 
 
@@ -769,12 +1091,30 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
         ],
     )
     assert snapshot(state, 11.0) == {
-        "replicas": [{"name": "a", "kind": "generative", "models": ["m"], "inflight": 1, "capacity": 1}],
+        "replicas": [
+            {
+                "name": "a",
+                "kind": "generative",
+                "models": ["m"],
+                "inflight": 1,
+                "capacity": 1,
+                "effective_capacity": 1,
+                "reserved_headroom": 0,
+                "healthy": True,
+                "probed_s_ago": None,
+                "running": None,
+                "waiting": None,
+                "kv_usage": None,
+                "cache_hit_rate": None,
+            }
+        ],
         "held": {
             "count": 2,
             "by_class": {"interactive": 1, "batch": 1},
             "by_caller": {"ci": 1, "alice": 1},
             "oldest_wait_s": 10.0,
+            "oldest_wait_s_by_class": {"interactive": 9.0, "batch": 10.0},
+            "oldest_wait_s_by_caller": {"ci": 10.0, "alice": 9.0},
         },
         "runs": {"idle": 3, "generating": 1, "tool_paused": 0},
         "runs_by_class": {"interactive": 3, "batch": 1},
@@ -793,7 +1133,9 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
     }
     feed(state, [finish("t1", at=12.0, tools=True)])
     after = snapshot(state, 12.0)
-    assert after["held"]["count"] == 1 and after["held"]["oldest_wait_s"] == 10.0
+    # interactive first: alice's t3 took the slot, the batch turn t2 (arrived at 1.0) still waits
+    assert after["held"]["count"] == 1 and after["held"]["oldest_wait_s"] == 11.0
+    assert after["held"]["by_class"] == {"interactive": 0, "batch": 1}
     assert after["runs"] == {"idle": 2, "generating": 1, "tool_paused": 1}
     assert after["counters"]["finished"] == 1 and after["counters"]["admitted"] == 2
 
@@ -838,3 +1180,23 @@ def test_core_imports_no_io_clock_or_randomness(module: Path) -> None:
             continue
         for name in names:
             assert name.split(".")[0] not in forbidden, f"{module.name} imports {name}"
+
+
+def test_a_caller_with_held_turns_is_placed_under_continuous_load_from_another() -> None:
+    state = make_state([("a", ["m"], 2)])
+    feed(state, [arrive(f"f{i}", f"fr{i}", at=0.0, cls="batch", caller="flood") for i in range(2)])
+    feed(state, [arrive("lone", "lr", at=0.5, cls="batch", caller="lone")])
+    flood = 2
+    placed: list[str] = []
+    for step in range(10):  # the flood keeps two turns waiting ahead in arrival order
+        at = 1.0 + step
+        feed(
+            state,
+            [arrive(f"f{flood + k}", f"fr{flood + k}", at=at, cls="batch", caller="flood") for k in (0, 1)],
+        )
+        flood += 2
+        running = next(turn_id for turn_id in state.placed if turn_id.startswith("f"))
+        placed.extend(a.turn_id for a in feed(state, [finish(running, at=at + 0.5)]) if isinstance(a, Place))
+        if "lone" in placed:
+            break
+    assert placed[0] == "lone"  # the first freed slot: lone has no turn in flight, flood has one

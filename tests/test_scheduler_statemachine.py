@@ -4,14 +4,19 @@ The machine drives arrivals from two dataplanes (known and unknown models, a sma
 that runs come back and even overlap), finishes with and without tool calls, failures, abandons of
 held and placed turns (Admit cancelled, and reported ABANDONED by the dataplane, also for turn ids
 never seen), Admits for turns reported abandoned, run ends, empty resyncs of one dataplane (its
-placed turns are gone) and clock ticks that jump far enough for expiry. Beside the core it keeps
-its own record of each run's phase and last replica and of the abandoned turn ids, built only from
-the events it sent and the actions it got back, and checks the core against it:
+placed turns are gone), probes that flip replicas' health and report engine load, and clock
+ticks that jump far enough for expiry. Beside the core it keeps its own record of each run's phase
+and last replica, of replicas' health and of the abandoned turn ids, built only from the events it
+sent and the actions it got back, and checks the core against it:
 
-* no replica ever has more placed turns than its capacity;
+* no replica ever has more placed turns than its configured capacity, nor, when a turn is placed
+  on it, more than its effective capacity (engine load: the running count once a queue forms);
 * every arrived turn is exactly one of held, placed, rejected or ended: never lost, never twice;
-* a turn of a run that is generating or tool-paused is placed only on the run's last replica;
-* a held turn never waits while a replica it may use has room;
+* a turn of a run that is generating or tool-paused is placed only on the run's last replica
+  while that replica is healthy (affinity never broken to a healthy replica);
+* a held turn never waits while a healthy replica it may use has room for its class (headroom:
+  one slot per interactive run tool-paused there is kept from batch turns);
+* no interactive turn is held while a batch turn is placed on a replica it could use;
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
   long as its tombstone lives (120 s, dropped by the next tick).
 """
@@ -31,6 +36,7 @@ from luftpause.scheduler.core import (
     Forget,
     Place,
     Reject,
+    ReplicaProbed,
     Resynced,
     RunEnded,
     Tick,
@@ -41,6 +47,7 @@ from luftpause.scheduler.core import (
     decide,
     new_state,
 )
+from luftpause.scheduler.core.policies import engine_load
 
 CONFIG = """
 [[replicas]]
@@ -98,6 +105,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.orphans: set[str] = set()  # turns placed for a run that was forgotten since
         self.tombstones: dict[str, float] = {}  # turn ids reported abandoned -> when
         self.next_ghost = 0
+        self.healthy = {name: True for name in self.state.replicas}
+        self.batch: set[str] = set()  # turns that arrived as batch
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -118,6 +127,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         for action in actions:
             if isinstance(action, Place):
                 self.on_place(action)
+                replica = self.state.replicas[action.replica]
+                assert replica.inflight <= engine_load.capacity(replica), f"{replica.name} over capacity"
+                if action.turn_id in self.batch:
+                    self.no_interactive_waits_for(replica.name)
             elif isinstance(action, Reject) and action.http_status == 499:
                 assert action.turn_id in self.tombstones
                 assert action == Reject(action.turn_id, ABANDONED.reason, 499)
@@ -137,11 +150,38 @@ class SchedulerMachine(RuleBasedStateMachine):
         run_id, model = self.turns[turn_id]
         assert action.replica in SERVING[model], f"{model} placed on {action.replica}"
         phase, last = self.shadow.get(run_id, ("idle", ""))
-        if phase in ("generating", "tool_paused") and last in SERVING[model]:
+        assert self.healthy[action.replica], f"{turn_id} placed on unhealthy {action.replica}"
+        if phase in ("generating", "tool_paused") and last in SERVING[model] and self.healthy[last]:
             assert action.replica == last, f"affinity broken: {run_id} on {last}, not {action.replica}"
         self.placed_on[turn_id] = action.replica
         self.shadow[run_id] = ("generating", action.replica)
         self.latest[run_id] = turn_id
+
+    def usable(self, turn_id: str) -> tuple[str, ...]:
+        """The replicas a held turn may use now: its run's healthy last replica, else any serving."""
+        run_id, model = self.turns[turn_id]
+        phase, last = self.shadow.get(run_id, ("idle", ""))
+        if phase != "idle" and last in SERVING[model] and self.healthy[last]:
+            return (last,)
+        return tuple(name for name in SERVING[model] if self.healthy[name])
+
+    def room(self, name: str, batch: bool) -> bool:
+        replica = self.state.replicas[name]
+        kept = 0
+        if batch:
+            kept = sum(
+                1
+                for run in self.state.runs.values()
+                if run.phase == "tool_paused"
+                and run.last_replica == name
+                and run.service_class == "interactive"
+            )
+        return replica.inflight < engine_load.capacity(replica) - kept
+
+    def no_interactive_waits_for(self, name: str) -> None:
+        for turn in self.state.held:
+            if turn.service_class == "interactive":
+                assert name not in self.usable(turn.turn_id), f"{turn.turn_id} held behind batch on {name}"
 
     def end_placed(self, turn_id: str, phase: str) -> None:
         """A placed turn ended; the run's phase follows only its latest placed turn."""
@@ -168,6 +208,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.turns[turn_id] = (run, model)
         self.dataplane[turn_id] = dataplane
         self.arrived.add(turn_id)
+        if batch:
+            self.batch.add(turn_id)
         self.now += 0.5
         actions = self.feed(
             TurnArrived(turn_id, run, model, "batch" if batch else "interactive", caller, dataplane, self.now)
@@ -250,7 +292,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now += 0.1
         actions = self.feed(Resynced(dataplane, self.now, (), ()))
         assert actions[-1] == AckResync(dataplane, 0, 0)
-        assert all(placed.dataplane_id != dataplane for placed in self.state.placed.values())
+        # what is left of it was placed by this resync (a held turn whose Admit still waits)
+        placed_now = {action.turn_id for action in actions if isinstance(action, Place)}
+        for placed in self.state.placed.values():
+            assert placed.dataplane_id != dataplane or placed.turn_id in placed_now
 
     @rule(run=st.sampled_from(RUNS))
     def run_ends(self, run: str) -> None:
@@ -262,6 +307,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     def tick(self, seconds: float) -> None:
         self.now += seconds
         self.feed(Tick(self.now))
+
+    @rule(
+        name=st.sampled_from(["a", "b", "c"]),
+        healthy=st.booleans(),
+        running=st.none() | st.integers(0, 3),
+        waiting=st.none() | st.integers(0, 2),
+    )
+    def probe(self, name: str, healthy: bool, running: int | None, waiting: int | None) -> None:
+        self.now += 0.1
+        self.healthy[name] = healthy
+        usage = None if running is None else 0.5
+        self.feed(ReplicaProbed(name, self.now, healthy, running, waiting, usage, None))
 
     @rule()
     def report_unknown_turn(self) -> None:
@@ -306,16 +363,25 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def held_turn_never_waits_beside_room(self) -> None:
         for turn in self.state.held:
-            run_id, model = self.turns[turn.turn_id]
-            phase, last = self.shadow.get(run_id, ("idle", ""))
-            usable = (last,) if phase != "idle" and last in SERVING[model] else SERVING[model]
-            for name in usable:
-                replica = self.state.replicas[name]
-                assert replica.inflight >= replica.max_inflight, f"{turn.turn_id} held while {name} has room"
+            for name in self.usable(turn.turn_id):
+                batch = turn.turn_id in self.batch
+                assert not self.room(name, batch), f"{turn.turn_id} held while {name} has room"
+
+    @invariant()
+    def headroom_matches_paused_interactive_runs(self) -> None:
+        for name, replica in self.state.replicas.items():
+            paused = {
+                run.run_id
+                for run in self.state.runs.values()
+                if run.phase == "tool_paused"
+                and run.last_replica == name
+                and run.service_class == "interactive"
+            }
+            assert replica.reserved_for == paused
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=150,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

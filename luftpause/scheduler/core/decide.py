@@ -1,50 +1,60 @@
 """``decide(state, event) -> (state, actions)``: every placement decision of the scheduler.
 
-The rules, in the order they apply (DESIGN.md, "The scheduler"; this version has no engine probing,
-engine-load admission, headroom, caller fairness or single-pass replicas yet):
+The rules, in the order they apply (DESIGN.md, "The scheduler"; single-pass replicas are not
+scheduled yet):
 
 1. Model routing. A turn may go only to generative replicas that declare its model. A model that
    none declares is refused at once, ``Reject(turn, "no Generative replica serves model '<m>'",
-   404)``; nothing is held or recorded.
-2. Capacity. A replica has at most ``max_inflight`` placed turns: placed by ``Place`` (or adopted
-   on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned``, ``AbandonReported``, expiry
-   or a resync that no longer lists it. The rest are held.
-3. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
-   even when another has room (unless that replica does not serve the turn's model). An ``idle``
-   or new run may go anywhere: to the replica with the fewest placed turns among those with room,
-   ties in configuration order.
-4. Held turns wait in arrival order, filed under their pinned replica or under their model. When a
-   slot frees on a replica, the oldest held turn that may use it takes it; a turn pinned to a full
-   replica never blocks turns that may go elsewhere. There is no deadline and no limit: a held turn
-   leaves only when placed or abandoned. Hence the invariant: a held turn never waits while a
-   replica it may use has room.
-5. Run phases. Placed -> ``generating`` on that replica (its last replica). Finished with tool
+   404)``; nothing is held or recorded. A known model whose replicas are all unhealthy waits.
+2. Health. ``ReplicaProbed`` records each replica's health and engine load. An unhealthy replica
+   gets no turns; a replica never probed counts as healthy. When a replica's health flips, the held
+   turns it concerns are re-filed (rule 4) and it is filled (rule 5).
+3. Capacity. A replica has room for a turn when it is healthy and its placed turns are below its
+   effective capacity: ``max_inflight`` while its engine reports no waiting queue (or no load at
+   all), the engine's running count (at most ``max_inflight``) once a queue forms. Placed by
+   ``Place`` (or adopted on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned``,
+   ``AbandonReported``, expiry or a resync that no longer lists it. Headroom: a batch turn may not
+   take the last free slots kept for interactive runs tool-paused on that replica, one per run. The
+   rest are held.
+4. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
+   even when another has room (unless that replica is unhealthy or does not serve the turn's
+   model). An ``idle`` or new run may go anywhere: to the replica with the fewest placed turns among
+   those with room for its class, ties in configuration order.
+5. Held turns wait filed under their pinned replica or under their model, in order: interactive
+   first, then the caller with the fewest placed turns, then arrival. When a slot frees (or a
+   probe raises capacity, or headroom is released), the first held turn that may use it takes it;
+   a turn pinned to a full replica never blocks turns that may go elsewhere. There is no deadline
+   and no limit: a held turn leaves only when placed or abandoned. Hence the invariants: a held turn
+   never waits while a replica it may use has room for its class, and an interactive turn is never
+   held while a batch turn is placed on a replica it could use.
+6. Run phases. Placed -> ``generating`` on that replica (its last replica). Finished with tool
    calls -> ``tool_paused``; finished without -> ``idle``; failed, abandoned after placement or
    expired -> ``idle``. The phase follows the run's latest placed turn: when turns of one run
    overlap, the end of an earlier one frees its slot and leaves the phase alone. Whenever a run
    changes, its held turns are re-filed under their new affinity (and placed at once if that lets
-   them go somewhere with room).
-6. ``TurnAbandoned`` (an Admit call cancelled): a held turn leaves its queue (no action); a placed
+   them go somewhere with room). An interactive run entering ``tool_paused`` keeps one slot of its
+   replica from batch turns until it leaves that phase, ends or expires.
+7. ``TurnAbandoned`` (an Admit call cancelled): a held turn leaves its queue (no action); a placed
    one frees its slot. ``AbandonReported`` (the dataplane's ``TurnEvent.ABANDONED``, final): the same,
    except that a held turn's waiting Admit is answered ``Reject(turn, "turn was abandoned by its
    dataplane", 499)``; and the turn id, known or not, is remembered (a tombstone) so that an Admit for
    it arriving later is refused the same way at once, with nothing held or recorded. Tombstones are
    kept 120 s and at most 100,000 (the oldest forgotten first).
-7. ``RunEnded``: the run is forgotten at once (``Forget``): its placed turns no longer change any
+8. ``RunEnded``: the run is forgotten at once (``Forget``): its placed turns no longer change any
    run when they end, and its held turns (clients still wait for them) start it afresh, with no
    affinity.
-8. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
+9. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
    no held or placed turn and no activity for 1800 s is forgotten (``Forget``); tombstones older than
    120 s are dropped.
-9. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted. The
+10. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted. The
    turns count against capacity (a turn id listed twice counts once) and put a run with no record
    of its own in ``generating`` there; a held turn that the dataplane says is already running is
    answered with its replica. Turns the scheduler had placed for that dataplane (non-empty id) that
    it no longer lists are gone and free their slots; a run the dataplane did not send a record of
-   goes ``idle`` by rule 5 when the gone turn was its latest (the dataplane's own record of a run
+   goes ``idle`` by rule 6 when the gone turn was its latest (the dataplane's own record of a run
    wins over what a stale turn implies). ``AckResync`` gives the counts.
-10. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
-    (it is answered when placed); of a tombstoned turn, ``Reject`` with 499 (rule 6).
+11. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
+    (it is answered when placed); of a tombstoned turn, ``Reject`` with 499 (rule 7).
 
 Report events about turns the scheduler does not hold placed (already expired, or never seen) are
 ignored, except ``AbandonReported``, which leaves its tombstone. Event times are the shell's
@@ -63,6 +73,7 @@ from luftpause.scheduler.core.events import (
     AbandonReported,
     Event,
     FirstToken,
+    ReplicaProbed,
     Resynced,
     RunEnded,
     RunPhase,
@@ -79,6 +90,8 @@ from luftpause.scheduler.core.policies import (
     affinity,
     capacity,
     expiry,
+    headroom,
+    health,
     least_loaded,
     ordering,
     routing,
@@ -113,6 +126,8 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             _abandon_reported(state, event, out)
         case RunEnded():
             _run_ended(state, event, out)
+        case ReplicaProbed():
+            _probed(state, event, out)
         case Tick():
             _tick(state, event.at, out)
         case Resynced():
@@ -146,6 +161,9 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         run.service_class = event.service_class
         run.caller = event.caller
         _touch(state, run, event.at)
+        released = _reserve(state, run)  # a paused run that comes back as batch keeps no slot
+        if released is not None:
+            _fill(state, released, event.at, out)
     run.turns.add(event.turn_id)
     turn = HeldTurn(
         event.turn_id,
@@ -171,8 +189,9 @@ def _where(run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]) -> tup
     """The queue ``turn`` belongs in under the run's affinity, and a replica with room for it now."""
     pinned = affinity.pinned_replica(run, serving)
     if pinned is not None:
-        return pinned_to(pinned.name), pinned if capacity.has_room(pinned) else None
-    return any_replica_for(turn.model), least_loaded.pick(capacity.with_room(serving))
+        room = capacity.has_room(pinned, turn.service_class)
+        return pinned_to(pinned.name), pinned if room else None
+    return any_replica_for(turn.model), least_loaded.pick(capacity.with_room(serving, turn.service_class))
 
 
 def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[Action]) -> None:
@@ -188,6 +207,7 @@ def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[
         at,
     )
     replica.inflight += 1
+    _count_placed(state, turn.caller, 1)
     state.counters.admitted += 1
     out.append(Place(turn.turn_id, replica.name))
     run = state.runs.get(turn.run_id)
@@ -199,6 +219,10 @@ def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[
         run.phase = "generating"
         run.last_replica = replica.name
         _touch(state, run, at)
+        released = _reserve(state, run)
+        if released is not None and released is not replica:
+            # it came back elsewhere (its replica is unhealthy, or does not serve this model)
+            _fill(state, released, at, out)
     run.turns.add(turn.turn_id)
     run.latest_turn = turn.turn_id
     _refile(state, run.turns, at, out)
@@ -212,7 +236,8 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
     one turn changes its run's affinity for the next.
     """
     held = [turn for turn_id in turn_ids if (turn := state.held.get(turn_id)) is not None]
-    held.sort(key=ordering.order_key)  # a run's turns are a set: restore their order
+    loads = state.caller_inflight
+    held.sort(key=lambda turn: ordering.order_key(turn, loads))  # a set: restore their order
     for turn in held:
         if state.held.get(turn.turn_id) is not turn:
             continue  # placed by a re-file further up this loop
@@ -227,13 +252,18 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
 
 
 def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
-    """Give ``replica``'s free slots to the oldest held turns that may use it."""
-    if not state.held or replica.kind != "generative":
+    """Give ``replica``'s free slots to the first held turns (in order) that may use it.
+
+    Stops at the first turn that may not take a slot (a batch turn facing the headroom kept for
+    paused interactive runs): every turn behind it in order is batch too.
+    """
+    if not state.held or replica.kind != "generative" or not health.usable(replica):
         return
     queues = [pinned_to(replica.name), *(any_replica_for(model) for model in replica.models)]
+    loads = state.caller_inflight
     while capacity.has_room(replica):
-        turn = ordering.first(state.held.head(queue) for queue in queues)
-        if turn is None:
+        turn = ordering.first((state.held.head(queue) for queue in queues), loads)
+        if turn is None or not capacity.has_room(replica, turn.service_class):
             return
         state.held.remove(turn.turn_id)
         _place(state, turn, replica, at, out)
@@ -246,6 +276,7 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
         return False
     replica = state.replicas[placed.replica]
     replica.inflight -= 1
+    _count_placed(state, placed.caller, -1)
     run = state.runs.get(placed.run_id)
     if run is not None and turn_id in run.turns:  # not a turn of a run that ended meanwhile
         run.turns.discard(turn_id)
@@ -254,7 +285,10 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
             run.latest_turn = None
             run.phase = phase
             run.last_replica = placed.replica
+            released = _reserve(state, run)
             _refile(state, run.turns, at, out)
+            if released is not None and released is not replica:
+                _fill(state, released, at, out)
     _fill(state, replica, at, out)
     return True
 
@@ -291,6 +325,9 @@ def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
     run = state.runs.pop(event.run_id, None)
     if run is None:
         return
+    released = _unreserve(state, run)
+    if released is not None:
+        _fill(state, released, event.at, out)
     held = [turn_id for turn_id in run.turns if turn_id in state.held]
     if held:
         # its held turns still have clients waiting: they start the run afresh, without affinity
@@ -319,6 +356,9 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         del state.runs[run.run_id]
         state.counters.expired_runs += 1
         out.append(Forget(run.run_id))
+        released = _unreserve(state, run)
+        if released is not None:
+            _fill(state, released, now, out)
     while state.tombstones:
         turn_id, reported_at = next(iter(state.tombstones.items()))
         if not abandoned.tombstone_expired(reported_at, now):
@@ -372,6 +412,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             event.at,
         )
         replica.inflight += 1
+        _count_placed(state, turn.caller, 1)
         state.counters.adopted += 1
         if waiting is not None:
             out.append(Place(turn.turn_id, replica.name))  # its Admit is still waiting: answer it
@@ -397,6 +438,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         for placed in gone:
             del state.placed[placed.turn_id]
             state.replicas[placed.replica].inflight -= 1
+            _count_placed(state, placed.caller, -1)
             run = state.runs.get(placed.run_id)
             if run is None or placed.turn_id not in run.turns:
                 continue  # the run ended (or expired) since: the turn changes nothing
@@ -411,10 +453,71 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             changed[run.run_id] = run
 
     for run in changed.values():
+        _reserve(state, run)  # every replica is filled below
+    for run in changed.values():
         _refile(state, run.turns, event.at, out)
     for replica in state.replicas.values():
         _fill(state, replica, event.at, out)
     out.append(AckResync(event.dataplane_id, len(recorded), len(listed)))
+
+
+def _probed(state: State, event: ReplicaProbed, out: list[Action]) -> None:
+    replica = state.replicas.get(event.replica)
+    if replica is None:
+        return  # not configured here (a probe from an older configuration)
+    was_healthy = replica.healthy
+    replica.healthy = event.healthy
+    replica.probed_at = event.at
+    replica.engine_running = event.running
+    replica.engine_waiting = event.waiting
+    replica.kv_usage = event.kv_usage
+    replica.cache_hit_rate = event.cache_hit_rate
+    if was_healthy != replica.healthy and state.held and replica.kind == "generative":
+        # affinity to this replica yields (or holds again): re-file the held turns that it concerns.
+        # A scan of the held turns, but only when a replica's health flips.
+        pinned = pinned_to(replica.name)
+        models = set(replica.models)
+        concerned = [
+            turn.turn_id
+            for turn in state.held
+            if turn.queue == pinned or (turn.queue[0] == "model" and turn.model in models)
+        ]
+        _refile(state, concerned, event.at, out)
+    _fill(state, replica, event.at, out)
+
+
+def _count_placed(state: State, caller: str, delta: int) -> None:
+    """``caller`` has ``delta`` more placed turns; re-rank its held turns (ordering policy)."""
+    count = state.caller_inflight.get(caller, 0) + delta
+    if count:
+        state.caller_inflight[caller] = count
+    else:
+        state.caller_inflight.pop(caller, None)
+    state.held.load_changed(caller)
+
+
+def _reserve(state: State, run: Run) -> Replica | None:
+    """Keep ``run``'s headroom slot where its class and phase say; the replica that lost one, if any."""
+    want = headroom.reserves(run.service_class, run.phase, run.last_replica)
+    if want is not None and want not in state.replicas:
+        want = None
+    if want == run.reserved_on:
+        return None
+    released = _unreserve(state, run)
+    if want is not None:
+        state.replicas[want].reserved_for.add(run.run_id)
+        run.reserved_on = want
+    return released
+
+
+def _unreserve(state: State, run: Run) -> Replica | None:
+    """Give up ``run``'s headroom slot; the replica that held it, or ``None``."""
+    if run.reserved_on is None:
+        return None
+    replica = state.replicas[run.reserved_on]
+    replica.reserved_for.discard(run.run_id)
+    run.reserved_on = None
+    return replica
 
 
 def _touch(state: State, run: Run, at: float) -> None:

@@ -115,6 +115,26 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaProbed:
+    """The shell probed replica ``replica`` (``GET <health_path>`` and ``GET /metrics``, every 2 s).
+
+    ``healthy`` is False when the health check failed or timed out. The load fields come from the
+    engine's Prometheus ``/metrics`` (SGLang or vLLM names, summed over label sets, or over the
+    engines of ``load_from``) and are ``None`` when the replica reports no load (no metrics, or
+    none under a known name): ``running`` and ``waiting`` are request counts, ``kv_usage`` and
+    ``cache_hit_rate`` fractions in [0, 1].
+    """
+
+    replica: str
+    at: float
+    healthy: bool
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    cache_hit_rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """One run as a dataplane knows it, handed over on resync.
 
@@ -163,6 +183,7 @@ Event = (
     | TurnAbandoned
     | AbandonReported
     | RunEnded
+    | ReplicaProbed
     | Tick
     | Resynced
 )

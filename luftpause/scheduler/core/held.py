@@ -3,13 +3,20 @@
 A held turn is filed either under ``("replica", name)`` (its run is pinned to that replica by
 affinity) or under ``("model", model)`` (any replica serving its model will do). When a slot frees
 on a replica, only the heads of that replica's queue and of the queues of its models are looked at,
-so placing a turn costs O(models of the replica · log held), not a scan of every held turn, and a
-turn pinned to a full replica never blocks turns that may go elsewhere.
+so a turn pinned to a full replica never blocks turns that may go elsewhere.
 
-Each queue is a heap of ``(order key, arrival number, turn id)`` with lazy deletion: an abandoned
-or re-filed turn leaves a stale entry that is dropped when it reaches the top (or when stale
-entries outnumber live ones four to one). The heap order is the ordering policy's key
-(:func:`luftpause.scheduler.core.policies.ordering.order_key`).
+The head of a queue is the first turn in the ordering policy's order
+(:mod:`luftpause.scheduler.core.policies.ordering`): interactive first, then the caller with the
+fewest in-flight turns, then arrival. The caller term changes while turns wait, so a queue is split
+into one *lane* per service class, and a lane into one heap of ``(arrival number, turn id)`` per
+caller, with a heap of ``(caller's in-flight turns, its first arrival number, caller)`` over the
+callers. That heap is kept lazily: an entry whose key is out of date is corrected when it reaches
+the top, and a caller whose count falls gets a fresh entry at once (:meth:`HeldTurns.load_changed`),
+so the top, once correct, is the true first. Finding a head costs O(log) amortised, never a scan
+of every held turn or every caller.
+
+Removed and re-filed turns leave stale entries, dropped when they reach the top or when stale
+entries outnumber live ones four to one.
 """
 
 from __future__ import annotations
@@ -17,13 +24,16 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from luftpause.scheduler.core.events import ServiceClass
-from luftpause.scheduler.core.policies.ordering import order_key
+from luftpause.scheduler.core.policies.ordering import CLASS_RANK
 
 QueueKey = tuple[str, str]
 """``("replica", name)`` for a pinned turn, ``("model", model)`` for one that may go anywhere."""
+
+LaneKey = tuple[QueueKey, int]
+"""A queue and a service class rank."""
 
 
 def pinned_to(replica: str) -> QueueKey:
@@ -51,18 +61,36 @@ class HeldTurn:
     queue: QueueKey
 
 
+@dataclass(slots=True)
+class _Lane:
+    """The held turns of one queue and one service class, by caller."""
+
+    turns: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    """Caller -> heap of (arrival number, turn id), with stale entries."""
+    live: dict[str, int] = field(default_factory=dict)
+    """Caller -> its turns really filed here."""
+    callers: list[tuple[int, int, str]] = field(default_factory=list)
+    """Heap of (caller's in-flight turns, its first arrival number here, caller), lazily corrected."""
+
+
 _COMPACT_MIN = 64
+_RANKS = sorted(set(CLASS_RANK.values()))
 
 
 class HeldTurns:
-    """Every held turn by id (arrival order) and per queue (heap order)."""
+    """Every held turn by id (arrival order) and per queue (in the ordering policy's order)."""
 
-    __slots__ = ("_by_id", "_heaps", "_live")
+    __slots__ = ("_by_id", "_caller_lanes", "_lanes", "_loads")
 
     def __init__(self) -> None:
         self._by_id: OrderedDict[str, HeldTurn] = OrderedDict()
-        self._heaps: dict[QueueKey, list[tuple[tuple[int, ...], int, str]]] = {}
-        self._live: dict[QueueKey, int] = {}
+        self._lanes: dict[LaneKey, _Lane] = {}
+        self._caller_lanes: dict[str, set[LaneKey]] = {}
+        self._loads: dict[str, int] = {}
+
+    def bind_loads(self, caller_inflight: dict[str, int]) -> None:
+        """Read callers' in-flight turns from ``caller_inflight`` (the state's, changed in place)."""
+        self._loads = caller_inflight
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -92,22 +120,61 @@ class HeldTurns:
         """Take ``turn_id`` out of its queue; ``None`` if it is not held."""
         turn = self._by_id.pop(turn_id, None)
         if turn is not None:
-            self._unfile(turn.queue)
+            self._unfile(turn, turn.queue)
         return turn
 
     def refile(self, turn: HeldTurn, queue: QueueKey) -> None:
         """Move a held turn to another queue, keeping its place in arrival order."""
         if queue == turn.queue:
             return
-        self._unfile(turn.queue)
+        old = turn.queue
         turn.queue = queue
+        self._unfile(turn, old)
         self._push(turn)
 
     def head(self, queue: QueueKey) -> HeldTurn | None:
         """The first turn of ``queue`` in order, or ``None`` if it is empty."""
-        heap = self._heaps.get(queue)
+        for rank in _RANKS:
+            lane = self._lanes.get((queue, rank))
+            if lane is not None:
+                turn = self._lane_head(queue, lane)
+                if turn is not None:
+                    return turn
+        return None
+
+    def load_changed(self, caller: str) -> None:
+        """``caller``'s in-flight turns changed: re-rank it in every lane where it has held turns."""
+        lane_keys = self._caller_lanes.get(caller)
+        if not lane_keys:
+            return
+        load = self._loads.get(caller, 0)
+        for queue, rank in lane_keys:
+            lane = self._lanes[(queue, rank)]
+            turn = self._caller_head(queue, lane, caller)
+            if turn is not None:
+                heapq.heappush(lane.callers, (load, turn.seq, caller))
+                self._compact_callers(queue, lane)
+
+    # -- inside ---------------------------------------------------------------------------------------
+
+    def _lane_head(self, queue: QueueKey, lane: _Lane) -> HeldTurn | None:
+        heap = lane.callers
         while heap:
-            _, seq, turn_id = heap[0]
+            load, seq, caller = heap[0]
+            turn = self._caller_head(queue, lane, caller)
+            if turn is None:
+                heapq.heappop(heap)
+                continue
+            current = (self._loads.get(caller, 0), turn.seq)
+            if (load, seq) == current:
+                return turn
+            heapq.heapreplace(heap, (*current, caller))  # out of date: sink it to its place
+        return None
+
+    def _caller_head(self, queue: QueueKey, lane: _Lane, caller: str) -> HeldTurn | None:
+        heap = lane.turns.get(caller)
+        while heap:
+            seq, turn_id = heap[0]
             turn = self._by_id.get(turn_id)
             if turn is not None and turn.queue == queue and turn.seq == seq:
                 return turn
@@ -115,24 +182,57 @@ class HeldTurns:
         return None
 
     def _push(self, turn: HeldTurn) -> None:
-        entry = (order_key(turn), turn.seq, turn.turn_id)
-        heapq.heappush(self._heaps.setdefault(turn.queue, []), entry)
-        self._live[turn.queue] = self._live.get(turn.queue, 0) + 1
+        key = (turn.queue, CLASS_RANK[turn.service_class])
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane()
+        heap = lane.turns.get(turn.caller)
+        if heap is None:
+            heap = lane.turns[turn.caller] = []
+        entry = (turn.seq, turn.turn_id)
+        heapq.heappush(heap, entry)
+        lane.live[turn.caller] = lane.live.get(turn.caller, 0) + 1
+        self._caller_lanes.setdefault(turn.caller, set()).add(key)
+        if heap[0] == entry:  # the caller's new first turn here: rank it by that
+            heapq.heappush(lane.callers, (self._loads.get(turn.caller, 0), turn.seq, turn.caller))
+            self._compact_callers(turn.queue, lane)
 
-    def _unfile(self, queue: QueueKey) -> None:
-        live = self._live[queue] - 1
-        heap = self._heaps[queue]
+    def _unfile(self, turn: HeldTurn, queue: QueueKey) -> None:
+        key = (queue, CLASS_RANK[turn.service_class])
+        lane = self._lanes[key]
+        caller = turn.caller
+        live = lane.live[caller] - 1
         if live == 0:
-            # nothing valid is left: drop the heap with its stale entries
-            del self._live[queue]
-            del self._heaps[queue]
+            # nothing valid is left for this caller here: drop its heap with its stale entries
+            del lane.live[caller]
+            del lane.turns[caller]
+            lanes = self._caller_lanes[caller]
+            lanes.discard(key)
+            if not lanes:
+                del self._caller_lanes[caller]
+            if not lane.live:
+                del self._lanes[key]
+                return
+            self._compact_callers(queue, lane)
             return
-        self._live[queue] = live
+        lane.live[caller] = live
+        heap = lane.turns[caller]
         if len(heap) > _COMPACT_MIN and len(heap) > 4 * live:
             kept = {
                 entry
                 for entry in heap
-                if (t := self._by_id.get(entry[2])) is not None and t.queue == queue and t.seq == entry[1]
+                if (t := self._by_id.get(entry[1])) is not None and t.queue == queue and t.seq == entry[0]
             }
             heap[:] = list(kept)
             heapq.heapify(heap)
+
+    def _compact_callers(self, queue: QueueKey, lane: _Lane) -> None:
+        if len(lane.callers) <= _COMPACT_MIN or len(lane.callers) <= 4 * len(lane.live):
+            return
+        fresh = []
+        for caller in lane.live:
+            turn = self._caller_head(queue, lane, caller)
+            if turn is not None:
+                fresh.append((self._loads.get(caller, 0), turn.seq, caller))
+        heapq.heapify(fresh)
+        lane.callers[:] = fresh

@@ -1,20 +1,32 @@
 """``snapshot(state, now) -> dict``: what ``GET /status`` shows, as plain JSON-ready values.
 
-Shape (every key always present; counts are integers, times seconds)::
+Shape (every key always present; counts are integers, times seconds, fractions 0..1)::
 
     {
       "replicas": [{"name": str, "kind": "generative" | "single_pass", "models": [str, ...],
-                    "inflight": int, "capacity": int}, ...],          # configuration order
+                    "inflight": int,
+                    "capacity": int,                 # configured max_inflight
+                    "effective_capacity": int,       # after engine load (engine_load policy)
+                    "reserved_headroom": int,        # slots kept from batch turns
+                    "healthy": bool,                 # true until a probe says otherwise
+                    "probed_s_ago": float | None,    # None before the first probe
+                    "running": int | None, "waiting": int | None,   # engine-reported, None = no load
+                    "kv_usage": float | None, "cache_hit_rate": float | None}, ...],
+                                                                    # configuration order
       "held": {"count": int,
                "by_class": {"interactive": int, "batch": int},
                "by_caller": {caller: int, ...},                     # "" is the anonymous caller
-               "oldest_wait_s": float},                             # 0.0 when nothing is held
+               "oldest_wait_s": float,                              # 0.0 when nothing is held
+               "oldest_wait_s_by_class": {"interactive": float, "batch": float},
+               "oldest_wait_s_by_caller": {caller: float, ...}},
       "runs": {"idle": int, "generating": int, "tool_paused": int},
       "runs_by_class": {"interactive": int, "batch": int},
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
                    "rejected": int, "abandoned": int, "expired_turns": int, "expired_runs": int,
                    "runs_ended": int}
     }
+
+It walks every held turn and run once: a status call, not a per-event cost.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from dataclasses import asdict
 from typing import Any
 
 from luftpause.scheduler.core.events import RUN_PHASES, SERVICE_CLASSES
+from luftpause.scheduler.core.policies import engine_load, headroom
 from luftpause.scheduler.core.state import State
 
 
@@ -30,7 +43,14 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
     """The state at ``now`` (the shell's monotonic seconds) in the shape above. Reads only."""
     by_class = dict.fromkeys(SERVICE_CLASSES, 0)
     by_caller: dict[str, int] = {}
-    for turn in state.held:
+    wait_by_class = dict.fromkeys(SERVICE_CLASSES, 0.0)
+    wait_by_caller: dict[str, float] = {}
+    for turn in state.held:  # arrival order: the first seen of each is its oldest
+        wait = max(0.0, now - turn.arrived_at)
+        if not by_class.get(turn.service_class):
+            wait_by_class[turn.service_class] = wait
+        if turn.caller not in by_caller:
+            wait_by_caller[turn.caller] = wait
         by_class[turn.service_class] = by_class.get(turn.service_class, 0) + 1
         by_caller[turn.caller] = by_caller.get(turn.caller, 0) + 1
     oldest = state.held.oldest()
@@ -47,6 +67,14 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
                 "models": list(replica.models),
                 "inflight": replica.inflight,
                 "capacity": replica.max_inflight,
+                "effective_capacity": engine_load.capacity(replica),
+                "reserved_headroom": headroom.reserved(replica),
+                "healthy": replica.healthy,
+                "probed_s_ago": None if replica.probed_at is None else max(0.0, now - replica.probed_at),
+                "running": replica.engine_running,
+                "waiting": replica.engine_waiting,
+                "kv_usage": replica.kv_usage,
+                "cache_hit_rate": replica.cache_hit_rate,
             }
             for replica in state.replicas.values()
         ],
@@ -55,6 +83,8 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
             "by_class": by_class,
             "by_caller": by_caller,
             "oldest_wait_s": max(0.0, now - oldest.arrived_at) if oldest is not None else 0.0,
+            "oldest_wait_s_by_class": wait_by_class,
+            "oldest_wait_s_by_caller": wait_by_caller,
         },
         "runs": runs,
         "runs_by_class": runs_by_class,

@@ -44,6 +44,20 @@ class Replica:
     """Position in the configuration: breaks ties between equally loaded replicas."""
     inflight: int = 0
     """Turns placed here and not yet finished, failed, abandoned or expired."""
+    healthy: bool = True
+    """From the last probe; a replica never probed counts as healthy."""
+    probed_at: float | None = None
+    """Seconds (the shell's monotonic clock) of the last probe; ``None`` before the first."""
+    engine_running: int | None = None
+    """Requests the engine reported running at the last probe; ``None``: it reports no load."""
+    engine_waiting: int | None = None
+    """Requests the engine reported queued at the last probe; ``None``: it reports no load."""
+    kv_usage: float | None = None
+    """Fraction of the engine's KV cache in use at the last probe (0..1), if reported."""
+    cache_hit_rate: float | None = None
+    """The engine's prefix cache hit rate at the last probe (0..1), if reported."""
+    reserved_for: set[str] = field(default_factory=set)
+    """Interactive runs tool-paused here: one slot each is kept from batch turns (headroom)."""
 
 
 @dataclass(slots=True)
@@ -62,6 +76,8 @@ class Run:
     """Its turns that are held or placed right now."""
     latest_turn: str | None = None
     """Its most recently placed turn: only that turn's end changes the phase (``None``: any does)."""
+    reserved_on: str | None = None
+    """The replica holding a headroom slot for it (an interactive run tool-paused there), if any."""
 
 
 @dataclass(slots=True)
@@ -121,6 +137,12 @@ class State:
     counters: Counters = field(default_factory=Counters)
     next_seq: int = 0
     """Arrival number given to the next held turn."""
+    caller_inflight: dict[str, int] = field(default_factory=dict)
+    """Caller -> its placed turns (callers with none are absent): the fairness signal of ordering."""
+
+    def __post_init__(self) -> None:
+        # the held queues order callers by their in-flight turns: they read this same dict
+        self.held.bind_loads(self.caller_inflight)
 
 
 def state_from_replicas(specs: Iterable[ReplicaSpec]) -> State:

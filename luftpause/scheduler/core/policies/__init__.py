@@ -1,13 +1,16 @@
 """Placement policies: small, pure functions, one module each, each naming the signals it reads.
 
 * :mod:`.routing` - which replicas may serve a turn at all (model, replica kind);
-* :mod:`.affinity` - whether a run is pinned to its last replica (run phase, last replica);
-* :mod:`.capacity` - whether a replica has room (in-flight turns, ``max_inflight``);
+* :mod:`.health` - whether a replica may get turns at all (its last probe);
+* :mod:`.affinity` - whether a run is pinned to its last replica (run phase, last replica, health);
+* :mod:`.engine_load` - a replica's effective capacity (engine running / waiting, ``max_inflight``);
+* :mod:`.headroom` - slots kept from batch turns for interactive runs paused on a tool there;
+* :mod:`.capacity` - whether a replica has room for a turn of a class (the three above, in-flight);
 * :mod:`.least_loaded` - which of the replicas with room takes a free turn (in-flight turns);
-* :mod:`.ordering` - which held turn gets a freed slot first (arrival order);
+* :mod:`.ordering` - which held turn gets a freed slot first (class, caller's in-flight, arrival);
 * :mod:`.expiry` - when a placed turn or an idle run is given up (placement time, last activity);
 * :mod:`.abandoned` - how long an abandoned turn id is remembered and how its Admit is refused.
 
-A later scorer (engine load, headroom, caller fairness) is a new module here, composed in
-:mod:`luftpause.scheduler.core.decide`.
+A later scorer (KV usage, prefix cache hit rate, both recorded from probes already) is a new module
+here, composed in :mod:`luftpause.scheduler.core.decide`.
 """

@@ -2,14 +2,17 @@
 
 That replica holds the run's prefix cache, so the run waits for it even when another replica has
 room. An ``idle`` run (finished its answer, failed its last turn, expired) or a new run may go
-anywhere. Reads: the run's ``phase`` and ``last_replica``; the replicas serving the turn's model.
-A last replica that does not serve the turn's model (or is no longer configured) pins nothing,
-since it cannot hold a prefix for that model.
+anywhere, and so may a run whose last replica is unhealthy (its prefix is no use there).
+Reads: the run's ``phase`` and ``last_replica``; the replicas serving the turn's model and their
+health. A last replica that does not serve the turn's model (or is no longer configured) pins
+nothing, since it cannot hold a prefix for that model.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from luftpause.scheduler.core.policies import health
 
 if TYPE_CHECKING:
     from luftpause.scheduler.core.state import Replica, Run
@@ -21,5 +24,5 @@ def pinned_replica(run: Run | None, serving: tuple[Replica, ...]) -> Replica | N
         return None
     for replica in serving:
         if replica.name == run.last_replica:
-            return replica
+            return replica if health.usable(replica) else None
     return None

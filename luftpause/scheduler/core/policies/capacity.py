@@ -1,7 +1,9 @@
-"""Capacity: at most ``max_inflight`` placed turns per replica; the scheduler holds the rest.
+"""Capacity: whether a replica has a slot for one more turn of a given service class.
 
-Reads: the replica's ``inflight`` (turns placed and not yet finished, failed, abandoned or expired)
-and its configured ``max_inflight``.
+A replica has room for a turn when it is usable (:mod:`.health`) and its in-flight turns are below
+its effective capacity (:mod:`.engine_load`) less the slots kept from that class (:mod:`.headroom`).
+Reads: the replica's ``inflight`` (turns placed and not yet finished, failed, abandoned or expired),
+health, engine load, ``max_inflight`` and headroom; the turn's service class.
 """
 
 from __future__ import annotations
@@ -9,15 +11,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from luftpause.scheduler.core.policies import engine_load, headroom, health
+
 if TYPE_CHECKING:
+    from luftpause.scheduler.core.events import ServiceClass
     from luftpause.scheduler.core.state import Replica
 
 
-def has_room(replica: Replica) -> bool:
-    """True when one more turn may be placed on ``replica``."""
-    return replica.inflight < replica.max_inflight
+def limit(replica: Replica, service_class: ServiceClass = "interactive") -> int:
+    """The most in-flight turns ``replica`` may have after placing a turn of ``service_class``."""
+    return engine_load.capacity(replica) - headroom.kept_from(replica, service_class)
 
 
-def with_room(replicas: Iterable[Replica]) -> list[Replica]:
-    """Those of ``replicas`` with room, in the given order."""
-    return [replica for replica in replicas if replica.inflight < replica.max_inflight]
+def has_room(replica: Replica, service_class: ServiceClass = "interactive") -> bool:
+    """True when one more turn of ``service_class`` may be placed on ``replica``."""
+    return health.usable(replica) and replica.inflight < limit(replica, service_class)
+
+
+def with_room(replicas: Iterable[Replica], service_class: ServiceClass = "interactive") -> list[Replica]:
+    """Those of ``replicas`` with room for a turn of ``service_class``, in the given order."""
+    return [replica for replica in replicas if has_room(replica, service_class)]

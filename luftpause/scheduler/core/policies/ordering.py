@@ -1,31 +1,39 @@
-"""Order of held turns: arrival order.
+"""Order of held turns: interactive first; then the caller with the fewest in-flight turns; then
+arrival order.
 
-Reads: the held turn's arrival number ``seq``. The key is fixed when a turn is filed (queues are
-heaps on it); a policy that orders by service class first would return ``(class rank, seq)`` here.
+Reads: the held turn's service class, its caller's placed turns right now (``caller_inflight``,
+absent = 0) and its arrival number ``seq``. The caller term changes while turns wait, so the held
+queues (:mod:`luftpause.scheduler.core.held`) file turns by class and caller and look the key up
+when they pick, instead of fixing it when a turn is filed. A caller flooding the pool thus never
+starves another: each placement raises its count, and the other caller's turn comes first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from luftpause.scheduler.core.events import ServiceClass
     from luftpause.scheduler.core.held import HeldTurn
 
-
-def order_key(turn: HeldTurn) -> tuple[int, ...]:
-    """Smaller goes first."""
-    return (turn.seq,)
+CLASS_RANK: dict[ServiceClass, int] = {"interactive": 0, "batch": 1}
+"""Smaller goes first."""
 
 
-def first(heads: Iterable[HeldTurn | None]) -> HeldTurn | None:
+def order_key(turn: HeldTurn, caller_inflight: Mapping[str, int]) -> tuple[int, int, int]:
+    """``(class rank, caller's in-flight turns, arrival number)``: smaller goes first."""
+    return (CLASS_RANK[turn.service_class], caller_inflight.get(turn.caller, 0), turn.seq)
+
+
+def first(heads: Iterable[HeldTurn | None], caller_inflight: Mapping[str, int]) -> HeldTurn | None:
     """Which of several queue heads gets a freed slot: the smallest key, ``None`` if all are empty."""
     best: HeldTurn | None = None
-    best_key: tuple[int, ...] = ()
+    best_key: tuple[int, int, int] = (0, 0, 0)
     for turn in heads:
         if turn is None:
             continue
-        key = order_key(turn)
+        key = order_key(turn, caller_inflight)
         if best is None or key < best_key:
             best, best_key = turn, key
     return best
