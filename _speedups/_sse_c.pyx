@@ -28,6 +28,9 @@ cdef object _index = operator.index
 cdef object _MAXSIZE = sys.maxsize
 cdef bytes _DONE = b"[DONE]"
 cdef str _TOOL_CALLS = "tool_calls"
+cdef str _ERROR = "error"
+cdef str _NO_ERROR_MESSAGE = "engine error"
+cdef Py_ssize_t _MAX_ERROR_CHARS = 500
 
 cdef enum:
     LF = 10
@@ -51,12 +54,15 @@ cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py
 cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     """Whether a payload provably changes nothing once the first token has been seen.
 
-    After the first token, a chunk object matters only through a ``usage``, ``tool_calls`` or
-    ``finish_reason`` key whose value is not null. Without ``\\u`` escapes those keys can only be
-    written as the literal bytes ``"usage"`` etc., so if every such byte run (in a key or not: the
-    test errs towards parsing) is followed by ``: null``, parsing the payload would change nothing
-    and orjson is not called. Most chunks of a stream are content deltas like that. Anything else,
-    including what is not JSON at all, is left to orjson and the full reading.
+    After the first token, a payload matters only through a ``usage``, ``tool_calls``,
+    ``finish_reason`` or ``error`` key whose value is not null, or an ``"object": "error"``. Without
+    ``\\u`` escapes those keys can only be written as the literal bytes ``"usage"`` etc., so if every
+    such byte run (in a key or not: the test errs towards parsing) is followed by ``: null``,
+    parsing the payload would change nothing and orjson is not called. That covers ``"object":
+    "error"`` too: its value is the byte run ``"error"``, followed by no colon, so it is parsed;
+    ``"object": "chat.completion.chunk"``, on every chunk, stays inert. Most chunks of a stream are
+    content deltas like that. Anything else, including what is not JSON at all, is left to orjson
+    and the full reading.
     """
     cdef const unsigned char* q
     cdef Py_ssize_t i, j, key_len
@@ -77,6 +83,8 @@ cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
                 key_len = 11
             elif s[i] == b'f' and n - i >= 14 and memcmp(s + i, b'finish_reason"', 14) == 0:
                 key_len = 14
+            elif s[i] == b'e' and n - i >= 6 and memcmp(s + i, b'error"', 6) == 0:
+                key_len = 6
         if key_len:
             j = _skip_json_space(s, i + key_len, n)
             if j >= n or s[j] != b':':
@@ -91,6 +99,24 @@ cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     return True
 
 
+cdef object _error_message(dict d):
+    """The message of ``d`` if it is an engine's error event, else ``None`` (see the pure twin)."""
+    cdef object error = d.get(_ERROR)
+    cdef bint is_error_object = d.get("object") == _ERROR
+    cdef object message = None
+    if error is None and not is_error_object:
+        return None
+    if type(error) is dict:
+        message = (<dict>error).get("message")
+    elif type(error) is str:
+        message = error
+    if (type(message) is not str or len(<str>message) == 0) and is_error_object:
+        message = d.get("message")
+    if type(message) is not str or len(<str>message) == 0:
+        return _NO_ERROR_MESSAGE
+    return (<str>message)[:_MAX_ERROR_CHARS]
+
+
 cdef class SSEScanner:
     """Scan one turn's event stream, fed in reads of any size, and keep what it says.
 
@@ -100,7 +126,7 @@ cdef class SSEScanner:
 
     Attributes are read-only from Python: ``first_token_seen``, ``finish_reason``,
     ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``, ``completion_tokens``, ``done``,
-    ``event_count``, ``events``, ``oversized_events``, ``buffered_bytes``, ``max_event_bytes``;
+    ``error``, ``event_count``, ``events``, ``oversized_events``, ``buffered_bytes``, ``max_event_bytes``;
     their meaning is given in ``luftpause.dataplane._sse_py``.
     """
 
@@ -111,6 +137,7 @@ cdef class SSEScanner:
     cdef readonly object prompt_tokens
     cdef readonly object completion_tokens
     cdef readonly bint done
+    cdef readonly object error
     cdef readonly Py_ssize_t event_count
     cdef readonly list events
     cdef readonly Py_ssize_t oversized_events
@@ -149,6 +176,7 @@ cdef class SSEScanner:
         self.prompt_tokens = -1
         self.completion_tokens = -1
         self.done = False
+        self.error = None
         self.event_count = 0
         self.events = []
         self._keep_events = bool(keep_events)
@@ -316,7 +344,7 @@ cdef class SSEScanner:
         return self._read_chunk_object(data)
 
     cdef int _read_chunk_object(self, bytes data) except -1:
-        """Take first token, finish reason, tool-call ids and usage from one chunk object."""
+        """Take an error, first token, finish reason, tool-call ids and usage from one payload."""
         cdef dict d
         cdef object usage, tokens, choices, choice, delta, tool_calls, call, call_id, text, reason
         try:
@@ -326,6 +354,8 @@ cdef class SSEScanner:
         if type(obj) is not dict:
             return 0
         d = <dict>obj
+        if self.error is None:
+            self.error = _error_message(d)
         usage = d.get("usage")
         if type(usage) is dict:
             tokens = (<dict>usage).get("prompt_tokens")

@@ -2,7 +2,8 @@
 
 The dataplane relays an engine's ``text/event-stream`` response to the client byte for byte and
 feeds every read (split anywhere) to an :class:`SSEScanner` on the side, to learn what it reports to
-the scheduler: time to first token, usage, finish reason and the tool-call ids a turn emitted.
+the scheduler: time to first token, usage, finish reason, the tool-call ids a turn emitted and
+whether the engine reported an error in the stream.
 
 Framing follows the WHATWG HTML spec, section 9.2.6 "Interpreting an event stream": lines end with
 CR, LF or CRLF; one leading byte order mark is ignored; a line starting with ``:`` is a comment; a
@@ -10,7 +11,12 @@ field line is split at its first ``:`` and loses exactly one space after it; ``d
 event join with LF; an empty line dispatches the event, unless it had no ``data`` field; an event
 still open when the stream ends is never dispatched. Only ``data`` matters here: ``event``, ``id``
 and ``retry`` are read past. The payloads are OpenAI ``chat.completion.chunk`` objects (API
-reference, "The chat completion chunk object") or the ``[DONE]`` sentinel.
+reference, "The chat completion chunk object") or the ``[DONE]`` sentinel -- or an engine's error
+event, which vLLM and SGLang send in place of chunks when a turn fails mid-stream (often followed by
+``[DONE]``): a JSON object with a top-level ``"error"`` key (vLLM ``{"error": {"object": "error",
+"message": ..., "type": ..., "code": 500}}``, SGLang ``{"error": {"message": ..., "code": ...}}``,
+or a bare ``{"error": "..."}``), or, from older vLLM, ``{"object": "error", "message": ...,
+"code": ...}``. Only the top level of the payload counts: content that mentions an error is content.
 
 The scanner works on bytes and decodes (with orjson) only complete ``data`` payloads, so a UTF-8
 character split between reads needs no care. It never raises on what the engine sends: bad framing,
@@ -23,8 +29,8 @@ field counts while it is the line being read). An event that would need more is 
 scanner holds of it is released, the rest of it is read past up to its blank line, it is counted in
 ``oversized_events`` (not in ``event_count``), and scanning resumes with the next event. The rule
 depends only on the bytes, never on how they were cut into reads. A dropped event is never
-dispatched, so whatever it carried -- the first token, a tool call, a finish reason, usage,
-``[DONE]`` -- is simply not seen. What the dataplane sends is not affected: the scanner only
+dispatched, so whatever it carried -- the first token, a tool call, a finish reason, usage, an
+error, ``[DONE]`` -- is simply not seen. What the dataplane sends is not affected: the scanner only
 observes the bytes the relay passes on unchanged.
 
 Both twins behave identically (``tests/test_sse.py`` runs every case on both and compares them on
@@ -51,6 +57,11 @@ _CR = 0x0D
 _COLON = 0x3A
 _SPACE = 0x20
 
+_MAX_ERROR_CHARS = 500
+"""An error message longer than this (characters) is cut to it: it goes into one report."""
+
+_NO_ERROR_MESSAGE = "engine error"
+
 
 class SSEScanner:
     """Scan one turn's event stream, fed in reads of any size, and keep what it says.
@@ -74,6 +85,13 @@ class SSEScanner:
     * ``prompt_tokens``, ``completion_tokens`` -- from the last ``usage`` object that carried them
       as non-negative integers (tokens), else ``-1``.
     * ``done`` -- a ``data: [DONE]`` event was seen.
+    * ``error`` -- the message (``str``, at most 500 characters) of the first error event, else
+      ``None``. An error event is a payload whose top-level object has an ``"error"`` key that is not
+      null, or an ``"object"`` key equal to ``"error"``. Its message is ``error["message"]`` when
+      ``error`` is an object with a non-empty string ``message``; ``error`` itself when it is a
+      non-empty string; else the top-level ``message`` when ``object`` is ``"error"`` and it is a
+      non-empty string; else ``"engine error"``. An error event does not change ``done`` or
+      ``finish_reason``: the caller decides that a turn with an error failed.
     * ``event_count`` -- number of dispatched events, i.e. events with at least one ``data`` field.
     * ``events`` -- with ``keep_events=True``, each dispatched event's data (``bytes``, lines joined
       with ``b"\\n"``) in order; else stays empty.
@@ -99,6 +117,7 @@ class SSEScanner:
         "_tail",
         "completion_tokens",
         "done",
+        "error",
         "event_count",
         "events",
         "finish_reason",
@@ -121,6 +140,7 @@ class SSEScanner:
         self.prompt_tokens: int = -1
         self.completion_tokens: int = -1
         self.done: bool = False
+        self.error: str | None = None
         self.event_count: int = 0
         self.events: list[bytes] = []
         self._keep_events = bool(keep_events)
@@ -287,13 +307,15 @@ class SSEScanner:
             self._read_chunk_object(data)
 
     def _read_chunk_object(self, data: bytes) -> None:
-        """Take first token, finish reason, tool-call ids and usage from one chunk object."""
+        """Take an error, first token, finish reason, tool-call ids and usage from one payload."""
         try:
             obj = orjson.loads(data)
         except ValueError:  # orjson.JSONDecodeError: not JSON, or not UTF-8
             return
         if type(obj) is not dict:
             return
+        if self.error is None:
+            self.error = _error_message(obj)
         usage = obj.get("usage")
         if type(usage) is dict:
             tokens = usage.get("prompt_tokens")
@@ -330,3 +352,21 @@ class SSEScanner:
             reason = choice.get("finish_reason")
             if type(reason) is str and reason and not self.saw_tool_calls:
                 self.finish_reason = reason
+
+
+def _error_message(obj: dict[str, object]) -> str | None:
+    """The message of ``obj`` if it is an engine's error event, else ``None`` (see ``SSEScanner``)."""
+    error = obj.get("error")
+    is_error_object = obj.get("object") == "error"
+    if error is None and not is_error_object:
+        return None
+    message: object = None
+    if type(error) is dict:
+        message = error.get("message")
+    elif type(error) is str:
+        message = error
+    if (type(message) is not str or not message) and is_error_object:
+        message = obj.get("message")
+    if type(message) is not str or not message:
+        return _NO_ERROR_MESSAGE
+    return message[:_MAX_ERROR_CHARS]
