@@ -126,3 +126,4 @@ def test_scan_one_turn(
     assert scanner.event_count == (305 if kind == "tool call" else 304)
     assert (scanner.prompt_tokens, scanner.completion_tokens) == (1834, 2400)
     assert scanner.finish_reason == ("tool_calls" if kind == "tool call" else "stop")
+    assert scanner.error is None

@@ -36,6 +36,7 @@ ATTRIBUTES = (
     "prompt_tokens",
     "completion_tokens",
     "done",
+    "error",
     "event_count",
     "events",
     "oversized_events",
@@ -51,6 +52,7 @@ class Scanner(Protocol):
     prompt_tokens: int
     completion_tokens: int
     done: bool
+    error: str | None
     event_count: int
     events: list[bytes]
     @property
@@ -211,6 +213,7 @@ def test_fresh_scanner_reports_nothing(scanner_cls: ScannerClass) -> None:
         "prompt_tokens": -1,
         "completion_tokens": -1,
         "done": False,
+        "error": None,
         "event_count": 0,
         "events": [],
         "oversized_events": 0,
@@ -668,6 +671,187 @@ def test_held_memory_stays_bounded_on_a_50_mb_line_without_newline(twin: str) ->
     assert scanner.oversized_events == 1
 
 
+# --- errors the engine reports in the stream -----------------------------------------------------
+
+# Error events as the engines write them (vLLM: ``create_streaming_error_response``, pydantic's
+# compact JSON; SGLang and older vLLM: ``json.dumps``, with spaces), and the message each gives.
+ENGINE_ERRORS = {
+    "vllm": (
+        b'{"error":{"object":"error","message":"CUDA out of memory. Tried to allocate 2.00 GiB",'
+        b'"type":"InternalServerError","param":null,"code":500}}',
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+    ),
+    "vllm top level": (
+        b'{"object": "error", "message": "The model `qwen3-32b` does not exist.", '
+        b'"type": "NotFoundError", "param": null, "code": 404}',
+        "The model `qwen3-32b` does not exist.",
+    ),
+    "sglang": (
+        b'{"error": {"message": "Request aborted: KV cache pool is full", "type": '
+        b'"BadRequestError", "code": 400}}',
+        "Request aborted: KV cache pool is full",
+    ),
+    "bare string": (b'{"error": "engine overloaded"}', "engine overloaded"),
+    "escaped key": (b'{"\\u0065rror": {"message": "escaped \\u00fcber"}}', "escaped über"),
+    "escaped object": (b'{"object": "\\u0065rror", "message": "old vLLM, escaped"}', "old vLLM, escaped"),
+}
+
+
+def error_stream(payload: bytes, *, first_token: bool = True, eol: bytes = b"\n") -> bytes:
+    """Role chunk, maybe a content delta, the engine's error event, then ``[DONE]``."""
+    parts = [event(chunk_object({"role": "assistant", "content": ""}), eol)]
+    if first_token:  # then the compiled twin's shortcut is live when the error arrives
+        parts.append(event(chunk_object({"content": "Hel"}), eol))
+    parts.append(event(payload, eol))
+    parts.append(b"data: [DONE]" + eol + eol)
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("first_token", [True, False], ids=["after first token", "before first token"])
+@pytest.mark.parametrize("shape", list(ENGINE_ERRORS))
+def test_engine_error_event_is_seen_however_the_stream_is_cut(
+    scanner_cls: ScannerClass, shape: str, first_token: bool
+) -> None:
+    payload, message = ENGINE_ERRORS[shape]
+    stream = error_stream(payload, first_token=first_token, eol=b"\r\n" if shape == "sglang" else b"\n")
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads)
+        assert scanner.error == message, reads
+        # the error changes nothing else: the caller decides that the turn failed
+        assert (scanner.done, scanner.finish_reason, scanner.first_token_seen) == (True, None, first_token)
+        assert scanner.event_count == len(scanner.events) == 3 + first_token
+
+
+def test_stream_without_an_error_reports_none(scanner_cls: ScannerClass) -> None:
+    for reads in (openai_stream(), tool_call_stream()):
+        scanner, _ = scan(scanner_cls, reads)
+        assert scanner.error is None
+
+
+def test_error_event_over_several_data_lines_is_seen(scanner_cls: ScannerClass) -> None:
+    # the lines join with LF, which is JSON whitespace between the key and its value
+    reads = [event(chunk_object({"content": "a"})), b'data: {"error"\ndata: : {"message": "split"}}\n\n']
+    scanner, _ = scan(scanner_cls, reads)
+    assert scanner.events[1] == b'{"error"\n: {"message": "split"}}'
+    assert scanner.error == "split"
+
+
+def test_first_error_event_wins(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event(chunk_object({"content": "a"})),
+        event({"error": {"message": "first"}}),
+        event(chunk_object({"content": "b"}, "stop")),
+        event({"error": {"message": "second"}}),
+        b"data: [DONE]\n\n",
+    ]
+    scanner, _ = scan(scanner_cls, reads)
+    assert scanner.error == "first"
+    assert scanner.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b'{"error": {"code": 500}}', "engine error"),
+        (b'{"error": {"message": ""}}', "engine error"),
+        (b'{"error": {"message": 7}}', "engine error"),
+        (b'{"error": {"message": null, "code": 500}}', "engine error"),
+        (b'{"error": {}}', "engine error"),
+        (b'{"error": ""}', "engine error"),
+        (b'{"error": 500}', "engine error"),
+        (b'{"error": true}', "engine error"),
+        (b'{"error": false}', "engine error"),
+        (b'{"error": ["x"]}', "engine error"),
+        (b'{"object": "error"}', "engine error"),
+        (b'{"object": "error", "message": ""}', "engine error"),
+        (b'{"object": "error", "message": {"text": "x"}}', "engine error"),
+        (b'{"error": {"message": "inner"}, "object": "error", "message": "outer"}', "inner"),
+        (b'{"error": {"code": 1}, "object": "error", "message": "outer"}', "outer"),
+        (b'{"error": {"message": "a"}, "message": "not read without object: error"}', "a"),
+        (b'{"error" :\t {"message" : "spaced"}}', "spaced"),
+        (b'{"error": null, "object": "error", "message": "m"}', "m"),
+        (
+            b'{"error": null, "error": {"message": "the last key wins, as orjson decodes it"}}',
+            "the last key wins, as orjson decodes it",
+        ),
+        (b'{"choices": [{"delta": {"content": "partial"}}], "error": {"message": "mid"}}', "mid"),
+    ],
+)
+def test_error_message_is_taken_from_the_shape_it_has(
+    scanner_cls: ScannerClass, payload: bytes, message: str
+) -> None:
+    for first_token in (True, False):
+        scanner, _ = scan(scanner_cls, [error_stream(payload, first_token=first_token)])
+        assert scanner.error == message, first_token
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        # content, reasoning and tool arguments that talk about errors are content
+        orjson.dumps(chunk_object({"content": 'error: {"error": {"message": "x"}}'})),
+        orjson.dumps(chunk_object({"reasoning_content": 'the "error" key, "object": "error"'})),
+        orjson.dumps(chunk_object({"content": "error"})),
+        orjson.dumps(
+            chunk_object({"tool_calls": [{"index": 0, "function": {"arguments": '{"error": "x"}'}}]})
+        ),
+        # an error key below the top level, or an object that is not "error"
+        b'{"choices": [{"index": 0, "delta": {}, "error": {"message": "m"}}]}',
+        b'{"choices": [], "usage": {"error": "m"}}',
+        b'{"choices": [], "object": "errors", "message": "m"}',
+        b'{"choices": [], "object": "chat.completion.chunk", "message": "m"}',
+        b'{"choices": [], "message": "m", "type": "error"}',
+        # a null error is no error, as a null usage is no usage
+        b'{"choices": [{"delta": {"content": "x"}}], "error": null}',
+        b'{"choices": [], "error" : null}',
+        # JSON that is not an object, or not JSON
+        b'[{"error": {"message": "m"}}]',
+        b'"error"',
+        b'{"error": {"message": "m"}',
+        b"error: something broke",
+    ],
+)
+def test_payload_that_is_not_an_error_event_is_not_counted(scanner_cls: ScannerClass, payload: bytes) -> None:
+    for first_token in (True, False):
+        for reads in every_split(error_stream(payload, first_token=first_token)):
+            scanner, _ = scan(scanner_cls, reads)
+            assert scanner.error is None, (first_token, reads)
+            assert scanner.done
+
+
+def test_sse_event_type_error_alone_is_not_an_error(scanner_cls: ScannerClass) -> None:
+    """Only the payload counts, so an ``event: error`` field does not make a chunk an error."""
+    stream = b"event: error\n" + event(chunk_object({"content": "x"})) + b"event: error\ndata: [DONE]\n\n"
+    scanner, _ = scan(scanner_cls, [stream])
+    assert scanner.error is None and scanner.done
+
+
+@pytest.mark.parametrize(("length", "kept"), [(499, 499), (500, 500), (501, 500), (20_000, 500)])
+def test_long_error_message_is_cut_to_500_characters(
+    scanner_cls: ScannerClass, length: int, kept: int
+) -> None:
+    message = ("é日x" * length)[:length]  # characters, not bytes: cut at 500 code points
+    for payload in (orjson.dumps({"error": {"message": message}}), orjson.dumps({"error": message})):
+        scanner, _ = scan(scanner_cls, [error_stream(payload)])
+        assert scanner.error == message[:kept]
+        assert scanner.error is not None and len(scanner.error) == kept
+
+
+def test_error_in_a_dropped_event_is_not_seen(scanner_cls: ScannerClass) -> None:
+    big = orjson.dumps({"error": {"message": "m" * 2000, "code": 500}})
+    small = orjson.dumps({"error": {"message": "small"}})
+    stream = error_stream(big)
+    for reads in every_split(stream):
+        scanner, _ = scan(scanner_cls, reads, max_event_bytes=1024)
+        assert (scanner.error, scanner.oversized_events, scanner.done) == (None, 1, True), reads
+    # the next error event that fits is the first one seen
+    scanner, _ = scan(scanner_cls, [stream, event(small)], max_event_bytes=1024)
+    assert scanner.error == "small"
+    # and with the default bound the big one is read, its message cut
+    scanner, _ = scan(scanner_cls, [stream])
+    assert (scanner.error, scanner.oversized_events) == ("m" * 500, 0)
+
+
 # --- robustness ----------------------------------------------------------------------------------
 
 
@@ -782,7 +966,10 @@ def test_one_byte_at_a_time_gives_the_same_result(bound: int) -> None:
 
 
 _texts = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(
-    ['"usage": null', '"finish_reason": "stop"', "tool_calls", "\\u0041", "\n", ""]
+    [
+        *['"usage": null', '"finish_reason": "stop"', "tool_calls", "\\u0041", "\n", ""],
+        *['"error": {"message": "x"}', '"object": "error"', "error", '"error": null'],
+    ]
 )
 _call_ids = st.none() | st.sampled_from(["", "call_1", "call_2", "call_3"])
 _tool_calls = st.lists(
@@ -811,19 +998,42 @@ _choices = st.lists(
 _usage = st.none() | st.fixed_dictionaries(
     {}, optional={"prompt_tokens": st.integers(-2, 500), "completion_tokens": st.integers(-2, 500)}
 )
+_messages = _texts | st.none() | st.integers(0, 3) | st.just("m" * 600)
+_errors = (
+    st.none()
+    | _messages
+    | st.booleans()
+    | st.fixed_dictionaries(
+        {}, optional={"message": _messages, "object": st.just("error"), "code": st.sampled_from([400, 500])}
+    )
+)
 _objects = st.fixed_dictionaries(
-    {"choices": _choices}, optional={"usage": _usage, "id": st.just("chatcmpl-1")}
+    {"choices": _choices},
+    optional={
+        "usage": _usage,
+        "id": st.just("chatcmpl-1"),
+        "object": st.sampled_from(["chat.completion.chunk", "error", "errors"]),
+        # an error beside the chunk's fields, or a null one, which is no error
+        "error": _errors,
+        "message": _messages,
+    },
+)
+# error events shaped as vLLM and SGLang send them
+_error_events = st.fixed_dictionaries(
+    {"error": _errors}, optional={"object": st.just("error"), "message": _messages}
+) | st.fixed_dictionaries(
+    {"object": st.just("error")}, optional={"message": _messages, "code": st.sampled_from([400, 500])}
 )
 
 
 @st.composite
 def _payloads(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["object", "object", "object", "done", "garbage"]))
+    kind = draw(st.sampled_from(["object", "object", "object", "error", "done", "garbage"]))
     if kind == "done":
         return b"[DONE]"
     if kind == "garbage":
         return draw(st.binary(max_size=20).filter(lambda b: b"\n" not in b and b"\r" not in b))
-    obj = draw(_objects)
+    obj = draw(_error_events if kind == "error" else _objects)
     style = draw(st.sampled_from(["orjson", "ascii", "spaced", "escaped keys"]))
     if style == "orjson":
         return orjson.dumps(obj)
@@ -831,7 +1041,8 @@ def _payloads(draw: st.DrawFn) -> bytes:
     separators = (", ", " : ") if style == "spaced" else (",", ":")
     payload = json.dumps(obj, ensure_ascii=True, separators=separators).encode()
     if style == "escaped keys":  # the same keys, spelled with \u escapes
-        for key in (b"usage", b"tool_calls", b"finish_reason", b"content"):
+        # ("error" also as the value of "object", which decodes to "error" all the same)
+        for key in (b"usage", b"tool_calls", b"finish_reason", b"content", b"error", b"object"):
             payload = payload.replace(b'"%s"' % key, b'"\\u%04x%s"' % (key[0], key[1:]))
     return payload
 
