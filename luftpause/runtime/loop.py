@@ -8,7 +8,11 @@ One run, from its first turn to its answer::
         no tool_calls in the reply  -> the reply's text is the answer; the run is completed
         tool_calls                  -> one tool round: execute each call, append the assistant
                                        message and one ``role: tool`` message per call
-    finally: DELETE {dataplane}/v1/runs/{handle}   (best effort; skipped when the runtime stops)
+    finally: DELETE {dataplane}/v1/runs/{handle}   (best effort)
+
+A run the runtime's shutdown interrupts skips that last step: the server ends all such runs at
+once afterwards (:meth:`DataplaneClient.end_runs`, bounded by
+:data:`SHUTDOWN_END_RUNS_SECONDS` in total), so a dead dataplane cannot hold the shutdown up.
 
 Request and reply shapes are the OpenAI chat completions API (non-streamed). Every turn carries
 ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller`` so the dataplane can schedule
@@ -43,6 +47,14 @@ MAX_TOOLLESS_TOOL_TURNS = 2
 spent) before the run fails instead of looping for ever."""
 
 CALLER_HEADER_MAX_BYTES = 128
+
+RUN_END_TIMEOUT_SECONDS = 5.0
+"""Longest one ``DELETE /v1/runs/{handle}`` may take (seconds)."""
+
+SHUTDOWN_END_RUNS_SECONDS = 2.0
+"""Longest the runtime's shutdown spends ending the runs it interrupted, all together (seconds):
+long enough for a live dataplane to answer thousands of them, short enough that a dead one does not
+noticeably delay the shutdown (a supervisor's grace period is often 5-10 s)."""
 
 
 def new_http_session() -> aiohttp.ClientSession:
@@ -128,20 +140,52 @@ class DataplaneClient:
                 raise TurnFailed(f"dataplane reply is not JSON: {exc}") from exc
             await asyncio.sleep(delay)
 
-    async def end_run(self, handle: str) -> None:
-        """``DELETE /v1/runs/{handle}``: the run ended, the scheduler may forget it. Best effort:
-        every error is logged and ignored."""
+    async def end_run(self, handle: str) -> bool:
+        """``DELETE /v1/runs/{handle}``: the run ended, the scheduler may forget it.
+
+        Best effort, at most :data:`RUN_END_TIMEOUT_SECONDS`: every error is logged and ignored.
+        Returns whether the dataplane acknowledged it (a 2xx status).
+        """
         url = f"{self.base_url}/v1/runs/{handle}"
         try:
             async with self.session.delete(
-                url, headers=self._auth, timeout=aiohttp.ClientTimeout(total=5)
+                url, headers=self._auth, timeout=aiohttp.ClientTimeout(total=RUN_END_TIMEOUT_SECONDS)
             ) as response:
                 raw = await response.read()
                 if response.status >= 400:  # a 401 here means the tokens of the two processes differ
                     refusal = _error_message(response.status, raw)
                     log.warning("the dataplane refused the end of %s: %s", handle, refusal)
+                    return False
+                return True
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.info("could not report the end of %s to the dataplane: %s", handle, exc)
+            return False
+
+    async def end_runs(self, handles: list[str], seconds: float = SHUTDOWN_END_RUNS_SECONDS) -> int:
+        """:meth:`end_run` for every handle, all at once, for at most ``seconds`` in total; the
+        requests still open then are cancelled. Returns how many the dataplane acknowledged.
+        Never raises (but for the caller's own cancellation)."""
+        if not handles:
+            return 0
+        requests = [asyncio.ensure_future(self.end_run(handle)) for handle in handles]
+        try:
+            done, pending = await asyncio.wait(requests, timeout=seconds)
+        finally:
+            for request in requests:  # those still open; also when we are cancelled ourselves
+                request.cancel()
+        if pending:
+            await asyncio.wait(pending)  # let the cancelled requests close their connections
+        ended = sum(1 for request in done if not request.cancelled() and request.result())
+        if ended < len(handles):
+            log.warning(
+                "%d of %d runs stopped by the shutdown could not be ended at the dataplane "
+                "(%d unanswered after %.1f s); the scheduler forgets them after its run idle expiry",
+                len(handles) - ended,
+                len(handles),
+                len(pending),
+                seconds,
+            )
+        return ended
 
 
 def _first_message(reply: dict[str, Any]) -> dict[str, Any]:
@@ -191,6 +235,8 @@ class SubAgentLoop:
         else:
             run.finish("completed", answer=answer)
         finally:
+            # A run the shutdown interrupted is ended by the server with all the others, in one
+            # bounded step after every run has stopped (server.py, ``end_interrupted_runs``).
             if not run.interrupted:
                 # Shielded so a run cancelled mid-turn still tells the scheduler it is over.
                 await asyncio.shield(self.dataplane.end_run(run.handle))

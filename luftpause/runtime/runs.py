@@ -152,7 +152,8 @@ class RunRegistry:
     """Every run of this server, by handle, and the task group that owns their tasks.
 
     Use as an async context manager inside the server's lifespan. Leaving it cancels the runs that
-    are still going (marking them ``interrupted``) and waits for their tasks to end.
+    are still going (marking them ``interrupted`` and listing them in :attr:`interrupted`) and
+    waits for their tasks to end.
 
     Finished runs are dropped ``retention_seconds`` after they end and beyond ``max_finished`` of
     them (oldest finished first); running runs never. Dropping is done lazily, whenever the
@@ -185,6 +186,9 @@ class RunRegistry:
         self._expired: dict[str, None] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        # Runs that leaving the registry cancelled before they finished, in start order; a list of
+        # its own because eviction may drop them from ``_runs`` before the server ends them.
+        self.interrupted: list[Run] = []
         # Replaced on every finish: a waiter takes the current one, re-checks, then waits on it,
         # so a finish between its check and its wait is never missed.
         self._changed = asyncio.Event()
@@ -202,7 +206,10 @@ class RunRegistry:
     ) -> None:
         group, self._group = self._group, None
         for handle, task in self._tasks.items():
-            self._runs[handle].interrupted = True
+            run = self._runs[handle]
+            if not run.done:  # a finished run still ending itself at the dataplane was not stopped
+                run.interrupted = True
+                self.interrupted.append(run)
             task.cancel()
         if group is not None:
             await group.__aexit__(exc_type, exc, tb)

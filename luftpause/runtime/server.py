@@ -17,7 +17,9 @@ JSON-RPC error objects, which have the same ``error.message``.
 The ASGI app runs on granian (one worker process, uvloop). Its lifespan owns everything that
 outlives a request, in this order: the shared aiohttp session to the dataplane, the upstream MCP
 clients, the run registry's task group, and the SDK's session manager (which, with the SDK app
-mounted inside ours, only runs if our lifespan enters it).
+mounted inside ours, only runs if our lifespan enters it). On shutdown they are left in reverse:
+the registry cancels the runs still going, then every run it stopped is ended at the dataplane
+(``DELETE /v1/runs/{handle}``, all at once, at most 2 s in total) before the session closes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from starlette.routing import BaseRoute, Route
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
+from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import RunRegistry
@@ -159,6 +162,22 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             await stack.enter_async_context(runtime.upstream)
             dataplane = DataplaneClient(config.runtime.dataplane, session, token)
             runtime._loop = SubAgentLoop(dataplane, runtime.upstream)
+
+            async def end_interrupted_runs() -> None:
+                # Runs after the registry has stopped every run, while the session is still open.
+                # There is no journal yet, so a run stopped here can never resume: end it at the
+                # dataplane, or the scheduler would keep it generating or tool_paused (holding a
+                # headroom slot) until its 30 min idle expiry. When the journal lands, the runs it
+                # will resume on restart must NOT be ended here: they should keep their affinity
+                # (last replica, prefix cache) and their headroom; end only those it will not
+                # resume (and see SubAgentLoop.drive, which leaves interrupted runs to this step).
+                handles = [run.handle for run in runtime.registry.interrupted]
+                ended = await dataplane.end_runs(handles)
+                if handles:
+                    log.info("shutdown: %d of %d stopped runs ended at the dataplane", ended, len(handles))
+
+            # Pushed before the registry is entered, so it is called after the registry is left.
+            stack.push_async_callback(end_interrupted_runs)
             await stack.enter_async_context(runtime.registry)
             await stack.enter_async_context(mcp.session_manager.run())
             print(f"luftpause runtime: MCP on {runtime.mcp_url}", flush=True)
@@ -191,6 +210,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; 0 then, 2 for a bad configuration."""
     config = config_from_args(args)
+    refuse_if_in_use("runtime", config.runtime.listen)
     # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
     # lines (httpx, the SDK) would bury them.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,0 +1,171 @@
+"""The runtime's shutdown: runs it interrupts are ended at the dataplane, all at once and bounded.
+
+A run cancelled by the runtime stopping can never come back (there is no journal to resume it
+yet), so the scheduler must forget it at once rather than keep it ``generating`` or
+``tool_paused`` (holding headroom) for its 30 minute idle expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from mcp.types import CallToolResult, TextContent
+
+from luftpause.runtime.loop import DataplaneClient, new_http_session
+from luftpause.testkit.loadgen import runtime_client
+from luftpause.testkit.procs import free_port
+from luftpause.testkit.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+RUNS = 3
+
+
+@pytest.fixture()
+def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack whose engines decode at 50 ms per token, so a run stays mid-flight for seconds."""
+    stack = Stack.start(
+        tmp_path_factory.mktemp("shutdown"), decode_ms=50, env={"LUFTPAUSE_TOKEN": ""}
+    )
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _scheduler_status(stack: Stack) -> dict[str, Any]:
+    with urllib.request.urlopen(stack.status_url, timeout=10) as response:
+        status: dict[str, Any] = json.loads(response.read())
+        return status
+
+
+def _wait_for(stack: Stack, holds: Any, what: str, seconds: float = 20.0) -> dict[str, Any]:
+    """Poll the scheduler's status until ``holds(status)``; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status = _scheduler_status(stack)
+        if holds(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}; last status: {status}\n{stack.logs()}")
+        time.sleep(0.05)
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+def test_runs_interrupted_by_shutdown_are_ended_at_the_scheduler(slow_stack: Stack) -> None:
+    before = _scheduler_status(slow_stack)
+
+    async def spawn() -> list[str]:
+        async with runtime_client(slow_stack.runtime_url) as client:
+            handles = []
+            for i in range(RUNS):
+                result = await client.call_tool("spawn", {"task": f"Research topic {i} at length."})
+                assert not result.is_error, _text(result)
+                assert isinstance(result.structured_content, dict)
+                handles.append(result.structured_content["handle"])
+            return handles
+
+    handles = asyncio.run(spawn())
+    # Every run has reached the scheduler and is mid-flight there.
+    _wait_for(
+        slow_stack,
+        lambda s: s["runs"]["generating"] + s["runs"]["tool_paused"] == RUNS,
+        f"the {RUNS} runs never were generating or tool_paused at once",
+    )
+
+    runtime = slow_stack.children["runtime"]
+    runtime.stop()  # SIGTERM
+    assert runtime.poll() == 0, runtime.log_tail()
+
+    after = _wait_for(
+        slow_stack,
+        lambda s: s["counters"]["runs_ended"] - before["counters"]["runs_ended"] == RUNS,
+        f"the scheduler was not told that the {RUNS} interrupted runs {handles} ended",
+    )
+    assert after["runs"]["generating"] == 0 and after["runs"]["tool_paused"] == 0, after
+    assert sum(replica["inflight"] for replica in after["replicas"]) == 0, after
+
+
+class StallingDataplane:
+    """A dataplane double that takes ``DELETE /v1/runs/{handle}`` and answers none of them until
+    ``release_after`` have arrived (``None``: never, until the test releases it)."""
+
+    def __init__(self, release_after: int | None) -> None:
+        self.release_after = release_after
+        self.received: list[str] = []
+        self.release = asyncio.Event()
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        self.received.append(request.match_info["handle"])
+        if self.release_after is not None and len(self.received) >= self.release_after:
+            self.release.set()
+        await self.release.wait()
+        return web.Response(status=204)
+
+    async def __aenter__(self) -> StallingDataplane:
+        app = web.Application()
+        app.router.add_delete("/v1/runs/{handle}", self._delete)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release.set()  # a stalled handler would otherwise hold the cleanup up
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+HANDLES = [f"run-{i:016x}" for i in range(20)]
+
+
+def test_end_runs_sends_every_delete_at_once() -> None:
+    # Nothing is answered until all 20 have arrived: one at a time, the first would wait for ever.
+    async def scenario() -> tuple[int, list[str]]:
+        async with StallingDataplane(release_after=len(HANDLES)) as dataplane, new_http_session() as session:
+            client = DataplaneClient(dataplane.url, session)
+            ended = await asyncio.wait_for(client.end_runs(HANDLES, seconds=30), 60)
+            return ended, dataplane.received
+
+    ended, received = asyncio.run(scenario())
+    assert ended == len(HANDLES)
+    assert sorted(received) == HANDLES
+
+
+def test_end_runs_gives_up_on_a_dataplane_that_never_answers() -> None:
+    async def scenario() -> tuple[int, list[str], int]:
+        async with StallingDataplane(release_after=None) as dataplane, new_http_session() as session:
+            client = DataplaneClient(dataplane.url, session)
+            # The outer wait_for only keeps a broken end_runs from hanging the test run.
+            ended = await asyncio.wait_for(client.end_runs(HANDLES, seconds=0.5), 60)
+            names = [getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks()]
+            open_tasks = names.count("DataplaneClient.end_run")
+            return ended, dataplane.received, open_tasks
+
+    ended, received, open_tasks = asyncio.run(scenario())
+    assert ended == 0
+    assert sorted(received) == HANDLES  # all were sent, none was answered
+    assert open_tasks == 0  # the unanswered requests were cancelled, not left to run on
+
+
+def test_end_runs_counts_only_what_the_dataplane_acknowledged() -> None:
+    async def scenario() -> tuple[int, int]:
+        async with new_http_session() as session:
+            unreachable = DataplaneClient(f"http://127.0.0.1:{free_port()}", session)
+            return await unreachable.end_runs(HANDLES[:3]), await unreachable.end_runs([])
+
+    assert asyncio.run(scenario()) == (0, 0)
