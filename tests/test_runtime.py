@@ -236,6 +236,32 @@ def test_status_tool_and_http_status_list_the_runs(runtime: Runtime) -> None:
     assert set(status["upstream"][0]["tools"]) == {"lookup", "deep_search"}
 
 
+def test_a_200_kb_task_runs_and_only_status_for_its_handle_repeats_it_whole(runtime: Runtime) -> None:
+    task = "Summarise this report. " + "x" * 200_000 + " THE END"
+
+    async def scenario() -> tuple[str, dict[str, Any], dict[str, Any], CallToolResult]:
+        async with Client(runtime.mcp_url) as client:
+            handle = await _spawn(client, task)
+            await _await(client, [handle])
+            every = _payload(await client.call_tool("status", {}))
+            one = _payload(await client.call_tool("status", {"handle": handle}))
+            # Past the 1 MiB bound, yet well within the SDK's 4 MiB request body: the tool answers.
+            too_long = await client.call_tool("spawn", {"task": "y" * (1536 * 1024)})
+            return handle, every, one, too_long
+
+    handle, every, one, too_long = asyncio.run(scenario())
+    listed = next(run for run in every["runs"] if run["handle"] == handle)
+    assert listed["task"] == task[:200] + "…" and listed["taskChars"] == len(task)
+    assert one["run"]["task"] == task and one["run"]["state"] == "completed"
+    assert too_long.is_error and "task is 1,572,864 bytes" in _text(too_long)
+
+    with urllib.request.urlopen(runtime.status_url, timeout=10) as response:
+        body = response.read()
+    assert b"THE END" not in body
+    run = next(run for run in json.loads(body)["runs"] if run["handle"] == handle)
+    assert run["task"] == task[:200] + "…" and run["taskChars"] == len(task)
+
+
 def test_tools_argument_limits_what_the_sub_agent_may_call(runtime: Runtime) -> None:
     async def scenario() -> tuple[dict[str, Any], CallToolResult]:
         async with Client(runtime.mcp_url) as client:

@@ -51,6 +51,17 @@ DEFAULT_MAX_EXPIRED_HANDLES = 100_000
 longer ago than that is reported as unknown."""
 
 
+TASK_SUMMARY_CHARS = 200
+"""Characters of a run's task shown where many runs are listed (``GET /status``, ``status`` without
+a handle): enough to recognise it, while a listing stays small however long the tasks are."""
+
+
+def summarize(text: str, limit: int = TASK_SUMMARY_CHARS) -> str:
+    """``text`` itself when it has at most ``limit`` characters, else its first ``limit``
+    characters followed by ``…`` (U+2026); the full length goes beside it (``taskChars``)."""
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
 def new_handle() -> str:
     """A fresh run handle, ``run-`` and 16 hex digits (64 random bits)."""
     return f"run-{secrets.token_hex(8)}"
@@ -134,15 +145,21 @@ class Run:
         )
         return out
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, full_task: bool = False) -> dict[str, Any]:
         """:meth:`result` plus what the run was asked: ``model``, ``serviceClass``, ``caller``,
-        ``task``, ``maxToolCalls``, ``startedAt`` (Unix seconds)."""
+        ``task``, ``taskChars``, ``maxToolCalls``, ``startedAt`` (Unix seconds).
+
+        ``task`` is the whole task with ``full_task``, else its :func:`summarize` summary (the
+        first 200 characters and ``…``), so that listings of many runs stay small; ``taskChars``
+        is always the whole task's length in characters.
+        """
         return {
             **self.result(),
             "model": self.model,
             "serviceClass": self.service_class,
             "caller": self.caller,
-            "task": self.task,
+            "task": self.task if full_task else summarize(self.task),
+            "taskChars": len(self.task),
             "maxToolCalls": self.max_tool_calls,
             "startedAt": round(self.started_at, 3),
         }

@@ -5,7 +5,8 @@ Serves, on ``[runtime] listen``:
 * ``/mcp``: streamable HTTP MCP (the official ``mcp`` SDK; both protocol eras it serves) with the
   tools of :mod:`luftpause.runtime.tools`;
 * ``GET /status``: JSON ``{"runs": [run status], "upstream": [server]}``, every run of this process
-  with its state, model, service class, turns, tool calls, failed tool calls and tokens;
+  with its state, model, service class, turns, tool calls, failed tool calls, tokens and a summary
+  of its task (the first 200 characters, ``…``, and ``taskChars``; never the whole task);
 * ``GET /health``: ``{"ok": true}``, always open (no token).
 
 With ``LUFTPAUSE_TOKEN`` set, everything but ``/health`` needs ``Authorization: Bearer <token>``
@@ -78,7 +79,8 @@ class Runtime:
         return f"http://{host}:{port}/mcp"
 
     def status(self) -> dict[str, Any]:
-        """``GET /status``: ``{"runs": [Run.status()], "upstream": [UpstreamPool.describe() item]}``."""
+        """``GET /status``: ``{"runs": [Run.status()], "upstream": [UpstreamPool.describe() item]}``;
+        each run's task is summarized (:func:`luftpause.runtime.runs.summarize`)."""
         return {
             "runs": [run.status() for run in self.registry.all()],
             "upstream": self.upstream.describe(),

@@ -4,22 +4,27 @@ Argument names are camelCase on the wire, as in DESIGN.md ("The runtime"). Resul
 objects (``structuredContent``, and the same JSON as the text content)::
 
     spawn(task, model?, serviceClass = "interactive" | "batch", system?, maxToolCalls = 8,
-          tools?: [name], maxTokens = 256)
+          tools?: [name], maxTokens = 256)                              task, system: at most 1 MiB
         -> {"handle": "run-…", "state": "running"}                       at once
     await(handles: [handle], mode = "all" | "any", timeout = 60)        timeout capped at 600 s
         -> {"runs": [run result], "timedOut": bool}
     status(handle?)
-        -> {"run": run status}  or  {"runs": [run status]}
+        -> {"run": run status, whole task}  or  {"runs": [run status, task summarized]}
 
     run result = {"handle", "state": running|completed|failed|cancelled, "answer"?, "error"?,
                   "toolCalls", "failedToolCalls", "turns", "seconds",
                   "usage": {"promptTokens", "completionTokens"}}
-    run status = run result + {"model", "serviceClass", "caller", "task", "maxToolCalls", "startedAt"}
+    run status = run result + {"model", "serviceClass", "caller", "task", "taskChars",
+                               "maxToolCalls", "startedAt"}
+
+A listing of runs shows each task summarized (its first 200 characters and ``…``; ``taskChars`` is
+the whole length), so it stays small however long the tasks; ``status`` for one handle shows it whole.
 
 Bad input comes back as an MCP tool error (``isError: true``) whose text says what was wrong: an
 unknown or expired handle, a ``serviceClass`` or ``mode`` outside its enum, an unknown tool name, a
 model no generative replica serves, ``maxToolCalls`` outside 0..1000, ``maxTokens`` outside
-0..1,000,000, a ``timeout`` that is not a finite number (NaN, infinity).
+0..1,000,000, a ``task`` or ``system`` longer than 1 MiB (UTF-8), a ``timeout`` that is not a finite
+number (NaN, infinity).
 """
 
 from __future__ import annotations
@@ -50,6 +55,25 @@ number JSON encoders refuse)."""
 MAX_TOKENS_PER_TURN = 1_000_000
 """Highest ``maxTokens`` per turn: above the longest context any engine serves today, so it never
 refuses a real request, and a bound on what we send on."""
+
+MAX_TEXT_BYTES = 1024 * 1024
+"""Longest ``spawn`` ``task`` and ``system``, each, in UTF-8 bytes (1 MiB, about 260,000 tokens):
+past the context of any engine served today, so no real task is refused, while every run a client
+spawns holds at most this much of its own text until it is dropped. (The SDK refuses a whole request
+body past 4 MiB with HTTP 413 before any tool sees it.)"""
+
+
+def check_text_size(name: str, text: str | None, limit: int = MAX_TEXT_BYTES) -> None:
+    """Raise :class:`ToolError` naming ``name``, its size and ``limit`` when ``text`` is longer than
+    ``limit`` UTF-8 bytes (a lone surrogate counts 3, as it would be written)."""
+    if text is None or len(text) * 4 <= limit:  # at most 4 bytes a character: no need to encode
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ToolError(
+            f"{name} is {size:,} bytes (UTF-8); spawn accepts at most {limit:,} bytes "
+            f"({limit / 1024 / 1024:g} MiB) of it"
+        )
 
 INSTRUCTIONS = """\
 luftpause runs sub-agents for you. `spawn` starts one on a task and returns a handle at once; \
@@ -91,7 +115,8 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             "turns and tool calls on the runtime's MCP tools until it answers; collect the answer "
             "with `await`. `serviceClass` is 'interactive' (someone waits) or 'batch'. `tools` "
             "limits which tools it may use (names; default all). `maxToolCalls` is its tool "
-            "budget; `maxTokens` the reply length per turn (0 = the engine's default)."
+            "budget; `maxTokens` the reply length per turn (0 = the engine's default). `task` and "
+            "`system` may each be up to 1 MiB (UTF-8)."
         ),
     )
     async def spawn(
@@ -108,6 +133,8 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             int, Field(ge=0, le=MAX_TOKENS_PER_TURN, description="reply length per turn, tokens")
         ] = 256,
     ) -> dict[str, Any]:
+        check_text_size("task", task)
+        check_text_size("system", system)
         chosen_model = model or runtime.config.default_model
         served = generative_models(runtime)
         if chosen_model not in served:
@@ -175,13 +202,16 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
 
     @mcp.tool(
         name="status",
-        description="One run's status by `handle`, or every run of this runtime without one.",
+        description=(
+            "One run's status by `handle`, with its whole task; or every run of this runtime without "
+            "one, each task cut to its first 200 characters (`taskChars` gives the whole length)."
+        ),
     )
     async def status(handle: str | None = None) -> dict[str, Any]:
         if handle is None:
             return {"runs": [run.status() for run in runtime.registry.all()]}
         try:
-            return {"run": runtime.registry.get(handle).status()}
+            return {"run": runtime.registry.get(handle).status(full_task=True)}
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
 
