@@ -22,6 +22,7 @@ from aiohttp import web
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
+from luftpause.cli import main
 from luftpause.config import DEFAULT_MODEL, McpServerConfig
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import Run, RunRegistry
@@ -303,6 +304,18 @@ def test_loadgen_spawns_three_and_reports_them_completed(runtime: Runtime) -> No
     assert summary["failed"] == 0
     assert summary["toolCalls"] >= 3
     assert summary["runTimeP50"] is not None
+
+
+def test_loadgen_help_says_it_drives_the_runtime_over_mcp_and_not_the_proxy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["loadgen", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
+    assert "spawn sub-agents on the runtime (MCP)" in text
+    assert "through the runtime or the proxy" not in text
+    assert "sends nothing to the proxy itself" in text
 
 
 def _run(handle: str, **overrides: Any) -> Run:

@@ -1,9 +1,11 @@
 """``luftpause loadgen``: spawn sub-agents through the runtime over MCP and report what happened.
 
-``--spawn N`` connects to the runtime with the official ``mcp`` client, calls ``spawn`` N times at
-once, then calls ``await`` on every handle (again and again, at most 60 s per call, until none is
-running or ``--timeout`` passes) and prints a summary: runs completed / failed, tool calls,
-failed tool calls, tokens, run time p50 / p99 (the runtime's own ``seconds`` per run) and wall time.
+It drives only the runtime: load reaches the proxy as the sub-agents' own turns, never from
+loadgen itself. ``--spawn N`` connects to the runtime with the official ``mcp`` client, calls
+``spawn`` N times at once, then calls ``await`` on every handle (again and again, at most 60 s per
+call, until none is running or ``--timeout`` passes) and prints a summary: runs completed /
+failed, tool calls, failed tool calls, tokens, run time p50 / p99 (the runtime's own ``seconds``
+per run) and wall time.
 The exit status is 0 only when all N runs completed.
 
 ``--json`` prints the summary as one JSON object instead::
@@ -69,6 +71,11 @@ async def runtime_client(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # The one-line description comes from luftpause.cli's COMMANDS table.
+    parser.epilog = (
+        "Load reaches the engines only as the runtime's sub-agent turns, through the dataplane the "
+        "runtime is configured with; loadgen sends nothing to the proxy itself."
+    )
     parser.add_argument(
         "--runtime",
         default=DEFAULT_RUNTIME,
