@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
-from luftpause.testkit.procs import ChildProcess, port_open
+from luftpause.ports import address_in_use
+from luftpause.testkit.procs import ChildProcess
 
 READY_TIMEOUT_S = 60.0
 
@@ -99,7 +100,7 @@ def busy_ports(config: Config) -> list[str]:
         for url in [r.url for r in config.replicas] + [s.url for s in config.mcp_servers if s.url]:
             parts = urlsplit(url)
             addresses.append(f"{parts.hostname}:{parts.port}")
-    return [a for a in addresses if port_open(*split_host_port(a))]
+    return [a for a in addresses if address_in_use(a)]
 
 
 def banner(config: Config, logs: Path) -> str:

@@ -34,6 +34,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 name = "dead"
 url = "http://127.0.0.1:{dead_port}"
 models = ["{DEAD_MODEL}"]
+health_path = ""  # not health-checked: the scheduler's probes would take it out of rotation
 """
     running = Stack.start(tmp_path_factory.mktemp("faults"), decode_ms=5.0, extra_config=extra)
     try:
@@ -151,6 +152,29 @@ def test_an_engine_dying_mid_stream_gives_the_chunks_so_far_then_the_end(stack: 
     assert len(events) == 3
     assert b"[DONE]" not in received
     assert settled(stack, before)["counters"]["failed"] == before + 1
+
+
+def test_an_error_event_inside_a_stream_is_relayed_and_counts_the_turn_failed(stack: Stack) -> None:
+    before = status(stack)["counters"]
+
+    async def scenario() -> bytes:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{stack.dataplane_url}/v1/chat/completions",
+                json=body(
+                    {"kind": "error_mid_stream", "after_chunks": 2, "message": "out of KV"}, stream=True
+                ),
+            ) as response,
+        ):
+            assert response.status == 200
+            return await response.read()
+
+    received = asyncio.run(scenario())
+    assert b'"message": "out of KV"' in received or b'"message":"out of KV"' in received
+    after = settled(stack, before["failed"])
+    assert after["counters"]["failed"] == before["failed"] + 1
+    assert after["counters"]["finished"] == before["finished"]
 
 
 def test_an_engine_closing_without_an_answer_is_answered_502(stack: Stack) -> None:

@@ -516,3 +516,25 @@ def test_real_process_injects_faults_by_flag_and_by_field(tmp_path: Path) -> Non
         child.stop()
     assert child.poll() == 0
     assert child.log_tail().strip() == f"luftpause fake-engine: serving {MODEL} on {url}"
+
+
+async def test_error_mid_stream_sends_chunks_then_an_error_event_and_done(engine: RunningEngine) -> None:
+    fault = {"kind": "error_mid_stream", "after_chunks": 2, "message": "out of KV cache"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            engine.url + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "luftpause_fault": fault,
+            },
+        ) as response,
+    ):
+        assert response.status == 200
+        events = [e for e in (await response.read()).split(b"\n\n") if e]
+    assert len(events) == 4
+    assert json.loads(events[2].removeprefix(b"data: "))["error"]["message"] == "out of KV cache"
+    assert events[3] == b"data: [DONE]"
+    assert engine.stats.faults["error_mid_stream"] == 1

@@ -145,20 +145,28 @@ def test_up_prints_the_urls_once_ready_and_ctrl_c_stops_every_child(
     assert _pids_with(str(path)) == []
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("victim", ["scheduler", "runtime", "dataplane"])
 def test_up_stops_everything_when_one_child_dies_and_shows_its_log(
-    up_with_file: tuple[subprocess.Popen[bytes], dict[str, int], Path],
+    up_with_file: tuple[subprocess.Popen[bytes], dict[str, int], Path], victim: str
 ) -> None:
     up, ports, path = up_with_file
     _read_until(up, b"Ctrl-C stops everything")
-    scheduler = [
-        pid for pid in _pids_with(str(path)) if b"scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    # The child up started itself (for runtime and dataplane, granian's main process: its worker
+    # process must not outlive it).
+    leaders = [
+        pid
+        for pid in _pids_with(str(path))
+        if victim.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() and _parent(pid) == up.pid
     ]
-    assert scheduler
-    for pid in scheduler:
-        os.kill(pid, signal.SIGKILL)
+    assert len(leaders) == 1
+    os.kill(leaders[0], signal.SIGKILL)
     assert _wait_exit(up) == 1
     assert up.stdout is not None
-    assert b"scheduler exited" in up.stdout.read()
+    assert f"{victim} exited".encode() in up.stdout.read()
     assert not any(port_open("127.0.0.1", p) for p in ports.values())
     assert _pids_with(str(path)) == []
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
@@ -30,18 +31,21 @@ log = logging.getLogger("luftpause.dataplane")
 
 RETRY_S = 1.0
 PRUNE_EVERY_S = 60.0
+RESYNC_TIMEOUT_S = 30.0
+MAX_QUEUED_EVENTS = 100_000
+"""Events waiting for the Report stream; past it the stream is dropped and a Resync heals."""
 
-# Retry on these; any other status is a bug on one side and is raised.
-_TRANSIENT = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
-)
+# The scheduler is away or restarting: hold the turn and ask again. Any other status is a fault
+# on one side, answered to the client rather than retried for ever.
+_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class SchedulerLink:
     """One dataplane's connection to the scheduler at ``target`` (``host:port``).
 
     Use :meth:`start` once inside the running loop, :meth:`admit` per turn and :meth:`report` for
-    every turn event; :meth:`close` at shutdown.
+    every turn event; :meth:`close` at shutdown. ``dataplane_id`` should be stable across restarts
+    of the same dataplane (host and port), so its Resync after a crash releases what it held.
     """
 
     def __init__(self, target: str, runs: RunTable, dataplane_id: str | None = None) -> None:
@@ -50,7 +54,11 @@ class SchedulerLink:
         self.dataplane_id = dataplane_id or f"dp-{uuid.uuid4().hex[:12]}"
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
-        self._events: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
+        self._events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
+        self._collecting = False
+        self._generation = 0
+        self._call: grpc.aio.StreamUnaryCall[pb.TurnEvent, pb.ReportSummary] | None = None
+        self._overflowed = False
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
@@ -66,6 +74,7 @@ class SchedulerLink:
             options=[
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.initial_reconnect_backoff_ms", int(RETRY_S * 1000)),
                 ("grpc.max_reconnect_backoff_ms", int(RETRY_S * 1000)),
             ],
@@ -91,14 +100,16 @@ class SchedulerLink:
         """Place a turn: blocks while it is held, and while the scheduler is unreachable.
 
         Cancelling the awaiting task cancels the call, which the scheduler takes as the turn being
-        abandoned. Raises ``grpc.aio.AioRpcError`` only for non-transient failures.
+        abandoned. A placement answered across a Resync was not in that Resync, so the scheduler
+        may have let it go: it is abandoned and asked for again under a new ``request.turn_id``
+        (read it back after the call). Raises ``grpc.aio.AioRpcError`` for non-transient failures.
         """
         assert self._stub is not None, "start() first"
         while True:
             await self._synced.wait()
+            generation = self._generation
             try:
                 reply: pb.AdmitReply = await self._stub.Admit(request)
-                return reply
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _TRANSIENT:
                     raise
@@ -106,29 +117,50 @@ class SchedulerLink:
                     "admit %s: scheduler unavailable (%s); retrying", request.turn_id, exc.code().name
                 )
                 await asyncio.sleep(RETRY_S)
+                continue
+            if reply.WhichOneof("outcome") == "placed" and (
+                generation != self._generation or not self._synced.is_set()
+            ):
+                self.report(
+                    pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, kind=pb.TurnEvent.ABANDONED)
+                )
+                request.turn_id = uuid.uuid4().hex
+                continue
+            return reply
 
     def report(self, event: pb.TurnEvent) -> None:
-        """Queue a turn event for the Report stream; never blocks the relay."""
-        if self._synced.is_set():
-            self._events.put_nowait(event)
+        """Queue a turn event for the Report stream; never blocks the relay.
 
-    async def _event_source(self) -> object:
+        Between connections events are dropped: the next Resync snapshot carries their effect.
+        """
+        if not self._collecting:
+            return
+        if self._events.qsize() >= MAX_QUEUED_EVENTS:
+            log.error("%d turn events wait for the scheduler; reconnecting to resync", MAX_QUEUED_EVENTS)
+            self._collecting = False
+            self._overflowed = True
+            if self._call is not None:
+                self._call.cancel()
+            return
+        self._events.put_nowait(event)
+
+    @staticmethod
+    async def _drain(events: asyncio.Queue[pb.TurnEvent]) -> AsyncIterator[pb.TurnEvent]:
         while True:
-            event = await self._events.get()
-            if event is None:
-                return
-            yield event
+            yield await events.get()
 
     async def _report_forever(self) -> None:
-        assert self._stub is not None
+        assert self._stub is not None and self._channel is not None
         while True:
             try:
-                # What was queued before this connection is already in the Resync snapshot.
-                while not self._events.empty():
-                    self._events.get_nowait()
+                await self._channel.channel_ready()
+                # From the snapshot on, every event is queued: snapshot + queue is the whole truth.
+                events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
+                self._events, self._collecting, self._overflowed = events, True, False
                 request = self.runs.resync_request(self.dataplane_id)
-                await self._stub.Resync(request, wait_for_ready=True)
-                call = self._stub.Report(self._event_source())
+                await self._stub.Resync(request, timeout=RESYNC_TIMEOUT_S)
+                self._generation += 1
+                self._call = self._stub.Report(self._drain(events))
                 self._synced.set()
                 log.info(
                     "connected to scheduler %s (resynced %d runs, %d in-flight turns)",
@@ -136,7 +168,7 @@ class SchedulerLink:
                     len(request.runs),
                     len(request.turns),
                 )
-                await call
+                await self._call
                 log.warning("scheduler %s closed the report stream", self.target)
             except grpc.aio.AioRpcError as exc:
                 if self._synced.is_set():
@@ -146,8 +178,13 @@ class SchedulerLink:
                     log.error(
                         "resync with scheduler %s failed: %s %s", self.target, exc.code().name, exc.details()
                     )
+            except asyncio.CancelledError:
+                if not self._overflowed:
+                    raise
             finally:
                 self._synced.clear()
+                self._collecting = False
+                self._call = None
             await asyncio.sleep(RETRY_S)
 
     async def _prune_forever(self) -> None:

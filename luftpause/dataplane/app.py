@@ -20,10 +20,12 @@ import asyncio
 import hmac
 import logging
 import os
+import socket
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import grpc.aio
 import orjson
 from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 
@@ -62,6 +64,12 @@ class _ClientGone(Exception):
     """The client went away before its answer began; there is nobody to answer."""
 
 
+def _client_run_id(scope: Scope) -> str | None:
+    """The client's own ``x-luftpause-run-id``, when it is one we would accept, for error answers."""
+    value: str | None = scope.headers.get(RUN_ID_HEADER)
+    return value if value and len(value.encode()) <= RUN_ID_MAX_BYTES else None
+
+
 def _header(scope: Scope, name: str) -> str | None:
     """A request header as text; :class:`BadRequest` when it is present but not valid UTF-8."""
     value: str | None = scope.headers.get(name)
@@ -84,7 +92,10 @@ class Dataplane:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.runs = RunTable()
-        self.link = SchedulerLink(config.dataplane.scheduler, self.runs)
+        # Stable across restarts on the same host and port: the Resync of a restarted dataplane
+        # then releases what the crashed one held.
+        dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
+        self.link = SchedulerLink(config.dataplane.scheduler, self.runs, dataplane_id)
         self.token = os.environ.get(TOKEN_ENV) or None
         self.models_body = orjson.dumps(
             {
@@ -124,6 +135,8 @@ class Dataplane:
         try:
             await self._route(scope, proto)
         except DataplaneError as exc:
+            if exc.run_id is None:
+                exc.run_id = _client_run_id(scope)
             headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
             if isinstance(exc, MethodNotAllowed):
                 headers = [*headers, ("allow", exc.allow)]
@@ -253,11 +266,15 @@ class Dataplane:
         )
         try:
             reply = await self.link.admit(request)
-        except BaseException:
+        except BaseException as exc:
             # The client left (or the link failed) while the Admit was out: the placement may cross
             # the cancel on the wire, so tell the scheduler to undo whatever it did.
+            turn.turn_id = request.turn_id
             self._relay.abandoned(turn)
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise DataplaneError(f"scheduler failed: {exc.code().name}: {exc.details()}", 503) from None
             raise
+        turn.turn_id = request.turn_id  # a placement that crossed a Resync is asked for anew
         if reply.WhichOneof("outcome") == "refused":
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         try:

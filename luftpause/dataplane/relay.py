@@ -201,6 +201,10 @@ class Relay:
                     scanner.oversized_events,
                     scanner.max_event_bytes,
                 )
+        if scanner.error is not None:
+            # vLLM and SGLang report a failure inside the stream as an error event, then [DONE].
+            self.failed(turn, f"engine error mid-stream: {scanner.error}")
+            return
         if not scanner.done and scanner.finish_reason is None:
             self.failed(turn, "engine closed the stream before it finished")
             return

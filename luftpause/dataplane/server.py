@@ -8,6 +8,7 @@ import os
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import CONFIG_ENV, split_host_port
+from luftpause.ports import refuse_if_in_use
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    refuse_if_in_use("dataplane", config.dataplane.listen)
     # The granian worker builds the app from the same file (see app.create_app).
     if config.source is not None:
         os.environ[CONFIG_ENV] = os.path.abspath(config.source)

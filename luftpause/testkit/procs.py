@@ -106,23 +106,53 @@ class ChildProcess:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after ``timeout`` seconds."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout`` seconds.
+
+        The group is signalled even when its leader has already exited: a server's worker
+        processes (granian's) outlive a leader that was killed.
+        """
+        if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if not _signal_group(self.proc.pid, signal.SIGTERM):
             self.proc.wait()
-        except ProcessLookupError:
-            pass
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            if not _group_alive(self.proc.pid):
+                break
+            time.sleep(0.02)
+        else:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if self.proc is not None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Signal every process of group ``pgid``; False when none is left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists (zombies of our own child aside)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        # fields: state, ppid, pgrp, ...; a zombie (Z) holds no port and is reaped by wait().
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False

@@ -12,6 +12,7 @@ The field's shapes (every key but ``kind`` optional, defaults shown)::
 
     {"kind": "status", "status": 503, "retry_after": null, "message": "...", "type": "...", "code": 503}
     {"kind": "die_mid_stream", "after_chunks": 2}
+    {"kind": "error_mid_stream", "after_chunks": 2, "message": "..."}
     {"kind": "stall", "seconds": 5.0}
     {"kind": "slow", "delay_ms": 50.0}
     {"kind": "close"}
@@ -23,6 +24,9 @@ The field's shapes (every key but ``kind`` optional, defaults shown)::
   counts and is never sent) then the TCP connection is aborted, with no chunked-encoding
   terminator; not streamed, the status line and headers (``Content-Length`` of the whole answer)
   then the abort, so the body never comes.
+* ``error_mid_stream``: streamed, ``after_chunks`` events, then an error event as vLLM sends one
+  (``data: {"error": {"object": "error", "message", "type", "code": 500}}``), then ``data: [DONE]``
+  and a clean end of the stream; not streamed, a 500 with that error body.
 * ``stall``: the request takes its slot as usual, then nothing is sent for ``seconds``, not even
   the status line; then the answer goes out normally. A client that leaves while stalled frees the
   slot as any departing client does.
@@ -99,6 +103,20 @@ class DieMidStream:
 
 
 @dataclass(frozen=True, slots=True)
+class ErrorMidStream:
+    """Send ``after_chunks`` server-sent events, then an error event and ``[DONE]``."""
+
+    kind: ClassVar[str] = "error_mid_stream"
+    after_chunks: int = 2
+    message: str = "the engine failed while generating (simulated)"
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"object": "error", "message": self.message, "type": "InternalServerError", "code": 500}
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Stall:
     """Once holding a slot, send nothing for ``seconds``, then answer normally."""
 
@@ -121,10 +139,10 @@ class CloseConnection:
     kind: ClassVar[str] = "close"
 
 
-Fault = StatusFault | DieMidStream | Stall | Slow | CloseConnection
+Fault = StatusFault | DieMidStream | ErrorMidStream | Stall | Slow | CloseConnection
 
 KINDS: dict[str, type[Fault]] = {
-    cls.kind: cls for cls in (StatusFault, DieMidStream, Stall, Slow, CloseConnection)
+    cls.kind: cls for cls in (StatusFault, DieMidStream, ErrorMidStream, Stall, Slow, CloseConnection)
 }
 
 
@@ -161,6 +179,12 @@ def parse_fault(spec: Any, where: str = FIELD) -> Fault:
         )
     if cls is DieMidStream:
         return DieMidStream(after_chunks=check.integer("after_chunks", 2, low=0))
+    if cls is ErrorMidStream:
+        message = check.optional_text("message")
+        return ErrorMidStream(
+            after_chunks=check.integer("after_chunks", 2, low=0),
+            **({} if message is None else {"message": message}),
+        )
     if cls is Stall:
         return Stall(seconds=check.number("seconds", 5.0))
     if cls is Slow:

@@ -38,6 +38,7 @@ from luftpause.testkit.engine.faults import (
     SLOW_PIECE_BYTES,
     CloseConnection,
     DieMidStream,
+    ErrorMidStream,
     Fault,
     FaultDice,
     Slow,
@@ -200,6 +201,8 @@ class SimulatedEngine:
         _keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
         if chat.stream:
             return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, fault)
+        if isinstance(fault, ErrorMidStream):
+            return web.json_response(fault.body(), status=500)
         return await self._answer_whole(request, chat, ids, reply, prompt_tokens, fault)
 
     async def _answer_whole(
@@ -269,6 +272,10 @@ class SimulatedEngine:
                 events = self._events(chat, ids, reply, prompt_tokens, held)
                 if isinstance(fault, DieMidStream):
                     await self._send_then_die(request, response, events, fault.after_chunks)
+                    return response
+                if isinstance(fault, ErrorMidStream):
+                    await self._send_then_error(response, events, fault)
+                    await response.write_eof()
                     return response
                 pace_s = fault.delay_ms / 1000 if isinstance(fault, Slow) else 0.0
                 sent = await self._send(response, events, pace_s)
@@ -365,15 +372,18 @@ class SimulatedEngine:
         after_chunks: int,
     ) -> None:
         """Write the first ``after_chunks`` events (never ``[DONE]``), then abort the connection."""
-        written = 0
-        async with aclosing(events):
-            async for batch in events:
-                if written >= after_chunks:
-                    break
-                batch = [event for event in batch if event != wire.SSE_DONE][: after_chunks - written]
-                await response.write(b"".join(batch))
-                written += len(batch)
+        await _send_first(response, events, after_chunks)
         await _abort(request)
+
+    async def _send_then_error(
+        self,
+        response: web.StreamResponse,
+        events: AsyncGenerator[list[bytes], None],
+        fault: ErrorMidStream,
+    ) -> None:
+        """Write the first ``after_chunks`` events, then the error event and ``[DONE]``."""
+        await _send_first(response, events, fault.after_chunks)
+        await response.write(wire.sse(fault.body()) + wire.SSE_DONE)
 
     async def _decode_unseen(self, count: int, held: _HeldTokens) -> None:
         """Decode ``count`` tokens that nobody sees until the end (a non-streamed answer)."""
@@ -426,6 +436,20 @@ async def _abort(request: web.BaseRequest) -> None:
     while transport.get_write_buffer_size() > 0 and not transport.is_closing():  # noqa: ASYNC110
         await asyncio.sleep(MIN_SLEEP_S)
     transport.abort()
+
+
+async def _send_first(
+    response: web.StreamResponse, events: AsyncGenerator[list[bytes], None], count: int
+) -> None:
+    """Write the first ``count`` events of ``events`` (never ``[DONE]``), then close the generator."""
+    written = 0
+    async with aclosing(events):
+        async for batch in events:
+            if written >= count:
+                break
+            batch = [event for event in batch if event != wire.SSE_DONE][: count - written]
+            await response.write(b"".join(batch))
+            written += len(batch)
 
 
 def _keep(kept: OrderedDict[str, _T], key: str, value: _T) -> None:

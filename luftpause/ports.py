@@ -1,0 +1,31 @@
+"""Is a listen address free? Checked before serving, because granian binds with SO_REUSEPORT.
+
+With SO_REUSEPORT a second dataplane or runtime on a taken port starts without error and the kernel
+splits connections between the two processes, so MCP sessions and runs would be split too. A plain
+bind (SO_REUSEADDR only, which passes TIME_WAIT leftovers) fails on a port anyone listens on.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from luftpause.config import split_host_port
+
+
+def address_in_use(address: str) -> bool:
+    """True when ``host:port`` cannot be bound because something already holds it."""
+    host, port = split_host_port(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def refuse_if_in_use(command: str, address: str) -> None:
+    """Exit with status 1 and a message when ``address`` is taken."""
+    if address_in_use(address):
+        raise SystemExit(f"luftpause {command}: {address} is already in use; stop what listens there first")
