@@ -57,6 +57,7 @@ ONE_SLOT = """
 [[replicas]]
 name = "solo"
 url = "http://127.0.0.1:1"
+health_path = ""  # nothing listens: not health-checked, so it stays in rotation
 models = ["m"]
 max_inflight = 1
 """
@@ -65,12 +66,14 @@ TWO_REPLICAS = """
 [[replicas]]
 name = "a"
 url = "http://127.0.0.1:1"
+health_path = ""  # nothing listens: not health-checked, so it stays in rotation
 models = ["m"]
 max_inflight = 2
 
 [[replicas]]
 name = "b"
 url = "http://127.0.0.1:2"
+health_path = ""
 models = ["m"]
 max_inflight = 2
 """

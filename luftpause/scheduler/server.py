@@ -1,6 +1,7 @@
 """``luftpause scheduler``: the gRPC admission service and the HTTP status endpoint, one process.
 
-Both servers and the 1 s clock tick share one uvloop event loop and one :class:`SchedulerHost`.
+Both servers, the 1 s clock tick and the 2 s engine probes (:mod:`.probes`) share one uvloop event
+loop and one :class:`SchedulerHost`.
 SIGINT or SIGTERM stops them (held Admits are cancelled, which abandons their turns) and the
 process exits 0. A bad configuration prints the :class:`~luftpause.config.ConfigError` and exits 2.
 """
@@ -20,6 +21,7 @@ from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.probes import Prober
 from luftpause.scheduler.status_http import status_app
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -71,6 +73,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signum, stop.set)
 
     host = SchedulerHost(config)
+    prober = Prober(config, host)
     grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
     runner = web.AppRunner(status_app(host), access_log=None)
@@ -86,6 +89,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         await grpc_server.start()
         await web.TCPSite(runner, http_host, http_port).start()
         host.start_clock()
+        prober.start()
         print(
             f"luftpause scheduler: gRPC on {config.scheduler.grpc}, "
             f"status on http://{config.scheduler.http}/status",
@@ -94,6 +98,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         )
         await stop.wait()
     finally:
+        await prober.stop()
         host.stop_clock()
         await grpc_server.stop(STOP_GRACE_S)
         await runner.cleanup()

@@ -1,0 +1,278 @@
+"""Engine probes: Prometheus load parsing, health and load over real HTTP, and a stack whose engines
+stop and come back.
+
+The HTTP tests serve ``/health`` and ``/metrics`` from aiohttp apps on free loopback ports in this
+process; the integration test runs a whole stack as real processes (``luftpause.testkit.stack``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from luftpause.config import parse_config
+from luftpause.scheduler.probes import EngineLoad, combine, parse_load, probe_replica
+from luftpause.testkit.engine.metrics import ModelLoad, SglangMetrics
+from luftpause.testkit.procs import free_port
+from luftpause.testkit.stack import Stack
+
+VLLM_TEXT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen"} 3.0
+vllm:num_requests_running{engine="1",model_name="qwen"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="qwen"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
+"""
+
+
+# -- parsing ----------------------------------------------------------------------------------------
+
+
+def test_sglang_load_is_summed_over_models() -> None:
+    metrics = SglangMetrics(["m1", "m2"], slots=4)
+    text = metrics.render({"m1": ModelLoad(2, 1, 8192), "m2": ModelLoad(1, 3, 8192)}).decode()
+    assert parse_load(text) == EngineLoad(running=3, waiting=4, kv_usage=0.5, cache_hit_rate=0.0)
+
+
+def test_vllm_load_is_summed_over_label_sets() -> None:
+    assert parse_load(VLLM_TEXT) == EngineLoad(running=5, waiting=4, kv_usage=0.25, cache_hit_rate=None)
+
+
+def test_metrics_without_known_names_report_no_load() -> None:
+    text = "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 12.5\n"
+    assert parse_load(text) == EngineLoad()
+
+
+def test_unreadable_metrics_raise_value_error() -> None:
+    with pytest.raises(ValueError):
+        parse_load("vllm:num_requests_running{engine= 3\n")
+
+
+def test_a_router_sums_counts_and_averages_fractions_of_its_engines() -> None:
+    loads = [EngineLoad(2, 1, 0.2, None), EngineLoad(3, 0, 0.6, 0.5), EngineLoad()]
+    assert combine(loads) == EngineLoad(5, 1, pytest.approx(0.4), 0.5)  # type: ignore[arg-type]
+    assert combine([]) == EngineLoad()
+
+
+# -- over HTTP --------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def engine(health_status: int = 200, text: str = VLLM_TEXT) -> AsyncIterator[tuple[str, list[str]]]:
+    """A fake engine on a free port: its URL and the Authorization headers it received."""
+    seen: list[str] = []
+
+    async def health(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(status=health_status)
+
+    async def metrics(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(text=text)
+
+    app = web.Application()
+    app.router.add_get("/ready", health)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+def replica(url: str, extra: str = "") -> Any:
+    config = parse_config(
+        f'[[replicas]]\nname = "r"\nurl = "{url}"\nmodels = ["m"]\nhealth_path = "/ready"\n{extra}', "t.toml"
+    )
+    return config.replicas[0]
+
+
+def test_a_healthy_engine_reports_its_load_and_gets_the_replica_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROBE_TEST_KEY", "sekret")
+
+    async def scenario() -> tuple[bool, EngineLoad, list[str]]:
+        async with engine() as (url, seen), aiohttp.ClientSession() as session:
+            healthy, load = await probe_replica(session, replica(url, 'api_key_env = "PROBE_TEST_KEY"'))
+            return healthy, load, seen
+
+    healthy, load, seen = asyncio.run(scenario())
+    assert healthy
+    assert load == EngineLoad(5, 4, 0.25, None)
+    assert seen == ["Bearer sekret", "Bearer sekret"]
+
+
+def test_a_failing_health_check_is_unhealthy() -> None:
+    async def scenario() -> bool:
+        async with engine(health_status=503) as (url, _), aiohttp.ClientSession() as session:
+            healthy, _load = await probe_replica(session, replica(url))
+            return healthy
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_an_unreachable_engine_is_unhealthy_with_no_load() -> None:
+    async def scenario() -> tuple[bool, EngineLoad]:
+        async with aiohttp.ClientSession() as session:
+            return await probe_replica(session, replica(f"http://127.0.0.1:{free_port()}"))
+
+    assert asyncio.run(scenario()) == (False, EngineLoad())
+
+
+def test_a_health_check_that_times_out_is_unhealthy() -> None:
+    async def scenario() -> bool:
+        async def slow(request: web.Request) -> web.Response:
+            await asyncio.sleep(5)
+            return web.Response()
+
+        app = web.Application()
+        app.router.add_get("/ready", slow)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            timeout = aiohttp.ClientTimeout(total=0.2)  # the shell uses 2 s; the behaviour is the same
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                healthy, _ = await probe_replica(session, replica(f"http://127.0.0.1:{port}"))
+                return healthy
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_a_router_reads_its_load_from_the_engines_behind_it() -> None:
+    async def scenario() -> tuple[bool, EngineLoad, list[str]]:
+        async with (
+            engine(health_status=200, text="") as (router, router_seen),
+            engine() as (one, _),
+            engine() as (two, _),
+            aiohttp.ClientSession() as session,
+        ):
+            healthy, load = await probe_replica(session, replica(router, f'load_from = ["{one}", "{two}"]'))
+            return healthy, load, router_seen
+
+    healthy, load, router_seen = asyncio.run(scenario())
+    assert healthy
+    assert load == EngineLoad(10, 8, 0.25, None)
+    assert len(router_seen) == 1  # its health only, not its metrics
+
+
+def test_an_empty_health_path_is_not_checked() -> None:
+    async def scenario() -> bool:
+        async with engine(health_status=503) as (url, seen), aiohttp.ClientSession() as session:
+            config = parse_config(
+                f'[[replicas]]\nname = "r"\nurl = "{url}"\nmodels = ["m"]\nhealth_path = ""\n', "t.toml"
+            )
+            healthy, _ = await probe_replica(session, config.replicas[0])
+            assert len(seen) == 1  # metrics only
+            return healthy
+
+    assert asyncio.run(scenario()) is True
+
+
+# -- a stack whose engines stop and come back -------------------------------------------------------
+
+WAIT_S = 20.0  # a fail-safe for polling, never a measured bound
+
+
+@pytest.fixture(scope="module")
+def probed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    running = Stack.start(tmp_path_factory.mktemp("probed"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _status(stack: Stack) -> dict[str, Any]:
+    async def get() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session, session.get(stack.status_url) as response:
+            result: dict[str, Any] = orjson.loads(await response.read())
+            return result
+
+    return asyncio.run(get())
+
+
+def _until(stack: Stack, check: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    status = _status(stack)
+    while not check(status):
+        assert time.monotonic() < deadline, f"status never matched: {status}\n{stack.logs()}"
+        time.sleep(0.1)
+        status = _status(stack)
+    return status
+
+
+@pytest.mark.integration
+def test_stopped_engines_are_unhealthy_and_their_turns_held_until_one_is_back(probed_stack: Stack) -> None:
+    stack = probed_stack
+    engines = [stack.children["engine0"], stack.children["engine1"]]
+    healthy = _until(
+        stack, lambda s: all(r["healthy"] and r["probed_s_ago"] is not None for r in s["replicas"])
+    )
+    assert all(
+        r["running"] == 0 and r["waiting"] == 0 for r in healthy["replicas"]
+    )  # the simulator's metrics
+
+    engines[0].stop()
+    one_down = _until(stack, lambda s: [r["healthy"] for r in s["replicas"]] == [False, True])
+
+    async def ask(run_id: str) -> int:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{stack.dataplane_url}/v1/chat/completions",
+                json={"model": stack.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+                headers={"x-luftpause-run-id": run_id},
+                timeout=aiohttp.ClientTimeout(total=60),
+            ) as response,
+        ):
+            await response.read()
+            return response.status
+
+    # with one engine down, a turn goes to the other
+    assert asyncio.run(ask("probe-one-down")) == 200
+    assert one_down["replicas"][0]["inflight"] == 0
+
+    engines[1].stop()
+    _until(stack, lambda s: not any(r["healthy"] for r in s["replicas"]))
+    before = _status(stack)["counters"]
+
+    async def held_then_placed() -> tuple[dict[str, Any], int]:
+        turn = asyncio.create_task(ask("probe-all-down"))
+        deadline = time.monotonic() + WAIT_S
+        while True:  # the model is known: the turn waits, it is not refused
+            status = await asyncio.to_thread(_status, stack)
+            if status["held"]["count"] == 1:
+                break
+            assert not turn.done() and time.monotonic() < deadline, f"{status}\n{stack.logs()}"
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(engines[0].start)
+        await asyncio.to_thread(engines[0].wait_ready)
+        return status, await turn
+
+    held, code = asyncio.run(held_then_placed())
+    assert held["counters"]["rejected"] == before["rejected"]
+    assert code == 200
+    after = _until(stack, lambda s: s["replicas"][0]["healthy"] and s["held"]["count"] == 0)
+    assert after["counters"]["admitted"] == before["admitted"] + 1
+    engines[1].start()
+    engines[1].wait_ready()
