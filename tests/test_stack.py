@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -202,3 +204,15 @@ def test_three_sub_agents_are_spawned_and_awaited_each_having_called_a_tool(stac
         assert run["state"] == "completed", run
         assert run["toolCalls"] >= 1
         assert run["answer"]
+
+
+@pytest.mark.parametrize("command", ["dataplane", "runtime"])
+def test_a_second_process_on_a_taken_port_refuses_to_start(stack: Stack, command: str) -> None:
+    # granian binds with SO_REUSEPORT: without the check, both would serve and split connections.
+    done = subprocess.run(
+        [sys.executable, "-m", "luftpause", command, "--config", str(stack.config_path)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert b"already in use" in done.stderr
