@@ -159,7 +159,7 @@ def test_unknown_paths_and_wrong_methods_answer_the_json_error_body(guarded: Sta
 
 
 def test_spawn_and_await_refuse_bad_numbers_and_unknown_models_at_once(guarded: Stack) -> None:
-    refused_spawns = [
+    refused_spawns: list[tuple[dict[str, Any], str]] = [
         ({"maxToolCalls": 10**30}, "maxToolCalls"),
         ({"maxToolCalls": 1001}, "maxToolCalls"),
         ({"maxToolCalls": -1}, "maxToolCalls"),
