@@ -19,7 +19,7 @@ _EXTENSIONS = {
     "_speedups/_sse_c.pyx": "luftpause.dataplane._sse_c",
 }
 
-NO_EXTENSIONS = bool(os.environ.get("LUFTPAUSE_NO_EXTENSIONS"))
+NO_EXTENSIONS = os.environ.get("LUFTPAUSE_NO_EXTENSIONS", "") not in ("", "0")
 
 
 class OptionalBuildExt(build_ext):

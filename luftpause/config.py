@@ -99,6 +99,13 @@ class RuntimeConfig(_Section):
 
     _check = field_validator("listen")(_host_port)
 
+    @field_validator("dataplane")
+    @classmethod
+    def _dataplane_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
 
 class ReplicaConfig(_Section):
     name: str = Field(min_length=1)
@@ -190,7 +197,12 @@ class Config(_Section):
 
 def _describe(error: ValidationError) -> str:
     parts = []
-    for item in error.errors():
+    items = error.errors()
+    failed_inside = {item["loc"][0] for item in items if len(item["loc"]) > 1}
+    for item in items:
+        # pydantic also reports a list as too short when one of its items failed: noise.
+        if item["type"] == "too_short" and len(item["loc"]) == 1 and item["loc"][0] in failed_inside:
+            continue
         key = ""
         for loc in item["loc"]:
             key += f"[{loc}]" if isinstance(loc, int) else (f".{loc}" if key else str(loc))

@@ -55,6 +55,11 @@ def test_a_file_named_by_the_environment_is_read(tmp_path: Path, monkeypatch: py
             '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n[[mcp_servers]]\nname = "s"\n',
             "mcp_servers[0]: expected exactly one of 'url' or 'command'",
         ),
+        (
+            '[runtime]\ndataplane = "127.0.0.1:8080"\n'
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n',
+            "runtime.dataplane: expected an http:// or https:// URL",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(text: str, expected: str) -> None:
@@ -67,3 +72,12 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_key(text: str, expected: 
 def test_an_unreadable_file_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"missing\.toml: cannot read"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_a_bad_replica_is_named_without_claiming_the_replica_list_is_empty() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nmax_inflight = 0\n', "f.toml"
+        )
+    assert "replicas[0].max_inflight" in str(caught.value)
+    assert "at least 1 item" not in str(caught.value)

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from luftpause.dataplane import _sse_py, sse
+from luftpause.dataplane.sse import NO_EXTENSIONS
 
-NO_EXTENSIONS = bool(os.environ.get("LUFTPAUSE_NO_EXTENSIONS"))
 DEFAULT = sse.DEFAULT_MAX_EVENT_BYTES
 
 ATTRIBUTES = (

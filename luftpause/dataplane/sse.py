@@ -1,7 +1,7 @@
 """Pick the SSE event scanner: the compiled twin if it was built, else the pure-Python one.
 
-``LUFTPAUSE_NO_EXTENSIONS`` (any non-empty value) forces the pure twin, as it stops ``setup.py``
-from building the extension. ``USING_EXTENSION`` tells which twin was taken; both behave the same
+``LUFTPAUSE_NO_EXTENSIONS`` (any value but empty or ``0``) forces the pure twin, as it stops
+``setup.py`` from building the extension. ``USING_EXTENSION`` tells which twin was taken; both behave the same
 (see ``luftpause.dataplane._sse_py`` for the interface). ``DEFAULT_MAX_EVENT_BYTES`` (16 MiB) is the
 default bound on what a scanner holds of one event: ``SSEScanner(keep_events=False,
 max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``.
@@ -19,14 +19,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "USING_EXTENSION", "SSEScanner"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "NO_EXTENSIONS", "USING_EXTENSION", "SSEScanner"]
+
+NO_EXTENSIONS = os.environ.get("LUFTPAUSE_NO_EXTENSIONS", "") not in ("", "0")
+"""True when the pure twin is forced (read once, at import)."""
 
 USING_EXTENSION: bool
 DEFAULT_MAX_EVENT_BYTES: int
 
 if TYPE_CHECKING:
     from luftpause.dataplane._sse_py import DEFAULT_MAX_EVENT_BYTES, SSEScanner
-elif os.environ.get("LUFTPAUSE_NO_EXTENSIONS"):
+elif NO_EXTENSIONS:
     from luftpause.dataplane._sse_py import DEFAULT_MAX_EVENT_BYTES, SSEScanner
 
     USING_EXTENSION = False
