@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
+from runtime_helpers import make_run
 
 from luftpause.cli import main
 from luftpause.config import DEFAULT_MODEL, McpServerConfig
@@ -318,21 +319,6 @@ def test_loadgen_help_says_it_drives_the_runtime_over_mcp_and_not_the_proxy(
     assert "sends nothing to the proxy itself" in text
 
 
-def _run(handle: str, **overrides: Any) -> Run:
-    fields: dict[str, Any] = {
-        "handle": handle,
-        "task": "t",
-        "model": DEFAULT_MODEL,
-        "service_class": "batch",
-        "caller": "tester",
-        "max_tool_calls": 8,
-        "max_tokens": 256,
-        "allowed_tools": None,
-        "messages": [{"role": "user", "content": "t"}],
-    }
-    return Run(**{**fields, **overrides})
-
-
 def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -406,7 +392,7 @@ def test_turns_carry_run_headers_retry_429_and_keep_tool_call_ids(runtime: Runti
         (200, _reply({"content": "", "tool_calls": [_tool_call("call_Zz9", "rm_rf", "{}")]}), {}),
         (200, _reply({"content": "the answer"}), {}),
     ]
-    run = _run("run-scripted1")
+    run = make_run("run-scripted1")
 
     async def scenario() -> ScriptedDataplane:
         async with ScriptedDataplane(script) as dataplane:
@@ -438,7 +424,7 @@ def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
         (200, _reply({"content": None, "tool_calls": [_tool_call("c1", "lookup", '{"query": "q"}')]}), {}),
         (200, _reply({"content": "done"}), {}),
     ]
-    run = _run("run-budget", max_tool_calls=1, max_tokens=0, allowed_tools=frozenset({"lookup"}))
+    run = make_run("run-budget", max_tool_calls=1, max_tokens=0, allowed_tools=frozenset({"lookup"}))
 
     async def scenario() -> ScriptedDataplane:
         async with ScriptedDataplane(script) as dataplane:
@@ -455,7 +441,7 @@ def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
 
 def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> None:
     script: Script = [(503, {"error": {"message": "engine sim-a: overloaded"}}, {})]
-    run = _run("run-refused")
+    run = make_run("run-refused")
 
     async def scenario() -> ScriptedDataplane:
         async with ScriptedDataplane(script) as dataplane:
@@ -470,7 +456,7 @@ def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> N
 
 def test_turns_and_run_endings_carry_the_token_and_only_when_one_is_set() -> None:
     script: Script = [(200, _reply({"content": "a"}), {}), (200, _reply({"content": "b"}), {})]
-    with_token, without = _run("run-token"), _run("run-open")
+    with_token, without = make_run("run-token"), make_run("run-open")
 
     async def scenario() -> ScriptedDataplane:
         async with ScriptedDataplane(script) as dataplane:
@@ -507,7 +493,7 @@ def test_long_wait_reports_progress_until_the_run_finishes() -> None:
             run.finish("completed", answer="ok")
 
         async with RunRegistry() as registry:
-            slow, never = registry.add(_run("run-slow")), registry.add(_run("run-never"))
+            slow, never = registry.add(make_run("run-slow")), registry.add(make_run("run-never"))
             registry.start(slow, body(slow))
             registry.start(never, asyncio.sleep(3600))
             any_timed_out = await registry.wait([slow, never], "any", 30, on_progress, progress_interval=0.05)

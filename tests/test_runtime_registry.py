@@ -15,7 +15,7 @@ import orjson
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from starlette.types import ASGIApp, Message
+from runtime_helpers import asgi_request, make_run
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
@@ -34,25 +34,10 @@ class FakeClock:
         return self.now
 
 
-def _run(handle: str, **overrides: Any) -> Run:
-    fields: dict[str, Any] = {
-        "handle": handle,
-        "task": "t",
-        "model": DEFAULT_MODEL,
-        "service_class": "batch",
-        "caller": "tester",
-        "max_tool_calls": 8,
-        "max_tokens": 256,
-        "allowed_tools": None,
-        "messages": [{"role": "user", "content": "t"}],
-    }
-    return Run(**{**fields, **overrides})
-
-
 def test_finished_runs_are_dropped_after_retention_and_running_ones_never() -> None:
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=3600, clock=clock)
-    done, running = registry.add(_run("run-done")), registry.add(_run("run-running"))
+    done, running = registry.add(make_run("run-done")), registry.add(make_run("run-running"))
     done.finish("completed", answer="ok")
 
     clock.now += 3599
@@ -77,8 +62,8 @@ def test_finished_runs_are_dropped_after_retention_and_running_ones_never() -> N
 def test_the_cap_drops_the_oldest_finished_first_and_spares_running_runs() -> None:
     clock = FakeClock()
     registry = RunRegistry(max_finished=3, clock=clock)
-    running = registry.add(_run("run-live"))
-    finished = [registry.add(_run(f"run-{i}")) for i in range(5)]
+    running = registry.add(make_run("run-live"))
+    finished = [registry.add(make_run(f"run-{i}")) for i in range(5)]
     # Finish out of creation order: the order they ended is what counts.
     for i in (2, 0, 4, 1, 3):
         clock.now += 1
@@ -95,7 +80,7 @@ def test_the_cap_drops_the_oldest_finished_first_and_spares_running_runs() -> No
 def test_an_expired_handle_is_told_apart_from_one_never_issued() -> None:
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=60, clock=clock)
-    registry.add(_run("run-old")).finish("cancelled", error="cancelled")
+    registry.add(make_run("run-old")).finish("cancelled", error="cancelled")
     clock.now += 61
 
     with pytest.raises(UnknownRun, match="run-never"):
@@ -110,7 +95,7 @@ def test_remembered_expired_handles_are_bounded() -> None:
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=0, max_expired_handles=2, clock=clock)
     for i in range(3):
-        registry.add(_run(f"run-{i}")).finish("completed", answer="")
+        registry.add(make_run(f"run-{i}")).finish("completed", answer="")
         clock.now += 1
     registry.evict_expired()
 
@@ -134,7 +119,7 @@ def test_registry_refuses_bounds_that_would_keep_nothing_or_forever() -> None:
 def test_a_wait_on_a_non_finite_time_is_refused(seconds: float) -> None:
     async def scenario() -> None:
         async with RunRegistry() as registry:
-            run = registry.add(_run("run-wait"))
+            run = registry.add(make_run("run-wait"))
             registry.start(run, asyncio.sleep(3600))
             with pytest.raises(ValueError, match="finite"):
                 await registry.wait([run], "all", seconds)
@@ -164,49 +149,14 @@ models = ["{DEFAULT_MODEL}"]
 )
 
 
-async def _asgi(app: ASGIApp, method: str, path: str) -> tuple[int, dict[str, str], bytes, Exception | None]:
-    """One HTTP request through ``app`` in-process: (status, headers, body, what the app raised)."""
-    sent: list[Message] = []
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"host", b"127.0.0.1:7999")],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 7999),
-    }
-    raised: Exception | None = None
-    try:
-        await app(scope, receive, send)
-    except Exception as exc:  # Starlette re-raises after answering 500, for the server's log
-        raised = exc
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    headers = {k.decode(): v.decode() for k, v in start["headers"]}
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], headers, body, raised
-
-
 def test_http_status_answers_even_with_values_orjson_refuses() -> None:
     app = create_app(CONFIG, token="")
     runtime: Runtime = app.state.runtime
     # Values that once reached GET /status and made it answer 500 for ever (orjson: "Integer
     # exceeds 64-bit range"); spawn refuses them now, the page must not depend on that.
-    runtime.registry.add(_run("run-huge", max_tool_calls=10**30, prompt_tokens=2**70))
+    runtime.registry.add(make_run("run-huge", max_tool_calls=10**30, prompt_tokens=2**70))
 
-    status, headers, body, raised = asyncio.run(_asgi(app, "GET", "/status"))
+    status, headers, body, raised = asyncio.run(asgi_request(app, "GET", "/status"))
     assert raised is None
     assert status == 200, body
     assert headers["content-type"] == "application/json"
@@ -220,7 +170,7 @@ def test_an_unexpected_error_is_a_json_500(monkeypatch: pytest.MonkeyPatch) -> N
         raise RuntimeError("status exploded")
 
     monkeypatch.setattr(Runtime, "status", explode)
-    status, headers, body, raised = asyncio.run(_asgi(create_app(CONFIG, token=""), "GET", "/status"))
+    status, headers, body, raised = asyncio.run(asgi_request(create_app(CONFIG, token=""), "GET", "/status"))
     assert isinstance(raised, RuntimeError) and "status exploded" in str(raised)
     assert status == 500
     assert headers["content-type"] == "application/json"
@@ -230,10 +180,10 @@ def test_an_unexpected_error_is_a_json_500(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_unknown_path_and_wrong_method_are_json_in_process() -> None:
     app = create_app(CONFIG, token="")
-    status, headers, body, _ = asyncio.run(_asgi(app, "GET", "/nope"))
+    status, headers, body, _ = asyncio.run(asgi_request(app, "GET", "/nope"))
     assert (status, headers["content-type"]) == (404, "application/json")
     assert json.loads(body) == {"error": {"message": "no route GET /nope"}}
-    status, headers, body, _ = asyncio.run(_asgi(app, "DELETE", "/health"))
+    status, headers, body, _ = asyncio.run(asgi_request(app, "DELETE", "/health"))
     assert (status, headers["content-type"]) == (405, "application/json")
     assert headers["allow"] == "GET, HEAD"
     assert json.loads(body) == {"error": {"message": "/health takes GET, HEAD, not DELETE"}}
@@ -242,7 +192,7 @@ def test_unknown_path_and_wrong_method_are_json_in_process() -> None:
 def test_a_run_stopped_before_its_first_step_ends_cancelled() -> None:
     async def scenario() -> Run:
         async with RunRegistry() as registry:
-            run = registry.add(_run("run-unstarted"))
+            run = registry.add(make_run("run-unstarted"))
             registry.start(run, asyncio.sleep(3600))
             # Leaving the registry at once cancels the task before it ever ran.
         return run
@@ -256,7 +206,7 @@ def test_await_and_status_tools_say_an_evicted_handle_expired() -> None:
     clock = FakeClock()
     runtime = Runtime(CONFIG, token=None)
     runtime.registry = RunRegistry(retention_seconds=60, clock=clock)
-    runtime.registry.add(_run("run-gone")).finish("completed", answer="ok")
+    runtime.registry.add(make_run("run-gone")).finish("completed", answer="ok")
     clock.now += 61
     mcp = build_mcp_server(runtime)
 

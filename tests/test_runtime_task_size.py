@@ -13,11 +13,11 @@ from typing import Any
 
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from starlette.types import ASGIApp, Message
+from runtime_helpers import asgi_request, make_run
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.runs import TASK_SUMMARY_CHARS, Run, summarize
+from luftpause.runtime.runs import TASK_SUMMARY_CHARS, summarize
 from luftpause.runtime.server import Runtime, create_app
 from luftpause.runtime.tools import MAX_TEXT_BYTES, build_mcp_server
 from luftpause.testkit.procs import free_port
@@ -38,20 +38,6 @@ models = ["{DEFAULT_MODEL}"]
 LONG_TASK = "Summarise this report. " + "x" * 200_000 + " THE END"
 
 
-def _run(handle: str, task: str) -> Run:
-    return Run(
-        handle=handle,
-        task=task,
-        model=DEFAULT_MODEL,
-        service_class="batch",
-        caller="tester",
-        max_tool_calls=8,
-        max_tokens=256,
-        allowed_tools=None,
-        messages=[{"role": "user", "content": task}],
-    )
-
-
 def _text(result: CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
 
@@ -65,51 +51,23 @@ def test_summarize_keeps_short_text_and_cuts_long_text_at_200_characters() -> No
 
 
 def test_run_status_summarizes_the_task_unless_asked_for_all_of_it() -> None:
-    run = _run("run-long", LONG_TASK)
+    run = make_run("run-long", task=LONG_TASK)
     listed = run.status()
     assert listed["task"] == LONG_TASK[:200] + "…"
     assert listed["taskChars"] == len(LONG_TASK)
     whole = run.status(full_task=True)
     assert whole["task"] == LONG_TASK and whole["taskChars"] == len(LONG_TASK)
-    short = _run("run-short", "Find two facts about tides.").status()
+    short = make_run("run-short", task="Find two facts about tides.").status()
     assert short["task"] == "Find two facts about tides." and short["taskChars"] == 27
-
-
-async def _get(app: ASGIApp, path: str) -> tuple[int, bytes]:
-    sent: list[Message] = []
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"host", b"127.0.0.1:7999")],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 7999),
-    }
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    return start["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
 def test_http_status_never_repeats_a_whole_long_task() -> None:
     app = create_app(CONFIG, token="")
     runtime: Runtime = app.state.runtime
     for i in range(5):
-        runtime.registry.add(_run(f"run-long{i}", LONG_TASK))
+        runtime.registry.add(make_run(f"run-long{i}", task=LONG_TASK))
 
-    status, body = asyncio.run(_get(app, "/status"))
+    status, _, body, _ = asyncio.run(asgi_request(app, "GET", "/status"))
     assert status == 200
     assert len(body) < 10_000  # five 200 KB tasks, listed
     assert b"THE END" not in body

@@ -1,0 +1,63 @@
+"""Shared helpers of the runtime's in-process tests: a bare run record and one ASGI request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Message
+
+from luftpause.config import DEFAULT_MODEL
+from luftpause.runtime.runs import Run
+
+
+def make_run(handle: str, **overrides: Any) -> Run:
+    """A :class:`Run` with test defaults (batch, 8 tool calls, 256 tokens); ``overrides`` win."""
+    fields: dict[str, Any] = {
+        "handle": handle,
+        "task": "t",
+        "model": DEFAULT_MODEL,
+        "service_class": "batch",
+        "caller": "tester",
+        "max_tool_calls": 8,
+        "max_tokens": 256,
+        "allowed_tools": None,
+        "messages": [{"role": "user", "content": "t"}],
+    }
+    return Run(**{**fields, **overrides})
+
+
+async def asgi_request(
+    app: ASGIApp, method: str, path: str
+) -> tuple[int, dict[str, str], bytes, Exception | None]:
+    """One HTTP request through ``app`` in-process: (status, headers, body, what the app raised)."""
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1:7999")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 7999),
+    }
+    raised: Exception | None = None
+    try:
+        await app(scope, receive, send)
+    except Exception as exc:  # Starlette re-raises after answering 500, for the server's log
+        raised = exc
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], headers, body, raised
