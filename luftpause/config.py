@@ -76,6 +76,9 @@ class SchedulerConfig(_Section):
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
     http: str = "127.0.0.1:5001"
     """HTTP listen address for ``GET /status``."""
+    dataplane_grace_s: float = Field(default=60.0, gt=0)
+    """Seconds a dataplane may be without a Report stream before the turns placed for it are
+    released (it is taken as gone for good); a reconnect or restart under the same id fits inside."""
 
     _check = field_validator("grpc", "http")(_host_port)
 

@@ -1129,7 +1129,9 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
             "expired_turns": 0,
             "expired_runs": 0,
             "runs_ended": 0,
+            "turns_released_lost_dataplane": 0,
         },
+        "lost_dataplanes": {},
     }
     feed(state, [finish("t1", at=12.0, tools=True)])
     after = snapshot(state, 12.0)

@@ -4,10 +4,12 @@ The machine drives arrivals from two dataplanes (known and unknown models, a sma
 that runs come back and even overlap), finishes with and without tool calls, failures, abandons of
 held and placed turns (Admit cancelled, and reported ABANDONED by the dataplane, also for turn ids
 never seen), Admits for turns reported abandoned, run ends, empty resyncs of one dataplane (its
-placed turns are gone), probes that flip replicas' health and report engine load, and clock
-ticks that jump far enough for expiry. Beside the core it keeps its own record of each run's phase
-and last replica, of replicas' health and of the abandoned turn ids, built only from the events it
-sent and the actions it got back, and checks the core against it:
+placed turns are gone), dataplanes lost (their Report stream ended; their held Admits cancelled)
+and returning (a new stream, or the resync), probes that flip replicas' health and report engine
+load, and clock ticks that jump far enough for expiry. Beside the core it keeps its own record of
+each run's phase and last replica, of replicas' health, of the abandoned turn ids and of the lost
+dataplanes, built only from the events it sent and the actions it got back, and checks the core
+against it:
 
 * no replica ever has more placed turns than its configured capacity, nor, when a turn is placed
   on it, more than its effective capacity (engine load: the running count once a queue forms);
@@ -18,7 +20,8 @@ sent and the actions it got back, and checks the core against it:
   one slot per interactive run tool-paused there is kept from batch turns);
 * no interactive turn is held while a batch turn is placed on a replica it could use;
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
-  long as its tombstone lives (120 s, dropped by the next tick).
+  long as its tombstone lives (120 s, dropped by the next tick);
+* after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
     Action,
+    DataplaneLost,
+    DataplaneReturned,
     Event,
     Forget,
     Place,
@@ -82,6 +87,8 @@ RUNS = [f"r{i}" for i in range(6)]
 DATAPLANES = ["dp", "dp2"]
 ABANDONED = Reject("", "turn was abandoned by its dataplane", 499)  # turn id filled in per use
 TOMBSTONE_S = 120.0
+TURN_EXPIRY_S = 600.0
+GRACE_S = 60.0  # the default dataplane_grace_s
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -107,19 +114,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_ghost = 0
         self.healthy = {name: True for name in self.state.replicas}
         self.batch: set[str] = set()  # turns that arrived as batch
+        self.lost: dict[str, float] = {}  # dataplane -> when its Report stream ended, until it returns
+        self.last_tick: float | None = None
 
     # -- feeding --------------------------------------------------------------------------------------
 
     def feed(self, event: Event) -> list[Action]:
-        before = list(self.state.placed)  # in placement order, the order expiry visits them
+        # in placement order, the order expiry visits them
+        placed_at = {turn_id: placed.placed_at for turn_id, placed in self.state.placed.items()}
+        before = list(placed_at)
         self.state, actions = decide(self.state, event)
         # turns that left the placed set on a tick expired: apply that to the shadow before the
-        # placements the tick caused (a turn placed by the tick is not in ``before``)
+        # placements the tick caused (a turn placed by the tick is not in ``before``); the tick
+        # expires turns first, then releases those of dataplanes lost past the grace
         # (a resync likewise drops the placed turns its dataplane no longer lists, before it places)
         if isinstance(event, Tick | Resynced):
-            for turn_id in before:
-                if turn_id not in self.state.placed:
-                    self.end_placed(turn_id, "idle")
+            gone = [turn_id for turn_id in before if turn_id not in self.state.placed]
+            if isinstance(event, Tick):
+                expired = [t for t in gone if event.at - placed_at[t] >= TURN_EXPIRY_S]
+                gone = expired + [t for t in gone if t not in expired]
+            for turn_id in gone:
+                self.end_placed(turn_id, "idle")
         if isinstance(event, Tick):
             for turn_id, reported_at in list(self.tombstones.items()):
                 if event.at - reported_at >= TOMBSTONE_S:
@@ -203,6 +218,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         dataplane=st.sampled_from(DATAPLANES),
     )
     def arrive(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
+        if dataplane in self.lost:  # a dataplane sends Admits only with its stream open
+            return  # (an assume() here would throw away every example where one was lost)
         turn_id = f"t{self.next_turn}"
         self.next_turn += 1
         self.turns[turn_id] = (run, model)
@@ -290,6 +307,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def resync_empty(self, dataplane: str) -> None:
         """The dataplane reconnects with nothing in flight: the turns placed for it are gone."""
         self.now += 0.1
+        self.lost.pop(dataplane, None)
         actions = self.feed(Resynced(dataplane, self.now, (), ()))
         assert actions[-1] == AckResync(dataplane, 0, 0)
         # what is left of it was placed by this resync (a held turn whose Admit still waits)
@@ -297,15 +315,50 @@ class SchedulerMachine(RuleBasedStateMachine):
         for placed in self.state.placed.values():
             assert placed.dataplane_id != dataplane or placed.turn_id in placed_now
 
+    @precondition(lambda self: len(self.lost) < len(DATAPLANES))
+    @rule(pick=st.integers(0, 1), wait=st.sampled_from([None, 30.0, 59.9, 60.0, 120.0]))
+    def lose_dataplane(self, pick: int, wait: float | None) -> None:
+        """Its Report stream ends; its connection is gone, so its held Admits are cancelled too.
+
+        A dataplane with placed turns is picked first, and the clock may tick ``wait`` seconds
+        after (short of, at and past the grace): random ticks alone rarely find placed turns.
+        """
+        connected = [name for name in DATAPLANES if name not in self.lost]
+        busy = {placed.dataplane_id for placed in self.state.placed.values()}
+        connected.sort(key=lambda name: name not in busy)
+        dataplane = connected[pick % len(connected)] if pick else connected[0]
+        self.now += 0.1
+        self.lost[dataplane] = self.now
+        lost_at = self.now
+        assert self.feed(DataplaneLost(dataplane, self.now)) == []
+        for turn_id in sorted(t.turn_id for t in self.state.held if self.dataplane[t.turn_id] == dataplane):
+            self.now += 0.1
+            self.ended.add(turn_id)
+            assert self.feed(TurnAbandoned(turn_id, self.now)) == []
+        if wait is not None:
+            self.now = lost_at + wait
+            self.last_tick = self.now
+            self.feed(Tick(self.now))
+
+    @precondition(lambda self: bool(self.lost))
+    @rule(pick=st.integers(0, 1))
+    def dataplane_returns(self, pick: int) -> None:
+        """A new Report stream of it opens (within the grace or too late)."""
+        dataplane = sorted(self.lost)[pick % len(self.lost)]
+        self.now += 0.1
+        del self.lost[dataplane]
+        assert self.feed(DataplaneReturned(dataplane, self.now)) == []
+
     @rule(run=st.sampled_from(RUNS))
     def run_ends(self, run: str) -> None:
         self.now += 0.1
         actions = self.feed(RunEnded(run, self.now))
         assert actions[0] == Forget(run)
 
-    @rule(seconds=st.sampled_from([1.0, 30.0, 599.0, 600.0, 1800.0]))
+    @rule(seconds=st.sampled_from([1.0, 30.0, 59.0, 60.0, 61.0, 120.0, 599.0, 600.0, 1800.0]))
     def tick(self, seconds: float) -> None:
         self.now += seconds
+        self.last_tick = self.now
         self.feed(Tick(self.now))
 
     @rule(
@@ -359,6 +412,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         for turn_id in self.tombstones:
             assert turn_id not in held and turn_id not in self.state.placed
         assert set(self.state.tombstones) == set(self.tombstones)
+
+    @invariant()
+    def lost_dataplanes_hold_no_slots_past_the_grace(self) -> None:
+        if self.last_tick is None:
+            return
+        for placed in self.state.placed.values():
+            lost_at = self.lost.get(placed.dataplane_id)
+            assert lost_at is None or self.last_tick - lost_at < GRACE_S, (
+                f"{placed.turn_id} still in flight for {placed.dataplane_id}, lost at {lost_at}"
+            )
 
     @invariant()
     def held_turn_never_waits_beside_room(self) -> None:

@@ -11,6 +11,8 @@ from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, R
 from luftpause.scheduler.core.decide import decide
 from luftpause.scheduler.core.events import (
     AbandonReported,
+    DataplaneLost,
+    DataplaneReturned,
     Event,
     FirstToken,
     InFlightRecord,
@@ -34,6 +36,8 @@ __all__ = [
     "AbandonReported",
     "AckResync",
     "Action",
+    "DataplaneLost",
+    "DataplaneReturned",
     "Event",
     "FirstToken",
     "Forget",

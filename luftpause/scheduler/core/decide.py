@@ -45,7 +45,9 @@ scheduled yet):
    affinity.
 9. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
    no held or placed turn and no activity for 1800 s is forgotten (``Forget``); tombstones older than
-   120 s are dropped.
+   120 s are dropped; a dataplane lost (rule 12) for ``dataplane_grace_s`` (60 s) or more is taken as
+   gone for good: its placed turns are released as a resync that no longer lists them releases them
+   (rule 10), counted in ``turns_released_lost_dataplane``, and it is no longer tracked.
 10. ``Resynced``: a dataplane's runs (phase, last replica) and in-flight turns are adopted. The
    turns count against capacity (a turn id listed twice counts once) and put a run with no record
    of its own in ``generating`` there; a held turn that the dataplane says is already running is
@@ -55,6 +57,13 @@ scheduled yet):
    wins over what a stale turn implies). ``AckResync`` gives the counts.
 11. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
     (it is answered when placed); of a tombstoned turn, ``Reject`` with 499 (rule 7).
+12. ``DataplaneLost`` (its last Report stream ended; the shell sends it only for dataplanes that
+    name themselves) starts its grace; a second loss keeps the first time. A ``Resynced`` or a
+    ``DataplaneReturned`` (a Report stream of it opened) for that id ends the loss. Both are needed:
+    the shell may see an old stream end after the dataplane's new Resync (two calls, no order
+    between them), and its new stream then clears that late loss; the Resync clears a loss before a
+    tick can release the turns it just handed over. Held turns are left alone: a lost dataplane's
+    Admit calls were cancelled with its connection (``TurnAbandoned``).
 
 Report events about turns the scheduler does not hold placed (already expired, or never seen) are
 ignored, except ``AbandonReported``, which leaves its tombstone. Event times are the shell's
@@ -71,6 +80,8 @@ from collections.abc import Iterable
 from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
 from luftpause.scheduler.core.events import (
     AbandonReported,
+    DataplaneLost,
+    DataplaneReturned,
     Event,
     FirstToken,
     ReplicaProbed,
@@ -93,6 +104,7 @@ from luftpause.scheduler.core.policies import (
     headroom,
     health,
     least_loaded,
+    lost_dataplane,
     ordering,
     routing,
 )
@@ -132,6 +144,10 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             _tick(state, event.at, out)
         case Resynced():
             _resynced(state, event, out)
+        case DataplaneLost():
+            _lost(state, event)
+        case DataplaneReturned():
+            state.lost_dataplanes.pop(event.dataplane_id, None)
     return state, out
 
 
@@ -364,6 +380,29 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         if not abandoned.tombstone_expired(reported_at, now):
             break
         del state.tombstones[turn_id]
+    gone: set[str] = set()
+    while state.lost_dataplanes:
+        dataplane_id, lost_at = next(iter(state.lost_dataplanes.items()))
+        if not lost_dataplane.gone_for_good(lost_at, now, state.dataplane_grace_s):
+            break
+        del state.lost_dataplanes[dataplane_id]
+        gone.add(dataplane_id)
+    if gone:
+        # one pass in placement order, as a resync's gone turns (a scan, but once per lost dataplane)
+        lost_turns = [placed for placed in state.placed.values() if placed.dataplane_id in gone]
+        changed: dict[str, Run] = {}
+        for placed in lost_turns:
+            changed_run = _release(state, placed, now, set())
+            if changed_run is not None:
+                changed[changed_run.run_id] = changed_run
+        state.counters.turns_released_lost_dataplane += len(lost_turns)
+        _settle(state, changed.values(), now, out)
+
+
+def _lost(state: State, event: DataplaneLost) -> None:
+    if event.dataplane_id and event.dataplane_id not in state.lost_dataplanes:
+        # a second loss before any return keeps the first time: the grace runs from the first
+        state.lost_dataplanes[event.dataplane_id] = event.at
 
 
 def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
@@ -430,35 +469,54 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         changed[run.run_id] = run
 
     if event.dataplane_id:
+        state.lost_dataplanes.pop(event.dataplane_id, None)  # it is back: its view replaced ours
         gone = [
             placed
             for placed in state.placed.values()
             if placed.dataplane_id == event.dataplane_id and placed.turn_id not in listed
         ]
         for placed in gone:
-            del state.placed[placed.turn_id]
-            state.replicas[placed.replica].inflight -= 1
-            _count_placed(state, placed.caller, -1)
-            run = state.runs.get(placed.run_id)
-            if run is None or placed.turn_id not in run.turns:
-                continue  # the run ended (or expired) since: the turn changes nothing
-            run.turns.discard(placed.turn_id)
-            if run.latest_turn in (None, placed.turn_id):
-                run.latest_turn = None
-                if run.run_id not in recorded:
-                    # as if it had failed (rule 5); otherwise the dataplane's record stands
-                    run.phase = "idle"
-                    run.last_replica = placed.replica
-            _touch(state, run, event.at)
-            changed[run.run_id] = run
+            run = _release(state, placed, event.at, recorded)
+            if run is not None:
+                changed[run.run_id] = run
 
-    for run in changed.values():
-        _reserve(state, run)  # every replica is filled below
-    for run in changed.values():
-        _refile(state, run.turns, event.at, out)
-    for replica in state.replicas.values():
-        _fill(state, replica, event.at, out)
+    _settle(state, changed.values(), event.at, out)
     out.append(AckResync(event.dataplane_id, len(recorded), len(listed)))
+
+
+def _release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) -> Run | None:
+    """Drop ``placed``, which its dataplane no longer has (resync, rule 10; or lost, rule 9).
+
+    Frees its slot; its run goes ``idle`` on that replica when it was the run's latest placed turn
+    (as if it had failed, rule 6) unless the run is in ``recorded`` (the dataplane's own record of
+    it stands). Returns the run it changed, whose headroom and held turns the caller must settle
+    (:func:`_settle`), or ``None``.
+    """
+    del state.placed[placed.turn_id]
+    state.replicas[placed.replica].inflight -= 1
+    _count_placed(state, placed.caller, -1)
+    run = state.runs.get(placed.run_id)
+    if run is None or placed.turn_id not in run.turns:
+        return None  # the run ended (or expired) since: the turn changes nothing
+    run.turns.discard(placed.turn_id)
+    if run.latest_turn in (None, placed.turn_id):
+        run.latest_turn = None
+        if run.run_id not in recorded:
+            run.phase = "idle"
+            run.last_replica = placed.replica
+    _touch(state, run, at)
+    return run
+
+
+def _settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) -> None:
+    """After many runs and slots changed at once: headroom, re-filing, then every replica filled."""
+    runs = list(changed)
+    for run in runs:
+        _reserve(state, run)  # every replica is filled below
+    for run in runs:
+        _refile(state, run.turns, at, out)
+    for replica in state.replicas.values():
+        _fill(state, replica, at, out)
 
 
 def _probed(state: State, event: ReplicaProbed, out: list[Action]) -> None:

@@ -174,6 +174,27 @@ class Resynced:
     turns: tuple[InFlightRecord, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class DataplaneLost:
+    """The last open Report stream of dataplane ``dataplane_id`` ended (closed, broken or cancelled).
+
+    The dataplane may be reconnecting, restarting, or gone for good: if neither a ``Resynced`` nor a
+    ``DataplaneReturned`` for it comes within the grace (``dataplane_grace_s``, 60 s by default), the
+    turns placed for it are released on the next ``Tick``. Dataplanes that send no id are never lost.
+    """
+
+    dataplane_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneReturned:
+    """A Report stream of dataplane ``dataplane_id`` opened: it is connected, whatever it lost."""
+
+    dataplane_id: str
+    at: float
+
+
 Event = (
     TurnArrived
     | TurnStarted
@@ -186,4 +207,6 @@ Event = (
     | ReplicaProbed
     | Tick
     | Resynced
+    | DataplaneLost
+    | DataplaneReturned
 )

@@ -23,7 +23,9 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
       "runs_by_class": {"interactive": int, "batch": int},
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
                    "rejected": int, "abandoned": int, "expired_turns": int, "expired_runs": int,
-                   "runs_ended": int}
+                   "runs_ended": int, "turns_released_lost_dataplane": int},
+      "lost_dataplanes": {dataplane_id: float, ...}   # seconds since its last Report stream ended,
+                                                      # until it returns or its turns are released
     }
 
 It walks every held turn and run once: a status call, not a per-event cost.
@@ -89,4 +91,7 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         "runs": runs,
         "runs_by_class": runs_by_class,
         "counters": asdict(state.counters),
+        "lost_dataplanes": {
+            dataplane_id: max(0.0, now - lost_at) for dataplane_id, lost_at in state.lost_dataplanes.items()
+        },
     }

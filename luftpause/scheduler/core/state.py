@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
+from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
 
 if TYPE_CHECKING:
     from luftpause.config import Config
@@ -115,14 +116,17 @@ class Counters:
     expired_turns: int = 0
     expired_runs: int = 0
     runs_ended: int = 0
+    turns_released_lost_dataplane: int = 0
+    """Placed turns released because their dataplane stayed lost past the grace."""
 
 
 @dataclass(slots=True)
 class State:
     """All placement state of one scheduler.
 
-    ``runs`` is kept least recently active first, ``placed`` in placement order and ``tombstones``
-    in report order, so expiry looks only at the front of each (event times never go backwards).
+    ``runs`` is kept least recently active first, ``placed`` in placement order, ``tombstones``
+    in report order and ``lost_dataplanes`` in order of loss, so expiry looks only at the front of
+    each (event times never go backwards).
     """
 
     replicas: dict[str, Replica]
@@ -139,14 +143,23 @@ class State:
     """Arrival number given to the next held turn."""
     caller_inflight: dict[str, int] = field(default_factory=dict)
     """Caller -> its placed turns (callers with none are absent): the fairness signal of ordering."""
+    lost_dataplanes: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    """Dataplane id -> when (seconds) its last Report stream ended, oldest first; an id leaves when
+    the dataplane comes back (resync or a new stream) or when its turns are released."""
+    dataplane_grace_s: float = DATAPLANE_GRACE_S
+    """Seconds a lost dataplane may stay away before its placed turns are released."""
 
     def __post_init__(self) -> None:
         # the held queues order callers by their in-flight turns: they read this same dict
         self.held.bind_loads(self.caller_inflight)
 
 
-def state_from_replicas(specs: Iterable[ReplicaSpec]) -> State:
-    """An empty state for these replicas (names must be unique, as the configuration ensures)."""
+def state_from_replicas(specs: Iterable[ReplicaSpec], dataplane_grace_s: float = DATAPLANE_GRACE_S) -> State:
+    """An empty state for these replicas (names must be unique, as the configuration ensures).
+
+    ``dataplane_grace_s``: seconds a dataplane may be without a Report stream before the turns
+    placed for it are released (:mod:`.policies.lost_dataplane`).
+    """
     replicas: dict[str, Replica] = {}
     model_replicas: dict[str, list[Replica]] = {}
     for index, spec in enumerate(specs):
@@ -155,9 +168,13 @@ def state_from_replicas(specs: Iterable[ReplicaSpec]) -> State:
         if replica.kind == "generative":
             for model in replica.models:
                 model_replicas.setdefault(model, []).append(replica)
-    return State(replicas, {model: tuple(rs) for model, rs in model_replicas.items()})
+    return State(
+        replicas,
+        {model: tuple(rs) for model, rs in model_replicas.items()},
+        dataplane_grace_s=dataplane_grace_s,
+    )
 
 
 def new_state(config: Config) -> State:
-    """An empty state for the replicas of ``config`` (no runs, no turns)."""
-    return state_from_replicas(config.replicas)
+    """An empty state for the replicas and the dataplane grace of ``config`` (no runs, no turns)."""
+    return state_from_replicas(config.replicas, config.scheduler.dataplane_grace_s)
