@@ -160,7 +160,11 @@ class SchedulerLink:
                 request = self.runs.resync_request(self.dataplane_id)
                 await self._stub.Resync(request, timeout=RESYNC_TIMEOUT_S)
                 self._generation += 1
-                self._call = self._stub.Report(self._drain(events))
+                # names this stream's dataplane, so that the scheduler releases what it held if the
+                # stream ends and the dataplane never comes back (scheduler's DATAPLANE_ID_METADATA)
+                self._call = self._stub.Report(
+                    self._drain(events), metadata=(("x-luftpause-dataplane-id", self.dataplane_id),)
+                )
                 self._synced.set()
                 log.info(
                     "connected to scheduler %s (resynced %d runs, %d in-flight turns)",

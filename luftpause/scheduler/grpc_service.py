@@ -8,7 +8,10 @@ the core's actions:
 * ``Report`` (client stream of ``TurnEvent``) -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished``
   / ``TurnFailed`` / ``AbandonReported`` (ABANDONED) / ``RunEnded``; replies
   ``ReportSummary{events}`` when the dataplane closes it. An ABANDONED turn whose Admit still waits
-  here is answered ``refused{"turn was abandoned by its dataplane", 499}``.
+  here is answered ``refused{"turn was abandoned by its dataplane", 499}``. A stream that names its
+  dataplane (metadata ``x-luftpause-dataplane-id``) -> ``DataplaneReturned`` when it opens and,
+  when the last open stream of that dataplane ends (closed, broken or cancelled), ``DataplaneLost``:
+  if the dataplane does not come back within the grace, the turns placed for it are released.
 * ``Resync`` -> ``Resynced``; replies the counts of runs and in-flight turns taken over.
 """
 
@@ -22,6 +25,8 @@ import grpc
 from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
+    DataplaneLost,
+    DataplaneReturned,
     Event,
     FirstToken,
     InFlightRecord,
@@ -39,6 +44,9 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
+
+DATAPLANE_ID_METADATA = "x-luftpause-dataplane-id"
+"""gRPC metadata key naming the dataplane of a Report stream (the ``dataplane_id`` of its Resync)."""
 
 _PHASES: dict[int, RunPhase] = {
     pb.RUN_PHASE_UNSPECIFIED: "idle",
@@ -62,11 +70,25 @@ def run_phase(value: int) -> RunPhase:
     return _PHASES.get(value, "idle")
 
 
+def dataplane_of(context: _Context) -> str:
+    """The dataplane id a call names in its ``x-luftpause-dataplane-id`` metadata; ``""`` if none.
+
+    Dataplanes older than that metadata send none: their streams are never taken as lost.
+    """
+    for key, value in context.invocation_metadata() or ():
+        if key == DATAPLANE_ID_METADATA:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return ""
+
+
 class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped generated base
     """Serves Admit, Report and Resync from one :class:`SchedulerHost`."""
 
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
+        self._open_reports: dict[str, int] = {}
+        """Dataplane id -> its Report streams open now (a reconnect may open the new one before the
+        old one is seen to end, so a count, not a flag)."""
 
     async def Admit(self, request: pb.AdmitRequest, context: _Context) -> pb.AdmitReply:
         outcome = await self.host.admit(
@@ -87,13 +109,27 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
     async def Report(
         self, request_iterator: AsyncIterator[pb.TurnEvent], context: _Context
     ) -> pb.ReportSummary:
-        count = 0
-        async for message in request_iterator:
-            event = self._event(message)
-            if event is not None:
-                self.host.feed(event)
-                count += 1
-        return pb.ReportSummary(events=count)
+        dataplane_id = dataplane_of(context)
+        if dataplane_id:
+            self._open_reports[dataplane_id] = self._open_reports.get(dataplane_id, 0) + 1
+            self.host.feed(DataplaneReturned(dataplane_id, self.host.now()))
+        try:
+            count = 0
+            async for message in request_iterator:
+                event = self._event(message)
+                if event is not None:
+                    self.host.feed(event)
+                    count += 1
+            return pb.ReportSummary(events=count)
+        finally:
+            # closed, broken (an error from the iterator) or cancelled (the peer is gone): all the same
+            if dataplane_id:
+                left = self._open_reports[dataplane_id] - 1
+                if left:
+                    self._open_reports[dataplane_id] = left
+                else:
+                    del self._open_reports[dataplane_id]
+                    self.host.feed(DataplaneLost(dataplane_id, self.host.now()))
 
     def _event(self, message: pb.TurnEvent) -> Event | None:
         at = self.host.now()
