@@ -6,7 +6,9 @@ Contract (``proto/luftpause/v1/scheduler.proto``, DESIGN.md "Failure contract"):
 * on every (re)connect the dataplane first sends ``Resync`` with its runs and in-flight turns, and
   no ``Admit`` is sent before that has been answered;
 * while the scheduler is unreachable or restarting a turn stays held here: ``Admit`` is retried
-  every ``RETRY_S`` seconds under the same turn id until it is answered or the client leaves.
+  every ``RETRY_S`` seconds under the same turn id until it is answered or the client leaves. A
+  placement answered across a Resync is the one exception: that Resync did not list it, so the
+  scheduler may have released it; it is abandoned and asked for again under a new turn id.
 
 Events that were queued, or sent on a stream that then broke, are not replayed after a reconnect:
 the Resync that opens every connection already carries their effect (the run table is updated in
@@ -54,10 +56,10 @@ class SchedulerLink:
         self.dataplane_id = dataplane_id or f"dp-{uuid.uuid4().hex[:12]}"
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
-        self._events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
+        # The queue of the current connection (None before the first); None in it ends the stream.
+        self._events: asyncio.Queue[pb.TurnEvent | None] | None = None
         self._collecting = False
         self._generation = 0
-        self._call: grpc.aio.StreamUnaryCall[pb.TurnEvent, pb.ReportSummary] | None = None
         self._overflowed = False
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,21 +135,22 @@ class SchedulerLink:
 
         Between connections events are dropped: the next Resync snapshot carries their effect.
         """
-        if not self._collecting:
+        if not self._collecting or self._events is None:
             return
         if self._events.qsize() >= MAX_QUEUED_EVENTS:
+            # Stop queueing; what is queued still goes out, then the stream ends (the None) and
+            # the next connection's Resync carries what was dropped.
             log.error("%d turn events wait for the scheduler; reconnecting to resync", MAX_QUEUED_EVENTS)
             self._collecting = False
             self._overflowed = True
-            if self._call is not None:
-                self._call.cancel()
+            self._events.put_nowait(None)
             return
         self._events.put_nowait(event)
 
     @staticmethod
-    async def _drain(events: asyncio.Queue[pb.TurnEvent]) -> AsyncIterator[pb.TurnEvent]:
-        while True:
-            yield await events.get()
+    async def _drain(events: asyncio.Queue[pb.TurnEvent | None]) -> AsyncIterator[pb.TurnEvent]:
+        while (event := await events.get()) is not None:
+            yield event
 
     async def _report_forever(self) -> None:
         assert self._stub is not None and self._channel is not None
@@ -155,14 +158,16 @@ class SchedulerLink:
             try:
                 await self._channel.channel_ready()
                 # From the snapshot on, every event is queued: snapshot + queue is the whole truth.
-                events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
+                events: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
                 self._events, self._collecting, self._overflowed = events, True, False
                 request = self.runs.resync_request(self.dataplane_id)
                 await self._stub.Resync(request, timeout=RESYNC_TIMEOUT_S)
                 self._generation += 1
+                if self._overflowed:  # the queue filled while the Resync was out: snapshot again
+                    continue
                 # names this stream's dataplane, so that the scheduler releases what it held if the
                 # stream ends and the dataplane never comes back (scheduler's DATAPLANE_ID_METADATA)
-                self._call = self._stub.Report(
+                call = self._stub.Report(
                     self._drain(events), metadata=(("x-luftpause-dataplane-id", self.dataplane_id),)
                 )
                 self._synced.set()
@@ -172,7 +177,9 @@ class SchedulerLink:
                     len(request.runs),
                     len(request.turns),
                 )
-                await self._call
+                await call
+                if self._overflowed:
+                    continue  # the stream ended on our overflow: resync at once
                 log.warning("scheduler %s closed the report stream", self.target)
             except grpc.aio.AioRpcError as exc:
                 if self._synced.is_set():
@@ -182,13 +189,9 @@ class SchedulerLink:
                     log.error(
                         "resync with scheduler %s failed: %s %s", self.target, exc.code().name, exc.details()
                     )
-            except asyncio.CancelledError:
-                if not self._overflowed:
-                    raise
             finally:
                 self._synced.clear()
                 self._collecting = False
-                self._call = None
             await asyncio.sleep(RETRY_S)
 
     async def _prune_forever(self) -> None:
