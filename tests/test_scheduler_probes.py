@@ -42,14 +42,20 @@ vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
 # -- parsing ----------------------------------------------------------------------------------------
 
 
-def test_sglang_load_is_summed_over_models() -> None:
+def test_sglang_counts_are_summed_over_models_and_the_shared_pool_read_once() -> None:
     metrics = SglangMetrics(["m1", "m2"], slots=4)
     text = metrics.render({"m1": ModelLoad(2, 1, 8192), "m2": ModelLoad(1, 3, 8192)}).decode()
     assert parse_load(text) == EngineLoad(running=3, waiting=4, kv_usage=0.5, cache_hit_rate=0.0)
 
 
-def test_vllm_load_is_summed_over_label_sets() -> None:
-    assert parse_load(VLLM_TEXT) == EngineLoad(running=5, waiting=4, kv_usage=0.25, cache_hit_rate=None)
+def test_vllm_counts_are_summed_and_fractions_averaged_over_data_parallel_ranks() -> None:
+    text = VLLM_TEXT + 'vllm:kv_cache_usage_perc{engine="1",model_name="qwen"} 0.75\n'
+    assert parse_load(text) == EngineLoad(running=5, waiting=4, kv_usage=0.5, cache_hit_rate=None)
+
+
+def test_only_the_families_read_are_parsed_so_other_lines_cannot_break_them() -> None:
+    noise = "# TYPE other_histogram histogram\nother_histogram_bucket{le=\"+Inf\"} not-a-number\n"
+    assert parse_load(noise + VLLM_TEXT).running == 5
 
 
 def test_metrics_without_known_names_report_no_load() -> None:
@@ -173,6 +179,26 @@ def test_a_router_reads_its_load_from_the_engines_behind_it() -> None:
     assert healthy
     assert load == EngineLoad(10, 8, 0.25, None)
     assert len(router_seen) == 1  # its health only, not its metrics
+
+
+def test_a_routers_key_goes_to_the_router_only_never_to_engines_on_other_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PROBE_TEST_KEY", "router-secret")
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        async with (
+            engine() as (router, router_seen),
+            engine() as (behind, behind_seen),
+            aiohttp.ClientSession() as session,
+        ):
+            extra = f'api_key_env = "PROBE_TEST_KEY"\nload_from = ["{behind}"]'
+            await probe_replica(session, replica(router, extra))
+            return router_seen, behind_seen
+
+    router_seen, behind_seen = asyncio.run(scenario())
+    assert router_seen == ["Bearer router-secret"]
+    assert behind_seen == [""]  # another origin (its own port): no key
 
 
 def test_an_empty_health_path_is_not_checked() -> None:

@@ -14,8 +14,12 @@ Both carry the replica's key (``api_key_env``) as ``Authorization: Bearer``, as 
 Metric names (REFERENCES.md): SGLang ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:token_usage``, ``sglang:cache_hit_rate``; vLLM ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``. Samples are summed over their label
-sets (one ``model_name`` per served model, one engine index per data-parallel rank); fractions are
-capped at 1. Over the engines of ``load_from``, counts are summed and fractions averaged.
+sets (one ``model_name`` per served model, one engine index per data-parallel rank) and fractions
+averaged over them; over the engines of ``load_from`` likewise. Only the lines of these families
+are parsed: an engine's ``/metrics`` runs to hundreds of KB of histograms, and parsing all of it on
+the loop that answers Admit would cost tens of milliseconds per replica.
+
+The replica's key goes to its own URL only; a ``load_from`` engine on another host gets none.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,6 +46,7 @@ RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
 WAITING = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
 KV_USAGE = ("sglang:token_usage", "vllm:kv_cache_usage_perc")
 CACHE_HIT_RATE = ("sglang:cache_hit_rate",)
+_FAMILIES = frozenset(RUNNING + WAITING + KV_USAGE + CACHE_HIT_RATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,27 +59,41 @@ class EngineLoad:
     cache_hit_rate: float | None = None
 
 
+def _wanted_lines(text: str) -> str:
+    """The lines of ``text`` that belong to the families read here (samples, HELP and TYPE)."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in _FAMILIES:
+                kept.append(line)
+        elif line.split("{", 1)[0].split(" ", 1)[0] in _FAMILIES:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse_load(text: str) -> EngineLoad:
-    """Read an engine's load from Prometheus text (SGLang or vLLM names, summed over label sets).
+    """Read an engine's load from Prometheus text: SGLang or vLLM names, counts summed over label
+    sets, fractions averaged over them and capped at 1.
 
-    Raises ``ValueError`` when the text is not valid exposition format (the parser's error).
+    Raises ``ValueError`` when those lines are not valid exposition format (the parser's error).
     """
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(_wanted_lines(text)):
         for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            values.setdefault(sample.name, []).append(sample.value)
 
-    def total(names: tuple[str, ...]) -> float | None:
-        found = [sums[name] for name in names if name in sums]
-        return sum(found) if found else None
+    def found(names: tuple[str, ...]) -> list[float] | None:
+        samples = [v for name in names for v in values.get(name, ())]
+        return samples or None
 
-    running, waiting = total(RUNNING), total(WAITING)
-    kv_usage, hit_rate = total(KV_USAGE), total(CACHE_HIT_RATE)
+    running, waiting = found(RUNNING), found(WAITING)
+    kv_usage, hit_rate = found(KV_USAGE), found(CACHE_HIT_RATE)
     return EngineLoad(
-        None if running is None else round(running),
-        None if waiting is None else round(waiting),
-        None if kv_usage is None else min(1.0, kv_usage),
-        None if hit_rate is None else min(1.0, hit_rate),
+        None if running is None else round(sum(running)),
+        None if waiting is None else round(sum(waiting)),
+        None if kv_usage is None else min(1.0, sum(kv_usage) / len(kv_usage)),
+        None if hit_rate is None else min(1.0, sum(hit_rate) / len(hit_rate)),
     )
 
 
@@ -104,9 +124,17 @@ async def probe_replica(session: aiohttp.ClientSession, replica: ReplicaConfig) 
     metrics_urls = [url.rstrip("/") for url in replica.load_from] or [replica.url]
     healthy, *loads = await asyncio.gather(
         _healthy(session, replica, headers),
-        *(_load(session, f"{url}/metrics", headers) for url in metrics_urls),
+        *(
+            _load(session, f"{url}/metrics", headers if _same_origin(url, replica.url) else {})
+            for url in metrics_urls
+        ),
     )
     return bool(healthy), combine(item for item in loads if isinstance(item, EngineLoad))
+
+
+def _same_origin(a: str, b: str) -> bool:
+    first, second = urlsplit(a), urlsplit(b)
+    return (first.scheme, first.hostname, first.port) == (second.scheme, second.hostname, second.port)
 
 
 async def _healthy(session: aiohttp.ClientSession, replica: ReplicaConfig, headers: dict[str, str]) -> bool:
@@ -169,25 +197,34 @@ class Prober:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 started = self.host.now()
-                results = await asyncio.gather(
-                    *(probe_replica(session, replica) for replica in self.replicas),
-                    return_exceptions=True,
-                )
-                now = self.host.now()  # stamped when fed: event times must not go backwards
-                for replica, result in zip(self.replicas, results, strict=True):
-                    if isinstance(result, BaseException):
-                        log.warning("probe of %s failed: %r", replica.name, result)
-                        continue
-                    healthy, load = result
-                    self.host.feed(
-                        ReplicaProbed(
-                            replica.name,
-                            now,
-                            healthy,
-                            load.running,
-                            load.waiting,
-                            load.kv_usage,
-                            load.cache_hit_rate,
-                        )
-                    )
+                try:
+                    now = await self._round(session)
+                except Exception:  # a fault in one round must not end probing for good
+                    log.exception("probe round failed")
+                    now = self.host.now()
                 await asyncio.sleep(max(0.0, self.interval - (now - started)))
+
+    async def _round(self, session: aiohttp.ClientSession) -> float:
+        """Probe every replica once and feed the results; returns when they were stamped."""
+        results = await asyncio.gather(
+            *(probe_replica(session, replica) for replica in self.replicas),
+            return_exceptions=True,
+        )
+        now = self.host.now()  # stamped when fed: event times must not go backwards
+        for replica, result in zip(self.replicas, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("probe of %s failed: %r", replica.name, result)
+                continue
+            healthy, load = result
+            self.host.feed(
+                ReplicaProbed(
+                    replica.name,
+                    now,
+                    healthy,
+                    load.running,
+                    load.waiting,
+                    load.kv_usage,
+                    load.cache_hit_rate,
+                )
+            )
+        return now

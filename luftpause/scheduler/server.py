@@ -19,6 +19,7 @@ from aiohttp import web
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
+from luftpause.ports import refuse_if_in_use
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.probes import Prober
@@ -45,6 +46,9 @@ GRPC_SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     # ... and faster ones (a dataplane configured otherwise) never cost the link: 0 strikes = no limit
     ("grpc.http2.max_ping_strikes", 0),
+    # gRPC binds with SO_REUSEPORT by default: a second scheduler on the same port would start and
+    # the kernel would split dataplanes between two unrelated placement states.
+    ("grpc.so_reuseport", 0),
 ]
 """Channel arguments of the scheduler's gRPC server (gRPC core's doc/keepalive.md)."""
 
@@ -57,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad configuration, 1 if a port is taken."""
     config = config_from_args(args)
+    refuse_if_in_use("scheduler", config.scheduler.grpc)
+    refuse_if_in_use("scheduler", config.scheduler.http)
     try:
         uvloop.run(serve(config))
     except OSError as exc:

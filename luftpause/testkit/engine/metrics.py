@@ -64,10 +64,13 @@ class SglangMetrics:
 
     def render(self, load: Mapping[str, ModelLoad]) -> bytes:
         """Prometheus text exposition (format 0.0.4 / 1.0.0) of ``load`` per model."""
+        # The models share one KV pool: each model's sample reports that pool's usage, as every
+        # label set of a real engine (a data-parallel rank) reports the fraction of its own pool.
+        pool_usage = min(1.0, sum(counts.kv_tokens for counts in load.values()) / self._kv_capacity)
         for model in self._models:
             counts = load.get(model, ModelLoad())
             self._running.labels(model).set(counts.running)
             self._queued.labels(model).set(counts.waiting)
-            self._token_usage.labels(model).set(min(1.0, counts.kv_tokens / self._kv_capacity))
+            self._token_usage.labels(model).set(pool_usage)
             self._cache_hit_rate.labels(model).set(0.0)
         return generate_latest(self.registry)
