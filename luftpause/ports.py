@@ -7,6 +7,7 @@ bind (SO_REUSEADDR only, which passes TIME_WAIT leftovers) fails on a port anyon
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from luftpause.config import split_host_port
@@ -20,12 +21,18 @@ def address_in_use(address: str) -> bool:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
-        except OSError:
-            return True
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise  # not ours to bind at all (EADDRNOTAVAIL, EACCES): say so as it is
     return False
 
 
 def refuse_if_in_use(command: str, address: str) -> None:
-    """Exit with status 1 and a message when ``address`` is taken."""
-    if address_in_use(address):
+    """Exit with status 1 and a message when ``address`` is taken or cannot be bound here."""
+    try:
+        taken = address_in_use(address)
+    except OSError as exc:
+        raise SystemExit(f"luftpause {command}: cannot listen on {address}: {exc.strerror}") from None
+    if taken:
         raise SystemExit(f"luftpause {command}: {address} is already in use; stop what listens there first")

@@ -100,7 +100,14 @@ def busy_ports(config: Config) -> list[str]:
         for url in [r.url for r in config.replicas] + [s.url for s in config.mcp_servers if s.url]:
             parts = urlsplit(url)
             addresses.append(f"{parts.hostname}:{parts.port}")
-    return [a for a in addresses if address_in_use(a)]
+    busy = []
+    for address in addresses:
+        try:
+            if address_in_use(address):
+                busy.append(address)
+        except OSError as exc:
+            busy.append(f"{address} ({exc.strerror})")
+    return busy
 
 
 def banner(config: Config, logs: Path) -> str:

@@ -313,3 +313,32 @@ def test_a_wrong_method_is_answered_405_with_allow(stack: Stack, method: str, pa
     assert code == 405
     assert headers["Allow"] == allow
     assert method in orjson.loads(answer)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "payload", "status_code"),
+    [
+        ("POST", "/v1/chat/completions", b"{not json", 400),
+        ("GET", "/v1/chat/completions", None, 405),
+        ("POST", "/v1/chat/completions", b'{"model": "nope", "messages": []}', 404),
+    ],
+)
+def test_an_error_answer_echoes_the_clients_run_id(
+    stack: Stack, method: str, path: str, payload: bytes | None, status_code: int
+) -> None:
+    async def call() -> tuple[int, dict[str, str]]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                method,
+                f"{stack.dataplane_url}{path}",
+                data=payload,
+                headers={"x-luftpause-run-id": "run-mine"},
+            ) as response,
+        ):
+            await response.read()
+            return response.status, dict(response.headers)
+
+    code, headers = asyncio.run(call())
+    assert code == status_code
+    assert headers["x-luftpause-run-id"] == "run-mine"

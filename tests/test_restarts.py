@@ -146,7 +146,8 @@ def _streams(stack: Stack, count: int, tokens: int) -> list[subprocess.Popen[byt
 
 def test_turns_that_end_while_the_scheduler_is_away_are_not_left_in_flight(slow_stack: Stack) -> None:
     streams = _streams(slow_stack, 6, 80)  # about 2 s each
-    _settles(slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 6)
+    busy = _settles(slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 6)
+    assert sum(r["inflight"] for r in busy["replicas"]) == 6, "the streams never all started"
     slow_stack.children["scheduler"].kill()
     time.sleep(3)  # every stream ends while nothing listens
     _restart(slow_stack, "scheduler")
@@ -157,7 +158,8 @@ def test_turns_that_end_while_the_scheduler_is_away_are_not_left_in_flight(slow_
 
 def test_a_restarted_dataplane_releases_what_its_crashed_predecessor_held(slow_stack: Stack) -> None:
     streams = _streams(slow_stack, 4, 400)  # about 10 s each, cut short by the crash
-    _settles(slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 4)
+    busy = _settles(slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 4)
+    assert sum(r["inflight"] for r in busy["replicas"]) == 4, "the streams never all started"
     slow_stack.children["dataplane"].kill()
     for stream in streams:
         stream.wait(60)

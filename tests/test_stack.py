@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -206,13 +208,20 @@ def test_three_sub_agents_are_spawned_and_awaited_each_having_called_a_tool(stac
         assert run["answer"]
 
 
-@pytest.mark.parametrize("command", ["dataplane", "runtime"])
+@pytest.mark.parametrize("command", ["scheduler", "dataplane", "runtime"])
 def test_a_second_process_on_a_taken_port_refuses_to_start(stack: Stack, command: str) -> None:
     # granian binds with SO_REUSEPORT: without the check, both would serve and split connections.
-    done = subprocess.run(
+    second = subprocess.Popen(
         [sys.executable, "-m", "luftpause", command, "--config", str(stack.config_path)],
-        capture_output=True,
-        timeout=60,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # on a regression, its granian worker is ended with it below
     )
-    assert done.returncode == 1
-    assert b"already in use" in done.stderr
+    try:
+        _, stderr = second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.communicate()
+    assert second.returncode == 1
+    assert b"already in use" in stderr

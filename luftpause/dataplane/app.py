@@ -64,10 +64,15 @@ class _ClientGone(Exception):
     """The client went away before its answer began; there is nobody to answer."""
 
 
+def _acceptable_run_id(value: str | None) -> bool:
+    """A run id we take: present, at most ``RUN_ID_MAX_BYTES`` bytes of UTF-8."""
+    return value is not None and 0 < len(value.encode()) <= RUN_ID_MAX_BYTES
+
+
 def _client_run_id(scope: Scope) -> str | None:
     """The client's own ``x-luftpause-run-id``, when it is one we would accept, for error answers."""
     value: str | None = scope.headers.get(RUN_ID_HEADER)
-    return value if value and len(value.encode()) <= RUN_ID_MAX_BYTES else None
+    return value if _acceptable_run_id(value) else None
 
 
 def _header(scope: Scope, name: str) -> str | None:
@@ -220,7 +225,7 @@ class Dataplane:
         if service_class is None:
             raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
         run_id = _header(scope, RUN_ID_HEADER) or f"run-{uuid.uuid4().hex}"
-        if len(run_id.encode()) > RUN_ID_MAX_BYTES:
+        if not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
         return Turn(
             turn_id=Turn.new_id(),

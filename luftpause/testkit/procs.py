@@ -111,8 +111,8 @@ class ChildProcess:
         The group is signalled even when its leader has already exited: a server's worker
         processes (granian's) outlive a leader that was killed.
         """
-        if self.proc is None:
-            return
+        if self.proc is None or (self.proc.poll() is not None and not _group_alive(self.proc.pid)):
+            return  # all gone: its pid may already name someone else's group
         if not _signal_group(self.proc.pid, signal.SIGTERM):
             self.proc.wait()
             return
@@ -123,14 +123,18 @@ class ChildProcess:
                 break
             time.sleep(0.02)
         else:
-            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.kill()
         self.proc.wait()
 
     def kill(self) -> None:
-        """SIGKILL the whole process group at once."""
-        if self.proc is not None:
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """SIGKILL the whole process group at once, and wait until every member is gone."""
+        if self.proc is None or (self.proc.poll() is not None and not _group_alive(self.proc.pid)):
+            return  # all gone: its pid may already name someone else's group
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + 5
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
