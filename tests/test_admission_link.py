@@ -155,7 +155,7 @@ def test_close_returns_after_an_overflow_while_the_scheduler_is_gone(monkeypatch
     asyncio.run(main())
 
 
-def test_a_placement_answered_across_a_resync_is_abandoned_and_asked_again(
+def test_a_placement_answered_across_a_resync_stands_as_the_resync_lists_it_pending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(admission, "MAX_QUEUED_EVENTS", 2)
@@ -163,26 +163,29 @@ def test_a_placement_answered_across_a_resync_is_abandoned_and_asked_again(
     async def scenario(fake: FakeScheduler, link: SchedulerLink) -> None:
         release = asyncio.Event()
 
-        async def late_first(request: pb.AdmitRequest, context: Any) -> pb.AdmitReply:
-            if len(fake.admits) == 1:
-                await release.wait()
+        async def late(request: pb.AdmitRequest, context: Any) -> pb.AdmitReply:
+            await release.wait()
             return pb.AdmitReply(placed=pb.Placement(replica="a"))
 
-        fake.admit_hook = late_first
+        fake.admit_hook = late
         await _until(lambda: link.connected, "connected")
-        request = pb.AdmitRequest(turn_id="old-id", run_id="run", model="m")
+        request = pb.AdmitRequest(turn_id="the-turn", run_id="run", model="m")
         admit = asyncio.ensure_future(link.admit(request))
-        await _until(lambda: fake.admits == ["old-id"], "the first Admit is out")
+        await _until(lambda: fake.admits == ["the-turn"], "the Admit is out")
         fake.reading.clear()
         for i in range(3):  # force a reconnect (and so a Resync) while the Admit is out
             link.report(_event(f"x{i}"))
         fake.reading.set()
         await _until(lambda: len(fake.resyncs) == 2 and link.connected, "resynced")
+        assert list(fake.resyncs[1].pending_turn_ids) == ["the-turn"]
         release.set()
         reply = await asyncio.wait_for(admit, 10)
         assert reply.WhichOneof("outcome") == "placed"
-        assert len(fake.admits) == 2 and fake.admits[1] == request.turn_id != "old-id"
-        await _until(lambda: ("old-id", pb.TurnEvent.ABANDONED) in fake.events, "the old placement undone")
+        assert fake.admits == ["the-turn"]  # not asked again, keeps its place
+        link.report(_event("after"))
+        await _until(lambda: ("after", pb.TurnEvent.FINISHED) in fake.events, "later events")
+        assert ("the-turn", pb.TurnEvent.ABANDONED) not in fake.events
+        assert link._pending == set()
 
     run(scenario)
 

@@ -627,6 +627,16 @@ CASES = [
         {"r1": ("idle", "a"), "r2": ("generating", "a")},
     ),
     Case(
+        "a placed turn the dataplane lists as pending (its Admit answer on the wire) stands",
+        ONE_OF_ONE,
+        [arrive("t1", "r1"), arrive("t2", "r2")],
+        Resynced("dp", 1.0, (), (), frozenset({"t1"})),
+        [AckResync("dp", 0, 0)],  # without "pending", t1 would be released and t2 placed
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
         "a gone turn leaves a run the dataplane sent a record of in the recorded phase",
         ONE_OF_ONE,
         [arrive("t1", "r1")],

@@ -6,9 +6,9 @@ Contract (``proto/luftpause/v1/scheduler.proto``, DESIGN.md "Failure contract"):
 * on every (re)connect the dataplane first sends ``Resync`` with its runs and in-flight turns, and
   no ``Admit`` is sent before that has been answered;
 * while the scheduler is unreachable or restarting a turn stays held here: ``Admit`` is retried
-  every ``RETRY_S`` seconds under the same turn id until it is answered or the client leaves. A
-  placement answered across a Resync is the one exception: that Resync did not list it, so the
-  scheduler may have released it; it is abandoned and asked for again under a new turn id.
+  every ``RETRY_S`` seconds under the same turn id until it is answered or the client leaves. Turns
+  whose Admit is out are listed as pending in each Resync, so a placement whose answer crosses a
+  Resync on the wire is kept by the scheduler rather than released as gone.
 
 Events that were queued, or sent on a stream that then broke, are not replayed after a reconnect:
 the Resync that opens every connection already carries their effect (the run table is updated in
@@ -59,7 +59,7 @@ class SchedulerLink:
         # The queue of the current connection (None before the first); None in it ends the stream.
         self._events: asyncio.Queue[pb.TurnEvent | None] | None = None
         self._collecting = False
-        self._generation = 0
+        self._pending: set[str] = set()  # turn ids whose Admit is out
         self._overflowed = False
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -102,33 +102,27 @@ class SchedulerLink:
         """Place a turn: blocks while it is held, and while the scheduler is unreachable.
 
         Cancelling the awaiting task cancels the call, which the scheduler takes as the turn being
-        abandoned. A placement answered across a Resync was not in that Resync, so the scheduler
-        may have let it go: it is abandoned and asked for again under a new ``request.turn_id``
-        (read it back after the call). Raises ``grpc.aio.AioRpcError`` for non-transient failures.
+        abandoned. While the call is out its turn id is listed as pending in every Resync, so a
+        placement whose answer crosses a Resync stands. Raises ``grpc.aio.AioRpcError`` for
+        non-transient failures.
         """
         assert self._stub is not None, "start() first"
-        while True:
-            await self._synced.wait()
-            generation = self._generation
-            try:
-                reply: pb.AdmitReply = await self._stub.Admit(request)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _TRANSIENT:
-                    raise
-                log.warning(
-                    "admit %s: scheduler unavailable (%s); retrying", request.turn_id, exc.code().name
-                )
-                await asyncio.sleep(RETRY_S)
-                continue
-            if reply.WhichOneof("outcome") == "placed" and (
-                generation != self._generation or not self._synced.is_set()
-            ):
-                self.report(
-                    pb.TurnEvent(turn_id=request.turn_id, run_id=request.run_id, kind=pb.TurnEvent.ABANDONED)
-                )
-                request.turn_id = uuid.uuid4().hex
-                continue
-            return reply
+        self._pending.add(request.turn_id)
+        try:
+            while True:
+                await self._synced.wait()
+                try:
+                    reply: pb.AdmitReply = await self._stub.Admit(request)
+                    return reply
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in _TRANSIENT:
+                        raise
+                    log.warning(
+                        "admit %s: scheduler unavailable (%s); retrying", request.turn_id, exc.code().name
+                    )
+                    await asyncio.sleep(RETRY_S)
+        finally:
+            self._pending.discard(request.turn_id)
 
     def report(self, event: pb.TurnEvent) -> None:
         """Queue a turn event for the Report stream; never blocks the relay.
@@ -160,9 +154,8 @@ class SchedulerLink:
                 # From the snapshot on, every event is queued: snapshot + queue is the whole truth.
                 events: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
                 self._events, self._collecting, self._overflowed = events, True, False
-                request = self.runs.resync_request(self.dataplane_id)
+                request = self.runs.resync_request(self.dataplane_id, self._pending)
                 await self._stub.Resync(request, timeout=RESYNC_TIMEOUT_S)
-                self._generation += 1
                 if self._overflowed:  # the queue filled while the Resync was out: snapshot again
                     continue
                 # names this stream's dataplane, so that the scheduler releases what it held if the

@@ -274,12 +274,10 @@ class Dataplane:
         except BaseException as exc:
             # The client left (or the link failed) while the Admit was out: the placement may cross
             # the cancel on the wire, so tell the scheduler to undo whatever it did.
-            turn.turn_id = request.turn_id
             self._relay.abandoned(turn)
             if isinstance(exc, grpc.aio.AioRpcError):
                 raise DataplaneError(f"scheduler failed: {exc.code().name}: {exc.details()}", 503) from None
             raise
-        turn.turn_id = request.turn_id  # a placement that crossed a Resync is asked for anew
         if reply.WhichOneof("outcome") == "refused":
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         try:

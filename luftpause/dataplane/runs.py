@@ -7,6 +7,7 @@ scheduler restart (DESIGN.md, "Resync"). Runs with no turn for ``RUN_IDLE_EXPIRY
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from luftpause.v1 import scheduler_pb2 as pb
@@ -78,9 +79,11 @@ class RunTable:
             del self.runs[rid]
         return len(stale)
 
-    def resync_request(self, dataplane_id: str) -> pb.ResyncRequest:
+    def resync_request(self, dataplane_id: str, pending: Iterable[str] = ()) -> pb.ResyncRequest:
+        """This table as a Resync; ``pending`` are the turn ids whose Admit is still out."""
         return pb.ResyncRequest(
             dataplane_id=dataplane_id,
+            pending_turn_ids=list(pending),
             runs=[
                 pb.RunRecord(
                     run_id=r.run_id,

@@ -180,6 +180,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 )
                 for turn in request.turns
             ),
+            frozenset(request.pending_turn_ids),
         )
         for action in self.host.feed(event):
             if isinstance(action, AckResync):

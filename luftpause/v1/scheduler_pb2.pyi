@@ -138,14 +138,16 @@ class InFlightTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
 
 class ResyncRequest(_message.Message):
-    __slots__ = ("dataplane_id", "runs", "turns")
+    __slots__ = ("dataplane_id", "runs", "turns", "pending_turn_ids")
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TURN_IDS_FIELD_NUMBER: _ClassVar[int]
     dataplane_id: str
     runs: _containers.RepeatedCompositeFieldContainer[RunRecord]
     turns: _containers.RepeatedCompositeFieldContainer[InFlightTurn]
-    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ...) -> None: ...
+    pending_turn_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ..., pending_turn_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
     __slots__ = ("runs", "turns")

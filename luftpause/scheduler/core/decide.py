@@ -52,7 +52,8 @@ scheduled yet):
    turns count against capacity (a turn id listed twice counts once) and put a run with no record
    of its own in ``generating`` there; a held turn that the dataplane says is already running is
    answered with its replica. Turns the scheduler had placed for that dataplane (non-empty id) that
-   it no longer lists are gone and free their slots; a run the dataplane did not send a record of
+   it neither lists nor names as pending (its Admit still out: the answer may cross the Resync on
+   the wire) are gone and free their slots; a run the dataplane did not send a record of
    goes ``idle`` by rule 6 when the gone turn was its latest (the dataplane's own record of a run
    wins over what a stale turn implies). ``AckResync`` gives the counts.
 11. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
@@ -473,7 +474,9 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         gone = [
             placed
             for placed in state.placed.values()
-            if placed.dataplane_id == event.dataplane_id and placed.turn_id not in listed
+            if placed.dataplane_id == event.dataplane_id
+            and placed.turn_id not in listed
+            and placed.turn_id not in event.pending  # its answer may be on the wire: it stands
         ]
         for placed in gone:
             run = _release(state, placed, event.at, recorded)

@@ -165,13 +165,15 @@ class Resynced:
     """Dataplane ``dataplane_id`` (re)connected and handed over its runs and in-flight turns.
 
     Its view replaces the scheduler's for that dataplane: its in-flight turns count against capacity
-    (a turn id listed twice counts once) and its runs keep their affinity.
+    (a turn id listed twice counts once) and its runs keep their affinity. ``pending`` are turn ids
+    whose Admit is still out: their placements stand even though ``turns`` does not list them.
     """
 
     dataplane_id: str
     at: float
     runs: tuple[RunRecord, ...]
     turns: tuple[InFlightRecord, ...]
+    pending: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
