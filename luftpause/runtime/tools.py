@@ -75,6 +75,7 @@ def check_text_size(name: str, text: str | None, limit: int = MAX_TEXT_BYTES) ->
             f"({limit / 1024 / 1024:g} MiB) of it"
         )
 
+
 INSTRUCTIONS = """\
 luftpause runs sub-agents for you. `spawn` starts one on a task and returns a handle at once; \
 the sub-agent works through its own LLM turns and tool calls while you continue. `await` waits for \
