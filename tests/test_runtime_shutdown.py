@@ -31,9 +31,7 @@ RUNS = 3
 @pytest.fixture()
 def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A stack whose engines decode at 50 ms per token, so a run stays mid-flight for seconds."""
-    stack = Stack.start(
-        tmp_path_factory.mktemp("shutdown"), decode_ms=50, env={"LUFTPAUSE_TOKEN": ""}
-    )
+    stack = Stack.start(tmp_path_factory.mktemp("shutdown"), decode_ms=50, env={"LUFTPAUSE_TOKEN": ""})
     try:
         yield stack
     finally:

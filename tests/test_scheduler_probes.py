@@ -54,7 +54,7 @@ def test_vllm_counts_are_summed_and_fractions_averaged_over_data_parallel_ranks(
 
 
 def test_only_the_families_read_are_parsed_so_other_lines_cannot_break_them() -> None:
-    noise = "# TYPE other_histogram histogram\nother_histogram_bucket{le=\"+Inf\"} not-a-number\n"
+    noise = '# TYPE other_histogram histogram\nother_histogram_bucket{le="+Inf"} not-a-number\n'
     assert parse_load(noise + VLLM_TEXT).running == 5
 
 

@@ -55,6 +55,7 @@ class Scanner(Protocol):
     error: str | None
     event_count: int
     events: list[bytes]
+
     @property
     def oversized_events(self) -> int: ...
     @property
@@ -568,10 +569,16 @@ def test_dropped_event_is_read_past_up_to_its_blank_line(scanner_cls: ScannerCla
 
 def test_an_over_long_comment_or_field_line_drops_its_event(scanner_cls: ScannerClass) -> None:
     stream = (
-        b": " + b"c" * 100 + b"\ndata: lost\n\n"
+        b": "
+        + b"c" * 100
+        + b"\ndata: lost\n\n"
         + b"data: kept\n\n"
-        + b"event: " + b"e" * 100 + b"\ndata: lost too\n\n"
-        + b": " + b"c" * 100 + b"\n\n"  # a block with no data at all is counted too
+        + b"event: "
+        + b"e" * 100
+        + b"\ndata: lost too\n\n"
+        + b": "
+        + b"c" * 100
+        + b"\n\n"  # a block with no data at all is counted too
         + b"data: last\n\n"
     )
     for reads in every_split(stream):
@@ -916,14 +923,22 @@ def _kitchen_sink_stream() -> bytes:
         + b"event: message\nid: 1\ndata:"
         + orjson.dumps(chunk_object({"content": "日本"}))
         + b"\n\n"
-        + b"data: " + b"y" * 300 + b"\r\ndata: tail\r\n\r\n"
+        + b"data: "
+        + b"y" * 300
+        + b"\r\ndata: tail\r\n\r\n"
         + b': keep-alive\n\ndata: {"choices":[{"delta":\r\ndata: {"content":"x"}}]}\n\n'
-        + b": " + b"z" * 300 + b"\ndata: lost\n\n"
+        + b": "
+        + b"z" * 300
+        + b"\ndata: lost\n\n"
         + event(chunk_object({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f"}}]}))
         + event(chunk_object({"tool_calls": [{"index": 1, "id": "call_2", "function": {"name": "g"}}]}))
         + event(chunk_object({}, "stop"), b"\r\n")
         + b"data: {bad json\n\ndata:\n\n"
-        + b"data: " + b"w" * 150 + b"\rdata: " + b"w" * 150 + b"\r\r"
+        + b"data: "
+        + b"w" * 150
+        + b"\rdata: "
+        + b"w" * 150
+        + b"\r\r"
         + event({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}, b"\r")
         + b"data: [DONE]\r\n\r\ndata: [DONE]\n\n"
     )
