@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from luftpause.testkit.procs import ChildProcess
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -51,11 +47,7 @@ def test_a_turn_sent_while_the_scheduler_is_down_is_admitted_after_it_returns(st
             held = asyncio.ensure_future(session.post(url, json=BODY, headers=headers))
             await asyncio.sleep(1.5)  # at least one Admit retry happens while nothing listens
             assert not held.done()
-            restarted = ChildProcess(
-                "scheduler", scheduler.argv[3:], scheduler.log_path, ready_url=scheduler.ready_url
-            )
-            stack.children["scheduler"] = restarted.start()
-            await asyncio.to_thread(restarted.wait_ready)
+            await asyncio.to_thread(stack.restart, "scheduler")
             answer = await asyncio.wait_for(held, 30)
             status = answer.status
             answer.release()
@@ -70,42 +62,12 @@ def test_a_turn_sent_while_the_scheduler_is_down_is_admitted_after_it_returns(st
     assert after["runs"]["idle"] + after["runs"]["generating"] + after["runs"]["tool_paused"] >= 1
 
 
-def _status(stack: Stack) -> dict[str, Any]:
-    with urllib.request.urlopen(stack.status_url, timeout=10) as response:
-        result: dict[str, Any] = orjson.loads(response.read())
-        return result
-
-
-def _settles(stack: Stack, check: Callable[[dict[str, Any]], bool], timeout: float = 15.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status = _status(stack)
-    while not check(status) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        status = _status(stack)
-    return status
+def _inflight(status: dict[str, Any]) -> int:
+    return sum(r["inflight"] for r in status["replicas"])
 
 
 def _idle(status: dict[str, Any]) -> bool:
-    return (
-        sum(r["inflight"] for r in status["replicas"]) == 0
-        and status["held"]["count"] == 0
-        and status["runs"]["generating"] == 0
-    )
-
-
-def _restart(stack: Stack, name: str) -> None:
-    """Start ``name`` again, then wait until the dataplane has resynced with the scheduler."""
-    old = stack.children[name]
-    again = ChildProcess(name, old.argv[3:], old.log_path, ready_url=old.ready_url)
-    stack.children[name] = again.start()
-    again.wait_ready()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{stack.dataplane_url}/health", timeout=10) as response:
-            if orjson.loads(response.read())["scheduler"] == "connected":
-                return
-        time.sleep(0.05)
-    raise AssertionError("the dataplane did not resync with the scheduler")
+    return _inflight(status) == 0 and status["held"]["count"] == 0 and status["runs"]["generating"] == 0
 
 
 @pytest.fixture
@@ -117,52 +79,35 @@ def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         running.stop()
 
 
-_STREAM_CLIENT = """
-import sys, urllib.request
-request = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), method="POST",
-    headers={"content-type": "application/json", "x-luftpause-run-id": sys.argv[3]})
-try:
-    with urllib.request.urlopen(request, timeout=60) as response:
-        while response.read(4096):
-            pass
-except OSError:
-    sys.exit(1)
-"""
-
-
-def _streams(stack: Stack, count: int, tokens: int) -> list[subprocess.Popen[bytes]]:
-    """``count`` streaming turns, each read to its end by its own process (it outlives kills)."""
-    body = orjson.dumps({**BODY, "stream": True, "max_tokens": tokens}).decode()
-    url = f"{stack.dataplane_url}/v1/chat/completions"
-    return [
-        subprocess.Popen(
-            [sys.executable, "-c", _STREAM_CLIENT, url, body, f"stream-{i}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for i in range(count)
-    ]
-
-
 def test_turns_that_end_while_the_scheduler_is_away_are_not_left_in_flight(slow_stack: Stack) -> None:
-    streams = _streams(slow_stack, 6, 80)  # about 2 s each
-    busy = _settles(slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 6)
-    assert sum(r["inflight"] for r in busy["replicas"]) == 6, "the streams never all started"
-    slow_stack.children["scheduler"].kill()
-    time.sleep(3)  # every stream ends while nothing listens
-    _restart(slow_stack, "scheduler")
-    assert all(stream.wait(60) == 0 for stream in streams)
-    status = _settles(slow_stack, _idle)
-    assert _idle(status), status
+    streams = slow_stack.stream_clients(6, max_tokens=80)  # about 2 s each
+    try:
+        busy = slow_stack.wait_status(lambda s: _inflight(s) == 6)
+        assert _inflight(busy) == 6, "the streams never all started"
+        slow_stack.children["scheduler"].kill()
+        time.sleep(3)  # every stream ends while nothing listens
+        slow_stack.restart("scheduler")
+        assert all(stream.wait(60) == 0 for stream in streams)
+        status = slow_stack.wait_status(_idle)
+        assert _idle(status), status
+    finally:
+        for stream in streams:
+            stream.kill()
+            stream.wait()
 
 
 def test_a_restarted_dataplane_releases_what_its_crashed_predecessor_held(slow_stack: Stack) -> None:
-    streams = _streams(slow_stack, 4, 400)  # about 10 s each, cut short by the crash
-    busy = _settles(slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 4)
-    assert sum(r["inflight"] for r in busy["replicas"]) == 4, "the streams never all started"
-    slow_stack.children["dataplane"].kill()
-    for stream in streams:
-        stream.wait(60)
-    _restart(slow_stack, "dataplane")
-    status = _settles(slow_stack, _idle)
-    assert _idle(status), status
+    streams = slow_stack.stream_clients(4, max_tokens=400)  # about 10 s each, cut short by the crash
+    try:
+        busy = slow_stack.wait_status(lambda s: _inflight(s) == 4)
+        assert _inflight(busy) == 4, "the streams never all started"
+        slow_stack.children["dataplane"].kill()
+        for stream in streams:
+            stream.wait(60)
+        slow_stack.restart("dataplane")
+        status = slow_stack.wait_status(_idle)
+        assert _idle(status), status
+    finally:
+        for stream in streams:
+            stream.kill()
+            stream.wait()

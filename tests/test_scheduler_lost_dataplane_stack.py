@@ -8,17 +8,11 @@ for a lost dataplane (they cannot have finished: nobody is left to report them).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
 
-from luftpause.testkit.procs import ChildProcess
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -26,33 +20,6 @@ pytestmark = pytest.mark.integration
 GRACE_S = 2.0
 SLOTS = 4  # two replicas, max_inflight 2 each
 STREAMS = 6  # two more than the slots: they are held
-
-_STREAM_CLIENT = """
-import sys, urllib.request
-request = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), method="POST",
-    headers={"content-type": "application/json", "x-luftpause-run-id": sys.argv[3]})
-try:
-    with urllib.request.urlopen(request, timeout=60) as response:
-        while response.read(4096):
-            pass
-except OSError:
-    sys.exit(1)
-"""
-
-
-def _status(stack: Stack) -> dict[str, Any]:
-    with urllib.request.urlopen(stack.status_url, timeout=10) as response:
-        result: dict[str, Any] = orjson.loads(response.read())
-        return result
-
-
-def _settles(stack: Stack, check: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status = _status(stack)
-    while not check(status) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        status = _status(stack)
-    return status
 
 
 def _inflight(status: dict[str, Any]) -> int:
@@ -69,52 +36,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         running.config_path.write_text(
             text.replace("[scheduler]\n", f"[scheduler]\ndataplane_grace_s = {GRACE_S}\n", 1)
         )
-        old = running.children["scheduler"]
-        old.stop()
-        again = ChildProcess("scheduler", old.argv[3:], old.log_path, ready_url=old.ready_url)
-        running.children["scheduler"] = again.start()
-        again.wait_ready()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"{running.dataplane_url}/health", timeout=10) as response:
-                if orjson.loads(response.read())["scheduler"] == "connected":
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the dataplane did not resync with the restarted scheduler")
+        running.restart("scheduler")
         yield running
     finally:
         running.stop()
 
 
 def test_a_dataplane_killed_for_good_has_its_turns_released_after_the_grace(stack: Stack) -> None:
-    body = orjson.dumps(
-        {
-            "model": stack.model,
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 400,
-            "stream": True,
-        }
-    ).decode()
-    url = f"{stack.dataplane_url}/v1/chat/completions"
-    clients = [
-        subprocess.Popen(
-            [sys.executable, "-c", _STREAM_CLIENT, url, body, f"lost-{i}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for i in range(STREAMS)
-    ]
+    clients = stack.stream_clients(STREAMS, max_tokens=400, run_prefix="lost")
     try:
-        busy = _settles(stack, lambda s: _inflight(s) == SLOTS and s["held"]["count"] == STREAMS - SLOTS)
+        busy = stack.wait_status(lambda s: _inflight(s) == SLOTS and s["held"]["count"] == STREAMS - SLOTS)
         assert (_inflight(busy), busy["held"]["count"]) == (SLOTS, STREAMS - SLOTS), stack.logs()
 
         stack.children["dataplane"].kill()  # SIGKILL, and it is not started again
 
-        after = _settles(
-            stack,
-            lambda s: _inflight(s) == 0 and s["held"]["count"] == 0,
-            timeout=GRACE_S + 20.0,
+        after = stack.wait_status(
+            lambda s: _inflight(s) == 0 and s["held"]["count"] == 0, timeout=GRACE_S + 20.0
         )
         assert _inflight(after) == 0, stack.logs()
         # its held Admits died with its connection and were abandoned at once

@@ -7,12 +7,32 @@ them all. ``Stack`` is also a context manager.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+import orjson
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.procs import ChildProcess, free_port
+
+_STREAM_CLIENT = """
+import sys, urllib.request
+request = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), method="POST",
+    headers={"content-type": "application/json", "x-luftpause-run-id": sys.argv[3]})
+try:
+    with urllib.request.urlopen(request, timeout=60) as response:
+        while response.read(4096):
+            pass
+except OSError:
+    sys.exit(1)
+"""
 
 
 @dataclass
@@ -138,6 +158,65 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
     def stop(self) -> None:
         for child in reversed(list(self.children.values())):
             child.stop()
+
+    def status(self) -> dict[str, Any]:
+        """The scheduler's ``GET /status`` JSON."""
+        with urllib.request.urlopen(self.status_url, timeout=10) as response:
+            result: dict[str, Any] = orjson.loads(response.read())
+            return result
+
+    def wait_status(self, check: Callable[[dict[str, Any]], bool], timeout: float = 15.0) -> dict[str, Any]:
+        """Poll ``/status`` until ``check`` holds or ``timeout`` seconds pass; the last status."""
+        deadline = time.monotonic() + timeout
+        status = self.status()
+        while not check(status) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = self.status()
+        return status
+
+    def wait_connected(self, timeout: float = 15.0) -> None:
+        """Wait until the dataplane has resynced with the scheduler; ``AssertionError`` if not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{self.dataplane_url}/health", timeout=10) as response:
+                if orjson.loads(response.read())["scheduler"] == "connected":
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"the dataplane did not resync with the scheduler:\n{self.logs()}")
+
+    def restart(self, name: str) -> None:
+        """Stop child ``name`` (if still running), start it again as before, wait until it answers
+        and the dataplane is connected to the scheduler."""
+        old = self.children[name]
+        old.stop()
+        again = ChildProcess(name, old.argv[3:], old.log_path, env=old.env, ready_url=old.ready_url)
+        self.children[name] = again.start()
+        again.wait_ready()
+        self.wait_connected()
+
+    def stream_clients(
+        self, count: int, max_tokens: int, run_prefix: str = "stream"
+    ) -> list[subprocess.Popen[bytes]]:
+        """``count`` streamed turns through the dataplane, each read to its end by its own process
+        (so it outlives whatever a test kills); run ids ``<run_prefix>-<i>``. Exit 0 = read to
+        the end, 1 = the connection failed. The caller ends them."""
+        body = orjson.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": max_tokens,
+                "stream": True,
+            }
+        ).decode()
+        url = f"{self.dataplane_url}/v1/chat/completions"
+        return [
+            subprocess.Popen(
+                [sys.executable, "-c", _STREAM_CLIENT, url, body, f"{run_prefix}-{i}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i in range(count)
+        ]
 
     def logs(self) -> str:
         """Every child's log tail, for a failing test's message."""
