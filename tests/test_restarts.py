@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,3 +113,71 @@ def test_a_restarted_dataplane_releases_what_its_crashed_predecessor_held(slow_s
         for stream in streams:
             stream.kill()
             stream.wait()
+
+
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
+
+
+def _served_by(stack: Stack, completion_id: str) -> int:
+    """Index of the engine that answered ``completion_id``."""
+    for index, url in enumerate(stack.engine_urls):
+        try:
+            with urllib.request.urlopen(f"{url}/testkit/sent/{completion_id}", timeout=10):
+                return index
+        except urllib.error.HTTPError:
+            continue
+    raise AssertionError(f"no engine answered {completion_id}")
+
+
+def _complete(stack: Stack, run_id: str, messages: list[Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{stack.dataplane_url}/v1/chat/completions",
+        data=orjson.dumps(
+            {"model": stack.model, "messages": messages, "tools": [LOOKUP_TOOL], "max_tokens": 40}
+        ),
+        headers={"content-type": "application/json", "x-luftpause-run-id": run_id},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        result: dict[str, Any] = orjson.loads(response.read())
+        return result
+
+
+def test_a_run_paused_on_a_tool_keeps_its_replica_across_a_scheduler_restart(slow_stack: Stack) -> None:
+    # Keep the first replica busy so the run's first turn lands on the second one.
+    busy = slow_stack.stream_clients(1, max_tokens=400, run_prefix="occupier")
+    try:
+        slow_stack.wait_status(lambda s: _inflight(s) == 1)
+        messages: list[Any] = [{"role": "user", "content": "What is a lighthouse?"}]
+        first = _complete(slow_stack, "run-paused", messages)
+        assert first["choices"][0]["finish_reason"] == "tool_calls"
+        replica = _served_by(slow_stack, first["id"])
+    finally:
+        for client in busy:
+            client.kill()
+            client.wait()
+    assert replica == 1, "the occupied first replica should have sent the turn to the second"
+    assert slow_stack.wait_status(_idle)["runs"]["tool_paused"] == 1
+
+    slow_stack.children["scheduler"].kill()
+    slow_stack.restart("scheduler")
+    assert slow_stack.status()["runs"]["tool_paused"] == 1  # learnt from the dataplane's Resync
+
+    # The tool round's result comes back: the run must go to its replica, although the first one
+    # is now idle too and would win a tie for a run without affinity.
+    call = first["choices"][0]["message"]["tool_calls"][0]
+    messages += [
+        first["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": "A tower with a light."},
+    ]
+    second = _complete(slow_stack, "run-paused", messages)
+    assert _served_by(slow_stack, second["id"]) == replica
+    fresh = _complete(slow_stack, "run-fresh", [{"role": "user", "content": "Hello"}])
+    assert _served_by(slow_stack, fresh["id"]) == 0  # the control: no affinity, the tie goes first
