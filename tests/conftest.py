@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 
+from luftpause.testkit.fake_engine import EngineSettings, RunningEngine, start_engine
 from luftpause.testkit.stack import Stack
+
+EngineFactory = Callable[..., Awaitable[RunningEngine]]
 
 ENGINE_KEY = "engine-key-from-the-replica-config"
 
@@ -27,3 +31,27 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The ``pytest.mark.anyio`` tests run on asyncio, the loop luftpause serves on."""
+    return "asyncio"
+
+
+@pytest.fixture
+async def make_engine() -> AsyncIterator[EngineFactory]:
+    """Start simulated engines in-process on free ports (``EngineSettings`` keywords); all are
+    closed when the test ends."""
+    engines: list[RunningEngine] = []
+
+    async def make(**settings: Any) -> RunningEngine:
+        engine = await start_engine(EngineSettings(**settings))
+        engines.append(engine)
+        return engine
+
+    try:
+        yield make
+    finally:
+        for engine in engines:
+            await engine.close()

@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
 from luftpause.testkit.engine.toolargs import ArgumentMaker
-from luftpause.testkit.fake_engine import EngineSettings, RunningEngine, start_engine
+from luftpause.testkit.fake_engine import RunningEngine
 from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
@@ -81,27 +81,6 @@ SEARCH_TOOL: Any = {
 
 TOOLS: list[Any] = [WEATHER_TOOL, SEARCH_TOOL]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def make_engine() -> AsyncIterator[Factory]:
-    engines: list[RunningEngine] = []
-
-    async def make(**settings: Any) -> RunningEngine:
-        engine = await start_engine(EngineSettings(**settings))
-        engines.append(engine)
-        return engine
-
-    try:
-        yield make
-    finally:
-        for engine in engines:
-            await engine.close()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from luftpause.testkit.engine.faults import (
     StatusFault,
     parse_fault_option,
 )
-from luftpause.testkit.fake_engine import EngineSettings, RunningEngine, start_engine
+from luftpause.testkit.fake_engine import EngineSettings, RunningEngine
 from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
@@ -33,26 +33,13 @@ Factory = Callable[..., Awaitable[RunningEngine]]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+def make_engine(make_engine: Factory) -> Factory:
+    """conftest's factory with an instant engine (no prefill, no decode time) unless told."""
 
+    def make(**settings: Any) -> Awaitable[RunningEngine]:
+        return make_engine(**{"prefill_ms_per_1k": 0.0, "decode_ms": 0.0, **settings})
 
-@pytest.fixture
-async def make_engine() -> AsyncIterator[Factory]:
-    engines: list[RunningEngine] = []
-
-    async def make(**settings: Any) -> RunningEngine:
-        engine = await start_engine(
-            EngineSettings(**{"prefill_ms_per_1k": 0.0, "decode_ms": 0.0, **settings})
-        )
-        engines.append(engine)
-        return engine
-
-    try:
-        yield make
-    finally:
-        for engine in engines:
-            await engine.close()
+    return make
 
 
 @pytest.fixture
