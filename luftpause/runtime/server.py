@@ -40,6 +40,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
@@ -131,6 +132,41 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _error(500, f"internal error of the luftpause runtime ({type(exc).__name__}); see its log")
 
 
+class StatusCors:
+    """ASGI middleware: ``/status`` may be read from any origin, because the scheduler's live page
+    (``GET /`` on the scheduler, another origin) fetches it from the browser. Every ``/status``
+    answer, a 401 too (so the page can say the token was refused), gets
+    ``Access-Control-Allow-Origin: *``; the CORS preflight an ``Authorization`` header causes
+    (``OPTIONS /status``) is answered 204 here, before the token gate, which would refuse it. No
+    other path is opened to other origins (``/mcp`` must not be)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/status":
+            await self.app(scope, receive, send)
+            return
+        allow_origin = (b"access-control-allow-origin", b"*")
+        if scope["method"] == "OPTIONS":
+            headers = [
+                allow_origin,
+                (b"access-control-allow-methods", b"GET"),
+                (b"access-control-allow-headers", b"authorization"),
+                (b"access-control-max-age", b"600"),
+            ]
+            await send({"type": "http.response.start", "status": 204, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_with_origin(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), allow_origin]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_origin)
+
+
 def _mcp_routes(mcp_app: Starlette) -> list[BaseRoute]:
     """The SDK app's routes (``/mcp``), to be served by our router rather than a catch-all mount, so
     that unknown paths reach our JSON 404. Without SDK auth its app has no middleware of its own;
@@ -197,7 +233,10 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             Route("/health", health, methods=["GET"]),
             *_mcp_routes(mcp_app),
         ],
-        middleware=[Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"}))],
+        middleware=[
+            Middleware(StatusCors),
+            Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"})),
+        ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
