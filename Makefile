@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test install bench lint clean
+.PHONY: up test install browser bench lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,14 @@ install: $(STAMP)
 up: $(STAMP)
 	$(VENV)/bin/luftpause up
 
-test: $(STAMP)
+# The scheduler page's test drives Debian's headless Chromium; install it when it is missing.
+browser:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q chromium >/dev/null || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+
+test: $(STAMP) browser
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)
