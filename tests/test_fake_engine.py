@@ -729,3 +729,41 @@ def leave_mid_stream(port: int) -> None:
         received = b""
         while b"data: " not in received:
             received += sock.recv(65536)
+
+
+# --- single pass ---------------------------------------------------------------------------------
+
+
+async def test_classify_answers_vllm_s_shape_deterministically(make_engine: Factory) -> None:
+    engine = await make_engine(labels=("spam", "ham", "eggs"), prefill_ms_per_1k=0.0)
+    other = await make_engine(labels=("spam", "ham", "eggs"), prefill_ms_per_1k=0.0)
+    texts = [f"message number {i} about lunch" for i in range(8)]
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine.url + "/classify", json={"model": MODEL, "input": texts}) as resp:
+            assert resp.status == 200
+            assert resp.headers["x-luftpause-simulated"] == "1"
+            body = await resp.json()
+        async with session.post(other.url + "/v1/classify", json={"model": MODEL, "input": texts[3]}) as resp:
+            single = await resp.json()
+        async with session.post(engine.url + "/classify", json={"model": "nope", "input": "x"}) as resp:
+            assert resp.status == 404
+        async with session.post(engine.url + "/classify", json={"model": MODEL, "input": [1]}) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["param"] == "input"
+    assert body["object"] == "list" and body["id"].startswith("classify-") and body["model"] == MODEL
+    assert isinstance(body["created"], int)
+    assert [item["index"] for item in body["data"]] == list(range(8))
+    for item in body["data"]:
+        assert item["num_classes"] == 3 and len(item["probs"]) == 3
+        assert math.isclose(sum(item["probs"]), 1.0)
+        assert item["label"] == ("spam", "ham", "eggs")[item["probs"].index(max(item["probs"]))]
+    assert len({item["label"] for item in body["data"]}) > 1, "labels must depend on the text"
+    assert single["data"] == [{**body["data"][3], "index": 0}], "same text, same answer, any replica"
+    tokens = sum(-(-len(t) // 4) for t in texts)
+    assert body["usage"] == {
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
+    assert engine.stats.completed == 1 and engine.stats.completion_tokens == 0

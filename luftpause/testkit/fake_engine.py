@@ -93,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="varies text, tool choice and which requests get --fault (default: %(default)s)",
     )
     parser.add_argument(
+        "--label",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a class of the simulated classifier behind POST /classify; repeat, at least 2 "
+        f"(default: {', '.join(defaults.labels)})",
+    )
+    parser.add_argument(
         "--fault",
         default=None,
         metavar="SPEC",
@@ -124,6 +132,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         seed=args.seed,
         fault=fault,
         fault_rate=1.0 if args.fault_rate is None else args.fault_rate,
+        labels=tuple(args.label) if args.label else EngineSettings().labels,
     )
 
 

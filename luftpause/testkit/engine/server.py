@@ -33,6 +33,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from luftpause.testkit.engine import wire
+from luftpause.testkit.engine.classify import classification_response, parse_classify_request, text_tokens
 from luftpause.testkit.engine.costs import CostModel, estimate_prompt_tokens
 from luftpause.testkit.engine.faults import (
     SLOW_PIECE_BYTES,
@@ -65,6 +66,9 @@ _T = TypeVar("_T")
 
 # How many completed responses GET /testkit/sent/{id} (and .../received/{id}) can still show.
 SENT_KEPT = 256
+
+# Set to "1" on every response of the simulator.
+SIMULATED_HEADER = "x-luftpause-simulated"
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -105,6 +109,10 @@ class SimulatedEngine:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        # vLLM serves /classify, SGLang /v1/classify; the shape is the same.
+        for path in ("/classify", "/v1/classify"):
+            app.router.add_post(path, self.classify)
+        app.on_response_prepare.append(_mark_simulated)
         app.router.add_get("/health", self.health)
         app.router.add_get("/testkit/sent/{id}", self.sent)
         app.router.add_get("/testkit/received/{id}", self.received)
@@ -164,6 +172,24 @@ class SimulatedEngine:
     async def model_info(self, request: web.Request) -> web.Response:
         model = self.settings.models[0]
         return web.json_response({"model_path": model, "tokenizer_path": model, "is_generation": True})
+
+    async def classify(self, request: web.Request) -> web.Response:
+        """``POST /classify`` (vLLM's classification API; see :mod:`.classify`): one single pass,
+        which waits for a running slot like any request and costs the prefill of its inputs."""
+        try:
+            job = parse_classify_request(await request.read(), self.settings.models)
+        except wire.RequestError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        self.stats.requests += 1
+        prompt_tokens = sum(text_tokens(text) for text in job.inputs)
+        try:
+            async with self._running(job.model, prompt_tokens):
+                pass
+        except asyncio.CancelledError:
+            self.stats.disconnected += 1
+            raise
+        self._count_completed(prompt_tokens, 0)
+        return web.json_response(classification_response(job, self.settings.labels, self.settings.seed))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (OpenAI "Create chat completion").
@@ -410,6 +436,11 @@ class SimulatedEngine:
                     await asyncio.sleep(0)
                 continue
             await asyncio.sleep(max(start + (done + 1) * decode_s - loop.time(), MIN_SLEEP_S))
+
+
+async def _mark_simulated(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Every answer says it comes from a simulator, not a real engine."""
+    response.headers[SIMULATED_HEADER] = "1"
 
 
 async def _write_paced(response: web.StreamResponse, pieces: list[bytes], pace_s: float, first: bool) -> None:

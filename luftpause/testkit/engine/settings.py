@@ -27,6 +27,8 @@ class EngineSettings:
       ``tool_call`` id.
     * ``fault``: a fault (see :mod:`.faults`) given to requests that carry no ``luftpause_fault``
       field of their own; ``None`` (the default) for none.
+    * ``labels``: the classes of the simulated single-pass model behind ``POST /classify`` (at
+      least 2, distinct), in the order of its ``probs``.
     * ``fault_rate``: the fraction of those requests (0 to 1) that get ``fault``, drawn at random
       from ``seed``; read only when ``fault`` is set.
     """
@@ -40,6 +42,7 @@ class EngineSettings:
     seed: int = 0
     fault: Fault | None = None
     fault_rate: float = 1.0
+    labels: tuple[str, ...] = ("negative", "positive")
     # Later behaviour (a prefix cache, batch-size effects on decode, vLLM metric names) each gets
     # its own field here; costs.py and metrics.py are where it acts.
 
@@ -54,5 +57,7 @@ class EngineSettings:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.tool_rounds < 0:
             raise ValueError(f"tool_rounds must not be negative, got {self.tool_rounds}")
+        if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"labels must be at least 2 distinct names, got {self.labels}")
         if not (math.isfinite(self.fault_rate) and 0.0 <= self.fault_rate <= 1.0):
             raise ValueError(f"fault_rate must be from 0 to 1, got {self.fault_rate}")
