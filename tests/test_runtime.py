@@ -307,16 +307,15 @@ def test_loadgen_spawns_three_and_reports_them_completed(runtime: Runtime) -> No
     assert summary["runTimeP50"] is not None
 
 
-def test_loadgen_help_says_it_drives_the_runtime_over_mcp_and_not_the_proxy(
+def test_loadgen_help_says_which_mode_drives_the_runtime_and_which_the_proxy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["loadgen", "--help"])
     assert exited.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
-    assert "spawn sub-agents on the runtime (MCP)" in text
-    assert "through the runtime or the proxy" not in text
-    assert "sends nothing to the proxy itself" in text
+    assert "load over MCP (--spawn) or through the proxy (--agents)" in text
+    assert "--spawn drives the runtime over MCP: load reaches the engines only as its sub-agents' turns" in text
 
 
 def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:

@@ -1,27 +1,42 @@
-"""``luftpause loadgen``: spawn sub-agents through the runtime over MCP and report what happened.
+"""``luftpause loadgen``: load for a luftpause stack, over MCP or through the proxy, and a summary.
 
-It drives only the runtime: load reaches the proxy as the sub-agents' own turns, never from
-loadgen itself. ``--spawn N`` connects to the runtime with the official ``mcp`` client, calls
-``spawn`` N times at once, then calls ``await`` on every handle (again and again, at most 60 s per
-call, until none is running or ``--timeout`` passes) and prints a summary: runs completed /
-failed, tool calls, failed tool calls, tokens, run time p50 / p99 (the runtime's own ``seconds``
-per run) and wall time.
-The exit status is 0 only when all N runs completed.
+Two modes, one per invocation:
 
-``--json`` prints the summary as one JSON object instead::
+* ``--spawn N``: fan-out over MCP. Connects to the runtime with the official ``mcp`` client, calls
+  ``spawn`` N times at once (``--sequential``: spawn and await one at a time), then calls
+  ``await`` on every handle (again and again, at most 60 s per call, until none is running or
+  ``--timeout`` passes). Load reaches the proxy as the sub-agents' own turns. Summary: runs
+  completed / failed, tool calls, failed tool calls, tokens, run time p50 / p99 (the runtime's
+  own ``seconds`` per run), wall time; ``--json``::
 
     {"spawned", "spawnErrors", "completed", "failed", "cancelled", "unfinished", "toolCalls",
      "failedToolCalls", "promptTokens", "completionTokens", "runTimeP50", "runTimeP99",
      "wallTime", "errors": [first distinct error texts]}
 
-Times are seconds. With ``LUFTPAUSE_TOKEN`` set (or ``--token``), every request to the runtime
-carries ``Authorization: Bearer <token>``; :func:`runtime_client` is that connection, for tests too.
+  The exit status is 0 only when all N runs completed.
+
+* ``--agents N [--class C] [--caller NAME]``, repeatable for a mix (each ``--agents`` starts a
+  group; the ``--class`` and ``--caller`` after it are that group's): closed-loop own-loop agents
+  (:mod:`luftpause.testkit.agents`) through the proxy for ``--duration-s`` seconds, each run with
+  up to ``--tool-rounds`` tool rounds and a ``--context-tokens`` system prompt. A progress bar
+  runs on a terminal; the summary is a table per class and caller group (runs/min, run time and
+  time to first token p50 / p99, failures); ``--json``::
+
+    {"durationS", "groups": [{"agents", "class", "caller", "completed", "failed", "unfinished",
+     "runsPerMinute", "turns", "toolCalls", "runTimeP50", "runTimeP99", "ttftP50", "ttftP99"}],
+     "errors": [...]}
+
+  The exit status is 0 when no run failed.
+
+Times are seconds. With ``LUFTPAUSE_TOKEN`` set (or ``--token``), every request carries
+``Authorization: Bearer <token>``; :func:`runtime_client` is the MCP connection, for tests too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import math
 import os
@@ -32,14 +47,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Implementation, TextContent
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 from luftpause import __version__
+from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
 
 DEFAULT_RUNTIME = "http://127.0.0.1:7000/mcp"
+DEFAULT_PROXY = "http://127.0.0.1:8080"
 DEFAULT_TASK = (
     "Find out when the first transatlantic telegraph cable went into service and why it failed "
     "within weeks. Look it up, check one detail with a deeper search, and answer in three sentences."
@@ -70,41 +91,131 @@ async def runtime_client(
             yield client
 
 
+class _NewGroup(argparse.Action):
+    """``--agents N`` starts a new group of own-loop agents."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values < 1:
+            parser.error("--agents must be at least 1")
+        groups = list(getattr(namespace, "groups", None) or [])
+        groups.append({"agents": values})
+        namespace.groups = groups
+
+
+class _GroupField(argparse.Action):
+    """``--class`` / ``--caller``: a field of the latest ``--agents`` group (or of ``--spawn``)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)  # --spawn reads the last one given
+        groups = getattr(namespace, "groups", None)
+        if not groups:
+            namespace.loose_option = option_string  # an --agents pass refuses it: which group?
+        else:
+            if self.dest in groups[-1]:
+                parser.error(f"{option_string} given twice for one --agents group")
+            groups[-1][self.dest] = values
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The one-line description comes from luftpause.cli's COMMANDS table.
     parser.epilog = (
-        "Load reaches the engines only as the runtime's sub-agent turns, through the dataplane the "
-        "runtime is configured with; loadgen sends nothing to the proxy itself."
+        "--spawn drives the runtime over MCP: load reaches the engines only as its sub-agents' turns. "
+        "--agents drives the proxy with own-loop agents; repeat it for a mix, e.g. "
+        "--agents 48 --class batch --caller bulk --agents 4 --class interactive --caller ide."
     )
-    parser.add_argument(
-        "--runtime",
-        default=DEFAULT_RUNTIME,
-        metavar="URL",
-        help=f"the runtime's MCP endpoint (default {DEFAULT_RUNTIME})",
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--spawn", type=int, metavar="N", help="sub-agents to spawn over MCP")
+    mode.add_argument(
+        "--agents",
+        type=int,
+        action=_NewGroup,
+        metavar="N",
+        help="closed-loop own-loop agents through the proxy",
     )
-    parser.add_argument("--spawn", type=int, required=True, metavar="N", help="sub-agents to spawn at once")
-    parser.add_argument("--task", default=DEFAULT_TASK, metavar="TEXT", help="the task of every sub-agent")
+    parser.set_defaults(groups=[], loose_option=None)
     parser.add_argument(
         "--class",
         dest="service_class",
         choices=("interactive", "batch"),
         default="interactive",
+        action=_GroupField,
         help="service class of the runs (default interactive)",
     )
     parser.add_argument(
+        "--caller",
+        default="",
+        action=_GroupField,
+        metavar="NAME",
+        help="x-luftpause-caller of the group's runs",
+    )
+    parser.add_argument("--task", default=DEFAULT_TASK, metavar="TEXT", help="the task of every run")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        metavar="TOKEN",
+        help=f"bearer token for luftpause (default: ${TOKEN_ENV}, else none)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    spawn = parser.add_argument_group("--spawn (MCP runtime)")
+    spawn.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        metavar="URL",
+        help=f"the runtime's MCP endpoint (default {DEFAULT_RUNTIME})",
+    )
+    spawn.add_argument("--sequential", action="store_true", help="spawn and await one run at a time")
+    spawn.add_argument(
         "--timeout",
         type=float,
         default=600.0,
         metavar="S",
         help="give up waiting after S seconds (default 600)",
     )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        metavar="TOKEN",
-        help=f"bearer token for the runtime (default: ${TOKEN_ENV}, else none)",
+    agents = parser.add_argument_group("--agents (proxy)")
+    agents.add_argument(
+        "--proxy",
+        default=DEFAULT_PROXY,
+        metavar="URL",
+        help=f"the dataplane's base URL (default {DEFAULT_PROXY})",
     )
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    agents.add_argument(
+        "--model", metavar="NAME", help="model of every turn (default: the proxy's first model)"
+    )
+    agents.add_argument(
+        "--duration-s", type=float, default=60.0, metavar="S", help="how long to run (default 60)"
+    )
+    agents.add_argument(
+        "--tool-rounds", type=int, default=2, metavar="K", help="tool rounds per run at most (default 2)"
+    )
+    agents.add_argument(
+        "--context-tokens",
+        type=int,
+        default=512,
+        metavar="T",
+        help="system prompt size per run (default 512)",
+    )
+    agents.add_argument(
+        "--tool-seconds",
+        type=float,
+        default=0.2,
+        metavar="S",
+        help="time each simulated tool takes (default 0.2)",
+    )
+    agents.add_argument(
+        "--max-tokens", type=int, default=64, metavar="T", help="reply length per turn (default 64)"
+    )
 
 
 @dataclass
@@ -240,14 +351,177 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def drive_sequential(
+    runtime_url: str, spawn: int, task: str, service_class: str, wait_seconds: float, token: str | None = None
+) -> Summary:
+    """Like :func:`drive`, but each run is spawned only when the one before it has ended."""
+    total = Summary()
+    started = time.monotonic()
+    for _ in range(spawn):
+        remaining = wait_seconds - (time.monotonic() - started)
+        if remaining <= 0:
+            break
+        one = await drive(runtime_url, 1, task, service_class, remaining, token)
+        total.spawned += one.spawned
+        total.spawn_errors += one.spawn_errors
+        total.runs.update(one.runs)
+        for text in one.errors:
+            total.note_error(text)
+    total.wall_time = time.monotonic() - started
+    return total
+
+
+async def first_model(proxy: str, token: str | None) -> str:
+    """The first model the proxy's ``GET /v1/models`` lists; ``RuntimeError`` when none."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as session:
+        async with session.get(f"{proxy}/v1/models", headers=headers) as response:
+            if response.status != 200:
+                raise RuntimeError(
+                    f"GET /v1/models answered {response.status}: {(await response.text())[:200]}"
+                )
+            models = (await response.json()).get("data") or []
+    if not models:
+        raise RuntimeError("the proxy serves no model")
+    return str(models[0]["id"])
+
+
+def summarize_agents(
+    groups: list[AgentGroup], outcomes: list[RunOutcome], duration_s: float
+) -> dict[str, Any]:
+    """The ``--agents`` summary (shape in the module docstring) of ``outcomes`` over ``duration_s``."""
+    rows = []
+    errors: list[str] = []
+    for index, spec in enumerate(groups):
+        mine = [o for o in outcomes if o.group == index]
+        ended = [o for o in mine if o.state != "unfinished"]
+        completed = [o for o in mine if o.state == "completed"]
+        run_times = sorted(o.seconds for o in completed)
+        ttfts = sorted(t for o in mine for t in o.ttfts)
+        for o in mine:
+            if o.error and o.error not in errors and len(errors) < MAX_ERRORS_SHOWN:
+                errors.append(o.error)
+        rows.append(
+            {
+                "agents": spec.agents,
+                "class": spec.service_class,
+                "caller": spec.caller,
+                "completed": len(completed),
+                "failed": len(ended) - len(completed),
+                "unfinished": len(mine) - len(ended),
+                "runsPerMinute": round(len(completed) * 60.0 / duration_s, 2) if duration_s > 0 else None,
+                "turns": sum(o.turns for o in mine),
+                "toolCalls": sum(o.tool_calls for o in mine),
+                "runTimeP50": percentile(run_times, 50),
+                "runTimeP99": percentile(run_times, 99),
+                "ttftP50": percentile(ttfts, 50),
+                "ttftP99": percentile(ttfts, 99),
+            }
+        )
+    return {"durationS": duration_s, "groups": rows, "errors": errors}
+
+
+def render_agents(data: dict[str, Any]) -> str:
+    """The ``--agents`` summary as a table, one row per group."""
+    table = Table(title=f"luftpause loadgen: {data['durationS']:g} s closed loop")
+    for column in (
+        "class",
+        "caller",
+        "agents",
+        "runs/min",
+        "completed",
+        "failed",
+        "unfinished",
+        "run p50",
+        "run p99",
+        "TTFT p50",
+        "TTFT p99",
+    ):
+        table.add_column(column, justify="left" if column in ("class", "caller") else "right")
+
+    def secs(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f} s"
+
+    for row in data["groups"]:
+        table.add_row(
+            row["class"],
+            row["caller"] or "(anonymous)",
+            str(row["agents"]),
+            f"{row['runsPerMinute']}",
+            str(row["completed"]),
+            str(row["failed"]),
+            str(row["unfinished"]),
+            secs(row["runTimeP50"]),
+            secs(row["runTimeP99"]),
+            secs(row["ttftP50"]),
+            secs(row["ttftP99"]),
+        )
+    console = Console(width=160, record=True, file=io.StringIO())
+    console.print(table)
+    for text in data["errors"]:
+        console.print(f"error: {text}", markup=False, highlight=False)
+    return console.export_text().rstrip("\n")
+
+
+async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> dict[str, Any]:
+    """Run the ``--agents`` pass with a progress bar on a terminal; the summary as a dict."""
+    proxy = args.proxy.rstrip("/")
+    model = args.model or await first_model(proxy, args.token)
+    settings = AgentSettings(
+        proxy=proxy,
+        model=model,
+        task=args.task,
+        tool_rounds=args.tool_rounds,
+        context_tokens=args.context_tokens,
+        tool_seconds=args.tool_seconds,
+        max_tokens=args.max_tokens,
+        token=args.token,
+    )
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[runs]} runs, {task.fields[failed]} failed"),
+        TimeRemainingColumn(),
+        console=Console(file=sys.stderr),
+        disable=not sys.stderr.isatty(),
+        transient=True,
+    )
+    labels = [f"{g.service_class} {g.caller or '(anonymous)'}" for g in groups]
+    ids = [progress.add_task(label, total=args.duration_s, runs=0, failed=0) for label in labels]
+    counts = [[0, 0] for _ in groups]
+
+    def on_outcome(outcome: RunOutcome) -> None:
+        counts[outcome.group][0 if outcome.state == "completed" else 1] += 1
+        runs, failed = counts[outcome.group]
+        progress.update(ids[outcome.group], runs=runs, failed=failed)
+
+    async def tick() -> None:
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            for task_id in ids:
+                progress.update(task_id, completed=min(args.duration_s, time.monotonic() - started))
+
+    with progress:
+        ticker = asyncio.ensure_future(tick())
+        try:
+            outcomes = await closed_loop(settings, groups, args.duration_s, on_outcome)
+        finally:
+            ticker.cancel()
+    return summarize_agents(groups, outcomes, args.duration_s)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run one pass; 0 only if every requested run completed, 1 otherwise."""
+    """Run one pass. ``--spawn``: 0 only if every run completed; ``--agents``: 0 if none failed."""
+    if args.groups:
+        return _run_agents(args)
     if args.spawn < 1:
         print("luftpause loadgen: --spawn must be at least 1", file=sys.stderr)
         return 2
+    drive_spawn = drive_sequential if args.sequential else drive
     try:
         summary = asyncio.run(
-            drive(args.runtime, args.spawn, args.task, args.service_class, args.timeout, args.token)
+            drive_spawn(args.runtime, args.spawn, args.task, args.service_class, args.timeout, args.token)
         )
     except Exception as exc:
         print(f"luftpause loadgen: runtime {args.runtime}: {_describe(exc)}", file=sys.stderr)
@@ -255,3 +529,31 @@ def run(args: argparse.Namespace) -> int:
     data = summary.as_dict()
     print(json.dumps(data) if args.json else render(data), flush=True)
     return 0 if data["completed"] == args.spawn else 1
+
+
+def _run_agents(args: argparse.Namespace) -> int:
+    if args.loose_option:
+        print(
+            f"luftpause loadgen: {args.loose_option} comes before any --agents; "
+            "put it after the --agents group it belongs to",
+            file=sys.stderr,
+        )
+        return 2
+    if args.duration_s <= 0 or args.tool_rounds < 0 or args.context_tokens < 0 or args.max_tokens < 1:
+        print(
+            "luftpause loadgen: --duration-s must be positive, --tool-rounds and --context-tokens "
+            "not negative, --max-tokens at least 1",
+            file=sys.stderr,
+        )
+        return 2
+    groups = [
+        AgentGroup(g["agents"], g.get("service_class", "interactive"), g.get("caller", ""))
+        for g in args.groups
+    ]
+    try:
+        data = asyncio.run(drive_agents(args, groups))
+    except Exception as exc:
+        print(f"luftpause loadgen: proxy {args.proxy}: {_describe(exc)}", file=sys.stderr)
+        return 1
+    print(json.dumps(data) if args.json else render_agents(data), flush=True)
+    return 0 if all(row["failed"] == 0 for row in data["groups"]) else 1

@@ -1,0 +1,268 @@
+"""Own-loop agents for ``luftpause loadgen --agents``: each keeps its own loop and talks to the proxy.
+
+An agent is what a harness that keeps its own loop does with luftpause as its ``base_url``: it
+starts a run, sends a streamed Chat Completions turn with one tool offered, runs the tool calls the
+model asks for (the tool is simulated: it sleeps ``tool_seconds`` and answers a line of text),
+sends the results back as the run's next turn, and so on until the model answers or
+``tool_rounds`` rounds were made (then it offers no tool, so the model must answer). Every turn
+carries ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller``; a finished run is
+ended with ``DELETE /v1/runs/{id}``. The loop is closed: a finished run is replaced at once by a
+new one until the deadline.
+
+Each run's system prompt is ``context_tokens`` tokens of text (about 4 bytes a token) that begins
+with the run id, so no two runs share a prompt prefix beyond the engine's template, as with real
+agents working on different tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+BYTES_PER_TOKEN = 4
+"""Rough size of a token of English text, for sizing the system prompt."""
+
+LOOKUP_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a fact up in the reference library.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "what to look up"}},
+            "required": ["query"],
+        },
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentGroup:
+    """``agents`` concurrent closed-loop agents of one service class and caller."""
+
+    agents: int
+    service_class: str = "interactive"
+    caller: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """What every agent of a pass shares.
+
+    ``proxy`` is the dataplane's base URL (``http://host:port``, no ``/v1``); times in seconds.
+    """
+
+    proxy: str
+    model: str
+    task: str
+    tool_rounds: int = 2
+    context_tokens: int = 512
+    tool_seconds: float = 0.2
+    max_tokens: int = 64
+    token: str | None = None
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """One run of one agent: its turns' times to first token (s), wall time (s) and how it ended.
+
+    ``state`` is ``completed`` (the model answered), ``failed`` (a turn failed; ``error`` says
+    why) or ``unfinished`` (the deadline came first).
+    """
+
+    group: int
+    service_class: str
+    caller: str
+    state: str = "unfinished"
+    seconds: float = 0.0
+    turns: int = 0
+    tool_calls: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+class TurnFailed(Exception):
+    """A turn that did not complete: an HTTP error status or a stream cut before its end."""
+
+
+@dataclass(slots=True)
+class _Reply:
+    ttft: float | None
+    content: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+
+
+def _system_prompt(run_id: str, context_tokens: int) -> str:
+    words = f"run {run_id}: you are a careful research assistant working on one task. "
+    size = max(context_tokens * BYTES_PER_TOKEN, len(words))
+    return (words * (size // len(words) + 1))[:size]
+
+
+def _merge_tool_call_delta(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
+    """Fold one streamed tool-call delta into ``calls`` (OpenAI's streaming shape, by ``index``)."""
+    index = delta.get("index", 0)
+    while len(calls) <= index:
+        calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls[index]
+    if delta.get("id"):
+        call["id"] = delta["id"]
+    function = delta.get("function") or {}
+    if function.get("name"):
+        call["function"]["name"] = function["name"]
+    if function.get("arguments"):
+        call["function"]["arguments"] += function["arguments"]
+
+
+async def stream_turn(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict[str, Any]
+) -> _Reply:
+    """Send one streamed turn and read it to its end.
+
+    Time to first token is measured from the request to the first delta with content or a tool
+    call. Raises :class:`TurnFailed` for a non-200 answer (with the error body's message) or a
+    stream that ends with no ``finish_reason``.
+    """
+    started = time.perf_counter()
+    ttft: float | None = None
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    finish: str | None = None
+    async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
+        if response.status != 200:
+            text = await response.text()
+            try:
+                text = orjson.loads(text)["error"]["message"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                pass
+            raise TurnFailed(f"HTTP {response.status}: {text}"[:300])
+        async for raw in response.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]" or not data:
+                continue
+            chunk = orjson.loads(data)
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    content.append(delta["content"])
+                    ttft = ttft if ttft is not None else time.perf_counter() - started
+                for call in delta.get("tool_calls") or ():
+                    ttft = ttft if ttft is not None else time.perf_counter() - started
+                    _merge_tool_call_delta(calls, call)
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+    if finish is None:
+        raise TurnFailed("the stream ended without a finish_reason")
+    return _Reply(ttft, "".join(content), calls, finish)
+
+
+async def run_once(
+    session: aiohttp.ClientSession, settings: AgentSettings, spec: AgentGroup, outcome: RunOutcome
+) -> None:
+    """One run from its first turn to its answer, recorded in ``outcome`` as it goes (so that a
+    run cancelled at the deadline keeps its turns' times, as ``unfinished``)."""
+    run_id = f"loadgen-{uuid.uuid4().hex}"
+    headers = {
+        "content-type": "application/json",
+        "x-luftpause-run-id": run_id,
+        "x-luftpause-class": spec.service_class,
+    }
+    if spec.caller:
+        headers["x-luftpause-caller"] = spec.caller
+    if settings.token:
+        headers["authorization"] = f"Bearer {settings.token}"
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": _system_prompt(run_id, settings.context_tokens)},
+        {"role": "user", "content": settings.task},
+    ]
+    url = f"{settings.proxy}/v1/chat/completions"
+    started = time.perf_counter()
+    try:
+        while True:
+            body: dict[str, Any] = {
+                "model": settings.model,
+                "messages": messages,
+                "stream": True,
+                "max_tokens": settings.max_tokens,
+            }
+            offer_tool = outcome.tool_calls < settings.tool_rounds
+            if offer_tool:
+                body["tools"] = [LOOKUP_TOOL]
+            reply = await stream_turn(session, url, headers, body)
+            outcome.turns += 1
+            if reply.ttft is not None:
+                outcome.ttfts.append(reply.ttft)
+            if not (offer_tool and reply.tool_calls):
+                outcome.state = "completed"
+                break
+            messages.append(
+                {"role": "assistant", "content": reply.content or None, "tool_calls": reply.tool_calls}
+            )
+            await asyncio.sleep(settings.tool_seconds)
+            for call in reply.tool_calls:
+                outcome.tool_calls += 1
+                result = f"reference entry for {call['function']['arguments'][:80]}"
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    except (TurnFailed, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+        outcome.state = "failed"
+        outcome.error = str(exc) or type(exc).__name__
+    finally:
+        outcome.seconds = time.perf_counter() - started
+        if outcome.state != "unfinished":
+            await _end_run(session, settings, run_id)
+
+
+async def _end_run(session: aiohttp.ClientSession, settings: AgentSettings, run_id: str) -> None:
+    headers = {"authorization": f"Bearer {settings.token}"} if settings.token else {}
+    try:
+        async with session.delete(f"{settings.proxy}/v1/runs/{run_id}", headers=headers):
+            pass
+    except aiohttp.ClientError:
+        pass  # ending a run only frees scheduler state sooner; expiry frees it anyway
+
+
+async def closed_loop(
+    settings: AgentSettings,
+    groups: list[AgentGroup],
+    duration_s: float,
+    on_outcome: Callable[[RunOutcome], None] | None = None,
+) -> list[RunOutcome]:
+    """Run every group's agents, each replacing its finished run at once, for ``duration_s`` s.
+
+    Returns every run that ended (completed or failed) within the duration, and the runs the
+    deadline cut short as ``unfinished``. ``on_outcome(outcome)`` is called as each run ends
+    (progress display).
+    """
+    outcomes: list[RunOutcome] = []
+    deadline = time.monotonic() + duration_s
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def agent(group: int, spec: AgentGroup) -> None:
+            while time.monotonic() < deadline:
+                outcome = RunOutcome(group=group, service_class=spec.service_class, caller=spec.caller)
+                outcomes.append(outcome)
+                try:
+                    await asyncio.wait_for(
+                        run_once(session, settings, spec, outcome), deadline - time.monotonic()
+                    )
+                except TimeoutError:
+                    return  # wait_for cancelled the run and waited for it: it stays "unfinished"
+                if on_outcome is not None:
+                    on_outcome(outcome)
+
+        await asyncio.gather(
+            *(agent(index, spec) for index, spec in enumerate(groups) for _ in range(spec.agents))
+        )
+    return outcomes

@@ -1,0 +1,110 @@
+"""``luftpause loadgen --agents``: closed-loop own-loop agents through a real dataplane.
+
+The ``--spawn`` mode (over MCP) is tested with the runtime in tests/test_runtime.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from luftpause.cli import main
+from luftpause.testkit.agents import _merge_tool_call_delta
+from luftpause.testkit.stack import Stack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _loadgen(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "luftpause", "loadgen", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_a_mix_of_classes_and_callers_runs_closed_loop_and_is_summarized_per_group(stack: Stack) -> None:
+    done = _loadgen(
+        "--proxy", stack.dataplane_url,
+        "--agents", "2", "--class", "interactive", "--caller", "ide",
+        "--agents", "3", "--class", "batch", "--caller", "bulk",
+        "--duration-s", "4", "--tool-rounds", "1", "--tool-seconds", "0.05", "--context-tokens", "64",
+        "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["durationS"] == 4
+    interactive, batch = summary["groups"]
+    assert (interactive["class"], interactive["caller"], interactive["agents"]) == ("interactive", "ide", 2)
+    assert (batch["class"], batch["caller"], batch["agents"]) == ("batch", "bulk", 3)
+    for group in (interactive, batch):
+        assert group["completed"] >= group["agents"], group  # closed loop: each agent ran at least once
+        assert group["failed"] == 0
+        assert group["toolCalls"] >= group["completed"]  # one tool round per completed run
+        assert group["turns"] >= 2 * group["completed"]  # the tool round, then the answer
+        assert group["runsPerMinute"] == round(group["completed"] * 60 / 4, 2)
+        assert 0 < group["ttftP50"] <= group["ttftP99"]
+        assert 0 < group["runTimeP50"] <= group["runTimeP99"]
+
+
+def test_the_table_names_every_group(stack: Stack) -> None:
+    done = _loadgen(
+        "--proxy", stack.dataplane_url, "--agents", "1", "--caller", "table-caller",
+        "--duration-s", "1", "--tool-rounds", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "table-caller" in done.stdout
+    assert "runs/min" in done.stdout and "TTFT p50" in done.stdout
+
+
+def test_failed_runs_are_counted_with_the_proxy_s_error_and_fail_the_exit_status(stack: Stack) -> None:
+    done = _loadgen(
+        "--proxy", stack.dataplane_url, "--model", "no-such-model", "--agents", "1",
+        "--duration-s", "1", "--json",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    (group,) = summary["groups"]
+    assert group["failed"] >= 1 and group["completed"] == 0
+    assert any("HTTP 404" in text and "no-such-model" in text for text in summary["errors"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--class", "batch", "--agents", "2"], "--class comes before any --agents"),
+        (["--agents", "2", "--caller", "a", "--caller", "b"], "--caller given twice"),
+        (["--agents", "0"], "--agents must be at least 1"),
+        (["--agents", "1", "--duration-s", "0"], "--duration-s must be positive"),
+        (["--agents", "1", "--spawn", "2"], "not allowed with argument"),
+    ],
+)
+def test_bad_arguments_are_refused_with_what_is_wrong(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        status = main(["loadgen", *argv, "--proxy", "http://127.0.0.1:9"])
+    except SystemExit as exited:
+        status = exited.code  # type: ignore[assignment]
+    assert status == 2
+    assert message in capsys.readouterr().err
+
+
+def test_streamed_tool_call_deltas_are_folded_by_index() -> None:
+    calls: list[dict[str, Any]] = []
+    for delta in (
+        {"index": 0, "id": "call_0", "function": {"name": "lookup", "arguments": ""}},
+        {"index": 1, "id": "call_1", "function": {"name": "lookup", "arguments": '{"q'}},
+        {"index": 0, "id": "", "function": {"arguments": '{"query": "x"}'}},  # continuation: empty id
+        {"index": 1, "function": {"arguments": '": 1}'}},
+    ):
+        _merge_tool_call_delta(calls, delta)
+    assert [c["id"] for c in calls] == ["call_0", "call_1"]
+    assert [c["function"]["arguments"] for c in calls] == ['{"query": "x"}', '{"q": 1}']
