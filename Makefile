@@ -35,4 +35,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check luftpause tests bench
 
 clean:
-	rm -rf build *.egg-info luftpause/dataplane/_sse_c*.so _speedups/*.c $(STAMP)
+	rm -rf build *.egg-info luftpause/dataplane/_sse_c*.so luftpause/dataplane/_tool_calls_c*.so _speedups/*.c $(STAMP)

@@ -17,6 +17,7 @@ from setuptools.command.build_ext import build_ext
 # source under _speedups/ -> module inside the package
 _EXTENSIONS = {
     "_speedups/_sse_c.pyx": "luftpause.dataplane._sse_c",
+    "_speedups/_tool_calls_c.pyx": "luftpause.dataplane._tool_calls_c",
 }
 
 NO_EXTENSIONS = os.environ.get("LUFTPAUSE_NO_EXTENSIONS", "") not in ("", "0")
