@@ -315,7 +315,8 @@ def test_loadgen_help_says_which_mode_drives_the_runtime_and_which_the_proxy(
     assert exited.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
     assert "load over MCP (--spawn) or through the proxy (--agents)" in text
-    assert "--spawn drives the runtime over MCP: load reaches the engines only as its sub-agents' turns" in text
+    assert "--spawn drives the runtime over MCP" in text
+    assert "--agents drives the proxy with own-loop agents" in text
 
 
 def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
