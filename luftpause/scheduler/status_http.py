@@ -1,13 +1,23 @@
-"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON) and ``GET /health``.
+"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /health`` and
+``GET /``, the live page.
 
-The JSON shape is documented in :mod:`luftpause.scheduler.core.snapshot`. Every error is answered
+The JSON shape is documented in :mod:`luftpause.scheduler.core.snapshot`. The live page is
+``page.html`` beside this module (package data): one self-contained HTML file, no external assets,
+whose script polls ``status`` every 2 s and, with ``?runtime=URL`` (and ``?token=``), also that
+runtime's ``GET /status`` run tree. It puts data in the DOM only as text; its answer carries a
+Content-Security-Policy that runs only its own inline script (by hash), so markup that got into the
+DOM anyway could not run. Every error is answered
 with the JSON error body of DESIGN.md's failure contract, ``{"error": {"message": "..."}}``: an
 unknown path 404, a known path with another method 405 (with ``Allow``), a fault of ours 500.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import re
+from importlib import resources
 
 import orjson
 from aiohttp import hdrs, web
@@ -49,8 +59,56 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error_response(500, f"internal error: {type(exc).__name__}")
 
 
+PAGE_RESOURCE = "page.html"
+
+_INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.DOTALL)
+
+
+def page_html() -> bytes:
+    """The live page, ``luftpause/scheduler/page.html``, as UTF-8 bytes.
+
+    Raises ``FileNotFoundError`` when the package was installed without its data file.
+    """
+    return resources.files(__package__).joinpath(PAGE_RESOURCE).read_bytes()
+
+
+def page_csp(page: bytes) -> str:
+    """A Content-Security-Policy for ``page`` (CSP Level 3): its inline ``<script>`` and ``<style>``
+    blocks allowed by SHA-256 hash, nothing else loaded or run; ``connect-src *`` because the page
+    fetches ``/status`` here and, with ``?runtime=``, a runtime elsewhere."""
+    none = "'none'"
+    hashes: dict[bytes, list[str]] = {b"script": [], b"style": []}
+    for kind, body in _INLINE.findall(page):
+        hashes[kind].append(f"'sha256-{base64.b64encode(hashlib.sha256(body).digest()).decode()}'")
+    return "; ".join(
+        [
+            "default-src 'none'",
+            f"script-src {' '.join(hashes[b'script']) or none}",
+            f"style-src {' '.join(hashes[b'style']) or none}",
+            "connect-src *",
+            "img-src data:",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
+
+
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/status`` and ``/health`` from ``host``."""
+    """An aiohttp application serving ``/`` (the live page), ``/status`` and ``/health`` from ``host``.
+
+    Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
+    """
+    page = page_html()
+    page_headers = {
+        hdrs.CONTENT_SECURITY_POLICY: page_csp(page),
+        hdrs.CACHE_CONTROL: "no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",  # ?token= must not leave in a Referer
+    }
+
+    async def live_page(request: web.Request) -> web.Response:
+        return web.Response(body=page, content_type="text/html", charset="utf-8", headers=page_headers)
 
     async def status(request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(host.status()), content_type="application/json")
@@ -59,6 +117,7 @@ def status_app(host: SchedulerHost) -> web.Application:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
     app = web.Application(middlewares=[json_errors])
+    app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
     app.router.add_get("/health", health)
     return app
