@@ -1,0 +1,551 @@
+"""The scheduler's live page (``GET /``) in headless Chromium, against real processes on loopback.
+
+A stack (scheduler, dataplane, runtime, two simulated engines) is saturated: one replica slot each,
+filled by long streamed turns, then turns of two named callers (one per service class), a caller
+whose name is markup, and two runtime sub-agents are held behind them. Chromium loads the page,
+runs its script for a few seconds of virtual time and dumps the DOM, which is parsed here and
+compared with the scheduler's own ``/status``. Run trees of the shape the runtime is growing
+(``parent``, ``children``, ``own``, ``subtree``), a refused token and a failing poll are served by
+small local servers. Chromium must be installed (``/usr/bin/chromium``): without it these tests
+fail, they are never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from mcp import Client
+
+from luftpause.scheduler.status_http import page_html
+from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+DUMP_TIMEOUT_S = 90.0  # a fail-safe against a hung browser, never a measured bound
+HOSTILE_CALLER = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
+TOKEN = "page-test-token"
+DASH = "\N{EN DASH}"  # what the page shows for a missing value
+
+# A streamed completion read to its end, with a caller and a service class; exits when killed.
+_CLIENT = """
+import sys, urllib.request
+url, body, run, caller, service_class = sys.argv[1:6]
+request = urllib.request.Request(url, data=body.encode(), method="POST", headers={
+    "content-type": "application/json", "x-luftpause-run-id": run,
+    "x-luftpause-caller": caller, "x-luftpause-class": service_class})
+with urllib.request.urlopen(request, timeout=600) as response:
+    while response.read(4096):
+        pass
+"""
+
+
+# -- Chromium and the dumped DOM ---------------------------------------------------------------------
+
+
+def chromium() -> str:
+    """The Chromium binary; fails the test (never skips) when it is not installed."""
+    found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    if found is None:
+        pytest.fail("chromium is not installed (Debian: apt-get install chromium; `make` installs it in CI)")
+    return found
+
+
+def run_chromium(args: list[str]) -> str:
+    """Run headless Chromium with a throwaway profile; its stdout. Its whole process group is
+    killed if it outlives :data:`DUMP_TIMEOUT_S`."""
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        process = subprocess.Popen(
+            [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err = process.communicate(timeout=DUMP_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        assert process.returncode == 0, (
+            f"chromium exited {process.returncode}: {err.decode(errors='replace')}"
+        )
+        return out.decode()
+
+
+def dump_dom(url: str, budget_ms: int = 3000) -> Element:
+    """Load ``url``, let its script run ``budget_ms`` of virtual time (network waits do not count),
+    and parse the DOM Chromium dumps."""
+    return parse(run_chromium([f"--virtual-time-budget={budget_ms}", "--dump-dom", url]))
+
+
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+@dataclass
+class Element:
+    tag: str
+    attrs: dict[str, str]
+    children: list[Element | str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def iter(self) -> Iterator[Element]:
+        yield self
+        for child in self.children:
+            if isinstance(child, Element):
+                yield from child.iter()
+
+    def find_all(self, tag: str | None = None, **attrs: str) -> list[Element]:
+        """Descendants with this ``tag`` (any, if None) whose attributes have these values
+        (``data_caller="x"`` matches ``data-caller="x"``)."""
+        wanted = {k.replace("_", "-"): v for k, v in attrs.items()}
+        return [
+            e
+            for e in list(self.iter())[1:]
+            if (tag is None or e.tag == tag) and all(e.attrs.get(k) == v for k, v in wanted.items())
+        ]
+
+    def one(self, tag: str | None = None, **attrs: str) -> Element:
+        found = self.find_all(tag, **attrs)
+        assert len(found) == 1, f"expected one <{tag} {attrs}>, found {len(found)}"
+        return found[0]
+
+    def cell(self, cls: str) -> str:
+        """Text of the single descendant whose class list holds ``cls``."""
+        found = [e for e in self.iter() if cls in e.attrs.get("class", "").split()]
+        assert len(found) == 1, f"expected one .{cls} in {self.text()!r}, found {len(found)}"
+        return " ".join(found[0].text().split())
+
+
+class _TreeBuilder(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = Element("#document", {})
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(element)
+        if tag not in VOID:
+            self.stack.append(element)
+
+    def handle_endtag(self, tag: str) -> None:
+        for depth in range(len(self.stack) - 1, 0, -1):
+            if self.stack[depth].tag == tag:
+                del self.stack[depth:]
+                return
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].children.append(data)
+
+
+def parse(html: str) -> Element:
+    builder = _TreeBuilder()
+    builder.feed(html)
+    builder.close()
+    return builder.root
+
+
+def by_id(dom: Element, element_id: str) -> Element:
+    return dom.one(id=element_id)
+
+
+def poll_state(dom: Element) -> str:
+    return by_id(dom, "poll").attrs["data-state"]
+
+
+# -- a saturated stack -------------------------------------------------------------------------------
+
+
+@dataclass
+class Saturated:
+    stack: Stack
+    page_url: str
+    runtime_base: str
+    handles: list[str]
+    status: dict[str, Any]
+
+
+def held_by_caller(status: dict[str, Any]) -> dict[str, int]:
+    by_caller: dict[str, int] = status["held"]["by_caller"]
+    return by_caller
+
+
+@pytest.fixture(scope="module")
+def saturated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saturated]:
+    """Two replicas of one slot each, both taken by long turns; held behind them: alice 2
+    interactive, bob 2 batch, the markup caller 1 interactive, and the turns of two runtime runs."""
+    stack = Stack.start(tmp_path_factory.mktemp("page-stack"), max_inflight=1, decode_ms=50.0)
+    clients: list[subprocess.Popen[bytes]] = []
+    try:
+        body = orjson.dumps(
+            {
+                "model": stack.model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 100_000,  # 50 ms a token: the slot stays taken for the whole module
+                "stream": True,
+            }
+        ).decode()
+        url = f"{stack.dataplane_url}/v1/chat/completions"
+
+        def send(run: str, caller: str, service_class: str) -> None:
+            clients.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _CLIENT, url, body, run, caller, service_class],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+
+        stack.wait_connected()
+        send("fill-0", "filler", "interactive")
+        send("fill-1", "filler", "interactive")
+        full = stack.wait_status(lambda s: sum(r["inflight"] for r in s["replicas"]) == 2)
+        assert [r["inflight"] for r in full["replicas"]] == [1, 1], full
+        for i in range(2):
+            send(f"alice-{i}", "alice", "interactive")
+            send(f"bob-{i}", "bob", "batch")
+        send("hostile-0", HOSTILE_CALLER, "interactive")
+
+        async def spawn_two() -> list[str]:
+            async with Client(stack.runtime_url) as client:
+                handles = []
+                for topic in ("tides", "glaciers"):
+                    result = await client.call_tool("spawn", {"task": f"Find two facts about {topic}."})
+                    assert not result.is_error, result
+                    handles.append(result.structured_content["handle"])
+                return handles
+
+        handles = asyncio.run(spawn_two())
+        status = stack.wait_status(
+            # 7 held, and every replica probed at least once (engine load known)
+            lambda s: s["held"]["count"] == 7 and all(r["running"] is not None for r in s["replicas"])
+        )
+        assert status["held"]["count"] == 7, status
+        assert held_by_caller(status)["alice"] == 2 and held_by_caller(status)["bob"] == 2, status
+        page_url = stack.status_url.removesuffix("status")
+        runtime_base = stack.runtime_url.removesuffix("/mcp")
+        yield Saturated(stack, page_url, runtime_base, handles, status)
+    finally:
+        for client in clients:
+            client.kill()
+            client.wait()
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def page(saturated: Saturated) -> Element:
+    """The page over the saturated pool, with ``?runtime=`` pointing at the stack's runtime."""
+    query = urllib.parse.urlencode({"runtime": saturated.runtime_base})
+    return dump_dom(f"{saturated.page_url}?{query}")
+
+
+# -- tests: the scheduler's side ---------------------------------------------------------------------
+
+
+def test_the_page_is_served_with_a_policy_that_runs_only_its_own_script(saturated: Saturated) -> None:
+    with urllib.request.urlopen(saturated.page_url, timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        csp = response.headers["Content-Security-Policy"]
+        body = response.read()
+    assert body == page_html()
+    assert "script-src 'sha256-" in csp and "unsafe-inline" not in csp
+    assert "default-src 'none'" in csp
+
+
+def test_the_page_shows_a_row_per_replica_with_its_load(page: Element, saturated: Saturated) -> None:
+    assert poll_state(page) == "ok", by_id(page, "poll").text()
+    assert "updated" in by_id(page, "poll").text()
+    rows = by_id(page, "replicas").find_all("tr", data_replica="sim-0") + by_id(page, "replicas").find_all(
+        "tr", data_replica="sim-1"
+    )
+    assert len(rows) == 2
+    status = saturated.stack.status()
+    for row, replica in zip(rows, status["replicas"], strict=True):
+        assert row.attrs["data-replica"] == replica["name"]
+        assert "healthy" in row.text()
+        assert row.cell("inflight").startswith(f"{replica['inflight']} / {replica['effective_capacity']}")
+        assert "saturated" in row.cell("inflight")
+        assert row.cell("running") == str(replica["running"])
+        assert row.cell("waiting") == str(replica["waiting"])
+        assert row.cell("headroom") == str(replica["reserved_headroom"])
+
+
+def test_the_page_shows_held_turns_per_class_and_per_caller(page: Element, saturated: Saturated) -> None:
+    held = saturated.status["held"]
+    assert by_id(page, "held-count").text() == "7"
+    classes = by_id(page, "held-by-class")
+    assert classes.one("tr", data_class="interactive").cell("count") == str(held["by_class"]["interactive"])
+    assert classes.one("tr", data_class="batch").cell("count") == "2"
+    assert held["by_class"]["interactive"] == 5  # alice 2, the markup caller 1, the two runs
+    callers = by_id(page, "held-by-caller")
+    assert callers.one("tr", data_caller="alice").cell("count") == "2"
+    assert callers.one("tr", data_caller="bob").cell("count") == "2"
+    for caller, count in held["by_caller"].items():
+        row = callers.one("tr", data_caller=caller)
+        assert row.cell("count") == str(count)
+        assert row.cell("wait").endswith(" s"), row.text()  # an oldest wait, in seconds
+
+
+def test_the_page_shows_runs_by_phase_and_class(page: Element, saturated: Saturated) -> None:
+    status = saturated.stack.status()
+    phases = by_id(page, "runs-by-phase")
+    for phase, count in status["runs"].items():
+        assert phases.one("tr", data_key=phase).cell("count") == str(count)
+    classes = by_id(page, "runs-by-class")
+    for service_class, count in status["runs_by_class"].items():
+        assert classes.one("tr", data_key=service_class).cell("count") == str(count)
+    assert status["runs_by_class"]["batch"] == 2
+
+
+def test_a_caller_named_with_markup_is_shown_as_text(page: Element) -> None:
+    row = by_id(page, "held-by-caller").one("tr", data_caller=HOSTILE_CALLER)
+    assert HOSTILE_CALLER in row.text()
+    assert len(page.find_all("script")) == 1  # the page's own
+    assert page.find_all("img") == []
+    assert page.one("title").text() == "luftpause scheduler"
+
+
+def test_with_runtime_the_page_shows_the_runtimes_runs(page: Element, saturated: Saturated) -> None:
+    section = by_id(page, "runtime-section")
+    assert "hidden" not in section.attrs
+    assert by_id(page, "runtime-notice").one("div").attrs["data-notice"] == "info"
+    runs = by_id(page, "runtime-runs")
+    for handle in saturated.handles:
+        row = runs.one("tr", data_run=handle)
+        assert row.attrs["data-state"] == "running"
+        assert row.attrs["data-depth"] == "0"
+        assert "Find two facts about" in row.cell("task")
+        # Today's runtime gives a run's own counters only: the subtree column shows a dash.
+        assert row.cell("turns").endswith(f"/ {DASH}")
+
+
+# -- tests: run trees, tokens and failures, from small local servers ----------------------------------
+
+
+class Routes(BaseHTTPRequestHandler):
+    """Answers ``GET`` from the server's ``routes``: path -> ``(status, content_type, body)``, or a
+    callable taking the request's headers. CORS as the runtime answers it."""
+
+    server: RoutesServer
+
+    def do_GET(self) -> None:
+        route = self.server.routes.get(self.path.partition("?")[0])
+        if route is None:
+            status, content_type, body = 404, "application/json", b'{"error":{"message":"no route"}}'
+        elif callable(route):
+            status, content_type, body = route(dict(self.headers))
+        else:
+            status, content_type, body = route
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+Route = tuple[int, str, bytes] | Callable[[dict[str, str]], tuple[int, str, bytes]]
+
+
+class RoutesServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, routes: dict[str, Route]) -> None:
+        super().__init__(("127.0.0.1", free_port()), Routes)
+        self.routes = routes
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[dict[str, Route]], RoutesServer]]:
+    servers: list[tuple[RoutesServer, threading.Thread]] = []
+
+    def start(routes: dict[str, Route]) -> RoutesServer:
+        server = RoutesServer(routes)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return server
+
+    try:
+        yield start
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+
+def _json(data: Any) -> tuple[int, str, bytes]:
+    return 200, "application/json", json.dumps(data).encode()
+
+
+EMPTY_STATUS: dict[str, Any] = {
+    "replicas": [],
+    "held": {"count": 0, "by_class": {}, "by_caller": {}, "oldest_wait_s": 0.0},
+    "runs": {},
+    "runs_by_class": {},
+    "counters": {},
+    "lost_dataplanes": {},
+}
+
+TREE = {
+    "runs": [
+        {
+            "id": "root",
+            "state": "running",
+            "parent": None,
+            "children": ["child-a", "<b>child-b</b>"],
+            "own": {"turns": 2, "toolCalls": 3, "promptTokens": 100, "completionTokens": 20},
+            "subtree": {"turns": 9, "toolCalls": 11, "promptTokens": 900, "completionTokens": 300},
+        },
+        {
+            "id": "child-a",
+            "state": "completed",
+            "parent": "root",
+            "children": ["grandchild"],
+            "own": {"turns": 4},
+            "subtree": {"turns": 6},
+        },
+        {"id": "grandchild", "state": "failed", "parent": "child-a", "children": []},
+        {"id": "<b>child-b</b>", "state": "<i>odd</i>", "parent": "root"},
+        {"id": "orphan", "parent": "gone", "own": "not an object", "subtree": None},
+    ]
+}
+
+
+def test_the_run_tree_nests_children_under_parents_with_own_and_subtree_costs(
+    serve: Callable[[dict[str, Route]], RoutesServer],
+) -> None:
+    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(EMPTY_STATUS)})
+    runtime = serve({"/status": _json(TREE)})
+    dom = dump_dom(f"{scheduler.url}/?runtime={urllib.parse.quote(runtime.url)}")
+    rows = [r for r in by_id(dom, "runtime-runs").iter() if r.tag == "tr" and "data-run" in r.attrs]
+    order = [(r.attrs["data-run"], r.attrs["data-depth"]) for r in rows]
+    assert order == [
+        ("root", "0"),
+        ("child-a", "1"),
+        ("grandchild", "2"),
+        ("<b>child-b</b>", "1"),
+        ("orphan", "0"),
+    ]
+    root, child_a, grandchild, child_b, orphan = rows
+    assert root.cell("turns") == "2 / 9"
+    assert root.cell("tools") == "3 / 11"
+    assert root.cell("tokens") == "120 / 1,200"
+    assert child_a.cell("turns") == "4 / 6"
+    assert child_a.cell("tokens") == f"{DASH} / {DASH}"
+    assert grandchild.cell("time") == f"{DASH} / {DASH}"
+    assert "<b>child-b</b>" in child_b.text() and "<i>odd</i>" in child_b.text()
+    assert dom.find_all("b") == [] and dom.find_all("i") == []
+    assert "parent gone not listed" in orphan.text()
+    assert orphan.cell("turns") == f"{DASH} / {DASH}"
+    assert poll_state(dom) == "ok"
+
+
+def test_a_runtime_that_refuses_the_token_is_named_on_the_page(tmp_path: Path) -> None:
+    """A real runtime with ``LUFTPAUSE_TOKEN``: its 401 (after the CORS preflight the bearer header
+    causes) is shown; the right token gets its (empty) run list."""
+    rt_port, status_port = free_port(), free_port()
+    config = tmp_path / "luftpause.toml"
+    config.write_text(
+        f'[scheduler]\ngrpc = "127.0.0.1:{free_port()}"\nhttp = "127.0.0.1:{status_port}"\n\n'
+        f'[runtime]\nlisten = "127.0.0.1:{rt_port}"\ndataplane = "http://127.0.0.1:1"\n'
+        f'state_dir = "{tmp_path / "state"}"\n\n'
+        '[[replicas]]\nname = "solo"\nurl = "http://127.0.0.1:1"\nhealth_path = ""\nmodels = ["m"]\n'
+    )
+    children = [
+        ChildProcess(
+            "runtime",
+            ["runtime", "--config", str(config)],
+            tmp_path / "runtime.log",
+            env={"LUFTPAUSE_TOKEN": TOKEN},
+            ready_url=f"http://127.0.0.1:{rt_port}/health",
+        ),
+        ChildProcess(
+            "scheduler",
+            ["scheduler", "--config", str(config)],
+            tmp_path / "scheduler.log",
+            ready_url=f"http://127.0.0.1:{status_port}/health",
+        ),
+    ]
+    try:
+        for child in children:
+            child.start()
+            child.wait_ready()
+        page = f"http://127.0.0.1:{status_port}/?runtime=http://127.0.0.1:{rt_port}"
+        for query, expected in [("", "needs its LUFTPAUSE_TOKEN"), ("&token=wrong", "refused the token")]:
+            notice = by_id(dump_dom(page + query), "runtime-notice").one("div")
+            assert notice.attrs["data-notice"] == "error"
+            assert "401" in notice.text() and expected in notice.text(), notice.text()
+        dom = dump_dom(f"{page}&token={TOKEN}")
+        assert by_id(dom, "runtime-notice").one("div").attrs["data-notice"] == "info"
+        assert "no runs on this runtime" in by_id(dom, "runtime-runs").text()
+    finally:
+        for child in children:
+            child.stop()
+
+
+def test_a_failed_poll_is_shown_with_when_data_was_last_good(
+    serve: Callable[[dict[str, Route]], RoutesServer],
+) -> None:
+    answers = iter([_json(EMPTY_STATUS)])
+
+    def status(headers: dict[str, str]) -> tuple[int, str, bytes]:
+        return next(answers, (500, "application/json", b'{"error":{"message":"internal error: Boom"}}'))
+
+    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": status})
+    dom = dump_dom(f"{scheduler.url}/", budget_ms=5000)
+    assert poll_state(dom) == "error"
+    text = by_id(dom, "poll").text()
+    assert "poll failed" in text and "500" in text and "internal error: Boom" in text
+    assert "showing data from" in text
+    assert "stale" in by_id(dom, "main").attrs.get("class", "")
+
+
+def test_a_page_that_never_reached_the_scheduler_says_so(
+    serve: Callable[[dict[str, Route]], RoutesServer],
+) -> None:
+    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html())})  # /status: 404
+    dom = dump_dom(f"{scheduler.url}/")
+    assert poll_state(dom) == "error"
+    assert "no data yet" in by_id(dom, "poll").text()
