@@ -148,7 +148,7 @@ async def test_non_streamed_answer_parses_with_the_openai_client(engine: Running
     assert choice.message.tool_calls is None
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 12
-    assert answer.usage.prompt_tokens == math.ceil((len("You are terse.") + len("hello there")) / 4)
+    assert answer.usage.prompt_tokens == math.ceil(len("You are terse.") / 4) + math.ceil(len("hello there") / 4)
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
 
 
@@ -206,12 +206,15 @@ async def test_stream_follows_the_vllm_event_format(engine: RunningEngine) -> No
     assert all(c["object"] == "chat.completion.chunk" for c in [*chunks, usage_chunk])
     assert usage_chunk["choices"] == []
     assert usage_chunk["id"] == chunks[0]["id"]
-    prompt = math.ceil((len("You are terse.") + len("hello")) / 4)
+    # Tokens are estimated per message, 4 characters a token, rounded up.
+    prompt = math.ceil(len("You are terse.") / 4) + math.ceil(len("hello") / 4)
     assert usage_chunk["usage"] == {
         "prompt_tokens": prompt,
         "completion_tokens": 3,
         "total_tokens": prompt + 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
+    assert all(c["system_fingerprint"] == "luftpause-simulator" for c in [*chunks, usage_chunk])
 
 
 async def test_the_bytes_sent_are_kept_for_a_relay_to_be_checked_against(engine: RunningEngine) -> None:

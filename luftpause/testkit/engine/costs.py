@@ -1,9 +1,13 @@
 """How long a simulated request takes: prompt tokens, prefill and decode time.
 
-The model is deliberately plain: prefill costs ``prefill_ms_per_1k`` per 1,000 prompt tokens and
-each output token costs ``decode_ms``, whatever else runs. This is the one place where later
-behaviour changes the cost of a request: a prefix cache would lower the prompt tokens that need
-prefill, and batch-size effects would make decode slower as more requests run at once.
+* Tokens are estimated from text length: 4 characters per token (the usual rule of thumb for
+  English text with BPE tokenizers), rounded up per message, so a prompt's tokens are the sum of
+  its messages' and a prefix of messages has a token count of its own (see :mod:`.prefix_cache`).
+* Prefill costs ``prefill_ms_per_1k`` per 1,000 prompt tokens that are *not* in the prefix cache.
+* Each output token costs ``decode_ms * (1 + batch_slowdown * (running - 1))``: one decode step of
+  a batch of ``running`` requests takes longer the bigger the batch, as on a GPU (each step reads
+  every running request's KV cache).
+* Every duration is multiplied by ``time_scale``.
 """
 
 from __future__ import annotations
@@ -33,23 +37,31 @@ def message_texts(messages: Iterable[Mapping[str, Any]]) -> Iterable[str]:
                 yield function["arguments"]
 
 
+def message_tokens(message: Mapping[str, Any]) -> int:
+    """Tokens of one message: its characters (:func:`message_texts`) / 4, rounded up."""
+    chars = sum(len(text) for text in message_texts((message,)))
+    return -(-chars // CHARS_PER_TOKEN)
+
+
 def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Prompt tokens, estimated as characters / 4 over :func:`message_texts`; at least 1."""
-    chars = sum(len(text) for text in message_texts(messages))
-    return max(1, -(-chars // CHARS_PER_TOKEN))
+    """Prompt tokens: the sum of :func:`message_tokens`; at least 1."""
+    return max(1, sum(message_tokens(message) for message in messages))
 
 
 class CostModel:
-    """Seconds of prefill and decode for one request on one engine."""
+    """Seconds (already multiplied by ``time_scale``) of prefill and decode on one engine."""
 
     def __init__(self, settings: EngineSettings) -> None:
-        self._prefill_s_per_token = settings.prefill_ms_per_1k / 1000.0 / 1000.0
-        self._decode_s = settings.decode_ms / 1000.0
+        scale = settings.time_scale
+        self._prefill_s_per_token = settings.prefill_ms_per_1k / 1000.0 / 1000.0 * scale
+        self._decode_s = settings.decode_ms / 1000.0 * scale
+        self._slowdown = settings.batch_slowdown
 
-    def prefill_seconds(self, prompt_tokens: int) -> float:
-        """Seconds before the first output token, for ``prompt_tokens`` tokens of prompt."""
-        return prompt_tokens * self._prefill_s_per_token
+    def prefill_seconds(self, uncached_tokens: int) -> float:
+        """Seconds before the first output token, for ``uncached_tokens`` prompt tokens that the
+        prefix cache did not hold."""
+        return uncached_tokens * self._prefill_s_per_token
 
-    def decode_seconds(self) -> float:
-        """Seconds per output token (the same for every batch size, for now)."""
-        return self._decode_s
+    def decode_seconds(self, running: int) -> float:
+        """Seconds per output token while ``running`` requests (at least 1) decode together."""
+        return self._decode_s * (1.0 + self._slowdown * (max(running, 1) - 1))

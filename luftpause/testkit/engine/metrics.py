@@ -1,76 +1,135 @@
-"""``GET /metrics``: the engine's load as Prometheus text, under SGLang's metric names.
+"""``GET /metrics``: the engine's load as Prometheus text, under SGLang's or vLLM's names.
 
 Each engine owns a ``CollectorRegistry`` (so that several engines in one test process never share
-a gauge) and refreshes its gauges from the live counts at every scrape. Gauges carry a
-``model_name`` label, as SGLang's do; with several models served, each model's sample counts that
-model's requests, so the replica's load is the sum over ``model_name``.
+a metric) and refreshes it from the live counts at every scrape. Samples carry a ``model_name``
+label as both engines' do (vLLM's also ``engine="0"``, its engine core index); with several
+models served, each model's sample counts that model's requests, so the replica's load is the sum
+over ``model_name``.
 
-vLLM's names (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
-``vllm:kv_cache_usage_perc``) would be a second set of gauges chosen by a setting, here.
+SGLang (``--enable-metrics``), all gauges: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+``sglang:token_usage`` (fraction of the KV pool in use), ``sglang:cache_hit_rate`` (fraction of
+prompt tokens found in the prefix cache, over the last ``CACHE_HIT_WINDOW`` requests of the model).
+
+vLLM (v1 engine): gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc`` (a fraction from 0 to 1, despite the name); counters, in tokens,
+``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (exposed with the ``_total`` suffix
+that Prometheus counters carry).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-# Context tokens one running slot may hold: the simulated KV cache is slots x this many tokens.
-CONTEXT_TOKENS_PER_SLOT = 8192
+# Requests over which sglang:cache_hit_rate is computed, per model.
+CACHE_HIT_WINDOW = 100
 
-__all__ = ["CONTENT_TYPE_LATEST", "ModelLoad", "SglangMetrics"]
+__all__ = ["CACHE_HIT_WINDOW", "CONTENT_TYPE_LATEST", "EngineMetrics", "ModelLoad"]
 
 
 @dataclass(slots=True)
 class ModelLoad:
-    """Live counts for one served model: requests running and waiting, KV tokens held by running ones."""
+    """Live counts for one served model: requests running and waiting, KV tokens held by running
+    ones, and prefix-cache lookups in tokens (totals, and the last ``CACHE_HIT_WINDOW`` as
+    ``(queried, hit)`` pairs)."""
 
     running: int = 0
     waiting: int = 0
     kv_tokens: int = 0
+    cache_queries: int = 0
+    cache_hits: int = 0
+    recent_lookups: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=CACHE_HIT_WINDOW))
+
+    def count_lookup(self, queried: int, hit: int) -> None:
+        self.cache_queries += queried
+        self.cache_hits += hit
+        self.recent_lookups.append((queried, hit))
+
+    def recent_hit_rate(self) -> float:
+        queried = sum(q for q, _ in self.recent_lookups)
+        return sum(h for _, h in self.recent_lookups) / queried if queried else 0.0
 
 
-class SglangMetrics:
-    """The four SGLang gauges the scheduler reads, in a registry of their own."""
+class EngineMetrics:
+    """The gauges and counters a scheduler reads, under ``naming`` ``"sglang"``, ``"vllm"`` or
+    ``"both"``, for ``models`` sharing one KV pool of ``kv_capacity`` tokens."""
 
-    def __init__(self, models: Sequence[str], slots: int) -> None:
+    def __init__(self, models: Sequence[str], kv_capacity: int, naming: str = "sglang") -> None:
+        if naming not in ("sglang", "vllm", "both"):
+            raise ValueError(f"naming must be sglang, vllm or both, got {naming!r}")
         self.registry = CollectorRegistry(auto_describe=True)
         self._models = tuple(models)
-        self._kv_capacity = slots * CONTEXT_TOKENS_PER_SLOT
-        labels = ["model_name"]
-        self._running = Gauge(
-            "sglang:num_running_reqs", "The number of running requests.", labels, registry=self.registry
-        )
-        self._queued = Gauge(
-            "sglang:num_queue_reqs",
-            "The number of requests in the waiting queue.",
-            labels,
-            registry=self.registry,
-        )
-        self._token_usage = Gauge(
-            "sglang:token_usage",
-            "The token usage (fraction of the KV cache in use).",
-            labels,
-            registry=self.registry,
-        )
-        self._cache_hit_rate = Gauge(
-            "sglang:cache_hit_rate",
-            "The prefix cache hit rate (always 0: the simulator has no prefix cache yet).",
-            labels,
-            registry=self.registry,
-        )
+        self._kv_capacity = kv_capacity
+        self._sglang = naming in ("sglang", "both")
+        self._vllm = naming in ("vllm", "both")
+        self._seen: dict[str, tuple[int, int]] = {model: (0, 0) for model in self._models}
+        reg = self.registry
+        if self._sglang:
+            labels = ["model_name"]
+            self._sg_running = Gauge(
+                "sglang:num_running_reqs", "The number of running requests.", labels, registry=reg
+            )
+            self._sg_queued = Gauge(
+                "sglang:num_queue_reqs", "The number of requests in the waiting queue.", labels, registry=reg
+            )
+            self._sg_usage = Gauge("sglang:token_usage", "The token usage.", labels, registry=reg)
+            self._sg_hit_rate = Gauge(
+                "sglang:cache_hit_rate", "The prefix cache hit rate.", labels, registry=reg
+            )
+        if self._vllm:
+            labels = ["model_name", "engine"]
+            self._vl_running = Gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                labels,
+                registry=reg,
+            )
+            self._vl_waiting = Gauge(
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                labels,
+                registry=reg,
+            )
+            self._vl_usage = Gauge(
+                "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=reg
+            )
+            self._vl_queries = Counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                labels,
+                registry=reg,
+            )
+            self._vl_hits = Counter(
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                labels,
+                registry=reg,
+            )
 
     def render(self, load: Mapping[str, ModelLoad]) -> bytes:
-        """Prometheus text exposition (format 0.0.4 / 1.0.0) of ``load`` per model."""
+        """Prometheus text exposition (format 0.0.4) of ``load`` per model."""
         # The models share one KV pool: each model's sample reports that pool's usage, as every
         # label set of a real engine (a data-parallel rank) reports the fraction of its own pool.
-        pool_usage = min(1.0, sum(counts.kv_tokens for counts in load.values()) / self._kv_capacity)
+        held = sum(counts.kv_tokens for counts in load.values())
+        pool_usage = min(1.0, held / self._kv_capacity) if self._kv_capacity else 0.0
         for model in self._models:
             counts = load.get(model, ModelLoad())
-            self._running.labels(model).set(counts.running)
-            self._queued.labels(model).set(counts.waiting)
-            self._token_usage.labels(model).set(pool_usage)
-            self._cache_hit_rate.labels(model).set(0.0)
+            if self._sglang:
+                self._sg_running.labels(model).set(counts.running)
+                self._sg_queued.labels(model).set(counts.waiting)
+                self._sg_usage.labels(model).set(pool_usage)
+                self._sg_hit_rate.labels(model).set(counts.recent_hit_rate())
+            if self._vllm:
+                self._vl_running.labels(model, "0").set(counts.running)
+                self._vl_waiting.labels(model, "0").set(counts.waiting)
+                self._vl_usage.labels(model, "0").set(pool_usage)
+                queries, hits = self._seen[model]
+                # Counters only go up: add what was counted since the last scrape.
+                self._vl_queries.labels(model, "0").inc(counts.cache_queries - queries)
+                self._vl_hits.labels(model, "0").inc(counts.cache_hits - hits)
+                self._seen[model] = (counts.cache_queries, counts.cache_hits)
         return generate_latest(self.registry)

@@ -1,14 +1,18 @@
-"""Running slots and a FIFO waiting queue, as an SGLang or vLLM scheduler has them.
+"""Running slots and a waiting queue, as an SGLang or vLLM scheduler has them.
 
-An engine decodes at most ``slots`` requests at once; every other admitted request waits in
-arrival order. A request that leaves while waiting (its client disconnected) leaves the queue at
-once; one that leaves while running frees its slot at once for the head of the queue.
+An engine decodes at most ``slots`` requests at once (continuous batching: a finished request's
+slot goes to the head of the queue at once, not at the end of a batch); every other admitted
+request waits in arrival order, or by a rank (the request's priority) and then arrival. A
+request that leaves while waiting (its client disconnected) leaves the queue at once; one that
+leaves while running frees its slot at once for the head of the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
+import bisect
+import itertools
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,16 +39,19 @@ class EngineStats:
     waiting: int = 0
     max_running_seen: int = 0
     max_waiting_seen: int = 0
+    # prompt_tokens and cached_tokens (those the prefix cache held) of completed requests.
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     faults: Counter[str] = field(default_factory=Counter)
 
 
 class SlotPool:
-    """``slots`` running places and a FIFO queue in front of them; counts go to ``stats``.
+    """``slots`` running places and a queue in front of them; counts go to ``stats``.
 
-    Use ``async with pool.slot(): ...``. Cancelling a task that waits removes it from the queue;
-    leaving the block (normally or by cancellation) hands the slot to the oldest waiter.
+    Use ``async with pool.slot(rank): ...``: waiters get a slot lowest ``rank`` first, equal ranks
+    in arrival order (all ranks 0: FIFO). Cancelling a task that waits removes it from the queue;
+    leaving the block (normally or by cancellation) hands the slot to the first waiter.
     """
 
     def __init__(self, slots: int, stats: EngineStats) -> None:
@@ -52,27 +59,30 @@ class SlotPool:
             raise ValueError(f"slots must be at least 1, got {slots}")
         self._slots = slots
         self._stats = stats
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        # Sorted by (rank, arrival number); the future is never compared (arrival numbers differ).
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
 
     @property
     def slots(self) -> int:
         return self._slots
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self._acquire()
+    async def slot(self, rank: int = 0) -> AsyncIterator[None]:
+        await self._acquire(rank)
         try:
             yield
         finally:
             self._release()
 
-    async def _acquire(self) -> None:
+    async def _acquire(self, rank: int) -> None:
         stats = self._stats
         if stats.running < self._slots and not self._waiters:
             self._start_running()
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        entry = (rank, next(self._arrivals), waiter)
+        bisect.insort(self._waiters, entry)
         stats.waiting += 1
         stats.max_waiting_seen = max(stats.max_waiting_seen, stats.waiting)
         try:
@@ -81,9 +91,9 @@ class SlotPool:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed over just as the caller left: pass it on.
                 self._release()
-            elif waiter in self._waiters:
+            elif entry in self._waiters:
                 # Still queued (a cancelled waiter already popped by _release was counted there).
-                self._waiters.remove(waiter)
+                self._waiters.remove(entry)
                 stats.waiting -= 1
             raise
 
@@ -96,7 +106,7 @@ class SlotPool:
         stats = self._stats
         stats.running -= 1
         while self._waiters:
-            waiter = self._waiters.popleft()
+            _, _, waiter = self._waiters.pop(0)
             stats.waiting -= 1
             if not waiter.done():
                 # The slot moves to the waiter now, so that no newcomer can overtake it.

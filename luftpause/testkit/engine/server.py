@@ -10,10 +10,21 @@ Routes, as SGLang and vLLM serve them:
   last ``SENT_KEPT``), so a test can check that a proxy relayed them unchanged (a completion cut
   by a fault is not kept);
 * ``GET /testkit/received/{id}``: the request headers that completion ``id`` arrived with, as a
-  JSON object of lower-cased names, so a test can check what a proxy sent upstream.
+  JSON object of lower-cased names, so a test can check what a proxy sent upstream;
+* ``GET /testkit/cost/{id}``: what completion ``id`` cost in simulated time, computed rather
+  than measured: ``{"prompt_tokens", "cached_tokens", "completion_tokens", "prefill_s",
+  "decode_s"}`` (seconds, after ``time_scale``; ``decode_s`` is the sum of the decode steps of its
+  tokens, each as long as the running batch made it);
+* ``POST /classify`` and ``POST /v1/classify``: a single pass (see :mod:`.classify`).
 
-A request's life: validated (400/404 at once), queued for a running slot (FIFO), prefill
-(:class:`.costs.CostModel`), then one output token per ``decode_ms``. The HTTP handler is
+Every response carries ``x-luftpause-simulated: 1``; chat completions also say
+``"system_fingerprint": "luftpause-simulator"`` and ``/server_info`` ``"simulated": true``.
+
+A request's life: validated (400/404 at once), queued for a running slot (in arrival order, or by
+``priority`` when the engine is set to), then, once running, a lookup in the replica's prefix
+cache (:mod:`.prefix_cache`), prefill of the prompt tokens not found there, the prompt's prefix
+cached, then one output token per decode step (:class:`.costs.CostModel`: longer as more requests
+run), and at the end the reply cached after its prompt, for the run's next turn. The HTTP handler is
 cancelled when the client disconnects (aiohttp's ``handler_cancellation``), which takes the
 request out of the queue or frees its slot at once. A request may instead get a fault
 (:mod:`.faults`): a refusal, a stream cut, a stall, a slow stream or a closed connection.
@@ -46,10 +57,11 @@ from luftpause.testkit.engine.faults import (
     Stall,
     StatusFault,
 )
-from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST, ModelLoad, SglangMetrics
+from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, ModelLoad
+from luftpause.testkit.engine.prefix_cache import PrefixCache, PrefixPath, prefix_path
 from luftpause.testkit.engine.replies import Reply, plan_reply
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
-from luftpause.testkit.engine.settings import EngineSettings
+from luftpause.testkit.engine.settings import CONTEXT_TOKENS_PER_SLOT, EngineSettings
 
 # Shortest sleep between streamed tokens: below it, tokens that are due go out together in one
 # write, so a tiny decode_ms keeps the total time of the model without a timer per token.
@@ -74,13 +86,18 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class _HeldTokens:
-    """KV-cache tokens one running request holds (prompt, then each decoded token)."""
+    """One running request: the KV-cache tokens it holds (prompt, then each decoded token), its
+    prefix path and cached tokens, and its simulated prefill and decode seconds."""
 
-    __slots__ = ("_load", "tokens")
+    __slots__ = ("_load", "cached_tokens", "decode_s", "path", "prefill_s", "tokens")
 
-    def __init__(self, load: ModelLoad) -> None:
+    def __init__(self, load: ModelLoad, path: PrefixPath | None) -> None:
         self._load = load
+        self.path = path
         self.tokens = 0
+        self.cached_tokens = 0
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
 
     def add(self, tokens: int) -> None:
         self.tokens += tokens
@@ -100,10 +117,14 @@ class SimulatedEngine:
         self.started = int(time.time())
         self._pool = SlotPool(settings.slots, self.stats)
         self._costs = CostModel(settings)
-        self._metrics = SglangMetrics(settings.models, settings.slots)
+        self.cache = PrefixCache(settings.prefix_cache_tokens)
+        self._metrics = EngineMetrics(settings.models, settings.kv_tokens, settings.metrics)
         self._load = {model: ModelLoad() for model in settings.models}
         self._sent: OrderedDict[str, bytes] = OrderedDict()
         self._received: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._costs_kept: OrderedDict[str, dict[str, float]] = OrderedDict()
+        # Queue rank of a request's priority: 0 for all (FIFO), or lower/higher value first.
+        self._rank_sign = {"fcfs": 0, "lower_first": 1, "higher_first": -1}[settings.priority_order]
         self._dice = FaultDice(settings.fault, settings.fault_rate, settings.seed)
 
     def app(self) -> web.Application:
@@ -116,6 +137,7 @@ class SimulatedEngine:
         app.router.add_get("/health", self.health)
         app.router.add_get("/testkit/sent/{id}", self.sent)
         app.router.add_get("/testkit/received/{id}", self.received)
+        app.router.add_get("/testkit/cost/{id}", self.cost)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
         for path in ("/server_info", "/get_server_info"):
@@ -146,8 +168,27 @@ class SimulatedEngine:
             return web.json_response({"error": {"message": "not recorded"}}, status=404)
         return web.json_response(headers)
 
-    def _record(self, completion_id: str, body: bytes) -> None:
+    async def cost(self, request: web.Request) -> web.Response:
+        cost = self._costs_kept.get(request.match_info["id"])
+        if cost is None:
+            return web.json_response({"error": {"message": "not recorded"}}, status=404)
+        return web.json_response(cost)
+
+    def _record(
+        self, completion_id: str, body: bytes, held: _HeldTokens, prompt_tokens: int, count: int
+    ) -> None:
         _keep(self._sent, completion_id, body)
+        _keep(
+            self._costs_kept,
+            completion_id,
+            {
+                "prompt_tokens": prompt_tokens,
+                "cached_tokens": held.cached_tokens,
+                "completion_tokens": count,
+                "prefill_s": held.prefill_s,
+                "decode_s": held.decode_s,
+            },
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -164,14 +205,27 @@ class SimulatedEngine:
                 "tp_size": 1,
                 "dp_size": 1,
                 "max_running_requests": self.settings.slots,
-                "max_total_num_tokens": self.settings.slots * 8192,
-                "version": "luftpause-sim",
+                "max_total_num_tokens": self.settings.kv_tokens,
+                "context_length": CONTEXT_TOKENS_PER_SLOT,
+                "schedule_policy": self.settings.priority_order,
+                "version": "luftpause-simulator",
+                "simulated": True,
+                "simulator": {
+                    "prefill_ms_per_1k": self.settings.prefill_ms_per_1k,
+                    "decode_ms": self.settings.decode_ms,
+                    "batch_slowdown": self.settings.batch_slowdown,
+                    "prefix_cache_tokens": self.settings.prefix_cache_tokens,
+                    "time_scale": self.settings.time_scale,
+                    "metrics": self.settings.metrics,
+                },
             }
         )
 
     async def model_info(self, request: web.Request) -> web.Response:
         model = self.settings.models[0]
-        return web.json_response({"model_path": model, "tokenizer_path": model, "is_generation": True})
+        return web.json_response(
+            {"model_path": model, "tokenizer_path": model, "is_generation": True, "simulated": True}
+        )
 
     async def classify(self, request: web.Request) -> web.Response:
         """``POST /classify`` (vLLM's classification API; see :mod:`.classify`): one single pass,
@@ -183,12 +237,12 @@ class SimulatedEngine:
         self.stats.requests += 1
         prompt_tokens = sum(text_tokens(text) for text in job.inputs)
         try:
-            async with self._running(job.model, prompt_tokens):
+            async with self._running(job.model, prompt_tokens, None, job.priority):
                 pass
         except asyncio.CancelledError:
             self.stats.disconnected += 1
             raise
-        self._count_completed(prompt_tokens, 0)
+        self._count_completed(prompt_tokens, 0, 0)
         return web.json_response(classification_response(job, self.settings.labels, self.settings.seed))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -214,6 +268,7 @@ class SimulatedEngine:
             # aiohttp finds the connection closed when it writes this and drops it quietly.
             return web.Response()
         prompt_tokens = estimate_prompt_tokens(chat.messages)
+        path = prefix_path(chat.model, chat.messages)
         reply = plan_reply(
             chat.messages,
             chat.tools,
@@ -226,10 +281,10 @@ class SimulatedEngine:
         ids = wire.ResponseIds(chat.model)
         _keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
         if chat.stream:
-            return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, fault)
+            return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, path, fault)
         if isinstance(fault, ErrorMidStream):
             return web.json_response(fault.body(), status=500)
-        return await self._answer_whole(request, chat, ids, reply, prompt_tokens, fault)
+        return await self._answer_whole(request, chat, ids, reply, prompt_tokens, path, fault)
 
     async def _answer_whole(
         self,
@@ -238,22 +293,23 @@ class SimulatedEngine:
         ids: wire.ResponseIds,
         reply: Reply,
         prompt_tokens: int,
+        path: PrefixPath,
         fault: Fault | None,
     ) -> web.StreamResponse:
         """A non-streamed answer: decode unseen, then one ``chat.completion`` object."""
         try:
-            async with self._running(chat.model, prompt_tokens) as held:
+            async with self._running(chat.model, prompt_tokens, path, chat.priority) as held:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
-                await self._decode_unseen(reply.count, held)
+                await self._decode_unseen(reply, held)
         except asyncio.CancelledError:
             # The client went away: its queue place or slot is already given back.
             self.stats.disconnected += 1
             raise
-        body = json.dumps(wire.completion(ids, reply, chat, prompt_tokens)).encode()
+        body = json.dumps(wire.completion(ids, reply, chat, prompt_tokens, held.cached_tokens)).encode()
         if not isinstance(fault, (DieMidStream, Slow)):
-            self._count_completed(prompt_tokens, reply.count)
-            self._record(ids.id, body)
+            self._count_completed(prompt_tokens, reply.count, held.cached_tokens)
+            self._record(ids.id, body, held, prompt_tokens, reply.count)
             return web.Response(body=body, content_type="application/json")
         # Status line and headers now, with the length of the whole answer, so that a client
         # sees a 200 whose body is cut (DieMidStream) or trickles in (Slow).
@@ -273,8 +329,8 @@ class SimulatedEngine:
         except ConnectionResetError:
             self.stats.disconnected += 1
             return response
-        self._count_completed(prompt_tokens, reply.count)
-        self._record(ids.id, body)
+        self._count_completed(prompt_tokens, reply.count, held.cached_tokens)
+        self._record(ids.id, body, held, prompt_tokens, reply.count)
         return response
 
     async def _answer_streamed(
@@ -284,6 +340,7 @@ class SimulatedEngine:
         ids: wire.ResponseIds,
         reply: Reply,
         prompt_tokens: int,
+        path: PrefixPath,
         fault: Fault | None,
     ) -> web.StreamResponse:
         """A streamed answer: headers at once (queued or not), then events at the pace of decode."""
@@ -291,7 +348,7 @@ class SimulatedEngine:
         try:
             if not isinstance(fault, Stall):
                 await response.prepare(request)
-            async with self._running(chat.model, prompt_tokens) as held:
+            async with self._running(chat.model, prompt_tokens, path, chat.priority) as held:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
                     await response.prepare(request)
@@ -314,30 +371,42 @@ class SimulatedEngine:
             # instead of raising keeps aiohttp from logging a client's departure as a server error.
             self.stats.disconnected += 1
             return response
-        self._count_completed(prompt_tokens, reply.count)
-        self._record(ids.id, sent)
+        self._count_completed(prompt_tokens, reply.count, held.cached_tokens)
+        self._record(ids.id, sent, held, prompt_tokens, reply.count)
         return response
 
-    def _count_completed(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def _count_completed(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
         self.stats.completed += 1
         self.stats.prompt_tokens += prompt_tokens
+        self.stats.cached_tokens += cached_tokens
         self.stats.completion_tokens += completion_tokens
 
     @asynccontextmanager
-    async def _running(self, model: str, prompt_tokens: int) -> AsyncIterator[_HeldTokens]:
-        """Wait for a slot (FIFO), then prefill; the block decodes. Counts go to ``/metrics``."""
+    async def _running(
+        self, model: str, prompt_tokens: int, path: PrefixPath | None, priority: int
+    ) -> AsyncIterator[_HeldTokens]:
+        """Wait for a slot, look ``path`` up in the prefix cache (``None``: a single pass, not
+        cached), prefill the rest and cache ``path``; the block decodes. Counts go to ``/metrics``."""
         load = self._load[model]
         load.waiting += 1
         queued = True
         try:
-            async with self._pool.slot():
+            async with self._pool.slot(self._rank_sign * priority):
                 load.waiting -= 1
                 queued = False
                 load.running += 1
-                held = _HeldTokens(load)
+                held = _HeldTokens(load, path)
                 held.add(prompt_tokens)
                 try:
-                    await asyncio.sleep(self._costs.prefill_seconds(prompt_tokens))
+                    if path is not None:
+                        # Looked up once running, as an engine does: a prefix cached while this
+                        # request waited counts.
+                        held.cached_tokens = self.cache.lookup(path, prompt_tokens)
+                        load.count_lookup(prompt_tokens, held.cached_tokens)
+                    held.prefill_s = self._costs.prefill_seconds(prompt_tokens - held.cached_tokens)
+                    await asyncio.sleep(held.prefill_s)
+                    if path is not None:
+                        self.cache.insert(path)
                     yield held
                 finally:
                     load.running -= 1
@@ -358,18 +427,19 @@ class SimulatedEngine:
         last list holds the finish chunk, the usage chunk when asked, and ``data: [DONE]``."""
         head = wire.chunk(ids, {"role": "assistant", "content": ""})
         emitted = 0
-        async for due in self._decode_schedule(reply.count):
+        async for due in self._decode_schedule(reply.count, held):
             batch = [wire.piece_chunk(ids, reply, piece, chat) for piece in reply.pieces(emitted, due)]
             if emitted == 0:
                 batch.insert(0, head)
             held.add(due - emitted)
             emitted = due
             yield batch
+        self._cache_reply(held, reply)
         tail = [wire.chunk(ids, {}, None, reply.finish_reason)]
         if emitted == 0:
             tail.insert(0, head)
         if chat.include_usage:
-            tail.append(wire.usage_chunk(ids, prompt_tokens, reply.count))
+            tail.append(wire.usage_chunk(ids, prompt_tokens, reply.count, held.cached_tokens))
         tail.append(wire.SSE_DONE)
         yield tail
 
@@ -411,31 +481,47 @@ class SimulatedEngine:
         await _send_first(response, events, fault.after_chunks)
         await response.write(wire.sse(fault.body()) + wire.SSE_DONE)
 
-    async def _decode_unseen(self, count: int, held: _HeldTokens) -> None:
-        """Decode ``count`` tokens that nobody sees until the end (a non-streamed answer)."""
+    async def _decode_unseen(self, reply: Reply, held: _HeldTokens) -> None:
+        """Decode the tokens of ``reply`` that nobody sees until the end (a non-streamed answer)."""
         done = 0
-        async for due in self._decode_schedule(count):
+        async for due in self._decode_schedule(reply.count, held):
             held.add(due - done)
             done = due
+        self._cache_reply(held, reply)
 
-    async def _decode_schedule(self, count: int) -> AsyncIterator[int]:
-        """Yield how many of ``count`` tokens are decoded by now, each time more are: token ``i``
-        is due ``(i + 1) * decode_ms`` after the first decode step starts."""
-        decode_s = self._costs.decode_seconds()
+    def _cache_reply(self, held: _HeldTokens, reply: Reply) -> None:
+        """Cache the finished reply after its prompt: the run's next turn starts with both."""
+        if held.path is not None:
+            self.cache.insert(held.path.extended(wire.reply_message(reply)))
+
+    async def _decode_schedule(self, count: int, held: _HeldTokens) -> AsyncIterator[int]:
+        """Yield how many of ``count`` tokens are decoded by now, each time more are.
+
+        Token ``i`` is due one decode step after token ``i - 1`` (token 0 one step after decode
+        starts); a step lasts :meth:`.CostModel.decode_seconds` of the requests running when it is
+        counted, and is added to ``held.decode_s``: the simulated decode time, whatever the event
+        loop's punctuality.
+        """
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        due_at = loop.time()  # when the last token counted was due
         done = 0
         while done < count:
-            elapsed = loop.time() - start
-            due = count if decode_s <= 0 else min(count, int(elapsed / decode_s + 1e-9))
-            if due > done:
-                done = min(due, done + MAX_TOKENS_PER_STEP)
+            now = loop.time()
+            step = self._costs.decode_seconds(self.stats.running)
+            ready = done
+            while ready < count and ready - done < MAX_TOKENS_PER_STEP and due_at + step <= now + 1e-9:
+                due_at += step
+                held.decode_s += step
+                ready += 1
+                step = self._costs.decode_seconds(self.stats.running)
+            if ready > done:
+                done = ready
                 yield done
-                if done < due:
+                if done < count and due_at + step <= loop.time():
                     # Behind schedule (decode_ms 0, or a busy loop): let other requests run too.
                     await asyncio.sleep(0)
                 continue
-            await asyncio.sleep(max(start + (done + 1) * decode_s - loop.time(), MIN_SLEEP_S))
+            await asyncio.sleep(max(due_at + step - now, MIN_SLEEP_S))
 
 
 async def _mark_simulated(request: web.BaseRequest, response: web.StreamResponse) -> None:

@@ -9,50 +9,85 @@ from luftpause.testkit.engine.faults import Fault
 
 DEFAULT_MODEL = "llama-3.2-1b"
 
+# Context tokens one running slot may hold: the simulated KV pool is slots x this many tokens.
+CONTEXT_TOKENS_PER_SLOT = 8192
+
+# Which Prometheus names /metrics uses.
+METRIC_NAMINGS = ("sglang", "vllm", "both")
+
+# How the waiting queue is ordered: arrival only; or by the request's ``priority`` field, lower
+# value first as vLLM (``--scheduling-policy priority``), or higher first as SGLang
+# (``--enable-priority-scheduling``); equal priorities keep arrival order.
+PRIORITY_ORDERS = ("fcfs", "lower_first", "higher_first")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """One simulated engine replica.
 
     * ``models``: model names it serves (``/v1/models`` order); any other model is answered 404.
-    * ``slots``: requests decoded at once; the rest wait in a FIFO queue (SGLang's running/queue).
-    * ``prefill_ms_per_1k``: milliseconds of prefill per 1,000 prompt tokens.
-    * ``decode_ms``: milliseconds per output token.
+    * ``slots``: requests decoded at once (continuous batching); the rest wait in a queue.
+    * ``priority_order``: one of :data:`PRIORITY_ORDERS` (default ``"fcfs"``: the ``priority``
+      field is accepted and ignored, as by an engine started without priority scheduling).
+    * ``prefill_ms_per_1k``: milliseconds of prefill per 1,000 prompt tokens not in the prefix
+      cache.
+    * ``decode_ms``: milliseconds per output token when the request runs alone.
+    * ``batch_slowdown``: how much each other running request adds to the per-token decode time,
+      as a fraction of ``decode_ms`` (0.1: 4 running requests decode at 1.3 x ``decode_ms`` each).
+    * ``cache_tokens``: the prefix cache's bound in tokens (LRU eviction beyond it); ``None`` (the
+      default) for the size of the KV pool, ``slots * CONTEXT_TOKENS_PER_SLOT``; 0 for no cache.
+    * ``time_scale``: every simulated duration (prefill, decode) is multiplied by it; 0.1 makes a
+      3-minute experiment take 18 s. Fault durations (``stall`` seconds, ``slow`` delays) are
+      wall-clock times as asked, never scaled.
+    * ``metrics``: one of :data:`METRIC_NAMINGS`: the names ``/metrics`` uses.
     * ``max_tokens``: reply length in tokens when the request sets neither ``max_tokens`` nor
       ``max_completion_tokens`` (or sets them to 0).
     * ``tool_rounds``: tool rounds (assistant messages with ``tool_calls`` after the last user
       message) before the simulated model gives a final text answer.
-    * ``seed``: varies the filler text and which offered tool is chosen, and which requests get
-      ``fault``; never the ids, which are random so that two replicas never emit the same
-      ``tool_call`` id.
+    * ``seed``: varies the filler text and which offered tool is chosen, the classifier's labels,
+      and which requests get ``fault``; never the ids, which are random so that two replicas never
+      emit the same ``tool_call`` id.
     * ``fault``: a fault (see :mod:`.faults`) given to requests that carry no ``luftpause_fault``
       field of their own; ``None`` (the default) for none.
-    * ``labels``: the classes of the simulated single-pass model behind ``POST /classify`` (at
-      least 2, distinct), in the order of its ``probs``.
     * ``fault_rate``: the fraction of those requests (0 to 1) that get ``fault``, drawn at random
       from ``seed``; read only when ``fault`` is set.
+    * ``labels``: the classes of the simulated single-pass model behind ``POST /classify`` (at
+      least 2, distinct), in the order of its ``probs``.
     """
 
     models: tuple[str, ...] = (DEFAULT_MODEL,)
     slots: int = 4
+    priority_order: str = "fcfs"
     prefill_ms_per_1k: float = 5.0
     decode_ms: float = 2.0
+    batch_slowdown: float = 0.1
+    cache_tokens: int | None = None
+    time_scale: float = 1.0
+    metrics: str = "sglang"
     max_tokens: int = 64
     tool_rounds: int = 2
     seed: int = 0
     fault: Fault | None = None
     fault_rate: float = 1.0
     labels: tuple[str, ...] = ("negative", "positive")
-    # Later behaviour (a prefix cache, batch-size effects on decode, vLLM metric names) each gets
-    # its own field here; costs.py and metrics.py are where it acts.
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("an engine must serve at least one model")
         if self.slots < 1:
             raise ValueError(f"slots must be at least 1, got {self.slots}")
-        if self.prefill_ms_per_1k < 0 or self.decode_ms < 0:
-            raise ValueError("prefill and decode times must not be negative")
+        if self.priority_order not in PRIORITY_ORDERS:
+            raise ValueError(f"priority_order must be one of {PRIORITY_ORDERS}, got {self.priority_order!r}")
+        for name in ("prefill_ms_per_1k", "decode_ms", "batch_slowdown"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number, not negative; got {value}")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"time_scale must be a positive number, got {self.time_scale}")
+        if self.cache_tokens is not None and self.cache_tokens < 0:
+            raise ValueError(f"cache_tokens must not be negative, got {self.cache_tokens}")
+        if self.metrics not in METRIC_NAMINGS:
+            raise ValueError(f"metrics must be one of {METRIC_NAMINGS}, got {self.metrics!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.tool_rounds < 0:
@@ -61,3 +96,13 @@ class EngineSettings:
             raise ValueError(f"labels must be at least 2 distinct names, got {self.labels}")
         if not (math.isfinite(self.fault_rate) and 0.0 <= self.fault_rate <= 1.0):
             raise ValueError(f"fault_rate must be from 0 to 1, got {self.fault_rate}")
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the simulated KV pool holds: ``slots * CONTEXT_TOKENS_PER_SLOT``."""
+        return self.slots * CONTEXT_TOKENS_PER_SLOT
+
+    @property
+    def prefix_cache_tokens(self) -> int:
+        """The prefix cache's bound in tokens (``cache_tokens``, or the KV pool's size)."""
+        return self.kv_tokens if self.cache_tokens is None else self.cache_tokens

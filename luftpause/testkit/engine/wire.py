@@ -5,6 +5,11 @@ completion"). Responses: a ``chat.completion`` object, or a stream of ``chat.com
 objects as server-sent events (``data: {json}\\n\\n`` ... ``data: [DONE]\\n\\n``). Errors:
 ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status, as vLLM answers them.
 One extension: the optional field ``luftpause_fault`` asks for a fault (see :mod:`.faults`).
+
+Every response object and chunk says it is simulated: ``"system_fingerprint":
+"luftpause-simulator"``. ``usage`` carries ``prompt_tokens_details.cached_tokens`` (the prompt
+tokens found in the prefix cache), as OpenAI and vLLM report them. The optional integer field
+``priority`` (SGLang's and vLLM's) orders the waiting queue when the engine is set to.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from luftpause.testkit.engine.replies import ContentPiece, Piece, Reply, ToolCal
 
 # OpenAI's limit on top_logprobs.
 MAX_TOP_LOGPROBS = 20
+
+# Says, in every response object, that no real model answered.
+SYSTEM_FINGERPRINT = "luftpause-simulator"
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -55,6 +63,7 @@ class ChatRequest:
     parallel_tool_calls: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    priority: int = 0
     fault: Fault | None = None
 
 
@@ -96,6 +105,7 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         raise RequestError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
     if top_logprobs and not logprobs:
         raise RequestError(400, "'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
+    priority = _optional(body, "priority", int, 0)
     fault = _fault(body)
     if model not in served:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
@@ -110,6 +120,7 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         parallel_tool_calls=parallel,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        priority=priority,
         fault=fault,
     )
 
@@ -205,20 +216,25 @@ def chunk(
             "object": "chat.completion.chunk",
             "created": ids.created,
             "model": ids.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [choice],
         }
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's ``usage`` object; ``cached_tokens`` are the prompt tokens the prefix cache held."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
-def usage_chunk(ids: ResponseIds, prompt_tokens: int, completion_tokens: int) -> bytes:
+def usage_chunk(
+    ids: ResponseIds, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> bytes:
     """The usage-only chunk (``choices: []``) sent when ``stream_options.include_usage`` is true."""
     return sse(
         {
@@ -226,8 +242,9 @@ def usage_chunk(ids: ResponseIds, prompt_tokens: int, completion_tokens: int) ->
             "object": "chat.completion.chunk",
             "created": ids.created,
             "model": ids.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens),
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
         }
     )
 
@@ -264,16 +281,13 @@ def piece_chunk(ids: ResponseIds, reply: Reply, piece: Piece, request: ChatReque
     return chunk(ids, {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.fragment}}]})
 
 
-def completion(ids: ResponseIds, reply: Reply, request: ChatRequest, prompt_tokens: int) -> dict[str, Any]:
-    """The non-streamed ``chat.completion`` object for the whole of ``reply``."""
+def reply_message(reply: Reply) -> dict[str, Any]:
+    """The assistant message of the whole of ``reply``, as a client gets it (and sends it back)."""
     texts: list[str] = []
-    items: list[dict[str, Any]] = []
     calls: dict[int, dict[str, Any]] = {}
     for piece in reply.pieces(0, reply.count):
         if isinstance(piece, ContentPiece):
             texts.append(piece.text)
-            if request.logprobs:
-                items.append(logprob_item(reply, piece, request.top_logprobs))
         elif isinstance(piece, ToolCallStart):
             calls[piece.index] = {
                 "id": piece.call_id,
@@ -285,6 +299,21 @@ def completion(ids: ResponseIds, reply: Reply, request: ChatRequest, prompt_toke
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def completion(
+    ids: ResponseIds, reply: Reply, request: ChatRequest, prompt_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """The non-streamed ``chat.completion`` object for the whole of ``reply``."""
+    message = reply_message(reply)
+    items = []
+    if request.logprobs:
+        items = [
+            logprob_item(reply, piece, request.top_logprobs)
+            for piece in reply.pieces(0, reply.count)
+            if isinstance(piece, ContentPiece)
+        ]
     choice = {
         "index": 0,
         "message": message,
@@ -296,6 +325,7 @@ def completion(ids: ResponseIds, reply: Reply, request: ChatRequest, prompt_toke
         "object": "chat.completion",
         "created": ids.created,
         "model": ids.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [choice],
-        "usage": usage(prompt_tokens, reply.count),
+        "usage": usage(prompt_tokens, reply.count, cached_tokens),
     }
