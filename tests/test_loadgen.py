@@ -52,6 +52,7 @@ def test_a_mix_of_classes_and_callers_runs_closed_loop_and_is_summarized_per_gro
         assert group["runsPerMinute"] == round(group["completed"] * 60 / 4, 2)
         assert 0 < group["ttftP50"] <= group["ttftP99"]
         assert 0 < group["runTimeP50"] <= group["runTimeP99"]
+        assert group["promptTokens"] > 0  # from the usage chunk the agents ask for
 
 
 def test_the_table_names_every_group(stack: Stack) -> None:

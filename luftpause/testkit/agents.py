@@ -84,6 +84,8 @@ class RunOutcome:
     seconds: float = 0.0
     turns: int = 0
     tool_calls: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
     error: str = ""
 
@@ -98,6 +100,8 @@ class _Reply:
     content: str
     tool_calls: list[dict[str, Any]]
     finish_reason: str | None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def _system_prompt(run_id: str, context_tokens: int) -> str:
@@ -126,15 +130,19 @@ async def stream_turn(
 ) -> _Reply:
     """Send one streamed turn and read it to its end.
 
-    Time to first token is measured from the request to the first delta with content or a tool
-    call. Raises :class:`TurnFailed` for a non-200 answer (with the error body's message) or a
-    stream that ends with no ``finish_reason``.
+    Prompt and cached prompt tokens come from the final usage chunk (``stream_options:
+    include_usage``; ``usage.prompt_tokens_details.cached_tokens`` as OpenAI and vLLM report a
+    prefix-cache hit), 0 when the engine reports none. Time to first token is measured from the
+    request to the first delta with content or a tool call. Raises :class:`TurnFailed` for a
+    non-200 answer (with the error body's message) or a stream that ends with no
+    ``finish_reason``.
     """
     started = time.perf_counter()
     ttft: float | None = None
     content: list[str] = []
     calls: list[dict[str, Any]] = []
     finish: str | None = None
+    usage: dict[str, Any] = {}
     async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
         if response.status != 200:
             text = await response.text()
@@ -151,6 +159,7 @@ async def stream_turn(
             if data == b"[DONE]" or not data:
                 continue
             chunk = orjson.loads(data)
+            usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
@@ -163,7 +172,15 @@ async def stream_turn(
                     finish = choice["finish_reason"]
     if finish is None:
         raise TurnFailed("the stream ended without a finish_reason")
-    return _Reply(ttft, "".join(content), calls, finish)
+    details = usage.get("prompt_tokens_details") or {}
+    return _Reply(
+        ttft,
+        "".join(content),
+        calls,
+        finish,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+    )
 
 
 async def run_once(
@@ -194,12 +211,15 @@ async def run_once(
                 "messages": messages,
                 "stream": True,
                 "max_tokens": settings.max_tokens,
+                "stream_options": {"include_usage": True},
             }
             offer_tool = outcome.tool_calls < settings.tool_rounds
             if offer_tool:
                 body["tools"] = [LOOKUP_TOOL]
             reply = await stream_turn(session, url, headers, body)
             outcome.turns += 1
+            outcome.prompt_tokens += reply.prompt_tokens
+            outcome.cached_tokens += reply.cached_tokens
             if reply.ttft is not None:
                 outcome.ttfts.append(reply.ttft)
             if not (offer_tool and reply.tool_calls):

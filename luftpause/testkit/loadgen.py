@@ -20,10 +20,12 @@ Two modes, one per invocation:
   (:mod:`luftpause.testkit.agents`) through the proxy for ``--duration-s`` seconds, each run with
   up to ``--tool-rounds`` tool rounds and a ``--context-tokens`` system prompt. A progress bar
   runs on a terminal; the summary is a table per class and caller group (runs/min, run time and
-  time to first token p50 / p99, failures); ``--json``::
+  time to first token p50 / p99, failures, and the prompt tokens the engine reported as served
+  from its prefix cache); ``--json``::
 
     {"durationS", "groups": [{"agents", "class", "caller", "completed", "failed", "unfinished",
-     "runsPerMinute", "turns", "toolCalls", "runTimeP50", "runTimeP99", "ttftP50", "ttftP99"}],
+     "runsPerMinute", "turns", "toolCalls", "promptTokens", "cacheHitRate", "runTimeP50",
+     "runTimeP99", "ttftP50", "ttftP99"}],
      "errors": [...]}
 
   The exit status is 0 when no run failed.
@@ -398,6 +400,8 @@ def summarize_agents(
         completed = [o for o in mine if o.state == "completed"]
         run_times = sorted(o.seconds for o in completed)
         ttfts = sorted(t for o in mine for t in o.ttfts)
+        prompt_tokens = sum(o.prompt_tokens for o in mine)
+        cached = sum(o.cached_tokens for o in mine)
         for o in mine:
             if o.error and o.error not in errors and len(errors) < MAX_ERRORS_SHOWN:
                 errors.append(o.error)
@@ -412,6 +416,8 @@ def summarize_agents(
                 "runsPerMinute": round(len(completed) * 60.0 / duration_s, 2) if duration_s > 0 else None,
                 "turns": sum(o.turns for o in mine),
                 "toolCalls": sum(o.tool_calls for o in mine),
+                "promptTokens": prompt_tokens,
+                "cacheHitRate": round(cached / prompt_tokens, 4) if prompt_tokens else None,
                 "runTimeP50": percentile(run_times, 50),
                 "runTimeP99": percentile(run_times, 99),
                 "ttftP50": percentile(ttfts, 50),
@@ -436,6 +442,7 @@ def render_agents(data: dict[str, Any]) -> str:
         "run p99",
         "TTFT p50",
         "TTFT p99",
+        "cache hits",
     ):
         table.add_column(column, justify="left" if column in ("class", "caller") else "right")
 
@@ -455,6 +462,7 @@ def render_agents(data: dict[str, Any]) -> str:
             secs(row["runTimeP99"]),
             secs(row["ttftP50"]),
             secs(row["ttftP99"]),
+            "-" if row["cacheHitRate"] is None else f"{row['cacheHitRate']:.0%}",
         )
     console = Console(width=160, record=True, file=io.StringIO())
     console.print(table)
