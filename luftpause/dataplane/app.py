@@ -2,16 +2,25 @@
 
 Routes (DESIGN.md, "The dataplane"):
 
-=========================  ======================================================================
+=============================  ==================================================================
 ``POST /v1/chat/completions``  OpenAI Chat Completions, streamed or not, admitted by the scheduler
-``GET /v1/models``            the union of the models the configured replicas serve
-``DELETE /v1/runs/{id}``      the run ended: the scheduler forgets it at once (204)
-``GET /health``               ``{"status": "ok", "scheduler": "connected" | "connecting"}``
-=========================  ======================================================================
+``POST /v1/decide``            a single-pass turn in vLLM's ``/classify`` shape (``{"model": str,
+                               "input": str | [str, ...]}``), forwarded to a single-pass replica's
+                               ``/classify`` and its answer relayed unchanged
+``GET /v1/models``             the union of the models the configured replicas serve (both kinds)
+``DELETE /v1/runs/{id}``       the run ended: the scheduler forgets it at once (204)
+``GET /health``                ``{"status": "ok", "scheduler": "connected" | "connecting"}``
+``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
+=============================  ==================================================================
 
 Request headers read: ``x-luftpause-run-id`` (else a new run), ``x-luftpause-class``
 (``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``.
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
+
+Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
+answer to a request refused before it became a turn (401, 413, malformed body or headers) carries
+the client's own when it sent one. Answers from ``/v1/decide`` never carry it: a single-pass turn
+belongs to no run, and its ``x-luftpause-run-id`` request header is ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from luftpause.dataplane.errors import (
     Unauthorized,
     error_body,
 )
+from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn
 from luftpause.dataplane.runs import RunTable
 from luftpause.v1 import scheduler_pb2 as pb
@@ -55,6 +66,7 @@ CALLER_MAX_BYTES = 128
 RUN_ID_MAX_BYTES = 256
 ENGINE_CONNECT_TIMEOUT_S = 2.0
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
+DECIDE_PATH = "/v1/decide"
 
 _CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 _JSON = [("content-type", "application/json")]
@@ -112,6 +124,11 @@ class Dataplane:
         )
         self._session: aiohttp.ClientSession | None = None
         self._relay: Relay | None = None
+        self._held = 0  # turns whose Admit is out
+        self.metrics = DataplaneMetrics(
+            in_flight=lambda: 0 if self._relay is None else self._relay.in_flight(),
+            held=lambda: self._held,
+        )
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -126,7 +143,7 @@ class Dataplane:
         timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)  # engines close idle at 5 s
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        self._relay = Relay(self._session, self.link, self.runs)
+        self._relay = Relay(self._session, self.link, self.runs, self.metrics)
         await self.link.start()
 
     async def shutdown(self) -> None:
@@ -140,7 +157,7 @@ class Dataplane:
         try:
             await self._route(scope, proto)
         except DataplaneError as exc:
-            if exc.run_id is None:
+            if exc.run_id is None and scope.path != DECIDE_PATH:
                 exc.run_id = _client_run_id(scope)
             headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
             if isinstance(exc, MethodNotAllowed):
@@ -163,12 +180,19 @@ class Dataplane:
             state = "connected" if self.link.connected else "connecting"
             proto.response_bytes(200, _JSON, orjson.dumps({"status": "ok", "scheduler": state}))
             return
+        if path == "/metrics":
+            _allow(path, method, "GET", "HEAD")
+            proto.response_bytes(200, [("content-type", METRICS_CONTENT_TYPE)], self.metrics.exposition())
+            return
         if not path.startswith("/v1/"):
             raise NotFound(f"no route {method} {path}")
         self._authorize(scope)
         if path == "/v1/chat/completions":
             _allow(path, method, "POST")
             await self._chat_completions(scope, proto)
+        elif path == DECIDE_PATH:
+            _allow(path, method, "POST")
+            await self._decide(scope, proto)
         elif path == "/v1/models":
             _allow(path, method, "GET", "HEAD")
             proto.response_bytes(200, _JSON, self.models_body)
@@ -220,10 +244,7 @@ class Dataplane:
             raise BadRequest("'model' must be a non-empty string")
         if not isinstance(payload.get("messages"), list):
             raise BadRequest("'messages' must be an array")
-        class_name = _header(scope, "x-luftpause-class") or "interactive"
-        service_class = _CLASSES.get(class_name)
-        if service_class is None:
-            raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
+        service_class = _service_class(scope)
         run_id = _header(scope, RUN_ID_HEADER) or f"run-{uuid.uuid4().hex}"
         if not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
@@ -235,10 +256,47 @@ class Dataplane:
             caller=truncate_caller(_header(scope, "x-luftpause-caller") or ""),
             body=body,
             traceparent=_header(scope, "traceparent"),
+            arrived=asyncio.get_running_loop().time(),
+        )
+
+    def _parse_single_pass(self, scope: Scope, body: bytes) -> Turn:
+        """A ``/v1/decide`` request: vLLM's classification request, ``{"model": str, "input": str |
+        [str, ...]}`` (other keys pass through untouched); :class:`BadRequest` otherwise."""
+        try:
+            payload: Any = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' must be a non-empty string")
+        given = payload.get("input")
+        if not (
+            isinstance(given, str)
+            or (isinstance(given, list) and given and all(isinstance(item, str) for item in given))
+        ):
+            raise BadRequest("'input' must be a string or a non-empty array of strings")
+        return Turn(
+            turn_id=Turn.new_id(),
+            run_id="",
+            model=model,
+            service_class=_service_class(scope),
+            caller=truncate_caller(_header(scope, "x-luftpause-caller") or ""),
+            body=body,
+            traceparent=_header(scope, "traceparent"),
+            single_pass=True,
+            arrived=asyncio.get_running_loop().time(),
         )
 
     async def _chat_completions(self, scope: Scope, proto: HTTPProtocol) -> None:
-        turn = self._parse_turn(scope, await self._read_body(scope, proto))
+        await self._run_turn(self._parse_turn(scope, await self._read_body(scope, proto)), proto)
+
+    async def _decide(self, scope: Scope, proto: HTTPProtocol) -> None:
+        await self._run_turn(self._parse_single_pass(scope, await self._read_body(scope, proto)), proto)
+
+    async def _run_turn(self, turn: Turn, proto: HTTPProtocol) -> None:
+        """Admit ``turn``, forward it and relay its answer, racing the client leaving."""
         # Race the whole turn against the client leaving: a held turn must leave the queue at once
         # and a streaming one must close its engine request at once (starlette's pattern).
         work = asyncio.ensure_future(self._admit_and_forward(turn, proto))
@@ -255,9 +313,12 @@ class Dataplane:
             gone.cancel()
         if not work.cancelled() and work.exception() is not None:
             exc = work.exception()
-            if isinstance(exc, DataplaneError):
-                exc.run_id = turn.run_id
-            raise exc  # type: ignore[misc]
+            if not isinstance(exc, DataplaneError):
+                # A fault of ours: answered 500 as any other, still naming the turn's run.
+                log.error("turn %s failed", turn.turn_id, exc_info=exc)
+                exc = DataplaneError(f"internal error: {type(exc).__name__}")
+            exc.run_id = turn.run_id or None
+            raise exc
 
     async def _admit_and_forward(self, turn: Turn, proto: HTTPProtocol) -> None:
         assert self._relay is not None
@@ -268,7 +329,11 @@ class Dataplane:
             service_class=turn.service_class,  # type: ignore[arg-type]
             caller=turn.caller,
             dataplane_id=self.link.dataplane_id,
+            single_pass=turn.single_pass,
         )
+        loop = asyncio.get_running_loop()
+        admit_sent = loop.time()
+        self._held += 1
         try:
             reply = await self.link.admit(request)
         except BaseException as exc:
@@ -276,19 +341,38 @@ class Dataplane:
             # the cancel on the wire, so tell the scheduler to undo whatever it did.
             self._relay.abandoned(turn)
             if isinstance(exc, grpc.aio.AioRpcError):
+                self.metrics.turn_ended("failed", turn.service_class)
                 raise DataplaneError(f"scheduler failed: {exc.code().name}: {exc.details()}", 503) from None
+            self.metrics.turn_ended("abandoned", turn.service_class)
             raise
+        finally:
+            self._held -= 1
         if reply.WhichOneof("outcome") == "refused":
+            self.metrics.turn_ended("refused", turn.service_class)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
+        self.metrics.placed(turn.service_class, loop.time() - admit_sent)
         try:
             replica = self.config.replica(reply.placed.replica)
         except KeyError:
             self._relay.abandoned(turn)
+            self.metrics.turn_ended("failed", turn.service_class)
             raise DataplaneError(
                 f"the scheduler placed the turn on replica {reply.placed.replica!r}, "
                 "which this dataplane's configuration does not name"
             ) from None
         await self._relay.forward(turn, replica, proto)
+
+
+def _service_class(scope: Scope) -> int:
+    """The ``x-luftpause-class`` header as a ``ServiceClass``; absent is interactive.
+
+    Raises :class:`BadRequest` naming the allowed values for anything else.
+    """
+    class_name = _header(scope, "x-luftpause-class") or "interactive"
+    service_class = _CLASSES.get(class_name)
+    if service_class is None:
+        raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
+    return service_class
 
 
 def _allow(path: str, method: str, *allowed: str) -> None:

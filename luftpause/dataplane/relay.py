@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 from granian._granian import RSGIProtocolClosed, RSGIProtocolError
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from luftpause.config import ReplicaConfig
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.errors import EngineUnreachable
+from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.sse import SSEScanner
 from luftpause.v1 import scheduler_pb2 as pb
@@ -34,28 +36,55 @@ log = logging.getLogger("luftpause.dataplane")
 RUN_ID_HEADER = "x-luftpause-run-id"
 _INLINE_BODY_BYTES = 1024 * 1024
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those the server recomputes are never relayed.
-_NOT_RELAYED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "content-encoding",  # aiohttp decodes the body, so its encoding header must go with it
-        "date",
-        "server",
-    }
+CHAT_PATH = "/v1/chat/completions"
+CLASSIFY_PATH = "/classify"
+"""Where a single-pass turn goes on its replica: vLLM's classification route."""
+
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
 )
+"""Hop-by-hop headers (RFC 9110 §7.6.1, plus the non-standard ``proxy-connection``): never relayed
+in either direction, nor any header that ``Connection`` names."""
+
+# Besides the hop-by-hop ones: what granian recomputes, what describes the engine rather than the
+# answer, and content-encoding, because aiohttp decodes the body: the client gets decoded bytes and
+# no content-encoding, never encoded bytes without it or decoded bytes with it.
+_NOT_RELAYED = HOP_BY_HOP | {
+    "proxy-authenticate",
+    "content-length",
+    "content-encoding",
+    "date",
+    "server",
+}
+# Set by the relay on every stream, so the engine's own values must not duplicate them.
+_STREAM_HEADERS = frozenset({"cache-control", "x-accel-buffering"})
+
+
+def relayable_headers(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
+    """The end-to-end headers of an engine's response, as ``(name, value)`` pairs in order.
+
+    Drops the hop-by-hop headers, every header a ``Connection`` header names (RFC 9110 §7.6.1),
+    the headers in ``_NOT_RELAYED`` and those in ``drop`` (lower-case names).
+    """
+    named = {
+        token.strip().lower() for value in headers.getall("connection", ()) for token in value.split(",")
+    }
+    return [
+        (name, value)
+        for name, value in headers.items()
+        if (low := name.lower()) not in _NOT_RELAYED and low not in named and low not in drop
+    ]
 
 
 @dataclass(slots=True)
 class Turn:
-    """One chat completion request as admitted: ids, class and caller, the raw body."""
+    """One request as admitted: ids, class and caller, the raw body.
+
+    ``run_id`` is ``""`` for a single-pass turn (``POST /v1/decide``), which belongs to no run.
+    ``arrived`` is the ``loop.time()`` (seconds) at which the request's body had been read.
+    """
 
     turn_id: str
     run_id: str
@@ -64,6 +93,8 @@ class Turn:
     caller: str
     body: bytes
     traceparent: str | None
+    single_pass: bool = False
+    arrived: float = 0.0
 
     @staticmethod
     def new_id() -> str:
@@ -77,10 +108,32 @@ class Relay:
     given up before it reached an engine is reported with :meth:`abandoned`.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, link: SchedulerLink, runs: RunTable) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        link: SchedulerLink,
+        runs: RunTable,
+        metrics: DataplaneMetrics,
+    ) -> None:
         self.session = session
         self.link = link
         self.runs = runs
+        self.metrics = metrics
+        # Single-pass turns sent to an engine and not ended: they never enter the run table.
+        self.single_pass_in_flight: set[str] = set()
+
+    def in_flight(self) -> int:
+        """Turns sent to an engine that have not ended yet (generative and single-pass)."""
+        return len(self.runs.inflight) + len(self.single_pass_in_flight)
+
+    def _end(self, turn: Turn, tool_calls: bool) -> bool:
+        """Mark ``turn`` ended; False if it had already ended, so it is reported once."""
+        if turn.single_pass:
+            if turn.turn_id not in self.single_pass_in_flight:
+                return False
+            self.single_pass_in_flight.discard(turn.turn_id)
+            return True
+        return self.runs.ended(turn.turn_id, tool_calls, asyncio.get_running_loop().time())
 
     def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
         event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields)  # type: ignore[arg-type]
@@ -88,17 +141,22 @@ class Relay:
 
     def failed(self, turn: Turn, error: str) -> None:
         """The turn ended without a completion: free its slot, leave the run idle (once per turn)."""
-        if self.runs.ended(turn.turn_id, False, asyncio.get_running_loop().time()):
+        if self._end(turn, False):
             self._event(turn, pb.TurnEvent.FAILED, error=error[:500])
+            self.metrics.turn_ended("failed", turn.service_class)
 
     def abandoned(self, turn: Turn) -> None:
         """The turn was given up before any engine saw it: the scheduler undoes what it did with it."""
         self._event(turn, pb.TurnEvent.ABANDONED)
 
+    def _first_token(self, turn: Turn) -> None:
+        self._event(turn, pb.TurnEvent.FIRST_TOKEN)
+        self.metrics.first_token(turn.service_class, asyncio.get_running_loop().time() - turn.arrived)
+
     def _finished(
         self, turn: Turn, finish_reason: str, tool_calls: bool, prompt: int, completion: int
     ) -> None:
-        if not self.runs.ended(turn.turn_id, tool_calls, asyncio.get_running_loop().time()):
+        if not self._end(turn, tool_calls):
             return
         self._event(
             turn,
@@ -108,18 +166,25 @@ class Relay:
             prompt_tokens=max(prompt, 0),
             completion_tokens=max(completion, 0),
         )
+        self.metrics.turn_ended("finished", turn.service_class)
 
     async def forward(self, turn: Turn, replica: ReplicaConfig, proto: HTTPProtocol) -> None:
         """Send ``turn`` to ``replica`` and relay the answer to ``proto``.
 
-        Raises :class:`EngineUnreachable` (nothing sent to the client yet) when the engine cannot be
-        connected to or breaks off before its answer has begun. Cancellation (the client left)
-        closes the engine request at once.
+        A chat turn goes to ``/v1/chat/completions``, a single-pass turn to ``/classify`` (vLLM's
+        classification route), its body unchanged either way. Raises :class:`EngineUnreachable`
+        (nothing sent to the client yet) when the engine cannot be connected to or breaks off
+        before its answer has begun. Cancellation (the client left) closes the engine request at once.
         """
-        self.runs.placed(
-            InFlight(turn.turn_id, turn.run_id, replica.name, turn.model, turn.service_class, turn.caller),
-            asyncio.get_running_loop().time(),
-        )
+        if turn.single_pass:
+            self.single_pass_in_flight.add(turn.turn_id)
+        else:
+            self.runs.placed(
+                InFlight(
+                    turn.turn_id, turn.run_id, replica.name, turn.model, turn.service_class, turn.caller
+                ),
+                asyncio.get_running_loop().time(),
+            )
         self._event(turn, pb.TurnEvent.STARTED)
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         key = replica.api_key()
@@ -132,14 +197,17 @@ class Relay:
             turn.body if len(turn.body) <= _INLINE_BODY_BYTES else io.BytesIO(turn.body)
         )
         try:
-            async with self.session.post(
-                f"{replica.url}/v1/chat/completions", data=data, headers=headers
-            ) as upstream:
-                out_headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in _NOT_RELAYED]
-                out_headers.append((RUN_ID_HEADER, turn.run_id))
+            path = CLASSIFY_PATH if turn.single_pass else CHAT_PATH
+            async with self.session.post(f"{replica.url}{path}", data=data, headers=headers) as upstream:
+                streamed = upstream.status == 200 and upstream.content_type == "text/event-stream"
+                out_headers = relayable_headers(
+                    upstream.headers, _STREAM_HEADERS if streamed else frozenset()
+                )
+                if not turn.single_pass:  # a single-pass turn belongs to no run
+                    out_headers.append((RUN_ID_HEADER, turn.run_id))
                 if upstream.status != 200:
                     await self._relay_refusal(turn, upstream, out_headers, proto)
-                elif upstream.content_type == "text/event-stream":
+                elif streamed:
                     await self._relay_stream(turn, upstream, out_headers, proto)
                 else:
                     await self._relay_whole(turn, upstream, out_headers, proto)
@@ -166,6 +234,7 @@ class Relay:
         body = await upstream.read()
         self.failed(turn, f"engine answered {upstream.status}")
         proto.response_bytes(upstream.status, headers, body)
+        self.metrics.relayed(len(body))
 
     async def _relay_stream(
         self,
@@ -178,11 +247,13 @@ class Relay:
         headers.append(("x-accel-buffering", "no"))
         transport = proto.response_stream(200, headers)
         scanner = SSEScanner()
+        relayed = 0  # summed here, added to the counter once per turn
         try:
             async for chunk in upstream.content.iter_any():
                 await transport.send_bytes(chunk)
+                relayed += len(chunk)
                 if scanner.feed(chunk):
-                    self._event(turn, pb.TurnEvent.FIRST_TOKEN)
+                    self._first_token(turn)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # The client has had 200 and the chunks so far; the stream ends without [DONE].
             self.failed(turn, f"engine failed mid-stream: {exc!r}")
@@ -194,6 +265,7 @@ class Relay:
             # granian ends a streamed response when its transport object is freed, and a caught
             # exception's traceback keeps this frame alive: without this the client would hang.
             del transport
+            self.metrics.relayed(relayed)
             if scanner.oversized_events:
                 log.warning(
                     "turn %s: %d SSE events over %d bytes were relayed unread",
@@ -224,9 +296,14 @@ class Relay:
         proto: HTTPProtocol,
     ) -> None:
         body = await upstream.read()  # a read error here becomes forward()'s 502
-        self._event(turn, pb.TurnEvent.FIRST_TOKEN)
-        finish_reason, tool_calls, prompt, completion = _completion_facts(body)
+        if turn.single_pass:
+            # A classification has no tokens to stream: no first token, only its usage.
+            finish_reason, tool_calls, prompt, completion = "", False, *_usage(body)
+        else:
+            self._first_token(turn)
+            finish_reason, tool_calls, prompt, completion = _completion_facts(body)
         proto.response_bytes(200, headers, body)
+        self.metrics.relayed(len(body))
         self._finished(turn, finish_reason, tool_calls, prompt, completion)
 
 
@@ -259,3 +336,17 @@ def _completion_facts(body: bytes) -> tuple[str, bool, int, int]:
         prompt if type(prompt) is int else -1,
         completion if type(completion) is int else -1,
     )
+
+
+def _usage(body: bytes) -> tuple[int, int]:
+    """Prompt and completion tokens from a JSON response's top-level ``usage`` (vLLM's classify
+    response has one), ``-1`` for what is missing."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return -1, -1
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(usage, dict):
+        return -1, -1
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (prompt if type(prompt) is int else -1, completion if type(completion) is int else -1)

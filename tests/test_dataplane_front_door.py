@@ -1,0 +1,524 @@
+"""The dataplane's front door with real processes: /metrics, /v1/decide, /v1/models, headers.
+
+Besides the stack's two simulated engines, the module starts a simulated single-pass replica
+(``fake-engine`` serving a classifier model) and an ad-hoc HTTP/1.1 engine written on raw sockets,
+which answers with exactly the headers and encodings the simulator never sends: hop-by-hop headers,
+headers named by ``Connection``, gzip bodies whole and streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from luftpause.dataplane.app import CALLER_MAX_BYTES, truncate_caller
+from luftpause.dataplane.metrics import CONTENT_TYPE
+from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+RAW_MODEL = "raw-engine-model"
+CLASSIFIER = "sim-classifier"
+PLAIN_STREAM = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},'
+    b'"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+PLAIN_COMPLETION = orjson.dumps(
+    {
+        "id": "c2",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+)
+
+
+# --- an engine on raw sockets ----------------------------------------------------------------------
+
+
+@dataclass
+class RawEngine:
+    """HTTP/1.1 on raw sockets, one request per connection, in its own thread and event loop.
+
+    The request body's ``"adhoc"`` field picks the answer; ``received`` keeps each request's headers
+    (lower-case names) under its ``"adhoc_id"``.
+    """
+
+    port: int
+    received: dict[str, dict[str, str]] = field(default_factory=dict)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _server: asyncio.Server | None = None
+
+    def start(self) -> RawEngine:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+            ready.set()
+            loop.run_forever()
+            self._server.close()
+            loop.run_until_complete(self._server.wait_closed())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="raw-engine", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the raw engine did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            request = orjson.loads(body) if body else {}
+            self.received[str(request.get("adhoc_id", ""))] = headers
+            writer.write(_raw_answer(str(request.get("adhoc", ""))))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _raw_answer(kind: str) -> bytes:
+    """The whole HTTP response for one ``kind`` of answer; the connection closes after it."""
+    if kind == "gzip-whole":
+        body = gzip.compress(PLAIN_COMPLETION)
+        head = [
+            "HTTP/1.1 200 OK",
+            "content-type: application/json",
+            "content-encoding: gzip",
+            f"content-length: {len(body)}",
+            "connection: close",
+        ]
+    elif kind == "gzip-stream":
+        body = gzip.compress(PLAIN_STREAM)
+        head = [
+            "HTTP/1.1 200 OK",
+            "content-type: text/event-stream",
+            "content-encoding: gzip",
+            "cache-control: no-store",  # the relay's own no-cache must replace it, not join it
+            "connection: close",  # the body ends when the connection does
+        ]
+    else:  # hop-by-hop headers, one of them named only by Connection
+        body = PLAIN_COMPLETION
+        head = [
+            "HTTP/1.1 200 OK",
+            "content-type: application/json",
+            f"content-length: {len(body)}",
+            "connection: close, x-private-hop",
+            "x-private-hop: secret",
+            "keep-alive: timeout=5",
+            "proxy-connection: keep-alive",
+            "te: trailers",
+            "trailer: x-checksum",
+            "x-end-to-end: kept",
+        ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+# --- the stack -------------------------------------------------------------------------------------
+
+
+@dataclass
+class FrontDoor:
+    stack: Stack
+    raw: RawEngine
+    classifier_url: str
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    workdir = tmp_path_factory.mktemp("front-door")
+    raw = RawEngine(free_port()).start()
+    classifier_port = free_port()
+    classifier = ChildProcess(
+        "classifier",
+        ["fake-engine", "--port", str(classifier_port), "--model", CLASSIFIER],
+        workdir / "classifier.log",
+        ready_url=f"http://127.0.0.1:{classifier_port}/health",
+    )
+    extra = f"""
+[[replicas]]
+name = "raw"
+url = "http://127.0.0.1:{raw.port}"
+models = ["{RAW_MODEL}"]
+health_path = ""  # not probed: it answers nothing but chat completions
+
+[[replicas]]
+name = "classifier"
+url = "http://127.0.0.1:{classifier_port}"
+models = ["{CLASSIFIER}"]
+kind = "single_pass"
+"""
+    try:
+        classifier.start().wait_ready()
+        stack = Stack.start(workdir, extra_config=extra)
+        try:
+            stack.wait_connected()
+            yield FrontDoor(stack, raw, f"http://127.0.0.1:{classifier_port}")
+        finally:
+            stack.stop()
+    finally:
+        classifier.stop()
+        raw.stop()
+
+
+def request(
+    stack: Stack,
+    method: str,
+    path: str,
+    body: dict[str, Any] | bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request with http.client, which sends exactly the headers given (no Connection or
+    Accept-Encoding of its own) and never decodes a content encoding."""
+    host, _, port = stack.dataplane_url.removeprefix("http://").partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        data = body if isinstance(body, bytes) or body is None else orjson.dumps(body)
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        all_headers = {"content-type": "application/json", **(headers or {})}
+        if data is not None:
+            all_headers["content-length"] = str(len(data))
+        for name, value in all_headers.items():
+            connection.putheader(name, value)
+        connection.endheaders(data)
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
+def chat(model: str, *, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 8,
+        "stream": stream,
+        **extra,
+    }
+
+
+# --- hop-by-hop headers and content encoding --------------------------------------------------------
+
+
+def test_hop_by_hop_headers_are_not_forwarded_either_way(front: FrontDoor) -> None:
+    status, headers, body = request(
+        front.stack,
+        "POST",
+        "/v1/chat/completions",
+        chat(RAW_MODEL, adhoc="hop", adhoc_id="hop-1"),
+        {
+            "connection": "close, x-client-hop",
+            "x-client-hop": "private to the first hop",
+            "keep-alive": "timeout=30",
+            "proxy-connection": "keep-alive",
+            "te": "trailers",
+            "upgrade": "h2c",
+        },
+    )
+    assert status == 200
+    assert body == PLAIN_COMPLETION
+    received = front.raw.received["hop-1"]
+    for name in ("x-client-hop", "keep-alive", "proxy-connection", "te", "upgrade"):
+        assert name not in received, name
+    assert received.get("connection", "") in ("", "keep-alive", "close")  # aiohttp's own, not ours
+    answered = {name.lower() for name in headers}
+    for name in ("x-private-hop", "keep-alive", "proxy-connection", "te", "trailer"):
+        assert name not in answered, name
+    assert headers["x-end-to-end"] == "kept"
+    assert headers["x-luftpause-run-id"].startswith("run-")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_gzip_answer_reaches_the_client_decoded_and_without_its_encoding_header(
+    front: FrontDoor, stream: bool
+) -> None:
+    kind = "gzip-stream" if stream else "gzip-whole"
+    status, headers, body = request(
+        front.stack, "POST", "/v1/chat/completions", chat(RAW_MODEL, stream=stream, adhoc=kind)
+    )
+    assert status == 200
+    # The body and its header agree: decoded bytes, no content-encoding.
+    assert "content-encoding" not in {name.lower() for name in headers}
+    assert body == (PLAIN_STREAM if stream else PLAIN_COMPLETION)
+    if stream:
+        assert headers.get_all("cache-control") == ["no-cache"]
+        assert headers.get_all("x-accel-buffering") == ["no"]
+
+
+def test_a_stream_says_no_cache_and_no_proxy_buffering(front: FrontDoor) -> None:
+    status, headers, body = request(
+        front.stack, "POST", "/v1/chat/completions", chat(front.stack.model, stream=True)
+    )
+    assert status == 200
+    assert headers.get_all("cache-control") == ["no-cache"]
+    assert headers.get_all("x-accel-buffering") == ["no"]
+    assert body.rstrip().endswith(b"data: [DONE]")
+
+
+# --- x-luftpause-run-id on every path ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "extra_headers", "code"),
+    [
+        (chat("llama-3.2-1b"), {}, 200),
+        (chat("llama-3.2-1b", stream=True), {}, 200),
+        (chat("llama-3.2-1b", luftpause_fault={"kind": "status", "status": 429, "retry_after": 3}), {}, 429),
+        (chat("no-such-model"), {}, 404),
+        (chat("llama-3.2-1b"), {"x-luftpause-class": "urgent"}, 400),
+        (b"{not json", {}, 400),
+    ],
+    ids=["whole", "streamed", "engine-429", "unknown-model", "bad-class", "bad-json"],
+)
+def test_every_chat_answer_carries_the_run_id(
+    front: FrontDoor, payload: dict[str, Any] | bytes, extra_headers: dict[str, str], code: int
+) -> None:
+    given = {"x-luftpause-run-id": "run-on-every-path", **extra_headers}
+    status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", payload, given)
+    assert status == code
+    assert headers["x-luftpause-run-id"] == "run-on-every-path"
+    if not isinstance(payload, bytes) and status != 400:  # a turn: a new run when none is given
+        status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", payload, extra_headers)
+        assert status == code
+        assert headers["x-luftpause-run-id"].startswith("run-")
+
+
+def test_unknown_service_class_names_the_allowed_values(front: FrontDoor) -> None:
+    status, _, body = request(
+        front.stack, "POST", "/v1/chat/completions", chat(front.stack.model), {"x-luftpause-class": "bulk"}
+    )
+    assert status == 400
+    assert orjson.loads(body) == {
+        "error": {"message": "x-luftpause-class must be 'interactive' or 'batch', not 'bulk'"}
+    }
+
+
+@pytest.mark.parametrize(
+    ("caller", "expected"),
+    [
+        ("a" * 128, "a" * 128),
+        ("a" * 129, "a" * 128),
+        ("é" * 64, "é" * 64),  # 128 bytes exactly
+        ("a" + "é" * 64, "a" + "é" * 63),  # never half of a two-byte character
+        ("€" * 50, "€" * 42),  # 126 bytes: a third of a character would not fit
+        ("", ""),
+    ],
+)
+def test_caller_is_truncated_to_128_bytes_of_whole_characters(caller: str, expected: str) -> None:
+    assert truncate_caller(caller) == expected
+    assert len(truncate_caller(caller).encode()) <= CALLER_MAX_BYTES
+
+
+# --- /v1/models -------------------------------------------------------------------------------------
+
+
+def test_models_are_the_union_of_every_replicas_including_single_pass(front: FrontDoor) -> None:
+    status, _, body = request(front.stack, "GET", "/v1/models")
+    assert status == 200
+    assert [m["id"] for m in orjson.loads(body)["data"]] == [front.stack.model, RAW_MODEL, CLASSIFIER]
+
+
+# --- /v1/decide -------------------------------------------------------------------------------------
+
+
+def test_decide_with_an_unknown_model_is_404_with_the_json_error_and_no_run_id(front: FrontDoor) -> None:
+    status, headers, body = request(
+        front.stack,
+        "POST",
+        "/v1/decide",
+        {"model": "no-such-classifier", "input": "hi"},
+        {"x-luftpause-run-id": "run-ignored"},
+    )
+    assert status == 404
+    assert list(orjson.loads(body)) == ["error"]
+    assert "no-such-classifier" in orjson.loads(body)["error"]["message"]
+    assert "x-luftpause-run-id" not in headers
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"{nope",
+        {"input": "hi"},
+        {"model": CLASSIFIER},
+        {"model": CLASSIFIER, "input": []},
+        {"model": CLASSIFIER, "input": [1, 2]},
+        {"model": CLASSIFIER, "input": {"text": "hi"}},
+    ],
+)
+def test_decide_refuses_a_malformed_request_with_400_and_no_run_id(
+    front: FrontDoor, payload: dict[str, Any] | bytes
+) -> None:
+    status, headers, body = request(
+        front.stack, "POST", "/v1/decide", payload, {"x-luftpause-run-id": "run-ignored"}
+    )
+    assert status == 400
+    assert list(orjson.loads(body)["error"]) == ["message"]
+    assert "x-luftpause-run-id" not in headers
+
+
+def test_decide_only_takes_post(front: FrontDoor) -> None:
+    status, headers, _ = request(front.stack, "GET", "/v1/decide")
+    assert status == 405
+    assert headers["allow"] == "POST"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the scheduler core's single-pass rule (AdmitRequest.single_pass to single-pass "
+    "replicas); until it lands the scheduler refuses every single-pass model with 404",
+)
+@pytest.mark.parametrize("given", ["Is this spam?", ["first text", "second, longer text"]])
+def test_decide_relays_the_classifiers_answer_unchanged(front: FrontDoor, given: str | list[str]) -> None:
+    payload = {"model": CLASSIFIER, "input": given}
+    status, headers, body = request(front.stack, "POST", "/v1/decide", payload)
+    assert status == 200, body
+    assert "x-luftpause-run-id" not in headers
+    # The same request sent to the replica directly gives the same answer, but for its id and clock.
+    host, _, port = front.classifier_url.removeprefix("http://").partition(":")
+    direct = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        direct.request("POST", "/classify", orjson.dumps(payload), {"content-type": "application/json"})
+        expected = orjson.loads(direct.getresponse().read())
+    finally:
+        direct.close()
+    answer = orjson.loads(body)
+    for volatile in ("id", "created"):
+        answer.pop(volatile, None)
+        expected.pop(volatile, None)
+    assert answer == expected
+    assert len(answer["data"]) == (1 if isinstance(given, str) else 2)
+    assert headers["x-luftpause-simulated"] == "1"  # the engine's own headers come through
+
+
+# --- /metrics ---------------------------------------------------------------------------------------
+
+
+def scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the dataplane's /metrics, by name and sorted labels."""
+    status, headers, body = request(stack, "GET", "/metrics")
+    assert status == 200
+    assert headers["content-type"] == CONTENT_TYPE
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def turns(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], outcome: str, cls: str) -> float:
+    return samples.get(
+        ("luftpause_dataplane_turns_total", (("outcome", outcome), ("service_class", cls))), 0.0
+    )
+
+
+def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
+    stack = front.stack
+    before = scrape(stack)
+    deadline = time.monotonic() + 10  # the turns of earlier tests have all ended
+    while before[("luftpause_dataplane_turns_in_flight", ())] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        before = scrape(stack)
+    client = openai.OpenAI(base_url=f"{stack.dataplane_url}/v1", api_key="unused", max_retries=0)
+    relayed = 0
+    # finished: one streamed, one whole (interactive), one whole (batch)
+    with client.chat.completions.with_streaming_response.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+    ) as response:
+        relayed += len(b"".join(response.iter_bytes()))
+    raw = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+    )
+    relayed += len(raw.http_response.content)
+    raw = client.chat.completions.with_raw_response.create(
+        model=stack.model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=8,
+        extra_headers={"x-luftpause-class": "batch"},
+    )
+    relayed += len(raw.http_response.content)
+    # failed: the engine answers 500
+    status, _, body = request(
+        stack,
+        "POST",
+        "/v1/chat/completions",
+        chat(stack.model, luftpause_fault={"kind": "status", "status": 500}),
+    )
+    assert status == 500
+    relayed += len(body)
+    # refused: no replica serves the model
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+
+    expected = {("finished", "interactive"): 2, ("finished", "batch"): 1, ("failed", "interactive"): 1}
+    expected[("refused", "interactive")] = 1
+    # A turn is counted when the relay has ended it, which may be just after the client read its end.
+    deadline = time.monotonic() + 10
+    after = scrape(stack)
+    while time.monotonic() < deadline and any(
+        turns(after, o, c) - turns(before, o, c) < n for (o, c), n in expected.items()
+    ):
+        time.sleep(0.05)
+        after = scrape(stack)
+    for outcome in ("finished", "failed", "abandoned", "refused"):
+        for cls in ("interactive", "batch"):
+            assert turns(after, outcome, cls) - turns(before, outcome, cls) == expected.get(
+                (outcome, cls), 0
+            ), (
+                outcome,
+                cls,
+            )
+
+    def delta(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    interactive = (("service_class", "interactive"),)
+    batch = (("service_class", "batch"),)
+    # time to first token: the three finished turns; held time: the four placed ones
+    ttft = "luftpause_dataplane_time_to_first_token_seconds_count"
+    assert delta(ttft, interactive) == 2 and delta(ttft, batch) == 1
+    held = "luftpause_dataplane_held_seconds_count"
+    assert delta(held, interactive) == 3 and delta(held, batch) == 1
+    assert delta("luftpause_dataplane_relayed_bytes_total") == relayed
+    assert after[("luftpause_dataplane_turns_in_flight", ())] == 0
+    assert after[("luftpause_dataplane_turns_held", ())] == 0
+    # no label can grow without bound: no run ids, no callers
+    label_names = {name for (_, labels) in after for name, _ in labels}
+    assert label_names <= {"outcome", "service_class", "le"}
+
+
+def test_metrics_need_no_token_and_take_only_get(front: FrontDoor) -> None:
+    status, headers, _ = request(front.stack, "POST", "/metrics", b"")
+    assert status == 405
+    assert headers["allow"] == "GET, HEAD"
