@@ -1124,3 +1124,96 @@ def test_no_extensions_variable_selects_the_pure_twin() -> None:
     env = {**os.environ, "LUFTPAUSE_NO_EXTENSIONS": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "luftpause.dataplane._sse_py"]
+
+
+# --- the checklist of issue 4, case by case ----------------------------------------------------------
+
+
+def test_parallel_tool_calls_sharing_an_index_keep_both_ids(scanner_cls: ScannerClass) -> None:
+    """Some engines send parallel calls all at index 0: each id is a call of its own."""
+    reads = [
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "call_0", "function": {"name": "a"}}]})),
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "", "function": {"arguments": "{}"}}]})),
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "b"}}]})),
+        event(chunk_object({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]})),
+        event(chunk_object({}, "tool_calls")),
+    ]
+    scanner, firsts = scan(scanner_cls, reads)
+    assert scanner.tool_call_ids == ["call_0", "call_1"]
+    assert firsts == [0]
+    assert scanner.finish_reason == "tool_calls"
+
+
+def test_parallel_tool_calls_in_one_delta_keep_both_ids(scanner_cls: ScannerClass) -> None:
+    calls = [
+        {"index": 0, "id": "call_a", "function": {"name": "a", "arguments": "{}"}},
+        {"index": 0, "id": "call_b", "function": {"name": "b", "arguments": "{}"}},
+    ]
+    scanner, _ = scan(scanner_cls, [event(chunk_object({"tool_calls": calls}, "stop"))])
+    assert scanner.tool_call_ids == ["call_a", "call_b"]
+    assert scanner.finish_reason == "tool_calls"  # the engine said "stop" in the same chunk
+
+
+def test_an_empty_read_between_cr_and_lf_changes_nothing(scanner_cls: ScannerClass) -> None:
+    scanner, _ = scan(scanner_cls, [b"data: a\r", b"", b"\n", b"", b"\r", b"", b"\ndata: [DONE]\r\n\r\n"])
+    assert scanner.events == [b"a", b"[DONE]"]
+    assert scanner.done
+
+
+def test_role_chunk_carrying_usage_is_not_the_first_token(scanner_cls: ScannerClass) -> None:
+    """vLLM with continuous usage stats puts usage on every chunk, the role chunk too."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
+    reads = [
+        event(chunk_object({"role": "assistant", "content": ""}, usage=usage)),
+        event(chunk_object({"content": "x"}, usage={**usage, "completion_tokens": 1})),
+    ]
+    scanner, firsts = scan(scanner_cls, reads)
+    assert firsts == [1]
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (5, 1)
+
+
+@pytest.mark.parametrize(
+    "delta", [{"reasoning": ""}, {"reasoning": None}, {"reasoning_content": None}, {"content": 0}]
+)
+def test_first_token_not_triggered_by_empty_reasoning_or_odd_content(
+    scanner_cls: ScannerClass, delta: dict[str, Any]
+) -> None:
+    scanner, firsts = scan(
+        scanner_cls, [event(chunk_object({"role": "assistant"})), event(chunk_object(delta))]
+    )
+    assert firsts == []
+    assert not scanner.first_token_seen
+
+
+def test_hundreds_of_kb_of_multibyte_arguments_cut_at_odd_offsets(scanner_cls: ScannerClass) -> None:
+    """A long line whose reads split UTF-8 characters and whose line ends are CRLF."""
+    arguments = json.dumps({"text": "Grüße, 世界 🎉 " * 20_000}, ensure_ascii=False)
+    assert len(arguments.encode()) > 400_000
+    first = event(chunk_object({"tool_calls": [{"index": 0, "id": "call_long", "function": {"name": "w"}}]}))
+    long_event = event(
+        chunk_object({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}), b"\r\n"
+    )
+    stream = first + long_event + event(chunk_object({}, "stop"), b"\r\n") + b"data: [DONE]\r\n\r\n"
+    for step in (4093, 65_537):
+        scanner, firsts = scan(scanner_cls, split_at(stream, range(step, len(stream), step)))
+        assert firsts == [0]
+        assert scanner.tool_call_ids == ["call_long"]
+        assert scanner.finish_reason == "tool_calls"
+        assert scanner.done
+        parsed = orjson.loads(scanner.events[1])
+        assert parsed["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] == arguments
+
+
+def test_stream_of_only_done(scanner_cls: ScannerClass) -> None:
+    scanner, firsts = scan(scanner_cls, [b"data: [DONE]\n\n"])
+    assert firsts == []
+    assert scanner.done and scanner.finish_reason is None and not scanner.first_token_seen
+
+
+def test_usage_only_final_chunk_then_no_done(scanner_cls: ScannerClass) -> None:
+    """The engine closed after its usage chunk without [DONE]: finish reason and usage still read."""
+    events = openai_stream()[:-1]
+    scanner, _ = scan(scanner_cls, [b"".join(events)[:-1], b"\n"])
+    assert not scanner.done
+    assert scanner.finish_reason == "stop"
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (31, 4)
