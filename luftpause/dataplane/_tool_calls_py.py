@@ -57,7 +57,9 @@ DEFAULT_TTL_S = 1800.0
 """How long an emitted tool-call id is remembered, in seconds (DESIGN.md: 30 min)."""
 
 DEFAULT_MAX_ENTRIES = 1_000_000
-"""At most this many ids are held; about 200 bytes each, so some 200 MB at worst."""
+"""At most this many ids are held. An id of 30 characters costs about 190 bytes in the compiled twin and
+290 in this one (measured with tracemalloc), so 190-290 MB at worst: reached only by a flood, since
+10,000 runs emitting a round of 1-4 ids a minute hold about 600,000."""
 
 MAX_LOOKUP_IDS = 64
 """At most this many ids are taken from one request: far more than one tool round has, and a
