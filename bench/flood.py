@@ -1,0 +1,297 @@
+"""Interactive runs under a batch flood: SGLang's router vs luftpause, on simulated engines.
+
+    .venv/bin/python bench/flood.py                      # flood + light-load control, 2 repetitions
+    .venv/bin/python bench/flood.py --duration-s 20 --repeat 1 --json /tmp/flood.json
+
+Two simulated engine replicas (``luftpause fake-engine``: continuous batching, a FIFO waiting
+queue, a per-replica LRU prefix cache, decode slowing with the batch) are saturated by closed-loop
+own-loop agents (:mod:`luftpause.testkit.agents`): 48 batch runs of caller ``bulk`` with 4
+interactive runs of caller ``ide`` beside them, each run a few tool rounds on a system prompt of
+its own. The same load is sent, one arrangement after another, with fresh engines each time:
+
+* ``router``: straight to SGLang's router (``sglang-router``, ``--policy cache_aware``) in front of
+  the two engines; skipped with the reason when the package is not installed;
+* ``luftpause``: through the dataplane and scheduler;
+* ``luftpause-no-affinity``: the same with the scheduler's strict affinity off
+  (``[scheduler] affinity = false``), to show how much of the gain is keeping a run on the replica
+  that holds its prefix.
+
+Then a light-load control (4 interactive runs only: the engines never queue), where every
+arrangement should perform alike. Reported per arrangement: interactive runs/min, interactive run
+time p50, batch runs/min and the prompt-token cache hit rate (``cached_tokens`` over
+``prompt_tokens`` from the engines' usage), each the median over ``--repeat`` repetitions, with
+ratios against the router. Arrangements run in a rotated order in each repetition, so drift on
+this shared machine does not favour one. Every figure is from SIMULATED engines.
+
+``--json PATH`` writes ``{"simulated": true, "settings": {...}, "flood": [rows], "control":
+[rows]}``, each row ``{"arrangement", "interactiveRunsPerMinute", "interactiveRunTimeP50",
+"batchRunsPerMinute", "cacheHitRate", "failed", "repetitions": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from luftpause.config import DEFAULT_MODEL
+from luftpause.testkit.agents import AgentGroup, AgentSettings, closed_loop
+from luftpause.testkit.loadgen import summarize_agents
+from luftpause.testkit.procs import ChildProcess, free_port
+
+ARRANGEMENTS = ("router", "luftpause", "luftpause-no-affinity")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one pass sends; times in seconds."""
+
+    batch_agents: int
+    interactive_agents: int
+    duration_s: float
+    tool_rounds: int
+    context_tokens: int
+    tool_seconds: float
+    max_tokens: int
+
+    def groups(self) -> list[AgentGroup]:
+        groups = [AgentGroup(self.interactive_agents, "interactive", "ide")]
+        if self.batch_agents:
+            groups.append(AgentGroup(self.batch_agents, "batch", "bulk"))
+        return groups
+
+
+class Pool:
+    """Two fresh simulated engines and, in front of them, one arrangement; a context manager."""
+
+    def __init__(self, workdir: Path, arrangement: str, engine_args: list[str], slots: int) -> None:
+        self.workdir = workdir
+        self.arrangement = arrangement
+        self.engine_args = engine_args
+        self.slots = slots
+        self.children: list[ChildProcess] = []
+        self.url = ""
+
+    def __enter__(self) -> Pool:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+    def _child(self, name: str, argv: list[str], ready_url: str) -> None:
+        child = ChildProcess(name, argv, self.workdir / f"{name}.log", ready_url=ready_url)
+        self.children.append(child.start())
+        child.wait_ready()
+
+    def _start(self) -> None:
+        ports = [free_port(), free_port()]
+        for i, port in enumerate(ports):
+            argv = ["fake-engine", "--port", str(port), "--model", DEFAULT_MODEL, "--seed", str(i)]
+            self._child(f"engine{i}", [*argv, *self.engine_args], f"http://127.0.0.1:{port}/health")
+        engines = [f"http://127.0.0.1:{port}" for port in ports]
+        if self.arrangement == "router":
+            port = free_port()
+            router = ChildProcess(
+                "router", [], self.workdir / "router.log", ready_url=f"http://127.0.0.1:{port}/health"
+            )
+            router.argv = [
+                sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines,
+                "--log-level", "warn",
+            ]  # fmt: skip
+            self.children.append(router.start())
+            router.wait_ready(timeout=60)
+            self.url = f"http://127.0.0.1:{port}"
+            return
+        grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
+        affinity = "affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
+        replicas = "".join(
+            f'\n[[replicas]]\nname = "sim-{i}"\nurl = "{url}"\nmodels = ["{DEFAULT_MODEL}"]\n'
+            f"max_inflight = {self.slots}\n"
+            for i, url in enumerate(engines)
+        )
+        config = self.workdir / "luftpause.toml"
+        config.write_text(
+            f'[scheduler]\ngrpc = "127.0.0.1:{grpc_port}"\nhttp = "127.0.0.1:{status_port}"\n{affinity}\n'
+            f'[dataplane]\nlisten = "127.0.0.1:{dp_port}"\nscheduler = "127.0.0.1:{grpc_port}"\n{replicas}'
+        )
+        conf = ["--config", str(config)]
+        self._child("scheduler", ["scheduler", *conf], f"http://127.0.0.1:{status_port}/health")
+        self._child("dataplane", ["dataplane", *conf], f"http://127.0.0.1:{dp_port}/health")
+        self.url = f"http://127.0.0.1:{dp_port}"
+
+
+def unavailable(arrangement: str) -> str | None:
+    """Why ``arrangement`` cannot be measured here, or ``None``."""
+    if arrangement == "router" and importlib.util.find_spec("sglang_router") is None:
+        return "sglang-router is not installed (pip install sglang-router)"
+    return None
+
+
+def measure(arrangement: str, load: Load, engine_args: list[str], slots: int) -> dict[str, Any]:
+    """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary."""
+    with (
+        tempfile.TemporaryDirectory(prefix=f"flood-{arrangement}-") as tmp,
+        Pool(Path(tmp), arrangement, engine_args, slots) as pool,
+    ):
+        settings = AgentSettings(
+            proxy=pool.url,
+            model=DEFAULT_MODEL,
+            task="Research the question with the lookup tool, then answer briefly.",
+            tool_rounds=load.tool_rounds,
+            context_tokens=load.context_tokens,
+            tool_seconds=load.tool_seconds,
+            max_tokens=load.max_tokens,
+        )
+        groups = load.groups()
+        outcomes = asyncio.run(closed_loop(settings, groups, load.duration_s))
+        summary = summarize_agents(groups, outcomes, load.duration_s)
+        if any(group["failed"] for group in summary["groups"]):
+            logs = "\n".join(f"--- {c.name}\n{c.log_tail(10)}" for c in pool.children)
+            print(f"{arrangement}: failed runs: {summary['errors']}\n{logs}", file=sys.stderr)
+        return summary
+
+
+def row_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one pass: interactive and batch runs/min, run time p50, cache hit rate."""
+    by_class = {group["class"]: group for group in summary["groups"]}
+    interactive = by_class["interactive"]
+    batch = by_class.get("batch")
+    prompt = sum(g["promptTokens"] for g in summary["groups"])
+    cached = sum((g["cacheHitRate"] or 0.0) * g["promptTokens"] for g in summary["groups"])
+    return {
+        "interactiveRunsPerMinute": interactive["runsPerMinute"],
+        "interactiveRunTimeP50": interactive["runTimeP50"],
+        "batchRunsPerMinute": batch["runsPerMinute"] if batch else None,
+        "cacheHitRate": round(cached / prompt, 4) if prompt else None,
+        "failed": sum(g["failed"] for g in summary["groups"]),
+    }
+
+
+def median_row(arrangement: str, passes: list[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"arrangement": arrangement}
+    for key in ("interactiveRunsPerMinute", "interactiveRunTimeP50", "batchRunsPerMinute", "cacheHitRate"):
+        values = [p[key] for p in passes if p[key] is not None]
+        row[key] = round(statistics.median(values), 4) if values else None
+    row["failed"] = sum(p["failed"] for p in passes)
+    row["repetitions"] = passes
+    return row
+
+
+def run_series(
+    name: str, load: Load, arrangements: list[str], repeat: int, engine_args: list[str], slots: int
+) -> list[dict[str, Any]]:
+    passes: dict[str, list[dict[str, Any]]] = {a: [] for a in arrangements}
+    for rep in range(repeat):
+        order = arrangements[rep % len(arrangements) :] + arrangements[: rep % len(arrangements)]
+        for arrangement in order:
+            started = time.monotonic()
+            row = row_of(measure(arrangement, load, engine_args, slots))
+            print(
+                f"{name} #{rep + 1} {arrangement}: {row} ({time.monotonic() - started:.0f} s)",
+                file=sys.stderr,
+            )
+            passes[arrangement].append(row)
+    return [median_row(a, passes[a]) for a in arrangements]
+
+
+def render(title: str, rows: list[dict[str, Any]], skipped: dict[str, str]) -> str:
+    base = next((r for r in rows if r["arrangement"] == "router"), None)
+
+    def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+        value = row[key]
+        if value is None:
+            return "-"
+        text = format(value, fmt)
+        if base is not None and row is not base and base[key]:
+            text += f" ({value / base[key]:.2f}x)"
+        return text
+
+    lines = [
+        f"{title} (SIMULATED engines; ratios against the router)",
+        f"{'arrangement':<24}{'interactive runs/min':>26}{'interactive p50 s':>24}"
+        f"{'batch runs/min':>24}{'cache hits':>20}{'failed':>8}",
+    ]
+    for row in rows:
+        lines.append(
+            f"{row['arrangement']:<24}{cell(row, 'interactiveRunsPerMinute', '.1f'):>26}"
+            f"{cell(row, 'interactiveRunTimeP50', '.2f'):>24}{cell(row, 'batchRunsPerMinute', '.1f'):>24}"
+            f"{cell(row, 'cacheHitRate', '.1%'):>20}{row['failed']:>8}"
+        )
+    lines += [f"{name:<24}not measured: {why}" for name, why in skipped.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration-s", type=float, default=60.0, help="seconds per pass (default 60)")
+    parser.add_argument("--repeat", type=int, default=2, help="repetitions (default 2)")
+    parser.add_argument("--batch", type=int, default=48, help="batch agents in the flood (default 48)")
+    parser.add_argument("--interactive", type=int, default=4, help="interactive agents (default 4)")
+    parser.add_argument("--slots", type=int, default=8, help="running slots per engine (default 8)")
+    parser.add_argument(
+        "--context-tokens", type=int, default=2000, help="system prompt per run (default 2000)"
+    )
+    parser.add_argument("--tool-rounds", type=int, default=3, help="tool rounds per run (default 3)")
+    parser.add_argument("--tool-seconds", type=float, default=0.5, help="seconds per tool call (default 0.5)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="reply tokens per turn (default 48)")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="the simulator's time scale (default 1)"
+    )
+    parser.add_argument(
+        "--arrangements",
+        default=",".join(ARRANGEMENTS),
+        help=f"comma-separated, of {', '.join(ARRANGEMENTS)}",
+    )
+    parser.add_argument("--no-control", action="store_true", help="skip the light-load control")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    wanted = [a for a in args.arrangements.split(",") if a]
+    if unknown := [a for a in wanted if a not in ARRANGEMENTS]:
+        parser.error(f"unknown arrangements {unknown}; choose from {ARRANGEMENTS}")
+    skipped = {a: why for a in wanted if (why := unavailable(a))}
+    arrangements = [a for a in wanted if a not in skipped]
+    engine_args = [
+        "--slots", str(args.slots), "--prefill-ms-per-1k", "40", "--decode-ms", "8",
+        "--batch-slowdown", "0.05", "--cache-tokens", str(args.slots * 3000),
+        "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
+    ]  # fmt: skip
+    common = {
+        "duration_s": args.duration_s,
+        "tool_rounds": args.tool_rounds,
+        "context_tokens": args.context_tokens,
+        "tool_seconds": args.tool_seconds,
+        "max_tokens": args.max_tokens,
+    }
+    flood = Load(args.batch, args.interactive, **common)
+    result: dict[str, Any] = {
+        "simulated": True,
+        "settings": {"engine": engine_args, "flood": vars(flood), "repeat": args.repeat, "skipped": skipped},
+    }
+    result["flood"] = run_series("flood", flood, arrangements, args.repeat, engine_args, args.slots)
+    print(render("Interactive under a batch flood", result["flood"], skipped))
+    if not args.no_control:
+        control = Load(0, args.interactive, **common)
+        result["control"] = run_series("control", control, arrangements, args.repeat, engine_args, args.slots)
+        print(render("Light-load control (no queue)", result["control"], skipped))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
