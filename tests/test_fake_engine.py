@@ -148,7 +148,8 @@ async def test_non_streamed_answer_parses_with_the_openai_client(engine: Running
     assert choice.message.tool_calls is None
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 12
-    assert answer.usage.prompt_tokens == math.ceil(len("You are terse.") / 4) + math.ceil(len("hello there") / 4)
+    per_message = [math.ceil(len(text) / 4) for text in ("You are terse.", "hello there")]
+    assert answer.usage.prompt_tokens == sum(per_message)
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
 
 

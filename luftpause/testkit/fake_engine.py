@@ -1,9 +1,13 @@
 """``luftpause fake-engine``: an OpenAI-compatible engine simulator standing in for SGLang/vLLM.
 
 It speaks the chat completions wire format as vLLM and SGLang do (streamed and not, tool calls,
-usage, first-token logprobs), schedules requests on a fixed number of running slots with a FIFO
-queue, takes prefill and decode time from a simple cost model, and reports its load on
-``/metrics`` under SGLang's names. The pieces live in :mod:`luftpause.testkit.engine`.
+usage with cached tokens, logprobs) and vLLM's ``/classify``; schedules requests on a fixed number
+of running slots with a waiting queue (FIFO or by priority); keeps a prefix cache per replica
+(LRU, bounded in tokens); takes prefill and decode time from a cost model where decode slows as
+the batch grows, all scaled by ``--time-scale``; and reports its load on ``/metrics`` under
+SGLang's or vLLM's names. Every answer says it is simulated (``x-luftpause-simulated: 1``,
+``"system_fingerprint": "luftpause-simulator"``). The pieces live in
+:mod:`luftpause.testkit.engine`.
 
 It misbehaves on demand (:mod:`luftpause.testkit.engine.faults`): per request through the body's
 ``"luftpause_fault"`` field, or for a random fraction of requests with ``--fault SPEC
@@ -23,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 
 import uvloop
 
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
 from luftpause.testkit.engine.faults import parse_fault_option
-from luftpause.testkit.engine.settings import DEFAULT_MODEL
+from luftpause.testkit.engine.settings import DEFAULT_MODEL, METRIC_NAMINGS, PRIORITY_ORDERS
 
 __all__ = [
     "EngineSettings",
@@ -71,6 +76,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.decode_ms,
         metavar="MS",
         help="milliseconds per output token (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-slowdown",
+        type=float,
+        default=defaults.batch_slowdown,
+        metavar="F",
+        help="per-token decode time added by each other running request, as a fraction of --decode-ms "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prefix cache bound in tokens, LRU beyond it; 0 for none (default: the KV pool, slots x 8192)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=defaults.time_scale,
+        metavar="F",
+        help="multiply every simulated duration by F: 0.1 runs 10x faster (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics",
+        choices=METRIC_NAMINGS,
+        default=defaults.metrics,
+        help="Prometheus names on /metrics (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=PRIORITY_ORDERS,
+        default=defaults.priority_order,
+        help="waiting-queue order by the request's priority field: fcfs ignores it, lower_first as vLLM, "
+        "higher_first as SGLang (default: %(default)s)",
     )
     parser.add_argument(
         "--max-tokens",
@@ -127,6 +167,11 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         slots=args.slots,
         prefill_ms_per_1k=args.prefill_ms_per_1k,
         decode_ms=args.decode_ms,
+        batch_slowdown=args.batch_slowdown,
+        cache_tokens=args.cache_tokens,
+        time_scale=args.time_scale,
+        metrics=args.metrics,
+        priority_order=args.priority,
         max_tokens=args.max_tokens,
         tool_rounds=args.tool_rounds,
         seed=args.seed,
@@ -147,7 +192,18 @@ def run(args: argparse.Namespace) -> int:
     return uvloop.run(_serve(settings, args.host, args.port))
 
 
+def _not_an_http2_probe(record: logging.LogRecord) -> bool:
+    """False for aiohttp's error about an HTTP/2 connection preface (``PRI * HTTP/2.0``).
+
+    SGLang's router opens one to each worker to find out whether it speaks gRPC, then falls back
+    to HTTP/1.1; the refusal is the expected answer, not an error worth a traceback in the log.
+    """
+    error = record.exc_info[1] if record.exc_info else None
+    return not (error is not None and "PRI/Upgrade" in str(error))
+
+
 async def _serve(settings: EngineSettings, host: str, port: int) -> int:
+    logging.getLogger("aiohttp.server").addFilter(_not_an_http2_probe)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -88,7 +88,11 @@ class Reply:
     def top_logprobs(self, piece: ContentPiece, count: int) -> list[tuple[str, float]]:
         """(token, natural-log probability) for ``piece`` and ``count - 1`` alternatives, most
         likely first; the chosen token has probability 0.5-0.9 and the others share the rest
-        geometrically, so the probabilities never sum past 1."""
+        geometrically, so the probabilities never sum past 1. A text answer takes its
+        alternatives from the first distinct words of the last user message (so a label must be
+        among its first ``N - 1`` words to be scored), then filler words; their order comes from a
+        hash of the prompt, so label scoring (``max_tokens: 1``, ``top_logprobs: N``) is
+        deterministic per prompt and varies between prompts."""
         raise NotImplementedError
 
 
@@ -115,6 +119,7 @@ class TextReply(Reply):
         self._opening = ("I", " saw", f" {results}", " tool", f" {noun}.")
         self._offset = stable_int(seed, user_text)
         self._seed = seed
+        self._user_text = user_text
         self._alternatives = (*words_of(user_text), *FILLER_WORDS)
         self.count = limit
         self.finish_reason = "length" if limit < len(self._opening) else "stop"
@@ -129,17 +134,24 @@ class TextReply(Reply):
         return [ContentPiece(self._text(i), i) for i in range(start, stop)]
 
     def top_logprobs(self, piece: ContentPiece, count: int) -> list[tuple[str, float]]:
-        chosen_p = 0.5 + (stable_int(self._seed, piece.text, piece.position) % 41) / 100.0
+        # Everything hashes the prompt too, so that a label scorer gets a different verdict for a
+        # different input, and the same verdict for the same prompt on any replica.
+        chosen_p = 0.5 + (stable_int(self._seed, self._user_text, piece.text, piece.position) % 41) / 100.0
         top = [(piece.text, math.log(chosen_p))]
         prefix = "" if piece.position == 0 else " "
-        rest = 1.0 - chosen_p
+        candidates: list[str] = []
         for word in self._alternatives:
-            if len(top) >= count:
+            if len(candidates) >= count - 1:
                 break
             candidate = prefix + word
-            if all(candidate != token for token, _ in top):
-                rest /= 2.0
-                top.append((candidate, math.log(rest)))
+            if candidate != piece.text and candidate not in candidates:
+                candidates.append(candidate)
+        # Which candidate is likelier is the prompt's hash, not the order they were taken in.
+        candidates.sort(key=lambda token: stable_int(self._seed, self._user_text, piece.position, token))
+        rest = 1.0 - chosen_p
+        for candidate in candidates:
+            rest /= 2.0
+            top.append((candidate, math.log(rest)))
         return top
 
 

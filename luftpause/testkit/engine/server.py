@@ -597,6 +597,10 @@ class RunningEngine:
     def settings(self) -> EngineSettings:
         return self.engine.settings
 
+    @property
+    def cache(self) -> PrefixCache:
+        return self.engine.cache
+
     async def close(self) -> None:
         """Stop listening and end every request in flight (their clients see the stream cut)."""
         await self.runner.cleanup()
