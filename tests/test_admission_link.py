@@ -1,13 +1,14 @@
 """The dataplane's scheduler link against an in-process fake scheduler (real gRPC on loopback).
 
-Covers what the real scheduler cannot be made to do on cue: a slow Resync, a Report stream that is
-not read, an Admit answered only after a Resync, a non-transient error.
+Covers what the real scheduler cannot be made to do on cue: a slow resync, a stream that is not
+read, admissions answered in an order the test picks, an answer held back across a reconnect, a
+scheduler that goes away and comes back on the same port, a non-transient error.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -21,35 +22,71 @@ from luftpause.testkit.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
+AdmitHook = Callable[[pb.AdmitRequest], Coroutine[Any, Any, pb.AdmitReply]]
+
+
+def placed(turn_id: str, replica: str = "a") -> pb.AdmitReply:
+    return pb.AdmitReply(turn_id=turn_id, placed=pb.Placement(replica=replica))
+
 
 class FakeScheduler(pb_grpc.SchedulerServicer):  # type: ignore[misc]
-    """Records what it is sent; tests steer it through its events and hooks."""
+    """Records what it is sent on each ``Connect`` stream; tests steer it through its events and hooks.
+
+    Each admit is answered by its own task (``admit_hook``, placed on ``a`` by default), so many are
+    outstanding at once and their answers go out in the order the hooks return.
+    """
 
     def __init__(self) -> None:
         self.resyncs: list[pb.ResyncRequest] = []
         self.events: list[tuple[str, int]] = []
         self.admits: list[str] = []
+        self.cancels: list[str] = []
         self.resync_delay = 0.0
         self.reading = asyncio.Event()
         self.reading.set()
-        self.admit_hook: Callable[[pb.AdmitRequest, Any], Coroutine[Any, Any, pb.AdmitReply]] | None = None
+        self.admit_hook: AdmitHook | None = None
+        self.abort_on_admit: grpc.StatusCode | None = None
 
-    async def Resync(self, request: pb.ResyncRequest, context: Any) -> pb.ResyncReply:
-        await asyncio.sleep(self.resync_delay)
-        self.resyncs.append(request)
-        return pb.ResyncReply()
+    async def Connect(self, requests: Any, context: Any) -> None:
+        write = asyncio.Lock()  # one write at a time on a stream
+        answering: set[asyncio.Task[None]] = set()
 
-    async def Report(self, requests: AsyncIterator[pb.TurnEvent], context: Any) -> pb.ReportSummary:
-        await self.reading.wait()
-        async for event in requests:
-            self.events.append((event.turn_id, event.kind))
-        return pb.ReportSummary(events=len(self.events))
+        async def send(message: pb.SchedulerMessage) -> None:
+            async with write:
+                await context.write(message)
 
-    async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitReply:
-        self.admits.append(request.turn_id)
-        if self.admit_hook is not None:
-            return await self.admit_hook(request, context)
-        return pb.AdmitReply(placed=pb.Placement(replica="a"))
+        async def answer(request: pb.AdmitRequest) -> None:
+            hook = self.admit_hook
+            reply = await hook(request) if hook is not None else placed(request.turn_id)
+            await send(pb.SchedulerMessage(admitted=reply))
+
+        try:
+            first = await context.read()
+            assert first.WhichOneof("message") == "resync"
+            await asyncio.sleep(self.resync_delay)
+            self.resyncs.append(first.resync)
+            await send(pb.SchedulerMessage(resynced=pb.ResyncReply()))
+            while True:
+                await self.reading.wait()
+                message = await context.read()
+                if message is grpc.aio.EOF:
+                    return
+                kind = message.WhichOneof("message")
+                if kind == "event":
+                    self.events.append((message.event.turn_id, message.event.kind))
+                elif kind == "cancel":
+                    self.cancels.append(message.cancel.turn_id)
+                elif kind == "admit":
+                    self.admits.append(message.admit.turn_id)
+                    if self.abort_on_admit is not None:
+                        await context.abort(self.abort_on_admit, "bug in the scheduler")
+                    task = asyncio.create_task(answer(message.admit))
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
+        finally:
+            for task in list(answering):
+                task.cancel()
+            await asyncio.gather(*answering, return_exceptions=True)
 
 
 async def _serve(fake: FakeScheduler, port: int) -> grpc.aio.Server:
@@ -69,6 +106,10 @@ async def _until(check: Callable[[], bool], what: str, within: float = 10.0) -> 
 
 def _event(turn_id: str, kind: int = pb.TurnEvent.FINISHED) -> pb.TurnEvent:
     return pb.TurnEvent(turn_id=turn_id, run_id="run", kind=kind)  # type: ignore[arg-type]
+
+
+def _admit(turn_id: str) -> pb.AdmitRequest:
+    return pb.AdmitRequest(turn_id=turn_id, run_id=f"run-{turn_id}", model="m")
 
 
 def run(scenario: Callable[[FakeScheduler, SchedulerLink], Coroutine[Any, Any, None]]) -> None:
@@ -155,7 +196,7 @@ def test_close_returns_after_an_overflow_while_the_scheduler_is_gone(monkeypatch
     asyncio.run(main())
 
 
-def test_a_placement_answered_across_a_resync_stands_as_the_resync_lists_it_pending(
+def test_a_placement_lost_with_its_stream_is_asked_again_under_the_same_turn_id_as_pending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(admission, "MAX_QUEUED_EVENTS", 2)
@@ -163,44 +204,131 @@ def test_a_placement_answered_across_a_resync_stands_as_the_resync_lists_it_pend
     async def scenario(fake: FakeScheduler, link: SchedulerLink) -> None:
         release = asyncio.Event()
 
-        async def late(request: pb.AdmitRequest, context: Any) -> pb.AdmitReply:
+        async def late(request: pb.AdmitRequest) -> pb.AdmitReply:
             await release.wait()
-            return pb.AdmitReply(placed=pb.Placement(replica="a"))
+            return placed(request.turn_id)
 
         fake.admit_hook = late
         await _until(lambda: link.connected, "connected")
-        request = pb.AdmitRequest(turn_id="the-turn", run_id="run", model="m")
-        admit = asyncio.ensure_future(link.admit(request))
-        await _until(lambda: fake.admits == ["the-turn"], "the Admit is out")
+        admit = asyncio.ensure_future(link.admit(_admit("the-turn")))
+        await _until(lambda: fake.admits == ["the-turn"], "the admit is out")
         fake.reading.clear()
-        for i in range(3):  # force a reconnect (and so a Resync) while the Admit is out
+        for i in range(3):  # force a reconnect (and so a resync) while the admit is out
             link.report(_event(f"x{i}"))
         fake.reading.set()
         await _until(lambda: len(fake.resyncs) == 2 and link.connected, "resynced")
         assert list(fake.resyncs[1].pending_turn_ids) == ["the-turn"]
+        await _until(lambda: fake.admits == ["the-turn", "the-turn"], "asked again on the new stream")
+        assert not admit.done()
         release.set()
         reply = await asyncio.wait_for(admit, 10)
-        assert reply.WhichOneof("outcome") == "placed"
-        assert fake.admits == ["the-turn"]  # not asked again, keeps its place
+        assert (reply.turn_id, reply.placed.replica) == ("the-turn", "a")
         link.report(_event("after"))
         await _until(lambda: ("after", pb.TurnEvent.FINISHED) in fake.events, "later events")
-        assert ("the-turn", pb.TurnEvent.ABANDONED) not in fake.events
-        assert link._pending == set()
+        assert fake.cancels == []
+        assert link._admits == {}
 
     run(scenario)
 
 
-def test_a_scheduler_fault_other_than_unavailability_is_raised_not_retried() -> None:
+def test_many_admissions_are_out_at_once_and_answered_out_of_order() -> None:
     async def scenario(fake: FakeScheduler, link: SchedulerLink) -> None:
-        async def broken(request: pb.AdmitRequest, context: Any) -> pb.AdmitReply:
-            await context.abort(grpc.StatusCode.INTERNAL, "bug in the scheduler")
+        gates = {f"t{i}": asyncio.Event() for i in range(8)}
+
+        async def when_released(request: pb.AdmitRequest) -> pb.AdmitReply:
+            await gates[request.turn_id].wait()
+            return placed(request.turn_id, replica=f"replica-of-{request.turn_id}")
+
+        fake.admit_hook = when_released
+        await _until(lambda: link.connected, "connected")
+        admits = {turn: asyncio.ensure_future(link.admit(_admit(turn))) for turn in gates}
+        # all eight reach the scheduler while none is answered: pipelined, not one at a time
+        await _until(lambda: sorted(fake.admits) == sorted(gates), "every admit is out")
+        assert not any(admit.done() for admit in admits.values())
+        for turn in reversed(list(gates)):  # answered last first
+            gates[turn].set()
+            reply = await asyncio.wait_for(admits[turn], 10)
+            assert (reply.turn_id, reply.placed.replica) == (turn, f"replica-of-{turn}")
+            assert all(not admits[t].done() for t in gates if not gates[t].is_set())
+        assert link._admits == {}
+
+    run(scenario)
+
+
+def test_a_cancelled_admit_sends_its_cancel_and_a_late_answer_is_ignored() -> None:
+    async def scenario(fake: FakeScheduler, link: SchedulerLink) -> None:
+        release = asyncio.Event()
+
+        async def late(request: pb.AdmitRequest) -> pb.AdmitReply:
+            await release.wait()
+            return placed(request.turn_id)
+
+        fake.admit_hook = late
+        await _until(lambda: link.connected, "connected")
+        admit = asyncio.ensure_future(link.admit(_admit("gone")))
+        await _until(lambda: fake.admits == ["gone"], "the admit is out")
+        admit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admit
+        await _until(lambda: fake.cancels == ["gone"], "the cancel reached the scheduler")
+        release.set()  # the placement crosses the cancel: nobody waits for it any more
+        fake.admit_hook = None
+        reply = await asyncio.wait_for(link.admit(_admit("next")), 10)
+        assert reply.turn_id == "next"
+        assert link._admits == {}
+
+    run(scenario)
+
+
+def test_admits_outstanding_across_a_scheduler_restart_are_resent_after_the_resync() -> None:
+    async def main() -> None:
+        fake, port = FakeScheduler(), free_port()
+        never = asyncio.Event()
+
+        async def held(request: pb.AdmitRequest) -> pb.AdmitReply:
+            await never.wait()
             raise AssertionError("unreachable")
 
-        fake.admit_hook = broken
+        fake.admit_hook = held
+        server = await _serve(fake, port)
+        link = SchedulerLink(f"127.0.0.1:{port}", RunTable(), "dp-test")
+        await link.start()
+        admits: dict[str, asyncio.Future[pb.AdmitReply]] = {}
+        try:
+            await _until(lambda: link.connected, "connected")
+            admits = {turn: asyncio.ensure_future(link.admit(_admit(turn))) for turn in ("h1", "h2", "h3")}
+            await _until(lambda: len(fake.admits) == 3, "the admits are out")
+            await server.stop(None)  # the scheduler goes away with all three held
+            await _until(lambda: not link.connected, "the link noticed")
+            link.report(_event("dropped"))  # between streams: the resync carries its effect
+            assert not any(admit.done() for admit in admits.values())
+
+            restarted = FakeScheduler()  # a new process: it knows nothing
+            server = await _serve(restarted, port)
+            await _until(lambda: link.connected, "reconnected")
+            assert sorted(restarted.resyncs[0].pending_turn_ids) == ["h1", "h2", "h3"]
+            replies = await asyncio.wait_for(asyncio.gather(*admits.values()), 10)
+            assert [reply.turn_id for reply in replies] == ["h1", "h2", "h3"]
+            assert sorted(restarted.admits) == ["h1", "h2", "h3"]
+            assert restarted.events == []
+        finally:
+            for admit in admits.values():
+                admit.cancel()
+            await asyncio.gather(*admits.values(), return_exceptions=True)
+            await asyncio.wait_for(link.close(), 10)
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_scheduler_fault_other_than_unavailability_is_raised_not_retried() -> None:
+    async def scenario(fake: FakeScheduler, link: SchedulerLink) -> None:
+        fake.abort_on_admit = grpc.StatusCode.INTERNAL
         await _until(lambda: link.connected, "connected")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await asyncio.wait_for(link.admit(pb.AdmitRequest(turn_id="t", run_id="r", model="m")), 10)
+            await asyncio.wait_for(link.admit(_admit("t")), 10)
         assert caught.value.code() == grpc.StatusCode.INTERNAL
         assert fake.admits == ["t"]
+        assert link._admits == {}
 
     run(scenario)

@@ -1,7 +1,7 @@
-"""The scheduler's shell in-process: how Admit calls wait on the core, and the status app's errors.
+"""The scheduler's shell in-process: how admissions wait on the core, and the status app's errors.
 
 The host is driven on a real event loop with its real core; the status app is served on a free
-loopback port. What the gRPC layer adds on top is tested with the real process in
+loopback port. What the gRPC stream adds on top is tested with the real process in
 ``test_scheduler_server.py``.
 """
 
@@ -25,7 +25,7 @@ from luftpause.scheduler.core import (
     TurnArrived,
     TurnFinished,
 )
-from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.host import Outcome, SchedulerHost
 from luftpause.scheduler.status_http import status_app
 from luftpause.testkit.procs import free_port
 
@@ -50,69 +50,92 @@ class RecordingHost(SchedulerHost):
         return [event for event in self.fed if isinstance(event, TurnAbandoned)]
 
 
+class Answers:
+    """An answer callback that records every outcome it is given."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+
+    def __call__(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
 def arrived(host: SchedulerHost, turn: str, run: str) -> TurnArrived:
     return TurnArrived(turn, run, "m", "interactive", "", "dp", host.now())
 
 
-async def until_held(host: SchedulerHost, count: int) -> None:
-    for _ in range(1000):  # a fail-safe: the admit task runs at its first step
-        if len(host.state.held) == count:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"never {count} held")
+def test_an_admission_placed_at_once_is_answered_inside_arrive() -> None:
+    host = RecordingHost()
+    answers = Answers()
+    host.arrive(arrived(host, "t1", "r1"), answers)
+    assert answers.outcomes == [Place("t1", "solo")]
+    assert host._waiters == {}
 
 
-def test_a_cancelled_held_admit_abandons_its_turn_exactly_once() -> None:
-    async def main() -> None:
-        host = RecordingHost()
-        assert await host.admit(arrived(host, "t1", "r1")) == Place("t1", "solo")
-        waiting = asyncio.ensure_future(host.admit(arrived(host, "t2", "r2")))
-        await until_held(host, 1)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        assert [event.turn_id for event in host.abandons()] == ["t2"]
-        assert len(host.state.held) == 0
-        assert host.state.counters.abandoned == 1
-        assert host._waiters == {}
-
-    asyncio.run(main())
+def test_a_held_admission_is_answered_when_a_slot_frees() -> None:
+    host = RecordingHost()
+    host.arrive(arrived(host, "t1", "r1"), Answers())
+    answers = Answers()
+    host.arrive(arrived(host, "t2", "r2"), answers)
+    assert answers.outcomes == [] and len(host.state.held) == 1
+    host.feed(TurnFinished("t1", host.now(), "stop", False, 1, 1))
+    assert answers.outcomes == [Place("t2", "solo")]
+    assert host._waiters == {}
 
 
-def test_an_admit_cancelled_as_its_placement_lands_gives_the_slot_back() -> None:
-    async def main() -> None:
-        host = RecordingHost()
-        await host.admit(arrived(host, "t1", "r1"))
-        waiting = asyncio.ensure_future(host.admit(arrived(host, "t2", "r2")))
-        await until_held(host, 1)
-        host.feed(TurnFinished("t1", host.now(), "stop", False, 1, 1))  # places t2: its answer is set
-        assert "t2" in host.state.placed
-        waiting.cancel()  # ... but its caller leaves before reading it: the reply is lost
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        assert [event.turn_id for event in host.abandons()] == ["t2"]
-        assert host.state.placed == {}
-        assert host.state.replicas["solo"].inflight == 0
-
-    asyncio.run(main())
+def test_an_abandoned_held_admission_leaves_the_queue_exactly_once() -> None:
+    host = RecordingHost()
+    host.arrive(arrived(host, "t1", "r1"), Answers())
+    answers = Answers()
+    host.arrive(arrived(host, "t2", "r2"), answers)
+    host.abandon("t2", answers)
+    assert [event.turn_id for event in host.abandons()] == ["t2"]
+    assert len(host.state.held) == 0
+    assert host.state.counters.abandoned == 1
+    assert host._waiters == {}
+    host.feed(TurnFinished("t1", host.now(), "stop", False, 1, 1))
+    assert answers.outcomes == []  # never answered after it was given up
 
 
-def test_an_abandon_report_answers_the_held_admit_with_a_refusal() -> None:
-    async def main() -> None:
-        host = RecordingHost()
-        await host.admit(arrived(host, "t1", "r1"))
-        waiting = asyncio.ensure_future(host.admit(arrived(host, "t2", "r2")))
-        await until_held(host, 1)
-        host.feed(AbandonReported("t2", host.now()))
-        assert await waiting == Reject("t2", "turn was abandoned by its dataplane", 499)
-        assert host.abandons() == []  # answered, not cancelled: nothing more to undo
-        assert host._waiters == {}
-        # the Admit crossing the report, arriving after it, is refused at once
-        assert await host.admit(arrived(host, "t2", "r2")) == Reject(
-            "t2", "turn was abandoned by its dataplane", 499
-        )
+def test_a_cancel_crossing_its_placement_gives_the_slot_back() -> None:
+    host = RecordingHost()
+    host.arrive(arrived(host, "t1", "r1"), Answers())
+    answers = Answers()
+    host.arrive(arrived(host, "t2", "r2"), answers)
+    host.feed(TurnFinished("t1", host.now(), "stop", False, 1, 1))  # places t2: its answer goes out
+    assert answers.outcomes == [Place("t2", "solo")]
+    host.abandon("t2", None)  # ... but its client had left: the cancel arrives after the answer
+    assert [event.turn_id for event in host.abandons()] == ["t2"]
+    assert host.state.placed == {}
+    assert host.state.replicas["solo"].inflight == 0
 
-    asyncio.run(main())
+
+def test_an_admission_abandoned_while_another_of_its_turn_waits_is_not_abandoned() -> None:
+    host = RecordingHost()
+    host.arrive(arrived(host, "t1", "r1"), Answers())
+    old_stream, new_stream = Answers(), Answers()
+    host.arrive(arrived(host, "t2", "r2"), old_stream)
+    host.arrive(arrived(host, "t2", "r2"), new_stream)  # re-sent on a new stream before the old ended
+    host.abandon("t2", old_stream)  # the old stream is seen to end
+    assert host.abandons() == []
+    host.feed(TurnFinished("t1", host.now(), "stop", False, 1, 1))
+    assert new_stream.outcomes == [Place("t2", "solo")]
+    assert old_stream.outcomes == []
+
+
+def test_an_abandon_report_answers_the_held_admission_with_a_refusal() -> None:
+    host = RecordingHost()
+    host.arrive(arrived(host, "t1", "r1"), Answers())
+    answers = Answers()
+    host.arrive(arrived(host, "t2", "r2"), answers)
+    host.feed(AbandonReported("t2", host.now()))
+    assert answers.outcomes == [Reject("t2", "turn was abandoned by its dataplane", 499)]
+    assert host.abandons() == []  # answered, not cancelled: nothing more to undo
+    assert host._waiters == {}
+    # the admit crossing the report, arriving after it, is refused at once
+    late = Answers()
+    host.arrive(arrived(host, "t2", "r2"), late)
+    assert late.outcomes == [Reject("t2", "turn was abandoned by its dataplane", 499)]
 
 
 class BrokenHost(SchedulerHost):

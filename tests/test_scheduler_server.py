@@ -1,7 +1,8 @@
-"""The scheduler as a real process: gRPC Admit / Report / Resync and ``GET /status`` on loopback.
+"""The scheduler as a real process: gRPC ``Connect`` streams and ``GET /status`` on loopback.
 
 Every test starts ``luftpause scheduler --config FILE`` as a child process on free ports and stops
-it, even on failure; clients are a real ``grpc.aio`` stub and aiohttp.
+it, even on failure; clients are real ``grpc.aio`` streams (:class:`Stream`, a dataplane's side
+reduced to what a test needs) and aiohttp.
 """
 
 from __future__ import annotations
@@ -97,6 +98,70 @@ def two_replicas(tmp_path: Path) -> Iterator[Scheduler]:
         scheduler.process.stop()
 
 
+class Stream:
+    """One ``Connect`` stream as a dataplane holds it: answers are collected by turn id, in order.
+
+    Use ``async with Stream(stub) as stream`` (it opens with an empty resync unless given one) and
+    ``await stream.admit(...)``, or :meth:`send_admit` and :meth:`answer` to keep several out.
+    """
+
+    def __init__(self, stub: pb_grpc.SchedulerStub, resync: pb.ResyncRequest | None = None) -> None:
+        self.stub = stub
+        self.resync = resync or pb.ResyncRequest(dataplane_id="dp-test")
+        self.call: Any = None
+        self.acked: asyncio.Future[pb.ResyncReply] | None = None
+        self.answers: dict[str, asyncio.Future[pb.AdmitReply]] = {}
+        self.order: list[str] = []  # turn ids in the order their answers came
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Stream:
+        self.call = self.stub.Connect()
+        self.acked = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read())
+        await self.call.write(pb.DataplaneMessage(resync=self.resync))
+        await asyncio.wait_for(asyncio.shield(self.acked), WAIT_S)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.call.cancel()
+        assert self._reader is not None
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def _read(self) -> None:
+        assert self.acked is not None
+        async for message in self.call:
+            if message.WhichOneof("message") == "resynced":
+                self.acked.set_result(message.resynced)
+            else:
+                self.order.append(message.admitted.turn_id)
+                self._future(message.admitted.turn_id).set_result(message.admitted)
+
+    def _future(self, turn_id: str) -> asyncio.Future[pb.AdmitReply]:
+        if turn_id not in self.answers:
+            self.answers[turn_id] = asyncio.get_running_loop().create_future()
+        return self.answers[turn_id]
+
+    async def send_admit(self, request: pb.AdmitRequest) -> None:
+        self.answers.pop(request.turn_id, None)  # an admit sent again waits for a new answer
+        self._future(request.turn_id)
+        await self.call.write(pb.DataplaneMessage(admit=request))
+
+    async def answer(self, turn_id: str) -> pb.AdmitReply:
+        return await asyncio.wait_for(asyncio.shield(self._future(turn_id)), WAIT_S)
+
+    async def admit(self, request: pb.AdmitRequest) -> pb.AdmitReply:
+        await self.send_admit(request)
+        return await self.answer(request.turn_id)
+
+    async def cancel(self, turn_id: str) -> None:
+        await self.call.write(pb.DataplaneMessage(cancel=pb.CancelAdmit(turn_id=turn_id)))
+
+    async def event(self, turn_id: str, run_id: str, kind: int, **fields: Any) -> None:
+        event = pb.TurnEvent(turn_id=turn_id, run_id=run_id, kind=kind, **fields)  # type: ignore[arg-type]
+        await self.call.write(pb.DataplaneMessage(event=event))
+
+
 Scenario = Callable[[pb_grpc.SchedulerStub, "StatusReader"], Awaitable[None]]
 
 
@@ -150,8 +215,10 @@ def inflight(status: dict[str, Any]) -> dict[str, int]:
 
 def test_admit_places_the_turn_on_a_replica_serving_its_model(two_replicas: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        first = await stub.Admit(admit("t1", "r1"))
-        second = await stub.Admit(admit("t2", "r2"))
+        async with Stream(stub) as stream:
+            first = await stream.admit(admit("t1", "r1"))
+            second = await stream.admit(admit("t2", "r2"))
+        assert (first.turn_id, second.turn_id) == ("t1", "t2")
         assert first.WhichOneof("outcome") == "placed"
         # two idle runs on two empty replicas: least loaded first, so they spread
         assert {first.placed.replica, second.placed.replica} == {"a", "b"}
@@ -165,7 +232,8 @@ def test_admit_places_the_turn_on_a_replica_serving_its_model(two_replicas: Sche
 
 def test_unknown_model_is_refused_with_404(two_replicas: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        reply = await stub.Admit(admit("t1", "r1", model="gpt-nope"))
+        async with Stream(stub) as stream:
+            reply = await stream.admit(admit("t1", "r1", model="gpt-nope"))
         assert reply.WhichOneof("outcome") == "refused"
         assert reply.refused.reason == "no Generative replica serves model 'gpt-nope'"
         assert reply.refused.http_status == 404
@@ -180,118 +248,177 @@ def test_unknown_model_is_refused_with_404(two_replicas: Scheduler) -> None:
 
 def test_a_held_admit_waits_until_a_finished_report_frees_the_slot(one_slot: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        first = await stub.Admit(admit("t1", "r1"))
-        assert first.placed.replica == "solo"
-        waiting = asyncio.ensure_future(stub.Admit(admit("t2", "r2", service_class=pb.BATCH, caller="ci")))
-        held = await status.until(lambda s: s["held"]["count"] == 1)
-        assert held["held"]["by_class"] == {"interactive": 0, "batch": 1}
-        assert held["held"]["by_caller"] == {"ci": 1}
-        assert inflight(held) == {"solo": 1}
-        assert not waiting.done()
+        async with Stream(stub) as stream:
+            first = await stream.admit(admit("t1", "r1"))
+            assert first.placed.replica == "solo"
+            await stream.send_admit(admit("t2", "r2", service_class=pb.BATCH, caller="ci"))
+            held = await status.until(lambda s: s["held"]["count"] == 1)
+            assert held["held"]["by_class"] == {"interactive": 0, "batch": 1}
+            assert held["held"]["by_caller"] == {"ci": 1}
+            assert inflight(held) == {"solo": 1}
+            assert not stream.answers["t2"].done()
 
-        report = stub.Report()
-        await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.STARTED))
-        await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.FIRST_TOKEN))
-        await report.write(
-            pb.TurnEvent(
-                turn_id="t1",
-                run_id="r1",
-                kind=pb.TurnEvent.FINISHED,
-                finish_reason="stop",
-                prompt_tokens=12,
-                completion_tokens=3,
+            await stream.event("t1", "r1", pb.TurnEvent.STARTED)
+            await stream.event("t1", "r1", pb.TurnEvent.FIRST_TOKEN)
+            await stream.event(
+                "t1", "r1", pb.TurnEvent.FINISHED, finish_reason="stop", prompt_tokens=12, completion_tokens=3
             )
-        )
-        second = await waiting
-        assert second.placed.replica == "solo"
-        await report.done_writing()
-        summary = await report
-        assert summary.events == 3
+            second = await stream.answer("t2")
+            assert second.placed.replica == "solo"
 
-        after = await status.get()
-        assert after["held"]["count"] == 0
-        assert inflight(after) == {"solo": 1}
-        assert after["counters"]["finished"] == 1
-        assert after["runs"] == {"idle": 1, "generating": 1, "tool_paused": 0}
+            after = await status.get()
+            assert after["held"]["count"] == 0
+            assert inflight(after) == {"solo": 1}
+            assert after["counters"]["finished"] == 1
+            assert after["runs"] == {"idle": 1, "generating": 1, "tool_paused": 0}
 
     run_scenario(one_slot, scenario)
 
 
 def test_a_cancelled_held_admit_leaves_the_queue(one_slot: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        await stub.Admit(admit("t1", "r1"))
-        call = stub.Admit(admit("t2", "r2"))
-        await status.until(lambda s: s["held"]["count"] == 1)
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-        gone = await status.until(lambda s: s["held"]["count"] == 0)
-        assert gone["counters"]["abandoned"] == 1
+        async with Stream(stub) as stream:
+            await stream.admit(admit("t1", "r1"))
+            await stream.send_admit(admit("t2", "r2"))
+            await status.until(lambda s: s["held"]["count"] == 1)
+            await stream.cancel("t2")
+            gone = await status.until(lambda s: s["held"]["count"] == 0)
+            assert gone["counters"]["abandoned"] == 1
 
-        # the abandoned turn never took the slot: once t1 fails, nothing is in flight
-        report = stub.Report()
-        await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.FAILED, error="gone"))
-        await report.done_writing()
-        assert (await report).events == 1
-        after = await status.get()
-        assert inflight(after) == {"solo": 0}
-        assert after["counters"]["failed"] == 1
+            # the abandoned turn never took the slot: once t1 fails, nothing is in flight
+            await stream.event("t1", "r1", pb.TurnEvent.FAILED, error="gone")
+            after = await status.until(lambda s: s["counters"]["failed"] == 1)
+            assert inflight(after) == {"solo": 0}
+            assert not stream.answers["t2"].done()  # a cancelled admit is never answered
+
+    run_scenario(one_slot, scenario)
+
+
+def test_a_cancel_crossing_its_placement_on_the_wire_frees_the_slot(one_slot: Scheduler) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        async with Stream(stub) as stream:
+            await stream.admit(admit("t1", "r1"))
+            await stream.send_admit(admit("t2", "r2"))
+            await status.until(lambda s: s["held"]["count"] == 1)
+            # t1 ends, which places t2; the cancel of t2 is sent before that answer could be read
+            await stream.event("t1", "r1", pb.TurnEvent.FINISHED, finish_reason="stop")
+            await stream.cancel("t2")
+            crossed = await stream.answer("t2")
+            assert crossed.placed.replica == "solo"  # the placement went out ...
+            after = await status.until(lambda s: s["counters"]["abandoned"] == 1)
+            assert inflight(after) == {"solo": 0}  # ... and the cancel behind it gave the slot back
+            assert after["runs"] == {"idle": 2, "generating": 0, "tool_paused": 0}
+
+    run_scenario(one_slot, scenario)
+
+
+def test_many_admits_on_one_stream_are_answered_in_decision_order(one_slot: Scheduler) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        async with Stream(stub) as stream:
+            assert (await stream.admit(admit("t0", "r0"))).placed.replica == "solo"
+            # three held behind the one slot, batch before interactive on the wire
+            await stream.send_admit(admit("b1", "rb1", service_class=pb.BATCH))
+            await stream.send_admit(admit("b2", "rb2", service_class=pb.BATCH))
+            await stream.send_admit(admit("i1", "ri1"))
+            await status.until(lambda s: s["held"]["count"] == 3)
+            # an unknown model sent last is refused at once, ahead of the three sent before it
+            refused = await stream.admit(admit("x", "rx", model="gpt-nope"))
+            assert refused.refused.http_status == 404
+            assert stream.order == ["t0", "x"]
+            run_of = {"t0": "r0", "b1": "rb1", "b2": "rb2", "i1": "ri1"}
+            for answered in (3, 4, 5):  # each finish frees the slot for the next held turn
+                previous = stream.order[-1] if stream.order[-1] != "x" else "t0"
+                await stream.event(previous, run_of[previous], pb.TurnEvent.FINISHED, finish_reason="stop")
+                async with asyncio.timeout(WAIT_S):
+                    while len(stream.order) < answered:  # noqa: ASYNC110 - filled by the stream's reader
+                        await asyncio.sleep(0.01)
+                assert (await stream.answer(stream.order[-1])).placed.replica == "solo"
+        # interactive first, then arrival order: not the order they were sent
+        assert stream.order == ["t0", "x", "i1", "b1", "b2"]
 
     run_scenario(one_slot, scenario)
 
 
 def test_a_retried_admit_of_a_placed_turn_gets_its_placement(two_replicas: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        first = await stub.Admit(admit("t1", "r1"))
-        await stub.Admit(admit("t2", "r2"))
-        again = await stub.Admit(admit("t1", "r1"))
-        assert again.placed.replica == first.placed.replica
-        assert sum(inflight(await status.get()).values()) == 2
+        async with Stream(stub) as stream:
+            first = await stream.admit(admit("t1", "r1"))
+            await stream.admit(admit("t2", "r2"))
+        # the first stream is gone; its dataplane resyncs with t1 pending and asks again
+        resync = pb.ResyncRequest(dataplane_id="dp-test", pending_turn_ids=["t1"])
+        async with Stream(stub, resync) as again:
+            reply = await again.admit(admit("t1", "r1"))
+        assert reply.placed.replica == first.placed.replica
+        assert sum(inflight(await status.get()).values()) == 1  # t2 was neither listed nor pending
 
     run_scenario(two_replicas, scenario)
 
 
 def test_resync_is_counted_against_capacity_and_keeps_affinity(two_replicas: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        reply = await stub.Resync(
-            pb.ResyncRequest(
-                dataplane_id="dp-test",
-                runs=[
-                    pb.RunRecord(run_id="q1", last_replica="b", phase=pb.TOOL_PAUSED),
-                    pb.RunRecord(run_id="q2", last_replica="a", phase=pb.GENERATING),
-                ],
-                turns=[
-                    pb.InFlightTurn(turn_id="x1", run_id="q2", replica="a", model="m"),
-                    pb.InFlightTurn(turn_id="x1", run_id="q2", replica="a", model="m"),
-                    pb.InFlightTurn(turn_id="x2", run_id="q3", replica="a", model="m"),
-                ],
-            )
+        resync = pb.ResyncRequest(
+            dataplane_id="dp-test",
+            runs=[
+                pb.RunRecord(run_id="q1", last_replica="b", phase=pb.TOOL_PAUSED),
+                pb.RunRecord(run_id="q2", last_replica="a", phase=pb.GENERATING),
+            ],
+            turns=[
+                pb.InFlightTurn(turn_id="x1", run_id="q2", replica="a", model="m"),
+                pb.InFlightTurn(turn_id="x1", run_id="q2", replica="a", model="m"),
+                pb.InFlightTurn(turn_id="x2", run_id="q3", replica="a", model="m"),
+            ],
         )
-        assert (reply.runs, reply.turns) == (2, 2)
-        now = await status.get()
-        assert inflight(now) == {"a": 2, "b": 0}
-        assert now["counters"]["adopted"] == 2
-        assert now["runs"] == {"idle": 0, "generating": 2, "tool_paused": 1}
-        # a is full with the adopted turns: a new run goes to b, and so does q1, paused on b
-        assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "b"
-        assert (await stub.Admit(admit("t2", "q1"))).placed.replica == "b"
+        async with Stream(stub, resync) as stream:
+            assert stream.acked is not None
+            reply = stream.acked.result()
+            assert (reply.runs, reply.turns) == (2, 2)
+            now = await status.get()
+            assert inflight(now) == {"a": 2, "b": 0}
+            assert now["counters"]["adopted"] == 2
+            assert now["runs"] == {"idle": 0, "generating": 2, "tool_paused": 1}
+            # a is full with the adopted turns: a new run goes to b, and so does q1, paused on b
+            assert (await stream.admit(admit("t1", "r1"))).placed.replica == "b"
+            assert (await stream.admit(admit("t2", "q1"))).placed.replica == "b"
 
     run_scenario(two_replicas, scenario)
 
 
+def test_a_stream_that_does_not_open_with_its_resync_is_refused(two_replicas: Scheduler) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        call = stub.Connect()
+        await call.write(pb.DataplaneMessage(admit=admit("t1", "r1")))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in call:
+                raise AssertionError("nothing is answered before the resync")
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (await status.get())["counters"]["admitted"] == 0
+
+    run_scenario(two_replicas, scenario)
+
+
+def test_held_admits_of_a_stream_that_ends_are_abandoned(one_slot: Scheduler) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        async with Stream(stub) as stream:
+            await stream.admit(admit("t1", "r1"))
+            await stream.send_admit(admit("t2", "r2"))
+            await stream.send_admit(admit("t3", "r3"))
+            await status.until(lambda s: s["held"]["count"] == 2)
+        gone = await status.until(lambda s: s["held"]["count"] == 0)
+        assert gone["counters"]["abandoned"] == 2
+        assert inflight(gone) == {"solo": 1}  # the placed turn stays until the grace runs out
+        assert list(gone["lost_dataplanes"]) == ["dp-test"]
+
+    run_scenario(one_slot, scenario)
+
+
 def test_run_ended_report_forgets_the_run(two_replicas: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        await stub.Admit(admit("t1", "r1"))
-        report = stub.Report()
-        await report.write(
-            pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.FINISHED, tool_calls=True)
-        )
-        await report.write(pb.TurnEvent(run_id="r1", kind=pb.TurnEvent.RUN_ENDED))
-        await report.done_writing()
-        assert (await report).events == 2
-        now = await status.get()
+        async with Stream(stub) as stream:
+            await stream.admit(admit("t1", "r1"))
+            await stream.event("t1", "r1", pb.TurnEvent.FINISHED, tool_calls=True)
+            await stream.event("", "r1", pb.TurnEvent.RUN_ENDED)
+            now = await status.until(lambda s: s["counters"]["runs_ended"] == 1)
         assert now["runs"] == {"idle": 0, "generating": 0, "tool_paused": 0}
-        assert now["counters"]["runs_ended"] == 1
 
     run_scenario(two_replicas, scenario)
 
@@ -335,24 +462,28 @@ def test_eager_keepalive_pings_never_cost_the_link(one_slot: Scheduler) -> None:
     async def main() -> None:
         async with grpc.aio.insecure_channel(one_slot.grpc_address, options=EAGER_PINGS) as channel:
             stub = pb_grpc.SchedulerStub(channel)
-            assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "solo"
-            assert channel.get_state() == grpc.ChannelConnectivity.READY
             # a GOAWAY (too_many_pings) takes the channel out of READY, even with no call open
-            left_ready = asyncio.ensure_future(channel.wait_for_state_change(grpc.ChannelConnectivity.READY))
+            left_ready: asyncio.Future[None] | None = None
             try:
-                report = stub.Report()
-                await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.STARTED))
-                await asyncio.sleep(HOLD_S)  # the stream stays open, no data moves: only pings
-                assert not left_ready.done(), f"the link dropped: channel went {channel.get_state()}"
-                await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.FIRST_TOKEN))
-                await report.done_writing()
-                assert (await report).events == 2
+                async with Stream(stub) as stream:
+                    assert (await stream.admit(admit("t1", "r1"))).placed.replica == "solo"
+                    assert channel.get_state() == grpc.ChannelConnectivity.READY
+                    left_ready = asyncio.ensure_future(
+                        channel.wait_for_state_change(grpc.ChannelConnectivity.READY)
+                    )
+                    await stream.event("t1", "r1", pb.TurnEvent.STARTED)
+                    await asyncio.sleep(HOLD_S)  # the stream stays open, no data moves: only pings
+                    assert not left_ready.done(), f"the link dropped: channel went {channel.get_state()}"
+                    await stream.event("t1", "r1", pb.TurnEvent.FIRST_TOKEN)
                 await asyncio.sleep(HOLD_S)  # no call open at all: only pings
                 assert not left_ready.done(), f"the link dropped: channel went {channel.get_state()}"
             finally:
-                left_ready.cancel()
-                await asyncio.gather(left_ready, return_exceptions=True)
-            assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "solo"
+                if left_ready is not None:
+                    left_ready.cancel()
+                    await asyncio.gather(left_ready, return_exceptions=True)
+            resync = pb.ResyncRequest(dataplane_id="dp-test", pending_turn_ids=["t1"])
+            async with Stream(stub, resync) as stream:
+                assert (await stream.admit(admit("t1", "r1"))).placed.replica == "solo"
 
     asyncio.run(main())
 
@@ -374,10 +505,12 @@ def test_a_resync_of_ten_megabytes_is_taken_over(two_replicas: Scheduler) -> Non
     assert request.ByteSize() > 10_000_000  # well past gRPC's default 4 MiB receive limit
 
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        reply = await stub.Resync(request)
-        assert (reply.runs, reply.turns) == (runs, 0)
-        now = await status.get()
-        assert now["runs"] == {"idle": runs // 2, "generating": 0, "tool_paused": runs // 2}
+        async with Stream(stub, request) as stream:
+            assert stream.acked is not None
+            reply = stream.acked.result()
+            assert (reply.runs, reply.turns) == (runs, 0)
+            now = await status.get()
+            assert now["runs"] == {"idle": runs // 2, "generating": 0, "tool_paused": runs // 2}
 
     run_scenario(two_replicas, scenario)
 
@@ -389,48 +522,41 @@ ABANDONED_REASON = "turn was abandoned by its dataplane"
 
 def test_an_abandoned_report_frees_a_placed_turns_slot_and_refuses_later_admits(one_slot: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        # the client left while t1's Admit was on the wire: the placement crossed the cancel
-        assert (await stub.Admit(admit("t1", "r1"))).placed.replica == "solo"
-        report = stub.Report()
-        await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.ABANDONED))
-        freed = await status.until(lambda s: inflight(s) == {"solo": 0})
-        assert freed["runs"] == {"idle": 1, "generating": 0, "tool_paused": 0}
-        assert freed["counters"]["abandoned"] == 1
+        async with Stream(stub) as stream:
+            # the client left while t1's admit was on the wire: the placement crossed the cancel
+            assert (await stream.admit(admit("t1", "r1"))).placed.replica == "solo"
+            await stream.event("t1", "r1", pb.TurnEvent.ABANDONED)
+            freed = await status.until(lambda s: inflight(s) == {"solo": 0})
+            assert freed["runs"] == {"idle": 1, "generating": 0, "tool_paused": 0}
+            assert freed["counters"]["abandoned"] == 1
 
-        # t9 reported abandoned before its Admit arrived
-        await report.write(pb.TurnEvent(turn_id="t9", run_id="r9", kind=pb.TurnEvent.ABANDONED))
-        await report.done_writing()
-        assert (await report).events == 2  # both applied once the summary is back
-        for turn in ("t9", "t1"):  # and a retried Admit of t1 is refused too
-            reply = await stub.Admit(admit(turn, "r9"))
-            assert reply.WhichOneof("outcome") == "refused"
-            assert (reply.refused.reason, reply.refused.http_status) == (ABANDONED_REASON, 499)
-        after = await status.get()
-        assert after["held"]["count"] == 0
-        assert inflight(after) == {"solo": 0}
-        assert after["runs"] == {"idle": 1, "generating": 0, "tool_paused": 0}
+            # t9 reported abandoned before its admit arrived
+            await stream.event("t9", "r9", pb.TurnEvent.ABANDONED)
+            for turn in ("t9", "t1"):  # and a retried admit of t1 is refused too
+                reply = await stream.admit(admit(turn, "r9"))
+                assert reply.WhichOneof("outcome") == "refused"
+                assert (reply.refused.reason, reply.refused.http_status) == (ABANDONED_REASON, 499)
+            after = await status.get()
+            assert after["held"]["count"] == 0
+            assert inflight(after) == {"solo": 0}
+            assert after["runs"] == {"idle": 1, "generating": 0, "tool_paused": 0}
 
     run_scenario(one_slot, scenario)
 
 
 def test_an_abandoned_report_answers_the_held_admit_of_that_turn(one_slot: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
-        await stub.Admit(admit("t1", "r1"))
-        waiting = asyncio.ensure_future(stub.Admit(admit("t2", "r2")))
-        try:
+        async with Stream(stub) as stream:
+            await stream.admit(admit("t1", "r1"))
+            await stream.send_admit(admit("t2", "r2"))
             await status.until(lambda s: s["held"]["count"] == 1)
-            report = stub.Report()
-            await report.write(pb.TurnEvent(turn_id="t2", run_id="r2", kind=pb.TurnEvent.ABANDONED))
-            reply = await asyncio.wait_for(waiting, WAIT_S)
-        finally:
-            waiting.cancel()
-        assert (reply.refused.reason, reply.refused.http_status) == (ABANDONED_REASON, 499)
-        await report.done_writing()
-        assert (await report).events == 1
-        after = await status.get()
-        assert after["held"]["count"] == 0
-        assert inflight(after) == {"solo": 1}
-        assert after["counters"]["abandoned"] == 1
+            await stream.event("t2", "r2", pb.TurnEvent.ABANDONED)
+            reply = await stream.answer("t2")
+            assert (reply.refused.reason, reply.refused.http_status) == (ABANDONED_REASON, 499)
+            after = await status.get()
+            assert after["held"]["count"] == 0
+            assert inflight(after) == {"solo": 1}
+            assert after["counters"]["abandoned"] == 1
 
     run_scenario(one_slot, scenario)
 

@@ -1,23 +1,32 @@
 """The ``luftpause.v1.Scheduler`` gRPC service (``proto/luftpause/v1/scheduler.proto``).
 
-Each RPC becomes core events (stamped with the host's monotonic clock) and each answer comes from
-the core's actions:
+One ``Connect`` stream per dataplane. Each message it carries becomes a core event (stamped with
+the host's monotonic clock) and each answer comes from the core's actions:
 
-* ``Admit`` -> ``TurnArrived``; replies ``placed{replica}`` or ``refused{reason, http_status}``;
-  a call cancelled before its answer -> ``TurnAbandoned``.
-* ``Report`` (client stream of ``TurnEvent``) -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished``
-  / ``TurnFailed`` / ``AbandonReported`` (ABANDONED) / ``RunEnded``; replies
-  ``ReportSummary{events}`` when the dataplane closes it. An ABANDONED turn whose Admit still waits
-  here is answered ``refused{"turn was abandoned by its dataplane", 499}``. A stream that names its
-  dataplane (metadata ``x-luftpause-dataplane-id``) -> ``DataplaneReturned`` when it opens and,
-  when the last open stream of that dataplane ends (closed, broken or cancelled), ``DataplaneLost``:
-  if the dataplane does not come back within the grace, the turns placed for it are released.
-* ``Resync`` -> ``Resynced``; replies the counts of runs and in-flight turns taken over.
+* the first message, ``resync`` -> ``Resynced``; answered ``resynced{runs, turns}`` before anything
+  else on the stream is read. A stream that opens with anything else is refused
+  (``FAILED_PRECONDITION``).
+* ``admit`` -> ``TurnArrived``; answered ``admitted{turn_id, placed{replica} | refused{reason,
+  http_status}}`` whenever the core decides, so many admissions are outstanding at once and their
+  answers come in decision order. An admit the core fails on is refused with 503 rather than
+  ending the stream (and with it every other admission).
+* ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
+  queue, a placement that crossed the cancel frees its slot).
+* ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
+  ``AbandonReported`` (ABANDONED) / ``RunEnded``. An ABANDONED turn whose admit still waits here is
+  answered ``refused{"turn was abandoned by its dataplane", 499}``.
+
+When a stream ends (the dataplane closed it, or it broke, or the scheduler is stopping) the
+admissions still waiting on it are abandoned, and when it was the last open stream of its dataplane,
+``DataplaneLost``: if the dataplane does not resync within the grace, the turns placed for it are
+released. A reconnecting dataplane's new stream is counted open from its resync on, so an old
+stream seen to end after that loses nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,7 +35,6 @@ from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
     DataplaneLost,
-    DataplaneReturned,
     Event,
     FirstToken,
     InFlightRecord,
@@ -41,12 +49,11 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.host import Answer, Outcome, SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
-DATAPLANE_ID_METADATA = "x-luftpause-dataplane-id"
-"""gRPC metadata key naming the dataplane of a Report stream (the ``dataplane_id`` of its Resync)."""
+log = logging.getLogger("luftpause.scheduler")
 
 _PHASES: dict[int, RunPhase] = {
     pb.RUN_PHASE_UNSPECIFIED: "idle",
@@ -62,7 +69,7 @@ def service_class(value: int) -> ServiceClass:
 
 
 if TYPE_CHECKING:
-    _Context = grpc.aio.ServicerContext[Any, Any]
+    _Context = grpc.aio.ServicerContext[pb.DataplaneMessage, pb.SchedulerMessage]
 
 
 def run_phase(value: int) -> RunPhase:
@@ -70,119 +77,194 @@ def run_phase(value: int) -> RunPhase:
     return _PHASES.get(value, "idle")
 
 
-def dataplane_of(context: _Context) -> str:
-    """The dataplane id a call names in its ``x-luftpause-dataplane-id`` metadata; ``""`` if none.
+def resynced(request: pb.ResyncRequest, at: float) -> Resynced:
+    """A dataplane's resync as the core's ``Resynced`` event at ``at`` (monotonic seconds)."""
+    return Resynced(
+        request.dataplane_id,
+        at,
+        tuple(
+            RunRecord(
+                run.run_id,
+                run.last_replica,
+                run_phase(run.phase),
+                service_class(run.service_class),
+                run.caller,
+            )
+            for run in request.runs
+        ),
+        tuple(
+            InFlightRecord(
+                turn.turn_id,
+                turn.run_id,
+                turn.replica,
+                turn.model,
+                service_class(turn.service_class),
+                turn.caller,
+            )
+            for turn in request.turns
+        ),
+        frozenset(request.pending_turn_ids),
+    )
 
-    Dataplanes older than that metadata send none: their streams are never taken as lost.
-    """
-    for key, value in context.invocation_metadata() or ():
-        if key == DATAPLANE_ID_METADATA:
-            return value if isinstance(value, str) else value.decode("utf-8", "replace")
-    return ""
+
+def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
+    """A ``TurnEvent`` as the core's event at ``at``; None for a kind this scheduler does not know."""
+    kind = message.kind
+    if kind == pb.TurnEvent.STARTED:
+        return TurnStarted(message.turn_id, at)
+    if kind == pb.TurnEvent.FIRST_TOKEN:
+        return FirstToken(message.turn_id, at)
+    if kind == pb.TurnEvent.FINISHED:
+        return TurnFinished(
+            message.turn_id,
+            at,
+            message.finish_reason,
+            message.tool_calls,
+            message.prompt_tokens,
+            message.completion_tokens,
+        )
+    if kind == pb.TurnEvent.FAILED:
+        return TurnFailed(message.turn_id, at, message.error)
+    if kind == pb.TurnEvent.ABANDONED:
+        return AbandonReported(message.turn_id, at)
+    if kind == pb.TurnEvent.RUN_ENDED:
+        return RunEnded(message.run_id, at)
+    return None  # KIND_UNSPECIFIED or a kind from a newer dataplane: nothing to apply
 
 
-class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped generated base
-    """Serves Admit, Report and Resync from one :class:`SchedulerHost`."""
+def admitted(outcome: Outcome) -> pb.SchedulerMessage:
+    """The stream message answering an admission with the core's ``Place`` or ``Reject``."""
+    if isinstance(outcome, Place):
+        reply = pb.AdmitReply(turn_id=outcome.turn_id, placed=pb.Placement(replica=outcome.replica))
+    else:
+        reply = pb.AdmitReply(
+            turn_id=outcome.turn_id,
+            refused=pb.Refusal(reason=outcome.reason, http_status=outcome.http_status),
+        )
+    return pb.SchedulerMessage(admitted=reply)
+
+
+class _Stream:
+    """One dataplane's ``Connect`` stream: its outgoing messages and its admissions still waiting."""
 
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
-        self._open_reports: dict[str, int] = {}
-        """Dataplane id -> its Report streams open now (a reconnect may open the new one before the
-        old one is seen to end, so a count, not a flag)."""
+        # Unbounded by count, bounded in fact: one answer per admission the dataplane sent.
+        self.outbox: asyncio.Queue[pb.SchedulerMessage] = asyncio.Queue()
+        self.waiting: dict[str, Answer] = {}
 
-    async def Admit(self, request: pb.AdmitRequest, context: _Context) -> pb.AdmitReply:
-        outcome = await self.host.admit(
-            TurnArrived(
-                request.turn_id,
-                request.run_id,
-                request.model,
-                service_class(request.service_class),
-                request.caller,
-                request.dataplane_id,
-                self.host.now(),
-            )
-        )
-        if isinstance(outcome, Place):
-            return pb.AdmitReply(placed=pb.Placement(replica=outcome.replica))
-        return pb.AdmitReply(refused=pb.Refusal(reason=outcome.reason, http_status=outcome.http_status))
+    def admit(self, request: pb.AdmitRequest) -> None:
+        turn_id = request.turn_id
+        if turn_id in self.waiting:
+            return  # sent twice on one stream: the first admission's answer serves both
 
-    async def Report(
-        self, request_iterator: AsyncIterator[pb.TurnEvent], context: _Context
-    ) -> pb.ReportSummary:
-        dataplane_id = dataplane_of(context)
-        if dataplane_id:
-            self._open_reports[dataplane_id] = self._open_reports.get(dataplane_id, 0) + 1
-            self.host.feed(DataplaneReturned(dataplane_id, self.host.now()))
-        try:
-            count = 0
-            async for message in request_iterator:
-                event = self._event(message)
-                if event is not None:
-                    self.host.feed(event)
-                    count += 1
-            return pb.ReportSummary(events=count)
-        finally:
-            # closed, broken (an error from the iterator) or cancelled (the peer is gone): all the same
-            if dataplane_id:
-                left = self._open_reports[dataplane_id] - 1
-                if left:
-                    self._open_reports[dataplane_id] = left
-                else:
-                    del self._open_reports[dataplane_id]
-                    self.host.feed(DataplaneLost(dataplane_id, self.host.now()))
+        def answer(outcome: Outcome) -> None:
+            self.waiting.pop(turn_id, None)
+            self.outbox.put_nowait(admitted(outcome))
 
-    def _event(self, message: pb.TurnEvent) -> Event | None:
-        at = self.host.now()
-        kind = message.kind
-        if kind == pb.TurnEvent.STARTED:
-            return TurnStarted(message.turn_id, at)
-        if kind == pb.TurnEvent.FIRST_TOKEN:
-            return FirstToken(message.turn_id, at)
-        if kind == pb.TurnEvent.FINISHED:
-            return TurnFinished(
-                message.turn_id,
-                at,
-                message.finish_reason,
-                message.tool_calls,
-                message.prompt_tokens,
-                message.completion_tokens,
-            )
-        if kind == pb.TurnEvent.FAILED:
-            return TurnFailed(message.turn_id, at, message.error)
-        if kind == pb.TurnEvent.ABANDONED:
-            return AbandonReported(message.turn_id, at)
-        if kind == pb.TurnEvent.RUN_ENDED:
-            return RunEnded(message.run_id, at)
-        return None  # KIND_UNSPECIFIED or a kind from a newer dataplane: nothing to apply
-
-    async def Resync(self, request: pb.ResyncRequest, context: _Context) -> pb.ResyncReply:
-        event = Resynced(
+        self.waiting[turn_id] = answer
+        arrived = TurnArrived(
+            turn_id,
+            request.run_id,
+            request.model,
+            service_class(request.service_class),
+            request.caller,
             request.dataplane_id,
             self.host.now(),
-            tuple(
-                RunRecord(
-                    run.run_id,
-                    run.last_replica,
-                    run_phase(run.phase),
-                    service_class(run.service_class),
-                    run.caller,
-                )
-                for run in request.runs
-            ),
-            tuple(
-                InFlightRecord(
-                    turn.turn_id,
-                    turn.run_id,
-                    turn.replica,
-                    turn.model,
-                    service_class(turn.service_class),
-                    turn.caller,
-                )
-                for turn in request.turns
-            ),
-            frozenset(request.pending_turn_ids),
         )
-        for action in self.host.feed(event):
-            if isinstance(action, AckResync):
-                return pb.ResyncReply(runs=action.runs, turns=action.turns)
-        raise AssertionError("the core answers every Resynced with AckResync")  # pragma: no cover
+        try:
+            self.host.arrive(arrived, answer)
+        except Exception as exc:
+            # One admission the core fails on must not end the stream, and every admission with it.
+            log.exception("admit %s failed", turn_id)
+            if turn_id in self.waiting:
+                self.host.drop(turn_id, answer)
+                del self.waiting[turn_id]
+                reply = pb.AdmitReply(
+                    turn_id=turn_id,
+                    refused=pb.Refusal(reason=f"scheduler failed: {type(exc).__name__}", http_status=503),
+                )
+                self.outbox.put_nowait(pb.SchedulerMessage(admitted=reply))
+
+    def cancel(self, turn_id: str) -> None:
+        # Answered already (the placement crossed the cancel on the wire): undone all the same.
+        self.host.abandon(turn_id, self.waiting.pop(turn_id, None))
+
+    def close(self) -> None:
+        """The stream ended: the admissions still waiting on it are abandoned."""
+        waiting, self.waiting = self.waiting, {}
+        for turn_id, answer in waiting.items():
+            self.host.abandon(turn_id, answer)
+
+
+async def _read(context: _Context) -> pb.DataplaneMessage | None:
+    """The stream's next message; None once the dataplane has closed its side (``grpc.aio.EOF``)."""
+    message: object = await context.read()
+    return message if isinstance(message, pb.DataplaneMessage) else None
+
+
+class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped generated base
+    """Serves ``Connect`` streams from one :class:`SchedulerHost`."""
+
+    def __init__(self, host: SchedulerHost) -> None:
+        self.host = host
+        self._open: dict[str, int] = {}
+        """Dataplane id -> its resynced streams open now (a reconnect may resync on the new stream
+        before the old one is seen to end, so a count, not a flag)."""
+
+    async def Connect(self, requests: Any, context: _Context) -> None:
+        stream = _Stream(self.host)
+        writer = asyncio.create_task(self._write(stream.outbox, context), name="luftpause-connect-writer")
+        dataplane_id: str | None = None
+        try:
+            first = await _read(context)
+            if first is None:
+                return
+            if first.WhichOneof("message") != "resync":
+                refusal = "the first message of a Connect stream must be its resync"
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+            dataplane_id = first.resync.dataplane_id
+            for action in self.host.feed(resynced(first.resync, self.host.now())):
+                if isinstance(action, AckResync):
+                    stream.outbox.put_nowait(
+                        pb.SchedulerMessage(resynced=pb.ResyncReply(runs=action.runs, turns=action.turns))
+                    )
+            self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
+            while (message := await _read(context)) is not None:
+                self._apply(message, stream)
+        finally:
+            # closed, broken (an error from the read) or cancelled (the peer is gone): all the same
+            writer.cancel()
+            stream.close()
+            if dataplane_id is not None:
+                self._stream_ended(dataplane_id)
+            await asyncio.gather(writer, return_exceptions=True)
+
+    def _apply(self, message: pb.DataplaneMessage, stream: _Stream) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "admit":
+            stream.admit(message.admit)
+        elif kind == "event":
+            event = turn_event(message.event, self.host.now())
+            if event is not None:
+                self.host.feed(event)
+        elif kind == "cancel":
+            stream.cancel(message.cancel.turn_id)
+        elif kind == "resync":
+            log.warning("a second resync on one stream of %s is ignored", message.resync.dataplane_id)
+        # None: a kind from a newer dataplane (a lease, say), which this scheduler does not offer
+
+    def _stream_ended(self, dataplane_id: str) -> None:
+        if not dataplane_id:
+            return  # a dataplane that names itself "" is never taken as lost
+        left = self._open[dataplane_id] - 1
+        if left:
+            self._open[dataplane_id] = left
+        else:
+            del self._open[dataplane_id]
+            self.host.feed(DataplaneLost(dataplane_id, self.host.now()))
+
+    @staticmethod
+    async def _write(outbox: asyncio.Queue[pb.SchedulerMessage], context: _Context) -> None:
+        while True:
+            await context.write(await outbox.get())

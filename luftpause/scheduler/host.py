@@ -1,8 +1,10 @@
-"""The imperative shell around the pure core: feeds events, carries out actions, answers Admits.
+"""The imperative shell around the pure core: feeds events, carries out actions, answers admissions.
 
 One :class:`SchedulerHost` lives in the scheduler's event loop. It owns the core's state, stamps
-events with its monotonic clock, and keeps, per turn id, the futures of the Admit calls waiting for
-that turn's ``Place`` or ``Reject``. Everything runs on one loop thread, so ``decide`` needs no lock.
+events with its monotonic clock, and keeps, per turn id, the answer callbacks of the admissions
+waiting for that turn's ``Place`` or ``Reject`` (one per dataplane stream that sent the admit).
+Everything runs on one loop thread, so ``decide`` needs no lock, and an answer is handed to its
+stream in the same step as the decision that made it.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ log = logging.getLogger("luftpause.scheduler")
 TICK_INTERVAL_S = 1.0
 
 Outcome = Place | Reject
-"""How an Admit ends: placed on a replica, or refused."""
+"""How an admission ends: placed on a replica, or refused."""
+
+Answer = Callable[[Outcome], None]
+"""Called once with the outcome of an admission, inside the ``feed`` that decided it; must not block."""
 
 
 class SchedulerHost:
-    """The scheduler's state plus the Admit calls waiting on it.
+    """The scheduler's state plus the admissions waiting on it.
 
     ``clock`` returns seconds on a monotonic scale (``time.monotonic`` by default).
     """
@@ -45,7 +50,7 @@ class SchedulerHost:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.state: State = new_state(config)
         self.clock = clock
-        self._waiters: dict[str, list[asyncio.Future[Outcome]]] = {}
+        self._waiters: dict[str, list[Answer]] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
 
     def now(self) -> float:
@@ -57,39 +62,42 @@ class SchedulerHost:
         self.state, actions = decide(self.state, event)
         for action in actions:
             if isinstance(action, Place | Reject):
-                for waiter in self._waiters.pop(action.turn_id, ()):
-                    if not waiter.done():
-                        waiter.set_result(action)
+                for answer in self._waiters.pop(action.turn_id, ()):
+                    answer(action)
             elif isinstance(action, Forget):
                 log.debug("forgot run %s", action.run_id)
         return actions
 
-    async def admit(self, arrived: TurnArrived) -> Outcome:
-        """Feed ``arrived`` and wait until that turn is placed or refused.
+    def arrive(self, arrived: TurnArrived, answer: Answer) -> None:
+        """Feed ``arrived``; ``answer`` gets that turn's ``Place`` or ``Reject`` when it is decided.
 
-        If the caller is cancelled first (the dataplane's client left, or its connection broke),
-        the turn is abandoned: it leaves the queue, or frees the slot it was just given, unless
-        another Admit for the same turn id is still waiting.
+        That may be at once (inside this call) or later, when a slot frees. Several admissions of
+        one turn id (an admit re-sent on a new stream while the old one is not yet seen to end) each
+        get the answer.
         """
-        waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(arrived.turn_id, []).append(waiter)
-        try:
-            self.feed(arrived)
-            return await waiter
-        except asyncio.CancelledError:
-            if not self._drop_waiter(arrived.turn_id, waiter):
-                self.feed(TurnAbandoned(arrived.turn_id, self.now()))
-            raise
-        finally:
-            self._drop_waiter(arrived.turn_id, waiter)
+        self._waiters.setdefault(arrived.turn_id, []).append(answer)
+        self.feed(arrived)
 
-    def _drop_waiter(self, turn_id: str, waiter: asyncio.Future[Outcome]) -> bool:
-        """Forget ``waiter``; True when other Admits for ``turn_id`` still wait."""
+    def abandon(self, turn_id: str, answer: Answer | None) -> None:
+        """The admission of ``turn_id`` that ``answer`` was waiting for is given up.
+
+        Its client left (a cancel), or its stream ended before the answer came; ``answer`` is None
+        when it had been answered already. The turn leaves the
+        queue, or frees the slot it was given (the placement may have crossed the cancel on the
+        wire), by ``TurnAbandoned`` -- unless another admission of the same turn id still waits, in
+        which case that one is answered as usual.
+        """
+        if self.drop(turn_id, answer):
+            return
+        self.feed(TurnAbandoned(turn_id, self.now()))
+
+    def drop(self, turn_id: str, answer: Answer | None) -> bool:
+        """Forget ``answer`` without abandoning the turn; True when other admissions of it still wait."""
         waiters = self._waiters.get(turn_id)
         if waiters is None:
             return False
-        if waiter in waiters:
-            waiters.remove(waiter)
+        if answer in waiters:
+            waiters.remove(answer)
         if not waiters:
             del self._waiters[turn_id]
             return False

@@ -27,6 +27,26 @@ IDLE: RunPhase
 GENERATING: RunPhase
 TOOL_PAUSED: RunPhase
 
+class DataplaneMessage(_message.Message):
+    __slots__ = ("resync", "admit", "cancel", "event")
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    resync: ResyncRequest
+    admit: AdmitRequest
+    cancel: CancelAdmit
+    event: TurnEvent
+    def __init__(self, resync: _Optional[_Union[ResyncRequest, _Mapping]] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelAdmit, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+
+class SchedulerMessage(_message.Message):
+    __slots__ = ("resynced", "admitted")
+    RESYNCED_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    resynced: ResyncReply
+    admitted: AdmitReply
+    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ...) -> None: ...
+
 class AdmitRequest(_message.Message):
     __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -60,12 +80,20 @@ class Refusal(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("placed", "refused")
+    __slots__ = ("placed", "refused", "turn_id")
     PLACED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
     placed: Placement
     refused: Refusal
-    def __init__(self, placed: _Optional[_Union[Placement, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+    turn_id: str
+    def __init__(self, placed: _Optional[_Union[Placement, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ..., turn_id: _Optional[str] = ...) -> None: ...
+
+class CancelAdmit(_message.Message):
+    __slots__ = ("turn_id",)
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    def __init__(self, turn_id: _Optional[str] = ...) -> None: ...
 
 class TurnEvent(_message.Message):
     __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error")
@@ -102,12 +130,6 @@ class TurnEvent(_message.Message):
     completion_tokens: int
     error: str
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
-
-class ReportSummary(_message.Message):
-    __slots__ = ("events",)
-    EVENTS_FIELD_NUMBER: _ClassVar[int]
-    events: int
-    def __init__(self, events: _Optional[int] = ...) -> None: ...
 
 class RunRecord(_message.Message):
     __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller")

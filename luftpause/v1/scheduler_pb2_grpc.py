@@ -34,43 +34,22 @@ class SchedulerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Admit = channel.unary_unary(
-                '/luftpause.v1.Scheduler/Admit',
-                request_serializer=luftpause_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
-                response_deserializer=luftpause_dot_v1_dot_scheduler__pb2.AdmitReply.FromString,
-                _registered_method=True)
-        self.Report = channel.stream_unary(
-                '/luftpause.v1.Scheduler/Report',
-                request_serializer=luftpause_dot_v1_dot_scheduler__pb2.TurnEvent.SerializeToString,
-                response_deserializer=luftpause_dot_v1_dot_scheduler__pb2.ReportSummary.FromString,
-                _registered_method=True)
-        self.Resync = channel.unary_unary(
-                '/luftpause.v1.Scheduler/Resync',
-                request_serializer=luftpause_dot_v1_dot_scheduler__pb2.ResyncRequest.SerializeToString,
-                response_deserializer=luftpause_dot_v1_dot_scheduler__pb2.ResyncReply.FromString,
+        self.Connect = channel.stream_stream(
+                '/luftpause.v1.Scheduler/Connect',
+                request_serializer=luftpause_dot_v1_dot_scheduler__pb2.DataplaneMessage.SerializeToString,
+                response_deserializer=luftpause_dot_v1_dot_scheduler__pb2.SchedulerMessage.FromString,
                 _registered_method=True)
 
 
 class SchedulerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Admit(self, request, context):
-        """Blocks until the turn is placed on a replica or refused. A cancelled call (the client left
-        while its turn was held) abandons the turn: it leaves the queue and nothing is sent upstream.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Report(self, request_iterator, context):
-        """Facts about placed turns, in the order the dataplane saw them.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Resync(self, request, context):
-        """The dataplane's view of its runs and in-flight turns, sent before any new admission.
+    def Connect(self, request_iterator, context):
+        """One per dataplane, open for as long as both live. The dataplane's first message is its resync;
+        the scheduler applies it before anything else on the stream and acknowledges it (resynced).
+        When the stream ends (closed, broken or cancelled: the dataplane is gone or reconnecting), the
+        admissions still waiting on it are abandoned, and if no stream of that dataplane is open again
+        within `dataplane_grace_s` the turns placed for it are released.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,20 +58,10 @@ class SchedulerServicer:
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Admit': grpc.unary_unary_rpc_method_handler(
-                    servicer.Admit,
-                    request_deserializer=luftpause_dot_v1_dot_scheduler__pb2.AdmitRequest.FromString,
-                    response_serializer=luftpause_dot_v1_dot_scheduler__pb2.AdmitReply.SerializeToString,
-            ),
-            'Report': grpc.stream_unary_rpc_method_handler(
-                    servicer.Report,
-                    request_deserializer=luftpause_dot_v1_dot_scheduler__pb2.TurnEvent.FromString,
-                    response_serializer=luftpause_dot_v1_dot_scheduler__pb2.ReportSummary.SerializeToString,
-            ),
-            'Resync': grpc.unary_unary_rpc_method_handler(
-                    servicer.Resync,
-                    request_deserializer=luftpause_dot_v1_dot_scheduler__pb2.ResyncRequest.FromString,
-                    response_serializer=luftpause_dot_v1_dot_scheduler__pb2.ResyncReply.SerializeToString,
+            'Connect': grpc.stream_stream_rpc_method_handler(
+                    servicer.Connect,
+                    request_deserializer=luftpause_dot_v1_dot_scheduler__pb2.DataplaneMessage.FromString,
+                    response_serializer=luftpause_dot_v1_dot_scheduler__pb2.SchedulerMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -106,7 +75,7 @@ class Scheduler:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Admit(request,
+    def Connect(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -116,66 +85,12 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/luftpause.v1.Scheduler/Admit',
-            luftpause_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
-            luftpause_dot_v1_dot_scheduler__pb2.AdmitReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Report(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/luftpause.v1.Scheduler/Report',
-            luftpause_dot_v1_dot_scheduler__pb2.TurnEvent.SerializeToString,
-            luftpause_dot_v1_dot_scheduler__pb2.ReportSummary.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Resync(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/luftpause.v1.Scheduler/Resync',
-            luftpause_dot_v1_dot_scheduler__pb2.ResyncRequest.SerializeToString,
-            luftpause_dot_v1_dot_scheduler__pb2.ResyncReply.FromString,
+            '/luftpause.v1.Scheduler/Connect',
+            luftpause_dot_v1_dot_scheduler__pb2.DataplaneMessage.SerializeToString,
+            luftpause_dot_v1_dot_scheduler__pb2.SchedulerMessage.FromString,
             options,
             channel_credentials,
             insecure,
