@@ -342,14 +342,20 @@ def test_with_runtime_the_page_shows_the_runtimes_runs(page: Element, saturated:
     section = by_id(page, "runtime-section")
     assert "hidden" not in section.attrs
     assert by_id(page, "runtime-notice").one("div").attrs["data-notice"] == "info"
-    runs = by_id(page, "runtime-runs")
+    with urllib.request.urlopen(f"{saturated.runtime_base}/status", timeout=10) as response:
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+        listed = {run.get("id") or run["handle"]: run for run in orjson.loads(response.read())["runs"]}
+    rows = by_id(page, "runtime-runs")
     for handle in saturated.handles:
-        row = runs.one("tr", data_run=handle)
+        row = rows.one("tr", data_run=handle)
         assert row.attrs["data-state"] == "running"
         assert row.attrs["data-depth"] == "0"
         assert "Find two facts about" in row.cell("task")
-        # Today's runtime gives a run's own counters only: the subtree column shows a dash.
-        assert row.cell("turns").endswith(f"/ {DASH}")
+        # Own costs are a run's flat counters or its "own" object; no "subtree" object, a dash.
+        run = listed[handle]
+        own = run["own"]["turns"] if isinstance(run.get("own"), dict) else run["turns"]
+        subtree = run["subtree"]["turns"] if isinstance(run.get("subtree"), dict) else DASH
+        assert row.cell("turns") == f"{own} / {subtree}"
 
 
 # -- tests: run trees, tokens and failures, from small local servers ----------------------------------
@@ -435,8 +441,23 @@ TREE = {
             "state": "running",
             "parent": None,
             "children": ["child-a", "<b>child-b</b>"],
-            "own": {"turns": 2, "toolCalls": 3, "promptTokens": 100, "completionTokens": 20},
-            "subtree": {"turns": 9, "toolCalls": 11, "promptTokens": 900, "completionTokens": 300},
+            "own": {
+                "turns": 2,
+                "toolCalls": 3,
+                "failedToolCalls": 1,
+                "promptTokens": 100,
+                "completionTokens": 20,
+                "turnSeconds": 1.5,
+                "toolSeconds": 0.5,
+            },
+            "subtree": {
+                "turns": 9,
+                "toolCalls": 11,
+                "promptTokens": 900,
+                "completionTokens": 300,
+                "turnSeconds": 10.0,
+                "toolSeconds": 2.0,
+            },
         },
         {
             "id": "child-a",
@@ -472,6 +493,7 @@ def test_the_run_tree_nests_children_under_parents_with_own_and_subtree_costs(
     assert root.cell("turns") == "2 / 9"
     assert root.cell("tools") == "3 / 11"
     assert root.cell("tokens") == "120 / 1,200"
+    assert root.cell("time") == "2.0 s / 12 s"  # turn time and tool time together
     assert child_a.cell("turns") == "4 / 6"
     assert child_a.cell("tokens") == f"{DASH} / {DASH}"
     assert grandchild.cell("time") == f"{DASH} / {DASH}"
