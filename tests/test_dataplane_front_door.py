@@ -128,6 +128,40 @@ def _raw_answer(kind: str) -> bytes:
             "cache-control: no-store",  # the relay's own no-cache must replace it, not join it
             "connection: close",  # the body ends when the connection does
         ]
+    elif kind in ("call-0", "call-0-stream"):  # a tool call whose id other engines reuse too
+        call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        if kind == "call-0":
+            body = orjson.dumps(
+                {
+                    "id": "c3",
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                            "finish_reason": "tool_calls",
+                        }
+                    ],
+                }
+            )
+            content_type = "application/json"
+        else:
+            chunk = {"id": "c4", "object": "chat.completion.chunk"}
+            body = b"".join(
+                b"data: " + orjson.dumps({**chunk, "choices": [choice]}) + b"\n\n"
+                for choice in (
+                    {"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}},
+                    {"index": 0, "delta": {}, "finish_reason": "tool_calls"},
+                )
+            )
+            body += b"data: [DONE]\n\n"
+            content_type = "text/event-stream"
+        head = [
+            "HTTP/1.1 200 OK",
+            f"content-type: {content_type}",
+            f"content-length: {len(body)}",
+            "connection: close",
+        ]
     else:  # hop-by-hop headers, one of them named only by Connection
         body = PLAIN_COMPLETION
         head = [
@@ -522,3 +556,128 @@ def test_metrics_need_no_token_and_take_only_get(front: FrontDoor) -> None:
     status, headers, _ = request(front.stack, "POST", "/metrics", b"")
     assert status == 405
     assert headers["allow"] == "GET, HEAD"
+
+
+# --- run identity by tool_call_id --------------------------------------------------------------------
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def engine_that_served(stack: Stack, completion_id: str) -> str:
+    """The URL of the simulated engine that answered ``completion_id``."""
+    for url in stack.engine_urls:
+        host, _, port = url.removeprefix("http://").partition(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            connection.request("GET", f"/testkit/received/{completion_id}")
+            if connection.getresponse().status == 200:
+                return url
+        finally:
+            connection.close()
+    raise AssertionError(f"no engine served {completion_id}")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_turn_answering_a_tool_call_without_the_header_joins_its_run(
+    front: FrontDoor, stream: bool
+) -> None:
+    stack = front.stack
+    client = openai.OpenAI(base_url=f"{stack.dataplane_url}/v1", api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Lisbon?"}]
+    if stream:
+        with client.chat.completions.with_streaming_response.create(
+            model=stack.model, messages=messages, tools=[WEATHER_TOOL], max_tokens=16, stream=True
+        ) as response:
+            run_id = response.headers["x-luftpause-run-id"]
+            chunks = [
+                orjson.loads(line.removeprefix("data: "))
+                for line in response.iter_lines()
+                if line.startswith("data: {")
+            ]
+        first_id = chunks[0]["id"]
+        calls = [
+            c
+            for chunk in chunks
+            for choice in chunk["choices"]
+            for c in choice["delta"].get("tool_calls") or []
+        ]
+        call_id = next(c["id"] for c in calls if c.get("id"))
+        name = next(c["function"]["name"] for c in calls if c.get("function", {}).get("name"))
+        assistant: dict[str, Any] = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+            ],
+        }
+    else:
+        raw = client.chat.completions.with_raw_response.create(
+            model=stack.model, messages=messages, tools=[WEATHER_TOOL], max_tokens=16
+        )
+        run_id = raw.headers["x-luftpause-run-id"]
+        completion = raw.parse()
+        first_id = completion.id
+        assert completion.choices[0].message.tool_calls
+        call_id = completion.choices[0].message.tool_calls[0].id
+        assistant = completion.choices[0].message.model_dump(exclude_none=True)
+    assert run_id.startswith("run-")
+    messages += [assistant, {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 24 °C."}]
+    # the same run's next turn, sent without x-luftpause-run-id
+    raw = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=messages, tools=[WEATHER_TOOL], max_tokens=16
+    )
+    assert raw.headers["x-luftpause-run-id"] == run_id
+    # the scheduler kept the run on its replica (strict affinity while the run is paused on a tool)
+    assert engine_that_served(stack, raw.parse().id) == engine_that_served(stack, first_id)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_reused_tool_call_id_resolves_to_the_run_that_emitted_it_last(
+    front: FrontDoor, stream: bool
+) -> None:
+    kind = "call-0-stream" if stream else "call-0"
+    runs = []
+    for _ in range(2):  # two runs whose engine both emit call_0
+        status, headers, _ = request(
+            front.stack, "POST", "/v1/chat/completions", chat(RAW_MODEL, stream=stream, adhoc=kind)
+        )
+        assert status == 200
+        runs.append(headers["x-luftpause-run-id"])
+    assert runs[0] != runs[1]
+    answer: dict[str, Any] = chat(RAW_MODEL, adhoc="hop")
+    answer["messages"] += [
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": "done"},
+    ]
+    # The second run's ending is recorded when its relay ends, maybe just after the client read it.
+    deadline = time.monotonic() + 10
+    while True:
+        status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", answer)
+        assert status == 200
+        if headers["x-luftpause-run-id"] == runs[1] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert headers["x-luftpause-run-id"] == runs[1]
+
+
+def test_a_turn_with_an_unknown_tool_call_id_starts_a_new_run(front: FrontDoor) -> None:
+    answer: dict[str, Any] = chat(front.stack.model)
+    answer["messages"] += [{"role": "tool", "tool_call_id": "call_never_emitted", "content": "x"}]
+    ids = set()
+    for _ in range(2):
+        status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", answer)
+        assert status == 200
+        ids.add(headers["x-luftpause-run-id"])
+    assert len(ids) == 2

@@ -13,7 +13,8 @@ Routes (DESIGN.md, "The dataplane"):
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
 =============================  ==================================================================
 
-Request headers read: ``x-luftpause-run-id`` (else a new run), ``x-luftpause-class``
+Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool_call`` id the
+messages answer, remembered 30 min; else a new run), ``x-luftpause-class``
 (``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``.
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
 
@@ -53,6 +54,7 @@ from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn
 from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 CALLER_MAX_BYTES = 128
 RUN_ID_MAX_BYTES = 256
 ENGINE_CONNECT_TIMEOUT_S = 2.0
+TOOL_CALL_PRUNE_EVERY_S = 60.0
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 DECIDE_PATH = "/v1/decide"
 
@@ -109,6 +112,8 @@ class Dataplane:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.runs = RunTable()
+        self.tool_calls = ToolCallTable()
+        self._prune_task: asyncio.Task[None] | None = None
         # Stable across restarts on the same host and port: the Resync of a restarted dataplane
         # then releases what the crashed one held.
         dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
@@ -143,10 +148,24 @@ class Dataplane:
         timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)  # engines close idle at 5 s
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        self._relay = Relay(self._session, self.link, self.runs, self.metrics)
+        self._relay = Relay(self._session, self.link, self.runs, self.metrics, self.tool_calls)
+        self._prune_task = asyncio.get_running_loop().create_task(self._prune_tool_calls())
         await self.link.start()
 
+    async def _prune_tool_calls(self) -> None:
+        """Forget expired tool-call ids every ``TOOL_CALL_PRUNE_EVERY_S`` seconds, for good."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TOOL_CALL_PRUNE_EVERY_S)
+            self.tool_calls.prune(loop.time())
+
     async def shutdown(self) -> None:
+        if self._prune_task is not None:
+            self._prune_task.cancel()
+            try:
+                await self._prune_task
+            except asyncio.CancelledError:
+                pass
         await self.link.close()
         if self._session is not None:
             await self._session.close()
@@ -242,11 +261,16 @@ class Dataplane:
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("'model' must be a non-empty string")
-        if not isinstance(payload.get("messages"), list):
+        messages = payload.get("messages")
+        if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
         service_class = _service_class(scope)
-        run_id = _header(scope, RUN_ID_HEADER) or f"run-{uuid.uuid4().hex}"
-        if not _acceptable_run_id(run_id):
+        now = asyncio.get_running_loop().time()
+        run_id = _header(scope, RUN_ID_HEADER)
+        if not run_id:
+            # No header (or an empty one): the run that emitted a tool call answered here, else new.
+            run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now) or f"run-{uuid.uuid4().hex}"
+        elif not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
         return Turn(
             turn_id=Turn.new_id(),
@@ -256,7 +280,7 @@ class Dataplane:
             caller=truncate_caller(_header(scope, "x-luftpause-caller") or ""),
             body=body,
             traceparent=_header(scope, "traceparent"),
-            arrived=asyncio.get_running_loop().time(),
+            arrived=now,
         )
 
     def _parse_single_pass(self, scope: Scope, body: bytes) -> Turn:

@@ -26,6 +26,7 @@ from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.sse import SSEScanner
+from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ class Relay:
     """Forwards admitted turns to replicas over one shared aiohttp session and reports them.
 
     Every turn given to :meth:`forward` is reported ended exactly once (finished or failed); a turn
-    given up before it reached an engine is reported with :meth:`abandoned`.
+    given up before it reached an engine is reported with :meth:`abandoned`. The tool-call ids a
+    finished turn emitted (streamed or not) are remembered in ``tool_calls`` under its run.
     """
 
     def __init__(
@@ -114,11 +116,13 @@ class Relay:
         link: SchedulerLink,
         runs: RunTable,
         metrics: DataplaneMetrics,
+        tool_calls: ToolCallTable,
     ) -> None:
         self.session = session
         self.link = link
         self.runs = runs
         self.metrics = metrics
+        self.tool_calls = tool_calls
         # Single-pass turns sent to an engine and not ended: they never enter the run table.
         self.single_pass_in_flight: set[str] = set()
 
@@ -154,10 +158,19 @@ class Relay:
         self.metrics.first_token(turn.service_class, asyncio.get_running_loop().time() - turn.arrived)
 
     def _finished(
-        self, turn: Turn, finish_reason: str, tool_calls: bool, prompt: int, completion: int
+        self,
+        turn: Turn,
+        finish_reason: str,
+        tool_calls: bool,
+        prompt: int,
+        completion: int,
+        tool_call_ids: list[str] | None = None,
     ) -> None:
         if not self._end(turn, tool_calls):
             return
+        if tool_call_ids and turn.run_id:
+            # The run's next turn may come back without its header but with these ids.
+            self.tool_calls.remember(turn.run_id, tool_call_ids, asyncio.get_running_loop().time())
         self._event(
             turn,
             pb.TurnEvent.FINISHED,
@@ -286,6 +299,7 @@ class Relay:
             scanner.saw_tool_calls,
             scanner.prompt_tokens,
             scanner.completion_tokens,
+            scanner.tool_call_ids,
         )
 
     async def _relay_whole(
@@ -299,25 +313,27 @@ class Relay:
         if turn.single_pass:
             # A classification has no tokens to stream: no first token, only its usage.
             finish_reason, tool_calls, prompt, completion = "", False, *_usage(body)
+            ids: list[str] = []
         else:
             self._first_token(turn)
-            finish_reason, tool_calls, prompt, completion = _completion_facts(body)
+            finish_reason, tool_calls, prompt, completion, ids = _completion_facts(body)
         proto.response_bytes(200, headers, body)
         self.metrics.relayed(len(body))
-        self._finished(turn, finish_reason, tool_calls, prompt, completion)
+        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
 
 
-def _completion_facts(body: bytes) -> tuple[str, bool, int, int]:
-    """Finish reason, tool calls emitted, prompt and completion tokens of a ``chat.completion``.
+def _completion_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:
+    """Finish reason, tool calls emitted, prompt and completion tokens, and the tool-call ids of a
+    ``chat.completion``.
 
     Shape: OpenAI Chat Completions, non-streamed response object. Unknown shapes give blanks.
     """
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return "", False, -1, -1
+        return "", False, -1, -1, []
     if not isinstance(doc, dict):
-        return "", False, -1, -1
+        return "", False, -1, -1, []
     finish_reason, tool_calls = "", False
     for choice in doc.get("choices") or ():
         if isinstance(choice, dict):
@@ -335,6 +351,7 @@ def _completion_facts(body: bytes) -> tuple[str, bool, int, int]:
         tool_calls,
         prompt if type(prompt) is int else -1,
         completion if type(completion) is int else -1,
+        completion_tool_call_ids(doc) if tool_calls else [],
     )
 
 
