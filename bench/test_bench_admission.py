@@ -54,7 +54,8 @@ async def _serve(port: int) -> None:
     pb_grpc.add_SchedulerServicer_to_server(
         SchedulerService(SchedulerHost(parse_config(CONFIG, "bench"))), server
     )
-    handler = grpc.unary_unary_rpc_method_handler(echo)  # no (de)serializers: bytes in, bytes out
+    # no (de)serializers: bytes in, bytes out
+    handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(echo)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("luftpause.bench.Echo", {"Echo": handler}),)
     )
