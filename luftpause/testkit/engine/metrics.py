@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from luftpause.testkit.engine.settings import CONTEXT_TOKENS_PER_SLOT
+
 # Requests over which sglang:cache_hit_rate is computed, per model.
 CACHE_HIT_WINDOW = 100
 
-__all__ = ["CACHE_HIT_WINDOW", "CONTENT_TYPE_LATEST", "EngineMetrics", "ModelLoad"]
+__all__ = ["CACHE_HIT_WINDOW", "CONTENT_TYPE_LATEST", "EngineMetrics", "ModelLoad", "SglangMetrics"]
 
 
 @dataclass(slots=True)
@@ -133,3 +135,11 @@ class EngineMetrics:
                 self._vl_hits.labels(model, "0").inc(counts.cache_hits - hits)
                 self._seen[model] = (counts.cache_queries, counts.cache_hits)
         return generate_latest(self.registry)
+
+
+class SglangMetrics(EngineMetrics):
+    """SGLang's names only, for an engine of ``slots`` slots (a KV pool of
+    ``slots * CONTEXT_TOKENS_PER_SLOT`` tokens)."""
+
+    def __init__(self, models: Sequence[str], slots: int) -> None:
+        super().__init__(models, slots * CONTEXT_TOKENS_PER_SLOT, "sglang")
