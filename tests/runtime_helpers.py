@@ -1,12 +1,14 @@
-"""Shared helpers of the runtime's in-process tests: a bare run record and one ASGI request."""
+"""Shared helpers of the runtime's in-process tests: a bare run record, a configuration with its
+own state directory, and one ASGI request."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from luftpause.config import DEFAULT_MODEL
+from luftpause.config import DEFAULT_MODEL, Config
 from luftpause.runtime.runs import Run
 
 
@@ -24,6 +26,13 @@ def make_run(handle: str, **overrides: Any) -> Run:
         "messages": [{"role": "user", "content": "t"}],
     }
     return Run(**{**fields, **overrides})
+
+
+def with_state_dir(config: Config, state_dir: Path) -> Config:
+    """``config`` with ``[runtime] state_dir`` set to ``state_dir``, so a test's journal never
+    lands in the working directory."""
+    runtime = config.runtime.model_copy(update={"state_dir": str(state_dir)})
+    return config.model_copy(update={"runtime": runtime})
 
 
 async def asgi_request(

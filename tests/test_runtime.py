@@ -228,12 +228,25 @@ def test_status_tool_and_http_status_list_the_runs(runtime: Runtime) -> None:
 
     with urllib.request.urlopen(runtime.status_url, timeout=10) as response:
         status = json.loads(response.read())
-    by_handle = {run["handle"]: run for run in status["runs"]}
-    run = by_handle[handle]
+    by_id = {run["id"]: run for run in status["runs"]}
+    run = by_id[handle]
     assert run["state"] == "completed"
     assert run["serviceClass"] == "batch"
-    assert run["turns"] >= 2 and run["toolCalls"] >= 1
-    assert run["usage"]["promptTokens"] > 0
+    assert run["parent"] is None and run["children"] == []
+    own = run["own"]
+    assert set(own) == {
+        "turns",
+        "toolCalls",
+        "failedToolCalls",
+        "promptTokens",
+        "completionTokens",
+        "turnSeconds",
+        "toolSeconds",
+    }
+    assert own["turns"] >= 2 and own["toolCalls"] >= 1
+    assert own["promptTokens"] > 0 and own["completionTokens"] > 0
+    assert own["turnSeconds"] > 0 and own["toolSeconds"] > 0
+    assert run["subtree"] == own  # no children
     assert status["upstream"][0]["connected"] is True
     assert set(status["upstream"][0]["tools"]) == {"lookup", "deep_search"}
 
@@ -260,7 +273,7 @@ def test_a_200_kb_task_runs_and_only_status_for_its_handle_repeats_it_whole(runt
     with urllib.request.urlopen(runtime.status_url, timeout=10) as response:
         body = response.read()
     assert b"THE END" not in body
-    run = next(run for run in json.loads(body)["runs"] if run["handle"] == handle)
+    run = next(run for run in json.loads(body)["runs"] if run["id"] == handle)
     assert run["task"] == task[:200] + "…" and run["taskChars"] == len(task)
 
 

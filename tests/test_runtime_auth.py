@@ -194,7 +194,7 @@ def test_spawn_and_await_refuse_bad_numbers_and_unknown_models_at_once(guarded: 
     # The page that a 10**30 once broke for ever still answers.
     status, headers, body = _http("GET", _base(guarded) + "/status", {"authorization": f"Bearer {TOKEN}"})
     assert (status, headers["content-type"]) == (200, "application/json"), body
-    assert all(run["maxToolCalls"] <= 1000 for run in json.loads(body)["runs"])
+    assert all(run["own"]["toolCalls"] <= 1000 for run in json.loads(body)["runs"])
 
 
 def test_loadgen_sends_the_token_from_the_environment(guarded: Stack) -> None:

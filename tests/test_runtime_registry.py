@@ -154,15 +154,18 @@ def test_http_status_answers_even_with_values_orjson_refuses() -> None:
     runtime: Runtime = app.state.runtime
     # Values that once reached GET /status and made it answer 500 for ever (orjson: "Integer
     # exceeds 64-bit range"); spawn refuses them now, the page must not depend on that.
-    runtime.registry.add(make_run("run-huge", max_tool_calls=10**30, prompt_tokens=2**70))
+    runtime.registry.add(
+        make_run("run-huge", max_tool_calls=10**30, prompt_tokens=2**70, budget_tokens=2**80)
+    )
 
     status, headers, body, raised = asyncio.run(asgi_request(app, "GET", "/status"))
     assert raised is None
     assert status == 200, body
     assert headers["content-type"] == "application/json"
     (run,) = json.loads(body)["runs"]
-    assert run["handle"] == "run-huge"
-    assert run["maxToolCalls"] == 10**30 and run["usage"]["promptTokens"] == 2**70
+    assert run["id"] == "run-huge"
+    assert run["own"]["promptTokens"] == 2**70 and run["subtree"]["promptTokens"] == 2**70
+    assert run["limits"]["tokens"] == 2**80 and run["used"]["tokens"] == 2**70
 
 
 def test_an_unexpected_error_is_a_json_500(monkeypatch: pytest.MonkeyPatch) -> None:

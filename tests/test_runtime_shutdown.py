@@ -1,8 +1,9 @@
-"""The runtime's shutdown: runs it interrupts are ended at the dataplane, all at once and bounded.
+"""Ending runs at the dataplane in bulk, all at once and bounded (``DataplaneClient.end_runs``).
 
-A run cancelled by the runtime stopping can never come back (there is no journal to resume it
-yet), so the scheduler must forget it at once rather than keep it ``generating`` or
-``tool_paused`` (holding headroom) for its 30 minute idle expiry.
+The runtime's server journals its runs, so a run its shutdown interrupts resumes on the next start
+and is deliberately not ended at the dataplane (tested in ``test_runtime_durability.py``). A
+registry without a journal cannot resume what it stops; the server ends such runs with
+``end_runs``, which must neither send them one at a time nor wait on a dead dataplane.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from aiohttp import web
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.runtime.loop import DataplaneClient, new_http_session
-from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
 
@@ -58,40 +58,6 @@ def _wait_for(stack: Stack, holds: Any, what: str, seconds: float = 20.0) -> dic
 
 def _text(result: CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
-
-
-def test_runs_interrupted_by_shutdown_are_ended_at_the_scheduler(slow_stack: Stack) -> None:
-    before = _scheduler_status(slow_stack)
-
-    async def spawn() -> list[str]:
-        async with runtime_client(slow_stack.runtime_url) as client:
-            handles = []
-            for i in range(RUNS):
-                result = await client.call_tool("spawn", {"task": f"Research topic {i} at length."})
-                assert not result.is_error, _text(result)
-                assert isinstance(result.structured_content, dict)
-                handles.append(result.structured_content["handle"])
-            return handles
-
-    handles = asyncio.run(spawn())
-    # Every run has reached the scheduler and is mid-flight there.
-    _wait_for(
-        slow_stack,
-        lambda s: s["runs"]["generating"] + s["runs"]["tool_paused"] == RUNS,
-        f"the {RUNS} runs never were generating or tool_paused at once",
-    )
-
-    runtime = slow_stack.children["runtime"]
-    runtime.stop()  # SIGTERM
-    assert runtime.poll() == 0, runtime.log_tail()
-
-    after = _wait_for(
-        slow_stack,
-        lambda s: s["counters"]["runs_ended"] - before["counters"]["runs_ended"] == RUNS,
-        f"the scheduler was not told that the {RUNS} interrupted runs {handles} ended",
-    )
-    assert after["runs"]["generating"] == 0 and after["runs"]["tool_paused"] == 0, after
-    assert sum(replica["inflight"] for replica in after["replicas"]) == 0, after
 
 
 class StallingDataplane:

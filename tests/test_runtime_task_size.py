@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from runtime_helpers import asgi_request, make_run
+from runtime_helpers import asgi_request, make_run, with_state_dir
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
@@ -76,10 +77,13 @@ def test_http_status_never_repeats_a_whole_long_task() -> None:
         assert run["taskChars"] == len(LONG_TASK)
 
 
-async def _spawn_session(calls: list[dict[str, Any]]) -> tuple[list[CallToolResult], Runtime]:
-    """``spawn`` with each of ``calls`` on a runtime whose dataplane is unreachable, then ``status``
-    with and without each accepted handle; returns every result in that order."""
-    runtime = Runtime(CONFIG, token=None)
+async def _spawn_session(
+    calls: list[dict[str, Any]], state_dir: Path
+) -> tuple[list[CallToolResult], Runtime]:
+    """``spawn`` with each of ``calls`` on a runtime whose dataplane is unreachable (its journal in
+    ``state_dir``), then ``status`` with and without each accepted handle; returns every result
+    in that order."""
+    runtime = Runtime(with_state_dir(CONFIG, state_dir), token=None)
     mcp = build_mcp_server(runtime)
     results: list[CallToolResult] = []
     async with new_http_session() as session, runtime.registry:
@@ -96,7 +100,7 @@ async def _spawn_session(calls: list[dict[str, Any]]) -> tuple[list[CallToolResu
     return results, runtime
 
 
-def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it() -> None:
+def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it(tmp_path: Path) -> None:
     at_limit = "a" * MAX_TEXT_BYTES
     over_in_bytes = "é" * (MAX_TEXT_BYTES // 2 + 1)  # 2 bytes each: fewer characters than the limit
     results, _ = asyncio.run(
@@ -107,7 +111,8 @@ def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it() -> No
                 {"task": "a" * (MAX_TEXT_BYTES + 1)},
                 {"task": over_in_bytes},
                 {"task": "t", "system": "s" * (2 * MAX_TEXT_BYTES)},
-            ]
+            ],
+            tmp_path,
         )
     )
     accepted_task, accepted_system, over_task, over_multibyte, over_system = results[:5]
@@ -119,8 +124,8 @@ def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it() -> No
     assert over_system.is_error and "system is 2,097,152 bytes" in _text(over_system)
 
 
-def test_status_lists_runs_with_task_summaries_and_shows_one_run_whole() -> None:
-    results, runtime = asyncio.run(_spawn_session([{"task": LONG_TASK}]))
+def test_status_lists_runs_with_task_summaries_and_shows_one_run_whole(tmp_path: Path) -> None:
+    results, runtime = asyncio.run(_spawn_session([{"task": LONG_TASK}], tmp_path))
     spawned, listing, one = results
     assert isinstance(spawned.structured_content, dict)
     handle = spawned.structured_content["handle"]

@@ -4,14 +4,21 @@ One run, from its first turn to its answer::
 
     messages = [system?] + [user: task]
     repeat:
+        check the subtree budgets (cancelled when one ran out)
         turn: POST {dataplane}/v1/chat/completions  (tools offered while the tool budget lasts)
+        check the budgets
         no tool_calls in the reply  -> the reply's text is the answer; the run is completed
         tool_calls                  -> one tool round: execute each call, append the assistant
-                                       message and one ``role: tool`` message per call
+                                       message and one ``role: tool`` message per call (journaled
+                                       as one record, then the budgets are checked)
     finally: DELETE {dataplane}/v1/runs/{handle}   (best effort)
 
-A run the runtime's shutdown interrupts skips that last step: the server ends all such runs at
-once afterwards (:meth:`DataplaneClient.end_runs`, bounded by
+A run resumed after a restart starts the same loop on its rebuilt conversation, so the turn that
+was in flight at the crash is simply asked again.
+
+A run the runtime's shutdown interrupts skips that last step: with a journal it resumes on the
+next start and keeps its place at the scheduler (affinity, headroom) meanwhile; without one the
+server ends all such runs at once afterwards (:meth:`DataplaneClient.end_runs`, bounded by
 :data:`SHUTDOWN_END_RUNS_SECONDS` in total), so a dead dataplane cannot hold the shutdown up.
 
 Request and reply shapes are the OpenAI chat completions API (non-streamed). Every turn carries
@@ -26,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -217,6 +225,16 @@ def _parse_arguments(raw: Any) -> dict[str, Any]:
     return value
 
 
+class _Stopped(Exception):
+    """The run was cancelled by its own budget check; its outcome is already recorded."""
+
+
+def _check(run: Run) -> None:
+    run.check_budgets()
+    if run.done:
+        raise _Stopped
+
+
 class SubAgentLoop:
     """Drives runs: what every run shares (the dataplane client and the upstream tools)."""
 
@@ -229,6 +247,8 @@ class SubAgentLoop:
         or ``failed`` with the error text). Cancellation propagates (the registry records it)."""
         try:
             answer = await self._turns(run)
+        except _Stopped:
+            pass
         except TurnFailed as exc:
             log.info("%s failed: %s", run.handle, exc)
             run.finish("failed", error=str(exc))
@@ -244,6 +264,7 @@ class SubAgentLoop:
     async def _turns(self, run: Run) -> str:
         toolless_tool_turns = 0
         while True:
+            _check(run)
             budget_left = run.max_tool_calls - run.tool_calls
             tools = await self.upstream.offered_tools(run.allowed_tools) if budget_left > 0 else []
             body: dict[str, Any] = {"model": run.model, "messages": run.messages}
@@ -253,9 +274,14 @@ class SubAgentLoop:
                 body["parallel_tool_calls"] = False
             if run.max_tokens > 0:
                 body["max_tokens"] = run.max_tokens
-            reply = await self.dataplane.complete(run, body)
+            began = time.monotonic()
+            try:
+                reply = await self.dataplane.complete(run, body)
+            finally:
+                run.turn_seconds += time.monotonic() - began
             run.turns += 1
             _count_usage(run, reply)
+            _check(run)
             message = _first_message(reply)
             calls = message.get("tool_calls") or []
             if not isinstance(calls, list) or not calls:
@@ -266,12 +292,19 @@ class SubAgentLoop:
                 raise TurnFailed(
                     f"the model kept calling tools after its tool budget ({run.max_tool_calls}) was spent"
                 )
-            await self._tool_round(run, message, calls, {tool.name for tool in tools})
+            began = time.monotonic()
+            try:
+                round_messages = await self._tool_round(run, message, calls, {tool.name for tool in tools})
+            finally:
+                run.tool_seconds += time.monotonic() - began
+            # Recorded only once the whole round is done: a round is the unit the journal replays.
+            run.complete_round(round_messages)
 
     async def _tool_round(
         self, run: Run, message: dict[str, Any], calls: list[Any], offered: set[str]
-    ) -> None:
-        """Execute the reply's tool calls in order and append the round's messages to the run.
+    ) -> list[dict[str, Any]]:
+        """Execute the reply's tool calls in order; the round's messages (the assistant message,
+        then one tool message per call).
 
         The assistant message keeps the reply's ``tool_calls`` as they came and every tool message
         repeats its call's ``id`` byte for byte: the dataplane and engines match them.
@@ -289,9 +322,7 @@ class SubAgentLoop:
             if failed:
                 run.failed_tool_calls += 1
             results.append({"role": "tool", "tool_call_id": call_id, "content": text})
-        # Appended only once the whole round is done: a round is the unit a journal will replay.
-        run.messages.append(assistant)
-        run.messages.extend(results)
+        return [assistant, *results]
 
     async def _execute(self, run: Run, call: Any, offered: set[str]) -> tuple[str, bool]:
         function = call.get("function") if isinstance(call, dict) else None

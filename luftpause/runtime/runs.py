@@ -5,7 +5,17 @@ or error. Its state moves one way only::
 
     running ──▶ completed   the model answered without calling a tool
             ├─▶ failed      a turn failed (dataplane error, bad reply) or the loop broke
-            └─▶ cancelled   its task was cancelled (today only by the runtime shutting down)
+            └─▶ cancelled   ``cancel`` on it or an ancestor, or a budget of its subtree ran out
+
+Runs form trees: ``spawn(parent=handle)`` makes a child. Cancelling a run cancels its running
+descendants. A run may carry budgets (tokens = prompt + completion, tool calls, seconds since it
+started) that bound it and all its descendants, children spawned later included; they are checked
+before and after every turn and after every tool round, and the seconds by a timer; on excess the
+whole subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
+
+With a :class:`~luftpause.runtime.journal.Journal` the registry records every run's start, tool
+rounds and end, and :meth:`RunRegistry.replay` rebuilds the runs after a restart. A run the
+runtime's shutdown interrupts is not recorded as ended: it resumes on the next start.
 
 The :class:`RunRegistry` owns the asyncio task of every run in a task group entered in the
 server's lifespan, never in the MCP request that spawned it: a run outlives the ``spawn`` call,
@@ -21,15 +31,20 @@ that it never existed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
+from luftpause.runtime.budgets import all_subtree_counters, budget_used, first_exceeded, subtree
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
+from luftpause.runtime.journal import Journal
+
+log = logging.getLogger("luftpause.runtime.runs")
 
 RunState = Literal["running", "completed", "failed", "cancelled"]
 ServiceClass = Literal["interactive", "batch"]
@@ -67,6 +82,36 @@ def new_handle() -> str:
     return f"run-{secrets.token_hex(8)}"
 
 
+COUNTER_KEYS = (
+    "turns",
+    "toolCalls",
+    "failedToolCalls",
+    "promptTokens",
+    "completionTokens",
+    "turnSeconds",
+    "toolSeconds",
+)
+"""The cost counters of a run (and of a subtree), as ``GET /status`` and the journal name them:
+turns, tool calls, failed tool calls, prompt and completion tokens, and the seconds spent in turns
+(waiting for the dataplane, queue included) and in tool rounds."""
+
+Counters = dict[str, float]
+
+BUDGET_KEYS = ("tokens", "toolCalls", "seconds")
+"""The budgets a run may set for its subtree, in the order they are checked."""
+
+
+def add_counters(total: Counters, more: Counters) -> Counters:
+    """``total`` with ``more`` added key by key (in place; returned for chaining)."""
+    for key in COUNTER_KEYS:
+        total[key] = total.get(key, 0) + more.get(key, 0)
+    return total
+
+
+def _rounded(counters: Counters) -> Counters:
+    return {k: round(v, 3) if k.endswith("Seconds") else int(v) for k, v in counters.items()}
+
+
 @dataclass(eq=False)
 class Run:
     """One sub-agent run.
@@ -75,7 +120,9 @@ class Run:
     messages of each completed tool round). Counters: ``turns`` (LLM turns answered),
     ``tool_calls`` / ``failed_tool_calls`` (calls the model made; failed = refused, raised, or an
     MCP ``isError`` result), ``prompt_tokens`` / ``completion_tokens`` summed over the turns'
-    ``usage``. Times are ``time.time()`` seconds.
+    ``usage``, ``turn_seconds`` / ``tool_seconds`` spent in turns and tool rounds. Times are
+    ``time.time()`` seconds. ``parent`` and ``children`` are handles; ``budget_*`` bound the
+    subtree rooted here (``None``: no bound).
     """
 
     handle: str
@@ -87,19 +134,33 @@ class Run:
     max_tokens: int
     allowed_tools: frozenset[str] | None
     messages: list[dict[str, Any]]
+    system: str | None = None
+    parent: str | None = None
+    budget_tokens: int | None = None
+    budget_tool_calls: int | None = None
+    budget_seconds: float | None = None
+    children: list[str] = field(default_factory=list)
     state: RunState = "running"
     answer: str | None = None
     error: str | None = None
+    exceeded: str | None = None
+    """``budget exceeded: <which> <used>/<limit>`` once one of this run's own budgets ran out."""
     turns: int = 0
     tool_calls: int = 0
     failed_tool_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    turn_seconds: float = 0.0
+    tool_seconds: float = 0.0
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    resumed: bool = False
+    """Rebuilt from the journal after a restart (and, if running, resumed)."""
     interrupted: bool = False
     """Set when the runtime shuts down under a running run: it did not end, it was stopped."""
     _on_finish: Callable[[Run], None] | None = field(default=None, repr=False)
+    _on_round: Callable[[Run, list[dict[str, Any]]], None] | None = field(default=None, repr=False)
+    _on_progress: Callable[[Run], None] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -110,6 +171,38 @@ class Run:
         """Run time so far, or in total once finished (seconds)."""
         end = self.finished_at if self.finished_at is not None else time.time()
         return max(0.0, end - self.started_at)
+
+    @property
+    def limits(self) -> dict[str, float]:
+        """The budgets this run sets for its subtree, by :data:`BUDGET_KEYS` name (only those set)."""
+        values = {
+            "tokens": self.budget_tokens,
+            "toolCalls": self.budget_tool_calls,
+            "seconds": self.budget_seconds,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    def counters(self) -> Counters:
+        """This run's own costs, keyed by :data:`COUNTER_KEYS`."""
+        return {
+            "turns": self.turns,
+            "toolCalls": self.tool_calls,
+            "failedToolCalls": self.failed_tool_calls,
+            "promptTokens": self.prompt_tokens,
+            "completionTokens": self.completion_tokens,
+            "turnSeconds": self.turn_seconds,
+            "toolSeconds": self.tool_seconds,
+        }
+
+    def set_counters(self, counters: Counters) -> None:
+        """Take the counters of a journal record (missing keys stay as they are)."""
+        self.turns = int(counters.get("turns", self.turns))
+        self.tool_calls = int(counters.get("toolCalls", self.tool_calls))
+        self.failed_tool_calls = int(counters.get("failedToolCalls", self.failed_tool_calls))
+        self.prompt_tokens = int(counters.get("promptTokens", self.prompt_tokens))
+        self.completion_tokens = int(counters.get("completionTokens", self.completion_tokens))
+        self.turn_seconds = float(counters.get("turnSeconds", self.turn_seconds))
+        self.tool_seconds = float(counters.get("toolSeconds", self.tool_seconds))
 
     def finish(self, state: RunState, *, answer: str | None = None, error: str | None = None) -> None:
         """Move to a final state once; later calls are ignored (the first outcome stands)."""
@@ -124,12 +217,29 @@ class Run:
         if self._on_finish is not None:
             self._on_finish(self)
 
+    def complete_round(self, round_messages: list[dict[str, Any]]) -> None:
+        """Append a completed tool round (the assistant message and its tool messages) to the
+        conversation; it is journaled, with the counters as they stand now, as the point a
+        resumed run restarts from."""
+        self.messages.extend(round_messages)
+        if self._on_round is not None:
+            self._on_round(self, round_messages)
+
+    def check_budgets(self) -> None:
+        """Check the budgets of this run and its ancestors now (after a turn or a tool round);
+        one that ran out cancels its subtree, this run included."""
+        if self._on_progress is not None:
+            self._on_progress(self)
+
     def result(self) -> dict[str, Any]:
         """The run as ``await`` reports it (MCP tool result, camelCase)::
 
         {"handle", "state", "answer"? (completed), "error"? (failed, cancelled),
          "toolCalls", "failedToolCalls", "turns", "seconds",
          "usage": {"promptTokens", "completionTokens"}}
+
+        The registry adds ``limits``, ``used`` and ``exceeded`` for a run with budgets
+        (:meth:`RunRegistry.result`).
         """
         out: dict[str, Any] = {"handle": self.handle, "state": self.state}
         if self.answer is not None:
@@ -147,7 +257,8 @@ class Run:
 
     def status(self, *, full_task: bool = False) -> dict[str, Any]:
         """:meth:`result` plus what the run was asked: ``model``, ``serviceClass``, ``caller``,
-        ``task``, ``taskChars``, ``maxToolCalls``, ``startedAt`` (Unix seconds).
+        ``task``, ``taskChars``, ``maxToolCalls``, ``startedAt`` (Unix seconds), ``parent`` and
+        ``children`` (handles).
 
         ``task`` is the whole task with ``full_task``, else its :func:`summarize` summary (the
         first 200 characters and ``…``), so that listings of many runs stay small; ``taskChars``
@@ -162,21 +273,100 @@ class Run:
             "taskChars": len(self.task),
             "maxToolCalls": self.max_tool_calls,
             "startedAt": round(self.started_at, 3),
+            "parent": self.parent,
+            "children": list(self.children),
         }
+
+    # The journal's records of this run (shapes: :mod:`luftpause.runtime.journal`).
+
+    def start_record(self) -> dict[str, Any]:
+        """Every spawn argument, so that a restart can rebuild the run."""
+        return {
+            "type": "start",
+            "handle": self.handle,
+            "at": self.started_at,
+            "task": self.task,
+            "system": self.system,
+            "model": self.model,
+            "serviceClass": self.service_class,
+            "caller": self.caller,
+            "maxToolCalls": self.max_tool_calls,
+            "maxTokens": self.max_tokens,
+            "tools": sorted(self.allowed_tools) if self.allowed_tools is not None else None,
+            "parent": self.parent,
+            "budgetTokens": self.budget_tokens,
+            "budgetToolCalls": self.budget_tool_calls,
+            "budgetSeconds": self.budget_seconds,
+        }
+
+    def outcome_record(self) -> dict[str, Any]:
+        """How the run ended (``state``, ``answer``?, ``error``?, ``exceeded``?, ``finishedAt``,
+        ``counters``); the ``end`` record, and with :meth:`start_record` a compacted ``run``."""
+        out: dict[str, Any] = {
+            "state": self.state,
+            "finishedAt": self.finished_at,
+            "counters": self.counters(),
+        }
+        for key, value in (("answer", self.answer), ("error", self.error), ("exceeded", self.exceeded)):
+            if value is not None:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_start_record(cls, record: dict[str, Any]) -> Run:
+        """The run a ``start`` (or compacted ``run``) record describes, at its first turn.
+        Raises ``KeyError`` / ``TypeError`` / ``ValueError`` for a record missing what a run needs."""
+        task = str(record["task"])
+        system = record.get("system")
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": task})
+        tools = record.get("tools")
+        service_class = record.get("serviceClass")
+        return cls(
+            handle=str(record["handle"]),
+            task=task,
+            model=str(record["model"]),
+            service_class="batch" if service_class == "batch" else "interactive",
+            caller=str(record.get("caller") or "anonymous"),
+            max_tool_calls=int(record["maxToolCalls"]),
+            max_tokens=int(record["maxTokens"]),
+            allowed_tools=frozenset(map(str, tools)) if tools is not None else None,
+            messages=messages,
+            system=system if isinstance(system, str) else None,
+            parent=record.get("parent") if isinstance(record.get("parent"), str) else None,
+            budget_tokens=_optional_int(record.get("budgetTokens")),
+            budget_tool_calls=_optional_int(record.get("budgetToolCalls")),
+            budget_seconds=_optional_float(record.get("budgetSeconds")),
+            started_at=float(record["at"]),
+            resumed=True,
+        )
+
+
+def _optional_int(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
+def _optional_float(value: Any) -> float | None:
+    return float(value) if value is not None else None
 
 
 class RunRegistry:
     """Every run of this server, by handle, and the task group that owns their tasks.
 
-    Use as an async context manager inside the server's lifespan. Leaving it cancels the runs that
-    are still going (marking them ``interrupted`` and listing them in :attr:`interrupted`) and
-    waits for their tasks to end.
+    Use as an async context manager inside the server's lifespan. Entering it with a ``journal``
+    replays the journal (:meth:`resume` then starts the unfinished runs). Leaving it cancels the
+    runs that are still going (marking them ``interrupted`` and listing them in
+    :attr:`interrupted`; with a journal they are not recorded as ended, so they resume on the next
+    start) and waits for their tasks to end.
 
     Finished runs are dropped ``retention_seconds`` after they end and beyond ``max_finished`` of
     them (oldest finished first); running runs never. Dropping is done lazily, whenever the
     registry is used (a run added, finished or looked up), so no timer is needed and memory stays
-    bounded by the cap between uses. ``clock`` gives the time in seconds that retention is measured
-    in (monotonic by default; a test passes its own).
+    bounded by the cap between uses. A dropped run no longer counts toward its ancestors' subtree
+    totals and budgets. ``clock`` gives the time in seconds that retention is measured in
+    (monotonic by default; a test passes its own).
     """
 
     def __init__(
@@ -186,6 +376,7 @@ class RunRegistry:
         max_finished: int = DEFAULT_MAX_FINISHED,
         max_expired_handles: int = DEFAULT_MAX_EXPIRED_HANDLES,
         clock: Callable[[], float] = time.monotonic,
+        journal: Journal | None = None,
     ) -> None:
         if not (math.isfinite(retention_seconds) and retention_seconds >= 0):
             raise ValueError(f"retention_seconds must be finite and >= 0, got {retention_seconds!r}")
@@ -194,6 +385,7 @@ class RunRegistry:
         self.retention_seconds = retention_seconds
         self.max_finished = max_finished
         self.max_expired_handles = max_expired_handles
+        self.journal = journal
         self._clock = clock
         self._runs: dict[str, Run] = {}
         # Finished runs' handles -> when they ended (on ``clock``), in the order they ended, so the
@@ -203,6 +395,11 @@ class RunRegistry:
         self._expired: dict[str, None] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        # The counters of each running run at its last completed tool round: what a compaction
+        # writes, so that a turn in flight is not counted twice after a crash.
+        self._checkpoints: dict[str, Counters] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._to_resume: list[Run] = []
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
@@ -211,6 +408,12 @@ class RunRegistry:
         self._changed = asyncio.Event()
 
     async def __aenter__(self) -> RunRegistry:
+        if self.journal is not None:
+            self._to_resume = self._replay(self.journal)
+            self.journal.snapshot = self.journal_snapshot
+            self.journal.open()
+            if self.journal.size > self.journal.compact_bytes:
+                self.journal.compact(self.journal_snapshot())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         return self
@@ -222,33 +425,65 @@ class RunRegistry:
         tb: TracebackType | None,
     ) -> None:
         group, self._group = self._group, None
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         for handle, task in self._tasks.items():
             run = self._runs[handle]
             if not run.done:  # a finished run still ending itself at the dataplane was not stopped
                 run.interrupted = True
                 self.interrupted.append(run)
             task.cancel()
-        if group is not None:
-            await group.__aexit__(exc_type, exc, tb)
+        for run in self._to_resume:  # replayed, never started: still resumable
+            run.interrupted = True
+        try:
+            if group is not None:
+                await group.__aexit__(exc_type, exc, tb)
+        finally:
+            if self.journal is not None:
+                self.journal.close()
+
+    @property
+    def unresumable_interrupted(self) -> list[Run]:
+        """The runs the shutdown interrupted that no restart will resume (all of them without a
+        journal, none with one): the server ends these at the dataplane."""
+        return [] if self.journal is not None else list(self.interrupted)
+
+    def _hook(self, run: Run) -> None:
+        run._on_finish = self._finished
+        run._on_round = self._round
+        run._on_progress = self._check_budgets
 
     def add(self, run: Run) -> Run:
-        """Record ``run`` (not yet started)."""
+        """Record ``run`` (not yet started), link it under its parent and journal its start."""
         self.evict_expired()
-        run._on_finish = self._finished
+        self._hook(run)
         self._runs[run.handle] = run
+        parent = self._runs.get(run.parent) if run.parent is not None else None
+        if parent is not None:
+            parent.children.append(run.handle)
+        if self.journal is not None:
+            self.journal.append(run.start_record())
         return run
 
     def start(self, run: Run, body: Coroutine[Any, Any, None]) -> None:
         """Run ``body`` (the run's loop) as a task owned by this registry, not by the caller.
 
         ``body`` must record the outcome on ``run`` itself; if it raises, the run fails with the
-        error text (so one broken run never takes the task group down).
+        error text (so one broken run never takes the task group down). A run with a seconds
+        budget gets a timer that cancels its subtree when the time is up.
         """
         if self._group is None:
             body.close()
             raise RuntimeError("the run registry is not open (outside the server's lifespan)")
         task = self._group.create_task(self._own(run, body), name=run.handle)
         self._tasks[run.handle] = task
+        if run.budget_seconds is not None:
+            delay = max(0.0, run.started_at + run.budget_seconds - time.time())
+            # A hair late on purpose: the check compares elapsed wall time with the limit.
+            self._timers[run.handle] = asyncio.get_running_loop().call_later(
+                delay + 0.01, self._seconds_up, run
+            )
 
         def settled(_: asyncio.Task[None]) -> None:
             # A task cancelled before its first step (the runtime stopping right after a spawn)
@@ -260,6 +495,16 @@ class RunRegistry:
                 run.finish("cancelled", error="runtime shut down" if run.interrupted else "cancelled")
 
         task.add_done_callback(settled)
+
+    def resume(self, drive: Callable[[Run], Coroutine[Any, Any, None]]) -> int:
+        """Start the unfinished runs the journal held (``drive(run)`` is each one's loop), from
+        their last completed tool round; returns how many."""
+        runs, self._to_resume = self._to_resume, []
+        for run in runs:
+            self.start(run, drive(run))
+        if runs:
+            log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.path)
+        return len(runs)
 
     async def _own(self, run: Run, body: Coroutine[Any, Any, None]) -> None:
         try:
@@ -275,11 +520,175 @@ class RunRegistry:
                 run.finish("failed", error="internal error: the run loop ended without an outcome")
 
     def _finished(self, run: Run) -> None:
+        self._checkpoints.pop(run.handle, None)
+        if self.journal is not None and not run.interrupted:
+            self.journal.append({"type": "end", "handle": run.handle, **run.outcome_record()})
         if self._runs.get(run.handle) is run:
             self._ended_at[run.handle] = self._clock()
             self.evict_expired()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    def _round(self, run: Run, messages: list[dict[str, Any]]) -> None:
+        counters = run.counters()
+        self._checkpoints[run.handle] = counters
+        if self.journal is not None:
+            self.journal.append(
+                {"type": "round", "handle": run.handle, "messages": messages, "counters": counters}
+            )
+        self._check_budgets(run)
+
+    # Trees, cancel and budgets.
+
+    def cancel(self, handle: str, reason: str = "cancelled") -> list[Run]:
+        """Cancel the run ``handle`` and its running descendants with ``reason`` as their error;
+        returns the runs this stopped (a finished run is left as it is, but its running
+        descendants are cancelled). Raises :class:`UnknownRun` / :class:`ExpiredRun`."""
+        return self._cancel_subtree(self.get(handle), reason)
+
+    def _cancel_subtree(self, root: Run, reason: str) -> list[Run]:
+        stopped = [run for run in subtree(root, self._runs) if not run.done]
+        current = asyncio.current_task()
+        for run in stopped:
+            run.finish("cancelled", error=reason)
+            task = self._tasks.get(run.handle)
+            # A run that checks its own budget stops itself at its next step (loop.py).
+            if task is not None and task is not current:
+                task.cancel()
+        return stopped
+
+    def _check_budgets(self, run: Run) -> None:
+        found = first_exceeded(run, self._runs, time.time())
+        if found is not None:
+            holder, message = found
+            holder.exceeded = holder.exceeded or message
+            self._cancel_subtree(holder, message)
+
+    def _seconds_up(self, run: Run) -> None:
+        self._timers.pop(run.handle, None)
+        if any(not r.done for r in subtree(run, self._runs)):
+            self._check_budgets(run)
+
+    def budget_report(self, run: Run) -> dict[str, Any]:
+        """``{"limits", "used", "exceeded"}`` for a run that sets budgets, else ``{}``."""
+        if not run.limits:
+            return {}
+        used = budget_used(run, self._runs, run.finished_at if run.done and run.finished_at else time.time())
+        return {"limits": run.limits, "used": used, "exceeded": run.exceeded}
+
+    def result(self, run: Run) -> dict[str, Any]:
+        """:meth:`Run.result` plus, for a run with budgets, :meth:`budget_report`."""
+        return {**run.result(), **self.budget_report(run)}
+
+    def status_of(self, run: Run, *, full_task: bool = False) -> dict[str, Any]:
+        """:meth:`Run.status` plus, for a run with budgets, :meth:`budget_report`."""
+        return {**run.status(full_task=full_task), **self.budget_report(run)}
+
+    def of_caller(self, caller: str) -> list[Run]:
+        """The runs ``caller`` spawned that are still held, oldest first."""
+        return [run for run in self.all() if run.caller == caller]
+
+    def tree(self) -> list[dict[str, Any]]:
+        """Every held run with its own and subtree costs, oldest first (``GET /status``)::
+
+        {"id", "state", "parent", "children": [ids], "task" (summary), "taskChars", "model",
+         "serviceClass", "caller", "error"?, "own": {COUNTER_KEYS}, "subtree": {COUNTER_KEYS}}
+        """
+        runs = self.all()
+        totals = all_subtree_counters(self._runs)
+        out = []
+        for run in runs:
+            item: dict[str, Any] = {
+                "id": run.handle,
+                "state": run.state,
+                "parent": run.parent,
+                "children": [h for h in run.children if h in self._runs],
+                "task": summarize(run.task),
+                "taskChars": len(run.task),
+                "model": run.model,
+                "serviceClass": run.service_class,
+                "caller": run.caller,
+                "own": _rounded(run.counters()),
+                "subtree": _rounded(totals[run.handle]),
+            }
+            if run.error is not None:
+                item["error"] = run.error
+            item.update(self.budget_report(run))
+            out.append(item)
+        return out
+
+    # The journal.
+
+    def journal_snapshot(self) -> Iterator[dict[str, Any]]:
+        """Records that rebuild every held run: a finished run as one ``run`` record, a running
+        run as its ``start`` and one ``round`` with all its completed rounds (compaction)."""
+        for run in list(self._runs.values()):
+            start = run.start_record()
+            if run.done and not run.interrupted:
+                yield {**start, "type": "run", **run.outcome_record()}
+                continue
+            yield start
+            first = 2 if run.system else 1
+            if len(run.messages) > first:
+                counters = self._checkpoints.get(run.handle, run.counters())
+                yield {
+                    "type": "round",
+                    "handle": run.handle,
+                    "messages": run.messages[first:],
+                    "counters": counters,
+                }
+
+    def _replay(self, journal: Journal) -> list[Run]:
+        """Rebuild the runs of ``journal``: finished ones into the registry as they ended, the
+        unfinished ones (returned, in start order) at their last completed tool round. A record
+        that does not fit (no start before it, a field missing) is skipped with a warning."""
+        runs: dict[str, Run] = {}
+        for record in journal.records():
+            kind, handle = record.get("type"), record["handle"]
+            try:
+                if kind in ("start", "run"):
+                    run = Run.from_start_record(record)
+                    if kind == "run":
+                        _apply_outcome(run, record)
+                    runs[handle] = run
+                    continue
+                run = runs[handle]
+                if run.done:
+                    continue
+                if kind == "round":
+                    messages = record["messages"]
+                    if not isinstance(messages, list):
+                        raise TypeError("messages is not a list")
+                    run.messages.extend(messages)
+                    run.set_counters(record["counters"])
+                    self._checkpoints[handle] = run.counters()
+                elif kind == "end":
+                    _apply_outcome(run, record)
+                else:
+                    raise ValueError(f"unknown record type {kind!r}")
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("journal %s: a %s record of %s skipped: %r", journal.path, kind, handle, exc)
+        for run in runs.values():
+            parent = runs.get(run.parent) if run.parent is not None else None
+            if parent is not None:
+                parent.children.append(run.handle)
+        now_wall, now = time.time(), self._clock()
+        for run in runs.values():
+            self._hook(run)
+            self._runs[run.handle] = run
+        for run in sorted((r for r in runs.values() if r.done), key=lambda r: r.finished_at or 0.0):
+            self._ended_at[run.handle] = now - max(0.0, now_wall - (run.finished_at or now_wall))
+        self.evict_expired()
+        unfinished = [run for run in runs.values() if not run.done]
+        if runs:
+            log.info(
+                "journal %s: %d runs, %d finished, %d to resume",
+                journal.path,
+                len(runs),
+                len(runs) - len(unfinished),
+                len(unfinished),
+            )
+        return unfinished
 
     def evict_expired(self) -> int:
         """Drop the finished runs whose retention time has passed, then the oldest finished ones
@@ -368,3 +777,18 @@ class RunRegistry:
                 await asyncio.wait_for(changed.wait(), wake_at - now)
             except TimeoutError:
                 pass
+
+
+def _apply_outcome(run: Run, record: dict[str, Any]) -> None:
+    """Put a journaled outcome (``end`` or compacted ``run`` record) on a replayed run, without
+    the finish hooks (it is not news)."""
+    state = record["state"]
+    if state not in ("completed", "failed", "cancelled"):
+        raise ValueError(f"not a final state: {state!r}")
+    run.set_counters(record.get("counters") or {})
+    run.state = state
+    run.answer = record.get("answer")
+    run.error = record.get("error")
+    run.exceeded = record.get("exceeded")
+    finished_at = record.get("finishedAt")
+    run.finished_at = float(finished_at) if finished_at is not None else time.time()

@@ -4,9 +4,14 @@ Serves, on ``[runtime] listen``:
 
 * ``/mcp``: streamable HTTP MCP (the official ``mcp`` SDK; both protocol eras it serves) with the
   tools of :mod:`luftpause.runtime.tools`;
-* ``GET /status``: JSON ``{"runs": [run status], "upstream": [server]}``, every run of this process
-  with its state, model, service class, turns, tool calls, failed tool calls, tokens and a summary
-  of its task (the first 200 characters, ``…``, and ``taskChars``; never the whole task);
+* ``GET /status``: JSON ``{"runs": [run], "upstream": [server]}``, the run tree: every run this
+  process holds, oldest first, as ``{"id", "state", "parent", "children": [ids], "task" (the first
+  200 characters and ``…``; never the whole task), "taskChars", "model", "serviceClass", "caller",
+  "error"?, "own": costs, "subtree": costs, "limits"?, "used"?, "exceeded"?}`` where costs are
+  ``{"turns", "toolCalls", "failedToolCalls", "promptTokens", "completionTokens", "turnSeconds",
+  "toolSeconds"}`` of the run alone and of the run with all its descendants (tokens from each
+  turn's ``usage``; seconds spent waiting for turns and in tool rounds). Readable from any origin
+  (``Access-Control-Allow-Origin: *``) for the scheduler's live page;
 * ``GET /health``: ``{"ok": true}``, always open (no token).
 
 With ``LUFTPAUSE_TOKEN`` set, everything but ``/health`` needs ``Authorization: Bearer <token>``
@@ -17,10 +22,14 @@ JSON-RPC error objects, which have the same ``error.message``.
 
 The ASGI app runs on granian (one worker process, uvloop). Its lifespan owns everything that
 outlives a request, in this order: the shared aiohttp session to the dataplane, the upstream MCP
-clients, the run registry's task group, and the SDK's session manager (which, with the SDK app
-mounted inside ours, only runs if our lifespan enters it). On shutdown they are left in reverse:
-the registry cancels the runs still going, then every run it stopped is ended at the dataplane
-(``DELETE /v1/runs/{handle}``, all at once, at most 2 s in total) before the session closes.
+clients, the run registry (which replays the journal ``<state_dir>/runs.jsonl`` and resumes the
+unfinished runs, :mod:`luftpause.runtime.journal`), and the SDK's session manager (which, with the
+SDK app mounted inside ours, only runs if our lifespan enters it). On shutdown they are left in
+reverse: the registry cancels the runs still going without journaling an end for them, so they
+resume on the next start. They are deliberately *not* ended at the dataplane: the scheduler keeps
+their affinity (last replica, prefix cache) and, for a run paused on a tool, its headroom slot
+until the runtime is back (or its 30 min run idle expiry, if it never comes back). A run the
+shutdown interrupts is therefore treated exactly like one a crash interrupts.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -46,6 +56,7 @@ from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
+from luftpause.runtime.journal import Journal
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import RunRegistry
 from luftpause.runtime.tools import build_mcp_server
@@ -63,7 +74,8 @@ class Runtime:
     def __init__(self, config: Config, token: str | None = None) -> None:
         self.config = config
         self.token = token
-        self.registry = RunRegistry()
+        self.journal = Journal(Path(config.runtime.state_dir))
+        self.registry = RunRegistry(journal=self.journal)
         self.upstream = UpstreamPool(config.mcp_servers)
         self._loop: SubAgentLoop | None = None
 
@@ -80,10 +92,10 @@ class Runtime:
         return f"http://{host}:{port}/mcp"
 
     def status(self) -> dict[str, Any]:
-        """``GET /status``: ``{"runs": [Run.status()], "upstream": [UpstreamPool.describe() item]}``;
-        each run's task is summarized (:func:`luftpause.runtime.runs.summarize`)."""
+        """``GET /status``: ``{"runs": RunRegistry.tree(), "upstream": [UpstreamPool.describe()
+        item]}``; each run's task is summarized (:func:`luftpause.runtime.runs.summarize`)."""
         return {
-            "runs": [run.status() for run in self.registry.all()],
+            "runs": self.registry.tree(),
             "upstream": self.upstream.describe(),
         }
 
@@ -203,13 +215,11 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
 
             async def end_interrupted_runs() -> None:
                 # Runs after the registry has stopped every run, while the session is still open.
-                # There is no journal yet, so a run stopped here can never resume: end it at the
-                # dataplane, or the scheduler would keep it generating or tool_paused (holding a
-                # headroom slot) until its 30 min idle expiry. When the journal lands, the runs it
-                # will resume on restart must NOT be ended here: they should keep their affinity
-                # (last replica, prefix cache) and their headroom; end only those it will not
-                # resume (and see SubAgentLoop.drive, which leaves interrupted runs to this step).
-                handles = [run.handle for run in runtime.registry.interrupted]
+                # The journal resumes every run stopped here on the next start, so none is ended
+                # at the dataplane (they keep affinity and headroom); only a registry without a
+                # journal would list runs here (see SubAgentLoop.drive, which leaves interrupted
+                # runs to this step).
+                handles = [run.handle for run in runtime.registry.unresumable_interrupted]
                 ended = await dataplane.end_runs(handles)
                 if handles:
                     log.info("shutdown: %d of %d stopped runs ended at the dataplane", ended, len(handles))
@@ -217,6 +227,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             # Pushed before the registry is entered, so it is called after the registry is left.
             stack.push_async_callback(end_interrupted_runs)
             await stack.enter_async_context(runtime.registry)
+            runtime.registry.resume(runtime.loop.drive)
             await stack.enter_async_context(mcp.session_manager.run())
             print(f"luftpause runtime: MCP on {runtime.mcp_url}", flush=True)
             yield

@@ -1,30 +1,40 @@
-"""The runtime's MCP tools: ``spawn``, ``await``, ``status``.
+"""The runtime's MCP tools: ``spawn``, ``await``, ``status``, ``cancel``.
 
 Argument names are camelCase on the wire, as in DESIGN.md ("The runtime"). Results are JSON
 objects (``structuredContent``, and the same JSON as the text content)::
 
     spawn(task, model?, serviceClass = "interactive" | "batch", system?, maxToolCalls = 8,
-          tools?: [name], maxTokens = 256)                              task, system: at most 1 MiB
+          tools?: [name], maxTokens = 256, parent?: handle,
+          budgetTokens?, budgetToolCalls?, budgetSeconds?)             task, system: at most 1 MiB
         -> {"handle": "run-…", "state": "running"}                       at once
     await(handles: [handle], mode = "all" | "any", timeout = 60)        timeout capped at 600 s
         -> {"runs": [run result], "timedOut": bool}
     status(handle?)
-        -> {"run": run status, whole task}  or  {"runs": [run status, task summarized]}
+        -> {"run": run status, whole task}  or  {"runs": [run status of the caller's runs,
+                                                          task summarized]}
+    cancel(handle)
+        -> {"handle", "cancelled": [handles stopped: the run and its running descendants]}
 
     run result = {"handle", "state": running|completed|failed|cancelled, "answer"?, "error"?,
                   "toolCalls", "failedToolCalls", "turns", "seconds",
-                  "usage": {"promptTokens", "completionTokens"}}
+                  "usage": {"promptTokens", "completionTokens"},
+                  "limits"?, "used"?, "exceeded"? (a run that sets budgets)}
     run status = run result + {"model", "serviceClass", "caller", "task", "taskChars",
-                               "maxToolCalls", "startedAt"}
+                               "maxToolCalls", "startedAt", "parent", "children"}
+
+Budgets bound the run and all its descendants (:mod:`luftpause.runtime.budgets`): ``budgetTokens``
+(prompt + completion tokens), ``budgetToolCalls``, ``budgetSeconds`` (wall time since the run
+started); on excess the subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
+A cancelled run reports state ``cancelled`` and the reason as its ``error``.
 
 A listing of runs shows each task summarized (its first 200 characters and ``…``; ``taskChars`` is
 the whole length), so it stays small however long the tasks; ``status`` for one handle shows it whole.
 
 Bad input comes back as an MCP tool error (``isError: true``) whose text says what was wrong: an
-unknown or expired handle, a ``serviceClass`` or ``mode`` outside its enum, an unknown tool name, a
-model no generative replica serves, ``maxToolCalls`` outside 0..1000, ``maxTokens`` outside
-0..1,000,000, a ``task`` or ``system`` longer than 1 MiB (UTF-8), a ``timeout`` that is not a finite
-number (NaN, infinity).
+unknown or expired handle (or ``parent``), a cancelled ``parent``, a ``serviceClass`` or ``mode``
+outside its enum, an unknown tool name, a model no generative replica serves, ``maxToolCalls``
+outside 0..1000, ``maxTokens`` outside 0..1,000,000, a budget below 1 (or past its bound), a
+``task`` or ``system`` longer than 1 MiB (UTF-8), a ``timeout`` that is not a finite number.
 """
 
 from __future__ import annotations
@@ -56,6 +66,15 @@ MAX_TOKENS_PER_TURN = 1_000_000
 """Highest ``maxTokens`` per turn: above the longest context any engine serves today, so it never
 refuses a real request, and a bound on what we send on."""
 
+MAX_BUDGET_TOKENS = 10**12
+"""Highest ``budgetTokens``: far past any run, and a bound that keeps counters small integers."""
+
+MAX_BUDGET_TOOL_CALLS = 10**9
+"""Highest ``budgetToolCalls``."""
+
+MAX_BUDGET_SECONDS = 365 * 24 * 3600.0
+"""Highest ``budgetSeconds`` (a year): past it a timer is pointless."""
+
 MAX_TEXT_BYTES = 1024 * 1024
 """Longest ``spawn`` ``task`` and ``system``, each, in UTF-8 bytes (1 MiB, about 260,000 tokens):
 past the context of any engine served today, so no real task is refused, while every run a client
@@ -80,8 +99,10 @@ INSTRUCTIONS = """\
 luftpause runs sub-agents for you. `spawn` starts one on a task and returns a handle at once; \
 the sub-agent works through its own LLM turns and tool calls while you continue. `await` waits for \
 handles (all or any, up to `timeout` seconds) and returns each run's state and, when done, its \
-answer. `status` shows one run or all of them. Runs survive your disconnecting: await a handle \
-from a new session and you still get its answer."""
+answer. `status` shows one run or all of yours; `cancel` stops a run and its descendants. \
+`spawn(parent=...)` builds a tree; budgets (tokens, tool calls, seconds) bound a whole subtree. \
+Runs survive your disconnecting and a restart of the runtime: await a handle from a new session \
+and you still get its answer."""
 
 
 def caller_of(ctx: Context) -> str:
@@ -117,7 +138,10 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             "with `await`. `serviceClass` is 'interactive' (someone waits) or 'batch'. `tools` "
             "limits which tools it may use (names; default all). `maxToolCalls` is its tool "
             "budget; `maxTokens` the reply length per turn (0 = the engine's default). `task` and "
-            "`system` may each be up to 1 MiB (UTF-8)."
+            "`system` may each be up to 1 MiB (UTF-8). `parent` makes it a child of that run "
+            "(cancelling the parent cancels it). `budgetTokens`, `budgetToolCalls` and "
+            "`budgetSeconds` bound this run and all its descendants; when one runs out the "
+            "subtree is cancelled."
         ),
     )
     async def spawn(
@@ -133,9 +157,29 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         maxTokens: Annotated[
             int, Field(ge=0, le=MAX_TOKENS_PER_TURN, description="reply length per turn, tokens")
         ] = 256,
+        parent: Annotated[str | None, Field(description="handle of the parent run")] = None,
+        budgetTokens: Annotated[
+            int | None, Field(ge=1, le=MAX_BUDGET_TOKENS, description="tokens for the whole subtree")
+        ] = None,
+        budgetToolCalls: Annotated[
+            int | None, Field(ge=1, le=MAX_BUDGET_TOOL_CALLS, description="tool calls for the whole subtree")
+        ] = None,
+        budgetSeconds: Annotated[
+            float | None,
+            Field(
+                gt=0, le=MAX_BUDGET_SECONDS, allow_inf_nan=False, description="seconds for the whole subtree"
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         check_text_size("task", task)
         check_text_size("system", system)
+        if parent is not None:
+            try:
+                parent_run = runtime.registry.get(parent)
+            except RuntimeFault as exc:
+                raise ToolError(f"parent: {exc}") from None
+            if parent_run.state == "cancelled":
+                raise ToolError(f"parent run {parent!r} is cancelled; its subtree takes no new runs")
         chosen_model = model or runtime.config.default_model
         served = generative_models(runtime)
         if chosen_model not in served:
@@ -162,6 +206,11 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 max_tokens=maxTokens,
                 allowed_tools=frozenset(tools) if tools is not None else None,
                 messages=messages,
+                system=system or None,
+                parent=parent,
+                budget_tokens=budgetTokens,
+                budget_tool_calls=budgetToolCalls,
+                budget_seconds=budgetSeconds,
             )
         )
         runtime.registry.start(run, runtime.loop.drive(run))
@@ -199,21 +248,37 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             )
 
         timed_out = await runtime.registry.wait(runs, mode, wait_seconds, on_progress=progress)
-        return {"runs": [run.result() for run in runs], "timedOut": timed_out}
+        return {"runs": [runtime.registry.result(run) for run in runs], "timedOut": timed_out}
 
     @mcp.tool(
         name="status",
         description=(
-            "One run's status by `handle`, with its whole task; or every run of this runtime without "
-            "one, each task cut to its first 200 characters (`taskChars` gives the whole length)."
+            "One run's status by `handle`, with its whole task, its parent and children; or, without "
+            "one, every run you spawned, each task cut to its first 200 characters (`taskChars` "
+            "gives the whole length)."
         ),
     )
-    async def status(handle: str | None = None) -> dict[str, Any]:
+    async def status(ctx: Context, handle: str | None = None) -> dict[str, Any]:
+        registry = runtime.registry
         if handle is None:
-            return {"runs": [run.status() for run in runtime.registry.all()]}
+            return {"runs": [registry.status_of(run) for run in registry.of_caller(caller_of(ctx))]}
         try:
-            return {"run": runtime.registry.get(handle).status(full_task=True)}
+            return {"run": registry.status_of(registry.get(handle), full_task=True)}
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
+
+    @mcp.tool(
+        name="cancel",
+        description=(
+            "Cancel the run `handle` now, and every running run below it in its tree. Cancelled runs "
+            "report state 'cancelled'. Returns the handles it stopped."
+        ),
+    )
+    async def cancel(handle: str) -> dict[str, Any]:
+        try:
+            stopped = runtime.registry.cancel(handle)
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+        return {"handle": handle, "cancelled": [run.handle for run in stopped]}
 
     return mcp

@@ -3,9 +3,11 @@
 * ``lookup(query)``: answers after 10-50 ms with a paragraph about the query;
 * ``deep_search(query, depth=2)``: answers after 100-300 ms with ``depth`` paragraphs.
 
-Both are marked ``readOnlyHint: true`` (MCP tool annotations), so a runtime never asks for
-approval before calling them. Built with the official SDK (``mcp`` 2.3, ``MCPServer``) and served
-over streamable HTTP at ``/mcp`` by uvicorn, which answers both protocol eras the SDK serves.
+``GET /testkit/calls`` answers ``{"<tool> <query>": calls started}``, so a test can count how
+often each call was made. Both tools are marked ``readOnlyHint: true`` (MCP tool annotations), so
+a runtime never asks for approval before calling them. Built with the official SDK (``mcp`` 2.3,
+``MCPServer``) and served over streamable HTTP at ``/mcp`` by uvicorn, which answers both
+protocol eras the SDK serves.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import random
 import signal
 import socket
+from collections import Counter
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -24,6 +27,8 @@ import uvicorn
 from mcp.server import MCPServer
 from mcp.types import ToolAnnotations
 from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 TOOL_NAMES = ("lookup", "deep_search")
 
@@ -60,8 +65,14 @@ def build_server(seed: int | None = 0) -> MCPServer:
         log_level="WARNING",
     )
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
+    calls: Counter[str] = Counter()
+
+    @server.custom_route("/testkit/calls", methods=["GET"])
+    async def count(request: Request) -> JSONResponse:
+        return JSONResponse(dict(calls))
 
     async def lookup(query: Annotated[str, Field(description="What to look up, in a few words.")]) -> str:
+        calls[f"lookup {query}"] += 1
         await anyio.sleep(rng.uniform(*LOOKUP_DELAY_S))
         return f"Lookup: {query}. " + _paragraph(rng, query, 3)
 
@@ -71,6 +82,7 @@ def build_server(seed: int | None = 0) -> MCPServer:
             int, Field(ge=1, le=5, description="How many layers of sources to follow (1-5).")
         ] = 2,
     ) -> str:
+        calls[f"deep_search {query}"] += 1
         await anyio.sleep(rng.uniform(*DEEP_SEARCH_DELAY_S))
         sections = [f"Layer {layer}: " + _paragraph(rng, query, 4) for layer in range(1, depth + 1)]
         return f"Deep search: {query} (depth {depth}).\n\n" + "\n\n".join(sections)
