@@ -18,6 +18,7 @@ from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
     Action,
+    DataplaneLost,
     Event,
     FirstToken,
     Forget,
@@ -49,6 +50,19 @@ def arrive(
     turn: str, run: str, model: str = "m", at: float = 0.0, cls: str = "interactive", caller: str = ""
 ) -> TurnArrived:
     return TurnArrived(turn, run, model, cls, caller, "dp", at)  # type: ignore[arg-type]
+
+
+def single(
+    turn: str,
+    run: str = "",
+    model: str = "m",
+    at: float = 0.0,
+    cls: str = "interactive",
+    caller: str = "",
+    dataplane: str = "dp",
+) -> TurnArrived:
+    """A single-pass turn (``/v1/decide``) arriving."""
+    return TurnArrived(turn, run, model, cls, caller, dataplane, at, single_pass=True)  # type: ignore[arg-type]
 
 
 def finish(turn: str, at: float = 1.0, tools: bool = False) -> TurnFinished:
@@ -89,7 +103,11 @@ def run_record(run: str, replica: str, phase: RunPhase) -> RunRecord:
     return RunRecord(run, replica, phase, "interactive", "")
 
 
-def make_state(replicas: Sequence[tuple[str, list[str], int] | tuple[str, list[str], int, str]]) -> State:
+ReplicaRow = tuple[str, list[str], int] | tuple[str, list[str], int, str]
+"""(name, models, max_inflight[, kind]): one replica of a case."""
+
+
+def make_state(replicas: Sequence[ReplicaRow]) -> State:
     blocks = []
     for spec in replicas:
         name, models, cap = spec[0], spec[1], spec[2]
@@ -122,6 +140,8 @@ def runs(state: State) -> dict[str, tuple[str, str | None]]:
 
 
 TWO = [("a", ["m"], 2), ("b", ["m"], 2)]
+GEN_AND_SP: list[ReplicaRow] = [("a", ["m"], 1), ("s", ["m"], 1, "single_pass")]
+"""One generative and one single-pass replica, one slot each, both serving ``m``."""
 TWO_OF_ONE = [("a", ["m"], 1), ("b", ["m"], 1)]
 ONE_OF_ONE = [("a", ["m"], 1)]
 
@@ -1025,6 +1045,379 @@ CASES = [
             "r4": ("generating", "a"),
         },
     ),
+    # -- the re-filing of held turns keeps their order --------------------------------------------------
+    Case(
+        "a batch turn set free by its run's failure does not take the slot an interactive turn "
+        "pinned there waits for",
+        [("a", ["m"], 2), ("b", ["m"], 1)],
+        [
+            arrive("t0", "r0"),
+            arrive("t1", "r1"),
+            arrive("t2", "r3"),
+            arrive("t3", "r0", at=1.0),  # pinned to a
+            arrive("t4", "r3", at=2.0, cls="batch"),  # pinned to a, until t2 fails
+        ],
+        fail("t2", at=3.0),
+        [Place("t3", "a")],
+        {"t0": "a", "t1": "b", "t3": "a"},
+        ["t4"],
+        {"r0": ("generating", "a"), "r1": ("generating", "b"), "r3": ("idle", "a")},
+    ),
+    # -- single-pass turns (rule 13) -----------------------------------------------------------------
+    Case(
+        "a single-pass turn goes to a single-pass replica and creates no run",
+        GEN_AND_SP,
+        [],
+        single("d1", "r1"),
+        [Place("d1", "s")],
+        {"d1": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass turn goes only to a single-pass replica declaring its model",
+        [("a", ["m"], 2), ("s1", ["other"], 2, "single_pass"), ("s2", ["m"], 2, "single_pass")],
+        [],
+        single("d1", "r1"),
+        [Place("d1", "s2")],
+        {"d1": "s2"},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass turn for a model only generative replicas serve is refused at once",
+        [("a", ["m", "g"], 1), ("s", ["m"], 1, "single_pass")],
+        [],
+        single("d1", "r1", model="g"),
+        [Reject("d1", "no SinglePass replica serves model 'g'", 404)],
+        {},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass turn goes to the least loaded single-pass replica",
+        [("a", ["m"], 1), ("s1", ["m"], 2, "single_pass"), ("s2", ["m"], 2, "single_pass")],
+        [single("d1")],
+        single("d2"),
+        [Place("d2", "s2")],
+        {"d1": "s1", "d2": "s2"},
+        [],
+        {},
+    ),
+    Case(
+        "a generative turn waits rather than take a free single-pass slot",
+        GEN_AND_SP,
+        [arrive("t1", "r1")],
+        arrive("t2", "r2"),
+        [],
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
+        "a single-pass turn waits rather than take a free generative slot",
+        GEN_AND_SP,
+        [single("d1")],
+        single("d2"),
+        [],
+        {"d1": "s"},
+        ["d2"],
+        {},
+    ),
+    Case(
+        "a single-pass turn of a generating run leaves its phase, affinity and last replica alone",
+        GEN_AND_SP,
+        [arrive("t1", "r1")],
+        single("d1", "r1"),
+        [Place("d1", "s")],
+        {"t1": "a", "d1": "s"},
+        [],
+        {"r1": ("generating", "a")},
+    ),
+    Case(
+        "a single-pass turn ending with tool calls leaves its run alone",
+        GEN_AND_SP,
+        [arrive("t1", "r1"), finish("t1"), single("d1", "r1", at=2.0)],
+        finish("d1", at=3.0, tools=True),
+        [],
+        {},
+        [],
+        {"r1": ("idle", "a")},
+    ),
+    Case(
+        "a failed single-pass turn leaves a tool-paused run paused",
+        GEN_AND_SP,
+        [arrive("t1", "r1"), finish("t1", tools=True), single("d1", "r1", at=2.0)],
+        fail("d1", at=3.0),
+        [],
+        {},
+        [],
+        {"r1": ("tool_paused", "a")},
+    ),
+    Case(
+        "an ended run leaves its single-pass turns alone, held ones too",
+        GEN_AND_SP,
+        [arrive("t1", "r1"), single("d1", "r1"), single("d2", "r1")],
+        RunEnded("r1", 1.0),
+        [Forget("r1")],
+        {"t1": "a", "d1": "s"},
+        ["d2"],
+        {},
+    ),
+    Case(
+        "a freed single-pass slot does not release a held generative turn",
+        GEN_AND_SP,
+        [arrive("t1", "r1"), arrive("t2", "r2"), single("d1")],
+        finish("d1"),
+        [],
+        {"t1": "a"},
+        ["t2"],
+        {"r1": ("generating", "a"), "r2": ("idle", None)},
+    ),
+    Case(
+        "a freed generative slot does not release a held single-pass turn",
+        GEN_AND_SP,
+        [arrive("t1", "r1"), single("d1"), single("d2")],
+        finish("t1"),
+        [],
+        {"d1": "s"},
+        ["d2"],
+        {"r1": ("idle", "a")},
+    ),
+    Case(
+        "a held single-pass turn takes the single-pass slot a finish frees",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        finish("d1"),
+        [Place("d2", "s")],
+        {"d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a held single-pass turn takes the single-pass slot a failure frees",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        fail("d1"),
+        [Place("d2", "s")],
+        {"d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a held single-pass turn takes the single-pass slot an abandon frees",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        abandon("d1"),
+        [Place("d2", "s")],
+        {"d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a held single-pass turn takes the single-pass slot expiry frees",
+        GEN_AND_SP,
+        [single("d1", at=0.0), single("d2", at=1.0)],
+        Tick(600.0),
+        [Place("d2", "s")],
+        {"d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "an abandoned held single-pass turn leaves its queue",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        abandon("d2"),
+        [],
+        {"d1": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a retried Admit of a placed single-pass turn is answered again",
+        GEN_AND_SP,
+        [single("d1")],
+        single("d1", at=1.0),
+        [Place("d1", "s")],
+        {"d1": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass turn reported abandoned while held is refused",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        reported("d2"),
+        [refused("d2")],
+        {"d1": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass turn skips an unhealthy single-pass replica",
+        [("s1", ["m"], 2, "single_pass"), ("s2", ["m"], 2, "single_pass")],
+        [probe("s1", healthy=False)],
+        single("d1", at=1.0),
+        [Place("d1", "s2")],
+        {"d1": "s2"},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass turn held for an unhealthy replica is placed when it recovers",
+        GEN_AND_SP,
+        [probe("s", healthy=False), single("d1", at=1.0)],
+        probe("s", at=2.0),
+        [Place("d1", "s")],
+        {"d1": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a single-pass replica whose engine queues is capped at its running count",
+        [("a", ["m"], 1), ("s", ["m"], 4, "single_pass")],
+        [probe("s", running=1, waiting=2), single("d1", at=1.0)],
+        single("d2", at=1.0),
+        [],
+        {"d1": "s"},
+        ["d2"],
+        {},
+    ),
+    Case(
+        "a probe lifting a single-pass replica's cap releases its held turns",
+        [("a", ["m"], 1), ("s", ["m"], 4, "single_pass")],
+        [probe("s", running=1, waiting=2), single("d1", at=1.0), single("d2", at=1.0)],
+        probe("s", at=2.0, running=1, waiting=0),
+        [Place("d2", "s")],
+        {"d1": "s", "d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a held interactive single-pass turn comes before a batch one",
+        GEN_AND_SP,
+        [single("d1"), single("d2", at=1.0, cls="batch"), single("d3", at=2.0)],
+        finish("d1", at=3.0),
+        [Place("d3", "s")],
+        {"d3": "s"},
+        ["d2"],
+        {},
+    ),
+    Case(
+        "a held single-pass turn of the caller with fewer single-pass turns in flight comes first",
+        [("a", ["m"], 1), ("s", ["m"], 2, "single_pass")],
+        [
+            single("d1", caller="x"),
+            single("d2", caller="y"),
+            single("d3", at=1.0, caller="x"),
+            single("d4", at=2.0, caller="y"),
+        ],
+        finish("d2", at=3.0),
+        [Place("d4", "s")],
+        {"d1": "s", "d4": "s"},
+        ["d3"],
+        {},
+    ),
+    Case(
+        "single-pass fairness counts single-pass turns only: generative ones do not push a caller back",
+        [("a", ["m"], 2), ("s", ["m"], 2, "single_pass")],
+        [
+            arrive("t1", "r1", caller="x"),
+            arrive("t2", "r2", caller="x"),
+            single("d1", caller="y"),
+            single("d2", caller="z"),
+            single("d3", at=1.0, caller="y"),
+            single("d4", at=2.0, caller="x"),
+        ],
+        finish("d2", at=3.0),
+        [Place("d4", "s")],
+        {"t1": "a", "t2": "a", "d1": "s", "d4": "s"},
+        ["d3"],
+        {"r1": ("generating", "a"), "r2": ("generating", "a")},
+    ),
+    Case(
+        "generative fairness counts generative turns only: single-pass ones do not push a caller back",
+        [("a", ["m"], 2), ("s", ["m"], 2, "single_pass")],
+        [
+            single("d1", caller="x"),
+            single("d2", caller="x"),
+            arrive("t1", "r1", caller="y"),
+            arrive("t2", "r2", caller="z"),
+            arrive("t3", "r3", at=1.0, caller="y"),
+            arrive("t4", "r4", at=2.0, caller="x"),
+        ],
+        finish("t2", at=3.0),
+        [Place("t4", "a")],
+        {"d1": "s", "d2": "s", "t1": "a", "t4": "a"},
+        ["t3"],
+        {
+            "r1": ("generating", "a"),
+            "r2": ("idle", "a"),
+            "r3": ("idle", None),
+            "r4": ("generating", "a"),
+        },
+    ),
+    Case(
+        "a resync adopts an in-flight turn on a single-pass replica and touches no run",
+        GEN_AND_SP,
+        [],
+        Resynced("dp", 0.0, (), (inflight("x1", "q1", "s"),)),
+        [AckResync("dp", 0, 1)],
+        {"x1": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "an adopted single-pass turn counts against its replica's capacity",
+        GEN_AND_SP,
+        [Resynced("dp", 0.0, (), (inflight("x1", "q1", "s"),))],
+        single("d1", at=1.0),
+        [],
+        {"x1": "s"},
+        ["d1"],
+        {},
+    ),
+    Case(
+        "a resync saying a held single-pass turn already runs answers its Admit",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        Resynced("dp", 1.0, (), (inflight("d1", "", "s"), inflight("d2", "", "s"))),
+        [Place("d2", "s"), AckResync("dp", 0, 2)],
+        {"d1": "s", "d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a resync no longer listing a single-pass turn frees its slot for a held one",
+        GEN_AND_SP,
+        [single("d1"), single("d2")],
+        Resynced("dp", 1.0, (), (), frozenset({"d2"})),
+        [Place("d2", "s"), AckResync("dp", 0, 0)],
+        {"d2": "s"},
+        [],
+        {},
+    ),
+    Case(
+        "a resync listing a generative turn on a single-pass replica moves it there as single-pass",
+        GEN_AND_SP,
+        [arrive("t1", "r1")],
+        Resynced("dp", 1.0, (), (inflight("t1", "r1", "s"),)),
+        [AckResync("dp", 0, 1)],
+        {"t1": "s"},
+        [],
+        {"r1": ("idle", "a")},
+    ),
+    Case(
+        "a lost dataplane's single-pass turns are released past the grace, for held ones",
+        GEN_AND_SP,
+        [single("d1"), single("d2", dataplane="dp2"), DataplaneLost("dp", 1.0)],
+        Tick(61.0),
+        [Place("d2", "s")],
+        {"d2": "s"},
+        [],
+        {},
+    ),
 ]
 
 
@@ -1120,9 +1513,11 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
         ],
         "held": {
             "count": 2,
+            "by_kind": {"generative": 2, "single_pass": 0},
             "by_class": {"interactive": 1, "batch": 1},
             "by_caller": {"ci": 1, "alice": 1},
             "oldest_wait_s": 10.0,
+            "oldest_wait_s_by_kind": {"generative": 10.0, "single_pass": 0.0},
             "oldest_wait_s_by_class": {"interactive": 9.0, "batch": 10.0},
             "oldest_wait_s_by_caller": {"ci": 10.0, "alice": 9.0},
         },
@@ -1150,6 +1545,94 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
     assert after["held"]["by_class"] == {"interactive": 0, "batch": 1}
     assert after["runs"] == {"idle": 2, "generating": 1, "tool_paused": 1}
     assert after["counters"]["finished"] == 1 and after["counters"]["admitted"] == 2
+
+
+def test_snapshot_shows_single_pass_replicas_and_held_single_pass_turns() -> None:
+    state = make_state([("a", ["m"], 1), ("s", ["m", "cls"], 1, "single_pass")])
+    feed(
+        state,
+        [
+            arrive("t1", "r1", at=0.0),
+            arrive("t2", "r2", at=1.0, cls="batch"),
+            single("d1", "r1", at=2.0, caller="ci"),
+            single("d2", "r1", model="cls", at=3.0, caller="ci"),
+            single("d3", at=4.0, cls="batch"),
+        ],
+    )
+    status = snapshot(state, 10.0)
+    kinds = {(r["name"], r["kind"], r["inflight"], r["capacity"]) for r in status["replicas"]}
+    assert kinds == {("a", "generative", 1, 1), ("s", "single_pass", 1, 1)}
+    assert status["held"] == {
+        "count": 3,
+        "by_kind": {"generative": 1, "single_pass": 2},
+        "by_class": {"interactive": 1, "batch": 2},
+        "by_caller": {"": 2, "ci": 1},
+        "oldest_wait_s": 9.0,
+        "oldest_wait_s_by_kind": {"generative": 9.0, "single_pass": 7.0},
+        "oldest_wait_s_by_class": {"interactive": 7.0, "batch": 9.0},
+        "oldest_wait_s_by_caller": {"": 9.0, "ci": 7.0},
+    }
+    # single-pass turns have no runs: only r1 (generating) and r2 (its turn held) are counted
+    assert status["runs"] == {"idle": 1, "generating": 1, "tool_paused": 0}
+    assert status["counters"]["arrived"] == 5 and status["counters"]["admitted"] == 2
+
+
+def _runs_in_full(state: State) -> list[tuple[object, ...]]:
+    """Every field of every run, in the order of ``state.runs`` (which is by last activity)."""
+    return [
+        (r.run_id, r.phase, r.last_replica, r.service_class, r.caller, r.last_activity,
+         sorted(r.turns), r.latest_turn, r.reserved_on)
+        for r in state.runs.values()
+    ]  # fmt: skip
+
+
+def test_single_pass_turns_never_change_any_run() -> None:
+    """No field of any run moves, nor the runs' order, on any event about a single-pass turn."""
+    state = make_state([("a", ["m"], 2), ("s", ["m"], 1, "single_pass")])
+    feed(
+        state,
+        [
+            single("d0", "r1", at=0.0),  # on s; expires first
+            arrive("t1", "r1", at=1.0),
+            arrive("t2", "r2", at=1.5),
+            finish("t2", at=2.0, tools=True),  # r2 paused on a tool, keeping a slot on a
+        ],
+    )
+    before = _runs_in_full(state)
+    reserved = set(state.replicas["a"].reserved_for)
+    steps: list[Event] = [
+        single("d1", "r1", at=3.0, cls="batch", caller="x"),  # held: s is full
+        single("d2", "r2", at=4.0, caller="x"),  # held
+        single("d3", "r1", at=5.0),  # held
+        abandon("d3", at=5.5),
+        single("d6", "r3", at=5.7),  # held; r3 is unknown and stays so
+        reported("d6", at=5.8),
+        reported("d4", at=6.0),
+        single("d4", "r1", at=6.5),  # refused: reported abandoned
+        Tick(600.0),  # d0 expires; d2 (interactive) takes the slot
+        finish("d2", at=600.5, tools=True),  # d1 takes the slot
+        fail("d1", at=601.0),
+        single("d5", "r2", at=602.0),  # placed
+        abandon("d5", at=603.0),
+        RunEnded("r3", 604.0),
+    ]
+    for step in steps:
+        feed(state, [step])
+        assert _runs_in_full(state) == before, step
+        assert state.replicas["a"].reserved_for == reserved
+    assert placements(state) == {"t1": "a"}
+    assert state.single_pass_inflight == {} and state.caller_inflight == {"": 1}
+    assert state.counters.expired_turns == 1
+
+
+def test_a_held_generative_turn_adopted_on_a_single_pass_replica_leaves_its_run() -> None:
+    state = make_state(GEN_AND_SP)
+    feed(state, [arrive("t1", "r1"), arrive("t2", "r2", at=1.0)])
+    event = Resynced("dp", 2.0, (), (inflight("t1", "r1", "a"), inflight("t2", "r2", "s")))
+    assert feed(state, [event]) == [Place("t2", "s"), AckResync("dp", 0, 2)]
+    assert state.placed["t2"].single_pass
+    assert state.runs["r2"].turns == set()  # else r2 would hold a turn id forever, never expiring
+    assert (state.caller_inflight, state.single_pass_inflight) == ({"": 1}, {"": 1})
 
 
 def test_held_turns_are_placed_in_arrival_order_across_many_frees() -> None:

@@ -1,11 +1,12 @@
 """``decide(state, event) -> (state, actions)``: every placement decision of the scheduler.
 
-The rules, in the order they apply (DESIGN.md, "The scheduler"; single-pass replicas are not
-scheduled yet):
+The rules, in the order they apply (DESIGN.md, "The scheduler"). Rules 1 to 12 are about generative
+turns; single-pass turns follow rule 13, which says what of the others applies to them.
 
 1. Model routing. A turn may go only to generative replicas that declare its model. A model that
    none declares is refused at once, ``Reject(turn, "no Generative replica serves model '<m>'",
-   404)``; nothing is held or recorded. A known model whose replicas are all unhealthy waits.
+   404)``; nothing is held or recorded. A known model whose replicas are all unhealthy waits. A
+   generative turn never goes to a single-pass replica.
 2. Health. ``ReplicaProbed`` records each replica's health and engine load. An unhealthy replica
    gets no turns; a replica never probed counts as healthy. When a replica's health flips, the held
    turns it concerns are re-filed (rule 4) and it is filled (rule 5).
@@ -66,6 +67,21 @@ scheduled yet):
     tick can release the turns it just handed over. Held turns are left alone: a lost dataplane's
     Admit calls were cancelled with its connection (``TurnAbandoned``).
 
+13. Single-pass turns (``TurnArrived.single_pass``: ``/v1/decide``, classifiers) go only to
+    single-pass replicas that declare their model; a model none declares is refused at once,
+    ``Reject(turn, "no SinglePass replica serves model '<m>'", 404)``, even when a generative
+    replica serves it. They never touch run state: no run is created, changed or touched (phase,
+    affinity, last replica, activity, headroom), whatever ``run_id`` they carry, and ``RunEnded``
+    leaves them alone. They have no affinity: the least loaded single-pass replica with room (rules
+    2 and 3: health, ``max_inflight`` and the engine-load cap apply the same way; headroom never
+    does, since no run pauses there). Single-pass replicas take only single-pass turns, so the two
+    kinds never count against each other's capacity. Held single-pass turns wait in their own
+    queue per model, in the order of rule 5, the caller term counting the caller's placed
+    single-pass turns; they are placed when a single-pass slot frees (an end, an abandon, expiry, a
+    resync or a lost dataplane releasing one, a probe raising capacity or health). A resync adopts
+    an in-flight turn on a single-pass replica as a single-pass turn (the replica's kind tells),
+    and a retried, abandoned or tombstoned single-pass turn is answered as in rules 7 and 11.
+
 Report events about turns the scheduler does not hold placed (already expired, or never seen) are
 ignored, except ``AbandonReported``, which leaves its tombstone. Event times are the shell's
 monotonic seconds and never go backwards.
@@ -96,7 +112,14 @@ from luftpause.scheduler.core.events import (
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.core.held import HeldTurn, QueueKey, any_replica_for, pinned_to
+from luftpause.scheduler.core.held import (
+    HeldTurn,
+    QueueKey,
+    any_replica_for,
+    pinned_to,
+    queues_served_by,
+    single_pass_for,
+)
 from luftpause.scheduler.core.policies import (
     abandoned,
     affinity,
@@ -163,13 +186,37 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         state.counters.rejected += 1
         out.append(Reject(event.turn_id, abandoned.ABANDONED_REASON, abandoned.ABANDONED_STATUS))
         return
-    serving = routing.replicas_for(state, event.model)
+    serving = routing.replicas_for(state, event.model, event.single_pass)
     if not serving:
         state.counters.rejected += 1
-        reason = routing.unknown_model_reason(event.model)
+        reason = routing.unknown_model_reason(event.model, event.single_pass)
         out.append(Reject(event.turn_id, reason, routing.UNKNOWN_MODEL_STATUS))
         return
     state.counters.arrived += 1
+    run = None if event.single_pass else _run_of_arrival(state, event, out)  # rule 13: no run state
+    turn = HeldTurn(
+        event.turn_id,
+        event.run_id,
+        event.model,
+        event.service_class,
+        event.caller,
+        event.dataplane_id,
+        event.at,
+        state.next_seq,
+        any_replica_for(event.model),
+        event.single_pass,
+    )
+    state.next_seq += 1
+    turn.queue, usable = _where(run, turn, serving)
+    target = least_loaded.pick(capacity.with_room(usable, turn.service_class))
+    if target is None:
+        state.held.add(turn)
+    else:
+        _place(state, turn, target, event.at, out)
+
+
+def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
+    """The run of an arriving generative turn, created or brought up to date; it now has the turn."""
     run = state.runs.get(event.run_id)
     if run is None:
         run = Run(event.run_id, "idle", None, event.service_class, event.caller, event.at)
@@ -182,33 +229,22 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         if released is not None:
             _fill(state, released, event.at, out)
     run.turns.add(event.turn_id)
-    turn = HeldTurn(
-        event.turn_id,
-        event.run_id,
-        event.model,
-        event.service_class,
-        event.caller,
-        event.dataplane_id,
-        event.at,
-        state.next_seq,
-        any_replica_for(event.model),
-    )
-    state.next_seq += 1
-    queue, target = _where(run, turn, serving)
-    turn.queue = queue
-    if target is None:
-        state.held.add(turn)
-    else:
-        _place(state, turn, target, event.at, out)
+    return run
 
 
-def _where(run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]) -> tuple[QueueKey, Replica | None]:
-    """The queue ``turn`` belongs in under the run's affinity, and a replica with room for it now."""
+def _where(
+    run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]
+) -> tuple[QueueKey, tuple[Replica, ...]]:
+    """The queue ``turn`` belongs in and the replicas it may use now (``serving``: routing's).
+
+    A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4).
+    """
+    if turn.single_pass:
+        return single_pass_for(turn.model), serving
     pinned = affinity.pinned_replica(run, serving)
     if pinned is not None:
-        room = capacity.has_room(pinned, turn.service_class)
-        return pinned_to(pinned.name), pinned if room else None
-    return any_replica_for(turn.model), least_loaded.pick(capacity.with_room(serving, turn.service_class))
+        return pinned_to(pinned.name), (pinned,)
+    return any_replica_for(turn.model), serving
 
 
 def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[Action]) -> None:
@@ -222,11 +258,14 @@ def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[
         turn.dataplane_id,
         replica.name,
         at,
+        single_pass=turn.single_pass,
     )
     replica.inflight += 1
-    _count_placed(state, turn.caller, 1)
+    _count_placed(state, turn.caller, 1, turn.single_pass)
     state.counters.admitted += 1
     out.append(Place(turn.turn_id, replica.name))
+    if turn.single_pass:
+        return  # rule 13: no run state
     run = state.runs.get(turn.run_id)
     if run is None:
         # the run ended (RunEnded) while this turn was held: it starts afresh
@@ -246,26 +285,26 @@ def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[
 
 
 def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
-    """Re-file the held ones of ``turn_ids`` under their run's current affinity.
+    """Re-file the held ones of ``turn_ids`` (generative: a run's) under their run's current affinity.
 
-    A turn that moves to a queue whose replica has room is placed at once, so no held turn ever
-    waits while a replica it may use has room. The run is looked up for every turn, since placing
-    one turn changes its run's affinity for the next.
+    Then each replica with room that a moved turn may now use is filled (:func:`_fill`, least
+    loaded first), so no held turn waits while a replica it may use has room, and that room goes to
+    the first turn in order of all that may use it: a batch turn that an ended run set free does
+    not take the slot that an interactive turn pinned to that replica waits for.
     """
-    held = [turn for turn_id in turn_ids if (turn := state.held.get(turn_id)) is not None]
-    loads = state.caller_inflight
-    held.sort(key=lambda turn: ordering.order_key(turn, loads))  # a set: restore their order
-    for turn in held:
-        if state.held.get(turn.turn_id) is not turn:
-            continue  # placed by a re-file further up this loop
-        run = state.runs.get(turn.run_id)
-        queue, target = _where(run, turn, routing.replicas_for(state, turn.model))
+    opened: dict[str, Replica] = {}
+    for turn_id in turn_ids:
+        turn = state.held.get(turn_id)
+        if turn is None:
+            continue
+        queue, usable = _where(state.runs.get(turn.run_id), turn, routing.replicas_for(state, turn.model))
         if queue == turn.queue:
             continue  # same queue: it still waits for the same full replicas
         state.held.refile(turn, queue)
-        if target is not None:
-            state.held.remove(turn.turn_id)
-            _place(state, turn, target, at, out)
+        for replica in capacity.with_room(usable, turn.service_class):
+            opened[replica.name] = replica
+    for replica in sorted(opened.values(), key=lambda replica: (replica.inflight, replica.index)):
+        _fill(state, replica, at, out)
 
 
 def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
@@ -274,10 +313,10 @@ def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
     Stops at the first turn that may not take a slot (a batch turn facing the headroom kept for
     paused interactive runs): every turn behind it in order is batch too.
     """
-    if not state.held or replica.kind != "generative" or not health.usable(replica):
+    if not state.held or not health.usable(replica):
         return
-    queues = [pinned_to(replica.name), *(any_replica_for(model) for model in replica.models)]
-    loads = state.caller_inflight
+    queues = queues_served_by(replica.name, replica.kind, replica.models)
+    loads = state.single_pass_inflight if replica.kind == "single_pass" else state.caller_inflight
     while capacity.has_room(replica):
         turn = ordering.first((state.held.head(queue) for queue in queues), loads)
         if turn is None or not capacity.has_room(replica, turn.service_class):
@@ -293,9 +332,10 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
         return False
     replica = state.replicas[placed.replica]
     replica.inflight -= 1
-    _count_placed(state, placed.caller, -1)
+    _count_placed(state, placed.caller, -1, placed.single_pass)
     run = state.runs.get(placed.run_id)
-    if run is not None and turn_id in run.turns:  # not a turn of a run that ended meanwhile
+    # not a turn of a run that ended meanwhile, nor a single-pass turn (never one of a run's turns)
+    if run is not None and turn_id in run.turns:
         run.turns.discard(turn_id)
         _touch(state, run, at)
         if run.latest_turn in (None, turn_id):
@@ -315,7 +355,7 @@ def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool
     turn = state.held.remove(turn_id)
     if turn is not None:
         state.counters.abandoned += 1
-        run = state.runs.get(turn.run_id)
+        run = None if turn.single_pass else state.runs.get(turn.run_id)
         if run is not None:
             run.turns.discard(turn.turn_id)
             _touch(state, run, at)
@@ -432,7 +472,15 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         if turn.turn_id in listed or replica is None:
             continue  # counted once; a replica not configured here cannot hold a slot
         listed.add(turn.turn_id)
+        single_pass = replica.kind == "single_pass"  # rule 13: the replica's kind tells
         known = state.placed.get(turn.turn_id)
+        if known is not None and known.single_pass != single_pass:
+            # the dataplane has it on a replica of the other kind (its configuration differs): its
+            # word wins; the turn leaves our record, and its run, and is adopted afresh below
+            changed_run = _release(state, known, event.at, recorded)
+            if changed_run is not None:
+                changed[changed_run.run_id] = changed_run
+            known = None
         if known is not None:
             if known.replica != replica.name:
                 state.replicas[known.replica].inflight -= 1
@@ -441,6 +489,10 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             known.dataplane_id = event.dataplane_id
             continue
         waiting = state.held.remove(turn.turn_id)
+        if waiting is not None and not waiting.single_pass and single_pass:
+            held_run = state.runs.get(waiting.run_id)
+            if held_run is not None:
+                held_run.turns.discard(waiting.turn_id)  # it is no turn of its run any more
         state.placed[turn.turn_id] = PlacedTurn(
             turn.turn_id,
             turn.run_id,
@@ -450,12 +502,15 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             event.dataplane_id,
             replica.name,
             event.at,
+            single_pass=single_pass,
         )
         replica.inflight += 1
-        _count_placed(state, turn.caller, 1)
+        _count_placed(state, turn.caller, 1, single_pass)
         state.counters.adopted += 1
         if waiting is not None:
             out.append(Place(turn.turn_id, replica.name))  # its Admit is still waiting: answer it
+        if single_pass:
+            continue  # no run state
         run = state.runs.get(turn.run_id)
         if run is None:
             run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, event.at)
@@ -497,10 +552,10 @@ def _release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) ->
     """
     del state.placed[placed.turn_id]
     state.replicas[placed.replica].inflight -= 1
-    _count_placed(state, placed.caller, -1)
+    _count_placed(state, placed.caller, -1, placed.single_pass)
     run = state.runs.get(placed.run_id)
     if run is None or placed.turn_id not in run.turns:
-        return None  # the run ended (or expired) since: the turn changes nothing
+        return None  # the run ended (or expired) since, or a single-pass turn: it changes no run
     run.turns.discard(placed.turn_id)
     if run.latest_turn in (None, placed.turn_id):
         run.latest_turn = None
@@ -547,14 +602,19 @@ def _probed(state: State, event: ReplicaProbed, out: list[Action]) -> None:
     _fill(state, replica, event.at, out)
 
 
-def _count_placed(state: State, caller: str, delta: int) -> None:
-    """``caller`` has ``delta`` more placed turns; re-rank its held turns (ordering policy)."""
-    count = state.caller_inflight.get(caller, 0) + delta
+def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> None:
+    """``caller`` has ``delta`` more placed turns of one kind; re-rank its held turns of that kind.
+
+    Each kind counts apart (ordering policy, rule 13): the turns a caller has on one pool do not
+    push back its turns held for the other.
+    """
+    loads = state.single_pass_inflight if single_pass else state.caller_inflight
+    count = loads.get(caller, 0) + delta
     if count:
-        state.caller_inflight[caller] = count
+        loads[caller] = count
     else:
-        state.caller_inflight.pop(caller, None)
-    state.held.load_changed(caller)
+        loads.pop(caller, None)
+    state.held.load_changed(caller, single_pass)
 
 
 def _reserve(state: State, run: Run) -> Replica | None:

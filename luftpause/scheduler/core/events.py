@@ -26,6 +26,10 @@ class TurnArrived:
 
     ``caller`` is ``""`` for the shared anonymous caller. A second arrival with the same ``turn_id``
     (an Admit retried after a reconnect) is answered from what the scheduler already knows.
+
+    ``single_pass`` (``AdmitRequest.single_pass``): a single-pass turn (``POST /v1/decide``, a
+    classifier or scorer). It goes only to single-pass replicas serving ``model``, never enters run
+    state (``run_id`` is carried along and changes nothing) and never takes a generative slot.
     """
 
     turn_id: str
@@ -35,6 +39,7 @@ class TurnArrived:
     caller: str
     dataplane_id: str
     at: float
+    single_pass: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,11 @@ class RunRecord:
 
 @dataclass(frozen=True, slots=True)
 class InFlightRecord:
-    """One turn a dataplane has sent to ``replica`` and not yet seen end, handed over on resync."""
+    """One turn a dataplane has sent to ``replica`` and not yet seen end, handed over on resync.
+
+    Whether it is a single-pass turn is read from ``replica``'s kind: a turn on a single-pass
+    replica is adopted as one (its slot is counted, no run is touched).
+    """
 
     turn_id: str
     run_id: str

@@ -1,13 +1,19 @@
 """Held turns: the turns waiting for a slot, filed in one queue per place they may go.
 
-A held turn is filed either under ``("replica", name)`` (its run is pinned to that replica by
-affinity) or under ``("model", model)`` (any replica serving its model will do). When a slot frees
-on a replica, only the heads of that replica's queue and of the queues of its models are looked at,
-so a turn pinned to a full replica never blocks turns that may go elsewhere.
+A held generative turn is filed either under ``("replica", name)`` (its run is pinned to that
+replica by affinity) or under ``("model", model)`` (any generative replica serving its model will
+do); a held single-pass turn under ``("single_pass", model)`` (any single-pass replica serving its
+model: single-pass turns have no affinity). When a slot frees on a replica, only the heads of the
+queues that replica serves are looked at (:func:`queues_served_by`), so a turn pinned to a full
+replica never blocks turns that may go elsewhere, and the two kinds of turn never meet.
 
 The head of a queue is the first turn in the ordering policy's order
 (:mod:`luftpause.scheduler.core.policies.ordering`): interactive first, then the caller with the
-fewest in-flight turns, then arrival. The caller term changes while turns wait, so a queue is split
+fewest in-flight turns, then arrival. A caller's in-flight turns are counted in the pool its turn
+waits for: generative turns on generative replicas for generative queues, single-pass turns on
+single-pass replicas for single-pass queues (two dicts, bound by :meth:`HeldTurns.bind_loads`), so a
+caller busy on one pool is not pushed back on the other. The caller term changes while turns wait,
+so a queue is split
 into one *lane* per service class, and a lane into one heap of ``(arrival number, turn id)`` per
 caller, with a heap of ``(caller's in-flight turns, its first arrival number, caller)`` over the
 callers. That heap is kept lazily: an entry whose key is out of date is corrected when it reaches
@@ -29,8 +35,11 @@ from dataclasses import dataclass, field
 from luftpause.scheduler.core.events import ServiceClass
 from luftpause.scheduler.core.policies.ordering import CLASS_RANK
 
+_SINGLE_PASS = "single_pass"
+
 QueueKey = tuple[str, str]
-"""``("replica", name)`` for a pinned turn, ``("model", model)`` for one that may go anywhere."""
+"""``("replica", name)`` for a pinned turn, ``("model", model)`` for one that may go anywhere,
+``("single_pass", model)`` for a single-pass turn."""
 
 LaneKey = tuple[QueueKey, int]
 """A queue and a service class rank."""
@@ -42,13 +51,38 @@ def pinned_to(replica: str) -> QueueKey:
 
 
 def any_replica_for(model: str) -> QueueKey:
-    """The queue of turns that may go to any replica serving ``model``."""
+    """The queue of generative turns that may go to any generative replica serving ``model``."""
     return ("model", model)
+
+
+def single_pass_for(model: str) -> QueueKey:
+    """The queue of single-pass turns that may go to any single-pass replica serving ``model``."""
+    return (_SINGLE_PASS, model)
+
+
+def is_single_pass(queue: QueueKey) -> bool:
+    """True for a queue of single-pass turns."""
+    return queue[0] == _SINGLE_PASS
+
+
+def queues_served_by(name: str, kind: str, models: tuple[str, ...]) -> list[QueueKey]:
+    """The queues whose turns replica ``name`` (of ``kind``, declaring ``models``) may take.
+
+    A generative replica: the turns pinned to it and the free turns of its models. A single-pass
+    replica: the single-pass turns of its models, and nothing else.
+    """
+    if kind == _SINGLE_PASS:
+        return [single_pass_for(model) for model in models]
+    return [pinned_to(name), *(any_replica_for(model) for model in models)]
 
 
 @dataclass(slots=True)
 class HeldTurn:
-    """A turn waiting for a slot. ``seq`` is its arrival number; ``queue`` where it is filed."""
+    """A turn waiting for a slot. ``seq`` is its arrival number; ``queue`` where it is filed.
+
+    ``single_pass``: a single-pass turn (``/v1/decide``), for single-pass replicas only; it has no
+    run state (``run_id`` is only carried along).
+    """
 
     turn_id: str
     run_id: str
@@ -59,6 +93,7 @@ class HeldTurn:
     arrived_at: float
     seq: int
     queue: QueueKey
+    single_pass: bool = False
 
 
 @dataclass(slots=True)
@@ -71,6 +106,8 @@ class _Lane:
     """Caller -> its turns really filed here."""
     callers: list[tuple[int, int, str]] = field(default_factory=list)
     """Heap of (caller's in-flight turns, its first arrival number here, caller), lazily corrected."""
+    loads: dict[str, int] = field(default_factory=dict)
+    """Caller -> its in-flight turns in the pool this lane's turns wait for (shared, read only)."""
 
 
 _COMPACT_MIN = 64
@@ -80,17 +117,26 @@ _RANKS = sorted(set(CLASS_RANK.values()))
 class HeldTurns:
     """Every held turn by id (arrival order) and per queue (in the ordering policy's order)."""
 
-    __slots__ = ("_by_id", "_caller_lanes", "_lanes", "_loads")
+    __slots__ = ("_by_id", "_caller_lanes", "_lanes", "_loads", "_single_pass_loads")
 
     def __init__(self) -> None:
         self._by_id: OrderedDict[str, HeldTurn] = OrderedDict()
         self._lanes: dict[LaneKey, _Lane] = {}
         self._caller_lanes: dict[str, set[LaneKey]] = {}
         self._loads: dict[str, int] = {}
+        self._single_pass_loads: dict[str, int] = {}
 
-    def bind_loads(self, caller_inflight: dict[str, int]) -> None:
-        """Read callers' in-flight turns from ``caller_inflight`` (the state's, changed in place)."""
+    def bind_loads(
+        self, caller_inflight: dict[str, int], single_pass_inflight: dict[str, int] | None = None
+    ) -> None:
+        """Read callers' in-flight turns from the state's dicts (changed in place, never replaced).
+
+        ``caller_inflight`` ranks the generative queues, ``single_pass_inflight`` the single-pass
+        ones (``None``: a dict of its own, for a user holding generative turns only). Call it before
+        any turn is filed: each lane keeps the dict it was created with.
+        """
         self._loads = caller_inflight
+        self._single_pass_loads = {} if single_pass_inflight is None else single_pass_inflight
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -142,17 +188,18 @@ class HeldTurns:
                     return turn
         return None
 
-    def load_changed(self, caller: str) -> None:
-        """``caller``'s in-flight turns changed: re-rank it in every lane where it has held turns."""
+    def load_changed(self, caller: str, single_pass: bool = False) -> None:
+        """``caller``'s in-flight turns in one pool changed: re-rank it in that pool's lanes."""
         lane_keys = self._caller_lanes.get(caller)
         if not lane_keys:
             return
-        load = self._loads.get(caller, 0)
         for queue, rank in lane_keys:
+            if is_single_pass(queue) != single_pass:
+                continue
             lane = self._lanes[(queue, rank)]
             turn = self._caller_head(queue, lane, caller)
             if turn is not None:
-                heapq.heappush(lane.callers, (load, turn.seq, caller))
+                heapq.heappush(lane.callers, (lane.loads.get(caller, 0), turn.seq, caller))
                 self._compact_callers(queue, lane)
 
     # -- inside ---------------------------------------------------------------------------------------
@@ -165,7 +212,7 @@ class HeldTurns:
             if turn is None:
                 heapq.heappop(heap)
                 continue
-            current = (self._loads.get(caller, 0), turn.seq)
+            current = (lane.loads.get(caller, 0), turn.seq)
             if (load, seq) == current:
                 return turn
             heapq.heapreplace(heap, (*current, caller))  # out of date: sink it to its place
@@ -185,7 +232,8 @@ class HeldTurns:
         key = (turn.queue, CLASS_RANK[turn.service_class])
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane()
+            loads = self._single_pass_loads if is_single_pass(turn.queue) else self._loads
+            lane = self._lanes[key] = _Lane(loads=loads)
         heap = lane.turns.get(turn.caller)
         if heap is None:
             heap = lane.turns[turn.caller] = []
@@ -194,7 +242,7 @@ class HeldTurns:
         lane.live[turn.caller] = lane.live.get(turn.caller, 0) + 1
         self._caller_lanes.setdefault(turn.caller, set()).add(key)
         if heap[0] == entry:  # the caller's new first turn here: rank it by that
-            heapq.heappush(lane.callers, (self._loads.get(turn.caller, 0), turn.seq, turn.caller))
+            heapq.heappush(lane.callers, (lane.loads.get(turn.caller, 0), turn.seq, turn.caller))
             self._compact_callers(turn.queue, lane)
 
     def _unfile(self, turn: HeldTurn, queue: QueueKey) -> None:
@@ -233,6 +281,6 @@ class HeldTurns:
         for caller in lane.live:
             turn = self._caller_head(queue, lane, caller)
             if turn is not None:
-                fresh.append((self._loads.get(caller, 0), turn.seq, caller))
+                fresh.append((lane.loads.get(caller, 0), turn.seq, caller))
         heapq.heapify(fresh)
         lane.callers[:] = fresh

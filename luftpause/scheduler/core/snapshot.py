@@ -4,7 +4,8 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
 
     {
       "replicas": [{"name": str, "kind": "generative" | "single_pass", "models": [str, ...],
-                    "inflight": int,
+                    "inflight": int,                 # turns of the replica's own kind (the only
+                                                     # kind it takes)
                     "capacity": int,                 # configured max_inflight
                     "effective_capacity": int,       # after engine load (engine_load policy)
                     "reserved_headroom": int,        # slots kept from batch turns
@@ -13,13 +14,15 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                     "running": int | None, "waiting": int | None,   # engine-reported, None = no load
                     "kv_usage": float | None, "cache_hit_rate": float | None}, ...],
                                                                     # configuration order
-      "held": {"count": int,
+      "held": {"count": int,                                        # generative and single-pass
+               "by_kind": {"generative": int, "single_pass": int},
                "by_class": {"interactive": int, "batch": int},
                "by_caller": {caller: int, ...},                     # "" is the anonymous caller
                "oldest_wait_s": float,                              # 0.0 when nothing is held
+               "oldest_wait_s_by_kind": {"generative": float, "single_pass": float},
                "oldest_wait_s_by_class": {"interactive": float, "batch": float},
                "oldest_wait_s_by_caller": {caller: float, ...}},
-      "runs": {"idle": int, "generating": int, "tool_paused": int},
+      "runs": {"idle": int, "generating": int, "tool_paused": int},   # single-pass turns have none
       "runs_by_class": {"interactive": int, "batch": int},
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
                    "rejected": int, "abandoned": int, "expired_turns": int, "expired_runs": int,
@@ -28,7 +31,9 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                                                       # until it returns or its turns are released
     }
 
-It walks every held turn and run once: a status call, not a per-event cost.
+Every ``oldest_wait_s*`` is 0.0 where nothing of that kind, class or caller is held. The counters
+count turns of both kinds. It walks every held turn and run once: a status call, not a per-event
+cost.
 """
 
 from __future__ import annotations
@@ -40,19 +45,27 @@ from luftpause.scheduler.core.events import RUN_PHASES, SERVICE_CLASSES
 from luftpause.scheduler.core.policies import engine_load, headroom
 from luftpause.scheduler.core.state import State
 
+REPLICA_KINDS = ("generative", "single_pass")
+
 
 def snapshot(state: State, now: float) -> dict[str, Any]:
     """The state at ``now`` (the shell's monotonic seconds) in the shape above. Reads only."""
+    by_kind = dict.fromkeys(REPLICA_KINDS, 0)
     by_class = dict.fromkeys(SERVICE_CLASSES, 0)
     by_caller: dict[str, int] = {}
+    wait_by_kind = dict.fromkeys(REPLICA_KINDS, 0.0)
     wait_by_class = dict.fromkeys(SERVICE_CLASSES, 0.0)
     wait_by_caller: dict[str, float] = {}
     for turn in state.held:  # arrival order: the first seen of each is its oldest
         wait = max(0.0, now - turn.arrived_at)
+        kind = "single_pass" if turn.single_pass else "generative"
+        if not by_kind[kind]:
+            wait_by_kind[kind] = wait
         if not by_class.get(turn.service_class):
             wait_by_class[turn.service_class] = wait
         if turn.caller not in by_caller:
             wait_by_caller[turn.caller] = wait
+        by_kind[kind] += 1
         by_class[turn.service_class] = by_class.get(turn.service_class, 0) + 1
         by_caller[turn.caller] = by_caller.get(turn.caller, 0) + 1
     oldest = state.held.oldest()
@@ -82,9 +95,11 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         ],
         "held": {
             "count": len(state.held),
+            "by_kind": by_kind,
             "by_class": by_class,
             "by_caller": by_caller,
             "oldest_wait_s": max(0.0, now - oldest.arrived_at) if oldest is not None else 0.0,
+            "oldest_wait_s_by_kind": wait_by_kind,
             "oldest_wait_s_by_class": wait_by_class,
             "oldest_wait_s_by_caller": wait_by_caller,
         },

@@ -95,6 +95,8 @@ class PlacedTurn:
     placed_at: float
     started_at: float | None = None
     first_token_at: float | None = None
+    single_pass: bool = False
+    """A single-pass turn: it holds a slot of a single-pass replica and belongs to no run."""
 
 
 @dataclass(slots=True)
@@ -133,6 +135,8 @@ class State:
     """By name, in configuration order."""
     model_replicas: dict[str, tuple[Replica, ...]]
     """Model -> the generative replicas that declare it, in configuration order."""
+    single_pass_model_replicas: dict[str, tuple[Replica, ...]] = field(default_factory=dict)
+    """Model -> the single-pass replicas that declare it, in configuration order."""
     runs: OrderedDict[str, Run] = field(default_factory=OrderedDict)
     held: HeldTurns = field(default_factory=HeldTurns)
     placed: OrderedDict[str, PlacedTurn] = field(default_factory=OrderedDict)
@@ -142,7 +146,11 @@ class State:
     next_seq: int = 0
     """Arrival number given to the next held turn."""
     caller_inflight: dict[str, int] = field(default_factory=dict)
-    """Caller -> its placed turns (callers with none are absent): the fairness signal of ordering."""
+    """Caller -> its placed generative turns (callers with none are absent): the fairness signal
+    of ordering among held generative turns."""
+    single_pass_inflight: dict[str, int] = field(default_factory=dict)
+    """Caller -> its placed single-pass turns (callers with none are absent): the same signal among
+    held single-pass turns, which compete for other replicas."""
     lost_dataplanes: OrderedDict[str, float] = field(default_factory=OrderedDict)
     """Dataplane id -> when (seconds) its last Report stream ended, oldest first; an id leaves when
     the dataplane comes back (resync or a new stream) or when its turns are released."""
@@ -151,7 +159,7 @@ class State:
 
     def __post_init__(self) -> None:
         # the held queues order callers by their in-flight turns: they read this same dict
-        self.held.bind_loads(self.caller_inflight)
+        self.held.bind_loads(self.caller_inflight, self.single_pass_inflight)
 
 
 def state_from_replicas(specs: Iterable[ReplicaSpec], dataplane_grace_s: float = DATAPLANE_GRACE_S) -> State:
@@ -161,16 +169,16 @@ def state_from_replicas(specs: Iterable[ReplicaSpec], dataplane_grace_s: float =
     placed for it are released (:mod:`.policies.lost_dataplane`).
     """
     replicas: dict[str, Replica] = {}
-    model_replicas: dict[str, list[Replica]] = {}
+    by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
     for index, spec in enumerate(specs):
         replica = Replica(spec.name, tuple(spec.models), spec.kind, spec.max_inflight, index)
         replicas[replica.name] = replica
-        if replica.kind == "generative":
-            for model in replica.models:
-                model_replicas.setdefault(model, []).append(replica)
+        for model in replica.models:
+            by_kind[replica.kind].setdefault(model, []).append(replica)
     return State(
         replicas,
-        {model: tuple(rs) for model, rs in model_replicas.items()},
+        {model: tuple(rs) for model, rs in by_kind["generative"].items()},
+        {model: tuple(rs) for model, rs in by_kind["single_pass"].items()},
         dataplane_grace_s=dataplane_grace_s,
     )
 

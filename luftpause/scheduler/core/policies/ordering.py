@@ -1,11 +1,14 @@
 """Order of held turns: interactive first; then the caller with the fewest in-flight turns; then
 arrival order.
 
-Reads: the held turn's service class, its caller's placed turns right now (``caller_inflight``,
-absent = 0) and its arrival number ``seq``. The caller term changes while turns wait, so the held
-queues (:mod:`luftpause.scheduler.core.held`) file turns by class and caller and look the key up
-when they pick, instead of fixing it when a turn is filed. A caller flooding the pool thus never
-starves another: each placement raises its count, and the other caller's turn comes first.
+Reads: the held turn's service class, its caller's placed turns right now and its arrival number
+``seq``. A caller's placed turns are counted in the pool the turn waits for: generative turns
+(``State.caller_inflight``) for a held generative turn, single-pass turns
+(``State.single_pass_inflight``) for a held single-pass one (absent = 0). The caller term changes
+while turns wait, so the held queues (:mod:`luftpause.scheduler.core.held`) file turns by class and
+caller and look the key up when they pick, instead of fixing it when a turn is filed. A caller
+flooding the pool thus never starves another: each placement raises its count, and the other
+caller's turn comes first.
 """
 
 from __future__ import annotations
