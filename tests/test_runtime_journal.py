@@ -1,0 +1,124 @@
+"""The journal in-process: replay of start / round / end records, a torn last line, compaction."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime_helpers import make_run
+
+from luftpause.runtime.journal import JOURNAL_NAME, Journal, read_records
+from luftpause.runtime.runs import Run, RunRegistry
+
+ROUND = [
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "result"},
+]
+
+
+def _start(handle: str, **extra: Any) -> dict[str, Any]:
+    return {**make_run(handle, system="be brief", **extra).start_record()}
+
+
+def _counters(tool_calls: int) -> dict[str, float]:
+    return {"turns": tool_calls, "toolCalls": tool_calls, "promptTokens": 10 * tool_calls, "turnSeconds": 0.5}
+
+
+def _write(path: Path, records: list[dict[str, Any]], tail: bytes = b"") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records) + tail)
+
+
+async def _replay(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Run]]:
+    """Enter a registry on the journal in ``state_dir`` and resume its runs with a loop that never
+    finishes; returns the registry (left again) and the runs it resumed."""
+    resumed: list[Run] = []
+
+    async def idle(run: Run) -> None:
+        resumed.append(run)
+        await asyncio.Event().wait()
+
+    registry = RunRegistry(journal=Journal(state_dir, **journal))
+    async with registry:
+        registry.resume(idle)
+        await asyncio.sleep(0)
+    return registry, resumed
+
+
+def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / JOURNAL_NAME
+    torn = b'{"type": "round", "handle": "run-a", "messages": [{"role": "assis'
+    _write(
+        path,
+        [
+            _start("run-a"),
+            {"type": "round", "handle": "run-a", "messages": ROUND, "counters": _counters(1)},
+            _start("run-b", parent="run-a"),
+            {
+                "type": "end",
+                "handle": "run-b",
+                "state": "completed",
+                "answer": "42",
+                "finishedAt": time.time(),
+                "counters": _counters(0),
+            },
+        ],
+        tail=torn,
+    )
+    registry, resumed = asyncio.run(_replay(tmp_path))
+
+    (a,) = resumed
+    assert a.handle == "run-a" and a.resumed
+    assert a.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "t"}, *ROUND]
+    assert (a.tool_calls, a.prompt_tokens, a.turn_seconds) == (1, 10, 0.5)
+    assert a.children == ["run-b"]
+    b = registry.get("run-b")
+    assert (b.state, b.answer, b.parent) == ("completed", "42", "run-a")
+    # The torn line was cut before appending, so every line of the file is whole again.
+    data = path.read_bytes()
+    assert not data.endswith(torn) and data.endswith(b"\n")
+    assert [r["type"] for r in read_records(path)] == ["start", "round", "start", "end"]
+
+
+def test_shutdown_journals_no_end_for_the_runs_it_stops(tmp_path: Path) -> None:
+    _write(tmp_path / JOURNAL_NAME, [_start("run-a")])
+    asyncio.run(_replay(tmp_path))  # leaving the registry cancels run-a: a shutdown
+    assert [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)] == ["start"]
+    _, resumed = asyncio.run(_replay(tmp_path))
+    assert [run.handle for run in resumed] == ["run-a"]
+
+
+def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp_path: Path) -> None:
+    records = [
+        _start("run-live"),
+        {"type": "round", "handle": "run-live", "messages": ROUND, "counters": _counters(1)},
+    ]
+    for i in range(40):
+        records += [
+            _start(f"run-{i}", task="x" * 500),
+            {"type": "round", "handle": f"run-{i}", "messages": ROUND, "counters": _counters(1)},
+            {
+                "type": "end",
+                "handle": f"run-{i}",
+                "state": "failed",
+                "error": "e",
+                "finishedAt": 2e9,
+                "counters": _counters(1),
+            },
+        ]
+    _write(tmp_path / JOURNAL_NAME, records)
+    size = (tmp_path / JOURNAL_NAME).stat().st_size
+    asyncio.run(_replay(tmp_path, compact_bytes=size // 2))  # past the threshold: compacted at start
+
+    kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
+    assert kinds.count("run") == 40 and kinds.count("end") == 0
+    assert kinds.count("start") == 1 and kinds.count("round") == 1  # the running run, whole
+    assert (tmp_path / JOURNAL_NAME).stat().st_size < size
+
+    registry, resumed = asyncio.run(_replay(tmp_path))
+    assert [run.handle for run in resumed] == ["run-live"] and resumed[0].messages[2:] == ROUND
+    assert resumed[0].tool_calls == 1
+    assert registry.get("run-7").state == "failed" and registry.get("run-7").error == "e"
