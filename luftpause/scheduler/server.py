@@ -2,8 +2,10 @@
 
 Both servers, the 1 s clock tick and the 2 s engine probes (:mod:`.probes`) share one uvloop event
 loop and one :class:`SchedulerHost`.
-SIGINT or SIGTERM stops them (held Admits are cancelled, which abandons their turns) and the
-process exits 0. A bad configuration prints the :class:`~luftpause.config.ConfigError` and exits 2.
+SIGINT or SIGTERM stops them (dataplanes' ``Connect`` streams end with UNAVAILABLE, which abandons
+the admissions still held on them; the dataplanes hold those turns and re-send them to whichever
+scheduler comes back) and the process exits 0. A bad configuration prints the
+:class:`~luftpause.config.ConfigError` and exits 2.
 """
 
 from __future__ import annotations
@@ -29,15 +31,16 @@ from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 STOP_GRACE_S = 1.0
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-"""Largest gRPC message either way. A Resync carries every run of a dataplane's last 30 min
-(run ids up to 256 bytes, callers up to 128): far past gRPC's default 4 MiB receive limit, which
-would refuse the Resync and keep that dataplane from ever admitting again."""
+"""Largest gRPC message either way. A resync (the first message of a ``Connect`` stream) carries
+every run of a dataplane's last 30 min (run ids up to 256 bytes, callers up to 128): far past
+gRPC's default 4 MiB receive limit, which would refuse the resync and keep that dataplane from ever
+admitting again."""
 
 GRPC_SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # A dataplane pings every 10 s (grpc.keepalive_time_ms) and keeps its Report stream open for
-    # good, usually with no data moving. gRPC's server defaults count a ping that comes sooner than
+    # A dataplane pings every 10 s (grpc.keepalive_time_ms) and keeps its Connect stream open for
+    # good, often with no data moving. gRPC's server defaults count a ping that comes sooner than
     # 5 min after the last one (2 h when no call is open) as a strike, and after 2 strikes answer
     # GOAWAY ENHANCE_YOUR_CALM "too_many_pings", dropping the dataplane's link. Dataplanes are our
     # own peers: their pings are welcome with or without calls, ...
