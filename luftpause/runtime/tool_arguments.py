@@ -56,7 +56,7 @@ from urllib.parse import unquote
 import referencing
 import referencing.exceptions
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
@@ -80,6 +80,9 @@ MAX_PROBLEM_CHARS: Final = 300
 MAX_EXPECTED_CHARS: Final = 800
 """Bounds on the two parts of a refusal, in characters: the validator quotes the offending value
 and a tool's schema can be large, and the refusal goes back into the model's context."""
+
+MAX_QUOTED_CHARS: Final = 80
+"""Longest quotation of the offending value in a refusal, in characters."""
 
 MAX_SHAPE_DEPTH: Final = 6
 """Nesting shown in an expected shape before it says ``…``."""
@@ -133,7 +136,7 @@ def prepare_arguments(raw: object, schema: Mapping[str, Any]) -> dict[str, Any]:
     if error is None:
         assert isinstance(coerced, dict)  # the arguments were an object, coercion keeps the kind
         return coerced
-    raise ToolArgumentsError(error.message, _render_path(error.absolute_path), expected)
+    raise ToolArgumentsError(_problem(error), _render_path(error.absolute_path), expected)
 
 
 def expected_shape(schema: object) -> str:
@@ -546,6 +549,16 @@ def _json_kind(value: object) -> str:
     if value is None:
         return "null"
     return type(value).__name__
+
+
+def _problem(error: ValidationError) -> str:
+    """The validator's message with the offending value it quotes first cut short, so the words
+    after it (``is not of type 'integer'``) survive the bound on the whole text."""
+    message = error.message
+    quoted = repr(error.instance)
+    if len(quoted) > MAX_QUOTED_CHARS and message.startswith(quoted):
+        message = _clip(quoted, MAX_QUOTED_CHARS) + message[len(quoted) :]
+    return message
 
 
 def _one_line(exc: BaseException) -> str:
