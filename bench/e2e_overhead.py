@@ -510,6 +510,7 @@ class Measurement:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     proxy_cpu_s: float = 0.0
+    proxy_cpu_s_by_process: dict[str, float] = field(default_factory=dict)
     engine_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     round_cps: list[float] = field(default_factory=list)
@@ -552,7 +553,7 @@ async def measure(
         warm = await closed_loop(session, arrangement.url, streams, args.warmup, stream, args.max_tokens, tag)
         into.errors.extend(f"warm-up: {e}" for e in warm.errors[:3])
         proxy0, engine0, client0 = (
-            cpu_seconds(arrangement.children),
+            _cpu_by_child(arrangement.children),
             cpu_seconds([engine]),
             time.process_time(),
         )
@@ -560,17 +561,25 @@ async def measure(
             session, arrangement.url, streams, args.turns, stream, args.max_tokens, tag
         )
         proxy1, engine1, client1 = (
-            cpu_seconds(arrangement.children),
+            _cpu_by_child(arrangement.children),
             cpu_seconds([engine]),
             time.process_time(),
         )
     into.ttfts.extend(result.ttfts)
     into.errors.extend(result.errors)
     into.seconds += result.seconds
-    into.proxy_cpu_s += proxy1 - proxy0
+    for name, seconds in proxy1.items():
+        used = seconds - proxy0.get(name, 0.0)
+        into.proxy_cpu_s += used
+        into.proxy_cpu_s_by_process[name] = into.proxy_cpu_s_by_process.get(name, 0.0) + used
     into.engine_cpu_s += engine1 - engine0
     into.client_cpu_s += client1 - client0
     into.round_cps.append(len(result.ttfts) / result.seconds)
+
+
+def _cpu_by_child(children: Sequence[Child]) -> dict[str, float]:
+    """CPU seconds so far per child name (each child's whole process group)."""
+    return {child.name: cpu_seconds([child]) for child in children}
 
 
 async def run_all(
@@ -635,6 +644,9 @@ def summarise(
                 "completions_per_s_by_round": m.round_cps,
                 "cps_vs_nginx": _ratio(m.cps, nginx.cps) if nginx else math.nan,
                 "proxy_cpu_s_per_1k_turns": cpu,
+                "proxy_cpu_s_per_1k_turns_by_process": {
+                    name: m.per_1k(seconds) for name, seconds in m.proxy_cpu_s_by_process.items()
+                },
                 "cpu_vs_nginx": _ratio(cpu, nginx.per_1k(nginx.proxy_cpu_s)) if nginx else math.nan,
                 "engine_cpu_s_per_1k_turns": m.per_1k(m.engine_cpu_s),
                 "client_cpu_s_per_1k_turns": m.per_1k(m.client_cpu_s),

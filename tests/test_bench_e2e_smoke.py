@@ -79,6 +79,10 @@ def test_every_arrangement_answers_every_turn_and_the_report_is_complete(tmp_pat
             assert row["proxy_cpu_s_per_1k_turns"] is None and row["added_ttft_p50_s"] == 0.0, row
         else:
             assert row["proxy_cpu_s_per_1k_turns"] >= 0, row
+            by_process = row["proxy_cpu_s_per_1k_turns_by_process"]
+            assert math.isclose(sum(by_process.values()), row["proxy_cpu_s_per_1k_turns"]), row
+            if row["arrangement"] == "luftpause":
+                assert set(by_process) == {"scheduler", "dataplane"}, row
             assert math.isfinite(row["added_ttft_p50_s"]), row
         line = f"| {row['streams']} | {row['mode']} | {row['arrangement']} |"
         assert line in done.stdout, line
