@@ -46,8 +46,22 @@ def one(field: str, value: Any) -> dict[str, Any]:
 # -- coercion: (name, schema, raw arguments, expected result) -----------------------------------
 
 COERCED: list[tuple[str, dict[str, Any], Any, dict[str, Any]]] = [
-    ("string-typed field with '3' left alone", SEARCH, {"query": "3"}, {"query": "3"}),
-    ("string-typed 'true' and 'null' left alone", SEARCH, {"query": "null"}, {"query": "null"}),
+    # A neighbour that needs coercion, so the walk runs (valid arguments are returned as given).
+    (
+        "string-typed field with '3' left alone",
+        SEARCH,
+        {"query": "3", "limit": "3"},
+        {"query": "3", "limit": 3},
+    ),
+    (
+        "string-typed 'true', 'null', '[1]' left alone",
+        {
+            "type": "object",
+            "properties": {"s": {"type": "array", "items": {"type": "string"}}, "n": {"type": "integer"}},
+        },
+        {"s": ["true", "null", "[1]"], "n": "1"},
+        {"s": ["true", "null", "[1]"], "n": 1},
+    ),
     ("'3' to integer", SEARCH, one("limit", "3"), one("limit", 3)),
     ("'-3' to integer", SEARCH, one("limit", "-3"), one("limit", -3)),
     ("'3.0' to integer (JSON Schema counts 3.0 as an integer)", SEARCH, one("limit", "3.0"), one("limit", 3)),
@@ -96,9 +110,9 @@ COERCED: list[tuple[str, dict[str, Any], Any, dict[str, Any]]] = [
     ),
     (
         "type list with string: left alone",
-        {"type": "object", "properties": {"n": {"type": ["integer", "string"]}}},
-        {"n": "3"},
-        {"n": "3"},
+        {"type": "object", "properties": {"n": {"type": ["integer", "string"]}, "m": {"type": "integer"}}},
+        {"n": "3", "m": "3"},
+        {"n": "3", "m": 3},
     ),
     (
         "type list tried in order: number before boolean",
@@ -114,9 +128,15 @@ COERCED: list[tuple[str, dict[str, Any], Any, dict[str, Any]]] = [
     ),
     (
         "anyOf with a string alternative: a valid string is left alone",
-        {"type": "object", "properties": {"n": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}},
-        {"n": "7"},
-        {"n": "7"},
+        {
+            "type": "object",
+            "properties": {
+                "n": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                "m": {"type": "integer"},
+            },
+        },
+        {"n": "7", "m": "7"},
+        {"n": "7", "m": 7},
     ),
     (
         "anyOf: a string alternative that rejects it does not stop coercion",
@@ -549,12 +569,19 @@ def test_valid_arguments_come_back_untouched(raw: dict[str, Any], schema: dict[s
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(max_size=12), schema=root_schemas)
+@given(text=st.text(max_size=12) | scalar_texts, schema=root_schemas)
 def test_string_typed_fields_are_never_touched(text: str, schema: dict[str, Any]) -> None:
     wrapped = {
         "type": "object",
-        "properties": {"s": {"type": "string"}, "t": {"type": ["null", "string"]}, "x": schema},
+        "properties": {
+            "s": {"type": "string"},
+            "t": {"type": ["null", "string"]},
+            "n": {"type": "integer"},
+            "x": schema,
+        },
     }
-    result = prepare_arguments({"s": text, "t": text}, wrapped)
+    # "n" needs coercion, so the walk runs over the string fields too.
+    result = prepare_arguments({"s": text, "t": text, "n": "1"}, wrapped)
+    assert result["n"] == 1
     assert result["s"] == text
     assert result["t"] == text
