@@ -80,6 +80,24 @@ max_inflight = 2
 """
 
 
+GENERATIVE_AND_SINGLE_PASS = """
+[[replicas]]
+name = "gen"
+url = "http://127.0.0.1:1"
+health_path = ""
+models = ["m"]
+max_inflight = 1
+
+[[replicas]]
+name = "judge"
+url = "http://127.0.0.1:2"
+health_path = ""
+kind = "single_pass"
+models = ["m"]
+max_inflight = 1
+"""
+
+
 @pytest.fixture
 def one_slot(tmp_path: Path) -> Iterator[Scheduler]:
     scheduler = start_scheduler(tmp_path, ONE_SLOT)
@@ -409,6 +427,22 @@ def test_held_admits_of_a_stream_that_ends_are_abandoned(one_slot: Scheduler) ->
         assert list(gone["lost_dataplanes"]) == ["dp-test"]
 
     run_scenario(one_slot, scenario)
+
+
+def test_a_single_pass_admit_goes_to_the_single_pass_replica(tmp_path: Path) -> None:
+    scheduler = start_scheduler(tmp_path, GENERATIVE_AND_SINGLE_PASS)
+
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        async with Stream(stub) as stream:
+            assert (await stream.admit(admit("g1", "r1"))).placed.replica == "gen"
+            assert (await stream.admit(admit("s1", "r2", single_pass=True))).placed.replica == "judge"
+        # a single-pass turn never enters run state
+        assert (await status.get())["runs"] == {"idle": 0, "generating": 1, "tool_paused": 0}
+
+    try:
+        run_scenario(scheduler, scenario)
+    finally:
+        scheduler.process.stop()
 
 
 def test_run_ended_report_forgets_the_run(two_replicas: Scheduler) -> None:

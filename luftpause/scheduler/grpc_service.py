@@ -171,6 +171,7 @@ class _Stream:
             request.caller,
             request.dataplane_id,
             self.host.now(),
+            single_pass=request.single_pass,
         )
         try:
             self.host.arrive(arrived, answer)
