@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -235,12 +236,22 @@ def _check(run: Run) -> None:
         raise _Stopped
 
 
+async def _no_approval_needed(run: Run, tool: str, arguments: dict[str, Any]) -> str | None:
+    return None
+
+
+ApprovalGate = Callable[[Run, str, dict[str, Any]], Awaitable[str | None]]
+"""Awaited before every tool call: ``None`` lets the call go, a text refuses it (the text is the
+call's failed result). The runtime's gate waits for a person (:mod:`luftpause.runtime.approvals`)."""
+
+
 class SubAgentLoop:
     """Drives runs: what every run shares (the dataplane client and the upstream tools)."""
 
     def __init__(self, dataplane: DataplaneClient, upstream: UpstreamPool) -> None:
         self.dataplane = dataplane
         self.upstream = upstream
+        self.approval_gate: ApprovalGate = _no_approval_needed
 
     async def drive(self, run: Run) -> None:
         """Run ``run`` to its end and record the outcome on it (``completed`` with its answer,
@@ -339,5 +350,8 @@ class SubAgentLoop:
             arguments = _parse_arguments(function.get("arguments"))  # type: ignore[union-attr]
         except ValueError as exc:
             return f"Error: the arguments of {name} are not a JSON object: {exc}", True
+        refusal = await self.approval_gate(run, name, arguments)
+        if refusal is not None:
+            return refusal, True
         outcome = await self.upstream.call_tool(name, arguments)
         return outcome.text, outcome.failed
