@@ -428,11 +428,6 @@ def test_decide_only_takes_post(front: FrontDoor) -> None:
     assert headers["allow"] == "POST"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the scheduler core's single-pass rule (AdmitRequest.single_pass to single-pass "
-    "replicas); until it lands the scheduler refuses every single-pass model with 404",
-)
 @pytest.mark.parametrize("given", ["Is this spam?", ["first text", "second, longer text"]])
 def test_decide_relays_the_classifiers_answer_unchanged(front: FrontDoor, given: str | list[str]) -> None:
     payload = {"model": CLASSIFIER, "input": given}
