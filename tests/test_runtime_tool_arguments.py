@@ -585,3 +585,17 @@ def test_string_typed_fields_are_never_touched(text: str, schema: dict[str, Any]
     assert result["n"] == 1
     assert result["s"] == text
     assert result["t"] == text
+
+
+def test_a_schema_changed_after_use_is_checked_as_it_now_is() -> None:
+    def schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    mutable = schema()
+    assert prepare_arguments({"n": "3"}, mutable) == {"n": 3}
+    mutable["properties"]["n"]["type"] = "string"
+    assert prepare_arguments({"n": "3"}, mutable) == {"n": "3"}
+    # The validator kept for the first shape is not tied to the object that was changed.
+    assert prepare_arguments({"n": "3"}, schema()) == {"n": 3}
+    with pytest.raises(ToolArgumentsError, match="is not of type 'integer'"):
+        prepare_arguments({"n": "x"}, schema())

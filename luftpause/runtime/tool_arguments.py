@@ -41,11 +41,13 @@ The rules::
                    to the tool as given, and its server is the judge. The model cannot repair a
                    server's schema, so refusing every call would only burn its tool budget.
 
-Nothing but :class:`ToolArgumentsError` escapes :func:`prepare_arguments`, for any input.
+Nothing but :class:`ToolArgumentsError` escapes :func:`prepare_arguments`, for any arguments a
+model's reply can hold (JSON text, or the objects it decodes to).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -81,6 +83,9 @@ MAX_EXPECTED_CHARS: Final = 800
 """Bounds on the two parts of a refusal, in characters: the validator quotes the offending value
 and a tool's schema can be large, and the refusal goes back into the model's context."""
 
+CHECKER_CACHE_SIZE: Final = 256
+"""Distinct tool schemas whose validators are kept (least recently used go first)."""
+
 MAX_QUOTED_CHARS: Final = 80
 """Longest quotation of the offending value in a refusal, in characters."""
 
@@ -115,11 +120,19 @@ def prepare_arguments(raw: object, schema: Mapping[str, Any]) -> dict[str, Any]:
     Raises :class:`ToolArgumentsError` (and nothing else) when the arguments are not a JSON
     object, nest deeper than :data:`MAX_NESTING`, or still fail validation after coercion.
     """
-    checker = _Checker.for_schema(schema)
-    expected = _clip(expected_shape(schema), MAX_EXPECTED_CHARS) if checker is not None else "a JSON object"
-    arguments = _as_object(raw, expected)
+    checker = _checker_of(schema)
+
+    def refuse(problem: str, path: str = "arguments") -> ToolArgumentsError:
+        # The shape is rendered only for a refusal: most calls are valid as given.
+        expected = "a JSON object" if checker is None else _clip(expected_shape(schema), MAX_EXPECTED_CHARS)
+        return ToolArgumentsError(problem, path, expected)
+
+    try:
+        arguments = _as_object(raw)
+    except _NotAnObject as exc:
+        raise refuse(str(exc)) from None
     if _nesting(arguments) > MAX_NESTING:
-        raise ToolArgumentsError(f"arguments nest deeper than {MAX_NESTING} levels", "arguments", expected)
+        raise refuse(f"arguments nest deeper than {MAX_NESTING} levels")
     if checker is None:
         return arguments
     try:
@@ -132,11 +145,11 @@ def prepare_arguments(raw: object, schema: Mapping[str, Any]) -> dict[str, Any]:
         # let through): it cannot judge the call, so the server does (module docstring).
         return arguments
     except RecursionError:
-        raise ToolArgumentsError("arguments nest too deeply to check", "arguments", expected) from None
+        raise refuse("arguments nest too deeply to check") from None
     if error is None:
         assert isinstance(coerced, dict)  # the arguments were an object, coercion keeps the kind
         return coerced
-    raise ToolArgumentsError(_problem(error), _render_path(error.absolute_path), expected)
+    raise refuse(_problem(error), _render_path(error.absolute_path))
 
 
 def expected_shape(schema: object) -> str:
@@ -158,15 +171,17 @@ def expected_shape(schema: object) -> str:
 # -- arguments as an object --------------------------------------------------------------------
 
 
-def _as_object(raw: object, expected: str) -> dict[str, Any]:
+class _NotAnObject(ValueError):
+    """The arguments are not a JSON object; the message says what they are instead."""
+
+
+def _as_object(raw: object) -> dict[str, Any]:
     if raw is None:
         return {}
     if isinstance(raw, dict):
         return raw
     if not isinstance(raw, str | bytes | bytearray):
-        raise ToolArgumentsError(
-            f"arguments must be a JSON object, got {type(raw).__name__}", "arguments", expected
-        )
+        raise _NotAnObject(f"arguments must be a JSON object, got {type(raw).__name__}")
     try:
         text = raw.decode() if isinstance(raw, bytes | bytearray) else raw
         if not text.strip():
@@ -175,13 +190,9 @@ def _as_object(raw: object, expected: str) -> dict[str, Any]:
         if isinstance(value, str) and value.lstrip().startswith("{"):
             value = json.loads(value)  # double-encoded: JSON text of the JSON text of an object
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ToolArgumentsError(
-            f"arguments are not valid JSON: {_one_line(exc)}", "arguments", expected
-        ) from None
+        raise _NotAnObject(f"arguments are not valid JSON: {_one_line(exc)}") from None
     if not isinstance(value, dict):
-        raise ToolArgumentsError(
-            f"arguments must be a JSON object, got {_json_kind(value)}", "arguments", expected
-        )
+        raise _NotAnObject(f"arguments must be a JSON object, got {_json_kind(value)}")
     return value
 
 
@@ -213,6 +224,27 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
         return Draft202012Validator
     # With a default given, an unknown $schema falls back to it without jsonschema's warning.
     return validator_for(schema, default=Draft202012Validator)
+
+
+def _checker_of(schema: object) -> _Checker | None:
+    """The checker of ``schema``, shared by every call with an equal schema: a tool's schema is
+    the same on each call, and checking it against its metaschema costs milliseconds."""
+    try:
+        key = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # not JSON: checked afresh, not cached
+        return _Checker.for_schema(schema)
+    return _cached_checker(key)
+
+
+@functools.lru_cache(maxsize=CHECKER_CACHE_SIZE)
+def _cached_checker(key: str) -> _Checker | None:
+    # Built from the key, a private deep copy: a caller that later changes its schema object
+    # cannot change what a cached checker validates against.
+    try:
+        schema = json.loads(key)
+    except RecursionError:
+        return None
+    return _Checker.for_schema(schema)
 
 
 class _Checker:
