@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runtime": ("luftpause.runtime.server", "run the MCP server that drives sub-agents"),
     "fake-engine": ("luftpause.testkit.fake_engine", "run the OpenAI-compatible engine simulator"),
     "fake-mcp": ("luftpause.testkit.fake_mcp", "run the fake MCP tool server (lookup, deep_search)"),
-    "loadgen": ("luftpause.testkit.loadgen", "load over MCP (--spawn) or through the proxy (--agents), and a summary"),
+    "loadgen": (
+        "luftpause.testkit.loadgen",
+        "load over MCP (--spawn) or through the proxy (--agents), and a summary",
+    ),
 }
 
 
