@@ -135,6 +135,8 @@ class Run:
     allowed_tools: frozenset[str] | None
     messages: list[dict[str, Any]]
     system: str | None = None
+    parallel_tool_calls: bool = False
+    """The model may ask for several tool calls in one reply, run concurrently (loop.py)."""
     parent: str | None = None
     budget_tokens: int | None = None
     budget_tool_calls: int | None = None
@@ -292,6 +294,7 @@ class Run:
             "caller": self.caller,
             "maxToolCalls": self.max_tool_calls,
             "maxTokens": self.max_tokens,
+            "parallelToolCalls": self.parallel_tool_calls,
             "tools": sorted(self.allowed_tools) if self.allowed_tools is not None else None,
             "parent": self.parent,
             "budgetTokens": self.budget_tokens,
@@ -332,6 +335,7 @@ class Run:
             caller=str(record.get("caller") or "anonymous"),
             max_tool_calls=int(record["maxToolCalls"]),
             max_tokens=int(record["maxTokens"]),
+            parallel_tool_calls=bool(record.get("parallelToolCalls", False)),
             allowed_tools=frozenset(map(str, tools)) if tools is not None else None,
             messages=messages,
             system=system if isinstance(system, str) else None,

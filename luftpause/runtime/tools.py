@@ -4,7 +4,7 @@ Argument names are camelCase on the wire, as in DESIGN.md ("The runtime"). Resul
 objects (``structuredContent``, and the same JSON as the text content)::
 
     spawn(task, model?, serviceClass = "interactive" | "batch", system?, maxToolCalls = 8,
-          tools?: [name], maxTokens = 256, parent?: handle,
+          tools?: [name], maxTokens = 256, parallelToolCalls = false, parent?: handle,
           budgetTokens?, budgetToolCalls?, budgetSeconds?)             task, system: at most 1 MiB
         -> {"handle": "run-…", "state": "running"}                       at once
     await(handles: [handle], mode = "all" | "any", timeout = 60)        timeout capped at 600 s
@@ -14,6 +14,9 @@ objects (``structuredContent``, and the same JSON as the text content)::
                                                           task summarized]}
     cancel(handle)
         -> {"handle", "cancelled": [handles stopped: the run and its running descendants]}
+    tools(handle?)
+        -> {"servers": [{"server", "transport", "reachable", "error"?, "tools": [{"name",
+            "description", "inputSchema", "annotations"}]}]}      (UpstreamPool.catalog)
 
     run result = {"handle", "state": running|completed|failed|cancelled, "answer"?, "error"?,
                   "toolCalls", "failedToolCalls", "turns", "seconds",
@@ -157,6 +160,9 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         maxTokens: Annotated[
             int, Field(ge=0, le=MAX_TOKENS_PER_TURN, description="reply length per turn, tokens")
         ] = 256,
+        parallelToolCalls: Annotated[
+            bool, Field(description="several tool calls per reply, run concurrently")
+        ] = False,
         parent: Annotated[str | None, Field(description="handle of the parent run")] = None,
         budgetTokens: Annotated[
             int | None, Field(ge=1, le=MAX_BUDGET_TOKENS, description="tokens for the whole subtree")
@@ -204,6 +210,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 caller=caller_of(ctx),
                 max_tool_calls=maxToolCalls,
                 max_tokens=maxTokens,
+                parallel_tool_calls=parallelToolCalls,
                 allowed_tools=frozenset(tools) if tools is not None else None,
                 messages=messages,
                 system=system or None,
@@ -280,5 +287,25 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         return {"handle": handle, "cancelled": [run.handle for run in stopped]}
+
+    @mcp.tool(
+        name="tools",
+        description=(
+            "The tools a sub-agent may use, by upstream MCP server: each tool's name, description, "
+            "input schema and annotations (readOnlyHint, destructiveHint, ...), and whether its "
+            "server is reachable now. With `handle`, only the tools that run may use."
+        ),
+    )
+    async def tools_(
+        handle: Annotated[str | None, Field(description="a run's handle; default: any run")] = None,
+    ) -> dict[str, Any]:
+        # {"servers": UpstreamPool.catalog()}; its shape is documented there.
+        allowed: frozenset[str] | None = None
+        if handle is not None:
+            try:
+                allowed = runtime.registry.get(handle).allowed_tools
+            except RuntimeFault as exc:
+                raise ToolError(str(exc)) from None
+        return {"servers": runtime.upstream.catalog(allowed)}
 
     return mcp
