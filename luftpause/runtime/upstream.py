@@ -6,8 +6,18 @@ SDK's safe default environment plus the entry's ``env``). The client is entered 
 long-lived *keeper* task per server, because the SDK's clients hold anyio task groups that must be
 left by the task that entered them; runs only borrow the connected client.
 
-A server that cannot be reached at start is logged and tried again on first use (at most once per
-:data:`RETRY_SECONDS`), so a tool server started after the runtime is picked up without a restart.
+A server that cannot be reached, or whose connection ends (a stdio server that exits), is tried
+again by its keeper with backoff (:data:`BACKOFF_FIRST_SECONDS` doubling to
+:data:`BACKOFF_MAX_SECONDS`, back to the first delay after a connection that lasted
+:data:`STABLE_SECONDS`), and sooner when a run asks for it and the last attempt is
+:data:`RETRY_SECONDS` old; so a tool server started after the runtime is picked up without a
+restart. A call in flight when its server goes away fails at once with an error result (the SDK
+answers every pending request ``Connection closed`` at the end of the stream); it is never sent
+again by the runtime: the model decides whether to call again.
+
+Timeouts: a tool call may take :data:`TOOL_CALL_TIMEOUT_SECONDS`. The SDK's default HTTP client
+would cut a call whose stream stays silent for 300 s (httpx2 ``read``), so HTTP servers get a
+client whose read and pool timeouts are that long too (connect and write stay at the SDK's 30 s).
 
 Tool shapes come from the MCP spec (``tools/list``: ``name``, ``description``, ``inputSchema``); they
 are offered to the model as OpenAI function tools (``{"type": "function", "function": {"name",
@@ -20,12 +30,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import anyio
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client._transport import TransportStreams
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.types import CallToolResult, Implementation, TextContent, Tool
 
 from luftpause import __version__
@@ -35,7 +52,18 @@ from luftpause.runtime.errors import UpstreamUnavailable
 log = logging.getLogger("luftpause.runtime.upstream")
 
 RETRY_SECONDS = 5.0
-"""A server that failed to connect is not tried again sooner than this (seconds)."""
+"""A run asking for a server that is down wakes its keeper only when the last attempt is at least
+this old (seconds); otherwise the keeper's backoff decides."""
+
+BACKOFF_FIRST_SECONDS = 0.5
+"""Delay before the first new attempt after a failed connection or a lost one (seconds)."""
+
+BACKOFF_MAX_SECONDS = 30.0
+"""The delay doubles after every failed attempt up to this (seconds)."""
+
+STABLE_SECONDS = 30.0
+"""A connection that lasted this long resets the delay to :data:`BACKOFF_FIRST_SECONDS` when it
+ends (seconds): a server that crashes now and then restarts at once, a crash loop slows down."""
 
 START_WAIT_SECONDS = 10.0
 """How long the runtime's start waits for the first connection attempt of every server (seconds)."""
@@ -81,6 +109,90 @@ def _as_error(text: str) -> str:
     return text if text.lower().startswith("error") else f"Error: {text}"
 
 
+def tool_listing(tool: Tool) -> dict[str, Any]:
+    """One tool as the ``tools`` MCP tool shows it (MCP ``Tool`` wire names)::
+
+    {"name", "description", "inputSchema", "annotations": {"readOnlyHint"?, "destructiveHint"?,
+     "idempotentHint"?, "openWorldHint"?, "title"?}}
+
+    Annotations are what the server declared (MCP spec: untrusted hints); absent ones take the
+    spec's defaults (``readOnlyHint`` false, ``destructiveHint`` true).
+    """
+    annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
+    return {
+        "name": tool.name,
+        "description": tool.description or "",
+        "inputSchema": tool.input_schema,
+        "annotations": annotations,
+    }
+
+
+class _EndWatchingStream:
+    """A transport's read stream that calls ``on_end`` when it ends (end of stream, or closed):
+    for stdio, the server process exited. Everything else is passed through, including the
+    sender's ``last_context`` the SDK's dispatcher looks for (``mcp.shared._context_streams``)."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _EndWatchingStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _EndWatchingStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+@asynccontextmanager
+async def _watched_transport(
+    inner: AbstractAsyncContextManager[TransportStreams],
+    on_end: Callable[[], None],
+    http_client: httpx2.AsyncClient | None = None,
+) -> AsyncIterator[TransportStreams]:
+    """``inner`` (an SDK transport) with its read stream watched for its end; ``http_client``,
+    when given, is opened before it and closed after it (the SDK leaves a client it was given
+    to its owner)."""
+    async with AsyncExitStack() as stack:
+        if http_client is not None:
+            await stack.enter_async_context(http_client)
+        read_stream, write_stream = await stack.enter_async_context(inner)
+        yield _EndWatchingStream(read_stream, on_end), write_stream
+
+
+async def _first_of(*waits: Awaitable[Any]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class UpstreamServer:
     """One configured MCP server, its connected client (when it is) and its listed tools."""
 
@@ -94,6 +206,10 @@ class UpstreamServer:
         self._attempt_wanted = asyncio.Event()
         self._attempted = asyncio.Event()  # replaced after every attempt, like RunRegistry._changed
         self._stop = asyncio.Event()
+        self._lost = asyncio.Event()  # set when the current connection's stream ends
+        self.restarts = 0
+        """Connections that ended on the server's side (a stdio server that exited) and were
+        tried again."""
 
     @property
     def target(self) -> str:
@@ -101,17 +217,31 @@ class UpstreamServer:
         return self.config.url or " ".join(self.config.command or ())
 
     @property
-    def connected(self) -> bool:
-        return self.client is not None
+    def transport(self) -> str:
+        """``"http"`` or ``"stdio"``."""
+        return "http" if self.config.url is not None else "stdio"
 
-    def _new_client(self) -> Client:
+    @property
+    def connected(self) -> bool:
+        return self.client is not None and not self._lost.is_set()
+
+    def _new_client(self, lost: asyncio.Event) -> Client:
+        transport: AbstractAsyncContextManager[TransportStreams]
+        http_client: httpx2.AsyncClient | None = None
         if self.config.url is not None:
-            return Client(self.config.url, client_info=_CLIENT_INFO)
-        command = list(self.config.command or ())
-        params = StdioServerParameters(
-            command=command[0], args=command[1:], env=dict(self.config.env) or None
-        )
-        return Client(params, client_info=_CLIENT_INFO)
+            http_client = create_mcp_http_client(
+                timeout=httpx2.Timeout(
+                    MCP_DEFAULT_TIMEOUT, read=TOOL_CALL_TIMEOUT_SECONDS, pool=TOOL_CALL_TIMEOUT_SECONDS
+                )
+            )
+            transport = streamable_http_client(self.config.url, http_client=http_client)
+        else:
+            command = list(self.config.command or ())
+            params = StdioServerParameters(
+                command=command[0], args=command[1:], env=dict(self.config.env) or None
+            )
+            transport = stdio_client(params)
+        return Client(_watched_transport(transport, lost.set, http_client), client_info=_CLIENT_INFO)
 
     async def _list_tools(self, client: Client) -> list[Tool]:
         tools: list[Tool] = []
@@ -129,18 +259,31 @@ class UpstreamServer:
         attempted.set()
 
     async def keep_connected(self) -> None:
-        """Connect, list tools, hold the client until :meth:`stop`; after a failure wait until a
-        run asks for this server again. Runs as one task for the runtime's lifetime."""
+        """Connect, list tools, hold the client until :meth:`stop` or until the connection ends;
+        after a failure or a lost connection, try again with backoff (module docstring). Runs as
+        one task for the runtime's lifetime."""
+        delay = BACKOFF_FIRST_SECONDS
         while not self._stop.is_set():
             self._last_attempt = time.monotonic()
+            lost = asyncio.Event()
+            connected_at: float | None = None
             try:
-                async with self._new_client() as client:
+                async with self._new_client(lost) as client:
                     self.tools = await self._list_tools(client)
-                    self.client = client
+                    self.client, self._lost = client, lost
                     self.last_error = None
+                    connected_at = time.monotonic()
                     log.info("MCP server %s (%s): %d tools", self.name, self.target, len(self.tools))
                     self._attempt_finished()
-                    await self._stop.wait()
+                    await _first_of(self._stop.wait(), lost.wait())
+                    if not self._stop.is_set():
+                        self.restarts += 1
+                        self.last_error = "the connection ended (the server exited or closed it)"
+                        log.warning(
+                            "MCP server %s (%s): the connection ended; connecting again",
+                            self.name,
+                            self.target,
+                        )
             except Exception as exc:
                 self.last_error = _describe(exc)
                 log.warning("MCP server %s (%s) unavailable: %s", self.name, self.target, self.last_error)
@@ -149,14 +292,11 @@ class UpstreamServer:
             self._attempt_finished()
             if self._stop.is_set():
                 return
-            stop = asyncio.ensure_future(self._stop.wait())
-            wanted = asyncio.ensure_future(self._attempt_wanted.wait())
-            try:
-                await asyncio.wait({stop, wanted}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                wanted.cancel()
+            if connected_at is not None and time.monotonic() - connected_at >= STABLE_SECONDS:
+                delay = BACKOFF_FIRST_SECONDS
+            await _first_of(self._stop.wait(), self._attempt_wanted.wait(), asyncio.sleep(delay))
             self._attempt_wanted.clear()
+            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
 
     async def first_attempt(self) -> None:
         """Return once the first connection attempt has succeeded or failed."""
@@ -167,13 +307,13 @@ class UpstreamServer:
     async def ensure_connected(self) -> Client:
         """The connected client; if there is none, one more attempt unless the last one is less
         than :data:`RETRY_SECONDS` old. Raises :class:`UpstreamUnavailable`."""
-        if self.client is not None:
+        if self.client is not None and self.connected:
             return self.client
         if time.monotonic() - self._last_attempt >= RETRY_SECONDS and not self._stop.is_set():
             attempted = self._attempted
             self._attempt_wanted.set()
             await attempted.wait()
-        if self.client is None:
+        if self.client is None or not self.connected:
             raise UpstreamUnavailable(f"MCP server {self.name} ({self.target}): {self.last_error}")
         return self.client
 
@@ -275,6 +415,39 @@ class UpstreamPool:
         if result.is_error:
             return ToolOutcome(_as_error(text or "the tool reported an error"), failed=True)
         return ToolOutcome(text, failed=False)
+
+    def catalog(self, allowed: frozenset[str] | None) -> list[dict[str, Any]]:
+        """The tools a sub-agent allowed ``allowed`` (``None``: every tool) may use, by server, in
+        configuration order (the ``tools`` MCP tool)::
+
+            [{"server", "transport": "http" | "stdio", "reachable": bool, "error"?: str,
+              "tools": [tool_listing(tool)]}]
+
+        An unreachable server shows the tools it listed when it was last connected (none if it
+        never was), with ``reachable: false`` and the last error: a run is offered them again once
+        it is back. A tool whose name an earlier server already lists is left out: calls by that
+        name go to the earlier server.
+        """
+        seen: set[str] = set()
+        out: list[dict[str, Any]] = []
+        for server in self.servers:
+            listed = []
+            for tool in server.tools:
+                if tool.name in seen:
+                    continue
+                seen.add(tool.name)
+                if allowed is None or tool.name in allowed:
+                    listed.append(tool_listing(tool))
+            item: dict[str, Any] = {
+                "server": server.name,
+                "transport": server.transport,
+                "reachable": server.connected,
+            }
+            if not server.connected and server.last_error is not None:
+                item["error"] = server.last_error
+            item["tools"] = listed
+            out.append(item)
+        return out
 
     def describe(self) -> list[dict[str, Any]]:
         """Per server: ``name``, ``target``, ``connected``, ``tools`` (names), ``error``."""
