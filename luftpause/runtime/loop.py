@@ -7,11 +7,31 @@ One run, from its first turn to its answer::
         check the subtree budgets (cancelled when one ran out)
         turn: POST {dataplane}/v1/chat/completions  (tools offered while the tool budget lasts)
         check the budgets
-        no tool_calls in the reply  -> the reply's text is the answer; the run is completed
+        no tool_calls in the reply  -> if the whole text is a call of an offered tool written as
+                                       text (text_tool_calls.py), it is that call; else the text
+                                       is the answer and the run is completed
         tool_calls                  -> one tool round: execute each call, append the assistant
                                        message and one ``role: tool`` message per call (journaled
                                        as one record, then the budgets are checked)
     finally: DELETE {dataplane}/v1/runs/{handle}   (best effort)
+
+A tool call, in a round: the tool must be offered this turn and within the tool budget (each call
+the model makes takes one unit, refused or not); its arguments go through
+:func:`~luftpause.runtime.tool_arguments.prepare_arguments` against the tool's ``inputSchema``; a
+refusal is the call's result (``Error: invalid arguments for <tool>: <what and the shape expected>``)
+and counts as a failed tool call, so the model can try again; then the approval gate; then the call
+on its upstream server. A call that fails (error result, server gone) is never sent again by the
+loop.
+
+Parallel tool calls: with ``spawn(parallelToolCalls=true)`` the engine is told
+``parallel_tool_calls: true`` and the calls of one reply run concurrently; by default it is told
+``false``, and a reply that has several calls anyway has them run one after another, in order (the
+model asked for each of them, refusing some would only cost it a turn to ask again). Results are
+always in call order.
+
+Limits: ``max_tokens`` is the run's ``maxTokens`` (256 by default; 0 sends none, so the engine's
+own default applies); once the run's tool budget (8 by default) is spent, no tools are offered
+and the model must answer.
 
 A run resumed after a restart starts the same loop on its rebuilt conversation, so the turn that
 was in flight at the crash is simply asked again.
@@ -33,14 +53,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+from mcp.types import Tool
 
 from luftpause.runtime.errors import TurnFailed
 from luftpause.runtime.runs import Run
+from luftpause.runtime.text_tool_calls import openai_tool_call, recover_tool_call
+from luftpause.runtime.tool_arguments import ToolArgumentsError, prepare_arguments
 from luftpause.runtime.upstream import UpstreamPool, openai_tool
 
 log = logging.getLogger("luftpause.runtime.loop")
@@ -67,12 +94,20 @@ noticeably delay the shutdown (a supervisor's grace period is often 5-10 s)."""
 
 
 def new_http_session() -> aiohttp.ClientSession:
-    """The one aiohttp session all runs share: 600 s per turn in total (no shorter library default)
-    and no connection cap, because a held turn keeps its connection open while the dataplane
-    queues it."""
+    """The one aiohttp session all runs share.
+
+    A turn may take :data:`TURN_TIMEOUT_SECONDS` (600 s) in total, queue wait at the dataplane
+    included, and nothing in aiohttp may cut it shorter: its default timeout (``total=300`` with
+    ``sock_connect=30``) is replaced by one whose only bound is that total (connect, socket connect
+    and socket read unset), and the connector has no connection cap (``limit=0``, and none per
+    host), because a held turn keeps its connection open while the dataplane queues it, so a pool
+    wait could otherwise eat into the turn.
+    """
     return aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT_SECONDS),
-        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(
+            total=TURN_TIMEOUT_SECONDS, connect=None, sock_connect=None, sock_read=None
+        ),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
     )
 
 
@@ -82,11 +117,31 @@ def header_safe(value: str, max_bytes: int = CALLER_HEADER_MAX_BYTES) -> str:
     return cleaned.encode("utf-8")[:max_bytes].decode("utf-8", "ignore") or "anonymous"
 
 
-def _retry_after(value: str | None) -> float:
-    try:
-        seconds = float(value) if value is not None else DEFAULT_RETRY_AFTER_SECONDS
-    except ValueError:  # an HTTP-date: rare from engines; the default is close enough
-        seconds = DEFAULT_RETRY_AFTER_SECONDS
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> float:
+    """How long to wait after a 429 whose ``Retry-After`` header is ``value`` (RFC 9110 section
+    10.2.3: delay-seconds or an HTTP-date; fractional seconds are accepted too), in seconds.
+
+    A date is counted from ``now`` (default: the current UTC time); a past date or a negative
+    number means at once. No header, or one that is neither, means
+    :data:`DEFAULT_RETRY_AFTER_SECONDS`. The wait is at most :data:`TURN_TIMEOUT_SECONDS`.
+    """
+    seconds = DEFAULT_RETRY_AFTER_SECONDS
+    text = (value or "").strip()
+    if text:
+        try:
+            number = float(text)
+        except ValueError:
+            try:
+                when = parsedate_to_datetime(text)
+            except (TypeError, ValueError, IndexError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:  # RFC 9110 dates are GMT
+                    when = when.replace(tzinfo=UTC)
+                seconds = (when - (now or datetime.now(UTC))).total_seconds()
+        else:
+            if math.isfinite(number):
+                seconds = number
     return min(max(seconds, 0.0), TURN_TIMEOUT_SECONDS)
 
 
@@ -133,7 +188,7 @@ class DataplaneClient:
                 async with self.session.post(url, json=body, headers=self._headers(run)) as response:
                     raw = await response.read()
                     if response.status == 429:
-                        delay = _retry_after(response.headers.get("Retry-After"))
+                        delay = retry_after_seconds(response.headers.get("Retry-After"))
                     elif response.status >= 400:
                         raise TurnFailed(_error_message(response.status, raw))
                     else:
@@ -214,18 +269,6 @@ def _count_usage(run: Run, reply: dict[str, Any]) -> None:
         run.completion_tokens += int(usage.get("completion_tokens") or 0)
 
 
-def _parse_arguments(raw: Any) -> dict[str, Any]:
-    """A tool call's ``function.arguments`` (a JSON object as a string) as a dict; ValueError."""
-    if isinstance(raw, dict):
-        return raw
-    if raw is None or raw == "":
-        return {}
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    return value
-
-
 class _Stopped(Exception):
     """The run was cancelled by its own budget check; its outcome is already recorded."""
 
@@ -282,7 +325,7 @@ class SubAgentLoop:
             if tools:
                 body["tools"] = [openai_tool(tool) for tool in tools]
                 # OpenAI and vLLM refuse parallel_tool_calls without tools, so only send it with them.
-                body["parallel_tool_calls"] = False
+                body["parallel_tool_calls"] = run.parallel_tool_calls
             if run.max_tokens > 0:
                 body["max_tokens"] = run.max_tokens
             began = time.monotonic()
@@ -294,10 +337,18 @@ class SubAgentLoop:
             _count_usage(run, reply)
             _check(run)
             message = _first_message(reply)
+            offered = {tool.name: tool for tool in tools}
             calls = message.get("tool_calls") or []
             if not isinstance(calls, list) or not calls:
                 content = message.get("content")
-                return content if isinstance(content, str) else ""
+                text = content if isinstance(content, str) else ""
+                recovered = recover_tool_call(text, offered) if offered else None
+                if recovered is None:
+                    return text
+                # The call replaces the text in the conversation: a model shown both would see
+                # its call twice. The id is ours (the engine emitted none); any unique one works.
+                calls = [openai_tool_call(recovered, f"call_{secrets.token_hex(12)}")]
+                message = {"content": None}
             toolless_tool_turns = 0 if tools else toolless_tool_turns + 1
             if toolless_tool_turns > MAX_TOOLLESS_TOOL_TURNS:
                 raise TurnFailed(
@@ -305,51 +356,68 @@ class SubAgentLoop:
                 )
             began = time.monotonic()
             try:
-                round_messages = await self._tool_round(run, message, calls, {tool.name for tool in tools})
+                round_messages = await self._tool_round(run, message, calls, offered)
             finally:
                 run.tool_seconds += time.monotonic() - began
             # Recorded only once the whole round is done: a round is the unit the journal replays.
             run.complete_round(round_messages)
 
     async def _tool_round(
-        self, run: Run, message: dict[str, Any], calls: list[Any], offered: set[str]
+        self, run: Run, message: dict[str, Any], calls: list[Any], offered: dict[str, Tool]
     ) -> list[dict[str, Any]]:
-        """Execute the reply's tool calls in order; the round's messages (the assistant message,
-        then one tool message per call).
+        """Execute the reply's tool calls, concurrently with ``parallel_tool_calls`` on, else in
+        order; the round's messages (the assistant message, then one tool message per call, in
+        call order).
 
-        The assistant message keeps the reply's ``tool_calls`` as they came and every tool message
-        repeats its call's ``id`` byte for byte: the dataplane and engines match them.
+        Each call takes one unit of the tool budget in call order, decided before any runs, so a
+        concurrent round spends exactly what a sequential one would. The assistant message keeps
+        the reply's ``tool_calls`` as they came and every tool message repeats its call's ``id``
+        byte for byte: the dataplane and engines match them.
         """
         assistant: dict[str, Any] = {
             "role": "assistant",
             "content": message.get("content"),
             "tool_calls": calls,
         }
-        results: list[dict[str, Any]] = []
-        for call in calls:
+        spent = run.tool_calls
+
+        async def one(index: int, call: Any) -> dict[str, Any]:
             call_id = call.get("id", "") if isinstance(call, dict) else ""
-            text, failed = await self._execute(run, call, offered)
+            within_budget = spent + index < run.max_tool_calls
+            text, failed = await self._execute(run, call, offered, within_budget)
             run.tool_calls += 1
             if failed:
                 run.failed_tool_calls += 1
-            results.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+        if run.parallel_tool_calls:
+            results = list(await asyncio.gather(*(one(i, call) for i, call in enumerate(calls))))
+        else:
+            results = [await one(i, call) for i, call in enumerate(calls)]
         return [assistant, *results]
 
-    async def _execute(self, run: Run, call: Any, offered: set[str]) -> tuple[str, bool]:
+    async def _execute(
+        self, run: Run, call: Any, offered: dict[str, Tool], within_budget: bool
+    ) -> tuple[str, bool]:
+        """One tool call: ``(text for the model, failed)``. Never raises but for cancellation."""
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(function, dict) or not isinstance(name, str) or not name:
             return "Error: the tool call names no function", True
-        if name not in offered:
-            if run.tool_calls >= run.max_tool_calls:
-                return f"Error: the tool budget ({run.max_tool_calls} calls) is spent; answer now", True
-            return f"Error: the tool {name!r} is not offered to you", True
-        if run.tool_calls >= run.max_tool_calls:
-            return f"Error: the tool budget ({run.max_tool_calls} calls) is spent; answer now", True
+        spent = f"Error: the tool budget ({run.max_tool_calls} calls) is spent; answer now"
+        tool = offered.get(name)
+        if tool is None:
+            return (
+                (spent, True)
+                if not within_budget
+                else (f"Error: the tool {name!r} is not offered to you", True)
+            )
+        if not within_budget:
+            return spent, True
         try:
-            arguments = _parse_arguments(function.get("arguments"))  # type: ignore[union-attr]
-        except ValueError as exc:
-            return f"Error: the arguments of {name} are not a JSON object: {exc}", True
+            arguments = prepare_arguments(function.get("arguments"), tool.input_schema or {})
+        except ToolArgumentsError as exc:
+            return f"Error: invalid arguments for {name}: {exc}", True
         refusal = await self.approval_gate(run, name, arguments)
         if refusal is not None:
             return refusal, True
