@@ -7,6 +7,9 @@ or error. Its state moves one way only::
             ├─▶ failed      a turn failed (dataplane error, bad reply) or the loop broke
             └─▶ cancelled   ``cancel`` on it or an ancestor, or a budget of its subtree ran out
 
+A running run whose next tool call waits for a person (:mod:`luftpause.runtime.approvals`) is
+reported as ``AwaitingApproval`` with ``pendingApproval {tool, arguments}``; it is still running.
+
 Runs form trees: ``spawn(parent=handle)`` makes a child. Cancelling a run cancels its running
 descendants. A run may carry budgets (tokens = prompt + completion, tool calls, seconds since it
 started) that bound it and all its descendants, children spawned later included; they are checked
@@ -141,6 +144,12 @@ class Run:
     budget_tokens: int | None = None
     budget_tool_calls: int | None = None
     budget_seconds: float | None = None
+    approve_tools: frozenset[str] = frozenset()
+    """Tools that wait for a person's approval in this run, whatever their annotations."""
+    decisions: dict[str, bool] = field(default_factory=dict)
+    """Approval decisions by call key (:func:`luftpause.runtime.approvals.call_key`), journaled."""
+    pending_approval: Any = None
+    """The :class:`~luftpause.runtime.approvals.PendingApproval` the run waits on, if any."""
     children: list[str] = field(default_factory=list)
     state: RunState = "running"
     answer: str | None = None
@@ -167,6 +176,11 @@ class Run:
     @property
     def done(self) -> bool:
         return self.state != "running"
+
+    @property
+    def display_state(self) -> str:
+        """:attr:`state`, or ``AwaitingApproval`` for a running run that waits for a person."""
+        return "AwaitingApproval" if self.pending_approval is not None and not self.done else self.state
 
     @property
     def seconds(self) -> float:
@@ -237,13 +251,19 @@ class Run:
         """The run as ``await`` reports it (MCP tool result, camelCase)::
 
         {"handle", "state", "answer"? (completed), "error"? (failed, cancelled),
+         "pendingApproval"?: {"tool", "arguments"} (state "AwaitingApproval"),
          "toolCalls", "failedToolCalls", "turns", "seconds",
          "usage": {"promptTokens", "completionTokens"}}
 
         The registry adds ``limits``, ``used`` and ``exceeded`` for a run with budgets
         (:meth:`RunRegistry.result`).
         """
-        out: dict[str, Any] = {"handle": self.handle, "state": self.state}
+        out: dict[str, Any] = {"handle": self.handle, "state": self.display_state}
+        if self.pending_approval is not None and not self.done:
+            out["pendingApproval"] = {
+                "tool": self.pending_approval.tool,
+                "arguments": self.pending_approval.arguments,
+            }
         if self.answer is not None:
             out["answer"] = self.answer
         if self.error is not None:
@@ -300,6 +320,7 @@ class Run:
             "budgetTokens": self.budget_tokens,
             "budgetToolCalls": self.budget_tool_calls,
             "budgetSeconds": self.budget_seconds,
+            "approveTools": sorted(self.approve_tools),
         }
 
     def outcome_record(self) -> dict[str, Any]:
@@ -343,6 +364,7 @@ class Run:
             budget_tokens=_optional_int(record.get("budgetTokens")),
             budget_tool_calls=_optional_int(record.get("budgetToolCalls")),
             budget_seconds=_optional_float(record.get("budgetSeconds")),
+            approve_tools=frozenset(map(str, record.get("approveTools") or ())),
             started_at=float(record["at"]),
             resumed=True,
         )
@@ -523,6 +545,11 @@ class RunRegistry:
             if not run.done:
                 run.finish("failed", error="internal error: the run loop ended without an outcome")
 
+    def notify_changed(self) -> None:
+        """Wake every :meth:`wait` to look again (a run finished, or now waits for approval)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     def _finished(self, run: Run) -> None:
         self._checkpoints.pop(run.handle, None)
         if self.journal is not None and not run.interrupted:
@@ -604,7 +631,7 @@ class RunRegistry:
         for run in runs:
             item: dict[str, Any] = {
                 "id": run.handle,
-                "state": run.state,
+                "state": run.display_state,
                 "parent": run.parent,
                 "children": [h for h in run.children if h in self._runs],
                 "task": summarize(run.task),
@@ -632,6 +659,8 @@ class RunRegistry:
                 yield {**start, "type": "run", **run.outcome_record()}
                 continue
             yield start
+            for key, allow in run.decisions.items():
+                yield {"type": "approval", "handle": run.handle, "key": key, "allow": allow}
             first = 2 if run.system else 1
             if len(run.messages) > first:
                 counters = self._checkpoints.get(run.handle, run.counters())
@@ -668,6 +697,8 @@ class RunRegistry:
                     self._checkpoints[handle] = run.counters()
                 elif kind == "end":
                     _apply_outcome(run, record)
+                elif kind == "approval":
+                    run.decisions[str(record["key"])] = bool(record["allow"])
                 else:
                     raise ValueError(f"unknown record type {kind!r}")
             except (KeyError, TypeError, ValueError) as exc:
@@ -750,6 +781,7 @@ class RunRegistry:
         seconds: float,
         on_progress: Callable[[float, int], Awaitable[None]] | None = None,
         progress_interval: float = PROGRESS_INTERVAL_SECONDS,
+        interrupt: Callable[[], bool] | None = None,
     ) -> bool:
         """Wait until all (``mode="all"``) or any (``"any"``) of ``runs`` are done.
 
@@ -757,6 +789,8 @@ class RunRegistry:
         is awaited every ``progress_interval`` seconds. Returns ``True`` when the timeout passed
         first (the caller reports ``timedOut``), ``False`` when the condition holds. Raises
         ``ValueError`` for a non-finite ``seconds`` (NaN would otherwise end the wait at once).
+        ``interrupt()``, checked whenever something changed (:meth:`notify_changed`), ends the
+        wait early (returning ``False``) when it returns true: the caller has something to do.
         """
         if not math.isfinite(seconds):
             raise ValueError(f"a wait needs a finite number of seconds, got {seconds!r}")
@@ -768,6 +802,8 @@ class RunRegistry:
             changed = self._changed
             finished = sum(1 for run in runs if run.done)
             if (finished == len(runs)) if mode == "all" else (finished > 0 or not runs):
+                return False
+            if interrupt is not None and interrupt():
                 return False
             now = loop.time()
             if now >= deadline:

@@ -55,7 +55,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
+from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
+from luftpause.runtime.decide import Decider
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import RunRegistry
@@ -68,7 +70,8 @@ log = logging.getLogger("luftpause.runtime")
 class Runtime:
     """The state of one runtime process: configuration, runs, upstream tools and the loop.
 
-    ``loop`` exists only inside the lifespan (it needs the HTTP session the lifespan opens).
+    ``loop`` and ``decider`` exist only inside the lifespan (they need the HTTP session the
+    lifespan opens). ``approvals`` is the loop's approval gate (:mod:`luftpause.runtime.approvals`).
     """
 
     def __init__(self, config: Config, token: str | None = None) -> None:
@@ -77,7 +80,19 @@ class Runtime:
         self.journal = Journal(Path(config.runtime.state_dir))
         self.registry = RunRegistry(journal=self.journal)
         self.upstream = UpstreamPool(config.mcp_servers)
+        self.approvals = Approvals(self.registry, self.upstream)
         self._loop: SubAgentLoop | None = None
+        self._decider: Decider | None = None
+
+    def mcp_extensions(self) -> list[Any]:
+        """The MCP extensions the runtime's server offers (SDK ``Extension`` instances)."""
+        return []
+
+    @property
+    def decider(self) -> Decider:
+        if self._decider is None:
+            raise RuntimeError("the runtime is not started (outside its lifespan)")
+        return self._decider
 
     @property
     def loop(self) -> SubAgentLoop:
@@ -212,6 +227,8 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             await stack.enter_async_context(runtime.upstream)
             dataplane = DataplaneClient(config.runtime.dataplane, session, token)
             runtime._loop = SubAgentLoop(dataplane, runtime.upstream)
+            runtime._loop.approval_gate = runtime.approvals.gate
+            runtime._decider = Decider(config.runtime.dataplane, session, token)
 
             async def end_interrupted_runs() -> None:
                 # Runs after the registry has stopped every run, while the session is still open.

@@ -1,14 +1,23 @@
-"""The runtime's MCP tools: ``spawn``, ``await``, ``status``, ``cancel``.
+"""The runtime's MCP tools: ``spawn``, ``await``, ``run``, ``status``, ``cancel``, ``approve``,
+``decide``.
 
 Argument names are camelCase on the wire, as in DESIGN.md ("The runtime"). Results are JSON
 objects (``structuredContent``, and the same JSON as the text content)::
 
     spawn(task, model?, serviceClass = "interactive" | "batch", system?, maxToolCalls = 8,
           tools?: [name], maxTokens = 256, parallelToolCalls = false, parent?: handle,
-          budgetTokens?, budgetToolCalls?, budgetSeconds?)             task, system: at most 1 MiB
+          budgetTokens?, budgetToolCalls?, budgetSeconds?, approveTools?: [name])
+                                                                    task, system: at most 1 MiB
         -> {"handle": "run-…", "state": "running"}                       at once
     await(handles: [handle], mode = "all" | "any", timeout = 60)        timeout capped at 600 s
         -> {"runs": [run result], "timedOut": bool}
+    run(<spawn's arguments>, timeout = 60)                              spawn, then await it
+        -> {"runs": [run result], "timedOut": bool}
+    approve(handle, allow: bool)
+        -> {"handle", "tool", "arguments", "allow"}                     the call it answered
+    decide(input, labels?: [2..20 labels], model?)
+        -> {"mode": "single-pass", "model", "label", "probs", "numClasses"}     without labels
+        -> {"mode": "labels", "model", "label", "probabilities", "unscored"}   with labels
     status(handle?)
         -> {"run": run status, whole task}  or  {"runs": [run status of the caller's runs,
                                                           task summarized]}
@@ -18,7 +27,8 @@ objects (``structuredContent``, and the same JSON as the text content)::
         -> {"servers": [{"server", "transport", "reachable", "error"?, "tools": [{"name",
             "description", "inputSchema", "annotations"}]}]}      (UpstreamPool.catalog)
 
-    run result = {"handle", "state": running|completed|failed|cancelled, "answer"?, "error"?,
+    run result = {"handle", "state": running|AwaitingApproval|completed|failed|cancelled,
+                  "pendingApproval"?: {"tool", "arguments"}, "answer"?, "error"?,
                   "toolCalls", "failedToolCalls", "turns", "seconds",
                   "usage": {"promptTokens", "completionTokens"},
                   "limits"?, "used"?, "exceeded"? (a run that sets budgets)}
@@ -29,6 +39,13 @@ Budgets bound the run and all its descendants (:mod:`luftpause.runtime.budgets`)
 (prompt + completion tokens), ``budgetToolCalls``, ``budgetSeconds`` (wall time since the run
 started); on excess the subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
 A cancelled run reports state ``cancelled`` and the reason as its ``error``.
+
+``await`` and ``run`` send MCP progress notifications every few seconds while they wait (to a
+client that sent a ``progressToken``), so clients that reset their timeout on progress keep
+waiting. A run that waits for approval (:mod:`luftpause.runtime.approvals`) is asked about inside
+``await`` / ``run`` when the client declared form elicitation; otherwise the wait ends early with
+the run ``AwaitingApproval`` so the client can answer with ``approve``. ``decide`` is described in
+:mod:`luftpause.runtime.decide`.
 
 A listing of runs shows each task summarized (its first 200 characters and ``…``; ``taskChars`` is
 the whole length), so it stays small however long the tasks; ``status`` for one handle shows it whole.
@@ -48,9 +65,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import InputRequiredResult
 from pydantic import Field
 
 from luftpause import __version__
+from luftpause.runtime.approvals import request_state, wait_asking
+from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
 from luftpause.runtime.runs import Run, new_handle
 
@@ -102,8 +122,11 @@ INSTRUCTIONS = """\
 luftpause runs sub-agents for you. `spawn` starts one on a task and returns a handle at once; \
 the sub-agent works through its own LLM turns and tool calls while you continue. `await` waits for \
 handles (all or any, up to `timeout` seconds) and returns each run's state and, when done, its \
-answer. `status` shows one run or all of yours; `cancel` stops a run and its descendants. \
-`spawn(parent=...)` builds a tree; budgets (tokens, tool calls, seconds) bound a whole subtree. \
+answer; `run` spawns and waits in one call. `status` shows one run or all of yours; `cancel` stops \
+a run and its descendants. `spawn(parent=...)` builds a tree; budgets (tokens, tool calls, \
+seconds) bound a whole subtree. A destructive tool call waits for your approval: you are asked \
+inside `await`/`run` if your client supports elicitation, or answer with `approve`. `decide` \
+classifies an input, with or without your own labels. \
 Runs survive your disconnecting and a restart of the runtime: await a handle from a new session \
 and you still get its answer."""
 
@@ -128,99 +151,183 @@ def generative_models(runtime: Runtime) -> list[str]:
     return list(dict.fromkeys(m for r in replicas if r.kind == "generative" for m in r.models))
 
 
+Task = Annotated[str, Field(min_length=1, description="what the sub-agent should do")]
+Model = Annotated[str | None, Field(description="model name; default: the runtime's")]
+System = Annotated[str | None, Field(description="system prompt")]
+MaxToolCalls = Annotated[int, Field(ge=0, le=MAX_TOOL_CALLS, description="tool budget of the run")]
+ToolNames = Annotated[list[str] | None, Field(description="tool names it may use")]
+MaxTokens = Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_TURN, description="reply length per turn, tokens")]
+Parent = Annotated[str | None, Field(description="handle of the parent run")]
+ParallelToolCalls = Annotated[bool, Field(description="several tool calls per reply, run concurrently")]
+BudgetTokens = Annotated[
+    int | None, Field(ge=1, le=MAX_BUDGET_TOKENS, description="tokens for the whole subtree")
+]
+BudgetToolCalls = Annotated[
+    int | None, Field(ge=1, le=MAX_BUDGET_TOOL_CALLS, description="tool calls for the whole subtree")
+]
+BudgetSeconds = Annotated[
+    float | None,
+    Field(gt=0, le=MAX_BUDGET_SECONDS, allow_inf_nan=False, description="seconds for the whole subtree"),
+]
+ApproveTools = Annotated[
+    list[str] | None, Field(description="tool names whose every call waits for your approval")
+]
+Timeout = Annotated[
+    # NaN would compare false with every bound and end the wait at once: refused instead.
+    float, Field(allow_inf_nan=False, description="seconds to wait, at most 600")
+]
+
+SPAWN_DESCRIPTION = (
+    "Start a sub-agent on `task` and return its handle at once. It runs its own loop of LLM "
+    "turns and tool calls on the runtime's MCP tools until it answers; collect the answer "
+    "with `await`. `serviceClass` is 'interactive' (someone waits) or 'batch'. `tools` "
+    "limits which tools it may use (names; default all). `maxToolCalls` is its tool "
+    "budget; `maxTokens` the reply length per turn (0 = the engine's default). `task` and "
+    "`system` may each be up to 1 MiB (UTF-8). `parent` makes it a child of that run "
+    "(cancelling the parent cancels it). `budgetTokens`, `budgetToolCalls` and "
+    "`budgetSeconds` bound this run and all its descendants; when one runs out the "
+    "subtree is cancelled. Calls of the tools in `approveTools`, and of tools their server "
+    "marks destructive, wait for your approval."
+)
+
+
+def start_run(
+    runtime: Runtime,
+    ctx: Context,
+    *,
+    task: str,
+    model: str | None,
+    serviceClass: Literal["interactive", "batch"],
+    system: str | None,
+    maxToolCalls: int,
+    tools: list[str] | None,
+    maxTokens: int,
+    parent: str | None,
+    parallelToolCalls: bool = False,
+    budgetTokens: int | None,
+    budgetToolCalls: int | None,
+    budgetSeconds: float | None,
+    approveTools: list[str] | None,
+) -> Run:
+    """Check ``spawn``'s arguments (raising :class:`ToolError` with what is wrong), record the run
+    and start its loop; the running run."""
+    check_text_size("task", task)
+    check_text_size("system", system)
+    if parent is not None:
+        try:
+            parent_run = runtime.registry.get(parent)
+        except RuntimeFault as exc:
+            raise ToolError(f"parent: {exc}") from None
+        if parent_run.state == "cancelled":
+            raise ToolError(f"parent run {parent!r} is cancelled; its subtree takes no new runs")
+    chosen_model = model or runtime.config.default_model
+    served = generative_models(runtime)
+    if chosen_model not in served:
+        # Refused here, at once: the dataplane would refuse every turn of it with a 404 anyway.
+        raise ToolError(str(UnknownModel(chosen_model, served)))
+    named = set(tools or ()) | set(approveTools or ())
+    if named:
+        known = runtime.upstream.known_tool_names()
+        unknown = sorted(named - known) if known is not None else []
+        if unknown:
+            listed = ", ".join(map(repr, unknown))
+            raise ToolError(f"unknown tool(s) {listed}; known: {', '.join(sorted(known or ()))}")
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": task})
+    run = runtime.registry.add(
+        Run(
+            handle=new_handle(),
+            task=task,
+            model=chosen_model,
+            service_class=serviceClass,
+            caller=caller_of(ctx),
+            max_tool_calls=maxToolCalls,
+            max_tokens=maxTokens,
+            parallel_tool_calls=parallelToolCalls,
+            allowed_tools=frozenset(tools) if tools is not None else None,
+            messages=messages,
+            system=system or None,
+            parent=parent,
+            budget_tokens=budgetTokens,
+            budget_tool_calls=budgetToolCalls,
+            budget_seconds=budgetSeconds,
+            approve_tools=frozenset(approveTools or ()),
+        )
+    )
+    runtime.registry.start(run, runtime.loop.drive(run))
+    return run
+
+
+async def wait_for(
+    runtime: Runtime,
+    ctx: Context,
+    runs: list[Run],
+    mode: Literal["all", "any"],
+    timeout: float,  # noqa: ASYNC109 (the tool's argument, capped and handed to the wait)
+    state: dict[str, Any] | None = None,
+) -> dict[str, Any] | InputRequiredResult:
+    """What ``await`` answers for ``runs``: ``{"runs": [run result], "timedOut"}`` after waiting
+    at most ``timeout`` seconds (capped at 600) with progress notifications and approval
+    questions (:func:`luftpause.runtime.approvals.wait_asking`), or the ``InputRequiredResult``
+    that asks a 2026-07-28 client for approvals (its ``requestState`` carries ``state``)."""
+    if not math.isfinite(timeout):  # the schema refuses it already; never wait on NaN
+        raise ToolError(f"timeout must be a finite number of seconds, got {timeout!r}")
+    wait_seconds = min(max(timeout, 0.0), MAX_AWAIT_SECONDS)
+
+    async def progress(elapsed: float, finished: int) -> None:
+        await ctx.report_progress(round(elapsed, 1), wait_seconds, f"{finished} of {len(runs)} runs finished")
+
+    outcome = await wait_asking(
+        runtime.approvals, ctx, runs, mode, wait_seconds, on_progress=progress, state=state
+    )
+    if isinstance(outcome, InputRequiredResult):
+        return outcome
+    return {"runs": [runtime.registry.result(run) for run in runs], "timedOut": outcome}
+
+
 def build_mcp_server(runtime: Runtime) -> MCPServer:
     """The ``MCPServer`` with the runtime's tools, bound to ``runtime`` (its registry, loop and
     configuration)."""
-    mcp: MCPServer = MCPServer("luftpause", instructions=INSTRUCTIONS, version=__version__)
-
-    @mcp.tool(
-        name="spawn",
-        description=(
-            "Start a sub-agent on `task` and return its handle at once. It runs its own loop of LLM "
-            "turns and tool calls on the runtime's MCP tools until it answers; collect the answer "
-            "with `await`. `serviceClass` is 'interactive' (someone waits) or 'batch'. `tools` "
-            "limits which tools it may use (names; default all). `maxToolCalls` is its tool "
-            "budget; `maxTokens` the reply length per turn (0 = the engine's default). `task` and "
-            "`system` may each be up to 1 MiB (UTF-8). `parent` makes it a child of that run "
-            "(cancelling the parent cancels it). `budgetTokens`, `budgetToolCalls` and "
-            "`budgetSeconds` bound this run and all its descendants; when one runs out the "
-            "subtree is cancelled."
-        ),
+    mcp: MCPServer = MCPServer(
+        "luftpause", instructions=INSTRUCTIONS, version=__version__, extensions=runtime.mcp_extensions()
     )
+
+    @mcp.tool(name="spawn", description=SPAWN_DESCRIPTION)
     async def spawn(
-        task: Annotated[str, Field(min_length=1, description="what the sub-agent should do")],
+        task: Task,
         ctx: Context,
-        model: Annotated[str | None, Field(description="model name; default: the runtime's")] = None,
+        model: Model = None,
         serviceClass: Literal["interactive", "batch"] = "interactive",
-        system: Annotated[str | None, Field(description="system prompt")] = None,
-        maxToolCalls: Annotated[
-            int, Field(ge=0, le=MAX_TOOL_CALLS, description="tool budget of the run")
-        ] = 8,
-        tools: Annotated[list[str] | None, Field(description="tool names it may use")] = None,
-        maxTokens: Annotated[
-            int, Field(ge=0, le=MAX_TOKENS_PER_TURN, description="reply length per turn, tokens")
-        ] = 256,
-        parallelToolCalls: Annotated[
-            bool, Field(description="several tool calls per reply, run concurrently")
-        ] = False,
-        parent: Annotated[str | None, Field(description="handle of the parent run")] = None,
-        budgetTokens: Annotated[
-            int | None, Field(ge=1, le=MAX_BUDGET_TOKENS, description="tokens for the whole subtree")
-        ] = None,
-        budgetToolCalls: Annotated[
-            int | None, Field(ge=1, le=MAX_BUDGET_TOOL_CALLS, description="tool calls for the whole subtree")
-        ] = None,
-        budgetSeconds: Annotated[
-            float | None,
-            Field(
-                gt=0, le=MAX_BUDGET_SECONDS, allow_inf_nan=False, description="seconds for the whole subtree"
-            ),
-        ] = None,
+        system: System = None,
+        maxToolCalls: MaxToolCalls = 8,
+        tools: ToolNames = None,
+        maxTokens: MaxTokens = 256,
+        parent: Parent = None,
+        parallelToolCalls: ParallelToolCalls = False,
+        budgetTokens: BudgetTokens = None,
+        budgetToolCalls: BudgetToolCalls = None,
+        budgetSeconds: BudgetSeconds = None,
+        approveTools: ApproveTools = None,
     ) -> dict[str, Any]:
-        check_text_size("task", task)
-        check_text_size("system", system)
-        if parent is not None:
-            try:
-                parent_run = runtime.registry.get(parent)
-            except RuntimeFault as exc:
-                raise ToolError(f"parent: {exc}") from None
-            if parent_run.state == "cancelled":
-                raise ToolError(f"parent run {parent!r} is cancelled; its subtree takes no new runs")
-        chosen_model = model or runtime.config.default_model
-        served = generative_models(runtime)
-        if chosen_model not in served:
-            # Refused here, at once: the dataplane would refuse every turn of it with a 404 anyway.
-            raise ToolError(str(UnknownModel(chosen_model, served)))
-        if tools is not None:
-            known = runtime.upstream.known_tool_names()
-            unknown = sorted(set(tools) - known) if known is not None else []
-            if unknown:
-                named = ", ".join(map(repr, unknown))
-                raise ToolError(f"unknown tool(s) {named}; known: {', '.join(sorted(known or ()))}")
-        messages: list[dict[str, Any]] = []
-        if system:
-            messages.append({"role": "system", "content": system})
-        messages.append({"role": "user", "content": task})
-        run = runtime.registry.add(
-            Run(
-                handle=new_handle(),
-                task=task,
-                model=chosen_model,
-                service_class=serviceClass,
-                caller=caller_of(ctx),
-                max_tool_calls=maxToolCalls,
-                max_tokens=maxTokens,
-                parallel_tool_calls=parallelToolCalls,
-                allowed_tools=frozenset(tools) if tools is not None else None,
-                messages=messages,
-                system=system or None,
-                parent=parent,
-                budget_tokens=budgetTokens,
-                budget_tool_calls=budgetToolCalls,
-                budget_seconds=budgetSeconds,
-            )
+        run = start_run(
+            runtime,
+            ctx,
+            task=task,
+            model=model,
+            serviceClass=serviceClass,
+            system=system,
+            maxToolCalls=maxToolCalls,
+            tools=tools,
+            maxTokens=maxTokens,
+            parent=parent,
+            budgetTokens=budgetTokens,
+            budgetToolCalls=budgetToolCalls,
+            budgetSeconds=budgetSeconds,
+            parallelToolCalls=parallelToolCalls,
+            approveTools=approveTools,
         )
-        runtime.registry.start(run, runtime.loop.drive(run))
         return {"handle": run.handle, "state": run.state}
 
     @mcp.tool(
@@ -229,33 +336,75 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             "Wait for runs started with `spawn`: until all of `handles` are done (mode 'all') or any "
             "one is (mode 'any'), or `timeout` seconds pass (default 60, at most 600). Returns each "
             "run's state and, when done, its answer or error, with its tool-call and token counts; "
-            "`timedOut` tells whether the wait ended by timeout. Await again to keep waiting."
+            "`timedOut` tells whether the wait ended by timeout. Await again to keep waiting. A run "
+            "whose tool call waits for your approval is asked about here if your client supports "
+            "elicitation; otherwise the wait ends with it 'AwaitingApproval' (answer with `approve`)."
         ),
     )
     async def await_(
         handles: Annotated[list[str], Field(min_length=1, description="run handles from spawn")],
         ctx: Context,
         mode: Literal["all", "any"] = "all",
-        timeout: Annotated[  # noqa: ASYNC109 (the wire name; the wait is bounded by it below)
-            # NaN would compare false with every bound and end the wait at once: refused instead.
-            float, Field(allow_inf_nan=False, description="seconds to wait, at most 600")
-        ] = DEFAULT_AWAIT_SECONDS,
-    ) -> dict[str, Any]:
+        timeout: Timeout = DEFAULT_AWAIT_SECONDS,  # noqa: ASYNC109 (the wire name; bounded below)
+    ) -> dict[str, Any] | InputRequiredResult:
         try:
             runs = runtime.registry.lookup(handles)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
-        if not math.isfinite(timeout):  # the schema refuses it already; never wait on NaN
+        return await wait_for(runtime, ctx, runs, mode, timeout)
+
+    @mcp.tool(
+        name="run",
+        description=(
+            "`spawn` and `await` in one call: start a sub-agent on `task` (same arguments as "
+            "`spawn`) and wait up to `timeout` seconds (default 60, at most 600) for it; returns "
+            "what `await` returns for it. If it is still running then, `await` its handle."
+        ),
+    )
+    async def run_(
+        task: Task,
+        ctx: Context,
+        model: Model = None,
+        serviceClass: Literal["interactive", "batch"] = "interactive",
+        system: System = None,
+        maxToolCalls: MaxToolCalls = 8,
+        tools: ToolNames = None,
+        maxTokens: MaxTokens = 256,
+        parent: Parent = None,
+        parallelToolCalls: ParallelToolCalls = False,
+        budgetTokens: BudgetTokens = None,
+        budgetToolCalls: BudgetToolCalls = None,
+        budgetSeconds: BudgetSeconds = None,
+        approveTools: ApproveTools = None,
+        timeout: Timeout = DEFAULT_AWAIT_SECONDS,  # noqa: ASYNC109 (the wire name; bounded below)
+    ) -> dict[str, Any] | InputRequiredResult:
+        if not math.isfinite(timeout):
             raise ToolError(f"timeout must be a finite number of seconds, got {timeout!r}")
-        wait_seconds = min(max(timeout, 0.0), MAX_AWAIT_SECONDS)
-
-        async def progress(elapsed: float, finished: int) -> None:
-            await ctx.report_progress(
-                round(elapsed, 1), wait_seconds, f"{finished} of {len(runs)} runs finished"
+        handle = request_state(ctx).get("run")
+        if isinstance(handle, str):  # a 2026-07-28 retry with approval answers: the run exists already
+            try:
+                run = runtime.registry.get(handle)
+            except RuntimeFault as exc:
+                raise ToolError(str(exc)) from None
+        else:
+            run = start_run(
+                runtime,
+                ctx,
+                task=task,
+                model=model,
+                serviceClass=serviceClass,
+                system=system,
+                maxToolCalls=maxToolCalls,
+                tools=tools,
+                maxTokens=maxTokens,
+                parent=parent,
+                budgetTokens=budgetTokens,
+                budgetToolCalls=budgetToolCalls,
+                budgetSeconds=budgetSeconds,
+                parallelToolCalls=parallelToolCalls,
+                approveTools=approveTools,
             )
-
-        timed_out = await runtime.registry.wait(runs, mode, wait_seconds, on_progress=progress)
-        return {"runs": [runtime.registry.result(run) for run in runs], "timedOut": timed_out}
+        return await wait_for(runtime, ctx, [run], "all", timeout, state={"run": run.handle})
 
     @mcp.tool(
         name="status",
@@ -289,23 +438,60 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         return {"handle": handle, "cancelled": [run.handle for run in stopped]}
 
     @mcp.tool(
-        name="tools",
+        name="approve",
         description=(
-            "The tools a sub-agent may use, by upstream MCP server: each tool's name, description, "
-            "input schema and annotations (readOnlyHint, destructiveHint, ...), and whether its "
-            "server is reachable now. With `handle`, only the tools that run may use."
+            "Answer the tool call the run `handle` waits on (state 'AwaitingApproval', shown with "
+            "`pendingApproval`): `allow` true lets it go, false refuses it (the sub-agent is told "
+            "you declined). Returns the call it answered."
         ),
     )
-    async def tools_(
-        handle: Annotated[str | None, Field(description="a run's handle; default: any run")] = None,
+    async def approve(handle: str, allow: bool) -> dict[str, Any]:
+        try:
+            approval = runtime.approvals.answer(handle, allow)
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+        return {"handle": handle, "tool": approval.tool, "arguments": approval.arguments, "allow": allow}
+
+    @mcp.tool(
+        name="decide",
+        description=(
+            "Classify `input` quickly. Without `labels`: the single-pass classifier model (its own "
+            "labels). With 2-20 `labels`: one one-token turn of a generative model, scored by its "
+            "first-token probabilities: returns the `label`, `probabilities` (over the labels "
+            "that were scored) and `unscored` labels. Single-word labels score best."
+        ),
+    )
+    async def decide(
+        input: Annotated[str, Field(min_length=1, description="the text to classify")],
+        ctx: Context,
+        labels: Annotated[
+            list[Annotated[str, Field(min_length=1)]] | None,
+            Field(min_length=MIN_LABELS, max_length=MAX_LABELS, description="2-20 distinct labels"),
+        ] = None,
+        model: Annotated[str | None, Field(description="model name; default: the first that fits")] = None,
     ) -> dict[str, Any]:
-        # {"servers": UpstreamPool.catalog()}; its shape is documented there.
-        allowed: frozenset[str] | None = None
-        if handle is not None:
-            try:
-                allowed = runtime.registry.get(handle).allowed_tools
-            except RuntimeFault as exc:
-                raise ToolError(str(exc)) from None
-        return {"servers": runtime.upstream.catalog(allowed)}
+        check_text_size("input", input)
+        replicas = runtime.config.replicas
+        caller = caller_of(ctx)
+        try:
+            if labels is None:
+                kinds = (r.models for r in replicas if r.kind == "single_pass")
+                single_pass = list(dict.fromkeys(m for models in kinds for m in models))
+                chosen = model or (single_pass[0] if single_pass else None)
+                if chosen is None or chosen not in single_pass:
+                    raise ToolError(
+                        f"no single-pass replica serves {chosen!r}; single-pass models: "
+                        f"{', '.join(single_pass) or 'none configured'} (or give labels)"
+                    )
+                return await runtime.decider.single_pass(input, chosen, caller)
+            if len(set(labels)) != len(labels):
+                raise ToolError("labels must be distinct")
+            chosen = model or runtime.config.default_model
+            served = generative_models(runtime)
+            if chosen not in served:
+                raise ToolError(str(UnknownModel(chosen, served)))
+            return await runtime.decider.by_labels(input, labels, chosen, caller)
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
 
     return mcp

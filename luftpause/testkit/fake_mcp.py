@@ -3,6 +3,10 @@
 * ``lookup(query)``: answers after 10-50 ms with a paragraph about the query;
 * ``deep_search(query, depth=2)``: answers after 100-300 ms with ``depth`` paragraphs.
 
+With ``--destructive`` it also serves ``delete_note(title)``, marked ``destructiveHint: true``
+(answers after :data:`DELETE_NOTE_DELAY_S`), so a runtime's approval of destructive calls can be
+tested; it is off by default so that the read-only tools are all a sub-agent is ever offered.
+
 ``GET /testkit/calls`` answers ``{"<tool> <query>": calls started}``, so a test can count how
 often each call was made. Both tools are marked ``readOnlyHint: true`` (MCP tool annotations), so
 a runtime never asks for approval before calling them. Built with the official SDK (``mcp`` 2.3,
@@ -35,6 +39,8 @@ TOOL_NAMES = ("lookup", "deep_search")
 # Seconds a tool takes: a quick lookup and a slower search.
 LOOKUP_DELAY_S = (0.010, 0.050)
 DEEP_SEARCH_DELAY_S = (0.100, 0.300)
+# Slow on purpose: a test can kill a runtime while an approved call is still in flight.
+DELETE_NOTE_DELAY_S = 1.0
 
 # Seconds uvicorn waits for open connections (MCP's long-lived GET streams) at shutdown.
 SHUTDOWN_GRACE_S = 1
@@ -55,9 +61,9 @@ def _paragraph(rng: random.Random, query: str, sentences: int) -> str:
     return " ".join(rng.choice(_SENTENCES).format(q=query) for _ in range(sentences))
 
 
-def build_server(seed: int | None = 0) -> MCPServer:
-    """The fake tool server: ``lookup`` and ``deep_search``; ``seed`` fixes delays and text
-    (``None``: fresh randomness)."""
+def build_server(seed: int | None = 0, destructive: bool = False) -> MCPServer:
+    """The fake tool server: ``lookup`` and ``deep_search`` (and ``delete_note`` with
+    ``destructive``); ``seed`` fixes delays and text (``None``: fresh randomness)."""
     rng = random.Random(seed)
     server = MCPServer(
         "luftpause-fake-mcp",
@@ -102,6 +108,19 @@ def build_server(seed: int | None = 0) -> MCPServer:
         annotations=read_only,
         structured_output=False,
     )
+    if destructive:
+
+        async def delete_note(title: Annotated[str, Field(description="Title of the note.")]) -> str:
+            calls[f"delete_note {title}"] += 1
+            await anyio.sleep(DELETE_NOTE_DELAY_S)
+            return f"Deleted the note {title!r}."
+
+        server.add_tool(
+            delete_note,
+            description="Delete a note for good.",
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True),
+            structured_output=False,
+        )
     return server
 
 
@@ -112,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="fixes the tools' delays and text (default: %(default)s)"
     )
+    parser.add_argument(
+        "--destructive", action="store_true", help="also serve delete_note, marked destructiveHint: true"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"luftpause fake-mcp: cannot listen on {args.host}:{args.port}: {exc}", flush=True)
         return 2
-    return asyncio.run(_serve(build_server(args.seed), args.host, sock))
+    return asyncio.run(_serve(build_server(args.seed, args.destructive), args.host, sock))
 
 
 def _bind(host: str, port: int) -> socket.socket:
