@@ -55,6 +55,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise SystemExit(2) from None
 
 
+def process_title() -> str:
+    """``luftpause <command> [args...]``: the name a server passes to granian's ``process_name``.
+
+    granian retitles its processes when ``setproctitle`` is installed (as some engines' tooling
+    does); without a name of ours, ``ps`` would show ``granian rsgi ...`` and lose the command
+    and its ``--config``, which operators (and ``luftpause up``'s tests) look for.
+    """
+    return " ".join(["luftpause", *sys.argv[1:]])
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luftpause", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"luftpause {__version__}")

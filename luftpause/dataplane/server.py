@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from luftpause.cli import add_config_argument, config_from_args
+from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import CONFIG_ENV, split_host_port
 from luftpause.ports import refuse_if_in_use
 
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         workers=1,
         factory=True,
         log_access=False,
+        process_name=process_title(),
     )
     print(
         f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "
