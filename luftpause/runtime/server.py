@@ -52,7 +52,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from luftpause.cli import add_config_argument, config_from_args
+from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.approvals import Approvals
@@ -297,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         loop=Loops.uvloop,
         workers=1,
         log_level=LogLevels.warning,
+        process_name=process_title(),
     )
     server.serve(target_loader=partial(create_app, config), wrap_loader=False)
     return 0
