@@ -73,7 +73,7 @@ def build_server(seed: int | None = 0, destructive: bool = False) -> MCPServer:
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
     calls: Counter[str] = Counter()
 
-    @server.custom_route("/testkit/calls", methods=["GET"])
+    @server.custom_route("/testkit/calls", methods=["GET"])  # type: ignore[untyped-decorator]  # SDK: unannotated
     async def count(request: Request) -> JSONResponse:
         return JSONResponse(dict(calls))
 
