@@ -494,4 +494,24 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
 
+    @mcp.tool(
+        name="tools",
+        description=(
+            "The tools a sub-agent may use, by upstream MCP server: each tool's name, description, "
+            "input schema and annotations (readOnlyHint, destructiveHint, ...), and whether its "
+            "server is reachable now. With `handle`, only the tools that run may use."
+        ),
+    )
+    async def tools_(
+        handle: Annotated[str | None, Field(description="a run's handle; default: any run")] = None,
+    ) -> dict[str, Any]:
+        # {"servers": UpstreamPool.catalog()}; its shape is documented there.
+        allowed: frozenset[str] | None = None
+        if handle is not None:
+            try:
+                allowed = runtime.registry.get(handle).allowed_tools
+            except RuntimeFault as exc:
+                raise ToolError(str(exc)) from None
+        return {"servers": runtime.upstream.catalog(allowed)}
+
     return mcp
