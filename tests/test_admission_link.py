@@ -46,41 +46,48 @@ class FakeScheduler(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self.reading.set()
         self.admit_hook: AdmitHook | None = None
         self.abort_on_admit: grpc.StatusCode | None = None
+        self.batches: list[int] = []  # items per message read, in order
 
     async def Connect(self, requests: Any, context: Any) -> None:
         write = asyncio.Lock()  # one write at a time on a stream
         answering: set[asyncio.Task[None]] = set()
 
-        async def send(message: pb.SchedulerMessage) -> None:
+        async def send(item: pb.SchedulerItem) -> None:
             async with write:
-                await context.write(message)
+                await context.write(pb.SchedulerMessage(items=[item]))
 
         async def answer(request: pb.AdmitRequest) -> None:
             hook = self.admit_hook
             reply = await hook(request) if hook is not None else placed(request.turn_id)
-            await send(pb.SchedulerMessage(admitted=reply))
+            await send(pb.SchedulerItem(admitted=reply))
 
         try:
             first = await context.read()
-            assert first.WhichOneof("message") == "resync"
+            self.batches.append(len(first.items))
+            assert first.items[0].WhichOneof("item") == "resync"
             await asyncio.sleep(self.resync_delay)
-            self.resyncs.append(first.resync)
-            await send(pb.SchedulerMessage(resynced=pb.ResyncReply()))
+            self.resyncs.append(first.items[0].resync)
+            await send(pb.SchedulerItem(resynced=pb.ResyncReply()))
+            items = list(first.items[1:])
             while True:
-                await self.reading.wait()
-                message = await context.read()
-                if message is grpc.aio.EOF:
-                    return
-                kind = message.WhichOneof("message")
+                if not items:
+                    await self.reading.wait()
+                    message = await context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    self.batches.append(len(message.items))
+                    items = list(message.items)
+                item = items.pop(0)
+                kind = item.WhichOneof("item")
                 if kind == "event":
-                    self.events.append((message.event.turn_id, message.event.kind))
+                    self.events.append((item.event.turn_id, item.event.kind))
                 elif kind == "cancel":
-                    self.cancels.append(message.cancel.turn_id)
+                    self.cancels.append(item.cancel.turn_id)
                 elif kind == "admit":
-                    self.admits.append(message.admit.turn_id)
+                    self.admits.append(item.admit.turn_id)
                     if self.abort_on_admit is not None:
                         await context.abort(self.abort_on_admit, "bug in the scheduler")
-                    task = asyncio.create_task(answer(message.admit))
+                    task = asyncio.create_task(answer(item.admit))
                     answering.add(task)
                     task.add_done_callback(answering.discard)
         finally:
@@ -134,6 +141,26 @@ def test_events_reported_once_connected_reach_the_scheduler_in_order() -> None:
             link.report(_event(f"t{i}"))
         await _until(lambda: len(fake.events) == 5, "all events delivered")
         assert [t for t, _ in fake.events] == [f"t{i}" for i in range(5)]
+
+    run(scenario)
+
+
+def test_what_one_loop_iteration_queues_goes_out_as_one_message_in_order() -> None:
+    async def scenario(fake: FakeScheduler, link: SchedulerLink) -> None:
+        await _until(lambda: link.connected, "connected")
+        assert fake.batches == [1]  # the resync, alone
+        admit = asyncio.ensure_future(link.admit(_admit("a1")))
+        await asyncio.sleep(0)  # the admit task queues its item
+        for i in range(3):
+            link.report(_event(f"t{i}"))
+        await _until(lambda: len(fake.events) == 3, "all events delivered")
+        assert fake.batches == [1, 4]
+        assert fake.admits == ["a1"]
+        assert [t for t, _ in fake.events] == ["t0", "t1", "t2"]
+        assert (await asyncio.wait_for(admit, 10)).placed.replica == "a"
+        link.report(_event("alone"))
+        await _until(lambda: len(fake.events) == 4, "a lone event delivered")
+        assert fake.batches == [1, 4, 1]
 
     run(scenario)
 

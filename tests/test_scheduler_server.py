@@ -116,6 +116,11 @@ def two_replicas(tmp_path: Path) -> Iterator[Scheduler]:
         scheduler.process.stop()
 
 
+def one(**item: Any) -> pb.DataplaneMessage:
+    """A ``DataplaneMessage`` of one item (``resync=``, ``admit=``, ``cancel=`` or ``event=``)."""
+    return pb.DataplaneMessage(items=[pb.DataplaneItem(**item)])
+
+
 class Stream:
     """One ``Connect`` stream as a dataplane holds it: answers are collected by turn id, in order.
 
@@ -136,7 +141,7 @@ class Stream:
         self.call = self.stub.Connect()
         self.acked = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read())
-        await self.call.write(pb.DataplaneMessage(resync=self.resync))
+        await self.call.write(one(resync=self.resync))
         await asyncio.wait_for(asyncio.shield(self.acked), WAIT_S)
         return self
 
@@ -149,11 +154,12 @@ class Stream:
     async def _read(self) -> None:
         assert self.acked is not None
         async for message in self.call:
-            if message.WhichOneof("message") == "resynced":
-                self.acked.set_result(message.resynced)
-            else:
-                self.order.append(message.admitted.turn_id)
-                self._future(message.admitted.turn_id).set_result(message.admitted)
+            for item in message.items:
+                if item.WhichOneof("item") == "resynced":
+                    self.acked.set_result(item.resynced)
+                else:
+                    self.order.append(item.admitted.turn_id)
+                    self._future(item.admitted.turn_id).set_result(item.admitted)
 
     def _future(self, turn_id: str) -> asyncio.Future[pb.AdmitReply]:
         if turn_id not in self.answers:
@@ -163,7 +169,7 @@ class Stream:
     async def send_admit(self, request: pb.AdmitRequest) -> None:
         self.answers.pop(request.turn_id, None)  # an admit sent again waits for a new answer
         self._future(request.turn_id)
-        await self.call.write(pb.DataplaneMessage(admit=request))
+        await self.call.write(one(admit=request))
 
     async def answer(self, turn_id: str) -> pb.AdmitReply:
         return await asyncio.wait_for(asyncio.shield(self._future(turn_id)), WAIT_S)
@@ -173,11 +179,11 @@ class Stream:
         return await self.answer(request.turn_id)
 
     async def cancel(self, turn_id: str) -> None:
-        await self.call.write(pb.DataplaneMessage(cancel=pb.CancelAdmit(turn_id=turn_id)))
+        await self.call.write(one(cancel=pb.CancelAdmit(turn_id=turn_id)))
 
     async def event(self, turn_id: str, run_id: str, kind: int, **fields: Any) -> None:
         event = pb.TurnEvent(turn_id=turn_id, run_id=run_id, kind=kind, **fields)  # type: ignore[arg-type]
-        await self.call.write(pb.DataplaneMessage(event=event))
+        await self.call.write(one(event=event))
 
 
 Scenario = Callable[[pb_grpc.SchedulerStub, "StatusReader"], Awaitable[None]]
@@ -404,7 +410,7 @@ def test_resync_is_counted_against_capacity_and_keeps_affinity(two_replicas: Sch
 def test_a_stream_that_does_not_open_with_its_resync_is_refused(two_replicas: Scheduler) -> None:
     async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
         call = stub.Connect()
-        await call.write(pb.DataplaneMessage(admit=admit("t1", "r1")))
+        await call.write(one(admit=admit("t1", "r1")))
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             async for _ in call:
                 raise AssertionError("nothing is answered before the resync")

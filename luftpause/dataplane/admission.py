@@ -14,6 +14,11 @@ contract"):
   listed as pending in each resync, so a placement whose answer was lost with the old stream is
   kept by the scheduler (and answered again) rather than released as gone.
 
+Everything queued on a stream is written by one writer task, and whatever is queued when it gets
+to write (while its last write was out, or during the loop iteration that woke it) goes out as one
+``DataplaneMessage``: at 16 streams that is several admissions and events per gRPC message, and a
+lone admission still goes out at once (never a timer). Answers come batched the same way.
+
 Turn events queued, or sent on a stream that then broke, are not replayed after a reconnect: the
 resync that opens every stream already carries their effect (the run table is updated in the same
 step as each event is queued). Between streams events are dropped for that reason, and at most
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -36,6 +41,9 @@ from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
 log = logging.getLogger("luftpause.dataplane")
+
+if TYPE_CHECKING:
+    _Call = grpc.aio.StreamStreamCall[pb.DataplaneMessage, pb.SchedulerMessage]
 
 RETRY_S = 1.0
 PRUNE_EVERY_S = 60.0
@@ -51,8 +59,44 @@ _TRANSIENT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
 
-_Outbox = asyncio.Queue[pb.DataplaneMessage | None]
-"""What waits to be written on one stream, in order; None ends the stream after what precedes it."""
+
+class _Outbox:
+    """What waits to be written on one stream, in order, taken all at once by its writer.
+
+    ``events`` counts the turn events in it (what ``MAX_QUEUED_EVENTS`` bounds); :meth:`end` ends
+    the stream after what is queued.
+    """
+
+    __slots__ = ("_wake", "ending", "events", "items")
+
+    def __init__(self) -> None:
+        self.items: list[pb.DataplaneItem] = []
+        self.events = 0
+        self.ending = False
+        self._wake: asyncio.Future[None] | None = None  # set while the writer waits for items
+
+    def put(self, item: pb.DataplaneItem) -> None:
+        self.items.append(item)
+        self._set()
+
+    def end(self) -> None:
+        self.ending = True
+        self._set()
+
+    def _set(self) -> None:
+        wake, self._wake = self._wake, None
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def take(self) -> list[pb.DataplaneItem] | None:
+        """Everything queued (waiting until something is), or None once ended and drained."""
+        while not self.items:
+            if self.ending:
+                return None
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+        items, self.items, self.events = self.items, [], 0
+        return items
 
 
 class SchedulerLink:
@@ -72,11 +116,11 @@ class SchedulerLink:
         self._admits: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
         """Turn id -> its admit and the future its client awaits, from the admit until that returns."""
         self._outbox: _Outbox | None = None  # the current stream's; None between streams
-        self._queued_events = 0  # turn events in the current outbox
         self._overflowed = False
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._prune_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # start()'s; taken once, not per turn
 
     @property
     def connected(self) -> bool:
@@ -96,6 +140,7 @@ class SchedulerLink:
             ],
         )
         self._stub = pb_grpc.SchedulerStub(self._channel)
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._connect_forever(), name="luftpause-connect")
         self._prune_task = asyncio.create_task(self._prune_forever(), name="luftpause-prune")
 
@@ -121,17 +166,17 @@ class SchedulerLink:
         the turn being abandoned. Raises ``grpc.aio.AioRpcError`` when the stream ends on a
         non-transient failure, and ``ValueError`` when an admit of the same turn id is already out.
         """
-        assert self._stub is not None, "start() first"
+        assert self._stub is not None and self._loop is not None, "start() first"
         turn_id = request.turn_id
         if turn_id in self._admits:
             raise ValueError(f"an admit of turn {turn_id!r} is already out")
-        future: asyncio.Future[pb.AdmitReply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[pb.AdmitReply] = self._loop.create_future()
         self._admits[turn_id] = (request, future)
-        self._send(pb.DataplaneMessage(admit=request))
+        self._send(pb.DataplaneItem(admit=request))
         try:
             return await future
         except asyncio.CancelledError:
-            self._send(pb.DataplaneMessage(cancel=pb.CancelAdmit(turn_id=turn_id)))
+            self._send(pb.DataplaneItem(cancel=pb.CancelAdmit(turn_id=turn_id)))
             raise
         finally:
             del self._admits[turn_id]
@@ -141,30 +186,32 @@ class SchedulerLink:
 
         Between streams events are dropped: the next resync carries their effect.
         """
-        if self._outbox is None or self._overflowed:
+        outbox = self._outbox
+        if outbox is None or self._overflowed:
             return
-        if self._queued_events >= MAX_QUEUED_EVENTS:
-            # Stop queueing; what is queued still goes out, then the stream ends (the None) and
-            # the next stream's resync carries what was dropped.
+        if outbox.events >= MAX_QUEUED_EVENTS:
+            # Stop queueing; what is queued still goes out, then the stream ends and the next
+            # stream's resync carries what was dropped.
             log.error("%d turn events wait for the scheduler; reconnecting to resync", MAX_QUEUED_EVENTS)
             self._overflowed = True
-            self._outbox.put_nowait(None)
+            outbox.end()
             return
-        self._queued_events += 1
-        self._outbox.put_nowait(pb.DataplaneMessage(event=event))
+        outbox.events += 1
+        outbox.put(pb.DataplaneItem(event=event))
 
-    def _send(self, message: pb.DataplaneMessage) -> None:
+    def _send(self, item: pb.DataplaneItem) -> None:
         """Queue an admit or cancel on the current stream; between streams (or once the stream is
         ending) it waits for the next: admits are re-sent with its resync, and a cancel is then
         implied (the old stream's end abandoned the turn, and the next resync does not list it)."""
         if self._outbox is not None and not self._overflowed:
-            self._outbox.put_nowait(message)
+            self._outbox.put(item)
 
-    async def _write(self, outbox: _Outbox) -> AsyncIterator[pb.DataplaneMessage]:
-        while (message := await outbox.get()) is not None:
-            if message.WhichOneof("message") == "event":
-                self._queued_events -= 1
-            yield message
+    @staticmethod
+    async def _write(outbox: _Outbox, call: _Call) -> None:
+        """The stream's one writer: each batch of queued items as one message, then half-close."""
+        while (items := await outbox.take()) is not None:
+            await call.write(pb.DataplaneMessage(items=items))
+        await call.done_writing()
 
     async def _connect_forever(self) -> None:
         while True:
@@ -188,32 +235,37 @@ class SchedulerLink:
         assert self._stub is not None and self._channel is not None
         await self._channel.channel_ready()
         # From the snapshot on, every event is queued: snapshot + queue is the whole truth.
-        outbox: _Outbox = asyncio.Queue()
+        outbox = _Outbox()
         resync = self.runs.resync_request(self.dataplane_id, self._admits)
-        outbox.put_nowait(pb.DataplaneMessage(resync=resync))
+        outbox.put(pb.DataplaneItem(resync=resync))
         for request, future in self._admits.values():
             if not future.done():
-                outbox.put_nowait(pb.DataplaneMessage(admit=request))
-        self._outbox, self._queued_events, self._overflowed = outbox, 0, False
-        call = self._stub.Connect(self._write(outbox))
+                outbox.put(pb.DataplaneItem(admit=request))
+        self._outbox, self._overflowed = outbox, False
+        call: _Call = self._stub.Connect()
+        writer = asyncio.create_task(self._write(outbox, call), name="luftpause-connect-writer")
         try:
             async with asyncio.timeout(RESYNC_TIMEOUT_S) as resync_deadline:
-                async for message in call:
-                    kind = message.WhichOneof("message")
-                    if kind == "admitted":
-                        self._answer(message.admitted)
-                    elif kind == "resynced":
-                        resync_deadline.reschedule(None)
-                        self._synced.set()
-                        log.info(
-                            "connected to scheduler %s (resynced %d runs, %d in-flight turns)",
-                            self.target,
-                            len(resync.runs),
-                            len(resync.turns),
-                        )
-                    # None: a kind from a newer scheduler (a lease, say), which this dataplane ignores
+                while isinstance(message := await call.read(), pb.SchedulerMessage):  # else EOF
+                    for item in message.items:
+                        kind = item.WhichOneof("item")
+                        if kind == "admitted":
+                            self._answer(item.admitted)
+                        elif kind == "resynced":
+                            resync_deadline.reschedule(None)
+                            self._synced.set()
+                            log.info(
+                                "connected to scheduler %s (resynced %d runs, %d in-flight turns)",
+                                self.target,
+                                len(resync.runs),
+                                len(resync.turns),
+                            )
+                        # None: a kind from a newer scheduler (a lease, say), which this dataplane ignores
         finally:
             call.cancel()
+            writer.cancel()
+            # its failure is the stream's, which the read above has raised or will on the next one
+            await asyncio.gather(writer, return_exceptions=True)
         if not self._overflowed:
             log.warning("scheduler %s ended the stream", self.target)
 

@@ -31,7 +31,6 @@ import hmac
 import logging
 import os
 import socket
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -52,7 +51,7 @@ from luftpause.dataplane.errors import (
 )
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn
+from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn, new_id
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
@@ -130,6 +129,7 @@ class Dataplane:
         self._session: aiohttp.ClientSession | None = None
         self._relay: Relay | None = None
         self._held = 0  # turns whose Admit is out
+        self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, taken once in startup()
         self.metrics = DataplaneMetrics(
             in_flight=lambda: 0 if self._relay is None else self._relay.in_flight(),
             held=lambda: self._held,
@@ -144,12 +144,13 @@ class Dataplane:
         loop.run_until_complete(self.shutdown())
 
     async def startup(self) -> None:
+        self._loop = asyncio.get_running_loop()
         # No total timeout: a stream lasts as long as the engine generates.
         timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)  # engines close idle at 5 s
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         self._relay = Relay(self._session, self.link, self.runs, self.metrics, self.tool_calls)
-        self._prune_task = asyncio.get_running_loop().create_task(self._prune_tool_calls())
+        self._prune_task = self._loop.create_task(self._prune_tool_calls())
         await self.link.start()
 
     async def _prune_tool_calls(self) -> None:
@@ -265,11 +266,12 @@ class Dataplane:
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
         service_class = _service_class(scope)
-        now = asyncio.get_running_loop().time()
+        assert self._loop is not None
+        now = self._loop.time()
         run_id = _header(scope, RUN_ID_HEADER)
         if not run_id:
             # No header (or an empty one): the run that emitted a tool call answered here, else new.
-            run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now) or f"run-{uuid.uuid4().hex}"
+            run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now) or f"run-{new_id()}"
         elif not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
         return Turn(
@@ -310,7 +312,7 @@ class Dataplane:
             body=body,
             traceparent=_header(scope, "traceparent"),
             single_pass=True,
-            arrived=asyncio.get_running_loop().time(),
+            arrived=self._loop.time() if self._loop is not None else 0.0,
         )
 
     async def _chat_completions(self, scope: Scope, proto: HTTPProtocol) -> None:
@@ -322,27 +324,43 @@ class Dataplane:
     async def _run_turn(self, turn: Turn, proto: HTTPProtocol) -> None:
         """Admit ``turn``, forward it and relay its answer, racing the client leaving."""
         # Race the whole turn against the client leaving: a held turn must leave the queue at once
-        # and a streaming one must close its engine request at once (starlette's pattern).
-        work = asyncio.ensure_future(self._admit_and_forward(turn, proto))
-        gone = asyncio.ensure_future(proto.client_disconnect())
+        # and a streaming one must close its engine request at once. granian's disconnect future
+        # takes a done callback (called on the loop's thread), which cancels this very task: no
+        # second task per turn and no asyncio.wait.
+        task = asyncio.current_task(self._loop)
+        assert task is not None
+        # granian 2's awaitable is future-like (add_done_callback, remove_done_callback, cancel), though
+        # typed as a coroutine; anything else is wrapped in a task.
+        disconnect: Any = proto.client_disconnect()
+        gone: asyncio.Future[None] = (
+            disconnect if hasattr(disconnect, "add_done_callback") else asyncio.ensure_future(disconnect)
+        )
+        running = True
+
+        def left(_: object) -> None:
+            if running:
+                task.cancel()
+
+        gone.add_done_callback(left)
         try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not work.done():
-                work.cancel()  # Admit cancelled -> TurnAbandoned; engine request closed -> failed
-                try:
-                    await work
-                except asyncio.CancelledError:
-                    pass
-            gone.cancel()
-        if not work.cancelled() and work.exception() is not None:
-            exc = work.exception()
-            if not isinstance(exc, DataplaneError):
-                # A fault of ours: answered 500 as any other, still naming the turn's run.
-                log.error("turn %s failed", turn.turn_id, exc_info=exc)
-                exc = DataplaneError(f"internal error: {type(exc).__name__}")
+            await self._admit_and_forward(turn, proto)
+        except asyncio.CancelledError:
+            if not (gone.done() and not gone.cancelled()):
+                raise  # cancelled from outside (the worker stopping), not by the client leaving
+            task.uncancel()  # the client left: nobody to answer, nothing more to do
+        except DataplaneError as exc:
             exc.run_id = turn.run_id or None
-            raise exc
+            raise
+        except Exception as exc:
+            # A fault of ours: answered 500 as any other, still naming the turn's run.
+            log.error("turn %s failed", turn.turn_id, exc_info=exc)
+            error = DataplaneError(f"internal error: {type(exc).__name__}")
+            error.run_id = turn.run_id or None
+            raise error from None
+        finally:
+            running = False
+            gone.remove_done_callback(left)
+            gone.cancel()
 
     async def _admit_and_forward(self, turn: Turn, proto: HTTPProtocol) -> None:
         assert self._relay is not None
@@ -355,7 +373,8 @@ class Dataplane:
             dataplane_id=self.link.dataplane_id,
             single_pass=turn.single_pass,
         )
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None
         admit_sent = loop.time()
         self._held += 1
         try:

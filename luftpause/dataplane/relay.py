@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import logging
-import uuid
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,12 +80,26 @@ def relayable_headers(
     ]
 
 
+_ID_PREFIX = secrets.token_hex(8)
+"""64 random bits per process: ids made here never meet another process's (dataplanes, restarts)."""
+_ID_COUNTER = itertools.count()
+
+
+def new_id() -> str:
+    """A fresh id, unique across processes: this process's random prefix and a counter (hex).
+
+    Cheaper than ``uuid4()``, which reads the kernel's random source on every call.
+    """
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
+
+
 @dataclass(slots=True)
 class Turn:
     """One request as admitted: ids, class and caller, the raw body.
 
     ``run_id`` is ``""`` for a single-pass turn (``POST /v1/decide``), which belongs to no run.
-    ``arrived`` is the ``loop.time()`` (seconds) at which the request's body had been read.
+    ``arrived`` is the ``loop.time()`` (seconds) at which the request's body had been read;
+    ``first_token_at`` the ``loop.time()`` of its first token, once it came.
     """
 
     turn_id: str
@@ -96,10 +111,12 @@ class Turn:
     traceparent: str | None
     single_pass: bool = False
     arrived: float = 0.0
+    first_token_at: float | None = None
 
     @staticmethod
     def new_id() -> str:
-        return uuid.uuid4().hex
+        """A fresh turn id (:func:`new_id`)."""
+        return new_id()
 
 
 class Relay:
@@ -108,6 +125,10 @@ class Relay:
     Every turn given to :meth:`forward` is reported ended exactly once (finished or failed); a turn
     given up before it reached an engine is reported with :meth:`abandoned`. The tool-call ids a
     finished turn emitted (streamed or not) are remembered in ``tool_calls`` under its run.
+
+    Events reported per turn: none at the start (the placement answer is the start, see the proto)
+    and none at the first token (its time rides on the end event as ``first_token_ago_s``), so a
+    turn that ends costs one event. Build it inside the running loop.
     """
 
     def __init__(
@@ -125,6 +146,7 @@ class Relay:
         self.tool_calls = tool_calls
         # Single-pass turns sent to an engine and not ended: they never enter the run table.
         self.single_pass_in_flight: set[str] = set()
+        self._loop = asyncio.get_running_loop()  # once: each call costs a getpid() in CPython 3.11
 
     def in_flight(self) -> int:
         """Turns sent to an engine that have not ended yet (generative and single-pass)."""
@@ -137,16 +159,22 @@ class Relay:
                 return False
             self.single_pass_in_flight.discard(turn.turn_id)
             return True
-        return self.runs.ended(turn.turn_id, tool_calls, asyncio.get_running_loop().time())
+        return self.runs.ended(turn.turn_id, tool_calls, self._loop.time())
 
     def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
         event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields)  # type: ignore[arg-type]
         self.link.report(event)
 
+    def _ended_event(self, turn: Turn, kind: int, **fields: Any) -> None:
+        """FINISHED or FAILED, carrying how long ago the first token came when one did."""
+        if turn.first_token_at is not None:
+            fields["first_token_ago_s"] = max(self._loop.time() - turn.first_token_at, 0.0)
+        self._event(turn, kind, **fields)
+
     def failed(self, turn: Turn, error: str) -> None:
         """The turn ended without a completion: free its slot, leave the run idle (once per turn)."""
         if self._end(turn, False):
-            self._event(turn, pb.TurnEvent.FAILED, error=error[:500])
+            self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500])
             self.metrics.turn_ended("failed", turn.service_class)
 
     def abandoned(self, turn: Turn) -> None:
@@ -154,8 +182,9 @@ class Relay:
         self._event(turn, pb.TurnEvent.ABANDONED)
 
     def _first_token(self, turn: Turn) -> None:
-        self._event(turn, pb.TurnEvent.FIRST_TOKEN)
-        self.metrics.first_token(turn.service_class, asyncio.get_running_loop().time() - turn.arrived)
+        # Not reported now: the scheduler only records it, so it rides on the end event.
+        now = turn.first_token_at = self._loop.time()
+        self.metrics.first_token(turn.service_class, now - turn.arrived)
 
     def _finished(
         self,
@@ -170,8 +199,8 @@ class Relay:
             return
         if tool_call_ids and turn.run_id:
             # The run's next turn may come back without its header but with these ids.
-            self.tool_calls.remember(turn.run_id, tool_call_ids, asyncio.get_running_loop().time())
-        self._event(
+            self.tool_calls.remember(turn.run_id, tool_call_ids, self._loop.time())
+        self._ended_event(
             turn,
             pb.TurnEvent.FINISHED,
             finish_reason=finish_reason,
@@ -196,9 +225,9 @@ class Relay:
                 InFlight(
                     turn.turn_id, turn.run_id, replica.name, turn.model, turn.service_class, turn.caller
                 ),
-                asyncio.get_running_loop().time(),
+                self._loop.time(),
             )
-        self._event(turn, pb.TurnEvent.STARTED)
+        # No STARTED: the scheduler took its placement answer as the start.
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         key = replica.api_key()
         if key:

@@ -1,20 +1,26 @@
 """The ``luftpause.v1.Scheduler`` gRPC service (``proto/luftpause/v1/scheduler.proto``).
 
-One ``Connect`` stream per dataplane. Each message it carries becomes a core event (stamped with
-the host's monotonic clock) and each answer comes from the core's actions:
+One ``Connect`` stream per dataplane. Each message is a batch of items, applied in order; each item
+becomes a core event (stamped with the host's monotonic clock) and each answer comes from the core's
+actions. Answers queued while the stream's writer was busy, or in one loop iteration, go out as one
+``SchedulerMessage`` (never held back for a timer):
 
-* the first message, ``resync`` -> ``Resynced``; answered ``resynced{runs, turns}`` before anything
+* the first item, ``resync`` -> ``Resynced``; answered ``resynced{runs, turns}`` before anything
   else on the stream is read. A stream that opens with anything else is refused
   (``FAILED_PRECONDITION``).
 * ``admit`` -> ``TurnArrived``; answered ``admitted{turn_id, placed{replica} | refused{reason,
   http_status}}`` whenever the core decides, so many admissions are outstanding at once and their
-  answers come in decision order. An admit the core fails on is refused with 503 rather than
+  answers come in decision order. A placement answered is also the turn's ``TurnStarted``: the
+  dataplane sends the engine request as soon as it reads it (or reports the turn ABANDONED), so
+  it sends no STARTED. An admit the core fails on is refused with 503 rather than
   ending the stream (and with it every other admission).
 * ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
   queue, a placement that crossed the cancel frees its slot).
 * ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
-  ``AbandonReported`` (ABANDONED) / ``RunEnded``. An ABANDONED turn whose admit still waits here is
-  answered ``refused{"turn was abandoned by its dataplane", 499}``.
+  ``AbandonReported`` (ABANDONED) / ``RunEnded``. A FINISHED or FAILED with ``first_token_ago_s``
+  is preceded by the ``FirstToken`` it dates (the dataplane sends no live FIRST_TOKEN). An
+  ABANDONED turn whose admit still waits here is answered ``refused{"turn was abandoned by its
+  dataplane", 499}``.
 
 When a stream ends (the dataplane closed it, or it broke, or the scheduler is stopping) the
 admissions still waiting on it are abandoned, and when it was the last open stream of its dataplane,
@@ -107,14 +113,17 @@ def resynced(request: pb.ResyncRequest, at: float) -> Resynced:
     )
 
 
+_FINISHED = pb.TurnEvent.FINISHED
+_FAILED = pb.TurnEvent.FAILED
+
+
 def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
-    """A ``TurnEvent`` as the core's event at ``at``; None for a kind this scheduler does not know."""
+    """A ``TurnEvent`` as the core's event at ``at``; None for a kind this scheduler does not know.
+
+    The ``FirstToken`` a FINISHED or FAILED carries is :func:`first_token`'s.
+    """
     kind = message.kind
-    if kind == pb.TurnEvent.STARTED:
-        return TurnStarted(message.turn_id, at)
-    if kind == pb.TurnEvent.FIRST_TOKEN:
-        return FirstToken(message.turn_id, at)
-    if kind == pb.TurnEvent.FINISHED:
+    if kind == _FINISHED:
         return TurnFinished(
             message.turn_id,
             at,
@@ -123,8 +132,12 @@ def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
             message.prompt_tokens,
             message.completion_tokens,
         )
-    if kind == pb.TurnEvent.FAILED:
+    if kind == _FAILED:
         return TurnFailed(message.turn_id, at, message.error)
+    if kind == pb.TurnEvent.STARTED:
+        return TurnStarted(message.turn_id, at)
+    if kind == pb.TurnEvent.FIRST_TOKEN:
+        return FirstToken(message.turn_id, at)
     if kind == pb.TurnEvent.ABANDONED:
         return AbandonReported(message.turn_id, at)
     if kind == pb.TurnEvent.RUN_ENDED:
@@ -132,8 +145,15 @@ def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
     return None  # KIND_UNSPECIFIED or a kind from a newer dataplane: nothing to apply
 
 
-def admitted(outcome: Outcome) -> pb.SchedulerMessage:
-    """The stream message answering an admission with the core's ``Place`` or ``Reject``."""
+def first_token(message: pb.TurnEvent, at: float) -> FirstToken | None:
+    """The ``FirstToken`` a FINISHED or FAILED event at ``at`` carries (``first_token_ago_s``), if any."""
+    if message.HasField("first_token_ago_s"):
+        return FirstToken(message.turn_id, at - max(message.first_token_ago_s, 0.0))
+    return None
+
+
+def admitted(outcome: Outcome) -> pb.SchedulerItem:
+    """The stream item answering an admission with the core's ``Place`` or ``Reject``."""
     if isinstance(outcome, Place):
         reply = pb.AdmitReply(turn_id=outcome.turn_id, placed=pb.Placement(replica=outcome.replica))
     else:
@@ -141,26 +161,40 @@ def admitted(outcome: Outcome) -> pb.SchedulerMessage:
             turn_id=outcome.turn_id,
             refused=pb.Refusal(reason=outcome.reason, http_status=outcome.http_status),
         )
-    return pb.SchedulerMessage(admitted=reply)
+    return pb.SchedulerItem(admitted=reply)
 
 
 class _Stream:
-    """One dataplane's ``Connect`` stream: its outgoing messages and its admissions still waiting."""
+    """One dataplane's ``Connect`` stream: its outgoing items and its admissions still waiting.
+
+    ``outbox`` is unbounded by count, bounded in fact: one answer per admission the dataplane sent.
+    Its writer takes all of it at once (``wake`` is set while the writer waits for items).
+    """
 
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
-        # Unbounded by count, bounded in fact: one answer per admission the dataplane sent.
-        self.outbox: asyncio.Queue[pb.SchedulerMessage] = asyncio.Queue()
+        self.outbox: list[pb.SchedulerItem] = []
+        self.wake: asyncio.Future[None] | None = None
         self.waiting: dict[str, Answer] = {}
+
+    def put(self, item: pb.SchedulerItem) -> None:
+        self.outbox.append(item)
+        wake, self.wake = self.wake, None
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def admit(self, request: pb.AdmitRequest) -> None:
         turn_id = request.turn_id
         if turn_id in self.waiting:
             return  # sent twice on one stream: the first admission's answer serves both
+        host = self.host
 
         def answer(outcome: Outcome) -> None:
             self.waiting.pop(turn_id, None)
-            self.outbox.put_nowait(admitted(outcome))
+            self.put(admitted(outcome))
+            if type(outcome) is Place:
+                # The dataplane sends the request as soon as it reads this: the turn has started.
+                host.feed(TurnStarted(turn_id, host.now()))
 
         self.waiting[turn_id] = answer
         arrived = TurnArrived(
@@ -185,7 +219,7 @@ class _Stream:
                     turn_id=turn_id,
                     refused=pb.Refusal(reason=f"scheduler failed: {type(exc).__name__}", http_status=503),
                 )
-                self.outbox.put_nowait(pb.SchedulerMessage(admitted=reply))
+                self.put(pb.SchedulerItem(admitted=reply))
 
     def cancel(self, turn_id: str) -> None:
         # Answered already (the placement crossed the cancel on the wire): undone all the same.
@@ -215,24 +249,29 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
 
     async def Connect(self, requests: Any, context: _Context) -> None:
         stream = _Stream(self.host)
-        writer = asyncio.create_task(self._write(stream.outbox, context), name="luftpause-connect-writer")
+        writer = asyncio.create_task(self._write(stream, context), name="luftpause-connect-writer")
         dataplane_id: str | None = None
         try:
             first = await _read(context)
             if first is None:
                 return
-            if first.WhichOneof("message") != "resync":
-                refusal = "the first message of a Connect stream must be its resync"
+            if not first.items or first.items[0].WhichOneof("item") != "resync":
+                refusal = "the first item of a Connect stream must be its resync"
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
-            dataplane_id = first.resync.dataplane_id
-            for action in self.host.feed(resynced(first.resync, self.host.now())):
+            resync = first.items[0].resync
+            dataplane_id = resync.dataplane_id
+            for action in self.host.feed(resynced(resync, self.host.now())):
                 if isinstance(action, AckResync):
-                    stream.outbox.put_nowait(
-                        pb.SchedulerMessage(resynced=pb.ResyncReply(runs=action.runs, turns=action.turns))
+                    stream.put(
+                        pb.SchedulerItem(resynced=pb.ResyncReply(runs=action.runs, turns=action.turns))
                     )
             self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
+            apply = self._apply
+            for item in first.items[1:]:
+                apply(item, stream)
             while (message := await _read(context)) is not None:
-                self._apply(message, stream)
+                for item in message.items:
+                    apply(item, stream)
         finally:
             # closed, broken (an error from the read) or cancelled (the peer is gone): all the same
             writer.cancel()
@@ -241,18 +280,25 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 self._stream_ended(dataplane_id)
             await asyncio.gather(writer, return_exceptions=True)
 
-    def _apply(self, message: pb.DataplaneMessage, stream: _Stream) -> None:
-        kind = message.WhichOneof("message")
-        if kind == "admit":
-            stream.admit(message.admit)
-        elif kind == "event":
-            event = turn_event(message.event, self.host.now())
-            if event is not None:
-                self.host.feed(event)
+    def _apply(self, item: pb.DataplaneItem, stream: _Stream) -> None:
+        kind = item.WhichOneof("item")
+        if kind == "event":
+            message = item.event
+            at = self.host.now()
+            event = turn_event(message, at)
+            if event is None:
+                return
+            if type(event) is TurnFinished or type(event) is TurnFailed:
+                dated = first_token(message, at)
+                if dated is not None:
+                    self.host.feed(dated)
+            self.host.feed(event)
+        elif kind == "admit":
+            stream.admit(item.admit)
         elif kind == "cancel":
-            stream.cancel(message.cancel.turn_id)
+            stream.cancel(item.cancel.turn_id)
         elif kind == "resync":
-            log.warning("a second resync on one stream of %s is ignored", message.resync.dataplane_id)
+            log.warning("a second resync on one stream of %s is ignored", item.resync.dataplane_id)
         # None: a kind from a newer dataplane (a lease, say), which this scheduler does not offer
 
     def _stream_ended(self, dataplane_id: str) -> None:
@@ -266,6 +312,13 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             self.host.feed(DataplaneLost(dataplane_id, self.host.now()))
 
     @staticmethod
-    async def _write(outbox: asyncio.Queue[pb.SchedulerMessage], context: _Context) -> None:
+    async def _write(stream: _Stream, context: _Context) -> None:
+        """The stream's one writer: whatever is queued when it gets to write goes out as one message."""
+        loop = asyncio.get_running_loop()
         while True:
-            await context.write(await outbox.get())
+            if not stream.outbox:
+                stream.wake = loop.create_future()
+                await stream.wake
+                continue
+            items, stream.outbox = stream.outbox, []
+            await context.write(pb.SchedulerMessage(items=items))

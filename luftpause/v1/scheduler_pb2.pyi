@@ -28,6 +28,12 @@ GENERATING: RunPhase
 TOOL_PAUSED: RunPhase
 
 class DataplaneMessage(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DataplaneItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[DataplaneItem, _Mapping]]] = ...) -> None: ...
+
+class DataplaneItem(_message.Message):
     __slots__ = ("resync", "admit", "cancel", "event")
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +46,12 @@ class DataplaneMessage(_message.Message):
     def __init__(self, resync: _Optional[_Union[ResyncRequest, _Mapping]] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelAdmit, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[SchedulerItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[SchedulerItem, _Mapping]]] = ...) -> None: ...
+
+class SchedulerItem(_message.Message):
     __slots__ = ("resynced", "admitted")
     RESYNCED_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -96,7 +108,7 @@ class CancelAdmit(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ...) -> None: ...
 
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error")
+    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[TurnEvent.Kind]
@@ -121,6 +133,7 @@ class TurnEvent(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_AGO_S_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     kind: TurnEvent.Kind
@@ -129,7 +142,8 @@ class TurnEvent(_message.Message):
     prompt_tokens: int
     completion_tokens: int
     error: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    first_token_ago_s: float
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ...) -> None: ...
 
 class RunRecord(_message.Message):
     __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller")
