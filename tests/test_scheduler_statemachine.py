@@ -1,32 +1,49 @@
 """Random sequences of events through ``decide``, checked after every step (Hypothesis).
 
-The machine drives arrivals from two dataplanes (known and unknown models, a small pool of runs so
-that runs come back and even overlap), finishes with and without tool calls, failures, abandons of
-held and placed turns (Admit cancelled, and reported ABANDONED by the dataplane, also for turn ids
-never seen), Admits for turns reported abandoned, run ends, empty resyncs of one dataplane (its
-placed turns are gone), dataplanes lost (their Report stream ended; their held Admits cancelled)
-and returning (a new stream, or the resync), probes that flip replicas' health and report engine
-load, and clock ticks that jump far enough for expiry. Beside the core it keeps its own record of
-each run's phase and last replica, of replicas' health, of the abandoned turn ids and of the lost
-dataplanes, built only from the events it sent and the actions it got back, and checks the core
-against it:
+The machine drives generative and single-pass arrivals from two dataplanes (known and unknown
+models, a small pool of runs so that runs come back and even overlap; single-pass turns carry those
+run ids too), finishes with and without tool calls, failures, abandons of held and placed turns
+(Admit cancelled, and reported ABANDONED by the dataplane, also for turn ids never seen), Admits for
+turns reported abandoned, run ends, empty resyncs of one dataplane (its placed turns are gone),
+resyncs listing every placed turn (and adopting a single-pass turn never seen), dataplanes lost
+(their Report stream ended; their held Admits cancelled) and returning (a new stream, or the
+resync), probes that flip replicas' health and report engine load, clock ticks that jump far enough
+for expiry, and a flood from one caller. Beside the core it keeps its own record of each run's phase
+and last replica, of replicas' health and engine load, of the abandoned turn ids, of the lost
+dataplanes and of which turns are single-pass, built only from the events it sent and the actions
+it got back, and checks the core against it (after every step, by an ``@invariant``, unless said
+otherwise):
 
 * no replica ever has more placed turns than its configured capacity, nor, when a turn is placed
-  on it, more than its effective capacity (engine load: the running count once a queue forms);
+  on it, more than its effective capacity (engine load: the running count once a queue forms;
+  checked at each ``Place``);
+* no single-pass turn is ever on a generative replica, nor a generative turn on a single-pass one,
+  and each turn is placed only on a replica of its kind serving its model (checked at each
+  ``Place`` and after every step); each caller's in-flight counts, one per kind, match the turns;
+* a single-pass turn never changes run state: every field of every run (and the runs' order) is
+  the same after any event about a single-pass turn (its arrival, finish, failure, abandon, report
+  or adoption by a resync) as before it, no run ever lists one, and no run exists that no generative
+  turn brought;
 * every arrived turn is exactly one of held, placed, rejected or ended: never lost, never twice;
 * a turn of a run that is generating or tool-paused is placed only on the run's last replica
   while that replica is healthy (affinity never broken to a healthy replica);
 * a held turn never waits while a healthy replica it may use has room for its class (headroom:
-  one slot per interactive run tool-paused there is kept from batch turns);
-* no interactive turn is held while a batch turn is placed on a replica it could use;
+  one slot per interactive run tool-paused there is kept from batch turns), and no batch turn is
+  placed into a kept slot (checked at each ``Place`` of a batch turn);
+* no interactive turn is held while a batch turn is placed on a replica it could use (checked at
+  each ``Place`` of a batch turn, that being the moment it could happen);
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
   long as its tombstone lives (120 s, dropped by the next tick);
-* after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight.
+* after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight;
+* liveness (rule ``flood_does_not_starve_a_caller``): under continuous load from one caller, with a
+  backlog of its turns older than another caller's one held turn, that turn is placed within a
+  number of slot frees bounded by the work already in the pool, however long the backlog (arrival
+  order alone would make it wait for the whole backlog).
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -39,11 +56,13 @@ from luftpause.scheduler.core import (
     DataplaneReturned,
     Event,
     Forget,
+    InFlightRecord,
     Place,
     Reject,
     ReplicaProbed,
     Resynced,
     RunEnded,
+    ServiceClass,
     Tick,
     TurnAbandoned,
     TurnArrived,
@@ -52,7 +71,6 @@ from luftpause.scheduler.core import (
     decide,
     new_state,
 )
-from luftpause.scheduler.core.policies import engine_load
 
 CONFIG = """
 [[replicas]]
@@ -78,11 +96,20 @@ name = "s"
 url = "http://127.0.0.1:4"
 models = ["m1"]
 kind = "single_pass"
-max_inflight = 4
+max_inflight = 2
+
+[[replicas]]
+name = "s2"
+url = "http://127.0.0.1:5"
+models = ["m1", "cls"]
+kind = "single_pass"
+max_inflight = 1
 """
 
-MODELS = ["m1", "m2", "m3"]  # m3: no generative replica serves it
+MODELS = ["m1", "m2", "m3", "cls"]  # m3, cls: no generative replica serves them
 SERVING = {"m1": ("a", "b"), "m2": ("a", "c")}
+SINGLE_PASS_MODELS = ["m1", "cls", "m2"]  # m2: no single-pass replica serves it
+SINGLE_PASS_SERVING = {"m1": ("s", "s2"), "cls": ("s2",)}
 RUNS = [f"r{i}" for i in range(6)]
 DATAPLANES = ["dp", "dp2"]
 ABANDONED = Reject("", "turn was abandoned by its dataplane", 499)  # turn id filled in per use
@@ -116,14 +143,38 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.batch: set[str] = set()  # turns that arrived as batch
         self.lost: dict[str, float] = {}  # dataplane -> when its Report stream ended, until it returns
         self.last_tick: float | None = None
+        self.single: set[str] = set()  # single-pass turns
+        self.generative_runs: set[str] = set()  # runs that a generative turn (or a resync) brought
+        self.callers: dict[str, str] = {}  # turn -> caller
+        self.next_flood = 0
+        self.load: dict[str, tuple[int | None, int | None]] = {}  # replica -> last (running, waiting)
 
     # -- feeding --------------------------------------------------------------------------------------
+
+    def runs_in_full(self) -> list[tuple[object, ...]]:
+        """Every field of every run, in the order of ``state.runs``."""
+        return [
+            (r.run_id, r.phase, r.last_replica, r.service_class, r.caller, r.last_activity,
+             sorted(r.turns), r.latest_turn, r.reserved_on)
+            for r in self.state.runs.values()
+        ]  # fmt: skip
+
+    def about_single_pass(self, event: Event) -> bool:
+        """True for an event that concerns only a single-pass turn."""
+        if isinstance(event, TurnArrived):
+            return event.single_pass
+        if isinstance(event, TurnFinished | TurnFailed | TurnAbandoned | AbandonReported):
+            return event.turn_id in self.single
+        return False
 
     def feed(self, event: Event) -> list[Action]:
         # in placement order, the order expiry visits them
         placed_at = {turn_id: placed.placed_at for turn_id, placed in self.state.placed.items()}
         before = list(placed_at)
+        runs_before = self.runs_in_full() if self.about_single_pass(event) else None
         self.state, actions = decide(self.state, event)
+        if runs_before is not None:
+            assert self.runs_in_full() == runs_before, f"{event} changed run state"
         # turns that left the placed set on a tick expired: apply that to the shadow before the
         # placements the tick caused (a turn placed by the tick is not in ``before``); the tick
         # expires turns first, then releases those of dataplanes lost past the grace
@@ -139,30 +190,42 @@ class SchedulerMachine(RuleBasedStateMachine):
             for turn_id, reported_at in list(self.tombstones.items()):
                 if event.at - reported_at >= TOMBSTONE_S:
                     del self.tombstones[turn_id]
-        for action in actions:
+        for index, action in enumerate(actions):
             if isinstance(action, Place):
                 self.on_place(action)
                 replica = self.state.replicas[action.replica]
-                assert replica.inflight <= engine_load.capacity(replica), f"{replica.name} over capacity"
+                assert replica.inflight <= self.capacity(replica.name), f"{replica.name} over capacity"
                 if action.turn_id in self.batch:
                     self.no_interactive_waits_for(replica.name)
+                    if not isinstance(event, Resynced) and action.turn_id not in self.single:
+                        self.batch_took_no_kept_slot(action, actions[index + 1 :])
             elif isinstance(action, Reject) and action.http_status == 499:
                 assert action.turn_id in self.tombstones
                 assert action == Reject(action.turn_id, ABANDONED.reason, 499)
             elif isinstance(action, Reject):
                 assert action.http_status == 404
                 assert action.turn_id in self.turns
+                _, model = self.turns[action.turn_id]
+                kind = "SinglePass" if action.turn_id in self.single else "Generative"
+                assert action.reason == f"no {kind} replica serves model '{model}'"
                 self.rejected.add(action.turn_id)
             elif isinstance(action, Forget):
                 self.shadow.pop(action.run_id, None)
                 self.latest.pop(action.run_id, None)
-                self.orphans.update(t for t in before if self.turns[t][0] == action.run_id)
+                self.orphans.update(
+                    t for t in before if self.turns[t][0] == action.run_id and t not in self.single
+                )
         return actions
 
     def on_place(self, action: Place) -> None:
         turn_id = action.turn_id
         assert turn_id not in self.placed_on, f"{turn_id} placed twice"
         run_id, model = self.turns[turn_id]
+        if turn_id in self.single:
+            assert action.replica in SINGLE_PASS_SERVING[model], f"single-pass {model} on {action.replica}"
+            assert self.healthy[action.replica], f"{turn_id} placed on unhealthy {action.replica}"
+            self.placed_on[turn_id] = action.replica
+            return  # no run state
         assert action.replica in SERVING[model], f"{model} placed on {action.replica}"
         phase, last = self.shadow.get(run_id, ("idle", ""))
         assert self.healthy[action.replica], f"{turn_id} placed on unhealthy {action.replica}"
@@ -175,23 +238,45 @@ class SchedulerMachine(RuleBasedStateMachine):
     def usable(self, turn_id: str) -> tuple[str, ...]:
         """The replicas a held turn may use now: its run's healthy last replica, else any serving."""
         run_id, model = self.turns[turn_id]
+        if turn_id in self.single:
+            return tuple(name for name in SINGLE_PASS_SERVING[model] if self.healthy[name])
         phase, last = self.shadow.get(run_id, ("idle", ""))
         if phase != "idle" and last in SERVING[model] and self.healthy[last]:
             return (last,)
         return tuple(name for name in SERVING[model] if self.healthy[name])
 
+    def capacity(self, name: str) -> int:
+        """Effective capacity from the machine's own record of probes (engine-load rule)."""
+        cap = self.state.replicas[name].max_inflight
+        running, waiting = self.load.get(name, (None, None))
+        if running is None or waiting is None or waiting <= 0:
+            return cap
+        return min(cap, running)
+
+    def kept(self, name: str) -> int:
+        """Slots of ``name`` kept from batch turns: interactive runs tool-paused there."""
+        return sum(
+            1
+            for run in self.state.runs.values()
+            if run.phase == "tool_paused" and run.last_replica == name and run.service_class == "interactive"
+        )
+
     def room(self, name: str, batch: bool) -> bool:
         replica = self.state.replicas[name]
-        kept = 0
-        if batch:
-            kept = sum(
-                1
-                for run in self.state.runs.values()
-                if run.phase == "tool_paused"
-                and run.last_replica == name
-                and run.service_class == "interactive"
-            )
-        return replica.inflight < engine_load.capacity(replica) - kept
+        return replica.inflight < self.capacity(name) - (self.kept(name) if batch else 0)
+
+    def batch_took_no_kept_slot(self, action: Place, later: list[Action]) -> None:
+        """Headroom: placing a batch turn left its replica within its capacity less the kept slots.
+
+        Checked after the event, so from below: the replica had at least its final count less the
+        turns placed there after this one when this one was placed; and within one event slots are
+        kept (a run pauses) only before any turn is placed, so the final kept count is at most the
+        one in force then.
+        """
+        placed_after = sum(1 for a in later if isinstance(a, Place) and a.replica == action.replica)
+        least = self.state.replicas[action.replica].inflight - placed_after
+        limit = self.capacity(action.replica) - self.kept(action.replica)
+        assert least <= limit, f"batch {action.turn_id} took a slot kept on {action.replica}"
 
     def no_interactive_waits_for(self, name: str) -> None:
         for turn in self.state.held:
@@ -202,7 +287,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A placed turn ended; the run's phase follows only its latest placed turn."""
         run_id, _ = self.turns[turn_id]
         self.ended.add(turn_id)
-        if turn_id in self.orphans:
+        if turn_id in self.orphans or turn_id in self.single:
             return
         if run_id in self.shadow and self.latest.get(run_id) in (None, turn_id):
             self.shadow[run_id] = (phase, self.placed_on[turn_id])
@@ -220,21 +305,54 @@ class SchedulerMachine(RuleBasedStateMachine):
     def arrive(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
         if dataplane in self.lost:  # a dataplane sends Admits only with its stream open
             return  # (an assume() here would throw away every example where one was lost)
-        turn_id = f"t{self.next_turn}"
-        self.next_turn += 1
-        self.turns[turn_id] = (run, model)
-        self.dataplane[turn_id] = dataplane
-        self.arrived.add(turn_id)
-        if batch:
-            self.batch.add(turn_id)
         self.now += 0.5
-        actions = self.feed(
-            TurnArrived(turn_id, run, model, "batch" if batch else "interactive", caller, dataplane, self.now)
-        )
+        turn_id, actions = self.new_turn(run, model, batch, caller, dataplane)
         if model not in SERVING:
             assert [a for a in actions if a.turn_id == turn_id] == [  # type: ignore[union-attr]
                 Reject(turn_id, f"no Generative replica serves model '{model}'", 404)
             ]
+
+    @rule(
+        run=st.sampled_from(RUNS),
+        model=st.sampled_from(SINGLE_PASS_MODELS),
+        batch=st.booleans(),
+        caller=st.sampled_from(["", "x", "y"]),
+        dataplane=st.sampled_from(DATAPLANES),
+    )
+    def arrive_single_pass(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
+        """A ``/v1/decide`` turn; its run id is one of the generative runs', to tempt the core."""
+        if dataplane in self.lost:
+            return
+        self.now += 0.5
+        turn_id, actions = self.new_turn(run, model, batch, caller, dataplane, single_pass=True)
+        fate = (
+            "placed" if turn_id in self.state.placed else "held" if turn_id in self.state.held else "refused"
+        )
+        event(f"single-pass arrival: {fate}")
+        if model not in SINGLE_PASS_SERVING:
+            assert [a for a in actions if a.turn_id == turn_id] == [  # type: ignore[union-attr]
+                Reject(turn_id, f"no SinglePass replica serves model '{model}'", 404)
+            ]
+
+    def new_turn(
+        self, run: str, model: str, batch: bool, caller: str, dataplane: str, single_pass: bool = False
+    ) -> tuple[str, list[Action]]:
+        """Feed the arrival of a new turn at ``self.now``; its id and the actions."""
+        turn_id = f"t{self.next_turn}"
+        self.next_turn += 1
+        self.turns[turn_id] = (run, model)
+        self.dataplane[turn_id] = dataplane
+        self.callers[turn_id] = caller
+        self.arrived.add(turn_id)
+        if batch:
+            self.batch.add(turn_id)
+        if single_pass:
+            self.single.add(turn_id)
+        elif model in SERVING:
+            self.generative_runs.add(run)
+        cls: ServiceClass = "batch" if batch else "interactive"
+        arrival = TurnArrived(turn_id, run, model, cls, caller, dataplane, self.now, single_pass)
+        return turn_id, self.feed(arrival)
 
     @precondition(lambda self: bool(self.state.placed))
     @rule(pick=st.integers(0, 1000), tools=st.booleans())
@@ -362,7 +480,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.feed(Tick(self.now))
 
     @rule(
-        name=st.sampled_from(["a", "b", "c"]),
+        name=st.sampled_from(["a", "b", "c", "s", "s2"]),
         healthy=st.booleans(),
         running=st.none() | st.integers(0, 3),
         waiting=st.none() | st.integers(0, 2),
@@ -370,6 +488,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def probe(self, name: str, healthy: bool, running: int | None, waiting: int | None) -> None:
         self.now += 0.1
         self.healthy[name] = healthy
+        self.load[name] = (running, waiting)
         usage = None if running is None else 0.5
         self.feed(ReplicaProbed(name, self.now, healthy, running, waiting, usage, None))
 
@@ -377,6 +496,105 @@ class SchedulerMachine(RuleBasedStateMachine):
     def report_unknown_turn(self) -> None:
         self.now += 0.1
         assert self.feed(TurnFinished("never-seen", self.now, "stop", False, 0, 0)) == []
+
+    @precondition(lambda self: len(self.lost) < len(DATAPLANES))
+    @rule(
+        pick=st.integers(0, 1), adopt=st.sampled_from([None, "s", "s2"]), model=st.sampled_from(["m1", "cls"])
+    )
+    def resync_listing(self, pick: int, adopt: str | None, model: str) -> None:
+        """A connected dataplane resyncs listing every turn placed for it, where it is.
+
+        With ``adopt``, it also lists a single-pass turn the scheduler never saw (placed by the
+        scheduler before a restart) on that replica, when it has a free slot and serves ``model``:
+        it is adopted, counts there, and touches no run.
+        """
+        dataplane = [name for name in DATAPLANES if name not in self.lost][
+            pick % (len(DATAPLANES) - len(self.lost))
+        ]
+        mine = [placed for placed in self.state.placed.values() if placed.dataplane_id == dataplane]
+        records = [
+            InFlightRecord(p.turn_id, p.run_id, p.replica, p.model, p.service_class, p.caller) for p in mine
+        ]
+        adopted = None
+        if adopt is not None:
+            replica = self.state.replicas[adopt]
+            if replica.inflight < replica.max_inflight and model in replica.models:
+                adopted = f"x{self.next_turn}"
+                self.next_turn += 1
+                self.turns[adopted] = ("r0", model)
+                self.dataplane[adopted] = dataplane
+                self.callers[adopted] = "x"
+                self.arrived.add(adopted)
+                self.single.add(adopted)
+                self.placed_on[adopted] = adopt
+                records.append(InFlightRecord(adopted, "r0", adopt, model, "interactive", "x"))
+        self.now += 0.1
+        runs_before = self.runs_in_full()
+        actions = self.feed(Resynced(dataplane, self.now, (), tuple(records)))
+        assert actions == [AckResync(dataplane, 0, len(records))], "nothing held could use a slot"
+        # listing each turn where it is changes nothing; adopting a single-pass turn touches no run
+        assert self.runs_in_full() == runs_before
+        if adopted is not None:
+            assert self.state.placed[adopted].single_pass
+        event(f"resync listing: {'adopted a single-pass turn' if adopted else 'adopted nothing new'}")
+
+    @precondition(lambda self: len(self.state.held) <= 8 and "dp" not in self.lost)
+    @rule(batch=st.booleans())
+    def flood_does_not_starve_a_caller(self, batch: bool) -> None:
+        """Liveness: caller ``flood`` keeps the pool busy and a backlog of turns older than the one
+        held turn of caller ``lone``; ``lone``'s turn is placed within a bounded number of slot frees.
+
+        Each free is the oldest placed turn finishing, and each brings two more flood turns. Every
+        replica is probed healthy and unloaded first, and a batch flood needs two slots of ``m1``
+        that no paused interactive run keeps: on a single slot, the flood's backlog (older than
+        ``lone``) rightly comes first on equal in-flight counts (0 each, just after its turn ends).
+        The bound counts the work already there (placed and held turns, each placed and ended at most
+        once, and each end may hand one slot to the flood's older head on a tie) and the slots; the
+        backlog is longer than that, so with arrival order alone ``lone`` would wait longer.
+        """
+        for name in ("a", "b", "c", "s", "s2"):
+            self.probe(name, True, None, None)
+        slots = sum(
+            max(
+                0,
+                self.state.replicas[name].max_inflight
+                - (len(self.state.replicas[name].reserved_for) if batch else 0),
+            )
+            for name in SERVING["m1"]
+        )
+        if slots < 2:
+            event("flood: skipped, fewer than two batch slots")
+            return
+        capacity = sum(replica.max_inflight for replica in self.state.replicas.values())
+        bound = 3 * (len(self.state.placed) + len(self.state.held)) + capacity + 3
+        flood: list[str] = []
+
+        def more_flood() -> None:
+            self.now += 0.01
+            run = f"flood{self.next_flood}"
+            self.next_flood += 1
+            flood.append(self.new_turn(run, "m1", batch, "flood", "dp")[0])
+
+        for _ in range(bound + capacity + 5):
+            more_flood()
+        self.now += 0.01
+        lone, _ = self.new_turn(f"lone{self.next_flood}", "m1", batch, "lone", "dp")
+        frees = 0
+        while lone not in self.state.placed:
+            assert frees < bound, f"{lone} still held after {frees} slot frees under a flood"
+            oldest = next(iter(self.state.placed))
+            self.now += 0.01
+            self.end_placed(oldest, "idle")
+            self.feed(TurnFinished(oldest, self.now, "stop", False, 10, 5))
+            frees += 1
+            more_flood()
+            more_flood()
+        event(f"flood: lone placed after {min(frees, 3)}{'+' if frees >= 3 else ''} frees")
+        for turn_id in flood:  # the flood stops: its clients leave
+            if turn_id in self.state.held:
+                self.now += 0.001
+                self.ended.add(turn_id)
+                assert self.feed(TurnAbandoned(turn_id, self.now)) == []
 
     # -- invariants -----------------------------------------------------------------------------------
 
@@ -386,6 +604,33 @@ class SchedulerMachine(RuleBasedStateMachine):
             count = sum(1 for placed in self.state.placed.values() if placed.replica == replica.name)
             assert replica.inflight == count
             assert count <= replica.max_inflight, f"{replica.name}: {count} > {replica.max_inflight}"
+
+    @invariant()
+    def kinds_never_mix(self) -> None:
+        for turn_id, placed in self.state.placed.items():
+            kind = self.state.replicas[placed.replica].kind
+            single = turn_id in self.single
+            assert kind == ("single_pass" if single else "generative"), (
+                f"{turn_id} on {kind} {placed.replica}"
+            )
+            assert placed.single_pass == single
+        for turn in self.state.held:
+            assert turn.single_pass == (turn.turn_id in self.single)
+        for kind_single, counts in (
+            (False, self.state.caller_inflight),
+            (True, self.state.single_pass_inflight),
+        ):
+            expected: dict[str, int] = {}
+            for turn_id in self.state.placed:
+                if (turn_id in self.single) == kind_single:
+                    expected[self.callers[turn_id]] = expected.get(self.callers[turn_id], 0) + 1
+            assert counts == expected
+
+    @invariant()
+    def single_pass_turns_have_no_run_state(self) -> None:
+        for run in self.state.runs.values():
+            assert not (run.turns & self.single), f"{run.run_id} lists a single-pass turn"
+        assert set(self.state.runs) <= self.generative_runs, "a run that no generative turn brought"
 
     @invariant()
     def every_turn_has_exactly_one_fate(self) -> None:
@@ -444,7 +689,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=400,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
