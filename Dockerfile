@@ -1,14 +1,44 @@
-# One image for every luftpause process (and the test kit). Not built on the machine this was
-# written on (no Docker engine there); the compose issue validates and hardens it.
-FROM python:3.11-slim AS build
-RUN apt-get update && apt-get install -y --no-install-recommends gcc && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY . .
-RUN pip wheel --no-deps --wheel-dir /wheels .
+# One image for every luftpause process and the test kit: `docker run IMAGE scheduler|dataplane|
+# runtime|fake-engine|fake-mcp|up ...` (the ENTRYPOINT is the `luftpause` command).
+#
+# Stage "build" compiles the Cython hot path (setup.py: luftpause.dataplane._sse_c and
+# luftpause.dataplane._tool_calls_c) into a wheel, beside wheels of every dependency, so the runtime
+# stage needs no compiler. setup.py keeps a failed extension build quiet (the pure twins serve);
+# an image must not ship without them, so the runtime stage imports both and fails the build if
+# either is missing.
+ARG PYTHON_VERSION=3.11
 
-FROM python:3.11-slim
+FROM python:${PYTHON_VERSION}-slim AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Only what the wheel is built from: the layer cache survives edits to tests, docs and deploy/.
+COPY pyproject.toml setup.py README.md ./
+COPY _speedups/ _speedups/
+COPY luftpause/ luftpause/
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:${PYTHON_VERSION}-slim AS runtime
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-ENV LUFTPAUSE_CONFIG=/etc/luftpause/luftpause.toml
+RUN pip install --no-cache-dir --no-index --find-links /wheels luftpause \
+    && rm -rf /wheels \
+    && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane._tool_calls_c"
+# A fixed uid, so a volume's owner is the same on every host; no login shell, no home to write.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin luftpause \
+    && mkdir -p /var/lib/luftpause /etc/luftpause \
+    && chown luftpause /var/lib/luftpause
+# The default configuration is the compose stack's (service names as hosts); mount another file and
+# point LUFTPAUSE_CONFIG at it for any other deployment.
+COPY deploy/compose.toml /etc/luftpause/compose.toml
+ENV LUFTPAUSE_CONFIG=/etc/luftpause/compose.toml \
+    PYTHONUNBUFFERED=1
+# The runtime's journal (runs.jsonl, tasks.jsonl) lives here; state_dir in deploy/*.toml names it.
 VOLUME /var/lib/luftpause
+WORKDIR /var/lib/luftpause
+USER luftpause
+EXPOSE 5000 5001 7000 8080
+# No HEALTHCHECK here: the one image serves five commands on different ports (and fake-mcp has
+# no /health), so each compose service declares its own.
 ENTRYPOINT ["luftpause"]
+CMD ["--help"]
