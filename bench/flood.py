@@ -13,7 +13,7 @@ its own. The same load is sent, one arrangement after another, with fresh engine
   the two engines; skipped with the reason when the package is not installed;
 * ``luftpause``: through the dataplane and scheduler;
 * ``luftpause-no-affinity``: the same with the scheduler's strict affinity off
-  (``[scheduler] affinity = false``), to show how much of the gain is keeping a run on the replica
+  (``[scheduler] strict_affinity = false``), to show how much of the gain is keeping a run on the replica
   that holds its prefix.
 
 Then a light-load control (4 interactive runs only: the engines never queue), where every
@@ -118,7 +118,7 @@ class Pool:
             self.url = f"http://127.0.0.1:{port}"
             return
         grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
-        affinity = "affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
+        affinity = "strict_affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
         replicas = "".join(
             f'\n[[replicas]]\nname = "sim-{i}"\nurl = "{url}"\nmodels = ["{DEFAULT_MODEL}"]\n'
             f"max_inflight = {self.slots}\n"

@@ -79,6 +79,9 @@ class SchedulerConfig(_Section):
     dataplane_grace_s: float = Field(default=60.0, gt=0)
     """Seconds a dataplane may be without a Report stream before the turns placed for it are
     released (it is taken as gone for good); a reconnect or restart under the same id fits inside."""
+    strict_affinity: bool = True
+    """Keep a generating or tool-paused run on the replica that holds its prefix (the default).
+    ``false`` lets every turn go anywhere: only for measuring what affinity gains."""
 
     _check = field_validator("grpc", "http")(_host_port)
 

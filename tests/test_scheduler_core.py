@@ -1695,3 +1695,22 @@ def test_a_caller_with_held_turns_is_placed_under_continuous_load_from_another()
         if "lone" in placed:
             break
     assert placed[0] == "lone"  # the first freed slot: lone has no turn in flight, flood has one
+
+
+def test_with_strict_affinity_off_a_tool_paused_run_takes_the_replica_with_room() -> None:
+    # The ablation bench/flood.py measures: the same events as "a tool-paused run waits for its
+    # full last replica although another has room", with [scheduler] strict_affinity = false.
+    config = parse_config(
+        "[scheduler]\nstrict_affinity = false\n"
+        + "".join(
+            f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\nmax_inflight = 1\n'
+            for name in ("a", "b")
+        ),
+        "test.toml",
+    )
+    state = new_state(config)
+    assert not state.strict_affinity
+    feed(state, [arrive("t1", "r1"), finish("t1", tools=True), arrive("t2", "r2")])
+    assert placements(state) == {"t2": "a"}
+    assert feed(state, [arrive("t3", "r1", at=2.0)]) == [Place("t3", "b")]
+    assert runs(state)["r1"] == ("generating", "b")

@@ -207,7 +207,7 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         event.single_pass,
     )
     state.next_seq += 1
-    turn.queue, usable = _where(run, turn, serving)
+    turn.queue, usable = _where(state, run, turn, serving)
     target = least_loaded.pick(capacity.with_room(usable, turn.service_class))
     if target is None:
         state.held.add(turn)
@@ -233,14 +233,16 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
 
 
 def _where(
-    run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]
+    state: State, run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]
 ) -> tuple[QueueKey, tuple[Replica, ...]]:
     """The queue ``turn`` belongs in and the replicas it may use now (``serving``: routing's).
 
-    A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4).
+    A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4),
+    unless the configuration turned strict affinity off (``State.strict_affinity``, for measuring
+    what it gains).
     """
-    if turn.single_pass:
-        return single_pass_for(turn.model), serving
+    if turn.single_pass or not state.strict_affinity:
+        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), serving
     pinned = affinity.pinned_replica(run, serving)
     if pinned is not None:
         return pinned_to(pinned.name), (pinned,)
@@ -297,7 +299,9 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
         turn = state.held.get(turn_id)
         if turn is None:
             continue
-        queue, usable = _where(state.runs.get(turn.run_id), turn, routing.replicas_for(state, turn.model))
+        queue, usable = _where(
+            state, state.runs.get(turn.run_id), turn, routing.replicas_for(state, turn.model)
+        )
         if queue == turn.queue:
             continue  # same queue: it still waits for the same full replicas
         state.held.refile(turn, queue)

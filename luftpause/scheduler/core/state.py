@@ -156,13 +156,18 @@ class State:
     the dataplane comes back (resync or a new stream) or when its turns are released."""
     dataplane_grace_s: float = DATAPLANE_GRACE_S
     """Seconds a lost dataplane may stay away before its placed turns are released."""
+    strict_affinity: bool = True
+    """Rule 4 on (the default). Off, every turn may go to any replica serving its model: only for
+    measuring what keeping a run on the replica that holds its prefix gains (``bench/flood.py``)."""
 
     def __post_init__(self) -> None:
         # the held queues order callers by their in-flight turns: they read this same dict
         self.held.bind_loads(self.caller_inflight, self.single_pass_inflight)
 
 
-def state_from_replicas(specs: Iterable[ReplicaSpec], dataplane_grace_s: float = DATAPLANE_GRACE_S) -> State:
+def state_from_replicas(
+    specs: Iterable[ReplicaSpec], dataplane_grace_s: float = DATAPLANE_GRACE_S, strict_affinity: bool = True
+) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
     ``dataplane_grace_s``: seconds a dataplane may be without a Report stream before the turns
@@ -180,9 +185,12 @@ def state_from_replicas(specs: Iterable[ReplicaSpec], dataplane_grace_s: float =
         {model: tuple(rs) for model, rs in by_kind["generative"].items()},
         {model: tuple(rs) for model, rs in by_kind["single_pass"].items()},
         dataplane_grace_s=dataplane_grace_s,
+        strict_affinity=strict_affinity,
     )
 
 
 def new_state(config: Config) -> State:
     """An empty state for the replicas and the dataplane grace of ``config`` (no runs, no turns)."""
-    return state_from_replicas(config.replicas, config.scheduler.dataplane_grace_s)
+    return state_from_replicas(
+        config.replicas, config.scheduler.dataplane_grace_s, config.scheduler.strict_affinity
+    )
