@@ -133,13 +133,19 @@ class ScopeExceeded(BadToolInput):
 
 
 class ScopeDenied(RuntimeFault):
-    """An access the scope does not allow; ``decision`` says which rule denied it."""
+    """An access the scope does not allow; ``decision`` says which rule denied it. ``asked`` is the
+    path as the caller wrote it, named in the message when it resolved elsewhere (``..``, a
+    symlink): ``write /etc/x denied: no rule of the scope allows it (asked for /ws/link/x)``."""
 
     status = 403
 
-    def __init__(self, decision: Decision) -> None:
-        super().__init__(str(decision))
+    def __init__(self, decision: Decision, asked: str | None = None) -> None:
+        message = str(decision)
+        if asked is not None and asked != decision.path:
+            message += f" (asked for {asked})"
+        super().__init__(message)
         self.decision = decision
+        self.asked = asked
 
 
 def normalize_path(path: str) -> str:
@@ -228,10 +234,10 @@ class Decision:
         held = f" (held by child {self.held_by!r})" if self.held_by is not None else ""
         return f"{self.mode} {self.path} denied by rule {self.rule}{held}"
 
-    def require(self) -> None:
-        """Raise :class:`ScopeDenied` if this is a denial."""
+    def require(self, asked: str | None = None) -> None:
+        """Raise :class:`ScopeDenied` if this is a denial (``asked``: the path before resolving)."""
         if not self.allowed:
-            raise ScopeDenied(self)
+            raise ScopeDenied(self, asked)
 
 
 class ScopeView(Protocol):
