@@ -147,6 +147,11 @@ def test_read_whole_and_by_lines(scope: Scope, ws: Path) -> None:
     assert read_file(check, {"path": str(ws / "f.txt"), "offset": 9}) == (
         "\n[the file has 4 lines; offset 9 is past its end]"
     )
+    (ws / "g.txt").write_text("one\nno newline at the end")
+    assert read_file(check, {"path": str(ws / "g.txt"), "offset": 2}) == "no newline at the end"
+    assert read_file(check, {"path": str(ws / "g.txt"), "offset": 4}) == (
+        "\n[the file has 2 lines; offset 4 is past its end]"
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -1, "2", True, 1.5])

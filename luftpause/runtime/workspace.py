@@ -389,11 +389,14 @@ def _read_lines(file: Any, offset: int | None, limit: int | None) -> tuple[bytes
     first = offset or 1
     line = 1
     out = bytearray()
+    in_line = False  # inside a line not yet ended by "\n" (a last line may have none)
     while line < first:
         piece = file.readline(_SKIP_CHUNK)
         if not piece:
-            return b"", f"the file has {line - 1 if line > 1 else 0} lines; offset {first} is past its end"
-        if piece.endswith(b"\n"):
+            lines = line - 1 + in_line
+            return b"", f"the file has {lines} lines; offset {first} is past its end"
+        in_line = not piece.endswith(b"\n")
+        if not in_line:
             line += 1
     while limit is None or line < first + limit:
         start = len(out)
