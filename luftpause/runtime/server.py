@@ -23,13 +23,15 @@ JSON-RPC error objects, which have the same ``error.message``.
 The ASGI app runs on granian (one worker process, uvloop). Its lifespan owns everything that
 outlives a request, in this order: the shared aiohttp session to the dataplane, the upstream MCP
 clients, the run registry (which replays the journal ``<state_dir>/runs.jsonl`` and resumes the
-unfinished runs, :mod:`luftpause.runtime.journal`), and the SDK's session manager (which, with the
-SDK app mounted inside ours, only runs if our lifespan enters it). On shutdown they are left in
-reverse: the registry cancels the runs still going without journaling an end for them, so they
-resume on the next start. They are deliberately *not* ended at the dataplane: the scheduler keeps
-their affinity (last replica, prefix cache) and, for a run paused on a tool, its headroom slot
-until the runtime is back (or its 30 min run idle expiry, if it never comes back). A run the
-shutdown interrupts is therefore treated exactly like one a crash interrupts.
+unfinished runs, :mod:`luftpause.runtime.journal`), the task registry (``<state_dir>/tasks.jsonl``,
+:mod:`luftpause.runtime.tasks`; tasks open at the last stop are failed), and the SDK's session
+manager (which, with the SDK app mounted inside ours, only runs if our lifespan enters it). On
+shutdown they are left in reverse: the registry cancels the runs still going without journaling
+an end for them, so they resume on the next start. They are deliberately *not* ended at the
+dataplane: the scheduler keeps their affinity (last replica, prefix cache) and, for a run paused
+on a tool, its headroom slot until the runtime is back (or its 30 min run idle expiry, if it never
+comes back). A run the shutdown interrupts is therefore treated exactly like one a crash
+interrupts.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from luftpause.runtime.decide import Decider
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.tasks import TaskRegistry, TasksExtension
 from luftpause.runtime.tools import build_mcp_server
 from luftpause.runtime.upstream import UpstreamPool
 
@@ -81,12 +84,14 @@ class Runtime:
         self.registry = RunRegistry(journal=self.journal)
         self.upstream = UpstreamPool(config.mcp_servers)
         self.approvals = Approvals(self.registry, self.upstream)
+        self.tasks = TaskRegistry(Path(config.runtime.state_dir), self.registry, self.approvals)
         self._loop: SubAgentLoop | None = None
         self._decider: Decider | None = None
 
     def mcp_extensions(self) -> list[Any]:
-        """The MCP extensions the runtime's server offers (SDK ``Extension`` instances)."""
-        return []
+        """The MCP extensions the runtime's server offers (SDK ``Extension`` instances): Tasks
+        (:mod:`luftpause.runtime.tasks`)."""
+        return [TasksExtension(self.tasks)]
 
     @property
     def decider(self) -> Decider:
@@ -245,6 +250,8 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             stack.push_async_callback(end_interrupted_runs)
             await stack.enter_async_context(runtime.registry)
             runtime.registry.resume(runtime.loop.drive)
+            # Entered after the runs, so left before them: a task open at shutdown stays open.
+            await stack.enter_async_context(runtime.tasks)
             await stack.enter_async_context(mcp.session_manager.run())
             print(f"luftpause runtime: MCP on {runtime.mcp_url}", flush=True)
             yield

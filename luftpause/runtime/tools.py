@@ -13,6 +13,8 @@ objects (``structuredContent``, and the same JSON as the text content)::
         -> {"runs": [run result], "timedOut": bool}
     run(<spawn's arguments>, timeout = 60)                              spawn, then await it
         -> {"runs": [run result], "timedOut": bool}
+        -> a task (resultType "task"), at once, to a 2026-07-28 request that declares the Tasks
+           extension; its result is the above (:mod:`luftpause.runtime.tasks`)
     approve(handle, allow: bool)
         -> {"handle", "tool", "arguments", "allow"}                     the call it answered
     decide(input, labels?: [2..20 labels], model?)
@@ -65,14 +67,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import InputRequiredResult
 from pydantic import Field
 
 from luftpause import __version__
-from luftpause.runtime.approvals import request_state, wait_asking
+from luftpause.runtime.approvals import elicits_forms, request_state, wait_asking
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
 from luftpause.runtime.runs import Run, new_handle
+from luftpause.runtime.tasks import task_slot
 
 if TYPE_CHECKING:
     from luftpause.runtime.server import Runtime
@@ -380,6 +384,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     ) -> dict[str, Any] | InputRequiredResult:
         if not math.isfinite(timeout):
             raise ToolError(f"timeout must be a finite number of seconds, got {timeout!r}")
+        slot = task_slot()
         handle = request_state(ctx).get("run")
         if isinstance(handle, str):  # a 2026-07-28 retry with approval answers: the run exists already
             try:
@@ -404,7 +409,13 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 parallelToolCalls=parallelToolCalls,
                 approveTools=approveTools,
             )
+            if slot is not None:  # the client declared the Tasks extension: a task, not a wait
+                slot.task = runtime.tasks.create(run, elicits=elicits_forms(ctx))
+                return {"handle": run.handle, "state": run.state}  # the interceptor answers instead
         return await wait_for(runtime, ctx, [run], "all", timeout, state={"run": run.handle})
+
+    # A task's result is what this tool would have answered: the SDK's own conversion of it.
+    runtime.tasks.render_result = Tool.from_function(run_, name="run").fn_metadata.convert_result
 
     @mcp.tool(
         name="status",
