@@ -8,13 +8,9 @@ of the stated class*:
 * every response carried the stated run id back (``x-luftpause-run-id``: the run the dataplane
   put the turn in);
 * the scheduler's ``GET /status`` counts exactly one run more, of the stated class and none of
-  the other, and as many more finished turns as the example made;
+  the other, exactly one run of the stated caller (a caller name no other test uses), and as many
+  more finished turns as the example made;
 * the dataplane's ``/metrics`` counts that many more finished turns of that class.
-
-The caller is sent on every turn, but ``/status`` shows callers only for held turns
-(``held.by_caller``), and nothing is held on an idle stack: there is no per-run caller to read, so
-the caller is not proved here beyond being sent (a ``runs_by_caller`` count in ``/status`` would
-close that gap).
 """
 
 from __future__ import annotations
@@ -56,6 +52,7 @@ def finished_turns(stack: Stack, service_class: str) -> float:
 def test_example_turns_are_one_run_of_its_class(stack: Stack, example: str) -> None:
     stack.wait_connected()
     run_id = f"{example.removesuffix('.py')}-{uuid.uuid4()}"
+    caller = f"team-{run_id}"
     before = stack.status()
     metrics_before = finished_turns(stack, "batch")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "LUFTPAUSE_"))}
@@ -64,7 +61,7 @@ def test_example_turns_are_one_run_of_its_class(stack: Stack, example: str) -> N
         [
             *(sys.executable, str(EXAMPLES / example)),
             *("--run-id", run_id, "--service-class", "batch"),
-            *("--caller", "team-examples", "--model", stack.model),
+            *("--caller", caller, "--model", stack.model),
         ],
         capture_output=True,
         text=True,
@@ -80,6 +77,7 @@ def test_example_turns_are_one_run_of_its_class(stack: Stack, example: str) -> N
     after = stack.wait_status(lambda s: s["counters"]["finished"] >= before["counters"]["finished"] + TURNS)
     assert after["runs_by_class"]["batch"] == before["runs_by_class"]["batch"] + 1
     assert after["runs_by_class"]["interactive"] == before["runs_by_class"]["interactive"]
+    assert after["runs_by_caller"].get(caller) == 1 and caller not in before["runs_by_caller"]
     assert sum(after["runs"].values()) == sum(before["runs"].values()) + 1
     assert after["counters"]["finished"] == before["counters"]["finished"] + TURNS
     assert finished_turns(stack, "batch") == metrics_before + TURNS

@@ -1523,6 +1523,8 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
         },
         "runs": {"idle": 3, "generating": 1, "tool_paused": 0},
         "runs_by_class": {"interactive": 3, "batch": 1},
+        "runs_by_caller": {"": 1, "ci": 1, "alice": 2},
+        "inflight_by_caller": {"": 1},
         "counters": {
             "arrived": 4,
             "admitted": 1,

@@ -24,6 +24,8 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                "oldest_wait_s_by_caller": {caller: float, ...}},
       "runs": {"idle": int, "generating": int, "tool_paused": int},   # single-pass turns have none
       "runs_by_class": {"interactive": int, "batch": int},
+      "runs_by_caller": {caller: int, ...},                           # callers with runs only
+      "inflight_by_caller": {caller: int, ...},    # placed generative turns; callers with any only
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
                    "rejected": int, "abandoned": int, "expired_turns": int, "expired_runs": int,
                    "runs_ended": int, "turns_released_lost_dataplane": int},
@@ -71,9 +73,11 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
     oldest = state.held.oldest()
     runs = dict.fromkeys(RUN_PHASES, 0)
     runs_by_class = dict.fromkeys(SERVICE_CLASSES, 0)
+    runs_by_caller: dict[str, int] = {}
     for run in state.runs.values():
         runs[run.phase] = runs.get(run.phase, 0) + 1
         runs_by_class[run.service_class] = runs_by_class.get(run.service_class, 0) + 1
+        runs_by_caller[run.caller] = runs_by_caller.get(run.caller, 0) + 1
     return {
         "replicas": [
             {
@@ -105,6 +109,8 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         },
         "runs": runs,
         "runs_by_class": runs_by_class,
+        "runs_by_caller": runs_by_caller,
+        "inflight_by_caller": dict(state.caller_inflight),
         "counters": asdict(state.counters),
         "lost_dataplanes": {
             dataplane_id: max(0.0, now - lost_at) for dataplane_id, lost_at in state.lost_dataplanes.items()
