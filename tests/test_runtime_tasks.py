@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -32,8 +34,17 @@ from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextCon
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY, Request, Result
 from pydantic import TypeAdapter
 
+from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.journal import read_records
-from luftpause.runtime.tasks import TASKS_EXTENSION, TASKS_JOURNAL_NAME, TaskIdParams, TaskUpdateParams
+from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.tasks import (
+    TASKS_EXTENSION,
+    TASKS_JOURNAL_NAME,
+    TaskIdParams,
+    TaskRegistry,
+    TaskUpdateParams,
+)
+from luftpause.runtime.upstream import UpstreamPool
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
 
@@ -391,6 +402,9 @@ def test_a_task_open_at_a_sigkill_fails_on_restart_and_its_run_resumes_and_compl
     task_id, handle = asyncio.run(start())
     stack.children["runtime"].kill()
     assert [r["type"] for r in tools.journal() if r["taskId"] == task_id] == ["task"]
+    # A crash mid-write leaves a torn last line: the restart must skip it, not fail on it.
+    with (stack.workdir / "state" / TASKS_JOURNAL_NAME).open("ab") as journal:
+        journal.write(b'{"type": "end", "taskId": "' + task_id.encode() + b'", "handle": "run-')
     stack.restart("runtime")
 
     async def after() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -413,3 +427,54 @@ def test_a_task_open_at_a_sigkill_fails_on_restart_and_its_run_resumes_and_compl
     assert [r["status"] for r in tools.journal() if r["taskId"] == task_id and r["type"] == "end"] == [
         "failed"
     ]
+
+
+# The journal alone, in-process: replay, restart failure, retention, a torn last line.
+
+
+def test_replay_fails_open_tasks_keeps_ended_ones_drops_expired_and_skips_a_torn_line(tmp_path: Path) -> None:
+    now = time.time()
+    kept = {"type": "task", "taskId": "task-kept", "handle": "run-a", "at": now - 60, "elicits": True}
+    kept_end = {
+        "type": "end",
+        "taskId": "task-kept",
+        "handle": "run-a",
+        "at": now - 30,
+        "status": "completed",
+        "statusMessage": "run run-a completed",
+        "result": {"content": [], "isError": False},
+    }
+    old = {"type": "task", "taskId": "task-old", "handle": "run-b", "at": now - 7200, "elicits": False}
+    old_end = {**kept_end, "taskId": "task-old", "handle": "run-b", "at": now - 7100}
+    open_ = {"type": "task", "taskId": "task-open", "handle": "run-c", "at": now - 10, "elicits": False}
+    path = tmp_path / TASKS_JOURNAL_NAME
+    path.write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in (kept, old, open_, kept_end, old_end))
+        + b'{"type": "end", "taskId": "task-open", "sta'
+    )
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any], int]:
+        runs = RunRegistry()
+        tasks = TaskRegistry(tmp_path, runs, Approvals(runs, UpstreamPool([])), retention_seconds=3600)
+        async with tasks:
+            failed = tasks.describe(tasks.get("task-open"))
+            completed = tasks.describe(tasks.get("task-kept"))
+            with pytest.raises(MCPError) as dropped:
+                tasks.get("task-old")
+        return failed, completed, dropped.value.code
+
+    failed, completed, dropped_code = asyncio.run(go())
+    assert failed["status"] == "failed" and failed["error"]["code"] == INTERNAL_ERROR
+    assert "restarted" in failed["statusMessage"] and "run-c" in failed["statusMessage"]
+    assert completed["status"] == "completed" and completed["result"] == kept_end["result"]
+    assert completed["ttlMs"] == int((kept_end["at"] + 3600 - kept["at"]) * 1000)
+    assert dropped_code == INVALID_PARAMS
+    # Rewritten with the tasks still kept: the expired one and the torn line are gone.
+    records = list(read_records(path))
+    assert [(r["type"], r["taskId"]) for r in records] == [
+        ("task", "task-kept"),
+        ("end", "task-kept"),
+        ("task", "task-open"),
+        ("end", "task-open"),
+    ]
+    assert path.read_bytes().endswith(b"\n")
