@@ -82,6 +82,9 @@ class SchedulerConfig(_Section):
     strict_affinity: bool = True
     """Keep a generating or tool-paused run on the replica that holds its prefix (the default).
     ``false`` lets every turn go anywhere: only for measuring what affinity gains."""
+    leases: bool = True
+    """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
+    admission round trip (DESIGN.md "Admission transport"); ``false``: every turn asks."""
 
     _check = field_validator("grpc", "http")(_host_port)
 
@@ -102,6 +105,12 @@ class RuntimeConfig(_Section):
     """Where ``runs.jsonl`` lives; relative paths are taken from the working directory."""
     default_model: str | None = None
     """Model for ``spawn`` without one; by default the first model of the first generative replica."""
+    workspace: str | None = None
+    """Directory the MCP callers' runs work in (their root filesystem scope, DESIGN.md "Pods")."""
+    max_depth: int = Field(default=3, ge=1)
+    """Deepest run tree (a caller's run is level 1) that orchestrating runs may grow."""
+    max_children: int = Field(default=8, ge=1)
+    """Most live (running or idle) children one run may have."""
 
     _check = field_validator("listen")(_host_port)
 
@@ -145,6 +154,11 @@ class McpServerConfig(_Section):
     command: tuple[str, ...] | None = None
     """A stdio MCP server's argv (instead of ``url``)."""
     env: dict[str, str] = Field(default_factory=dict)
+    path_arguments: dict[str, tuple[str, ...] | dict[str, Literal["read", "write"]]] = Field(
+        default_factory=dict
+    )
+    """Per tool, its arguments that are paths: a list (each needs write) or ``{arg = "read" |
+    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.workspace`)."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

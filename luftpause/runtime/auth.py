@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/monitor"})  # the monitor page holds no data
 """Paths served without the token: liveness probes (``ChildProcess``, compose, Kubernetes) carry none."""
 
 JSONRPC_UNAUTHORIZED = -32001

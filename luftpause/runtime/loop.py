@@ -33,6 +33,14 @@ Limits: ``max_tokens`` is the run's ``maxTokens`` (256 by default; 0 sends none,
 own default applies); once the run's tool budget (8 by default) is spent, no tools are offered
 and the model must answer.
 
+Pods (:mod:`luftpause.runtime.pods`, through :class:`PodHooks`): before every turn the run's
+inbox (messages sent while it ran) and its pending notifications go into its conversation; a
+run that was asked to stop ends before a new turn (as ``cancelled``, ``stopped by ...``); a reply
+without tool calls while messages wait in the inbox is not the end: the run takes them and goes
+on. Built-in tools (workspace, orchestration) are offered beside the upstream ones (a built-in
+wins a name clash) and run in the runtime without the approval gate (the run's scope gates
+them); an upstream tool's declared path arguments are checked against the run's scope first.
+
 A run resumed after a restart starts the same loop on its rebuilt conversation, so the turn that
 was in flight at the crash is simply asked again.
 
@@ -59,7 +67,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from mcp.types import Tool
@@ -283,6 +291,23 @@ async def _no_approval_needed(run: Run, tool: str, arguments: dict[str, Any]) ->
     return None
 
 
+class PodHooks(Protocol):
+    """What the loop asks the pods (:class:`luftpause.runtime.pods.Pods`) at each turn."""
+
+    def before_turn(self, run: Run) -> None:
+        """Move the run's inbox and pending notifications into its conversation (journaled)."""
+
+    def builtin_tools(self, run: Run) -> list[Tool]:
+        """The runtime's own tools this run is offered (workspace, orchestration)."""
+
+    async def call_builtin(self, run: Run, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """Run a built-in tool: ``(text for the model, failed)``; never raises but cancellation."""
+
+    def upstream_refusal(self, run: Run, name: str, arguments: dict[str, Any]) -> str | None:
+        """``None`` when the upstream call's declared path arguments are in the run's scope, else
+        the refusal text."""
+
+
 ApprovalGate = Callable[[Run, str, dict[str, Any]], Awaitable[str | None]]
 """Awaited before every tool call: ``None`` lets the call go, a text refuses it (the text is the
 call's failed result). The runtime's gate waits for a person (:mod:`luftpause.runtime.approvals`)."""
@@ -295,6 +320,7 @@ class SubAgentLoop:
         self.dataplane = dataplane
         self.upstream = upstream
         self.approval_gate: ApprovalGate = _no_approval_needed
+        self.pods: PodHooks | None = None
 
     async def drive(self, run: Run) -> None:
         """Run ``run`` to its end and record the outcome on it (``completed`` with its answer,
@@ -319,8 +345,17 @@ class SubAgentLoop:
         toolless_tool_turns = 0
         while True:
             _check(run)
+            if run.stopped_by is not None:
+                run.finish("cancelled", error=f"stopped by {run.stopped_by}")
+                raise _Stopped
+            if self.pods is not None:
+                self.pods.before_turn(run)
             budget_left = run.max_tool_calls - run.tool_calls
             tools = await self.upstream.offered_tools(run.allowed_tools) if budget_left > 0 else []
+            builtin = self.pods.builtin_tools(run) if self.pods is not None and budget_left > 0 else []
+            if builtin:
+                names = {tool.name for tool in builtin}
+                tools = [tool for tool in tools if tool.name not in names] + builtin
             body: dict[str, Any] = {"model": run.model, "messages": run.messages}
             if tools:
                 body["tools"] = [openai_tool(tool) for tool in tools]
@@ -344,6 +379,9 @@ class SubAgentLoop:
                 text = content if isinstance(content, str) else ""
                 recovered = recover_tool_call(text, offered) if offered else None
                 if recovered is None:
+                    if run.inbox:  # messages came while it answered: it takes them and goes on
+                        run.complete_round([{"role": "assistant", "content": text}])
+                        continue
                     return text
                 # The call replaces the text in the conversation: a model shown both would see
                 # its call twice. The id is ours (the engine emitted none); any unique one works.
@@ -418,6 +456,13 @@ class SubAgentLoop:
             arguments = prepare_arguments(function.get("arguments"), tool.input_schema or {})
         except ToolArgumentsError as exc:
             return f"Error: invalid arguments for {name}: {exc}", True
+        if self.pods is not None and name in {t.name for t in self.pods.builtin_tools(run)}:
+            # The run's scope gates the built-in tools, not a person (pods.py).
+            return await self.pods.call_builtin(run, name, arguments)
+        if self.pods is not None:
+            refusal = self.pods.upstream_refusal(run, name, arguments)
+            if refusal is not None:
+                return refusal, True
         refusal = await self.approval_gate(run, name, arguments)
         if refusal is not None:
             return refusal, True

@@ -7,6 +7,14 @@ or error. Its state moves one way only::
             ├─▶ failed      a turn failed (dataplane error, bad reply) or the loop broke
             └─▶ cancelled   ``cancel`` on it or an ancestor, or a budget of its subtree ran out
 
+Pods (DESIGN.md "Pods", :mod:`luftpause.runtime.pods`): a finished run is not closed for good. A
+``message`` record (``send``) re-opens a completed or failed run (``running`` again, its answer
+kept in its conversation, the message a new user turn) or, while it runs, waits in its
+``inbox`` for its next turn; ``stop`` (a ``stop`` record) lets the current turn finish and then
+ends it as ``cancelled`` with ``stopped by ...``. :attr:`Run.pod_state` is the three-state view
+pods use: ``running``, ``idle`` (completed or failed, takes ``send``), ``stopped`` (cancelled or
+stopped, takes nothing more).
+
 A running run whose next tool call waits for a person (:mod:`luftpause.runtime.approvals`) is
 reported as ``AwaitingApproval`` with ``pendingApproval {tool, arguments}``; it is still running.
 
@@ -169,13 +177,31 @@ class Run:
     """Rebuilt from the journal after a restart (and, if running, resumed)."""
     interrupted: bool = False
     """Set when the runtime shuts down under a running run: it did not end, it was stopped."""
+    name: str | None = None
+    """The name its spawner gave it (unique among the spawner's live children), if any."""
+    orchestrate: bool = False
+    """Offered the orchestration tools (spawn, send, read, stop, list) in its turns."""
+    stopped_by: str | None = None
+    """Who asked for a graceful stop (``stop``), once someone did: no new turn starts."""
+    inbox: list[dict[str, Any]] = field(default_factory=list)
+    """Messages sent while it ran, ``{"id", "content", "from"}``, for its next turn."""
     _on_finish: Callable[[Run], None] | None = field(default=None, repr=False)
-    _on_round: Callable[[Run, list[dict[str, Any]]], None] | None = field(default=None, repr=False)
+    _on_round: Callable[[Run, list[dict[str, Any]], dict[str, Any]], None] | None = field(
+        default=None, repr=False
+    )
     _on_progress: Callable[[Run], None] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
         return self.state != "running"
+
+    @property
+    def pod_state(self) -> Literal["running", "idle", "stopped"]:
+        """``running``; ``idle`` once completed or failed (``send`` continues it); ``stopped``
+        once cancelled or stopped (it takes nothing more)."""
+        if self.state == "running":
+            return "running"
+        return "stopped" if self.state == "cancelled" or self.stopped_by is not None else "idle"
 
     @property
     def display_state(self) -> str:
@@ -230,16 +256,29 @@ class Run:
         self.answer = answer
         self.error = error
         self.finished_at = time.time()
+        _keep_answer(self)
         if self._on_finish is not None:
             self._on_finish(self)
 
-    def complete_round(self, round_messages: list[dict[str, Any]]) -> None:
+    def complete_round(self, round_messages: list[dict[str, Any]], **extra: Any) -> None:
         """Append a completed tool round (the assistant message and its tool messages) to the
         conversation; it is journaled, with the counters as they stand now, as the point a
-        resumed run restarts from."""
+        resumed run restarts from. ``extra`` goes into the ``round`` record as it is (pods put
+        the ids of the messages and events a round delivered there, so delivery and conversation
+        are one record)."""
         self.messages.extend(round_messages)
         if self._on_round is not None:
-            self._on_round(self, round_messages)
+            self._on_round(self, round_messages, extra)
+
+    def reopen(self, message: dict[str, Any]) -> None:
+        """A finished (completed or failed) run takes ``message`` (a ``user`` message) as a new
+        turn: ``running`` again. The caller starts its loop."""
+        if self.pod_state != "idle":
+            raise ValueError(f"run {self.handle} is {self.pod_state}, not idle")
+        self.state = "running"
+        self.answer = self.error = None
+        self.finished_at = None
+        self.messages.append(message)
 
     def check_budgets(self) -> None:
         """Check the budgets of this run and its ancestors now (after a turn or a tool round);
@@ -250,7 +289,8 @@ class Run:
     def result(self) -> dict[str, Any]:
         """The run as ``await`` reports it (MCP tool result, camelCase)::
 
-        {"handle", "state", "answer"? (completed), "error"? (failed, cancelled),
+        {"handle", "state", "podState": running|idle|stopped, "answer"? (completed),
+         "error"? (failed, cancelled),
          "pendingApproval"?: {"tool", "arguments"} (state "AwaitingApproval"),
          "toolCalls", "failedToolCalls", "turns", "seconds",
          "usage": {"promptTokens", "completionTokens"}}
@@ -258,7 +298,7 @@ class Run:
         The registry adds ``limits``, ``used`` and ``exceeded`` for a run with budgets
         (:meth:`RunRegistry.result`).
         """
-        out: dict[str, Any] = {"handle": self.handle, "state": self.display_state}
+        out: dict[str, Any] = {"handle": self.handle, "state": self.display_state, "podState": self.pod_state}
         if self.pending_approval is not None and not self.done:
             out["pendingApproval"] = {
                 "tool": self.pending_approval.tool,
@@ -321,6 +361,8 @@ class Run:
             "budgetToolCalls": self.budget_tool_calls,
             "budgetSeconds": self.budget_seconds,
             "approveTools": sorted(self.approve_tools),
+            "name": self.name,
+            "orchestrate": self.orchestrate,
         }
 
     def outcome_record(self) -> dict[str, Any]:
@@ -331,7 +373,13 @@ class Run:
             "finishedAt": self.finished_at,
             "counters": self.counters(),
         }
-        for key, value in (("answer", self.answer), ("error", self.error), ("exceeded", self.exceeded)):
+        pairs = (
+            ("answer", self.answer),
+            ("error", self.error),
+            ("exceeded", self.exceeded),
+            ("stoppedBy", self.stopped_by),
+        )
+        for key, value in pairs:
             if value is not None:
                 out[key] = value
         return out
@@ -366,8 +414,21 @@ class Run:
             budget_seconds=_optional_float(record.get("budgetSeconds")),
             approve_tools=frozenset(map(str, record.get("approveTools") or ())),
             started_at=float(record["at"]),
+            name=record.get("name") if isinstance(record.get("name"), str) else None,
+            orchestrate=bool(record.get("orchestrate", False)),
             resumed=True,
         )
+
+
+def _keep_answer(run: Run) -> None:
+    """A completed run's answer is the last message of its conversation, so that a ``send``
+    continues from it and ``read`` shows it (not appended twice on replay)."""
+    if run.state != "completed" or run.answer is None:
+        return
+    last = run.messages[-1] if run.messages else {}
+    said = last.get("role") == "assistant" and not last.get("tool_calls")
+    if not (said and last.get("content") == run.answer):
+        run.messages.append({"role": "assistant", "content": run.answer})
 
 
 def _optional_int(value: Any) -> int | None:
@@ -429,6 +490,14 @@ class RunRegistry:
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
+        # Pods (luftpause.runtime.pods) listen here: every finish (not replayed ones), every
+        # dropped handle, every journal record replayed (theirs included: ``foreign_records``
+        # names the types this registry leaves to them), and add records to a compaction.
+        self.on_finish: list[Callable[[Run], None]] = []
+        self.on_evict: list[Callable[[str], None]] = []
+        self.on_replay: list[Callable[[dict[str, Any]], None]] = []
+        self.foreign_records: set[str] = set()
+        self.extra_snapshot: list[Callable[[], Iterable[dict[str, Any]]]] = []
         # Replaced on every finish: a waiter takes the current one, re-checks, then waits on it,
         # so a finish between its check and its wait is never missed.
         self._changed = asyncio.Event()
@@ -557,17 +626,61 @@ class RunRegistry:
         if self._runs.get(run.handle) is run:
             self._ended_at[run.handle] = self._clock()
             self.evict_expired()
+        if not run.interrupted:  # a run the shutdown stopped resumes: not news
+            for listener in self.on_finish:
+                listener(run)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _round(self, run: Run, messages: list[dict[str, Any]]) -> None:
+    def _round(self, run: Run, messages: list[dict[str, Any]], extra: dict[str, Any]) -> None:
         counters = run.counters()
         self._checkpoints[run.handle] = counters
         if self.journal is not None:
             self.journal.append(
-                {"type": "round", "handle": run.handle, "messages": messages, "counters": counters}
+                {"type": "round", "handle": run.handle, "messages": messages, "counters": counters, **extra}
             )
         self._check_budgets(run)
+
+    # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
+
+    def deliver(self, run: Run, content: str, sender: str, message_id: str) -> bool:
+        """Give ``run`` a user message (journaled first as a ``message`` record): an idle run is
+        re-opened with it (``True``: the caller starts its loop again), a running one gets it in
+        its inbox for its next turn (``False``). Raises ``ValueError`` for a stopped run."""
+        if run.pod_state == "stopped":
+            raise ValueError(f"run {run.handle} is stopped; it takes no messages")
+        if self.journal is not None:
+            self.journal.append(
+                {
+                    "type": "message",
+                    "handle": run.handle,
+                    "id": message_id,
+                    "content": content,
+                    "from": sender,
+                }
+            )
+        return self._take_message(run, content, sender, message_id)
+
+    def _take_message(self, run: Run, content: str, sender: str, message_id: str) -> bool:
+        if run.done:
+            run.reopen({"role": "user", "content": content})
+            self._ended_at.pop(run.handle, None)
+            return True
+        run.inbox.append({"id": message_id, "content": content, "from": sender})
+        return False
+
+    def request_stop(self, run: Run, by: str) -> None:
+        """Mark ``run`` to stop after its current turn (journaled); an idle run is stopped at
+        once (its state stays as it finished). Does nothing to a stopped run."""
+        if run.pod_state == "stopped":
+            return
+        run.stopped_by = by
+        if self.journal is not None:
+            self.journal.append({"type": "stop", "handle": run.handle, "by": by})
+        if run.done:
+            for listener in self.on_finish:
+                listener(run)
+        self.notify_changed()
 
     # Trees, cancel and budgets.
 
@@ -655,13 +768,20 @@ class RunRegistry:
         run as its ``start`` and one ``round`` with all its completed rounds (compaction)."""
         for run in list(self._runs.values()):
             start = run.start_record()
+            first = 2 if run.system else 1
             if run.done and not run.interrupted:
-                yield {**start, "type": "run", **run.outcome_record()}
+                compacted = {**start, "type": "run", **run.outcome_record()}
+                if run.pod_state == "idle":  # ``send`` continues its whole conversation
+                    compacted["messages"] = run.messages[first:]
+                yield compacted
                 continue
             yield start
             for key, allow in run.decisions.items():
                 yield {"type": "approval", "handle": run.handle, "key": key, "allow": allow}
-            first = 2 if run.system else 1
+            for message in run.inbox:
+                yield {"type": "message", "handle": run.handle, **message}
+            if run.stopped_by is not None:
+                yield {"type": "stop", "handle": run.handle, "by": run.stopped_by}
             if len(run.messages) > first:
                 counters = self._checkpoints.get(run.handle, run.counters())
                 yield {
@@ -670,6 +790,8 @@ class RunRegistry:
                     "messages": run.messages[first:],
                     "counters": counters,
                 }
+        for extra in self.extra_snapshot:
+            yield from extra()
 
     def _replay(self, journal: Journal) -> list[Run]:
         """Rebuild the runs of ``journal``: finished ones into the registry as they ended, the
@@ -679,13 +801,29 @@ class RunRegistry:
         for record in journal.records():
             kind, handle = record.get("type"), record["handle"]
             try:
+                for listener in self.on_replay:
+                    listener(record)
+                if kind in self.foreign_records:
+                    continue
                 if kind in ("start", "run"):
                     run = Run.from_start_record(record)
                     if kind == "run":
+                        messages = record.get("messages") or []
+                        if not isinstance(messages, list):
+                            raise TypeError("messages is not a list")
+                        run.messages.extend(messages)
                         _apply_outcome(run, record)
                     runs[handle] = run
                     continue
                 run = runs[handle]
+                if kind == "message":
+                    if run.pod_state != "stopped":
+                        content, sender = str(record["content"]), str(record.get("from") or "")
+                        self._take_message(run, content, sender, str(record["id"]))
+                    continue
+                if kind == "stop":
+                    run.stopped_by = str(record.get("by") or "someone")
+                    continue
                 if run.done:
                     continue
                 if kind == "round":
@@ -695,6 +833,9 @@ class RunRegistry:
                     run.messages.extend(messages)
                     run.set_counters(record["counters"])
                     self._checkpoints[handle] = run.counters()
+                    delivered = set(record.get("delivered") or ())
+                    if delivered:
+                        run.inbox = [m for m in run.inbox if m["id"] not in delivered]
                 elif kind == "end":
                     _apply_outcome(run, record)
                 elif kind == "approval":
@@ -738,6 +879,8 @@ class RunRegistry:
             self._runs.pop(handle, None)
             self._expired[handle] = None
             dropped += 1
+            for listener in self.on_evict:
+                listener(handle)
         while len(self._expired) > self.max_expired_handles:
             del self._expired[next(iter(self._expired))]
         return dropped
@@ -830,5 +973,8 @@ def _apply_outcome(run: Run, record: dict[str, Any]) -> None:
     run.answer = record.get("answer")
     run.error = record.get("error")
     run.exceeded = record.get("exceeded")
+    if record.get("stoppedBy") is not None:
+        run.stopped_by = str(record["stoppedBy"])
+    _keep_answer(run)
     finished_at = record.get("finishedAt")
     run.finished_at = float(finished_at) if finished_at is not None else time.time()

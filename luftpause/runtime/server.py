@@ -12,7 +12,9 @@ Serves, on ``[runtime] listen``:
   "toolSeconds"}`` of the run alone and of the run with all its descendants (tokens from each
   turn's ``usage``; seconds spent waiting for turns and in tool rounds). Readable from any origin
   (``Access-Control-Allow-Origin: *``) for the scheduler's live page;
-* ``GET /health``: ``{"ok": true}``, always open (no token).
+* ``GET /health``: ``{"ok": true}``, always open (no token);
+* ``GET /monitor`` (the page, open: it holds no data) and its JSON and action routes
+  ``/monitor/runs...`` (token like ``/status``): the pods monitor (:mod:`luftpause.runtime.monitor`).
 
 With ``LUFTPAUSE_TOKEN`` set, everything but ``/health`` needs ``Authorization: Bearer <token>``
 (:mod:`luftpause.runtime.auth`) and the runtime sends the same token to the dataplane. Every HTTP
@@ -62,6 +64,8 @@ from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token
 from luftpause.runtime.decide import Decider
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
+from luftpause.runtime.monitor import monitor_routes
+from luftpause.runtime.pods import Pods
 from luftpause.runtime.runs import RunRegistry
 from luftpause.runtime.tasks import TaskRegistry, TasksExtension
 from luftpause.runtime.tools import build_mcp_server
@@ -84,6 +88,7 @@ class Runtime:
         self.registry = RunRegistry(journal=self.journal)
         self.upstream = UpstreamPool(config.mcp_servers)
         self.approvals = Approvals(self.registry, self.upstream)
+        self.pods = Pods(self.registry, config)
         self.tasks = TaskRegistry(Path(config.runtime.state_dir), self.registry, self.approvals)
         self._loop: SubAgentLoop | None = None
         self._decider: Decider | None = None
@@ -233,6 +238,8 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             dataplane = DataplaneClient(config.runtime.dataplane, session, token)
             runtime._loop = SubAgentLoop(dataplane, runtime.upstream)
             runtime._loop.approval_gate = runtime.approvals.gate
+            runtime._loop.pods = runtime.pods
+            runtime.pods.start_loop = lambda run: runtime.registry.start(run, runtime.loop.drive(run))
             runtime._decider = Decider(config.runtime.dataplane, session, token)
 
             async def end_interrupted_runs() -> None:
@@ -249,6 +256,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             # Pushed before the registry is entered, so it is called after the registry is left.
             stack.push_async_callback(end_interrupted_runs)
             await stack.enter_async_context(runtime.registry)
+            runtime.pods.after_replay()
             runtime.registry.resume(runtime.loop.drive)
             # Entered after the runs, so left before them: a task open at shutdown stays open.
             await stack.enter_async_context(runtime.tasks)
@@ -266,6 +274,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
         routes=[
             Route("/status", status, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            *monitor_routes(lambda: runtime.pods),
             *_mcp_routes(mcp_app),
         ],
         middleware=[

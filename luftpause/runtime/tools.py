@@ -6,7 +6,8 @@ objects (``structuredContent``, and the same JSON as the text content)::
 
     spawn(task, model?, serviceClass = "interactive" | "batch", system?, maxToolCalls = 8,
           tools?: [name], maxTokens = 256, parallelToolCalls = false, parent?: handle,
-          budgetTokens?, budgetToolCalls?, budgetSeconds?, approveTools?: [name])
+          budgetTokens?, budgetToolCalls?, budgetSeconds?, approveTools?: [name],
+          name?, scope?: [rule], orchestrate = false)
                                                                     task, system: at most 1 MiB
         -> {"handle": "run-…", "state": "running"}                       at once
     await(handles: [handle], mode = "all" | "any", timeout = 60)        timeout capped at 600 s
@@ -25,6 +26,15 @@ objects (``structuredContent``, and the same JSON as the text content)::
                                                           task summarized]}
     cancel(handle)
         -> {"handle", "cancelled": [handles stopped: the run and its running descendants]}
+    send(handle, message)            handle: a handle or the name of one of your runs
+        -> {"handle", "name", "state", "delivered": "now" | "next turn"}
+    read(handle, since?: cursor)
+        -> {"handle", "name", "state": running|idle|stopped, "entries": [text], "cursor", "error"?}
+    stop(handle)                     graceful: the current turn finishes, no new one starts
+        -> {"handle", "name", "state"}
+    list(handle?, caller?)           a run's children, or a caller's runs (default: yours)
+        -> {"runs": [{"handle", "name", "state", "runState", "parent", "caller", "task",
+                      "scope", "lastAnswer", "children", "pendingEvents", "error"?}]}
     tools(handle?)
         -> {"servers": [{"server", "transport", "reachable", "error"?, "tools": [{"name",
             "description", "inputSchema", "annotations"}]}]}      (UpstreamPool.catalog)
@@ -36,6 +46,15 @@ objects (``structuredContent``, and the same JSON as the text content)::
                   "limits"?, "used"?, "exceeded"? (a run that sets budgets)}
     run status = run result + {"model", "serviceClass", "caller", "task", "taskChars",
                                "maxToolCalls", "startedAt", "parent", "children"}
+
+Pods (:mod:`luftpause.runtime.pods`): every run result carries ``podState`` (``running``,
+``idle``: completed or failed, ``send`` continues it; ``stopped``: cancelled or stopped) beside
+``state``, which keeps its meaning (``await`` waits until a run is done, so an idle run is done
+there). ``name``, ``scope`` (allow/deny rules within the spawner's scope) and ``orchestrate``
+(offer the sub-agent spawn/send/read/stop/list on its own children) are ``spawn``'s pod options.
+``await`` and ``status`` (without a handle) give the caller's pending notifications once, as
+``events`` (present when there are some); an event about a run the ``await`` names is taken
+without being repeated, the run's result says it.
 
 Budgets bound the run and all its descendants (:mod:`luftpause.runtime.budgets`): ``budgetTokens``
 (prompt + completion tokens), ``budgetToolCalls``, ``budgetSeconds`` (wall time since the run
@@ -75,7 +94,9 @@ from luftpause import __version__
 from luftpause.runtime.approvals import elicits_forms, request_state, wait_asking
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
+from luftpause.runtime.pods import Actor
 from luftpause.runtime.runs import Run, new_handle
+from luftpause.runtime.scope import SCOPE_SCHEMA
 from luftpause.runtime.tasks import task_slot
 
 if TYPE_CHECKING:
@@ -173,6 +194,14 @@ BudgetSeconds = Annotated[
     float | None,
     Field(gt=0, le=MAX_BUDGET_SECONDS, allow_inf_nan=False, description="seconds for the whole subtree"),
 ]
+PodName = Annotated[
+    str | None, Field(min_length=1, max_length=64, description="a name unique among your live runs")
+]
+ScopeRules = Annotated[
+    list[dict[str, Any]] | None,
+    Field(description=SCOPE_SCHEMA["description"], json_schema_extra={"items": SCOPE_SCHEMA["items"]}),
+]
+Orchestrate = Annotated[bool, Field(description="offer it spawn/send/read/stop/list on its own children")]
 ApproveTools = Annotated[
     list[str] | None, Field(description="tool names whose every call waits for your approval")
 ]
@@ -197,7 +226,7 @@ SPAWN_DESCRIPTION = (
 
 def start_run(
     runtime: Runtime,
-    ctx: Context,
+    ctx: Context | None,
     *,
     task: str,
     model: str | None,
@@ -212,11 +241,17 @@ def start_run(
     budgetToolCalls: int | None,
     budgetSeconds: float | None,
     approveTools: list[str] | None,
+    name: str | None = None,
+    scope: list[dict[str, Any]] | None = None,
+    orchestrate: bool = False,
+    caller: str | None = None,
 ) -> Run:
     """Check ``spawn``'s arguments (raising :class:`ToolError` with what is wrong), record the run
-    and start its loop; the running run."""
+    and start its loop; the running run. ``caller`` replaces ``caller_of(ctx)`` (a sub-agent's
+    own spawn has no MCP context: ``ctx`` is ``None`` then)."""
     check_text_size("task", task)
     check_text_size("system", system)
+    parent_run: Run | None = None
     if parent is not None:
         try:
             parent_run = runtime.registry.get(parent)
@@ -224,6 +259,11 @@ def start_run(
             raise ToolError(f"parent: {exc}") from None
         if parent_run.state == "cancelled":
             raise ToolError(f"parent run {parent!r} is cancelled; its subtree takes no new runs")
+        if parent_run.pod_state == "stopped":
+            raise ToolError(f"parent run {parent!r} is stopped; its subtree takes no new runs")
+    if caller is None:
+        assert ctx is not None
+        caller = caller_of(ctx)
     chosen_model = model or runtime.config.default_model
     served = generative_models(runtime)
     if chosen_model not in served:
@@ -236,6 +276,10 @@ def start_run(
         if unknown:
             listed = ", ".join(map(repr, unknown))
             raise ToolError(f"unknown tool(s) {listed}; known: {', '.join(sorted(known or ()))}")
+    try:
+        plan = runtime.pods.plan_spawn(parent_run, caller, name, scope)
+    except RuntimeFault as exc:
+        raise ToolError(str(exc)) from None
     messages: list[dict[str, Any]] = []
     if system:
         messages.append({"role": "system", "content": system})
@@ -246,7 +290,7 @@ def start_run(
             task=task,
             model=chosen_model,
             service_class=serviceClass,
-            caller=caller_of(ctx),
+            caller=caller,
             max_tool_calls=maxToolCalls,
             max_tokens=maxTokens,
             parallel_tool_calls=parallelToolCalls,
@@ -258,8 +302,11 @@ def start_run(
             budget_tool_calls=budgetToolCalls,
             budget_seconds=budgetSeconds,
             approve_tools=frozenset(approveTools or ()),
+            name=name,
+            orchestrate=orchestrate,
         )
     )
+    runtime.pods.grant(run, plan)
     runtime.registry.start(run, runtime.loop.drive(run))
     return run
 
@@ -314,6 +361,9 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         budgetToolCalls: BudgetToolCalls = None,
         budgetSeconds: BudgetSeconds = None,
         approveTools: ApproveTools = None,
+        name: PodName = None,
+        scope: ScopeRules = None,
+        orchestrate: Orchestrate = False,
     ) -> dict[str, Any]:
         run = start_run(
             runtime,
@@ -331,6 +381,9 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             budgetSeconds=budgetSeconds,
             parallelToolCalls=parallelToolCalls,
             approveTools=approveTools,
+            name=name,
+            scope=scope,
+            orchestrate=orchestrate,
         )
         return {"handle": run.handle, "state": run.state}
 
@@ -355,7 +408,13 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             runs = runtime.registry.lookup(handles)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
-        return await wait_for(runtime, ctx, runs, mode, timeout)
+        answer = await wait_for(runtime, ctx, runs, mode, timeout)
+        if isinstance(answer, dict):
+            named = set(handles)
+            events = [e for e in runtime.pods.take_caller_events(caller_of(ctx)) if e["handle"] not in named]
+            if events:
+                answer["events"] = events
+        return answer
 
     @mcp.tool(
         name="run",
@@ -428,7 +487,13 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     async def status(ctx: Context, handle: str | None = None) -> dict[str, Any]:
         registry = runtime.registry
         if handle is None:
-            return {"runs": [registry.status_of(run) for run in registry.of_caller(caller_of(ctx))]}
+            caller = caller_of(ctx)
+            held = registry.of_caller(caller)
+            listing: dict[str, Any] = {"runs": [registry.status_of(run) for run in held]}
+            events = runtime.pods.take_caller_events(caller)
+            if events:
+                listing["events"] = events
+            return listing
         try:
             return {"run": registry.status_of(registry.get(handle), full_task=True)}
         except RuntimeFault as exc:
@@ -447,6 +512,91 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         return {"handle": handle, "cancelled": [run.handle for run in stopped]}
+
+    def pod_call(operation: Any, *args: Any) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = operation(*args)
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+        return result
+
+    @mcp.tool(
+        name="send",
+        description=(
+            "Send `message` to a run (`handle`, or the name you gave it): an idle run (answered or "
+            "failed) continues its whole conversation with it as a new user turn; a busy one gets it "
+            "at its next turn. Its spawner is told, if that is not you."
+        ),
+    )
+    async def send(
+        handle: Annotated[str, Field(min_length=1, description="a run's handle or name")],
+        message: Annotated[str, Field(min_length=1, description="the message")],
+        ctx: Context,
+    ) -> dict[str, Any]:
+        check_text_size("message", message)
+        return pod_call(runtime.pods.send, Actor.of_caller(caller_of(ctx)), handle, message)
+
+    @mcp.tool(
+        name="read",
+        description=(
+            "A run's output entries (the text of each of its assistant messages, its answers "
+            "included) after cursor `since` (all without it), a new `cursor` to pass next time, and "
+            "its state: running, idle (takes `send`) or stopped."
+        ),
+    )
+    async def read(
+        handle: Annotated[str, Field(min_length=1, description="a run's handle or name")],
+        ctx: Context,
+        since: Annotated[int | None, Field(ge=0, description="cursor from an earlier read")] = None,
+    ) -> dict[str, Any]:
+        return pod_call(runtime.pods.read, Actor.of_caller(caller_of(ctx)), handle, since)
+
+    @mcp.tool(
+        name="stop",
+        description=(
+            "Stop a run gracefully: its current turn finishes, no new one starts, its filesystem "
+            "scope returns to its spawner (`cancel` stops at once, with its descendants)."
+        ),
+    )
+    async def stop(
+        handle: Annotated[str, Field(min_length=1, description="a run's handle or name")],
+        ctx: Context,
+    ) -> dict[str, Any]:
+        return pod_call(runtime.pods.stop, Actor.of_caller(caller_of(ctx)), handle)
+
+    @mcp.tool(
+        name="list",
+        description=(
+            "Runs with name, state (running, idle, stopped), scope held and the first line of the "
+            "last answer: the children of run `handle`; or the runs of `caller` (an earlier "
+            "session's id, to find your runs from a new connection); default: your runs."
+        ),
+    )
+    async def list_(
+        ctx: Context,
+        handle: Annotated[str | None, Field(description="a run whose children to list")] = None,
+        caller: Annotated[str | None, Field(description="list this caller's runs instead")] = None,
+    ) -> dict[str, Any]:
+        return pod_call(runtime.pods.list_runs, Actor.of_caller(caller_of(ctx)), handle, caller)
+
+    def launch(**arguments: Any) -> Run:
+        """A sub-agent's own ``spawn`` (pods.py): spawn's defaults for what it does not give."""
+        defaults: dict[str, Any] = dict(
+            model=None,
+            serviceClass="interactive",
+            system=None,
+            maxToolCalls=8,
+            tools=None,
+            maxTokens=256,
+            parent=None,
+            budgetTokens=None,
+            budgetToolCalls=None,
+            budgetSeconds=None,
+            approveTools=None,
+        )
+        return start_run(runtime, None, **{**defaults, **arguments})
+
+    runtime.pods.launch = launch
 
     @mcp.tool(
         name="approve",

@@ -1,0 +1,711 @@
+"""Pods: runs that other runs and people direct (DESIGN.md "Pods", issue 6).
+
+One :class:`Pods` per runtime. It wires the pure scope ledger (:mod:`luftpause.runtime.scope`)
+and the built-in workspace tools (:mod:`luftpause.runtime.workspace`) to the run registry, and
+does ``send`` / ``read`` / ``stop`` / ``list`` for three kinds of actor (:class:`Actor`): an MCP
+caller, a sub-agent through its built-in tools, and a person on the monitor page.
+
+States (``read``, ``list``, the monitor): ``running``; ``idle`` (completed or failed: a ``send``
+continues it from its whole conversation); ``stopped`` (cancelled, stopped, or out of budget; it
+takes nothing more). ``await`` and ``status`` keep the run's own state (``completed``, ``failed``,
+``cancelled``, ``running``, ``AwaitingApproval``) and add ``podState`` beside it: ``await`` waits
+until the run is done, so an ``idle`` run counts as done there.
+
+Scope
+-----
+
+With ``[runtime] workspace = DIR`` the ledger holds a principal ``workspace`` granted
+``allow read,write <real DIR>``; an MCP caller's run is carved from it, so two live runs never
+write one path. Without a workspace an MCP caller's ``scope`` is carved from everything.
+``spawn(scope=[rules])`` must be within the spawner's effective scope (refused with what
+exceeds); rule paths may be relative to the workspace and are taken as real paths. Without
+``scope`` a run may *read* what its spawner's grant lets it read and writes nothing (reads are
+shared, so this never conflicts); a spawner holding no scope gives none. A run holds its scope
+while it is running or idle (an idle run may be sent more work); it returns to the spawner when
+the run stops for good (``stop``, ``cancel``, a budget, or being dropped from the registry), and
+what it delegated onward stays with its live children (the ledger's re-parenting). Grants and
+ends are journaled in ``runs.jsonl`` (``scopeGrant`` / ``scopeEnd``) and replayed at start; a
+holder whose run ended without its ``scopeEnd`` (a crash between the two records) is ended then.
+
+Built-in tools, offered beside the upstream ones: ``read_file``, ``write_file``, ``edit_file``,
+``list_directory`` to a run that holds a scope (checked against its effective scope on the real
+path); ``spawn``, ``send``, ``read``, ``stop``, ``list`` to a run spawned with
+``orchestrate: true``, acting on its own descendants only. Built-in tools do not go through the
+approval gate although ``write_file`` / ``edit_file`` carry ``destructiveHint``: the scope is
+their gate (a person granted the paths when they set the workspace and scopes). Upstream tools'
+declared path arguments (``[[mcp_servers]] path_arguments``) are checked against the scope of a
+run before the call; a run that holds no scope may not pass them at all.
+
+Limits: a run tree is at most ``[runtime] max_depth`` levels deep (a caller's run is level 1) and
+a run has at most ``max_children`` live (running or idle) children; beyond them ``spawn`` is
+refused with the limit and its configuration key. Names are unique among a spawner's live
+children; ``send`` / ``read`` / ``stop`` take a handle or such a name.
+
+Notifications
+-------------
+
+When a run answers (goes idle), fails, or stops, and when someone other than its spawner sends it
+a message, an event ``{"id", "kind": answered|error|stopped|message, "child", "handle",
+"pointer", "at"}`` is queued on its spawner: the parent run, or the MCP caller (key
+``caller:<caller>``) for a top-level run. ``pointer`` is short (``3 new output entries (read
+since=2)``, an error's first 200 characters, who stopped it), never the output. A run's pending
+events go into its conversation before its next turn as one ``system`` message (journaled with
+that round, so after a restart they are neither lost nor given twice); a caller's are returned,
+once, by its next ``await`` or ``status`` (``events``). Events are journaled as ``event`` and
+``eventsDelivered`` records. At most :data:`MAX_PENDING_EVENTS` wait per spawner (the oldest go).
+
+Independence
+------------
+
+A run belongs to no connection: any MCP connection can ``status``, ``read``, ``send`` and
+``stop`` it by handle, and ``list(handle=...)`` shows its children. A caller is the MCP session
+id on 2025-era connections, which a reconnecting client loses, so ``list(caller=...)`` lists the
+top-level runs of a caller named explicitly (the old session id, or the ``clientInfo.name`` of a
+2026-era client); ``list()`` lists the current caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import Tool
+
+from luftpause.config import Config
+from luftpause.runtime.errors import BadToolInput, RuntimeFault, UnknownRun
+from luftpause.runtime.runs import Run, RunRegistry, summarize
+from luftpause.runtime.scope import (
+    END,
+    GRANT,
+    SCOPE_SCHEMA,
+    BadScope,
+    Mode,
+    Rule,
+    Scope,
+    ScopeExceeded,
+    ScopeLedger,
+    is_within,
+    normalize_path,
+    workspace_scope,
+)
+from luftpause.runtime.workspace import TOOL_SCHEMAS, TOOLS, check_path_arguments, path_arguments
+
+log = logging.getLogger("luftpause.runtime.pods")
+
+WORKSPACE = "workspace"
+"""The ledger principal holding the configured workspace; MCP callers' runs are carved from it."""
+
+EVENT = "event"
+DELIVERED = "eventsDelivered"
+MAX_PENDING_EVENTS = 200
+POINTER_CHARS = 200
+SUMMARY_CHARS = 200
+"""Characters of a last answer's first line shown by ``list`` and the monitor."""
+
+ORCHESTRATION_TOOLS = ("spawn", "send", "read", "stop", "list")
+
+
+class PodRefused(BadToolInput):
+    """A pod operation that cannot be done: a limit, a name taken, a run out of reach."""
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acts: ``key`` is how events and names are scoped (a run's handle, ``caller:<id>``, or
+    ``person``), ``run`` the sub-agent when it is one (it may then act on its descendants only),
+    ``label`` how the spawner is told who did it."""
+
+    key: str
+    label: str
+    run: Run | None = None
+    caller: str | None = None
+
+    @classmethod
+    def of_run(cls, run: Run) -> Actor:
+        return cls(run.handle, f"run {run.name or run.handle}", run, run.caller)
+
+    @classmethod
+    def of_caller(cls, caller: str) -> Actor:
+        return cls(f"caller:{caller}", f"MCP caller {caller}", None, caller)
+
+
+PERSON = Actor("person", "a person (monitor)")
+
+
+@dataclass(slots=True)
+class Event:
+    id: str
+    to: str
+    handle: str
+    child: str
+    kind: str
+    pointer: str
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "child": self.child,
+            "handle": self.handle,
+            "pointer": self.pointer,
+            "at": round(self.at, 3),
+        }
+
+    def record(self) -> dict[str, Any]:
+        return {"type": EVENT, "to": self.to, **self.to_json()}
+
+
+def spawner_key(run: Run) -> str:
+    """Where ``run``'s events go: its parent's handle, or its MCP caller."""
+    return run.parent if run.parent is not None else f"caller:{run.caller}"
+
+
+def outputs(run: Run) -> list[str]:
+    """The run's output entries: the text of each assistant message of its conversation, in order
+    (its answers included); ``read`` cursors count them."""
+    return [
+        m["content"]
+        for m in run.messages
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]
+    ]
+
+
+def one_line(text: str | None, limit: int = SUMMARY_CHARS) -> str | None:
+    if not text:
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return summarize(first, limit)
+
+
+def read_only(scope: Scope) -> Scope:
+    """The read part of ``scope``: its rules that name ``read``, for reading only."""
+    return Scope.of(*(Rule(r.effect, frozenset({"read"}), r.path) for r in scope.rules if "read" in r.access))
+
+
+def _tool(schema: Mapping[str, Any]) -> Tool:
+    return Tool.model_validate(schema)
+
+
+WORKSPACE_TOOLS = tuple(_tool(s) for s in TOOL_SCHEMAS)
+_HANDLE = {"type": "string", "description": "a run's handle, or the name you gave your child"}
+ORCHESTRATION_SCHEMAS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "spawn",
+        "description": (
+            "Start a child sub-agent on `task`; returns its handle at once. `name` (unique among your "
+            "children) lets you address it. `scope` hands it part of your filesystem scope (allow/deny "
+            "rules); what you give for writing you cannot write until it stops. `orchestrate` lets it "
+            "spawn children of its own. You are told when it answers, fails or stops."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "task": {"type": "string", "minLength": 1},
+                "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                "scope": SCOPE_SCHEMA,
+                "orchestrate": {"type": "boolean"},
+                "system": {"type": "string"},
+                "maxToolCalls": {"type": "integer", "minimum": 0, "maximum": 1000},
+            },
+            "required": ["task"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "send",
+        "description": (
+            "Send a message to your child run: an idle one continues with it, a busy one gets it "
+            "at its next turn."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {"handle": _HANDLE, "message": {"type": "string", "minLength": 1}},
+            "required": ["handle", "message"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "read",
+        "description": (
+            "Your child run's output entries after cursor `since` (all without it), a new cursor "
+            "and its state (running, idle, stopped)."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {"handle": _HANDLE, "since": {"type": "integer", "minimum": 0}},
+            "required": ["handle"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "stop",
+        "description": (
+            "Stop your child run gracefully: its current turn finishes, no new one starts, its "
+            "scope returns to you."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {"handle": _HANDLE},
+            "required": ["handle"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "list",
+        "description": (
+            "Your child runs (or those of your descendant `handle`): name, state, scope held, last answer."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {"handle": _HANDLE},
+            "additionalProperties": False,
+        },
+    },
+)
+ORCHESTRATION = tuple(_tool(s) for s in ORCHESTRATION_SCHEMAS)
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnPlan:
+    """What :meth:`Pods.plan_spawn` decided: the ledger holder the scope comes from and the scope
+    to grant (``None``: the run holds none)."""
+
+    ledger_parent: str | None
+    scope: Scope | None
+
+
+class Pods:
+    """The runtime's pods: scope ledger, notifications, and the operations on runs.
+
+    ``launch`` (set by :func:`luftpause.runtime.tools.build_mcp_server`) spawns a run like the
+    ``spawn`` tool does; ``start_loop`` (set in the server's lifespan) starts a re-opened run's
+    loop. Call :meth:`after_replay` once the registry has replayed its journal.
+    """
+
+    def __init__(self, registry: RunRegistry, config: Config) -> None:
+        self.registry = registry
+        runtime = config.runtime
+        self.max_depth = runtime.max_depth
+        self.max_children = runtime.max_children
+        self.workspace = normalize_path(os.path.realpath(runtime.workspace)) if runtime.workspace else None
+        self.ledger = ScopeLedger()
+        if self.workspace is not None:
+            self.ledger.grant(WORKSPACE, workspace_scope(self.workspace), parent=None)
+        self.path_arguments: dict[str, dict[str, Mode]] = {}
+        for server in config.mcp_servers:
+            for tool, declared in path_arguments(server).items():
+                self.path_arguments.setdefault(tool, declared)
+        self.events: dict[str, list[Event]] = {}
+        self.launch: Callable[..., Run] | None = None
+        self.start_loop: Callable[[Run], None] | None = None
+        registry.on_finish.append(self._finished)
+        registry.on_evict.append(self._evicted)
+        registry.on_replay.append(self._replayed)
+        registry.foreign_records |= {GRANT, END, EVENT, DELIVERED}
+        registry.extra_snapshot.append(self._snapshot)
+
+    # --- journal ---------------------------------------------------------------------------------
+
+    def _journal(self, record: dict[str, Any]) -> None:
+        if self.registry.journal is not None:
+            self.registry.journal.append(record)
+
+    def _replayed(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        try:
+            if kind in (GRANT, END):
+                self.ledger.apply(record)
+            elif kind == EVENT:
+                event = Event(
+                    str(record["id"]),
+                    str(record["to"]),
+                    str(record["handle"]),
+                    str(record["child"]),
+                    str(record["kind"]),
+                    str(record["pointer"]),
+                    float(record["at"]),
+                )
+                self.events.setdefault(event.to, []).append(event)
+            elif kind == DELIVERED:
+                self._drop_events(str(record["to"]), set(record.get("ids") or ()))
+            elif kind == "round" and record.get("events"):
+                self._drop_events(str(record["handle"]), set(record["events"]))
+        except (RuntimeFault, KeyError, TypeError, ValueError) as exc:
+            log.warning("journal: a %s record of %s skipped: %s", kind, record.get("handle"), exc)
+
+    def after_replay(self) -> None:
+        """End the scope of every holder whose run is gone or stopped (its ``scopeEnd`` was lost)."""
+        for handle in self.ledger.live():
+            if handle == WORKSPACE:
+                continue
+            try:
+                gone = self.registry.get(handle).pod_state == "stopped"
+            except RuntimeFault:
+                gone = True
+            if gone:
+                self._journal(self.ledger.end(handle))
+
+    def _snapshot(self) -> Iterable[dict[str, Any]]:
+        for record in self.ledger.to_records():
+            if record["handle"] != WORKSPACE:
+                yield record
+        for pending in self.events.values():
+            for event in pending:
+                yield event.record()
+
+    # --- notifications ---------------------------------------------------------------------------
+
+    def _queue(self, run: Run, kind: str, pointer: str) -> None:
+        event = Event(
+            f"ev-{secrets.token_hex(6)}",
+            spawner_key(run),
+            run.handle,
+            run.name or run.handle,
+            kind,
+            pointer,
+            time.time(),
+        )
+        self._journal(event.record())
+        pending = self.events.setdefault(event.to, [])
+        pending.append(event)
+        del pending[:-MAX_PENDING_EVENTS]
+        self.registry.notify_changed()
+
+    def _drop_events(self, key: str, ids: set[str]) -> None:
+        pending = self.events.get(key)
+        if pending:
+            self.events[key] = [e for e in pending if e.id not in ids]
+
+    def pending(self, key: str) -> list[dict[str, Any]]:
+        """The events waiting for ``key`` (not consumed)."""
+        return [e.to_json() for e in self.events.get(key, ())]
+
+    def take_caller_events(self, caller: str) -> list[dict[str, Any]]:
+        """An MCP caller's pending events, consumed (journaled as delivered): each is given once."""
+        key = f"caller:{caller}"
+        pending = self.events.pop(key, [])
+        if pending:
+            self._journal({"type": DELIVERED, "handle": key, "to": key, "ids": [e.id for e in pending]})
+        return [e.to_json() for e in pending]
+
+    def _finished(self, run: Run) -> None:
+        count = len(outputs(run))
+        entries = f"{count} output entries in all"
+        if run.pod_state == "stopped":
+            who = f"stopped by {run.stopped_by}" if run.stopped_by else (run.error or "cancelled")
+            self._queue(run, "stopped", f"{summarize(who, POINTER_CHARS)}; {entries}")
+            if run.handle in self.ledger:
+                self._journal(self.ledger.end(run.handle))
+        elif run.state == "failed":
+            self._queue(run, "error", summarize(run.error or "failed", POINTER_CHARS))
+        else:
+            self._queue(run, "answered", f"{entries}; read it with read(handle)")
+
+    def _evicted(self, handle: str) -> None:
+        if handle in self.ledger:
+            self._journal(self.ledger.end(handle))
+
+    def before_turn(self, run: Run) -> None:
+        """The run's inbox and pending events into its conversation as one journaled round: one
+        ``system`` message summarising the events, then each message as a ``user`` message."""
+        events = self.events.get(run.handle) or []
+        inbox = list(run.inbox)
+        if not events and not inbox:
+            return
+        messages: list[dict[str, Any]] = []
+        if events:
+            lines = [f"- {e.kind}: child {e.child!r} ({e.handle}): {e.pointer}" for e in events]
+            text = (
+                f"Notifications about your child runs since your last turn ({len(events)}):\n"
+                + "\n".join(lines)
+                + "\nUse read(handle, since) to see their output."
+            )
+            messages.append({"role": "system", "content": text})
+        for message in inbox:
+            sender = message.get("from")
+            prefix = f"[message from {sender}] " if sender else ""
+            messages.append({"role": "user", "content": prefix + message["content"]})
+        run.inbox = []
+        self.events.pop(run.handle, None)
+        run.complete_round(messages, delivered=[m["id"] for m in inbox], events=[e.id for e in events])
+
+    # --- spawn -----------------------------------------------------------------------------------
+
+    def depth(self, run: Run | None) -> int:
+        """Levels from the top: a caller's run is 1 (``None``: 0)."""
+        level = 0
+        while run is not None:
+            level += 1
+            try:
+                run = self.registry.get(run.parent) if run.parent is not None else None
+            except RuntimeFault:
+                run = None
+        return level
+
+    def _live_children(self, parent: Run | None, caller: str) -> list[Run]:
+        if parent is None:
+            runs = [r for r in self.registry.of_caller(caller) if r.parent is None]
+        else:
+            try:
+                runs = self.registry.lookup([h for h in parent.children])
+            except RuntimeFault:
+                runs = [r for r in self.registry.all() if r.parent == parent.handle]
+        return [r for r in runs if r.pod_state != "stopped"]
+
+    def _real_rules(self, scope_json: Any) -> Scope:
+        if not isinstance(scope_json, list):
+            raise BadScope(f"scope: expected a list of rules, got {scope_json!r}")
+        rules = []
+        for item in scope_json:
+            if isinstance(item, Mapping) and isinstance(item.get("path"), str):
+                path = item["path"]
+                if not path.startswith("/") and self.workspace is not None:
+                    path = os.path.join(self.workspace, path)
+                if path.startswith("/"):
+                    item = {**item, "path": os.path.realpath(path)}
+            rules.append(item)
+        return Scope.from_json(rules)
+
+    def plan_spawn(self, parent: Run | None, caller: str, name: str | None, scope_json: Any) -> SpawnPlan:
+        """Check a spawn under ``parent`` (``None``: by MCP caller ``caller``) before it happens:
+        depth and children limits, ``name`` free, ``scope_json`` within the spawner's effective
+        scope. Raises :class:`PodRefused`, :class:`BadScope` or :class:`ScopeExceeded`."""
+        level = self.depth(parent) + 1
+        if level > self.max_depth:
+            raise PodRefused(
+                f"depth limit: the new run would be at level {level} of its tree, beyond "
+                f"[runtime] max_depth = {self.max_depth}"
+            )
+        siblings = self._live_children(parent, caller)
+        if parent is not None and len(siblings) >= self.max_children:
+            raise PodRefused(
+                f"children limit: run {parent.handle} has {len(siblings)} live children, "
+                f"[runtime] max_children = {self.max_children}; stop one first"
+            )
+        if name is not None and any(r.name == name for r in siblings):
+            raise PodRefused(f"name {name!r} is taken among the spawner's live children")
+        if parent is not None:
+            ledger_parent: str | None = parent.handle if parent.handle in self.ledger else None
+            if ledger_parent is None:
+                if scope_json is not None:
+                    raise PodRefused("scope: the spawner holds no scope, so it has none to hand on")
+                return SpawnPlan(None, None)
+        else:
+            ledger_parent = WORKSPACE if self.workspace is not None else None
+        if scope_json is None:
+            if ledger_parent is None:
+                return SpawnPlan(None, None)
+            return SpawnPlan(ledger_parent, read_only(self.ledger.granted(ledger_parent)))
+        scope = self._real_rules(scope_json)
+        excess = is_within(scope, self.ledger.effective(ledger_parent))
+        if excess is not None:
+            raise ScopeExceeded(excess)
+        return SpawnPlan(ledger_parent, scope)
+
+    def grant(self, run: Run, plan: SpawnPlan) -> None:
+        """Give the new ``run`` its planned scope (journaled)."""
+        if plan.scope is not None:
+            self._journal(self.ledger.grant(run.handle, plan.scope, parent=plan.ledger_parent, name=run.name))
+
+    # --- operations ------------------------------------------------------------------------------
+
+    def resolve(self, actor: Actor, target: str) -> Run:
+        """The run ``target`` names (a handle, or a live child's name of ``actor``). A sub-agent
+        reaches only its descendants. Raises :class:`UnknownRun` / :class:`PodRefused`."""
+        run: Run | None = None
+        try:
+            run = self.registry.get(target)
+        except UnknownRun:
+            if actor.run is not None or actor.caller is not None:
+                named = [r for r in self._children_of(actor) if r.name == target]
+                live = [r for r in named if r.pod_state != "stopped"]
+                candidates = live or named
+                run = candidates[-1] if candidates else None
+            if run is None:
+                raise
+        if actor.run is not None and not self._descends(run, actor.run):
+            raise PodRefused(f"run {run.handle} is not one of your descendants")
+        return run
+
+    def _children_of(self, actor: Actor) -> list[Run]:
+        if actor.run is not None:
+            return [r for r in self.registry.all() if r.parent == actor.run.handle]
+        return [r for r in self.registry.all() if r.parent is None and r.caller == actor.caller]
+
+    def _descends(self, run: Run, ancestor: Run) -> bool:
+        parent = run.parent
+        while parent is not None:
+            if parent == ancestor.handle:
+                return True
+            try:
+                parent = self.registry.get(parent).parent
+            except RuntimeFault:
+                return False
+        return False
+
+    def send(self, actor: Actor, target: str, message: str) -> dict[str, Any]:
+        """``send``: ``{"handle", "name", "state", "delivered": "now" | "next turn"}``."""
+        run = self.resolve(actor, target)
+        if actor.run is run:
+            raise PodRefused("a run cannot send a message to itself")
+        if run.pod_state == "stopped":
+            raise PodRefused(f"run {run.handle} is stopped; it takes no messages")
+        reopened = self.registry.deliver(run, message, actor.label, f"msg-{secrets.token_hex(6)}")
+        if reopened:
+            if self.start_loop is None:
+                raise RuntimeError("pods: no loop to continue a run with (outside the server's lifespan)")
+            self.start_loop(run)
+        if actor.key != spawner_key(run):
+            self._queue(run, "message", f"{actor.label} sent it a message ({len(message)} characters)")
+        return {
+            "handle": run.handle,
+            "name": run.name,
+            "state": run.pod_state,
+            "delivered": "now" if reopened else "next turn",
+        }
+
+    def read(self, actor: Actor, target: str, since: int | None = None) -> dict[str, Any]:
+        """``read``: ``{"handle", "name", "state", "entries": [text], "cursor", "error"?}``;
+        ``entries`` are the output entries after ``since`` (all without it), ``cursor`` the
+        count of entries so far (pass it as the next ``since``)."""
+        run = self.resolve(actor, target)
+        entries = outputs(run)
+        start = min(max(since or 0, 0), len(entries))
+        out: dict[str, Any] = {
+            "handle": run.handle,
+            "name": run.name,
+            "state": run.pod_state,
+            "entries": entries[start:],
+            "cursor": len(entries),
+        }
+        if run.error is not None:
+            out["error"] = run.error
+        return out
+
+    def stop(self, actor: Actor, target: str) -> dict[str, Any]:
+        """``stop``: graceful; ``{"handle", "name", "state"}`` (``stopped`` at once for an idle
+        run, ``running`` until its current turn ends)."""
+        run = self.resolve(actor, target)
+        if actor.run is run:
+            raise PodRefused("a run cannot stop itself; answer instead")
+        self.registry.request_stop(run, actor.label)
+        return {"handle": run.handle, "name": run.name, "state": run.pod_state}
+
+    def describe(self, run: Run) -> dict[str, Any]:
+        """One run as ``list`` and the monitor show it::
+
+        {"handle", "name", "state": running|idle|stopped, "runState", "parent", "caller",
+         "task" (summary), "scope": {"granted", "heldByChildren"} | null, "lastAnswer" (first
+         line, 200 chars) | null, "error"?, "children": [handles], "pendingEvents": n}
+        """
+        texts = outputs(run)
+        item: dict[str, Any] = {
+            "handle": run.handle,
+            "name": run.name,
+            "state": run.pod_state,
+            "runState": run.display_state,
+            "parent": run.parent,
+            "caller": run.caller,
+            "task": summarize(run.task),
+            "scope": self.ledger.effective(run.handle).to_json() if run.handle in self.ledger else None,
+            "lastAnswer": one_line(texts[-1]) if texts else None,
+            "children": list(run.children),
+            "pendingEvents": len(self.events.get(run.handle, ())),
+        }
+        if run.error is not None:
+            item["error"] = run.error
+        return item
+
+    def list_runs(self, actor: Actor, of: str | None = None, caller: str | None = None) -> dict[str, Any]:
+        """``list``: ``{"runs": [describe]}``: the children of run ``of``, else the top-level
+        runs of ``caller`` (default: the actor's own children)."""
+        if of is not None:
+            parent = self.resolve(actor, of)
+            runs = [r for r in self.registry.all() if r.parent == parent.handle]
+        elif caller is not None:
+            runs = [r for r in self.registry.all() if r.parent is None and r.caller == caller]
+        else:
+            runs = self._children_of(actor)
+        return {"runs": [self.describe(r) for r in runs]}
+
+    def network(self) -> list[dict[str, Any]]:
+        """Every held run, :meth:`describe`\\ d, oldest first (the monitor's tree)."""
+        return [self.describe(r) for r in self.registry.all()]
+
+    def conversation(self, handle: str) -> dict[str, Any]:
+        """``{"run": describe, "messages": [the whole conversation], "pendingEvents": [event]}``."""
+        run = self.registry.get(handle)
+        pending = self.pending(run.handle)
+        return {"run": self.describe(run), "messages": run.messages, "pendingEvents": pending}
+
+    # --- the loop's hooks (luftpause.runtime.loop.PodHooks) --------------------------------------
+
+    def builtin_tools(self, run: Run) -> list[Tool]:
+        tools: list[Tool] = []
+        if run.handle in self.ledger:
+            tools.extend(WORKSPACE_TOOLS)
+        if run.orchestrate:
+            tools.extend(ORCHESTRATION)
+        return tools
+
+    async def call_builtin(self, run: Run, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        try:
+            if name in TOOLS:
+                check = partial(self.ledger.check, run.handle)
+                text = await asyncio.to_thread(TOOLS[name], check, arguments, base=self.workspace)
+                return text, False
+            return json.dumps(self._orchestrate(run, name, arguments)), False
+        except (RuntimeFault, ToolError) as exc:
+            return f"Error: {exc}", True
+
+    def _orchestrate(self, run: Run, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        actor = Actor.of_run(run)
+        if name == "spawn":
+            if self.launch is None:
+                raise RuntimeError("pods: spawn is not wired (outside the server)")
+            child = self.launch(
+                caller=run.caller,
+                task=arguments["task"],
+                parent=run.handle,
+                name=arguments.get("name"),
+                scope=arguments.get("scope"),
+                orchestrate=bool(arguments.get("orchestrate", False)),
+                system=arguments.get("system"),
+                maxToolCalls=int(arguments.get("maxToolCalls", 8)),
+                model=run.model,
+                serviceClass=run.service_class,
+            )
+            return {"handle": child.handle, "name": child.name, "state": child.pod_state}
+        if name == "send":
+            return self.send(actor, arguments["handle"], arguments["message"])
+        if name == "read":
+            return self.read(actor, arguments["handle"], arguments.get("since"))
+        if name == "stop":
+            return self.stop(actor, arguments["handle"])
+        if name == "list":
+            return self.list_runs(actor, of=arguments.get("handle"))
+        raise PodRefused(f"no built-in tool {name!r}")
+
+    def upstream_refusal(self, run: Run, name: str, arguments: dict[str, Any]) -> str | None:
+        declared = self.path_arguments.get(name)
+        if not declared:
+            return None
+        if run.handle not in self.ledger:
+            names = ", ".join(declared)
+            return f"Error: {name} takes paths ({names}) and this run holds no filesystem scope"
+        try:
+            check = partial(self.ledger.check, run.handle)
+            check_path_arguments(check, declared, arguments, base=self.workspace)
+        except RuntimeFault as exc:
+            return f"Error: {exc}"
+        return None

@@ -1,0 +1,415 @@
+"""Pods end to end (issue 6): the real runtime process, driven through the real ``mcp`` client,
+with a scripted engine as its dataplane and a temporary workspace.
+
+The scripted engine answers each run from a script in its task (``script:`` and a JSON list of
+steps); the step taken is the number of assistant messages already in the conversation, so a
+run re-opened by ``send`` takes the next step. Steps: ``{"call": tool, "args": {...}}`` (one tool
+call), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with the system messages
+that arrived since the run's last assistant message, or ``none``), and ``"sleep"`` seconds to wait
+before answering. So a three-level network (A spawns B, B spawns D) does real file work through
+the runtime's built-in tools, exactly as scripted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from mcp import Client
+from mcp.types import CallToolResult, TextContent
+
+from luftpause.config import DEFAULT_MODEL
+from luftpause.runtime.journal import JOURNAL_NAME, read_records
+from luftpause.testkit.procs import ChildProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def script(*steps: dict[str, Any]) -> str:
+    return "script:" + json.dumps(list(steps))
+
+
+def _reply(content: str | None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "model": DEFAULT_MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2},
+    }
+
+
+class ScriptedEngine:
+    """The runtime's dataplane: an aiohttp app in its own thread and event loop."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pods-engine", daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        run_id = request.headers.get("x-luftpause-run-id", "")
+        self.requests[run_id].append(body)
+        messages = body["messages"]
+        task = next(m["content"] for m in messages if m["role"] == "user")
+        steps = json.loads(task.removeprefix("script:"))
+        done = sum(1 for m in messages if m["role"] == "assistant")
+        step = steps[min(done, len(steps) - 1)]
+        await asyncio.sleep(float(step.get("sleep", 0)))
+        if "call" in step:
+            call = {
+                "id": f"call_{done}",
+                "type": "function",
+                "function": {"name": step["call"], "arguments": json.dumps(step.get("args", {}))},
+            }
+            return web.json_response(_reply(None, [call]))
+        if "echo" in step:
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+            fresh = [m["content"] for m in messages[last + 1 :] if m["role"] == "system"]
+            return web.json_response(_reply("\n".join(fresh) or "none"))
+        return web.json_response(_reply(step["say"]))
+
+    async def _end(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_delete("/v1/runs/{handle}", self._end)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def start(self) -> ScriptedEngine:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+@dataclass
+class Pod:
+    workdir: Path
+    workspace: Path
+    engine: ScriptedEngine
+    config: Path
+    port: int
+    runtime: ChildProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_runtime(self) -> None:
+        self.runtime = ChildProcess(
+            "runtime",
+            ["runtime", "--config", str(self.config)],
+            log_path=self.workdir / "runtime.log",
+            env={"LUFTPAUSE_TOKEN": ""},
+            ready_url=f"{self.url}/health",
+        )
+        self.runtime.start()
+        self.runtime.wait_ready()
+
+    def journal(self) -> list[dict[str, Any]]:
+        return list(read_records(self.workdir / "state" / JOURNAL_NAME))
+
+
+@pytest.fixture()
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    workspace = tmp_path / "ws"
+    (workspace / "b" / "d").mkdir(parents=True)
+    engine = ScriptedEngine().start()
+    port = free_port()
+    config = tmp_path / "luftpause.toml"
+    config.write_text(
+        f"""
+[runtime]
+listen = "127.0.0.1:{port}"
+dataplane = "{engine.url}"
+state_dir = "{tmp_path / "state"}"
+workspace = "{workspace}"
+max_depth = 3
+max_children = 2
+
+[[replicas]]
+name = "scripted"
+url = "{engine.url}"
+models = ["{DEFAULT_MODEL}"]
+"""
+    )
+    running = Pod(tmp_path, workspace.resolve(), engine, config, port)
+    try:
+        running.start_runtime()
+        yield running
+    finally:
+        if running.runtime is not None:
+            running.runtime.stop()
+        engine.stop()
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+def _payload(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, _text(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    return _payload(await client.call_tool(tool, arguments, read_timeout_seconds=60))
+
+
+async def until(check: Callable[[], Any], what: str, seconds: float = 30.0) -> Any:
+    """Poll ``check`` (awaitable result) until it gives something truthy; a fail-safe bound only."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def _get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _tool_results(pod: Pod, handle: str) -> list[str]:
+    conversation = _get_json(f"{pod.url}/monitor/runs/{handle}")
+    return [m["content"] for m in conversation["messages"] if m["role"] == "tool"]
+
+
+def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) -> None:
+    ws = pod.workspace
+    d_task = script(
+        {"call": "spawn", "args": {"task": script({"say": "x"}), "name": "too-deep"}},
+        {"call": "write_file", "args": {"path": str(ws / "b" / "d" / "d.txt"), "content": "from d"}},
+        {"call": "write_file", "args": {"path": str(ws / "outside.txt"), "content": "escape"}},
+        {"call": "write_file", "args": {"path": "b/d/../../b/escape.txt", "content": "dotdot"}},
+        {"say": "D done"},
+    )
+    b_task = script(
+        {
+            "call": "spawn",
+            "args": {
+                "task": d_task,
+                "name": "d",
+                "orchestrate": True,
+                "scope": [{"effect": "allow", "access": ["read", "write"], "path": str(ws / "b" / "d")}],
+            },
+        },
+        {"call": "write_file", "args": {"path": str(ws / "b" / "b.txt"), "content": "from b"}},
+        {"call": "write_file", "args": {"path": str(ws / "b" / "d" / "x.txt"), "content": "b into d"}},
+        {"say": "B done"},
+    )
+    a_task = script(
+        {
+            "call": "spawn",
+            "args": {
+                "task": b_task,
+                "name": "b",
+                "orchestrate": True,
+                "scope": [{"effect": "allow", "access": ["read", "write"], "path": "b"}],
+            },
+        },
+        {"call": "write_file", "args": {"path": "b/a.txt", "content": "a into b"}},
+        {"call": "write_file", "args": {"path": "a.txt", "content": "from a"}},
+        {"say": "A done"},
+        {"echo": "new-system"},
+        {"echo": "new-system"},
+    )
+
+    async def go() -> None:
+        async with Client(f"{pod.url}/mcp") as client:
+            a = (
+                await call(
+                    client,
+                    "spawn",
+                    task=a_task,
+                    name="a",
+                    orchestrate=True,
+                    scope=[{"effect": "allow", "access": ["read", "write"], "path": str(ws)}],
+                )
+            )["handle"]
+
+            async def network_idle() -> Any:
+                runs = (await call(client, "list", handle=a))["runs"]
+                if len(runs) != 1 or runs[0]["state"] != "idle":
+                    return None
+                b_children = (await call(client, "list", handle=runs[0]["handle"]))["runs"]
+                if len(b_children) != 1 or b_children[0]["state"] != "idle":
+                    return None
+                top = await call(client, "read", handle=a)
+                return (runs[0], b_children[0]) if top["state"] == "idle" else None
+
+            b_item, d_item = await until(network_idle, "A, B and D idle")
+            b, d = b_item["handle"], d_item["handle"]
+            assert b_item["name"] == "b" and d_item["name"] == "d"
+            assert b_item["lastAnswer"] == "B done" and d_item["lastAnswer"] == "D done"
+
+            # The file work that was in scope happened; the rest was refused with the rule.
+            assert (ws / "b" / "d" / "d.txt").read_text() == "from d"
+            assert (ws / "b" / "b.txt").read_text() == "from b"
+            assert (ws / "a.txt").read_text() == "from a"
+            for absent in ("outside.txt", "b/escape.txt", "b/d/x.txt", "b/a.txt"):
+                assert not (ws / absent).exists(), absent
+            d_results = _tool_results(pod, d)
+            assert "depth limit" in d_results[0] and "max_depth = 3" in d_results[0]
+            assert d_results[1].startswith("wrote")
+            assert "denied" in d_results[2] and str(ws / "outside.txt") in d_results[2]
+            assert "denied" in d_results[3] and "b/d/../../b/escape.txt" in d_results[3]
+            b_results = _tool_results(pod, b)
+            assert json.loads(b_results[0])["name"] == "d"
+            assert b_results[1].startswith("wrote")
+            assert "denied by rule deny write" in b_results[2] and "held by child 'd'" in b_results[2]
+            a_results = _tool_results(pod, a)
+            assert "held by child 'b'" in a_results[1]
+
+            # Scopes as held: A's writes to b/ are withheld while b lives.
+            a_item = (await call(client, "list"))["runs"]
+            assert [r["handle"] for r in a_item] == [a]
+            assert [h["name"] for h in a_item[0]["scope"]["heldByChildren"]] == ["b"]
+
+            # Read with cursors.
+            first = await call(client, "read", handle=d)
+            assert first["entries"] == ["D done"] and first["cursor"] == 1 and first["state"] == "idle"
+            again = await call(client, "read", handle=d, since=first["cursor"])
+            assert again["entries"] == [] and again["cursor"] == 1
+
+            # B ends before D: D keeps its part, now held under A.
+            stopped = await call(client, "stop", handle=b)
+            assert stopped["state"] == "stopped"
+            a_scope = (await call(client, "list"))["runs"][0]["scope"]
+            assert [h["name"] for h in a_scope["heldByChildren"]] == ["d"]
+
+        # A restart in the middle of the chain keeps it so.
+        assert pod.runtime is not None
+        pod.runtime.kill()
+        pod.start_runtime()
+        async with Client(f"{pod.url}/mcp") as client:
+            listed = (await call(client, "list", handle=a))["runs"]
+            assert [(r["name"], r["state"]) for r in listed] == [("b", "stopped")]
+            a_scope = (await call(client, "status", handle=a))["run"]
+            assert a_scope["podState"] == "idle"
+            monitor = {r["handle"]: r for r in _get_json(f"{pod.url}/monitor/runs")["runs"]}
+            assert [h["name"] for h in monitor[a]["scope"]["heldByChildren"]] == ["d"]
+            assert monitor[b]["scope"] is None and monitor[d]["state"] == "idle"
+
+            # A hears of b at its next turn, once: b answered, then b stopped.
+            await call(client, "send", handle=a, message="report")
+            report = await until(lambda: _idle_read(client, a, 1), "A's report")
+            (text,) = report["entries"]
+            assert f"stopped: child 'b' ({b})" in text and "stopped by MCP caller" in text
+            # Each event reached A once, over all its turns (b may have answered while A ran).
+            a_convo = _get_json(f"{pod.url}/monitor/runs/{a}")["messages"]
+            told = "\n".join(m["content"] for m in a_convo if m["role"] == "system")
+            assert told.count(f"answered: child 'b' ({b})") == 1
+            assert told.count(f"stopped: child 'b' ({b})") == 1
+            assert "D done" not in told and "child 'd'" not in told
+            await call(client, "send", handle=a, message="again")
+            second = await until(lambda: _idle_read(client, a, 2), "A's second report")
+            assert second["entries"][-1] == "none"
+
+            # D ends: its part returns to A, and the file is A's to write again.
+            await call(client, "stop", handle=d)
+            monitor = {r["handle"]: r for r in _get_json(f"{pod.url}/monitor/runs")["runs"]}
+            assert monitor[a]["scope"]["heldByChildren"] == []
+
+    asyncio.run(go())
+    kinds = [r["type"] for r in pod.journal()]
+    assert kinds.count("scopeGrant") == 3 and kinds.count("scopeEnd") == 2
+
+
+async def _idle_read(client: Client, handle: str, at_least: int) -> dict[str, Any] | None:
+    """``read`` of ``handle`` after cursor 0 of its newest entries, once it is idle with more than
+    its first answers (``at_least`` answers after the first)."""
+    result = await call(client, "read", handle=handle)
+    if result["state"] != "idle":
+        return None
+    fresh = result["entries"][-at_least:]
+    return {**result, "entries": fresh[-1:]} if len(result["entries"]) >= 1 + at_least else None
+
+
+def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
+    ws = pod.workspace
+    slow = script(
+        {"sleep": 1.0, "call": "list_directory", "args": {"path": str(ws)}},
+        {"say": "first answer"},
+        {"echo": "new-system"},
+    )
+
+    async def go() -> None:
+        async with Client(f"{pod.url}/mcp") as client:
+            h = (await call(client, "spawn", task=slow, name="slow"))["handle"]
+            # A busy run takes the message at its next turn, not now.
+            sent = await call(client, "send", handle="slow", message="and then")
+            assert sent["delivered"] == "next turn"
+            await until(lambda: _state(client, h, "idle"), "slow idle")
+            convo = _get_json(f"{pod.url}/monitor/runs/{h}")["messages"]
+            users = [m["content"] for m in convo if m["role"] == "user"]
+            assert users[-1].endswith("and then")
+            cursor = (await call(client, "read", handle=h))["cursor"]
+            # An idle run continues its conversation with a new user turn.
+            assert (await call(client, "send", handle=h, message="more"))["delivered"] == "now"
+            await until(lambda: _state(client, h, "idle"), "slow idle again")
+            newer = await call(client, "read", handle=h, since=cursor)
+            assert len(newer["entries"]) == 1
+            # The caller's events: each run end once, in status.
+            events = (await call(client, "status")).get("events", [])
+            assert [e["kind"] for e in events].count("answered") >= 1
+            assert all(e["handle"] == h for e in events)
+            assert (await call(client, "status")).get("events") is None
+
+            # Graceful stop: the turn in flight finishes (its tool round too), no new one starts.
+            first_turn = {"sleep": 1.5, "call": "list_directory", "args": {"path": str(ws)}}
+            sleeper = script(first_turn, {"say": "never"})
+            s = (await call(client, "spawn", task=sleeper))["handle"]
+            await until(lambda: _engine_saw(pod, s), "the sleeper's first turn")
+            assert (await call(client, "stop", handle=s))["state"] == "running"
+            await until(lambda: _state(client, s, "stopped"), "the sleeper stopped")
+            assert len(pod.engine.requests[s]) == 1
+            convo = _get_json(f"{pod.url}/monitor/runs/{s}")["messages"]
+            assert convo[-1]["role"] == "tool" and "b/" in convo[-1]["content"]
+            status = (await call(client, "status", handle=s))["run"]
+            assert status["state"] == "cancelled" and status["error"].startswith("stopped by MCP caller")
+            refused = await client.call_tool("send", {"handle": s, "message": "hello?"})
+            assert refused.is_error and "stopped" in _text(refused)
+
+    asyncio.run(go())
+
+
+async def _state(client: Client, handle: str, state: str) -> bool:
+    return bool((await call(client, "read", handle=handle))["state"] == state)
+
+
+async def _engine_saw(pod: Pod, handle: str) -> bool:
+    return bool(pod.engine.requests.get(handle))
