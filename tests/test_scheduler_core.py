@@ -1503,6 +1503,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
                 "capacity": 1,
                 "effective_capacity": 1,
                 "reserved_headroom": 0,
+                "leased": 0,
                 "healthy": True,
                 "probed_s_ago": None,
                 "running": None,
@@ -1537,7 +1538,12 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
             "expired_runs": 0,
             "runs_ended": 0,
             "turns_released_lost_dataplane": 0,
+            "leased": 0,
+            "lease_crossings": 0,
+            "leased_off_affinity": 0,
+            "lease_revocations": 0,
         },
+        "leases": {},
         "lost_dataplanes": {},
     }
     feed(state, [finish("t1", at=12.0, tools=True)])

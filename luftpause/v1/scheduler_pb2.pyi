@@ -34,16 +34,18 @@ class DataplaneMessage(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[DataplaneItem, _Mapping]]] = ...) -> None: ...
 
 class DataplaneItem(_message.Message):
-    __slots__ = ("resync", "admit", "cancel", "event")
+    __slots__ = ("resync", "admit", "cancel", "event", "leased")
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
     resync: ResyncRequest
     admit: AdmitRequest
     cancel: CancelAdmit
     event: TurnEvent
-    def __init__(self, resync: _Optional[_Union[ResyncRequest, _Mapping]] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelAdmit, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+    leased: LeasedTurn
+    def __init__(self, resync: _Optional[_Union[ResyncRequest, _Mapping]] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelAdmit, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ..., leased: _Optional[_Union[LeasedTurn, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("items",)
@@ -52,12 +54,14 @@ class SchedulerMessage(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[SchedulerItem, _Mapping]]] = ...) -> None: ...
 
 class SchedulerItem(_message.Message):
-    __slots__ = ("resynced", "admitted")
+    __slots__ = ("resynced", "admitted", "lease")
     RESYNCED_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     resynced: ResyncReply
     admitted: AdmitReply
-    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ...) -> None: ...
+    lease: CapacityLease
+    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ..., lease: _Optional[_Union[CapacityLease, _Mapping]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass")
@@ -176,16 +180,50 @@ class InFlightTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
 
 class ResyncRequest(_message.Message):
-    __slots__ = ("dataplane_id", "runs", "turns", "pending_turn_ids")
+    __slots__ = ("dataplane_id", "runs", "turns", "pending_turn_ids", "takes_leases")
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     PENDING_TURN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TAKES_LEASES_FIELD_NUMBER: _ClassVar[int]
     dataplane_id: str
     runs: _containers.RepeatedCompositeFieldContainer[RunRecord]
     turns: _containers.RepeatedCompositeFieldContainer[InFlightTurn]
     pending_turn_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ..., pending_turn_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    takes_leases: bool
+    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ..., pending_turn_ids: _Optional[_Iterable[str]] = ..., takes_leases: _Optional[bool] = ...) -> None: ...
+
+class CapacityLease(_message.Message):
+    __slots__ = ("replica", "epoch", "grant", "revoke", "models")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    epoch: int
+    grant: int
+    revoke: bool
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica: _Optional[str] = ..., epoch: _Optional[int] = ..., grant: _Optional[int] = ..., revoke: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeasedTurn(_message.Message):
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "replica", "epoch")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    replica: str
+    epoch: int
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., replica: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
     __slots__ = ("runs", "turns")

@@ -7,7 +7,15 @@ the actions. Rules: :mod:`luftpause.scheduler.core.decide`; policies: :mod:`.pol
 
 from __future__ import annotations
 
-from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
+from luftpause.scheduler.core.actions import (
+    AckResync,
+    Action,
+    Forget,
+    GrantLease,
+    Place,
+    Reject,
+    RevokeLease,
+)
 from luftpause.scheduler.core.decide import decide
 from luftpause.scheduler.core.events import (
     AbandonReported,
@@ -16,6 +24,7 @@ from luftpause.scheduler.core.events import (
     Event,
     FirstToken,
     InFlightRecord,
+    LeasedTurnPlaced,
     ReplicaProbed,
     Resynced,
     RunEnded,
@@ -41,11 +50,14 @@ __all__ = [
     "Event",
     "FirstToken",
     "Forget",
+    "GrantLease",
     "InFlightRecord",
+    "LeasedTurnPlaced",
     "Place",
     "Reject",
     "ReplicaProbed",
     "Resynced",
+    "RevokeLease",
     "RunEnded",
     "RunPhase",
     "RunRecord",

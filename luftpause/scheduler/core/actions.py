@@ -1,7 +1,8 @@
 """What the shell must do: the outputs of :func:`luftpause.scheduler.core.decide.decide`.
 
 Actions are imperatives, frozen and slotted. ``Place`` and ``Reject`` answer the Admit waiting for
-that turn id; ``Forget`` and ``AckResync`` tell the shell what became of runs and of a resync.
+that turn id; ``Forget`` and ``AckResync`` tell the shell what became of runs and of a resync;
+``GrantLease`` and ``RevokeLease`` go to one dataplane's stream (rule 14, capacity leases).
 """
 
 from __future__ import annotations
@@ -42,4 +43,31 @@ class AckResync:
     turns: int
 
 
-Action = Place | Reject | Forget | AckResync
+@dataclass(frozen=True, slots=True)
+class GrantLease:
+    """Tell dataplane ``dataplane_id`` it may place ``count`` more turns on ``replica`` at once.
+
+    Under ``epoch``: the dataplane reports each turn it places with it (``LeasedTurnPlaced``).
+    ``models``: the replica's, the turns it may take (rule 14).
+    """
+
+    dataplane_id: str
+    replica: str
+    count: int
+    epoch: int
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeLease:
+    """Tell dataplane ``dataplane_id`` that every unused slot it holds of ``replica`` is withdrawn.
+
+    ``epoch`` is the holding's new epoch: turns reported with an older one crossed this revocation.
+    """
+
+    dataplane_id: str
+    replica: str
+    epoch: int
+
+
+Action = Place | Reject | Forget | AckResync | GrantLease | RevokeLease

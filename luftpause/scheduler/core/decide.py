@@ -82,6 +82,53 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     an in-flight turn on a single-pass replica as a single-pass turn (the replica's kind tells),
     and a retried, abandoned or tombstoned single-pass turn is answered as in rules 7 and 11.
 
+14. Capacity leases (DESIGN.md, "Admission transport"; only with ``State.leasing``, the
+    configuration's ``[scheduler] leases``). A dataplane that says so in its resync
+    (``Resynced.takes_leases``, and a non-empty id) is a *lessee*. After every event the scheduler
+    may grant each lessee slots of a generative replica, ``GrantLease(dataplane, replica, count,
+    epoch, models)``: the dataplane then places a turn there at once, without asking, and reports it
+    after (``LeasedTurnPlaced``). Leased slots count against capacity like placed turns
+    (``Replica.leased``; rule 3's room is ``inflight + leased`` below the limit), so every other
+    rule sees a leased slot as taken. What may be leased:
+    * only a replica that is healthy, whose engine reports no queue (``waiting`` absent or 0) and
+      for which no turn is held that it may take (its pinned queue and its models' queues: a turn
+      pinned to another full replica cannot use it and does not stop it);
+    * never more than its effective capacity less the headroom kept for tool-paused interactive
+      runs (rule 3's limit for a batch turn) less its placed turns, so a batch turn placed under a
+      lease never takes a kept slot; batch turns may use leases, since a lease exists only where no
+      turn is held that could use the replica, so no interactive turn can be waiting for that slot;
+    * shared between lessees evenly (the total of leased and free slots, split in lessee order).
+    A lease is withdrawn, ``RevokeLease(dataplane, replica, epoch)`` (every unused slot of that
+    replica, for that dataplane), as soon as any of this stops holding: a turn is held that the
+    replica may take (then the replica is filled from its queues, rule 5, with the slots
+    returned), a probe shows a queue, lower capacity or ill health, or headroom grows past what is
+    free (then the lease is withdrawn and what is left granted afresh). Hence, after every event: no
+    replica with a lease outstanding may take a held turn, and ``inflight + leased`` is within the
+    batch limit wherever a lease is outstanding.
+    Epochs: each (lessee, replica) holding has an epoch, new at every revocation (a counter of the
+    whole state, so never reused); grants carry the current one, and a dataplane reports the epoch
+    of the lease it used. ``LeasedTurnPlaced`` with the current epoch and a slot left takes that
+    slot; one with an older epoch (or none left) crossed the revocation on the wire: the turn is
+    already at its engine, so it stands as placed all the same, counted in ``lease_crossings``.
+    The over-commit this allows is bounded by what was leased: a dataplane drops its unused slots
+    when it reads the revocation, so the crossing turns of one revocation are at most its unused
+    slots then; while they run, the replica counts them and gets neither placements nor leases past
+    its limit. This is the one way a replica's placed turns may exceed its capacity (besides a
+    resync, rule 10), and the one way a batch turn may be placed while an interactive turn waits for
+    that replica.
+    A leased turn becomes a placed turn as by ``Place`` (rule 6: its run generates there, its
+    other held turns re-filed; counted in ``leased``, not ``admitted``); a turn id already placed
+    is left as it is, and a held one (its Admit out too) is placed there and its Admit answered.
+    Affinity (rule 4) is kept by the dataplane: it uses a lease for a run's turn only on the run's
+    last replica while its own run table says the run generates or is tool-paused there, and for
+    runs it does not know only by asking; a run whose turns come through several dataplanes may
+    thus be placed off its last replica once, when one dataplane's record is stale (the scheduler
+    takes the turn where it is, rule 6, and counts it in ``leased_off_affinity``). Lost and
+    resynced dataplanes: ``DataplaneLost`` returns every slot leased to it; ``Resynced`` drops the
+    dataplane's old leases (its new stream starts with none) and grants fresh ones if it takes
+    leases. Turns placed under a lease whose report was lost with a stream are in its resync.
+    Single-pass replicas are never leased (their turns always ask).
+
 Report events about turns the scheduler does not hold placed (already expired, or never seen) are
 ignored, except ``AbandonReported``, which leaves its tombstone. Event times are the shell's
 monotonic seconds and never go backwards.
@@ -94,13 +141,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from luftpause.scheduler.core.actions import AckResync, Action, Forget, Place, Reject
+from luftpause.scheduler.core.actions import (
+    AckResync,
+    Action,
+    Forget,
+    GrantLease,
+    Place,
+    Reject,
+    RevokeLease,
+)
 from luftpause.scheduler.core.events import (
     AbandonReported,
     DataplaneLost,
     DataplaneReturned,
     Event,
     FirstToken,
+    LeasedTurnPlaced,
     ReplicaProbed,
     Resynced,
     RunEnded,
@@ -127,12 +183,13 @@ from luftpause.scheduler.core.policies import (
     expiry,
     headroom,
     health,
+    leases,
     least_loaded,
     lost_dataplane,
     ordering,
     routing,
 )
-from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
+from luftpause.scheduler.core.state import Lease, PlacedTurn, Replica, Run, State
 
 
 def decide(state: State, event: Event) -> tuple[State, list[Action]]:
@@ -172,6 +229,10 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             _lost(state, event)
         case DataplaneReturned():
             state.lost_dataplanes.pop(event.dataplane_id, None)
+        case LeasedTurnPlaced():
+            _leased(state, event, out)
+    if state.lessees:
+        _lease(state, event.at, out)
     return state, out
 
 
@@ -249,8 +310,20 @@ def _where(
     return any_replica_for(turn.model), serving
 
 
-def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[Action]) -> None:
-    """Put ``turn`` (not in the held queues) on ``replica``; its run now generates there."""
+def _place(
+    state: State,
+    turn: HeldTurn,
+    replica: Replica,
+    at: float,
+    out: list[Action],
+    leased: bool = False,
+    answer: bool = True,
+) -> None:
+    """Put ``turn`` (not in the held queues) on ``replica``; its run now generates there.
+
+    ``leased``: its dataplane placed it under a lease (counted apart); ``answer``: an Admit waits
+    for it, answered with ``Place``.
+    """
     state.placed[turn.turn_id] = PlacedTurn(
         turn.turn_id,
         turn.run_id,
@@ -264,8 +337,12 @@ def _place(state: State, turn: HeldTurn, replica: Replica, at: float, out: list[
     )
     replica.inflight += 1
     _count_placed(state, turn.caller, 1, turn.single_pass)
-    state.counters.admitted += 1
-    out.append(Place(turn.turn_id, replica.name))
+    if leased:
+        state.counters.leased += 1
+    else:
+        state.counters.admitted += 1
+    if answer:
+        out.append(Place(turn.turn_id, replica.name))
     if turn.single_pass:
         return  # rule 13: no run state
     run = state.runs.get(turn.run_id)
@@ -445,12 +522,15 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
 
 
 def _lost(state: State, event: DataplaneLost) -> None:
+    _drop_leases(state, event.dataplane_id, False)  # its stream is gone, and its leases with it
     if event.dataplane_id and event.dataplane_id not in state.lost_dataplanes:
         # a second loss before any return keeps the first time: the grace runs from the first
         state.lost_dataplanes[event.dataplane_id] = event.at
 
 
 def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
+    # a new stream: the leases of the old one are gone; fresh ones follow the acknowledgement
+    _drop_leases(state, event.dataplane_id, event.takes_leases and state.leasing)
     changed: dict[str, Run] = {}
     for record in event.runs:
         last_replica = record.last_replica or None
@@ -649,3 +729,118 @@ def _touch(state: State, run: Run, at: float) -> None:
     """Record activity of ``run`` at ``at``, keeping ``state.runs`` in order of last activity."""
     run.last_activity = at
     state.runs.move_to_end(run.run_id)
+
+
+# -- capacity leases (rule 14) ---------------------------------------------------------------------
+
+
+def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
+    """A dataplane placed a turn under a lease: it is placed there, whatever the lease says now."""
+    replica = state.replicas.get(event.replica)
+    if replica is None or replica.kind != "generative" or event.turn_id in state.placed:
+        return  # not a replica of ours (a different configuration), or reported already
+    holding = state.lessees.get(event.dataplane_id, {}).get(event.replica)
+    if holding is not None and holding.epoch == event.epoch and holding.count > 0:
+        holding.count -= 1
+        replica.leased -= 1
+    else:
+        state.counters.lease_crossings += 1  # it crossed the revocation on the wire: it stands
+    waiting = state.held.remove(event.turn_id)  # its Admit is out too (a dataplane of another make)
+    if waiting is None:
+        state.counters.arrived += 1
+        arrival = TurnArrived(
+            event.turn_id,
+            event.run_id,
+            event.model,
+            event.service_class,
+            event.caller,
+            event.dataplane_id,
+            event.at,
+        )
+        run = _run_of_arrival(state, arrival, out)
+    else:
+        run = state.runs.get(event.run_id)
+    if state.strict_affinity:
+        pinned = affinity.pinned_replica(run, routing.replicas_for(state, event.model))
+        if pinned is not None and pinned is not replica:
+            state.counters.leased_off_affinity += 1
+    turn = HeldTurn(
+        event.turn_id,
+        event.run_id,
+        event.model,
+        event.service_class,
+        event.caller,
+        event.dataplane_id,
+        event.at,
+        state.next_seq,
+        any_replica_for(event.model),
+    )
+    state.next_seq += 1
+    _place(state, turn, replica, event.at, out, leased=True, answer=waiting is not None)
+
+
+def _drop_leases(state: State, dataplane_id: str, takes_leases: bool) -> None:
+    """Return every slot leased to ``dataplane_id``; it stays a lessee only if ``takes_leases``."""
+    holdings = state.lessees.pop(dataplane_id, None)
+    if holdings is not None:
+        for name, holding in holdings.items():
+            state.replicas[name].leased -= holding.count
+    if takes_leases and dataplane_id:
+        state.lessees[dataplane_id] = {}
+
+
+def _lease(state: State, at: float, out: list[Action]) -> None:
+    """After an event: withdraw the leases that no longer hold (filling what they free), then
+    share out what may be leased. Afterwards no replica with a lease may take a held turn."""
+    for replica in state.replicas.values():
+        if replica.kind != "generative":
+            continue
+        takes_held = bool(state.held) and _takes_held(state, replica)
+        if replica.leased and (takes_held or not leases.grantable(replica) or leases.room(replica) < 0):
+            _revoke(state, replica, out)
+            if takes_held:
+                _fill(state, replica, at, out)
+                takes_held = bool(state.held) and _takes_held(state, replica)
+        if takes_held or not leases.grantable(replica):
+            continue
+        room = leases.room(replica)
+        if room > 0:
+            _grant(state, replica, room, out)
+
+
+def _takes_held(state: State, replica: Replica) -> bool:
+    """True when some held turn may go to ``replica`` (the head of a queue it serves)."""
+    return any(
+        state.held.head(queue) is not None
+        for queue in queues_served_by(replica.name, replica.kind, replica.models)
+    )
+
+
+def _revoke(state: State, replica: Replica, out: list[Action]) -> None:
+    for dataplane_id, holdings in state.lessees.items():
+        holding = holdings.get(replica.name)
+        if holding is None or holding.count == 0:
+            continue  # every slot granted was reported used: nothing to withdraw
+        replica.leased -= holding.count
+        holding.count = 0
+        holding.epoch = state.next_lease_epoch
+        state.next_lease_epoch += 1
+        state.counters.lease_revocations += 1
+        out.append(RevokeLease(dataplane_id, replica.name, holding.epoch))
+
+
+def _grant(state: State, replica: Replica, room: int, out: list[Action]) -> None:
+    lessees = list(state.lessees.items())
+    held = [holdings.get(replica.name) for _, holdings in lessees]
+    wanted = leases.shares(room + replica.leased, [0 if h is None else h.count for h in held])
+    for (dataplane_id, holdings), holding, want in zip(lessees, held, wanted, strict=True):
+        give = min(want - (0 if holding is None else holding.count), room)
+        if give <= 0:
+            continue
+        if holding is None:
+            holding = holdings[replica.name] = Lease(0, state.next_lease_epoch)
+            state.next_lease_epoch += 1
+        holding.count += give
+        replica.leased += give
+        room -= give
+        out.append(GrantLease(dataplane_id, replica.name, give, holding.epoch, replica.models))

@@ -176,6 +176,7 @@ class Resynced:
     Its view replaces the scheduler's for that dataplane: its in-flight turns count against capacity
     (a turn id listed twice counts once) and its runs keep their affinity. ``pending`` are turn ids
     whose Admit is still out: their placements stand even though ``turns`` does not list them.
+    ``takes_leases`` (``ResyncRequest.takes_leases``): it may be granted capacity leases.
     """
 
     dataplane_id: str
@@ -183,6 +184,8 @@ class Resynced:
     runs: tuple[RunRecord, ...]
     turns: tuple[InFlightRecord, ...]
     pending: frozenset[str] = frozenset()
+    takes_leases: bool = False
+    """It places turns under capacity leases (rule 14); its earlier leases are gone either way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +209,29 @@ class DataplaneReturned:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class LeasedTurnPlaced:
+    """Dataplane ``dataplane_id`` placed turn ``turn_id`` on ``replica`` under a capacity lease.
+
+    The turn went to its engine without an Admit (``LeasedTurn`` on the stream); ``epoch`` is the
+    lease's (``GrantLease.epoch``). It is placed whatever the scheduler's lease says now: one that
+    crossed a revocation on the wire is counted in ``lease_crossings`` (rule 14).
+    """
+
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    dataplane_id: str
+    replica: str
+    epoch: int
+    at: float
+
+
 Event = (
     TurnArrived
+    | LeasedTurnPlaced
     | TurnStarted
     | FirstToken
     | TurnFinished

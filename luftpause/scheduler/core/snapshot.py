@@ -9,6 +9,7 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                     "capacity": int,                 # configured max_inflight
                     "effective_capacity": int,       # after engine load (engine_load policy)
                     "reserved_headroom": int,        # slots kept from batch turns
+                    "leased": int,                   # slots leased to dataplanes, unused
                     "healthy": bool,                 # true until a probe says otherwise
                     "probed_s_ago": float | None,    # None before the first probe
                     "running": int | None, "waiting": int | None,   # engine-reported, None = no load
@@ -28,7 +29,11 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
       "inflight_by_caller": {caller: int, ...},    # placed generative turns; callers with any only
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
                    "rejected": int, "abandoned": int, "expired_turns": int, "expired_runs": int,
-                   "runs_ended": int, "turns_released_lost_dataplane": int},
+                   "runs_ended": int, "turns_released_lost_dataplane": int,
+                   "leased": int, "lease_crossings": int, "leased_off_affinity": int,
+                   "lease_revocations": int},       # leases: rule 14 of decide
+      "leases": {dataplane_id: {replica: int, ...}, ...},   # unused slots each lessee holds
+                                                           # ({} for a lessee holding none)
       "lost_dataplanes": {dataplane_id: float, ...}   # seconds since its last Report stream ended,
                                                       # until it returns or its turns are released
     }
@@ -88,6 +93,7 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
                 "capacity": replica.max_inflight,
                 "effective_capacity": engine_load.capacity(replica),
                 "reserved_headroom": headroom.reserved(replica),
+                "leased": replica.leased,
                 "healthy": replica.healthy,
                 "probed_s_ago": None if replica.probed_at is None else max(0.0, now - replica.probed_at),
                 "running": replica.engine_running,
@@ -112,6 +118,10 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         "runs_by_caller": runs_by_caller,
         "inflight_by_caller": dict(state.caller_inflight),
         "counters": asdict(state.counters),
+        "leases": {
+            dataplane_id: {name: holding.count for name, holding in holdings.items() if holding.count}
+            for dataplane_id, holdings in state.lessees.items()
+        },
         "lost_dataplanes": {
             dataplane_id: max(0.0, now - lost_at) for dataplane_id, lost_at in state.lost_dataplanes.items()
         },

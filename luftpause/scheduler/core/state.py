@@ -59,6 +59,16 @@ class Replica:
     """The engine's prefix cache hit rate at the last probe (0..1), if reported."""
     reserved_for: set[str] = field(default_factory=set)
     """Interactive runs tool-paused here: one slot each is kept from batch turns (headroom)."""
+    leased: int = 0
+    """Slots leased to dataplanes and not used yet (rule 14): taken, as far as capacity goes."""
+
+
+@dataclass(slots=True)
+class Lease:
+    """What one dataplane holds of one replica: ``count`` unused slots, granted under ``epoch``."""
+
+    count: int
+    epoch: int
 
 
 @dataclass(slots=True)
@@ -120,6 +130,14 @@ class Counters:
     runs_ended: int = 0
     turns_released_lost_dataplane: int = 0
     """Placed turns released because their dataplane stayed lost past the grace."""
+    leased: int = 0
+    """Placed by a dataplane under a capacity lease (rule 14), without an Admit."""
+    lease_crossings: int = 0
+    """Leased turns whose lease had been withdrawn when they were reported (crossed on the wire)."""
+    leased_off_affinity: int = 0
+    """Leased turns of a run the scheduler had pinned to another healthy replica (a stale dataplane)."""
+    lease_revocations: int = 0
+    """Leases withdrawn (one per dataplane and replica)."""
 
 
 @dataclass(slots=True)
@@ -159,6 +177,13 @@ class State:
     strict_affinity: bool = True
     """Rule 4 on (the default). Off, every turn may go to any replica serving its model: only for
     measuring what keeping a run on the replica that holds its prefix gains (``bench/flood.py``)."""
+    leasing: bool = False
+    """Rule 14 on: dataplanes that take leases are granted them (``[scheduler] leases``)."""
+    lessees: dict[str, dict[str, Lease]] = field(default_factory=dict)
+    """Dataplane id -> replica name -> what it holds there, for the dataplanes taking leases, in the
+    order they resynced (the order slots are shared in)."""
+    next_lease_epoch: int = 1
+    """The epoch the next new or revoked holding gets: never reused within this state's life."""
 
     def __post_init__(self) -> None:
         # the held queues order callers by their in-flight turns: they read this same dict
@@ -166,12 +191,16 @@ class State:
 
 
 def state_from_replicas(
-    specs: Iterable[ReplicaSpec], dataplane_grace_s: float = DATAPLANE_GRACE_S, strict_affinity: bool = True
+    specs: Iterable[ReplicaSpec],
+    dataplane_grace_s: float = DATAPLANE_GRACE_S,
+    strict_affinity: bool = True,
+    leasing: bool = False,
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
     ``dataplane_grace_s``: seconds a dataplane may be without a Report stream before the turns
-    placed for it are released (:mod:`.policies.lost_dataplane`).
+    placed for it are released (:mod:`.policies.lost_dataplane`). ``leasing``: capacity leases
+    (rule 14 of :mod:`.decide`) are granted to the dataplanes that take them.
     """
     replicas: dict[str, Replica] = {}
     by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
@@ -186,11 +215,15 @@ def state_from_replicas(
         {model: tuple(rs) for model, rs in by_kind["single_pass"].items()},
         dataplane_grace_s=dataplane_grace_s,
         strict_affinity=strict_affinity,
+        leasing=leasing,
     )
 
 
 def new_state(config: Config) -> State:
-    """An empty state for the replicas and the dataplane grace of ``config`` (no runs, no turns)."""
+    """An empty state for ``config``'s replicas, dataplane grace, affinity and leases (no runs, no turns)."""
     return state_from_replicas(
-        config.replicas, config.scheduler.dataplane_grace_s, config.scheduler.strict_affinity
+        config.replicas,
+        config.scheduler.dataplane_grace_s,
+        config.scheduler.strict_affinity,
+        config.scheduler.leases,
     )

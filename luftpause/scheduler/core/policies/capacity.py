@@ -2,8 +2,9 @@
 
 A replica has room for a turn when it is usable (:mod:`.health`) and its in-flight turns are below
 its effective capacity (:mod:`.engine_load`) less the slots kept from that class (:mod:`.headroom`).
-Reads: the replica's ``inflight`` (turns placed and not yet finished, failed, abandoned or expired),
-health, engine load, ``max_inflight`` and headroom; the turn's service class.
+Reads: the replica's ``inflight`` (turns placed and not yet finished, failed, abandoned or expired)
+and ``leased`` (slots leased to dataplanes, unused), health, engine load, ``max_inflight`` and
+headroom; the turn's service class.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ def limit(replica: Replica, service_class: ServiceClass = "interactive") -> int:
 
 
 def has_room(replica: Replica, service_class: ServiceClass = "interactive") -> bool:
-    """True when one more turn of ``service_class`` may be placed on ``replica``."""
-    return health.usable(replica) and replica.inflight < limit(replica, service_class)
+    """True when one more turn of ``service_class`` may be placed on ``replica``.
+
+    Slots leased to dataplanes (:mod:`.leases`) are taken, as placed turns are.
+    """
+    return health.usable(replica) and replica.inflight + replica.leased < limit(replica, service_class)
 
 
 def with_room(replicas: Iterable[Replica], service_class: ServiceClass = "interactive") -> list[Replica]:
