@@ -117,6 +117,7 @@ class Pod:
     config: Path
     port: int
     runtime: ChildProcess | None = None
+    token: str = ""
 
     @property
     def url(self) -> str:
@@ -127,7 +128,7 @@ class Pod:
             "runtime",
             ["runtime", "--config", str(self.config)],
             log_path=self.workdir / "runtime.log",
-            env={"LUFTPAUSE_TOKEN": ""},
+            env={"LUFTPAUSE_TOKEN": self.token},
             ready_url=f"{self.url}/health",
         )
         self.runtime.start()
@@ -139,6 +140,12 @@ class Pod:
 
 @pytest.fixture()
 def pod(tmp_path: Path) -> Iterator[Pod]:
+    yield from start_pod(tmp_path)
+
+
+def start_pod(tmp_path: Path, token: str = "") -> Iterator[Pod]:
+    """The scripted engine and a runtime with a workspace (``ws`` with ``b/d`` in it); stopped
+    when the generator is closed."""
     workspace = tmp_path / "ws"
     (workspace / "b" / "d").mkdir(parents=True)
     engine = ScriptedEngine().start()
@@ -160,7 +167,7 @@ url = "{engine.url}"
 models = ["{DEFAULT_MODEL}"]
 """
     )
-    running = Pod(tmp_path, workspace.resolve(), engine, config, port)
+    running = Pod(tmp_path, workspace.resolve(), engine, config, port, token=token)
     try:
         running.start_runtime()
         yield running

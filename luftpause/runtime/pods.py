@@ -432,9 +432,7 @@ class Pods:
             )
             messages.append({"role": "system", "content": text})
         for message in inbox:
-            sender = message.get("from")
-            prefix = f"[message from {sender}] " if sender else ""
-            messages.append({"role": "user", "content": prefix + message["content"]})
+            messages.append({"role": "user", "content": message["content"]})
         run.inbox = []
         self.events.pop(run.handle, None)
         run.complete_round(messages, delivered=[m["id"] for m in inbox], events=[e.id for e in events])
@@ -560,12 +558,15 @@ class Pods:
             raise PodRefused("a run cannot send a message to itself")
         if run.pod_state == "stopped":
             raise PodRefused(f"run {run.handle} is stopped; it takes no messages")
-        reopened = self.registry.deliver(run, message, actor.label, f"msg-{secrets.token_hex(6)}")
+        # A message from anyone but the spawner says who sent it (the run may answer to its spawner).
+        own = actor.key == spawner_key(run)
+        text = message if own else f"[message from {actor.label}] {message}"
+        reopened = self.registry.deliver(run, text, actor.label, f"msg-{secrets.token_hex(6)}")
         if reopened:
             if self.start_loop is None:
                 raise RuntimeError("pods: no loop to continue a run with (outside the server's lifespan)")
             self.start_loop(run)
-        if actor.key != spawner_key(run):
+        if not own:
             self._queue(run, "message", f"{actor.label} sent it a message ({len(message)} characters)")
         return {
             "handle": run.handle,

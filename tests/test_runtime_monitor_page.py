@@ -1,0 +1,232 @@
+"""The monitor page (``GET /monitor``) in headless Chromium, driven like a person would: the test
+speaks the Chrome DevTools Protocol over a websocket (aiohttp's client) to click a run in the
+tree, type a message into the page's form, press Send, then press Stop, with real mouse and
+keyboard input events. The run and its spawner must hear of both.
+
+Real processes: the runtime (with a bearer token, which the page takes from ``?token=``) and a
+scripted engine (:mod:`test_runtime_pods`). Chromium must be installed (``/usr/bin/chromium``);
+without it the test fails, it is never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from test_runtime_pods import Pod, call, script, start_pod, until
+
+from luftpause.testkit.loadgen import runtime_client
+from luftpause.testkit.procs import free_port
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "monitor-test-token"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    if found is None:
+        pytest.fail("chromium is not installed (Debian: apt-get install chromium)")
+    return found
+
+
+@pytest.fixture()
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    yield from start_pod(tmp_path, token=TOKEN)
+
+
+@pytest.fixture()
+def browser(tmp_path: Path) -> Iterator[int]:
+    """Headless Chromium with its DevTools port; killed afterwards."""
+    port = free_port()
+    profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path)
+    process = subprocess.Popen(
+        [
+            chromium(),
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--remote-debugging-port={port}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise AssertionError("chromium's DevTools port never opened") from None
+                time.sleep(0.1)
+        yield port
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+class Page:
+    """A minimal CDP client for one page target."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+
+    async def send(self, method: str, **params: Any) -> dict[str, Any]:
+        message_id = next(self.ids)
+        await self.ws.send_json({"id": message_id, "method": method, "params": params})
+        while True:
+            reply = await self.ws.receive_json(timeout=30)
+            if reply.get("id") == message_id:
+                assert "error" not in reply, reply
+                result: dict[str, Any] = reply.get("result", {})
+                return result
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    async def center(self, selector: str) -> tuple[float, float] | None:
+        rect = await self.evaluate(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
+            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        return (rect[0], rect[1]) if rect else None
+
+    async def click(self, selector: str) -> None:
+        """A real mouse click (press and release) at the element's centre."""
+        point = await until(lambda: self.center(selector), f"{selector} on the page")
+        x, y = point
+        for kind in ("mousePressed", "mouseReleased"):
+            await self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+
+    async def type(self, text: str) -> None:
+        await self.send("Input.insertText", text=text)
+
+    async def text(self, selector: str) -> str:
+        found = f"document.querySelector({json.dumps(selector)})"
+        value = await self.evaluate(f"(() => {{ const e = {found}; return e ? e.textContent : ''; }})()")
+        return str(value or "")
+
+
+async def open_page(devtools_port: int, url: str, session: aiohttp.ClientSession) -> Page:
+    async with session.get(f"http://127.0.0.1:{devtools_port}/json/list") as response:
+        targets = await response.json()
+    target = next(t for t in targets if t["type"] == "page")
+    ws = await session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0)
+    page = Page(ws)
+    await page.send("Page.enable")
+    await page.send("Page.navigate", url=url)
+    return page
+
+
+def _conversation(pod: Pod, handle: str) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{pod.url}/monitor/runs/{handle}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_a_person_sends_a_message_and_stops_a_run_from_the_page(pod: Pod, browser: int) -> None:
+    child_task = script({"say": "c ready"}, {"say": "c got it"}, {"say": "c again"})
+    a_task = script(
+        {"call": "spawn", "args": {"task": child_task, "name": "c"}},
+        {"say": "A waiting"},
+        {"echo": "new-system"},
+    )
+    message = "please look at <b>this</b>"
+
+    async def go() -> None:
+        async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:
+            a = (await call(client, "spawn", task=a_task, name="a", orchestrate=True))["handle"]
+
+            async def child_idle() -> Any:
+                runs = (await call(client, "list", handle=a))["runs"]
+                top = await call(client, "read", handle=a)
+                ready = runs and runs[0]["state"] == "idle" and top["state"] == "idle"
+                return runs[0]["handle"] if ready else None
+
+            c = await until(child_idle, "A and c idle")
+            # The page without the token is refused data, and says so.
+            async with session.get(f"{pod.url}/monitor/runs") as refused:
+                assert refused.status == 401
+            page = await open_page(browser, f"{pod.url}/monitor?token={TOKEN}", session)
+            try:
+                # The tree shows c under a, with its state and last answer.
+                node = f'li[data-handle="{a}"] li[data-handle="{c}"] .run'
+                await until(lambda: page.center(node), "c under a in the tree")
+                assert "c ready" in await page.text(node)
+                await page.click(node)
+                await until(lambda: page.center("#detail:not([hidden]) #message"), "the run's form")
+                await page.click("#message")
+                await page.type(message)
+                await page.click("#send-button")
+
+                async def c_answered_again() -> bool:
+                    convo = _conversation(pod, c)
+                    return convo["run"]["state"] == "idle" and convo["run"]["lastAnswer"] == "c got it"
+
+                await until(c_answered_again, "c's answer to the person's message")
+                users = [m["content"] for m in _conversation(pod, c)["messages"] if m["role"] == "user"]
+                assert users[-1] == f"[message from a person (monitor)] {message}"
+                assert "sent" in await page.text("#action-result")
+                # The conversation is shown as text, markup included literally.
+                await until(lambda: _shows(page, "c got it"), "the conversation on the page")
+                assert message in await page.text("#conversation")
+
+                await page.click("#stop-button")
+                await until(lambda: _state_shown(page, node, "stopped"), "c stopped on the page")
+                assert _conversation(pod, c)["run"]["state"] == "stopped"
+            finally:
+                await page.ws.close()
+
+            # The spawner hears of both at its next turn, once.
+            await call(client, "send", handle=a, message="report")
+
+            async def report() -> str | None:
+                result = await call(client, "read", handle=a)
+                return (
+                    result["entries"][-1]
+                    if result["state"] == "idle" and len(result["entries"]) == 2
+                    else None
+                )
+
+            text = await until(report, "A's report")
+            assert f"message: child 'c' ({c}): a person (monitor) sent it a message" in text
+            assert f"stopped: child 'c' ({c}): stopped by a person (monitor)" in text
+
+    asyncio.run(go())
+
+
+async def _shows(page: Page, text: str) -> bool:
+    return text in await page.text("#conversation")
+
+
+async def _state_shown(page: Page, selector: str, state: str) -> bool:
+    return bool(await page.evaluate(f"!!document.querySelector({json.dumps(selector + ' .state-' + state)})"))
