@@ -116,8 +116,8 @@ def test_lessees_share_the_free_slots_evenly_in_the_order_they_resynced() -> Non
 def test_leased_slots_count_against_capacity_and_give_way_to_a_turn_that_would_be_held() -> None:
     state = make_state([("a", ["m"], 2), ("b", ["m"], 2)])
     feed(state, [lessee()])
-    # dp2 takes no leases: its turn finds every slot leased, so the leases of the replicas it may
-    # use are withdrawn (a first, least loaded), it is placed, and what is left is leased again
+    # dp2 takes no leases: its turn finds every slot leased; it goes where it would with no lease
+    # out (a: least loaded, first in a tie), whose lease is withdrawn, and what is left is leased
     assert feed(state, [arrive("t1", "r1")]) == [
         RevokeLease("dp", "a", 3),
         Place("t1", "a"),
@@ -125,6 +125,29 @@ def test_leased_slots_count_against_capacity_and_give_way_to_a_turn_that_would_b
     ]
     assert held_by(state) == {"dp": {"a": 1, "b": 2}}
     assert not state.held
+
+
+def test_a_turn_freed_from_leases_goes_to_the_least_loaded_replica() -> None:
+    state = make_state([("a", ["m"], 3), ("b", ["m"], 3)])
+    feed(state, [arrive("t0", "r0", at=0.0)])  # on a
+    feed(state, [lessee(at=0.5)])
+    assert held_by(state) == {"dp": {"a": 2, "b": 3}}
+    actions = feed(state, [arrive("t1", "r1")])
+    assert Place("t1", "b") in actions  # b has no placed turn; a has one
+
+
+def test_an_asking_turn_goes_where_it_would_with_no_lease_not_into_a_kept_slot() -> None:
+    state = make_state([("a", ["m"], 2), ("b", ["m"], 2)])
+    paused = (RunRecord("r9", "b", "tool_paused", "interactive", ""),)
+    feed(state, [Resynced("dp2", 0.0, paused, ()), lessee(at=0.5)])
+    assert held_by(state) == {"dp": {"a": 2, "b": 1}}  # b keeps one slot for r9
+    # an interactive turn of a new run could take b's kept slot without touching a lease; it goes
+    # to a (least loaded, first in a tie) as it would with no lease out
+    assert feed(state, [arrive("t1", "r1")]) == [
+        RevokeLease("dp", "a", 3),
+        Place("t1", "a"),
+        GrantLease("dp", "a", 1, 3, M),
+    ]
 
 
 def test_a_turn_pinned_to_another_full_replica_does_not_withdraw_a_lease() -> None:
@@ -157,7 +180,7 @@ def test_a_leased_turn_takes_its_slot_and_is_placed_with_its_run_generating_ther
     assert (state.runs["r1"].phase, state.runs["r1"].last_replica) == ("generating", "a")
     assert (state.replicas["a"].inflight, state.replicas["a"].leased) == (1, 1)
     counters = snapshot(state, 1.0)["counters"]
-    assert (counters["leased"], counters["admitted"], counters["arrived"]) == (1, 0, 1)
+    assert (counters["leased"], counters["admitted"], counters["arrived"]) == (1, 1, 1)
     # its end frees the slot, which is leased again
     assert feed(state, [finish("t1")]) == [GrantLease("dp", "a", 1, 1, M)]
     assert state.runs["r1"].phase == "idle"

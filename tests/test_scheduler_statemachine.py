@@ -35,6 +35,18 @@ otherwise):
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
   long as its tombstone lives (120 s, dropped by the next tick);
 * after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight;
+* capacity leases (rule 14): the machine plays each dataplane's side of the lease protocol. Lease
+  grants and revocations travel on a wire per dataplane and are delivered when a rule says so, so
+  the dataplane may place a turn under a lease the scheduler has already withdrawn (a crossing); it
+  places a turn under a lease only as the real link does (the run's phase and last replica from its
+  record, which is the shadow). Checked: the scheduler's leases are what its actions said, and only
+  with connected dataplanes that take them; no replica with a lease outstanding may take a held turn;
+  where a lease is outstanding the replica is healthy, its engine reports no queue and its placed
+  turns plus leased slots are within its capacity less the kept slots; a replica's placed turns
+  exceed its capacity by no more than the crossing turns on it, each of which the dataplane held a
+  slot for when the lease was withdrawn (at most one per unused slot), and the core counts exactly
+  the crossings the machine saw; a batch turn placed under a lease that did not cross has no
+  interactive turn waiting for its replica and took no kept slot; affinity holds as above;
 * liveness (rule ``flood_does_not_starve_a_caller``): under continuous load from one caller, with a
   backlog of its turns older than another caller's one held turn, that turn is placed within a
   number of slot frees bounded by the work already in the pool, however long the backlog (arrival
@@ -56,11 +68,14 @@ from luftpause.scheduler.core import (
     DataplaneReturned,
     Event,
     Forget,
+    GrantLease,
     InFlightRecord,
+    LeasedTurnPlaced,
     Place,
     Reject,
     ReplicaProbed,
     Resynced,
+    RevokeLease,
     RunEnded,
     ServiceClass,
     Tick,
@@ -70,6 +85,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     decide,
     new_state,
+    snapshot,
 )
 
 CONFIG = """
@@ -118,6 +134,11 @@ TURN_EXPIRY_S = 600.0
 GRACE_S = 60.0  # the default dataplane_grace_s
 
 
+def answers(actions: list[Action]) -> list[Action]:
+    """The actions that are not lease changes (those may follow any event that frees or holds)."""
+    return [a for a in actions if not isinstance(a, GrantLease | RevokeLease)]
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     """The core under random events, with a shadow of run phases and turn fates."""
 
@@ -148,6 +169,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.callers: dict[str, str] = {}  # turn -> caller
         self.next_flood = 0
         self.load: dict[str, tuple[int | None, int | None]] = {}  # replica -> last (running, waiting)
+        # capacity leases: what the scheduler holds for each dataplane per its actions, what travels
+        # to the dataplane, and what the dataplane holds having read it: replica -> [count, epoch]
+        self.lessees: set[str] = set()
+        self.sched_leases: dict[str, dict[str, list[int]]] = {}
+        self.wire: dict[str, list[Action]] = {name: [] for name in DATAPLANES}
+        self.dp_leases: dict[str, dict[str, list[int]]] = {name: {} for name in DATAPLANES}
+        self.crossing: set[str] = set()  # turns placed under a lease withdrawn before they were reported
+        self.crossings = 0
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -172,6 +201,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         placed_at = {turn_id: placed.placed_at for turn_id, placed in self.state.placed.items()}
         before = list(placed_at)
         runs_before = self.runs_in_full() if self.about_single_pass(event) else None
+        if isinstance(event, Resynced | DataplaneLost):
+            # the dataplane's old stream is gone, with the leases on it and what was on the wire
+            dataplane = event.dataplane_id
+            self.sched_leases.pop(dataplane, None)
+            self.wire[dataplane] = []
+            self.dp_leases[dataplane] = {}
+            self.lessees.discard(dataplane)
+            if isinstance(event, Resynced) and event.takes_leases:
+                self.lessees.add(dataplane)
         self.state, actions = decide(self.state, event)
         if runs_before is not None:
             assert self.runs_in_full() == runs_before, f"{event} changed run state"
@@ -209,6 +247,22 @@ class SchedulerMachine(RuleBasedStateMachine):
                 kind = "SinglePass" if action.turn_id in self.single else "Generative"
                 assert action.reason == f"no {kind} replica serves model '{model}'"
                 self.rejected.add(action.turn_id)
+            elif isinstance(action, GrantLease | RevokeLease):
+                assert action.dataplane_id in self.lessees, f"lease for {action.dataplane_id}"
+                assert self.state.replicas[action.replica].kind == "generative"
+                holding = self.sched_leases.setdefault(action.dataplane_id, {}).get(action.replica)
+                if isinstance(action, GrantLease):
+                    assert action.count > 0 and action.models == self.state.replicas[action.replica].models
+                    if holding is None:
+                        self.sched_leases[action.dataplane_id][action.replica] = [action.count, action.epoch]
+                    else:
+                        assert holding[1] == action.epoch, "a grant under another epoch than held"
+                        holding[0] += action.count
+                else:
+                    assert holding is not None and holding[0] > 0, "a revocation of nothing"
+                    assert action.epoch > holding[1]
+                    holding[:] = [0, action.epoch]
+                self.wire[action.dataplane_id].append(action)
             elif isinstance(action, Forget):
                 self.shadow.pop(action.run_id, None)
                 self.latest.pop(action.run_id, None)
@@ -217,7 +271,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 )
         return actions
 
-    def on_place(self, action: Place) -> None:
+    def on_place(self, action: Place, crossed: bool = False) -> None:
+        """A turn placed; ``crossed``: by a dataplane under a lease withdrawn meanwhile (rule 14),
+        which may meet a replica that has turned unhealthy since."""
         turn_id = action.turn_id
         assert turn_id not in self.placed_on, f"{turn_id} placed twice"
         run_id, model = self.turns[turn_id]
@@ -228,7 +284,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return  # no run state
         assert action.replica in SERVING[model], f"{model} placed on {action.replica}"
         phase, last = self.shadow.get(run_id, ("idle", ""))
-        assert self.healthy[action.replica], f"{turn_id} placed on unhealthy {action.replica}"
+        assert crossed or self.healthy[action.replica], f"{turn_id} placed on unhealthy {action.replica}"
         if phase in ("generating", "tool_paused") and last in SERVING[model] and self.healthy[last]:
             assert action.replica == last, f"affinity broken: {run_id} on {last}, not {action.replica}"
         self.placed_on[turn_id] = action.replica
@@ -384,7 +440,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.end_placed(turn_id, "idle")
         actions = self.feed(TurnAbandoned(turn_id, self.now))
         if was_held:
-            assert actions == [], "a held turn leaving its queue frees nothing"
+            assert answers(actions) == [], "a held turn leaving its queue frees nothing"
 
     @rule(pick=st.integers(0, 1000), which=st.sampled_from(["held", "placed", "ended", "never seen"]))
     def report_abandoned(self, pick: int, which: str) -> None:
@@ -409,7 +465,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tombstones[turn_id] = self.now
         actions = self.feed(AbandonReported(turn_id, self.now))
         if was_held:
-            assert actions == [Reject(turn_id, ABANDONED.reason, 499)], "its waiting Admit is answered"
+            assert answers(actions) == [Reject(turn_id, ABANDONED.reason, 499)], "its Admit is answered"
 
     @precondition(lambda self: bool(self.tombstones))
     @rule(pick=st.integers(0, 1000), run=st.sampled_from(RUNS))
@@ -421,13 +477,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         actions = self.feed(TurnArrived(turn_id, run_id, model, "interactive", "", "dp", self.now))
         assert actions == [Reject(turn_id, ABANDONED.reason, 499)]
 
-    @rule(dataplane=st.sampled_from(DATAPLANES))
-    def resync_empty(self, dataplane: str) -> None:
+    @rule(dataplane=st.sampled_from(DATAPLANES), leases=st.booleans())
+    def resync_empty(self, dataplane: str, leases: bool) -> None:
         """The dataplane reconnects with nothing in flight: the turns placed for it are gone."""
         self.now += 0.1
         self.lost.pop(dataplane, None)
-        actions = self.feed(Resynced(dataplane, self.now, (), ()))
-        assert actions[-1] == AckResync(dataplane, 0, 0)
+        actions = self.feed(Resynced(dataplane, self.now, (), (), takes_leases=leases))
+        assert answers(actions)[-1] == AckResync(dataplane, 0, 0)
         # what is left of it was placed by this resync (a held turn whose Admit still waits)
         placed_now = {action.turn_id for action in actions if isinstance(action, Place)}
         for placed in self.state.placed.values():
@@ -448,11 +504,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now += 0.1
         self.lost[dataplane] = self.now
         lost_at = self.now
-        assert self.feed(DataplaneLost(dataplane, self.now)) == []
+        assert answers(self.feed(DataplaneLost(dataplane, self.now))) == []
         for turn_id in sorted(t.turn_id for t in self.state.held if self.dataplane[t.turn_id] == dataplane):
             self.now += 0.1
             self.ended.add(turn_id)
-            assert self.feed(TurnAbandoned(turn_id, self.now)) == []
+            assert answers(self.feed(TurnAbandoned(turn_id, self.now))) == []
         if wait is not None:
             self.now = lost_at + wait
             self.last_tick = self.now
@@ -465,7 +521,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         dataplane = sorted(self.lost)[pick % len(self.lost)]
         self.now += 0.1
         del self.lost[dataplane]
-        assert self.feed(DataplaneReturned(dataplane, self.now)) == []
+        assert answers(self.feed(DataplaneReturned(dataplane, self.now))) == []
 
     @rule(run=st.sampled_from(RUNS))
     def run_ends(self, run: str) -> None:
@@ -499,9 +555,12 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.lost) < len(DATAPLANES))
     @rule(
-        pick=st.integers(0, 1), adopt=st.sampled_from([None, "s", "s2"]), model=st.sampled_from(["m1", "cls"])
+        pick=st.integers(0, 1),
+        adopt=st.sampled_from([None, "s", "s2"]),
+        model=st.sampled_from(["m1", "cls"]),
+        leases=st.booleans(),
     )
-    def resync_listing(self, pick: int, adopt: str | None, model: str) -> None:
+    def resync_listing(self, pick: int, adopt: str | None, model: str, leases: bool) -> None:
         """A connected dataplane resyncs listing every turn placed for it, where it is.
 
         With ``adopt``, it also lists a single-pass turn the scheduler never saw (placed by the
@@ -530,8 +589,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 records.append(InFlightRecord(adopted, "r0", adopt, model, "interactive", "x"))
         self.now += 0.1
         runs_before = self.runs_in_full()
-        actions = self.feed(Resynced(dataplane, self.now, (), tuple(records)))
-        assert actions == [AckResync(dataplane, 0, len(records))], "nothing held could use a slot"
+        actions = self.feed(Resynced(dataplane, self.now, (), tuple(records), takes_leases=leases))
+        assert answers(actions) == [AckResync(dataplane, 0, len(records))], "nothing held could use a slot"
         # listing each turn where it is changes nothing; adopting a single-pass turn touches no run
         assert self.runs_in_full() == runs_before
         if adopted is not None:
@@ -594,7 +653,108 @@ class SchedulerMachine(RuleBasedStateMachine):
             if turn_id in self.state.held:
                 self.now += 0.001
                 self.ended.add(turn_id)
-                assert self.feed(TurnAbandoned(turn_id, self.now)) == []
+                assert answers(self.feed(TurnAbandoned(turn_id, self.now))) == []
+
+    @precondition(lambda self: len(self.lost) < len(DATAPLANES))
+    @rule(pick=st.integers(0, 1))
+    def lessee_connects(self, pick: int) -> None:
+        """A connected dataplane opens a new stream taking leases (its resync lists every turn placed
+        for it, where it is) and reads everything granted on it."""
+        connected = [name for name in DATAPLANES if name not in self.lost]
+        dataplane = connected[pick % len(connected)]
+        records = tuple(
+            InFlightRecord(p.turn_id, p.run_id, p.replica, p.model, p.service_class, p.caller)
+            for p in self.state.placed.values()
+            if p.dataplane_id == dataplane
+        )
+        self.now += 0.1
+        actions = self.feed(Resynced(dataplane, self.now, (), records, takes_leases=True))
+        assert answers(actions) == [AckResync(dataplane, 0, len(records))]
+        self.deliver(dataplane, len(self.wire[dataplane]))
+
+    @precondition(lambda self: any(self.wire.values()))
+    @rule(pick=st.integers(0, 1), count=st.integers(1, 4))
+    def deliver_leases(self, pick: int, count: int) -> None:
+        """The first ``count`` lease changes on a dataplane's wire reach it (FIFO, as on a stream)."""
+        waiting = [name for name in DATAPLANES if self.wire[name]]
+        self.deliver(waiting[pick % len(waiting)], count)
+
+    def deliver(self, dataplane: str, count: int) -> None:
+        delivered, self.wire[dataplane] = self.wire[dataplane][:count], self.wire[dataplane][count:]
+        held = self.dp_leases[dataplane]
+        for change in delivered:
+            holding = held.get(change.replica)  # type: ignore[union-attr]
+            if isinstance(change, RevokeLease):
+                if holding is not None:
+                    holding[:] = [0, change.epoch]
+            elif isinstance(change, GrantLease):
+                if holding is None or holding[1] != change.epoch:
+                    held[change.replica] = [change.count, change.epoch]
+                else:
+                    holding[0] += change.count
+
+    @rule(
+        run=st.sampled_from(RUNS),
+        model=st.sampled_from(["m1", "m2"]),
+        batch=st.booleans(),
+        caller=st.sampled_from(["", "x", "y"]),
+        dataplane=st.sampled_from(DATAPLANES),
+    )
+    def place_under_lease(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
+        """The dataplane places a turn at once under a lease it holds, as the link does: a run
+        generating or paused on a replica serving the model only there, an idle or unknown run on
+        the replica with the most slots left; nothing if no lease allows it (it would ask)."""
+        if dataplane in self.lost:
+            return
+        held = self.dp_leases[dataplane]
+        phase, last = self.shadow.get(run, ("idle", ""))
+        if any(self.turns[t.turn_id][0] == run for t in self.state.held if not t.single_pass):
+            return  # a turn of it is waiting for an answer: the link asks
+        choice: str | None = None
+        if phase != "idle" and last in SERVING[model]:
+            if last in held and held[last][0] > 0:
+                choice = last
+            elif last not in held:
+                return
+        else:
+            best = [name for name in SERVING[model] if name in held and held[name][0] > 0]
+            if best:
+                choice = max(best, key=lambda name: held[name][0])
+        if choice is None:
+            return
+        epoch = held[choice][1]
+        held[choice][0] -= 1
+        self.now += 0.1
+        turn_id = f"t{self.next_turn}"
+        self.next_turn += 1
+        self.turns[turn_id] = (run, model)
+        self.dataplane[turn_id] = dataplane
+        self.callers[turn_id] = caller
+        self.arrived.add(turn_id)
+        self.generative_runs.add(run)
+        if batch:
+            self.batch.add(turn_id)
+        scheduler_side = self.sched_leases.get(dataplane, {}).get(choice)
+        crossed = scheduler_side is None or scheduler_side[1] != epoch or scheduler_side[0] == 0
+        if crossed:
+            self.crossing.add(turn_id)
+            self.crossings += 1
+        else:
+            scheduler_side[0] -= 1  # type: ignore[index]
+        self.on_place(Place(turn_id, choice), crossed)
+        cls: ServiceClass = "batch" if batch else "interactive"
+        event(f"leased placement: {'crossed' if crossed else 'under its lease'}")
+        actions = self.feed(
+            LeasedTurnPlaced(turn_id, run, model, cls, caller, dataplane, choice, epoch, self.now)
+        )
+        assert answers(actions) == [], "a leased turn is answered by nobody and frees nothing"
+        assert self.state.placed[turn_id].replica == choice
+        others_crossed = any(
+            self.state.placed[t].replica == choice for t in self.crossing if t in self.state.placed
+        )
+        if batch and not crossed and not others_crossed:
+            self.no_interactive_waits_for(choice)
+            self.batch_took_no_kept_slot(Place(turn_id, choice), [])
 
     # -- invariants -----------------------------------------------------------------------------------
 
@@ -602,8 +762,44 @@ class SchedulerMachine(RuleBasedStateMachine):
     def no_replica_above_capacity(self) -> None:
         for replica in self.state.replicas.values():
             count = sum(1 for placed in self.state.placed.values() if placed.replica == replica.name)
+            crossed = sum(1 for t in self.crossing if self.state.placed.get(t, None) and
+                          self.state.placed[t].replica == replica.name)  # fmt: skip
             assert replica.inflight == count
-            assert count <= replica.max_inflight, f"{replica.name}: {count} > {replica.max_inflight}"
+            assert count <= replica.max_inflight + crossed, (
+                f"{replica.name}: {count} > {replica.max_inflight}"
+            )
+
+    @invariant()
+    def leases_are_what_the_actions_said(self) -> None:
+        expected = {
+            dataplane: {name: holding[0] for name, holding in holdings.items() if holding[0]}
+            for dataplane, holdings in self.sched_leases.items()
+            if dataplane in self.lessees
+        }
+        assert {dp: h for dp, h in snapshot(self.state, self.now)["leases"].items()} == {
+            dp: expected.get(dp, {}) for dp in self.state.lessees
+        }
+        assert set(self.state.lessees) == self.lessees
+        assert not (self.lessees & set(self.lost)), "a lost dataplane holds leases"
+        for name, replica in self.state.replicas.items():
+            assert replica.leased == sum(h.get(name, [0])[0] for h in self.sched_leases.values())
+        assert self.state.counters.lease_crossings == self.crossings
+
+    @invariant()
+    def no_lease_where_a_turn_waits(self) -> None:
+        for turn in self.state.held:
+            for name in self.usable(turn.turn_id):
+                assert self.state.replicas[name].leased == 0, f"{turn.turn_id} held while {name} is leased"
+
+    @invariant()
+    def leases_only_within_free_capacity(self) -> None:
+        for name, replica in self.state.replicas.items():
+            if not replica.leased:
+                continue
+            _, waiting = self.load.get(name, (None, None))
+            assert self.healthy[name] and not (waiting is not None and waiting > 0), f"{name} leased"
+            limit = self.capacity(name) - self.kept(name)
+            assert replica.inflight + replica.leased <= limit, f"{name} leased past its room"
 
     @invariant()
     def kinds_never_mix(self) -> None:

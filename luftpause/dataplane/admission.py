@@ -19,6 +19,17 @@ to write (while its last write was out, or during the loop iteration that woke i
 ``DataplaneMessage``: at 16 streams that is several admissions and events per gRPC message, and a
 lone admission still goes out at once (never a timer). Answers come batched the same way.
 
+Capacity leases (rule 14 of ``luftpause.scheduler.core.decide``): every resync says the link takes
+them, and the scheduler may then grant slots of replicas (``lease`` items). The link keeps, per
+replica, the unused slots, their epoch and the replica's models, and :meth:`SchedulerLink.admit`
+answers a turn at once, with no round trip, when a lease allows it; the turn is reported after
+(``leased``, queued on the stream like any item). A lease allows a turn when the replica serves its
+model and the run's affinity lets it go there, read from the run table: a run generating or
+tool-paused on a replica (that serves the model) may use only that replica's lease; an idle run
+any, the one with the most slots left; a run the table does not know (named by a header, maybe
+known to the scheduler through another dataplane), or with an earlier turn's admit still out, asks.
+Single-pass turns always ask. Every lease is dropped when its stream ends.
+
 Turn events queued, or sent on a stream that then broke, are not replayed after a reconnect: the
 resync that opens every stream already carries their effect (the run table is updated in the same
 step as each event is queued). Between streams events are dropped for that reason, and at most
@@ -99,6 +110,20 @@ class _Outbox:
         return items
 
 
+class _Lease:
+    """What the link holds of one replica: unused slots, their epoch, the replica's models."""
+
+    __slots__ = ("count", "epoch", "models")
+
+    def __init__(self, count: int, epoch: int, models: frozenset[str]) -> None:
+        self.count = count
+        self.epoch = epoch
+        self.models = models
+
+
+_PINNING = frozenset({pb.GENERATING, pb.TOOL_PAUSED})
+
+
 class SchedulerLink:
     """One dataplane's connection to the scheduler at ``target`` (``host:port``).
 
@@ -107,8 +132,17 @@ class SchedulerLink:
     of the same dataplane (host and port), so its resync after a crash releases what it held.
     """
 
-    def __init__(self, target: str, runs: RunTable, dataplane_id: str | None = None) -> None:
+    def __init__(
+        self, target: str, runs: RunTable, dataplane_id: str | None = None, takes_leases: bool = True
+    ) -> None:
         self.target = target
+        self.takes_leases = takes_leases
+        self._leases: dict[str, _Lease] = {}
+        """Replica -> the lease held there, on the current stream (empty between streams)."""
+        self._asking: dict[str, int] = {}
+        """Run id -> its turns whose admit is out: such a run's next turn asks too."""
+        self.leased_turns = 0
+        """Turns this link placed under a lease (since it started)."""
         self.runs = runs
         self.dataplane_id = dataplane_id or f"dp-{uuid.uuid4().hex[:12]}"
         self._channel: grpc.aio.Channel | None = None
@@ -161,7 +195,10 @@ class SchedulerLink:
     async def admit(self, request: pb.AdmitRequest) -> pb.AdmitReply:
         """Place a turn: returns the scheduler's answer (placed or refused) for ``request.turn_id``.
 
-        Waits while the turn is held, and while the scheduler is unreachable (the admit is re-sent on
+        Answered at once, with no round trip, when a capacity lease allows the turn (reported to
+        the scheduler after, on the stream); the caller must then record the turn in the run table
+        before it next yields to the loop, as the relay does when it forwards. Otherwise it waits
+        while the turn is held, and while the scheduler is unreachable (the admit is re-sent on
         each new stream). Cancelling the awaiting task sends a cancel, which the scheduler takes as
         the turn being abandoned. Raises ``grpc.aio.AioRpcError`` when the stream ends on a
         non-transient failure, and ``ValueError`` when an admit of the same turn id is already out.
@@ -170,8 +207,15 @@ class SchedulerLink:
         turn_id = request.turn_id
         if turn_id in self._admits:
             raise ValueError(f"an admit of turn {turn_id!r} is already out")
+        if self._leases and not request.single_pass:
+            reply = self._place_leased(request)
+            if reply is not None:
+                return reply
         future: asyncio.Future[pb.AdmitReply] = self._loop.create_future()
         self._admits[turn_id] = (request, future)
+        run_id = request.run_id
+        asking = self._asking
+        asking[run_id] = asking.get(run_id, 0) + 1
         self._send(pb.DataplaneItem(admit=request))
         try:
             return await future
@@ -180,6 +224,70 @@ class SchedulerLink:
             raise
         finally:
             del self._admits[turn_id]
+            left = asking[run_id] - 1
+            if left:
+                asking[run_id] = left
+            else:
+                del asking[run_id]
+
+    def leases(self) -> dict[str, int]:
+        """Replica -> unused leased slots held now (replicas with none left out)."""
+        return {name: lease.count for name, lease in self._leases.items() if lease.count}
+
+    def _place_leased(self, request: pb.AdmitRequest) -> pb.AdmitReply | None:
+        """Place ``request`` under a lease if one allows it (see the module's docstring), else None."""
+        outbox = self._outbox
+        if outbox is None or self._overflowed or request.run_id in self._asking:
+            return None
+        run = self.runs.runs.get(request.run_id)
+        if run is None:
+            return None  # perhaps known to the scheduler (another dataplane's): ask
+        model = request.model
+        replica = ""
+        lease: _Lease | None = None
+        pinned = self._leases.get(run.last_replica) if run.phase in _PINNING and run.last_replica else None
+        if pinned is not None and model in pinned.models:
+            if pinned.count > 0:
+                replica, lease = run.last_replica, pinned
+        elif run.phase in _PINNING and run.last_replica and pinned is None:
+            return None  # its replica is not leased to us: whether it may move is the scheduler's call
+        else:
+            for name, candidate in self._leases.items():
+                if candidate.count > 0 and model in candidate.models:
+                    if lease is None or candidate.count > lease.count:
+                        replica, lease = name, candidate
+        if lease is None:
+            return None
+        lease.count -= 1
+        self.leased_turns += 1
+        outbox.put(
+            pb.DataplaneItem(
+                leased=pb.LeasedTurn(
+                    turn_id=request.turn_id,
+                    run_id=request.run_id,
+                    model=model,
+                    service_class=request.service_class,
+                    caller=request.caller,
+                    replica=replica,
+                    epoch=lease.epoch,
+                )
+            )
+        )
+        return pb.AdmitReply(turn_id=request.turn_id, placed=pb.Placement(replica=replica))
+
+    def _on_lease(self, message: pb.CapacityLease) -> None:
+        """A grant adds slots under its epoch; a revocation empties the holding and sets its epoch."""
+        lease = self._leases.get(message.replica)
+        if message.revoke:
+            if lease is not None:
+                lease.count, lease.epoch = 0, message.epoch
+            return
+        if lease is None:
+            self._leases[message.replica] = _Lease(message.grant, message.epoch, frozenset(message.models))
+        elif lease.epoch != message.epoch:
+            lease.count, lease.epoch = message.grant, message.epoch
+        else:
+            lease.count += message.grant
 
     def report(self, event: pb.TurnEvent) -> None:
         """Queue a turn event for the stream; never blocks the relay.
@@ -236,7 +344,7 @@ class SchedulerLink:
         await self._channel.channel_ready()
         # From the snapshot on, every event is queued: snapshot + queue is the whole truth.
         outbox = _Outbox()
-        resync = self.runs.resync_request(self.dataplane_id, self._admits)
+        resync = self.runs.resync_request(self.dataplane_id, self._admits, self.takes_leases)
         outbox.put(pb.DataplaneItem(resync=resync))
         for request, future in self._admits.values():
             if not future.done():
@@ -251,6 +359,8 @@ class SchedulerLink:
                         kind = item.WhichOneof("item")
                         if kind == "admitted":
                             self._answer(item.admitted)
+                        elif kind == "lease":
+                            self._on_lease(item.lease)
                         elif kind == "resynced":
                             resync_deadline.reschedule(None)
                             self._synced.set()
@@ -260,8 +370,9 @@ class SchedulerLink:
                                 len(resync.runs),
                                 len(resync.turns),
                             )
-                        # None: a kind from a newer scheduler (a lease, say), which this dataplane ignores
+                        # None: a kind from a newer scheduler, which this dataplane ignores
         finally:
+            self._leases.clear()  # leases live and die with their stream
             call.cancel()
             writer.cancel()
             # its failure is the stream's, which the read above has raised or will on the next one

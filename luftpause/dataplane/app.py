@@ -268,10 +268,14 @@ class Dataplane:
         service_class = _service_class(scope)
         assert self._loop is not None
         now = self._loop.time()
+        caller = truncate_caller(_header(scope, "x-luftpause-caller") or "")
         run_id = _header(scope, RUN_ID_HEADER)
         if not run_id:
             # No header (or an empty one): the run that emitted a tool call answered here, else new.
-            run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now) or f"run-{new_id()}"
+            run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now)
+            if not run_id:
+                run_id = f"run-{new_id()}"
+                self.runs.new_run(run_id, service_class, caller, now)  # so it may use a lease
         elif not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
         return Turn(
@@ -279,7 +283,7 @@ class Dataplane:
             run_id=run_id,
             model=model,
             service_class=service_class,
-            caller=truncate_caller(_header(scope, "x-luftpause-caller") or ""),
+            caller=caller,
             body=body,
             traceparent=_header(scope, "traceparent"),
             arrived=now,

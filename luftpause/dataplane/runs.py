@@ -66,6 +66,15 @@ class RunTable:
             run.last_seen = now
         return True
 
+    def new_run(self, run_id: str, service_class: int, caller: str, now: float) -> None:
+        """A run this dataplane just made up (no header, no known tool call): idle, on no replica.
+
+        Recorded at once, so that its first turn may be placed under a capacity lease: the
+        scheduler cannot know a run nobody has named yet.
+        """
+        if run_id not in self.runs:
+            self.runs[run_id] = RunRecord(run_id, service_class, caller, last_seen=now)
+
     def forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
 
@@ -79,10 +88,14 @@ class RunTable:
             del self.runs[rid]
         return len(stale)
 
-    def resync_request(self, dataplane_id: str, pending: Iterable[str] = ()) -> pb.ResyncRequest:
-        """This table as a Resync; ``pending`` are the turn ids whose Admit is still out."""
+    def resync_request(
+        self, dataplane_id: str, pending: Iterable[str] = (), takes_leases: bool = False
+    ) -> pb.ResyncRequest:
+        """This table as a Resync; ``pending`` are the turn ids whose Admit is still out;
+        ``takes_leases``: the dataplane places turns under capacity leases."""
         return pb.ResyncRequest(
             dataplane_id=dataplane_id,
+            takes_leases=takes_leases,
             pending_turn_ids=list(pending),
             runs=[
                 pb.RunRecord(

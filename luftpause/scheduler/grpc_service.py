@@ -14,6 +14,10 @@ actions. Answers queued while the stream's writer was busy, or in one loop itera
   dataplane sends the engine request as soon as it reads it (or reports the turn ABANDONED), so
   it sends no STARTED. An admit the core fails on is refused with 503 rather than
   ending the stream (and with it every other admission).
+* ``leased`` -> ``LeasedTurnPlaced`` (a turn the dataplane placed under a capacity lease, rule 14 of
+  the core; its start too). A stream whose resync says ``takes_leases`` gets the core's
+  ``GrantLease`` / ``RevokeLease`` for its dataplane as ``lease`` items, in decision order with the
+  answers; the newest resynced stream of a dataplane gets them.
 * ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
   queue, a placement that crossed the cancel frees its slot).
 * ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
@@ -43,7 +47,9 @@ from luftpause.scheduler.core import (
     DataplaneLost,
     Event,
     FirstToken,
+    GrantLease,
     InFlightRecord,
+    LeasedTurnPlaced,
     Place,
     Resynced,
     RunEnded,
@@ -55,7 +61,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.host import Answer, Outcome, SchedulerHost
+from luftpause.scheduler.host import Answer, LeaseChange, Outcome, SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -110,7 +116,34 @@ def resynced(request: pb.ResyncRequest, at: float) -> Resynced:
             for turn in request.turns
         ),
         frozenset(request.pending_turn_ids),
+        request.takes_leases,
     )
+
+
+def leased_turn(message: pb.LeasedTurn, dataplane_id: str, at: float) -> LeasedTurnPlaced:
+    """A ``LeasedTurn`` from dataplane ``dataplane_id``'s stream as the core's event at ``at``."""
+    return LeasedTurnPlaced(
+        message.turn_id,
+        message.run_id,
+        message.model,
+        service_class(message.service_class),
+        message.caller,
+        dataplane_id,
+        message.replica,
+        message.epoch,
+        at,
+    )
+
+
+def lease_item(change: LeaseChange) -> pb.SchedulerItem:
+    """The stream item for a core ``GrantLease`` or ``RevokeLease``."""
+    if type(change) is GrantLease:
+        lease = pb.CapacityLease(
+            replica=change.replica, epoch=change.epoch, grant=change.count, models=change.models
+        )
+    else:
+        lease = pb.CapacityLease(replica=change.replica, epoch=change.epoch, revoke=True)
+    return pb.SchedulerItem(lease=lease)
 
 
 _FINISHED = pb.TurnEvent.FINISHED
@@ -176,6 +209,10 @@ class _Stream:
         self.outbox: list[pb.SchedulerItem] = []
         self.wake: asyncio.Future[None] | None = None
         self.waiting: dict[str, Answer] = {}
+        self.dataplane_id = ""  # from its resync
+
+    def lease(self, change: LeaseChange) -> None:
+        self.put(lease_item(change))
 
     def put(self, item: pb.SchedulerItem) -> None:
         self.outbox.append(item)
@@ -259,7 +296,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 refusal = "the first item of a Connect stream must be its resync"
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
             resync = first.items[0].resync
-            dataplane_id = resync.dataplane_id
+            dataplane_id = stream.dataplane_id = resync.dataplane_id
+            if resync.takes_leases and dataplane_id:
+                self.host.lease_to(dataplane_id, stream.lease)  # before the resync: its grants follow
             for action in self.host.feed(resynced(resync, self.host.now())):
                 if isinstance(action, AckResync):
                     stream.put(
@@ -277,6 +316,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             writer.cancel()
             stream.close()
             if dataplane_id is not None:
+                self.host.lease_ended(dataplane_id, stream.lease)
                 self._stream_ended(dataplane_id)
             await asyncio.gather(writer, return_exceptions=True)
 
@@ -295,11 +335,13 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             self.host.feed(event)
         elif kind == "admit":
             stream.admit(item.admit)
+        elif kind == "leased":
+            self.host.feed(leased_turn(item.leased, stream.dataplane_id, self.host.now()))
         elif kind == "cancel":
             stream.cancel(item.cancel.turn_id)
         elif kind == "resync":
             log.warning("a second resync on one stream of %s is ignored", item.resync.dataplane_id)
-        # None: a kind from a newer dataplane (a lease, say), which this scheduler does not offer
+        # None: a kind from a newer dataplane, which this scheduler does not know
 
     def _stream_ended(self, dataplane_id: str) -> None:
         if not dataplane_id:

@@ -19,8 +19,10 @@ from luftpause.scheduler.core import (
     Action,
     Event,
     Forget,
+    GrantLease,
     Place,
     Reject,
+    RevokeLease,
     State,
     Tick,
     TurnAbandoned,
@@ -40,6 +42,10 @@ Outcome = Place | Reject
 Answer = Callable[[Outcome], None]
 """Called once with the outcome of an admission, inside the ``feed`` that decided it; must not block."""
 
+LeaseChange = GrantLease | RevokeLease
+LeaseSink = Callable[[LeaseChange], None]
+"""Takes the lease grants and revocations for one dataplane (its newest stream); must not block."""
+
 
 class SchedulerHost:
     """The scheduler's state plus the admissions waiting on it.
@@ -51,6 +57,7 @@ class SchedulerHost:
         self.state: State = new_state(config)
         self.clock = clock
         self._waiters: dict[str, list[Answer]] = {}
+        self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
 
     def now(self) -> float:
@@ -64,9 +71,25 @@ class SchedulerHost:
             if isinstance(action, Place | Reject):
                 for answer in self._waiters.pop(action.turn_id, ()):
                     answer(action)
+            elif isinstance(action, GrantLease | RevokeLease):
+                sink = self._lessees.get(action.dataplane_id)
+                if sink is not None:
+                    sink(action)
             elif isinstance(action, Forget):
                 log.debug("forgot run %s", action.run_id)
         return actions
+
+    def lease_to(self, dataplane_id: str, sink: LeaseSink) -> None:
+        """Send dataplane ``dataplane_id``'s lease changes to ``sink`` (its newest stream) from now.
+
+        Call it before feeding that stream's ``Resynced``, whose grants then reach it.
+        """
+        self._lessees[dataplane_id] = sink
+
+    def lease_ended(self, dataplane_id: str, sink: LeaseSink) -> None:
+        """``sink``'s stream ended: it takes no more lease changes (unless a newer stream took over)."""
+        if self._lessees.get(dataplane_id) == sink:  # bound methods: equal, not identical
+            del self._lessees[dataplane_id]
 
     def arrive(self, arrived: TurnArrived, answer: Answer) -> None:
         """Feed ``arrived``; ``answer`` gets that turn's ``Place`` or ``Reject`` when it is decided.

@@ -116,8 +116,10 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     its limit. This is the one way a replica's placed turns may exceed its capacity (besides a
     resync, rule 10), and the one way a batch turn may be placed while an interactive turn waits for
     that replica.
+    A turn that asks is placed where it would be with no lease out (rule 4's least loaded replica
+    with room): if that replica's free slots are all leased, its leases are withdrawn first.
     A leased turn becomes a placed turn as by ``Place`` (rule 6: its run generates there, its
-    other held turns re-filed; counted in ``leased``, not ``admitted``); a turn id already placed
+    other held turns re-filed; counted in ``admitted`` and in ``leased``); a turn id already placed
     is left as it is, and a held one (its Admit out too) is placed there and its Admit answered.
     Affinity (rule 4) is kept by the dataplane: it uses a lease for a run's turn only on the run's
     last replica while its own run table says the run generates or is tool-paused there, and for
@@ -269,10 +271,14 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
     )
     state.next_seq += 1
     turn.queue, usable = _where(state, run, turn, serving)
-    target = least_loaded.pick(capacity.with_room(usable, turn.service_class))
+    # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)
+    leased_taken = not state.lessees
+    target = least_loaded.pick(capacity.with_room(usable, turn.service_class, leased_taken))
     if target is None:
         state.held.add(turn)
     else:
+        if target.leased and not capacity.has_room(target, turn.service_class):
+            _revoke(state, target, out)
         _place(state, turn, target, event.at, out)
 
 
@@ -337,10 +343,9 @@ def _place(
     )
     replica.inflight += 1
     _count_placed(state, turn.caller, 1, turn.single_pass)
+    state.counters.admitted += 1
     if leased:
         state.counters.leased += 1
-    else:
-        state.counters.admitted += 1
     if answer:
         out.append(Place(turn.turn_id, replica.name))
     if turn.single_pass:
@@ -777,6 +782,7 @@ def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
     )
     state.next_seq += 1
     _place(state, turn, replica, event.at, out, leased=True, answer=waiting is not None)
+    state.placed[event.turn_id].started_at = event.at  # it went to its engine as it was placed
 
 
 def _drop_leases(state: State, dataplane_id: str, takes_leases: bool) -> None:
@@ -790,18 +796,22 @@ def _drop_leases(state: State, dataplane_id: str, takes_leases: bool) -> None:
 
 
 def _lease(state: State, at: float, out: list[Action]) -> None:
-    """After an event: withdraw the leases that no longer hold (filling what they free), then
-    share out what may be leased. Afterwards no replica with a lease may take a held turn."""
+    """After an event: withdraw the leases that no longer hold, give what that frees to the held
+    turns (least loaded replica first, as an arrival would have been placed), then share out what
+    may be leased. Afterwards no replica with a lease may take a held turn."""
+    opened: list[Replica] = []
     for replica in state.replicas.values():
-        if replica.kind != "generative":
+        if not replica.leased:
             continue
         takes_held = bool(state.held) and _takes_held(state, replica)
-        if replica.leased and (takes_held or not leases.grantable(replica) or leases.room(replica) < 0):
+        if takes_held or not leases.grantable(replica) or leases.room(replica) < 0:
             _revoke(state, replica, out)
             if takes_held:
-                _fill(state, replica, at, out)
-                takes_held = bool(state.held) and _takes_held(state, replica)
-        if takes_held or not leases.grantable(replica):
+                opened.append(replica)
+    for replica in sorted(opened, key=lambda replica: (replica.inflight, replica.index)):
+        _fill(state, replica, at, out)
+    for replica in state.replicas.values():
+        if not leases.grantable(replica) or (state.held and _takes_held(state, replica)):
             continue
         room = leases.room(replica)
         if room > 0:

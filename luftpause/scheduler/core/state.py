@@ -116,7 +116,7 @@ class Counters:
     arrived: int = 0
     """New turns with a served model (retried Admits and rejected turns not counted)."""
     admitted: int = 0
-    """Placed by this scheduler."""
+    """Placed by this scheduler (also under a lease it granted, counted in ``leased`` too)."""
     adopted: int = 0
     """Taken over from a dataplane's resync."""
     finished: int = 0

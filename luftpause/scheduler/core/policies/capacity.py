@@ -24,14 +24,20 @@ def limit(replica: Replica, service_class: ServiceClass = "interactive") -> int:
     return engine_load.capacity(replica) - headroom.kept_from(replica, service_class)
 
 
-def has_room(replica: Replica, service_class: ServiceClass = "interactive") -> bool:
+def has_room(
+    replica: Replica, service_class: ServiceClass = "interactive", leased_taken: bool = True
+) -> bool:
     """True when one more turn of ``service_class`` may be placed on ``replica``.
 
-    Slots leased to dataplanes (:mod:`.leases`) are taken, as placed turns are.
+    Slots leased to dataplanes (:mod:`.leases`) are taken, as placed turns are, unless
+    ``leased_taken`` is False (a lease may be withdrawn to make room).
     """
-    return health.usable(replica) and replica.inflight + replica.leased < limit(replica, service_class)
+    used = replica.inflight + replica.leased if leased_taken else replica.inflight
+    return health.usable(replica) and used < limit(replica, service_class)
 
 
-def with_room(replicas: Iterable[Replica], service_class: ServiceClass = "interactive") -> list[Replica]:
+def with_room(
+    replicas: Iterable[Replica], service_class: ServiceClass = "interactive", leased_taken: bool = True
+) -> list[Replica]:
     """Those of ``replicas`` with room for a turn of ``service_class``, in the given order."""
-    return [replica for replica in replicas if has_room(replica, service_class)]
+    return [replica for replica in replicas if has_room(replica, service_class, leased_taken)]
