@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from luftpause import __version__
+from luftpause import __version__, logs
 from luftpause.config import Config, ConfigError, load_config
 
 # command -> (module, one-line help)
@@ -68,6 +69,12 @@ def process_title() -> str:
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luftpause", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=None,
+        help=f"text, or one JSON object per line (default: ${logs.LOG_FORMAT_ENV}, else text)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -78,9 +85,13 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in args_in if not a.startswith("-")), None)
-    parser = build_parser(command if command in COMMANDS else None)
+    # The first word naming a command (an option's value, such as --log-format's, names none).
+    command = next((a for a in args_in if a in COMMANDS), None)
+    parser = build_parser(command)
     args = parser.parse_args(args_in)
+    if args.log_format is not None:
+        os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
+    logs.configure(args.command)
     module = importlib.import_module(COMMANDS[args.command][0])
     result: int = module.run(args)
     return result

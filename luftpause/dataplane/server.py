@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from luftpause import logs
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import CONFIG_ENV, split_host_port
 from luftpause.ports import refuse_if_in_use
@@ -23,7 +24,6 @@ def run(args: argparse.Namespace) -> int:
         os.environ[CONFIG_ENV] = os.path.abspath(config.source)
     else:
         os.environ.pop(CONFIG_ENV, None)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not os.environ.get("LUFTPAUSE_TOKEN"):
         logging.getLogger("luftpause.dataplane").warning(
             "LUFTPAUSE_TOKEN is not set: every request is accepted without authentication"
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         factory=True,
         log_access=False,
         process_name=process_title(),
+        log_dictconfig=logs.granian_log_config("dataplane"),
     )
     print(
         f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "

@@ -56,6 +56,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from luftpause import logs
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_if_in_use("runtime", config.runtime.listen)
     # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
     # lines (httpx, the SDK) would bury them.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("luftpause").setLevel(logging.INFO)
     from granian import Granian
     from granian.constants import Interfaces, Loops
@@ -314,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
         workers=1,
         log_level=LogLevels.warning,
         process_name=process_title(),
+        log_dictconfig=logs.granian_log_config("runtime", logging.WARNING),
     )
     server.serve(target_loader=partial(create_app, config), wrap_loader=False)
     return 0

@@ -1,0 +1,91 @@
+"""Logging for every luftpause process: plain text by default, one JSON object per line on request.
+
+``luftpause --log-format json COMMAND ...`` (or ``LUFTPAUSE_LOG_FORMAT=json``) makes every record a
+JSON object on its own line (``python-json-logger``), with the keys ``time`` (ISO 8601, UTC),
+``level``, ``logger``, ``process`` (the command: ``scheduler``, ``dataplane``, ...) and
+``message``, plus ``exc_info`` for an exception and any ``extra={...}`` fields the call gave. The
+choice travels in the environment, so ``luftpause up``'s children and granian's worker processes
+log the same way. granian's own records (``_granian``) go through the same formatter, on stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Literal
+
+from pythonjsonlogger.json import JsonFormatter
+
+LOG_FORMAT_ENV = "LUFTPAUSE_LOG_FORMAT"
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+LogFormat = Literal["text", "json"]
+
+
+def current_format() -> LogFormat:
+    """The format ``LUFTPAUSE_LOG_FORMAT`` asks for; ``text`` when unset or unknown."""
+    return "json" if os.environ.get(LOG_FORMAT_ENV, "").strip().lower() == "json" else "text"
+
+
+class _ProcessField(logging.Filter):
+    """Adds ``process_name`` (the luftpause command) to every record."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.command = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.luftpause_process = self.command
+        return True
+
+
+def json_formatter() -> logging.Formatter:
+    """The one-object-per-line formatter (keys in the module docstring)."""
+    return JsonFormatter(
+        "%(asctime)s %(levelname)s %(name)s %(luftpause_process)s %(message)s",
+        rename_fields={
+            "asctime": "time",
+            "levelname": "level",
+            "name": "logger",
+            "luftpause_process": "process",
+        },
+        datefmt="%Y-%m-%dT%H:%M:%S%z",
+    )
+
+
+def configure(command: str, level: int = logging.INFO) -> None:
+    """Route the root logger to stderr in the current format (see :func:`current_format`).
+
+    ``command`` names the process in JSON records. Safe to call again (the worker process of a
+    granian server calls it once more): handlers are replaced, never added twice.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ProcessField(command))
+    handler.setFormatter(json_formatter() if current_format() == "json" else _text_formatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _text_formatter() -> logging.Formatter:
+    return logging.Formatter(TEXT_FORMAT)
+
+
+def granian_log_config(command: str, level: int = logging.INFO) -> dict[str, Any]:
+    """``Granian(log_dictconfig=...)``: granian applies it in its main process and in every worker,
+    so granian's own records and luftpause's in the worker (the root logger) share the format."""
+    formatter = json_formatter if current_format() == "json" else _text_formatter
+    handler = {"filters": ["process"], "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
+    return {
+        "formatters": {"generic": {"()": formatter}, "access": {"()": formatter}},
+        "filters": {"process": {"()": _ProcessField, "name": command}},
+        "handlers": {
+            "console": {"formatter": "generic", **handler},
+            "access": {"formatter": "access", **handler},
+        },
+        "root": {"handlers": ["console"], "level": logging.getLevelName(level)},
+    }
