@@ -1,0 +1,105 @@
+"""What ``await``, ``status`` and ``GET /status`` show of runs (MCP tool results, camelCase).
+
+Listings of many runs stay small: a task is summarized (:func:`summarize`) and no answer text is
+listed; one run's ``status(handle)`` or ``await`` gives its whole answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from luftpause.runtime.budgets import all_subtree_counters
+from luftpause.runtime.run_record import Counters, summarize
+
+if TYPE_CHECKING:
+    from luftpause.runtime.run_record import Run
+    from luftpause.runtime.runs import RunRegistry
+
+
+def _rounded(counters: Counters) -> Counters:
+    return {k: round(v, 3) if k.endswith("Seconds") else int(v) for k, v in counters.items()}
+
+
+def run_result(run: Run) -> dict[str, Any]:
+    """The run as ``await`` reports it (MCP tool result, camelCase)::
+
+    {"handle", "state", "podState": running|idle|stopped, "answer"? (completed),
+     "error"? (failed, cancelled),
+     "pendingApproval"?: {"tool", "arguments"} (state "AwaitingApproval"),
+     "toolCalls", "failedToolCalls", "turns", "seconds",
+     "usage": {"promptTokens", "completionTokens"}}
+
+    The registry adds ``limits``, ``used`` and ``exceeded`` for a run with budgets
+    (:meth:`RunRegistry.result`).
+    """
+    out: dict[str, Any] = {"handle": run.handle, "state": run.display_state, "podState": run.pod_state}
+    if run.pending_approval is not None and not run.done:
+        out["pendingApproval"] = {
+            "tool": run.pending_approval.tool,
+            "arguments": run.pending_approval.arguments,
+        }
+    if run.answer is not None:
+        out["answer"] = run.answer
+    if run.error is not None:
+        out["error"] = run.error
+    out.update(
+        toolCalls=run.tool_calls,
+        failedToolCalls=run.failed_tool_calls,
+        turns=run.turns,
+        seconds=round(run.seconds, 3),
+        usage={"promptTokens": run.prompt_tokens, "completionTokens": run.completion_tokens},
+    )
+    return out
+
+
+def run_status(run: Run, *, full_task: bool = False) -> dict[str, Any]:
+    """:meth:`result` plus what the run was asked: ``model``, ``serviceClass``, ``caller``,
+    ``task``, ``taskChars``, ``maxToolCalls``, ``startedAt`` (Unix seconds), ``parent`` and
+    ``children`` (handles).
+
+    ``task`` is the whole task with ``full_task``, else its :func:`summarize` summary (the
+    first 200 characters and ``…``), so that listings of many runs stay small; ``taskChars``
+    is always the whole task's length in characters.
+    """
+    return {
+        **run_result(run),
+        "model": run.model,
+        "serviceClass": run.service_class,
+        "caller": run.caller,
+        "task": run.task if full_task else summarize(run.task),
+        "taskChars": len(run.task),
+        "maxToolCalls": run.max_tool_calls,
+        "startedAt": round(run.started_at, 3),
+        "parent": run.parent,
+        "children": list(run.children),
+    }
+
+
+def run_tree(registry: RunRegistry) -> list[dict[str, Any]]:
+    """Every held run with its own and subtree costs, oldest first (``GET /status``)::
+
+    {"id", "state", "parent", "children": [ids], "task" (summary), "taskChars", "model",
+     "serviceClass", "caller", "error"?, "own": {COUNTER_KEYS}, "subtree": {COUNTER_KEYS}}
+    """
+    runs = registry.all()
+    totals = all_subtree_counters(registry._runs)
+    out = []
+    for run in runs:
+        item: dict[str, Any] = {
+            "id": run.handle,
+            "state": run.display_state,
+            "parent": run.parent,
+            "children": [h for h in run.children if h in registry._runs],
+            "task": summarize(run.task),
+            "taskChars": len(run.task),
+            "model": run.model,
+            "serviceClass": run.service_class,
+            "caller": run.caller,
+            "own": _rounded(run.counters()),
+            "subtree": _rounded(totals[run.handle]),
+        }
+        if run.error is not None:
+            item["error"] = run.error
+        item.update(registry.budget_report(run))
+        out.append(item)
+    return out

@@ -1,0 +1,64 @@
+"""Waiting for runs (``await``, ``run``): until all or any of them are done, a timeout, or
+something the waiter must act on, with progress notifications while it waits."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from luftpause.runtime.run_record import Run
+    from luftpause.runtime.runs import RunRegistry
+
+WaitMode = Literal["all", "any"]
+
+# How often a long ``await`` tells its caller it is still waiting (seconds). Claude Code resets
+# its idle timeout on progress; a few seconds keeps every reasonable client waiting.
+PROGRESS_INTERVAL_SECONDS = 5.0
+
+
+async def wait_for_runs(
+    registry: RunRegistry,
+    runs: list[Run],
+    mode: WaitMode,
+    seconds: float,
+    on_progress: Callable[[float, int], Awaitable[None]] | None = None,
+    progress_interval: float = PROGRESS_INTERVAL_SECONDS,
+    interrupt: Callable[[], bool] | None = None,
+) -> bool:
+    """Wait until all (``mode="all"``) or any (``"any"``) of ``runs`` are done.
+
+    Waits at most ``seconds``. While waiting, ``on_progress(elapsed_seconds, finished_count)``
+    is awaited every ``progress_interval`` seconds. Returns ``True`` when the timeout passed
+    first (the caller reports ``timedOut``), ``False`` when the condition holds. Raises
+    ``ValueError`` for a non-finite ``seconds`` (NaN would otherwise end the wait at once).
+    ``interrupt()``, checked whenever something changed (:meth:`RunRegistry.notify_changed`), ends the
+    wait early (returning ``False``) when it returns true: the caller has something to do.
+    """
+    if not math.isfinite(seconds):
+        raise ValueError(f"a wait needs a finite number of seconds, got {seconds!r}")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + max(0.0, seconds)
+    next_progress = start + progress_interval
+    while True:
+        changed = registry.changed_event
+        finished = sum(1 for run in runs if run.done)
+        if (finished == len(runs)) if mode == "all" else (finished > 0 or not runs):
+            return False
+        if interrupt is not None and interrupt():
+            return False
+        now = loop.time()
+        if now >= deadline:
+            return True
+        if on_progress is not None and now >= next_progress:
+            await on_progress(now - start, finished)
+            next_progress = now + progress_interval
+            continue
+        wake_at = min(deadline, next_progress) if on_progress is not None else deadline
+        try:
+            await asyncio.wait_for(changed.wait(), wake_at - now)
+        except TimeoutError:
+            pass
