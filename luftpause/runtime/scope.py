@@ -29,7 +29,7 @@ let any deny beat any allow; most-specific-wins is what makes "give the child ``
 Exact set algebra: every scope's decision for a mode is constant on the *region* of each of its
 rule paths ``q`` (the paths whose longest covering rule path is ``q``). So for any scopes
 ``S1..Sn``, evaluating each at every path in the union of their rule paths decides them everywhere;
-:func:`is_within` and :func:`overlap` check exactly that, no sampling.
+:func:`is_within` checks exactly that, no sampling.
 
 The ledger
 ----------
@@ -57,8 +57,11 @@ Journal records (camelCase, as in ``runs.jsonl``; the types do not collide with 
 records)::
 
     {"type": "scopeGrant", "handle", "parent": handle | null, "name": str | null,
-     "scope": [rule json]}
+     "scope": [rule json], "grantedBy"?: handle | null}
     {"type": "scopeEnd", "handle"}
+
+(``grantedBy``, only in a compacted grant, is the parent it was first granted from when that one
+has ended since: the holder is then named ``'d' (a descendant)`` rather than ``child 'd'``.)
     rule json = {"effect": "allow" | "deny", "access": ["read"?, "write"?], "path": "/abs"}
 
 :meth:`ScopeLedger.grant` and :meth:`ScopeLedger.end` return the record to append;
@@ -91,7 +94,6 @@ Record = dict[str, Any]
 MODES: tuple[Mode, ...] = ("read", "write")
 GRANT = "scopeGrant"
 END = "scopeEnd"
-RECORD_TYPES = frozenset({GRANT, END})
 """The ``type`` of every record :meth:`ScopeLedger.apply` accepts."""
 
 RULE_SCHEMA: dict[str, Any] = {
@@ -225,14 +227,15 @@ class Decision:
     mode: Mode
     rule: Rule | None = None
     held_by: str | None = None
+    held_text: str | None = None
+    """``held by child 'b'`` or ``held by 'd' (a descendant)`` (:attr:`Holding.refusal`)."""
 
     def __str__(self) -> str:
         if self.allowed:
             return f"{self.mode} {self.path} allowed by rule {self.rule}"
         if self.rule is None:
             return f"{self.mode} {self.path} denied: no rule of the scope allows it"
-        held = f" (held by child {self.held_by!r})" if self.held_by is not None else ""
-        return f"{self.mode} {self.path} denied by rule {self.rule}{held}"
+        return f"{self.mode} {self.path} denied by rule {self.rule}{_held(self)}"
 
     def require(self, asked: str | None = None) -> None:
         """Raise :class:`ScopeDenied` if this is a denial (``asked``: the path before resolving)."""
@@ -240,8 +243,14 @@ class Decision:
             raise ScopeDenied(self, asked)
 
 
+def _held(decision: Decision) -> str:
+    if decision.held_by is None:
+        return ""
+    return f" ({decision.held_text or f'held by child {decision.held_by!r}'})"
+
+
 class ScopeView(Protocol):
-    """What :func:`is_within` and :func:`overlap` need: a decision per path and the rule paths
+    """What :func:`is_within` needs: a decision per path and the rule paths
     whose regions decide it (see the module docstring)."""
 
     def check(self, path: str, mode: Mode) -> Decision: ...
@@ -306,10 +315,19 @@ class Holding:
     handle: str
     name: str | None
     scope: Scope
+    descendant: bool = False
+    """Re-parented here when the child between ended: a grandchild (or deeper), not a child."""
 
     @property
     def label(self) -> str:
         return self.name if self.name is not None else self.handle
+
+    @property
+    def refusal(self) -> str:
+        """How a denial names it: ``held by child 'b'``, or ``held by 'd' (a descendant)``."""
+        if self.descendant:
+            return f"held by {self.label!r} (a descendant)"
+        return f"held by child {self.label!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +349,7 @@ class EffectiveScope:
             by_child = holding.scope.check(decision.path, "write")
             if by_child.allowed and by_child.rule is not None:
                 withheld = Rule("deny", frozenset({"write"}), by_child.rule.path)
-                return Decision(False, decision.path, mode, withheld, holding.label)
+                return Decision(False, decision.path, mode, withheld, holding.label, holding.refusal)
         return decision
 
     def rule_paths(self) -> frozenset[str]:
@@ -357,8 +375,7 @@ class ExcessItem:
     denied: Decision
 
     def __str__(self) -> str:
-        held = f" (held by child {self.denied.held_by!r})" if self.denied.held_by is not None else ""
-        return f"{self.mode} {self.path}{held}"
+        return f"{self.mode} {self.path}{_held(self.denied)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,11 +404,6 @@ def is_within(child: ScopeView, parent: ScopeView) -> Excess | None:
     return Excess(tuple(items)) if items else None
 
 
-def overlap(a: ScopeView, b: ScopeView, mode: Mode = "write") -> list[str]:
-    """Rule paths whose regions both ``a`` and ``b`` allow for ``mode`` (empty: disjoint)."""
-    return [p for p in _regions(a, b) if a.check(p, mode).allowed and b.check(p, mode).allowed]
-
-
 TOP = Scope.of(Rule.make("allow", ("read", "write"), "/"))
 """What the roots of a ledger are carved from: everything."""
 
@@ -403,6 +415,8 @@ class _Entry:
     name: str | None
     scope: Scope
     children: list[str] = field(default_factory=list)
+    granted_by: str | None = None
+    """The parent it was granted from; ``parent`` differs once that one ended (re-parented)."""
 
 
 def _grant_record(handle: str, scope: Scope, parent: str | None, name: str | None) -> Record:
@@ -464,7 +478,7 @@ class ScopeLedger:
         excess = is_within(scope, self.effective(parent))
         if excess is not None:
             raise ScopeExceeded(excess)
-        self._entries[handle] = _Entry(handle, parent, name, scope)
+        self._entries[handle] = _Entry(handle, parent, name, scope, granted_by=parent)
         (self._roots if parent is None else self._entries[parent].children).append(handle)
         return _grant_record(handle, scope, parent, name)
 
@@ -493,6 +507,8 @@ class ScopeLedger:
                     parent=record["parent"],
                     name=record.get("name"),
                 )
+                if "grantedBy" in record:
+                    self._entries[record["handle"]].granted_by = record["grantedBy"]
             elif kind == END:
                 self.end(record["handle"])
             else:
@@ -503,7 +519,13 @@ class ScopeLedger:
     def to_records(self) -> list[Record]:
         """One ``scopeGrant`` per live holder, parents first, with its current parent: replayed into
         an empty ledger they give this one (for journal compaction)."""
-        return [_grant_record(e.handle, e.scope, e.parent, e.name) for e in self._walk()]
+        records = []
+        for e in self._walk():
+            record = _grant_record(e.handle, e.scope, e.parent, e.name)
+            if e.granted_by != e.parent:  # re-parented: keep it told apart from a child
+                record["grantedBy"] = e.granted_by
+            records.append(record)
+        return records
 
     def _entry(self, handle: str) -> _Entry:
         try:
@@ -512,7 +534,8 @@ class ScopeLedger:
             raise UnknownRun(handle) from None
 
     def _holdings(self, handles: Sequence[str]) -> tuple[Holding, ...]:
-        return tuple(Holding(h, self._entries[h].name, self._entries[h].scope) for h in handles)
+        entries = [self._entries[h] for h in handles]
+        return tuple(Holding(e.handle, e.name, e.scope, e.parent != e.granted_by) for e in entries)
 
     def _walk(self) -> Iterator[_Entry]:
         stack = list(reversed(self._roots))
