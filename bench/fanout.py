@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flood import Pool, unavailable
+from flood import Pool, unavailable  # bench/ is not a package
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, run_once
@@ -78,8 +80,6 @@ def through_router(runs: int) -> dict[str, Any]:
         outcomes = [RunOutcome(group=0, service_class="interactive", caller="fanout") for _ in range(runs)]
 
         async def all_runs() -> None:
-            import aiohttp
-
             async with aiohttp.ClientSession() as session:
                 await asyncio.gather(*(run_once(session, settings, spec, o) for o in outcomes))
 
@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeat):
         order = arrangements[rep % len(arrangements) :] + arrangements[: rep % len(arrangements)]
         for arrangement in order:
-            row = measure(arrangement, args.runs)
-            print(f"#{rep + 1} {arrangement}: {row}", file=sys.stderr)
-            passes[arrangement].append(row)
+            figures = measure(arrangement, args.runs)
+            print(f"#{rep + 1} {arrangement}: {figures}", file=sys.stderr)
+            passes[arrangement].append(figures)
     rows = []
     for arrangement in arrangements:
         row: dict[str, Any] = {"arrangement": arrangement}
