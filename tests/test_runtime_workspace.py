@@ -286,11 +286,28 @@ def test_list_is_bounded(scope: Scope, ws: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(workspace, "MAX_LIST_ENTRIES", 2)
     for name in "abc":
         (ws / name).write_text("")
-    assert list_directory(scope.check, {"path": str(ws)}).splitlines()[1:] == [
-        "a  (0 bytes)",
-        "b  (0 bytes)",
-        "[and more: 3 entries in all, 2 shown]",
-    ]
+    lines = list_directory(scope.check, {"path": str(ws)}).splitlines()[1:]
+    assert len(lines) == 3 and all(line.endswith("  (0 bytes)") for line in lines[:2])
+    assert lines[2] == "[and 1 more readable entries not shown: 2 shown, the first in directory order]"
+
+
+def test_list_counts_unreadable_entries_apart_from_the_more_count(ws: Path, root: Path) -> None:
+    partial_scope = Scope.of(
+        Rule.make("allow", "read", str(ws)),
+        Rule.make("deny", "read", str(ws / "h1")),
+        Rule.make("deny", "read", str(ws / "h2")),
+    )
+    for name in ("a", "h1", "h2"):
+        (ws / name).write_text("")
+    lines = list_directory(partial_scope.check, {"path": str(ws)}).splitlines()[1:]
+    assert lines == ["a  (0 bytes)", "[2 entries left out: outside the readable scope]"]
+
+
+def test_list_shows_names_that_are_not_utf8_escaped(scope: Scope, ws: Path) -> None:
+    os.close(os.open(os.fsencode(ws) + b"/caf\xe9.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+    listing = list_directory(scope.check, {"path": str(ws)})
+    assert "caf\\xe9.txt  (0 bytes)" in listing
+    listing.encode("utf-8")  # the whole text is UTF-8: no lone surrogate left in it
 
 
 # --- schemas and upstream path arguments --------------------------------------------------------
@@ -338,3 +355,76 @@ def test_declared_path_arguments_are_checked(scope: Scope, ws: Path, root: Path)
         check_path_arguments(scope.check, declared, {"path": "door/n.txt"}, base=str(ws))
     with pytest.raises(WorkspaceError, match="argument 'path': expected a path or a list of paths"):
         check_path_arguments(scope.check, declared, {"path": 3})
+
+
+def test_declared_path_arguments_give_the_real_paths_they_checked(scope: Scope, ws: Path) -> None:
+    # What was checked is what goes upstream: a relative path or one through a symlink staying
+    # inside the scope is sent as the real path, so the server cannot resolve it elsewhere.
+    (ws / "sub").mkdir()
+    (ws / "link").symlink_to(ws / "sub", target_is_directory=True)
+    declared = path_arguments({"t": {"path": "write", "roots": "read"}})["t"]
+    real = check_path_arguments(
+        scope.check, declared, {"path": "link/../n.txt", "roots": ["link/a", str(ws)]}, base=str(ws)
+    )
+    assert real == {"path": f"{ws}/n.txt", "roots": [f"{ws}/sub/a", str(ws)]}
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("~/notes.txt", "'~' is not expanded"),
+        ("~root/.ssh/authorized_keys", "'~' is not expanded"),
+        ("file:///etc/passwd", "looks like a URI"),
+        ("file:notes.txt", "looks like a URI"),
+        ("s3://bucket/key", "looks like a URI"),
+    ],
+)
+def test_declared_path_arguments_refuse_home_and_uris(scope: Scope, ws: Path, path: str, why: str) -> None:
+    declared = path_arguments({"t": ["path"]})["t"]
+    with pytest.raises(WorkspaceError, match=re.escape(why)):
+        check_path_arguments(scope.check, declared, {"path": path}, base=str(ws))
+    # a relative file whose name has a colon is written ./name
+    assert check_path_arguments(scope.check, declared, {"path": "./a:b"}, base=str(ws)) == {
+        "path": f"{ws}/a:b"
+    }
+
+
+# --- hard links, text, and failures leaving nothing behind ---------------------------------------
+
+
+def test_hard_linked_files_are_not_written_through(scope: Scope, ws: Path, root: Path) -> None:
+    secret = root / "outside" / "secret.txt"
+    os.link(secret, ws / "innocent.txt")
+    with pytest.raises(WorkspaceError, match="has 2 hard links"):
+        write_file(scope.check, {"path": str(ws / "innocent.txt"), "content": "pwned"})
+    with pytest.raises(WorkspaceError, match="has 2 hard links"):
+        edit_file(scope.check, {"path": str(ws / "innocent.txt"), "old": "top", "new": "pwned"})
+    assert secret.read_text() == "top secret\n"
+    # reading it is a read of a name inside the scope: allowed
+    assert read_file(scope.check, {"path": str(ws / "innocent.txt")}) == "top secret\n"
+
+
+def test_text_with_a_lone_surrogate_is_refused_as_a_tool_error(scope: Scope, ws: Path) -> None:
+    with pytest.raises(
+        WorkspaceError, match="content is not valid Unicode text: a lone surrogate at character 1"
+    ):
+        write_file(scope.check, {"path": str(ws / "x.txt"), "content": "a\ud800b"})
+    (ws / "y.txt").write_text("abc")
+    with pytest.raises(WorkspaceError, match="new is not valid Unicode text"):
+        edit_file(scope.check, {"path": str(ws / "y.txt"), "old": "b", "new": "\udfff"})
+    with pytest.raises(WorkspaceError, match="not valid Unicode text"):
+        read_file(scope.check, {"path": str(ws / "\ud800")})
+    assert not (ws / "x.txt").exists()
+
+
+def test_a_failed_write_removes_the_directories_it_made(
+    scope: Scope, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(fd: int, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(workspace, "_write_all", disk_full)
+    (ws / "kept").mkdir()
+    with pytest.raises(OSError, match="No space left"):
+        write_file(scope.check, {"path": str(ws / "kept" / "n1" / "n2" / "f.txt"), "content": "x"})
+    assert sorted(p.name for p in ws.rglob("*")) == ["kept"]

@@ -20,6 +20,20 @@ in place of the file itself between check and open makes the call fail rather th
 directory swapped for a symlink in that instant is not caught: that needs ``openat2``'s
 ``RESOLVE_BENEATH``, which Python does not expose; sub-agents have no shell to race with.)
 
+Hard links: ``realpath`` cannot tell that a file inside the scope is also a name outside it, and
+writing the inode in place would change both. ``write_file`` and ``edit_file`` therefore refuse a
+file with more than one link (``st_nlink > 1``, checked on the open descriptor before anything is
+written). A temporary file renamed over the name was the other choice; it was not taken because
+the temporary name would be written in the directory, which a scope of single files does not
+allow, and a rename drops the file's owner, extended attributes and other metadata. Residual
+limits: a hard link made to the file after that check and before the write (by another process:
+sub-agents cannot make links) is written through; reads of a hard-linked file are allowed (a read
+grant of the name is a read grant of its content); a path is judged when it is checked, not for
+as long as an upstream server holds it.
+
+Text: ``content``, ``old`` and ``new`` must be valid Unicode (a lone surrogate is refused, saying
+where); file names that are not UTF-8 are listed with ``\\xNN`` escapes (:func:`shown`).
+
 Bounds: a read returns at most :data:`MAX_READ_BYTES` and says how to read on; ``write_file``
 and ``edit_file`` handle files up to :data:`MAX_WRITE_BYTES`; a listing shows at most
 :data:`MAX_LIST_ENTRIES` entries. Only regular files are read or written (a FIFO or device is
@@ -32,7 +46,10 @@ arguments are paths and the access they need::
 
 (a list means ``write`` for each; a table gives ``read`` or ``write`` per argument).
 :func:`path_arguments` reads it, :func:`check_path_arguments` checks a call against a scope before
-it goes upstream. Real paths are those of the runtime's filesystem, so this is meaningful for
+it goes upstream and gives the real paths it checked, which are what the call then carries (never
+the path as asked). A path argument must be a filesystem path: ``~...`` and URIs
+(``file:///...``, anything starting ``scheme:``) are refused. Real paths are those of the
+runtime's filesystem, so this is meaningful for
 servers that share it (a stdio server it starts, a server on the same volume).
 
 Errors: :class:`~luftpause.runtime.scope.ScopeDenied` (403) with the real path and the rule (and
@@ -42,7 +59,9 @@ the path as asked, when it resolved elsewhere); :class:`WorkspaceError` (400) fo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,6 +78,8 @@ MAX_WRITE_BYTES = 1024 * 1024
 """Largest file (bytes, UTF-8) ``write_file`` writes and ``edit_file`` edits."""
 MAX_LIST_ENTRIES = 1000
 """Entries one ``list_directory`` shows at most."""
+MAX_SCAN_ENTRIES = 100 * MAX_LIST_ENTRIES
+"""Directory entries one ``list_directory`` looks at before it stops counting."""
 _SKIP_CHUNK = 64 * 1024
 
 
@@ -76,11 +97,38 @@ def resolve(path: Any, base: str | None = None) -> str:
     without ``base``."""
     if not isinstance(path, str) or not path or "\0" in path:
         raise WorkspaceError(f"expected a path (a non-empty string), got {path!r}")
+    if not _encodable(path):
+        raise WorkspaceError(f"the path {path!r} is not valid Unicode text (a lone surrogate)")
+    if path.startswith("~"):
+        # Never expanded here, but a server given it might expand it to a home outside the scope.
+        raise WorkspaceError(f"expected a path, got {path!r}: '~' is not expanded; give the path itself")
+    if _URI.match(path):
+        raise WorkspaceError(
+            f"expected a filesystem path, got {path!r}, which looks like a URI (scheme:); "
+            "write ./name for a relative file whose name has a colon"
+        )
     if not os.path.isabs(path):
         if base is None:
             raise WorkspaceError(f"expected an absolute path, got {path!r}")
         path = os.path.join(base, path)
     return normalize_path(os.path.realpath(path))
+
+
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(name: str) -> str:
+    """A file name as text that any UTF-8 output takes: bytes that are not UTF-8 (kept by Python
+    as lone surrogates) are written as ``\\xNN``."""
+    return os.fsencode(name).decode("utf-8", errors="backslashreplace")
 
 
 def checked(check: Check, path: Any, mode: Mode, base: str | None = None) -> str:
@@ -112,17 +160,25 @@ def write_file(check: Check, arguments: Mapping[str, Any], *, base: str | None =
     write."""
     path = _argument(arguments, "path")
     content = _argument(arguments, "content")
-    data = content.encode("utf-8")
+    data = _utf8("content", content)
     if len(data) > MAX_WRITE_BYTES:
         raise WorkspaceError(f"content is {len(data)} bytes; write_file writes at most {MAX_WRITE_BYTES}")
     real = checked(check, path, "write", base)
-    _make_parents(check, real, path)
-    fd = _open_regular(real, os.O_WRONLY | os.O_CREAT)
+    made = _make_parents(check, real, path)
     try:
-        os.ftruncate(fd, 0)
-        _write_all(fd, data)
-    finally:
-        os.close(fd)
+        fd = _open_regular(real, os.O_WRONLY | os.O_CREAT)
+        try:
+            _refuse_hard_links(fd, real)
+            os.ftruncate(fd, 0)
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+    except BaseException:
+        if made:  # the file is new too (its parents were): a failed write leaves nothing behind
+            with contextlib.suppress(OSError):
+                os.unlink(real)
+            _remove_made(made)
+        raise
     return f"wrote {len(data)} bytes to {real}"
 
 
@@ -134,6 +190,8 @@ def edit_file(check: Check, arguments: Mapping[str, Any], *, base: str | None = 
     path = _argument(arguments, "path")
     old = _argument(arguments, "old")
     new = _argument(arguments, "new")
+    _utf8("old", old)
+    _utf8("new", new)
     if not old:
         raise WorkspaceError("old is empty: give the exact text to replace")
     if old == new:
@@ -142,6 +200,7 @@ def edit_file(check: Check, arguments: Mapping[str, Any], *, base: str | None = 
     check(real, "write").require(asked=path)
     fd = _open_regular(real, os.O_RDWR)
     try:
+        _refuse_hard_links(fd, real)
         size = os.fstat(fd).st_size
         if size > MAX_WRITE_BYTES:
             raise WorkspaceError(f"{real} is {size} bytes; edit_file edits files up to {MAX_WRITE_BYTES}")
@@ -172,28 +231,41 @@ def edit_file(check: Check, arguments: Mapping[str, Any], *, base: str | None = 
 
 
 def list_directory(check: Check, arguments: Mapping[str, Any], *, base: str | None = None) -> str:
-    """The entries of directory ``path``, sorted, one per line: ``name/`` for a directory,
-    ``name -> target`` for a symlink, ``name  (N bytes)`` for a file; at most
-    :data:`MAX_LIST_ENTRIES`. Entries the scope does not let the caller read are left out and
-    counted. The first line is the directory's real path. Needs read."""
+    """The entries of directory ``path``, one per line: ``name/`` for a directory, ``name ->
+    target`` for a symlink, ``name  (N bytes)`` for a file (names that are not UTF-8 shown with
+    ``\\xNN``, :func:`shown`). The first line is the directory's real path.
+
+    Bounded: the directory is read entry by entry (``os.scandir``), the first
+    :data:`MAX_LIST_ENTRIES` readable entries in directory order are kept and shown sorted by
+    name; the rest are only counted, up to :data:`MAX_SCAN_ENTRIES` looked at. Entries the scope
+    does not let the caller read are left out and counted apart (never in the "more" count).
+    Needs read."""
     real = checked(check, _argument(arguments, "path"), "read", base)
+    kept: list[os.DirEntry[str]] = []
+    hidden = more = scanned = 0
     try:
         with os.scandir(real) as scan:
-            entries = sorted(scan, key=lambda e: e.name)
+            for entry in scan:
+                scanned += 1
+                if scanned > MAX_SCAN_ENTRIES:
+                    break
+                if not check(normalize_path(entry.path), "read").allowed:
+                    hidden += 1
+                elif len(kept) < MAX_LIST_ENTRIES:
+                    kept.append(entry)
+                else:
+                    more += 1
     except OSError as err:
         raise WorkspaceError(f"cannot list {real}: {err.strerror}") from None
-    lines = [f"{real}:"]
-    hidden = 0
-    for entry in entries:
-        if not check(normalize_path(entry.path), "read").allowed:
-            hidden += 1
-            continue
-        if len(lines) > MAX_LIST_ENTRIES:
-            lines.append(f"[and more: {len(entries)} entries in all, {MAX_LIST_ENTRIES} shown]")
-            break
-        lines.append(_describe(entry))
+    lines = [f"{shown(real)}:"]
+    lines.extend(_describe(entry) for entry in sorted(kept, key=lambda e: e.name))
+    if more:
+        shown_note = f"{len(kept)} shown, the first in directory order"
+        lines.append(f"[and {more} more readable entries not shown: {shown_note}]")
     if hidden:
         lines.append(f"[{hidden} entries left out: outside the readable scope]")
+    if scanned > MAX_SCAN_ENTRIES:
+        lines.append(f"[stopped after looking at {MAX_SCAN_ENTRIES} entries; the directory has more]")
     return "\n".join(lines)
 
 
@@ -318,19 +390,25 @@ def path_arguments(tool_config: Any) -> dict[str, dict[str, Mode]]:
 
 def check_path_arguments(
     check: Check, declared: Mapping[str, Mode], arguments: Mapping[str, Any], *, base: str | None = None
-) -> None:
+) -> dict[str, str | list[str]]:
     """Check a call's declared path ``arguments`` (``declared``: one tool's entry of
-    :func:`path_arguments`) against ``check``. An argument may be a path or a list of paths;
-    absent or ``null`` ones are skipped. Raises ``ScopeDenied`` for the first one denied, and
-    :class:`WorkspaceError` for a value that is not a path."""
+    :func:`path_arguments`) against ``check``; returns ``{argument: real path (or list of them)}``
+    for each one given, which is what must be sent upstream: the path that was checked, not the
+    one asked (a relative path, ``..``, or a symlink the server might resolve differently). An
+    argument may be a path or a list of paths; absent or ``null`` ones are skipped. Raises
+    ``ScopeDenied`` for the first one denied, and :class:`WorkspaceError` for a value that is not
+    a filesystem path (not a string, ``~...``, a URI such as ``file://...``, a lone surrogate)."""
+    real: dict[str, str | list[str]] = {}
     for name, mode in declared.items():
         value = arguments.get(name)
         if value is None:
             continue
-        for path in value if isinstance(value, list) else [value]:
-            if not isinstance(path, str):
-                raise WorkspaceError(f"argument {name!r}: expected a path or a list of paths, got {value!r}")
-            checked(check, path, mode, base)
+        paths = value if isinstance(value, list) else [value]
+        if any(not isinstance(path, str) for path in paths):
+            raise WorkspaceError(f"argument {name!r}: expected a path or a list of paths, got {value!r}")
+        checked_paths = [checked(check, path, mode, base) for path in paths]
+        real[name] = checked_paths if isinstance(value, list) else checked_paths[0]
+    return real
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -366,7 +444,38 @@ def _open_regular(real: str, flags: int) -> int:
     return fd
 
 
-def _make_parents(check: Check, real: str, asked: str) -> None:
+def _utf8(name: str, text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise WorkspaceError(
+            f"{name} is not valid Unicode text: a lone surrogate at character {err.start}"
+        ) from None
+
+
+def _refuse_hard_links(fd: int, real: str) -> None:
+    """Refuse to write a file that has other names: writing its inode in place would change what
+    those names show too, and they may be outside the scope (a hard link is not a symlink:
+    ``realpath`` cannot see it)."""
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        raise WorkspaceError(
+            f"{real} has {links} hard links: writing it would change the file under its other "
+            "names too, which may be outside your scope; write a new file instead"
+        )
+
+
+def _remove_made(made: list[str]) -> None:
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return  # not empty any more (someone wrote into it meanwhile): leave it and its parents
+
+
+def _make_parents(check: Check, real: str, asked: str) -> list[str]:
+    """Make the missing parent directories of ``real`` (each checked for write first); returns
+    those made, outermost first."""
     missing: list[str] = []
     parent = os.path.dirname(real)
     while not os.path.lexists(parent):
@@ -374,13 +483,17 @@ def _make_parents(check: Check, real: str, asked: str) -> None:
         parent = os.path.dirname(parent)
     for directory in reversed(missing):
         check(directory, "write").require(asked=asked)
+    made: list[str] = []
     for directory in reversed(missing):
         try:
             os.mkdir(directory)
+            made.append(directory)
         except FileExistsError:
             pass  # made meanwhile by someone else: fine, it is what we wanted
         except OSError as err:
+            _remove_made(made)
             raise WorkspaceError(f"cannot make directory {directory}: {err.strerror}") from None
+    return made
 
 
 def _read_lines(file: Any, offset: int | None, limit: int | None) -> tuple[bytes, str | None]:
@@ -447,10 +560,11 @@ def _occurrences(text: str, old: str) -> list[int]:
 
 def _describe(entry: os.DirEntry[str]) -> str:
     try:
+        name = shown(entry.name)
         if entry.is_symlink():
-            return f"{entry.name} -> {os.readlink(entry.path)}"
+            return f"{name} -> {shown(os.readlink(entry.path))}"
         if entry.is_dir(follow_symlinks=False):
-            return f"{entry.name}/"
-        return f"{entry.name}  ({entry.stat(follow_symlinks=False).st_size} bytes)"
+            return f"{name}/"
+        return f"{name}  ({entry.stat(follow_symlinks=False).st_size} bytes)"
     except OSError:
-        return f"{entry.name}  (vanished)"
+        return f"{shown(entry.name)}  (vanished)"
