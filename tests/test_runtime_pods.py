@@ -5,8 +5,10 @@ The scripted engine answers each run from a script in its task (``script:`` and 
 steps); the step taken is the number of assistant messages already in the conversation, so a
 run re-opened by ``send`` takes the next step. Steps: ``{"call": tool, "args": {...}}`` (one tool
 call), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with the system messages
-that arrived since the run's last assistant message, or ``none``), and ``"sleep"`` seconds to wait
-before answering. So a three-level network (A spawns B, B spawns D) does real file work through
+that arrived since the run's last assistant message, or ``none``), ``"sleep"`` seconds to wait
+before answering, and ``"hold": gate`` to wait before answering until the test calls
+``engine.release(gate)`` (so a run is busy exactly as long as a test needs, without timing).
+So a three-level network (A spawns B, B spawns D) does real file work through
 the runtime's built-in tools, exactly as scripted.
 """
 
@@ -58,9 +60,24 @@ class ScriptedEngine:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.open: set[str] = set()
+        self.ends: list[tuple[str, int]] = []
+        self.hold_run_ends = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pods-engine", daemon=True)
         self._runner: web.AppRunner | None = None
+        self._gates: dict[str, asyncio.Event] = {}
+
+    def _gate(self, name: str) -> asyncio.Event:
+        return self._gates.setdefault(name, asyncio.Event())
+
+    def release(self, gate: str) -> None:
+        """Let every turn held at ``gate`` (and every later one) answer."""
+        self._loop.call_soon_threadsafe(lambda: self._gate(gate).set())
+
+    def holding(self, run_id: str) -> bool:
+        """Whether the engine has a request of ``run_id`` it answered no reply to yet."""
+        return run_id in self.open
 
     async def _complete(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -72,6 +89,12 @@ class ScriptedEngine:
         done = sum(1 for m in messages if m["role"] == "assistant")
         step = steps[min(done, len(steps) - 1)]
         await asyncio.sleep(float(step.get("sleep", 0)))
+        if "hold" in step:
+            self.open.add(run_id)
+            try:
+                await self._gate(step["hold"]).wait()
+            finally:
+                self.open.discard(run_id)
         if "call" in step:
             call = {
                 "id": f"call_{done}",
@@ -86,6 +109,16 @@ class ScriptedEngine:
         return web.json_response(_reply(step["say"]))
 
     async def _end(self, request: web.Request) -> web.Response:
+        # Each run ending notes how many turns of the run the engine had seen by then; held at the
+        # gate "ends" once a test calls hold_ends() (a slow dataplane ending a run).
+        handle = request.match_info["handle"]
+        self.ends.append((handle, len(self.requests.get(handle, ()))))
+        if self.hold_run_ends:
+            self.open.add(f"end:{handle}")
+            try:
+                await self._gate("ends").wait()
+            finally:
+                self.open.discard(f"end:{handle}")
         return web.json_response({})
 
     async def _start(self) -> None:
@@ -102,6 +135,8 @@ class ScriptedEngine:
         return self
 
     def stop(self) -> None:
+        for gate in ("ends", *self._gates):  # nothing held keeps the server from closing
+            self.release(gate)
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -222,7 +257,7 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
         {"call": "write_file", "args": {"path": str(ws / "b" / "d" / "d.txt"), "content": "from d"}},
         {"call": "write_file", "args": {"path": str(ws / "outside.txt"), "content": "escape"}},
         {"call": "write_file", "args": {"path": "b/d/../../b/escape.txt", "content": "dotdot"}},
-        {"say": "D done"},
+        {"hold": "d", "say": "D done"},
     )
     b_task = script(
         {
@@ -268,20 +303,21 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
                 )
             )["handle"]
 
-            async def network_idle() -> Any:
+            async def network_settled() -> Any:
+                # A and B answered (idle); D is busy in a turn the engine holds.
                 runs = (await call(client, "list", handle=a))["runs"]
                 if len(runs) != 1 or runs[0]["state"] != "idle":
                     return None
                 b_children = (await call(client, "list", handle=runs[0]["handle"]))["runs"]
-                if len(b_children) != 1 or b_children[0]["state"] != "idle":
+                if len(b_children) != 1 or not pod.engine.holding(b_children[0]["handle"]):
                     return None
                 top = await call(client, "read", handle=a)
                 return (runs[0], b_children[0]) if top["state"] == "idle" else None
 
-            b_item, d_item = await until(network_idle, "A, B and D idle")
+            b_item, d_item = await until(network_settled, "A and B idle, D in a held turn")
             b, d = b_item["handle"], d_item["handle"]
             assert b_item["name"] == "b" and d_item["name"] == "d"
-            assert b_item["lastAnswer"] == "B done" and d_item["lastAnswer"] == "D done"
+            assert b_item["lastAnswer"] == "B done" and d_item["state"] == "running"
 
             # The file work that was in scope happened; the rest was refused with the rule.
             assert (ws / "b" / "d" / "d.txt").read_text() == "from d"
@@ -301,22 +337,21 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
             a_results = _tool_results(pod, a)
             assert "held by child 'b'" in a_results[1]
 
-            # Scopes as held: A's writes to b/ are withheld while b lives.
-            a_item = (await call(client, "list"))["runs"]
-            assert [r["handle"] for r in a_item] == [a]
-            assert [h["name"] for h in a_item[0]["scope"]["heldByChildren"]] == ["b"]
+            # An idle run holds no scope: A and B answered, so theirs came back; D (busy) keeps its
+            # part, which B had handed on.
+            monitor = {r["handle"]: r for r in _get_json(f"{pod.url}/monitor/runs")["runs"]}
+            assert monitor[a]["scope"] is None and monitor[b]["scope"] is None
+            assert monitor[d]["scope"]["granted"][0]["path"] == str(ws / "b" / "d")
 
             # Read with cursors.
-            first = await call(client, "read", handle=d)
-            assert first["entries"] == ["D done"] and first["cursor"] == 1 and first["state"] == "idle"
-            again = await call(client, "read", handle=d, since=first["cursor"])
+            first = await call(client, "read", handle=b)
+            assert first["entries"] == ["B done"] and first["cursor"] == 1 and first["state"] == "idle"
+            again = await call(client, "read", handle=b, since=first["cursor"])
             assert again["entries"] == [] and again["cursor"] == 1
 
-            # B ends before D: D keeps its part, now held under A.
+            # B ends for good before D.
             stopped = await call(client, "stop", handle=b)
             assert stopped["state"] == "stopped"
-            a_scope = (await call(client, "list"))["runs"][0]["scope"]
-            assert [h["name"] for h in a_scope["heldByChildren"]] == ["d"]
 
         # A restart in the middle of the chain keeps it so.
         assert pod.runtime is not None
@@ -328,10 +363,10 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
             a_scope = (await call(client, "status", handle=a))["run"]
             assert a_scope["podState"] == "idle"
             monitor = {r["handle"]: r for r in _get_json(f"{pod.url}/monitor/runs")["runs"]}
-            assert [h["name"] for h in monitor[a]["scope"]["heldByChildren"]] == ["d"]
-            assert monitor[b]["scope"] is None and monitor[d]["state"] == "idle"
+            assert monitor[a]["scope"] is None and monitor[b]["scope"] is None
+            assert monitor[d]["state"] == "running" and monitor[d]["scope"] is not None
 
-            # A hears of b at its next turn, once: b answered, then b stopped.
+            # Sent more work, A gets its scope again, less what its grandchild D still holds.
             await call(client, "send", handle=a, message="report")
             report = await until(lambda: _idle_read(client, a, 1), "A's report")
             (text,) = report["entries"]
@@ -341,19 +376,22 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
             told = "\n".join(m["content"] for m in a_convo if m["role"] == "system")
             assert told.count(f"answered: child 'b' ({b})") == 1
             assert told.count(f"stopped: child 'b' ({b})") == 1
-            assert "D done" not in told and "child 'd'" not in told
-            await call(client, "send", handle=a, message="again")
-            second = await until(lambda: _idle_read(client, a, 2), "A's second report")
-            assert second["entries"][-1] == "none"
+            assert "child 'd'" not in told
+            regrants = [r for r in pod.journal() if r["type"] == "scopeGrant" and r["handle"] == a]
+            assert len(regrants) == 2
+            withheld = {"effect": "deny", "access": ["write"], "path": str(ws / "b" / "d")}
+            assert withheld in regrants[1]["scope"]
 
-            # D ends: its part returns to A, and the file is A's to write again.
-            await call(client, "stop", handle=d)
+            # D answers: its part returns, and with every run idle nothing is held.
+            pod.engine.release("d")
+            await until(lambda: _state(client, d, "idle"), "D's answer")
             monitor = {r["handle"]: r for r in _get_json(f"{pod.url}/monitor/runs")["runs"]}
-            assert monitor[a]["scope"]["heldByChildren"] == []
+            assert all(run["scope"] is None for run in monitor.values())
 
     asyncio.run(go())
     kinds = [r["type"] for r in pod.journal()]
-    assert kinds.count("scopeGrant") == 3 and kinds.count("scopeEnd") == 2
+    assert kinds.count("scopeGrant") == kinds.count("scopeEnd") == 4  # a, b, d, then a again
+    assert kinds.count("scopeReturned") == 4  # a (twice), b and d went idle
 
 
 async def _idle_read(client: Client, handle: str, at_least: int) -> dict[str, Any] | None:
@@ -420,3 +458,38 @@ async def _state(client: Client, handle: str, state: str) -> bool:
 
 async def _engine_saw(pod: Pod, handle: str) -> bool:
     return bool(pod.engine.requests.get(handle))
+
+
+def test_a_send_while_the_finished_loop_is_still_ending_the_run_reopens_it_once(pod: Pod) -> None:
+    """The run's loop has recorded its answer but is still ending the run at the dataplane (held
+    there) when ``send`` re-opens it: one loop at a time, the run is not failed, a second send goes
+    to the one loop's inbox, and the ending comes before the new turns."""
+    pod.engine.hold_run_ends = True
+    task = script({"say": "first"}, {"say": "second"}, {"say": "third"})
+
+    async def go() -> None:
+        async with Client(f"{pod.url}/mcp") as client:
+            h = (await call(client, "spawn", task=task))["handle"]
+            done = await call(client, "await", handles=[h], timeout=30)
+            assert done["runs"][0]["state"] == "completed"
+            await until(lambda: _engine_holds(pod, f"end:{h}"), "the run ending, held")
+            assert (await call(client, "send", handle=h, message="go on"))["delivered"] == "now"
+            assert (await call(client, "send", handle=h, message="and more"))["delivered"] == "next turn"
+            status = (await call(client, "status", handle=h))["run"]
+            assert status["state"] == "running" and "error" not in status
+            pod.engine.release("ends")
+            await until(lambda: _state(client, h, "idle"), "the run idle again")
+            status = (await call(client, "status", handle=h))["run"]
+            # One loop took both messages into its first turn (the second waited in its inbox).
+            assert status["state"] == "completed" and status["answer"] == "second", status
+            assert len(pod.engine.requests[h]) == 2
+            users = [m["content"] for m in pod.engine.requests[h][1]["messages"] if m["role"] == "user"]
+            assert users[1:] == ["go on", "and more"]
+            # The first ending reached the dataplane before the turn of the re-opened run.
+            assert [n for handle, n in pod.engine.ends if handle == h] == [1, 2]
+
+    asyncio.run(go())
+
+
+async def _engine_holds(pod: Pod, what: str) -> bool:
+    return pod.engine.holding(what)

@@ -74,7 +74,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -106,13 +105,20 @@ WORKSPACE = "workspace"
 
 EVENT = "event"
 DELIVERED = "eventsDelivered"
+POD = "pod"
+"""Journal record ``{"type": "pod", "handle", "depth"}``: a run's level in its tree, fixed at spawn."""
+RETURNED = "scopeReturned"
+"""Journal record ``{"type": "scopeReturned", "handle", "scope": [rule json]}``: what an idle run
+gave back, re-granted when it is sent more work."""
 MAX_PENDING_EVENTS = 200
+MAX_EVENT_QUEUES = 1000
+"""Spawners (runs and MCP callers) with pending events kept at most; past it the oldest queue goes."""
+MAX_INBOX = 100
+"""Messages waiting in one busy run's inbox at most; ``send`` is refused beyond (retry later)."""
+MAX_NAME_CHARS = 64
 POINTER_CHARS = 200
 SUMMARY_CHARS = 200
 """Characters of a last answer's first line shown by ``list`` and the monitor."""
-
-ORCHESTRATION_TOOLS = ("spawn", "send", "read", "stop", "list")
-
 
 class PodRefused(BadToolInput):
     """A pod operation that cannot be done: a limit, a name taken, a run out of reach."""
@@ -204,8 +210,10 @@ ORCHESTRATION_SCHEMAS: tuple[dict[str, Any], ...] = (
         "description": (
             "Start a child sub-agent on `task`; returns its handle at once. `name` (unique among your "
             "children) lets you address it. `scope` hands it part of your filesystem scope (allow/deny "
-            "rules); what you give for writing you cannot write until it stops. `orchestrate` lets it "
-            "spawn children of its own. You are told when it answers, fails or stops."
+            "rules); what you give for writing you cannot write until it answers or stops. "
+            "`orchestrate` lets it spawn children of its own. It gets your tools, or the part of "
+            "them you name in `tools`; tools needing approval for you need it for it too, and "
+            "`approveTools` adds more. You are told when it answers, fails or stops."
         ),
         "inputSchema": {
             "type": "object",
@@ -216,6 +224,8 @@ ORCHESTRATION_SCHEMAS: tuple[dict[str, Any], ...] = (
                 "orchestrate": {"type": "boolean"},
                 "system": {"type": "string"},
                 "maxToolCalls": {"type": "integer", "minimum": 0, "maximum": 1000},
+                "tools": {"type": "array", "items": {"type": "string"}},
+                "approveTools": {"type": "array", "items": {"type": "string"}},
             },
             "required": ["task"],
             "additionalProperties": False,
@@ -277,11 +287,12 @@ ORCHESTRATION = tuple(_tool(s) for s in ORCHESTRATION_SCHEMAS)
 
 @dataclass(frozen=True, slots=True)
 class SpawnPlan:
-    """What :meth:`Pods.plan_spawn` decided: the ledger holder the scope comes from and the scope
-    to grant (``None``: the run holds none)."""
+    """What :meth:`Pods.plan_spawn` decided: the ledger holder the scope comes from, the scope
+    to grant (``None``: the run holds none) and the new run's level in its tree."""
 
     ledger_parent: str | None
     scope: Scope | None
+    depth: int = 1
 
 
 class Pods:
@@ -306,12 +317,22 @@ class Pods:
             for tool, declared in path_arguments(server).items():
                 self.path_arguments.setdefault(tool, declared)
         self.events: dict[str, list[Event]] = {}
+        self.depths: dict[str, int] = {}
+        """Each held run's level in its tree (1: a caller's run), fixed at spawn and journaled."""
+        self.returned: dict[str, Scope] = {}
+        """What each idle run gave back when it went idle, re-granted by a ``send`` (journaled)."""
+        self.inbox_senders: dict[str, str] = {}
+        """Who sent each message waiting in an inbox (message id -> actor key), to tell them when
+        it is not taken (not journaled)."""
+        self.spawner_cursors: dict[str, int] = {}
+        """Per run, the cursor of its spawner's last ``read`` (for event pointers; not journaled:
+        after a restart a pointer counts from 0)."""
         self.launch: Callable[..., Run] | None = None
         self.start_loop: Callable[[Run], None] | None = None
         registry.on_finish.append(self._finished)
         registry.on_evict.append(self._evicted)
         registry.on_replay.append(self._replayed)
-        registry.foreign_records |= {GRANT, END, EVENT, DELIVERED}
+        registry.foreign_records |= {GRANT, END, EVENT, DELIVERED, POD, RETURNED}
         registry.extra_snapshot.append(self._snapshot)
 
     # --- journal ---------------------------------------------------------------------------------
@@ -325,6 +346,12 @@ class Pods:
         try:
             if kind in (GRANT, END):
                 self.ledger.apply(record)
+                if kind == GRANT:
+                    self.returned.pop(str(record["handle"]), None)
+            elif kind == POD:
+                self.depths[str(record["handle"])] = int(record["depth"])
+            elif kind == RETURNED:
+                self.returned[str(record["handle"])] = Scope.from_json(record["scope"])
             elif kind == EVENT:
                 event = Event(
                     str(record["id"]),
@@ -344,21 +371,26 @@ class Pods:
             log.warning("journal: a %s record of %s skipped: %s", kind, record.get("handle"), exc)
 
     def after_replay(self) -> None:
-        """End the scope of every holder whose run is gone or stopped (its ``scopeEnd`` was lost)."""
+        """End the scope of every holder whose run is gone or not running (its ``scopeEnd`` was
+        lost in a crash between the two records); an idle one's is kept to re-grant."""
         for handle in self.ledger.live():
             if handle == WORKSPACE:
                 continue
             try:
-                gone = self.registry.get(handle).pod_state == "stopped"
+                run: Run | None = self.registry.get(handle)
             except RuntimeFault:
-                gone = True
-            if gone:
-                self._journal(self.ledger.end(handle))
+                run = None
+            if run is None or run.done:
+                self._return_scope(handle, keep=run is not None and run.pod_state == "idle")
 
     def _snapshot(self) -> Iterable[dict[str, Any]]:
         for record in self.ledger.to_records():
             if record["handle"] != WORKSPACE:
                 yield record
+        for handle, depth in self.depths.items():
+            yield {"type": POD, "handle": handle, "depth": depth}
+        for handle, scope in self.returned.items():
+            yield {"type": RETURNED, "handle": handle, "scope": scope.to_json()}
         for pending in self.events.values():
             for event in pending:
                 yield event.record()
@@ -366,9 +398,12 @@ class Pods:
     # --- notifications ---------------------------------------------------------------------------
 
     def _queue(self, run: Run, kind: str, pointer: str) -> None:
+        self._queue_to(spawner_key(run), run, kind, pointer)
+
+    def _queue_to(self, to: str, run: Run, kind: str, pointer: str) -> None:
         event = Event(
             f"ev-{secrets.token_hex(6)}",
-            spawner_key(run),
+            to,
             run.handle,
             run.name or run.handle,
             kind,
@@ -376,15 +411,29 @@ class Pods:
             time.time(),
         )
         self._journal(event.record())
-        pending = self.events.setdefault(event.to, [])
+        pending = self.events.pop(event.to, [])  # re-inserted: the dict is oldest queue first
         pending.append(event)
         del pending[:-MAX_PENDING_EVENTS]
+        self.events[event.to] = pending
+        while len(self.events) > MAX_EVENT_QUEUES:
+            oldest = next(iter(self.events))
+            self._discard_events(oldest)
         self.registry.notify_changed()
 
     def _drop_events(self, key: str, ids: set[str]) -> None:
         pending = self.events.get(key)
         if pending:
-            self.events[key] = [e for e in pending if e.id not in ids]
+            kept = [e for e in pending if e.id not in ids]
+            if kept:
+                self.events[key] = kept
+            else:
+                del self.events[key]
+
+    def _discard_events(self, key: str) -> None:
+        """Drop ``key``'s queue for good (a spawner that will never take it), journaled."""
+        pending = self.events.pop(key, [])
+        if pending:
+            self._journal({"type": DELIVERED, "handle": key, "to": key, "ids": [e.id for e in pending]})
 
     def pending(self, key: str) -> list[dict[str, Any]]:
         """The events waiting for ``key`` (not consumed)."""
@@ -398,22 +447,56 @@ class Pods:
             self._journal({"type": DELIVERED, "handle": key, "to": key, "ids": [e.id for e in pending]})
         return [e.to_json() for e in pending]
 
-    def _finished(self, run: Run) -> None:
+    def _pointer(self, run: Run) -> str:
+        """``3 new output entries (read since=2)``: new since the spawner's last ``read``."""
+        since = self.spawner_cursors.get(run.handle, 0)
         count = len(outputs(run))
-        entries = f"{count} output entries in all"
+        return f"{max(count - since, 0)} new output entries (read since={since})"
+
+    def _return_scope(self, handle: str, *, keep: bool) -> None:
+        """End ``handle``'s grant (journaled); ``keep``: remember it to re-grant on a ``send``."""
+        if handle not in self.ledger:
+            return
+        scope = self.ledger.granted(handle)
+        self._journal(self.ledger.end(handle))
+        if keep:
+            self.returned[handle] = scope
+            self._journal({"type": RETURNED, "handle": handle, "scope": scope.to_json()})
+
+    def _finished(self, run: Run) -> None:
         if run.pod_state == "stopped":
             who = f"stopped by {run.stopped_by}" if run.stopped_by else (run.error or "cancelled")
-            self._queue(run, "stopped", f"{summarize(who, POINTER_CHARS)}; {entries}")
-            if run.handle in self.ledger:
-                self._journal(self.ledger.end(run.handle))
-        elif run.state == "failed":
+            dropped = len(run.inbox)
+            lost = f"; {dropped} messages sent to it were not taken" if dropped else ""
+            self._queue(run, "stopped", f"{summarize(who, POINTER_CHARS)}; {self._pointer(run)}{lost}")
+            self._tell_unread_senders(run)
+            self._return_scope(run.handle, keep=False)
+            self.returned.pop(run.handle, None)
+            self._discard_events(run.handle)  # a stopped run takes no turn to hear them at
+            return
+        self._return_scope(run.handle, keep=True)
+        if run.state == "failed":
             self._queue(run, "error", summarize(run.error or "failed", POINTER_CHARS))
         else:
-            self._queue(run, "answered", f"{entries}; read it with read(handle)")
+            self._queue(run, "answered", self._pointer(run))
+
+    def _tell_unread_senders(self, run: Run) -> None:
+        """A run stopping with messages in its inbox: each sender that was told "next turn" (a
+        run or an MCP caller; not a person, who sees the page) hears its message was not taken."""
+        for message in run.inbox:
+            sender = self.inbox_senders.pop(str(message.get("id")), None)
+            if sender is None:
+                continue
+            size = len(message.get("content") or "")
+            pointer = f"your message ({size} characters) was not taken: the run stopped first"
+            self._queue_to(sender, run, "message", pointer)
 
     def _evicted(self, handle: str) -> None:
-        if handle in self.ledger:
-            self._journal(self.ledger.end(handle))
+        self._return_scope(handle, keep=False)
+        self.returned.pop(handle, None)
+        self.depths.pop(handle, None)
+        self.spawner_cursors.pop(handle, None)
+        self._discard_events(handle)
 
     def before_turn(self, run: Run) -> None:
         """The run's inbox and pending events into its conversation as one journaled round: one
@@ -433,32 +516,46 @@ class Pods:
             messages.append({"role": "system", "content": text})
         for message in inbox:
             messages.append({"role": "user", "content": message["content"]})
+            self.inbox_senders.pop(str(message.get("id")), None)
         run.inbox = []
-        self.events.pop(run.handle, None)
+        self.events.pop(run.handle, None)  # journaled as delivered by the round record below
         run.complete_round(messages, delivered=[m["id"] for m in inbox], events=[e.id for e in events])
 
     # --- spawn -----------------------------------------------------------------------------------
 
     def depth(self, run: Run | None) -> int:
-        """Levels from the top: a caller's run is 1 (``None``: 0)."""
-        level = 0
-        while run is not None:
-            level += 1
-            try:
-                run = self.registry.get(run.parent) if run.parent is not None else None
-            except RuntimeFault:
-                run = None
-        return level
+        """``run``'s level in its tree, as fixed at its spawn (a caller's run is 1; ``None``: 0).
+        Never walked through ancestors, which may have left the registry; a run spawned before
+        depths were kept counts as deep as the limit, so it spawns nothing more."""
+        if run is None:
+            return 0
+        return self.depths.get(run.handle, self.max_depth)
 
-    def _live_children(self, parent: Run | None, caller: str) -> list[Run]:
+    def _children(self, parent: Run | None, caller: str) -> list[Run]:
         if parent is None:
-            runs = [r for r in self.registry.of_caller(caller) if r.parent is None]
-        else:
-            try:
-                runs = self.registry.lookup([h for h in parent.children])
-            except RuntimeFault:
-                runs = [r for r in self.registry.all() if r.parent == parent.handle]
-        return [r for r in runs if r.pod_state != "stopped"]
+            return [r for r in self.registry.of_caller(caller) if r.parent is None]
+        return [r for r in self.registry.all() if r.parent == parent.handle]
+
+    def _check_name(self, name: str) -> None:
+        if not name or len(name) > MAX_NAME_CHARS or not name.isprintable() or name != name.strip():
+            raise PodRefused(
+                f"name {name!r}: expected 1 to {MAX_NAME_CHARS} printable characters, "
+                "without spaces at either end"
+            )
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+            raise PodRefused(f"name {name!r}: not valid Unicode text (a lone surrogate)")
+        if name.startswith("run-"):
+            raise PodRefused(f"name {name!r}: names starting with 'run-' are kept for handles")
+
+    def _check_running_children(self, parent: Run | None, caller: str) -> None:
+        if parent is None:
+            return
+        running = [r for r in self._children(parent, caller) if r.pod_state == "running"]
+        if len(running) >= self.max_children:
+            raise PodRefused(
+                f"children limit: run {parent.handle} has {len(running)} running children, "
+                f"[runtime] max_children = {self.max_children}; wait for one to answer or stop one"
+            )
 
     def _real_rules(self, scope_json: Any) -> Scope:
         if not isinstance(scope_json, list):
@@ -484,36 +581,76 @@ class Pods:
                 f"depth limit: the new run would be at level {level} of its tree, beyond "
                 f"[runtime] max_depth = {self.max_depth}"
             )
-        siblings = self._live_children(parent, caller)
-        if parent is not None and len(siblings) >= self.max_children:
-            raise PodRefused(
-                f"children limit: run {parent.handle} has {len(siblings)} live children, "
-                f"[runtime] max_children = {self.max_children}; stop one first"
-            )
-        if name is not None and any(r.name == name for r in siblings):
-            raise PodRefused(f"name {name!r} is taken among the spawner's live children")
+        self._check_running_children(parent, caller)
+        if name is not None:
+            self._check_name(name)
+            siblings = [r for r in self._children(parent, caller) if r.pod_state != "stopped"]
+            if any(r.name == name for r in siblings):
+                raise PodRefused(f"name {name!r} is taken among the spawner's running or idle children")
         if parent is not None:
             ledger_parent: str | None = parent.handle if parent.handle in self.ledger else None
             if ledger_parent is None:
                 if scope_json is not None:
                     raise PodRefused("scope: the spawner holds no scope, so it has none to hand on")
-                return SpawnPlan(None, None)
+                return SpawnPlan(None, None, level)
         else:
             ledger_parent = WORKSPACE if self.workspace is not None else None
         if scope_json is None:
             if ledger_parent is None:
-                return SpawnPlan(None, None)
-            return SpawnPlan(ledger_parent, read_only(self.ledger.granted(ledger_parent)))
+                return SpawnPlan(None, None, level)
+            return SpawnPlan(ledger_parent, read_only(self.ledger.granted(ledger_parent)), level)
         scope = self._real_rules(scope_json)
         excess = is_within(scope, self.ledger.effective(ledger_parent))
         if excess is not None:
             raise ScopeExceeded(excess)
-        return SpawnPlan(ledger_parent, scope)
+        return SpawnPlan(ledger_parent, scope, level)
 
     def grant(self, run: Run, plan: SpawnPlan) -> None:
-        """Give the new ``run`` its planned scope (journaled)."""
+        """Give the new ``run`` its planned scope and record its depth (both journaled)."""
+        self.depths[run.handle] = plan.depth
+        self._journal({"type": POD, "handle": run.handle, "depth": plan.depth})
         if plan.scope is not None:
             self._journal(self.ledger.grant(run.handle, plan.scope, parent=plan.ledger_parent, name=run.name))
+
+    def _regrant(self, run: Run) -> None:
+        """Before an idle ``run`` continues: give it back the scope it returned when it went
+        idle, carved again from its spawner's effective scope. Raises :class:`PodRefused` with
+        what is held by whom when that is not free any more (a sibling was given it meanwhile), or
+        when its spawner holds no scope now; and when its spawner has ``max_children`` running
+        children."""
+        parent = self.registry.get(run.parent) if run.parent is not None else None
+        self._check_running_children(parent, run.caller)
+        scope = self.returned.get(run.handle)
+        if scope is None or run.handle in self.ledger:
+            return
+        if parent is not None:
+            if parent.handle not in self.ledger:
+                raise PodRefused(
+                    f"run {run.handle} cannot continue: the scope it held came from run "
+                    f"{parent.handle}, which holds none now"
+                )
+            source: str | None = parent.handle
+        else:
+            source = WORKSPACE if self.workspace is not None else None
+        # What its own live descendants hold (they kept it when it went idle) stays theirs: the
+        # run gets its scope back without those parts, which return to the ledger's holder above
+        # them when they end.
+        withheld = [
+            Rule("deny", frozenset({"write"}), rule.path)
+            for holder in self.ledger.live()
+            if holder != WORKSPACE and self._descends_handle(holder, run.handle)
+            for rule in self.ledger.granted(holder).rules
+            if rule.effect == "allow" and "write" in rule.access
+        ]
+        if withheld:
+            scope = Scope.of(*scope.rules, *withheld)
+        excess = is_within(scope, self.ledger.effective(source))
+        if excess is not None:
+            raise PodRefused(
+                f"run {run.handle} cannot continue: the scope it held is not free now: {excess}"
+            )
+        self._journal(self.ledger.grant(run.handle, scope, parent=source, name=run.name))
+        del self.returned[run.handle]
 
     # --- operations ------------------------------------------------------------------------------
 
@@ -540,10 +677,18 @@ class Pods:
             return [r for r in self.registry.all() if r.parent == actor.run.handle]
         return [r for r in self.registry.all() if r.parent is None and r.caller == actor.caller]
 
-    def _descends(self, run: Run, ancestor: Run) -> bool:
+    def _descends_handle(self, handle: str, ancestor: str) -> bool:
+        try:
+            run = self.registry.get(handle)
+        except RuntimeFault:
+            return False
+        return self._descends(run, ancestor)
+
+    def _descends(self, run: Run, ancestor: Run | str) -> bool:
+        ancestor_handle = ancestor if isinstance(ancestor, str) else ancestor.handle
         parent = run.parent
         while parent is not None:
-            if parent == ancestor.handle:
+            if parent == ancestor_handle:
                 return True
             try:
                 parent = self.registry.get(parent).parent
@@ -561,7 +706,14 @@ class Pods:
         # A message from anyone but the spawner says who sent it (the run may answer to its spawner).
         own = actor.key == spawner_key(run)
         text = message if own else f"[message from {actor.label}] {message}"
-        reopened = self.registry.deliver(run, text, actor.label, f"msg-{secrets.token_hex(6)}")
+        if run.done:
+            self._regrant(run)
+        elif len(run.inbox) >= MAX_INBOX:
+            raise PodRefused(f"run {run.handle} has {MAX_INBOX} messages waiting already; send later")
+        message_id = f"msg-{secrets.token_hex(6)}"
+        reopened = self.registry.deliver(run, text, actor.label, message_id)
+        if not reopened and actor is not PERSON:
+            self.inbox_senders[message_id] = actor.key
         if reopened:
             if self.start_loop is None:
                 raise RuntimeError("pods: no loop to continue a run with (outside the server's lifespan)")
@@ -582,6 +734,8 @@ class Pods:
         run = self.resolve(actor, target)
         entries = outputs(run)
         start = min(max(since or 0, 0), len(entries))
+        if actor.key == spawner_key(run):
+            self.spawner_cursors[run.handle] = len(entries)
         out: dict[str, Any] = {
             "handle": run.handle,
             "name": run.name,
@@ -660,32 +814,30 @@ class Pods:
         return tools
 
     async def call_builtin(self, run: Run, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """One built-in tool call: ``(text, failed)``; never raises but for cancellation. A
+        workspace tool runs in a worker thread against a snapshot of the run's effective scope
+        taken here, on the event loop (the ledger is not thread-safe and may change meanwhile:
+        the snapshot is the scope as it stood when the call began)."""
         try:
             if name in TOOLS:
-                check = partial(self.ledger.check, run.handle)
+                if run.handle not in self.ledger:
+                    return f"Error: {name}: this run holds no filesystem scope now", True
+                check = self.ledger.effective(run.handle).check
                 text = await asyncio.to_thread(TOOLS[name], check, arguments, base=self.workspace)
                 return text, False
-            return json.dumps(self._orchestrate(run, name, arguments)), False
+            return json.dumps(self._orchestrate(run, name, arguments), ensure_ascii=False), False
         except (RuntimeFault, ToolError) as exc:
             return f"Error: {exc}", True
+        except Exception as exc:  # an OSError, a UnicodeError, a KeyError: the tool failed, not the run
+            log.info("%s: built-in tool %s raised %r", run.handle, name, exc)
+            return f"Error: {name} failed: {type(exc).__name__}: {exc}", True
 
     def _orchestrate(self, run: Run, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         actor = Actor.of_run(run)
         if name == "spawn":
             if self.launch is None:
                 raise RuntimeError("pods: spawn is not wired (outside the server)")
-            child = self.launch(
-                caller=run.caller,
-                task=arguments["task"],
-                parent=run.handle,
-                name=arguments.get("name"),
-                scope=arguments.get("scope"),
-                orchestrate=bool(arguments.get("orchestrate", False)),
-                system=arguments.get("system"),
-                maxToolCalls=int(arguments.get("maxToolCalls", 8)),
-                model=run.model,
-                serviceClass=run.service_class,
-            )
+            child = self.launch(**self.child_limits(run, arguments))
             return {"handle": child.handle, "name": child.name, "state": child.pod_state}
         if name == "send":
             return self.send(actor, arguments["handle"], arguments["message"])
@@ -697,7 +849,50 @@ class Pods:
             return self.list_runs(actor, of=arguments.get("handle"))
         raise PodRefused(f"no built-in tool {name!r}")
 
+    def child_limits(self, run: Run, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``launch`` arguments of a sub-agent's ``spawn``: a child inherits its spawner's
+        limits and may only narrow them. ``tools``: the spawner's allowed tools, or the subset it
+        names (naming one it may not use is refused); ``approveTools``: the spawner's plus any it
+        names (what needs approval for the spawner needs it for the child); ``maxToolCalls`` at
+        most the spawner's (default: the smaller of 8 and the spawner's); ``maxTokens``,
+        ``parallelToolCalls``, model and service class: the spawner's. Budgets need no copy: a
+        run's budgets bound its whole subtree, the child included. Raises :class:`PodRefused`."""
+        tools = arguments.get("tools")
+        if tools is not None:
+            wider = sorted(set(tools) - run.allowed_tools) if run.allowed_tools is not None else []
+            if wider:
+                raise PodRefused(f"tools: {', '.join(wider)} not among the tools you may use")
+            allowed: list[str] | None = list(tools)
+        else:
+            allowed = sorted(run.allowed_tools) if run.allowed_tools is not None else None
+        max_calls = int(arguments.get("maxToolCalls", min(8, run.max_tool_calls)))
+        if max_calls > run.max_tool_calls:
+            raise PodRefused(
+                f"maxToolCalls: {max_calls} is more than your own ({run.max_tool_calls}); "
+                "a child may only narrow it"
+            )
+        return {
+            "caller": run.caller,
+            "task": arguments["task"],
+            "parent": run.handle,
+            "name": arguments.get("name"),
+            "scope": arguments.get("scope"),
+            "orchestrate": bool(arguments.get("orchestrate", False)),
+            "system": arguments.get("system"),
+            "maxToolCalls": max_calls,
+            "tools": allowed,
+            "approveTools": sorted(run.approve_tools | set(arguments.get("approveTools") or ())),
+            "maxTokens": run.max_tokens,
+            "parallelToolCalls": run.parallel_tool_calls,
+            "model": run.model,
+            "serviceClass": run.service_class,
+        }
+
     def upstream_refusal(self, run: Run, name: str, arguments: dict[str, Any]) -> str | None:
+        """Check an upstream call's declared path arguments against ``run``'s scope: the refusal
+        text, or ``None`` once each declared argument in ``arguments`` has been replaced, in
+        place, by the real path that was checked (so the server gets exactly what was allowed;
+        ``~`` and URIs are refused, :func:`~luftpause.runtime.workspace.check_path_arguments`)."""
         declared = self.path_arguments.get(name)
         if not declared:
             return None
@@ -705,8 +900,21 @@ class Pods:
             names = ", ".join(declared)
             return f"Error: {name} takes paths ({names}) and this run holds no filesystem scope"
         try:
-            check = partial(self.ledger.check, run.handle)
-            check_path_arguments(check, declared, arguments, base=self.workspace)
+            check = self.ledger.effective(run.handle).check
+            arguments.update(check_path_arguments(check, declared, arguments, base=self.workspace))
         except RuntimeFault as exc:
             return f"Error: {exc}"
         return None
+
+    def end_idle(self, run: Run, by: str) -> list[Run]:
+        """``cancel`` of an idle run: it and its idle descendants end for good (``stopped``, by
+        ``by``): each is told to its spawner and takes no more work. Returns those ended."""
+        ended = []
+        stack = [run]
+        while stack:
+            current = stack.pop()
+            if current.pod_state == "idle":
+                self.registry.request_stop(current, by)
+                ended.append(current)
+            stack.extend(r for r in self.registry.all() if r.parent == current.handle)
+        return ended

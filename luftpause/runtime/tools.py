@@ -509,6 +509,8 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     async def cancel(handle: str) -> dict[str, Any]:
         try:
             stopped = runtime.registry.cancel(handle)
+            # An idle run (and idle ones below it) ends too: stopped, its scope returned (pods.py).
+            stopped += runtime.pods.end_idle(runtime.registry.get(handle), "cancel")
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         return {"handle": handle, "cancelled": [run.handle for run in stopped]}
