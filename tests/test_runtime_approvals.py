@@ -195,10 +195,13 @@ def test_approve_tools_gates_a_read_only_tool_and_a_refusal_is_declined(tools: T
     assert DECLINED == "Error: the user declined this tool call"
 
 
-def test_a_decision_survives_a_sigkill_and_an_unanswered_approval_is_asked_again(tools: Tools) -> None:
+def test_an_approval_covers_one_execution_across_a_sigkill_and_an_unanswered_one_is_asked_again(
+    tools: Tools,
+) -> None:
     """Run A is allowed and killed while its (one-second) call is in flight; run B is still waiting
-    for its person at the kill. After the restart A takes its journaled decision without asking,
-    B is asked again, and both complete."""
+    for its person at the kill. The approval of A was used up when its call started (a ``started``
+    record), so after the restart A is asked again, told the call may have run already (the person
+    decides whether it is repeated; it never is silently); B is asked again; both complete."""
     stack = tools.stack
     tasks = {"A": "erase the draft note", "B": "drop the stale note"}
 
@@ -228,6 +231,8 @@ def test_a_decision_survives_a_sigkill_and_an_unanswered_approval_is_asked_again
     assert not any(r["type"] in ("round", "end") and r["handle"] == handles["A"] for r in journal), (
         "A's round completed before the kill: nothing would be tested"
     )
+    started = [r["handle"] for r in journal if r["type"] == "started" and r["handle"] in handles.values()]
+    assert started == [handles["A"]]
     stack.restart("runtime")
 
     person = Person(allow=True)
@@ -243,7 +248,9 @@ def test_a_decision_survives_a_sigkill_and_an_unanswered_approval_is_asked_again
     result = asyncio.run(finish())
     assert [r["state"] for r in result["runs"]] == ["completed", "completed"], result
     assert [r["failedToolCalls"] for r in result["runs"]] == [0, 0]
-    assert len(person.asked) == 1 and handles["B"] in person.asked[0], person.asked
+    asked = {handle: [q for q in person.asked if handle in q] for handle in handles.values()}
+    assert len(asked[handles["A"]]) == 1 and "may have run already" in asked[handles["A"]][0], person.asked
+    assert len(asked[handles["B"]]) == 1 and "may have run already" not in asked[handles["B"]][0]
     journal = list(read_records(stack.workdir / "state" / JOURNAL_NAME))
     decided = [(r["handle"], r["allow"]) for r in journal if r["type"] == "approval"]
-    assert decided.count((handles["A"], True)) == 1 and decided.count((handles["B"], True)) == 1
+    assert decided.count((handles["A"], True)) == 2 and decided.count((handles["B"], True)) == 1

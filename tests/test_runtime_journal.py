@@ -122,3 +122,68 @@ def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp
     assert [run.handle for run in resumed] == ["run-live"] and resumed[0].messages[2:] == ROUND
     assert resumed[0].tool_calls == 1
     assert registry.get("run-7").state == "failed" and registry.get("run-7").error == "e"
+
+
+# Write failures and short writes (issue 5 review, item 2).
+
+
+def test_a_short_write_is_finished_so_records_never_glue(tmp_path: Path, monkeypatch: Any) -> None:
+    """``os.write`` may write part of a record; the rest must follow before the next record."""
+    import os
+
+    real_write = os.write
+
+    def at_most_seven_bytes(fd: int, data: Any) -> int:
+        return real_write(fd, bytes(data)[:7])
+
+    journal = Journal(tmp_path)
+    journal.open()
+    try:
+        monkeypatch.setattr(os, "write", at_most_seven_bytes)
+        first = journal.append({"type": "stop", "handle": "run-a", "by": "x" * 40})
+        second = journal.append({"type": "stop", "handle": "run-b", "by": "y"})
+        first.result(10), second.result(10)
+    finally:
+        monkeypatch.undo()
+        journal.close()
+    assert [r["handle"] for r in read_records(tmp_path / JOURNAL_NAME)] == ["run-a", "run-b"]
+
+
+def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_path: Path) -> None:
+    """A full disk (``/dev/full`` in place of the file): the start record fails, the registry's
+    ``confirm_start`` raises, the run fails without a turn, and a later record of it is not
+    written (it is marked not durable)."""
+    import os
+
+    from luftpause.runtime.journal import JournalWriteError
+
+    turns: list[str] = []
+
+    async def scenario() -> Run:
+        registry = RunRegistry(journal=Journal(tmp_path))
+        async with registry:
+            journal = registry.journal
+            assert journal is not None and journal._fd is not None
+            os.dup2(os.open("/dev/full", os.O_WRONLY), journal._fd)
+            run = registry.add(make_run("run-full"))
+
+            async def body() -> None:
+                turns.append(run.handle)
+
+            registry.start(run, body())
+            try:
+                await registry.confirm_start(run)
+            except JournalWriteError as exc:
+                assert "No space left" in str(exc) or "space" in str(exc), exc
+            else:
+                raise AssertionError("the start record was acknowledged on a full disk")
+            for _ in range(100):
+                if run.done and run.journal_error is not None:
+                    break
+                await asyncio.sleep(0.01)
+            return run
+
+    run = asyncio.run(scenario())
+    assert turns == []
+    assert run.state == "failed" and "could not be journaled" in (run.error or ""), run.error
+    assert run.journal_error is not None and run.result()["durable"] is False

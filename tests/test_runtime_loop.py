@@ -117,6 +117,17 @@ def _two_at_once(param: str, body: dict[str, Any], attempt: int) -> Answer:
     return _reply("\n".join(results))
 
 
+def _twins(param: str, body: dict[str, Any], attempt: int) -> Answer:
+    # Two identical calls in one reply (the review's case: one approval let both run).
+    results = _tool_results(body)
+    if not results:
+        arguments = '{"limit": 2}'
+        return _reply(
+            None, [_call("call_t1", "count_items", arguments), _call("call_t2", "count_items", arguments)]
+        )
+    return _reply(" | ".join(results))
+
+
 def _die(param: str, body: dict[str, Any], attempt: int) -> Answer:
     results = _tool_results(body)
     if not results:
@@ -152,6 +163,7 @@ SCENARIOS: dict[str, Scenario] = {
     "text-call": _text_call,
     "text-not-offered": _text_not_offered,
     "two-at-once": _two_at_once,
+    "twins": _twins,
     "die": _die,
     "greedy": _greedy,
     "busy": _busy,
@@ -561,3 +573,56 @@ def test_tools_for_an_unknown_handle_is_a_tool_error(setup: Setup) -> None:
 
     result = asyncio.run(scenario())
     assert result.is_error and "run-nosuchrun" in _text(result)
+
+
+# Approvals of several calls in one reply.
+
+
+def test_two_gated_calls_in_one_reply_are_each_asked_and_answered_on_their_own(setup: Setup) -> None:
+    """Two identical gated calls in one parallel reply: both are pending with their own ids (the
+    old single slot lost the first, which then waited for ever), ``approve`` without ``call``
+    refuses to guess, and each answer lets exactly its own call go (one approval never covers
+    both)."""
+
+    async def scenario() -> tuple[dict[str, Any], str, dict[str, Any]]:
+        async with Client(setup.mcp_url) as client:
+            spawned = await client.call_tool(
+                "spawn", {"task": "twins", "parallelToolCalls": True, "approveTools": ["count_items"]}
+            )
+            handle = _payload(spawned)["handle"]
+            deadline = time.monotonic() + 30
+            while True:
+                status = _payload(await client.call_tool("status", {"handle": handle}))["run"]
+                if len(status.get("pendingApprovals", [])) == 2:
+                    break
+                assert time.monotonic() < deadline, status
+                await asyncio.sleep(0.05)
+            unnamed = await client.call_tool("approve", {"handle": handle, "allow": True})
+            assert unnamed.is_error
+            first, second = status["pendingApprovals"]
+            await client.call_tool("approve", {"handle": handle, "allow": True, "call": first["id"]})
+            await client.call_tool("approve", {"handle": handle, "allow": False, "call": second["id"]})
+            done = _payload(await client.call_tool("await", {"handles": [handle], "timeout": 60}))
+            return status, _text(unnamed), done["runs"][0]
+
+    status, refusal, run = asyncio.run(scenario())
+    assert status["state"] == "AwaitingApproval"
+    assert [(p["tool"], p["arguments"]) for p in status["pendingApprovals"]] == [
+        ("count_items", {"limit": 2})
+    ] * 2
+    assert "waits for 2 approvals" in refusal and status["pendingApprovals"][0]["id"] in refusal
+    assert run["state"] == "completed", run
+    assert run["toolCalls"] == 2 and run["failedToolCalls"] == 1
+    first, second = run["answer"].split(" | ")
+    assert not first.startswith("Error") and second == "Error: the user declined this tool call"
+
+
+def test_a_tool_call_budget_of_one_lets_exactly_one_call_run(setup: Setup) -> None:
+    """``budgetToolCalls=1`` on a model that keeps calling: the second call is not made (it used
+    to run, and the subtree was cancelled only after its round)."""
+    before = len(_calls(setup, "count_items"))
+    run = _run(setup, "greedy", budgetToolCalls=1)
+    assert run["state"] == "cancelled", run
+    assert run["error"] == "budget exceeded: toolCalls 2/1"
+    assert run["toolCalls"] == 1 and run["used"] == {"toolCalls": 1}
+    assert len(_calls(setup, "count_items")) == before + 1

@@ -140,7 +140,9 @@ def test_budget_tokens_cancels_after_the_turn_that_spent_them(stack: Stack) -> N
     assert run["exceeded"] == run["error"]
 
 
-def test_budget_tool_calls_cancels_after_the_round_past_it(stack: Stack) -> None:
+def test_budget_tool_calls_cancels_before_the_call_past_it(stack: Stack) -> None:
+    """The call that would pass the budget is not made (the review saw 2 calls under a budget of
+    1); the message counts the call that was asked for."""
     async def scenario() -> dict[str, Any]:
         async with runtime_client(stack.runtime_url) as client:
             handle = await _spawn(client, "okapi", budgetToolCalls=1)
@@ -150,7 +152,7 @@ def test_budget_tool_calls_cancels_after_the_round_past_it(stack: Stack) -> None
     run = asyncio.run(scenario())
     assert run["state"] == "cancelled", run
     assert run["error"] == "budget exceeded: toolCalls 2/1"
-    assert run["toolCalls"] == 2
+    assert run["toolCalls"] == 1 and run["used"]["toolCalls"] == 1
 
 
 def test_budget_seconds_cancels_a_run_by_the_timer(stack: Stack) -> None:
@@ -175,11 +177,11 @@ def test_a_budget_bounds_the_whole_subtree_and_status_sums_it(stack: Stack) -> N
 
     parent, child, (parent_run, child_run) = asyncio.run(scenario())
     message = parent_run["exceeded"]
-    assert re.fullmatch(r"budget exceeded: toolCalls \d+/3", message), parent_run
-    # Alone, neither would pass 3 calls before its 256-token answer; together they did.
+    assert message == "budget exceeded: toolCalls 4/3", parent_run  # the fourth was asked, not made
+    # Alone, neither would pass 3 calls before its 256-token answer; together they would have.
     assert parent_run["state"] == child_run["state"] == "cancelled"
     assert parent_run["error"] == child_run["error"] == message
-    assert parent_run["used"]["toolCalls"] == parent_run["toolCalls"] + child_run["toolCalls"] > 3
+    assert parent_run["used"]["toolCalls"] == parent_run["toolCalls"] + child_run["toolCalls"] == 3
 
     by_id = {run["id"]: run for run in _http_status(stack)["runs"]}
     top, below = by_id[parent], by_id[child]

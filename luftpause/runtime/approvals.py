@@ -5,30 +5,40 @@ Which calls wait (DESIGN.md, "The runtime", Approval): a tool whose upstream ser
 ``destructiveHint: true`` and not ``readOnlyHint: true`` (MCP tool annotations; a tool without
 annotations is not gated, since the hints are optional and untrusted), or a tool the run's
 ``spawn(approveTools=[...])`` names. Such a call makes the run ``AwaitingApproval`` with
-``pendingApproval {tool, arguments}`` until someone answers:
+``pendingApprovals [{id, tool, arguments}]`` (and, for clients written against one question at a
+time, ``pendingApproval``: the first of them) until someone answers. Every call waits on its own
+question: several gated calls of one reply (``parallelToolCalls``) are each asked about and
+answered, in any order.
 
 * a client that declared form elicitation is asked inside an ``await`` or ``run`` on that run,
   with a form of one boolean field ``allow``: on a 2025-era connection by a server-to-client
-  ``elicitation/create`` request (``ctx.elicit``); on 2026-07-28, which has no server-to-client
-  requests, by answering the call with an ``InputRequiredResult`` (one ``elicitation/create``
-  input request per pending approval, keyed ``approve:<approval id>``) that the client retries
-  with its ``inputResponses``;
-* any client can answer with ``approve(handle, allow)``.
+  ``elicitation/create`` request per question (``ctx.elicit``); on 2026-07-28, which has no
+  server-to-client requests, by answering the call with an ``InputRequiredResult`` (one
+  ``elicitation/create`` input request per pending approval, keyed ``approve:<approval id>``) that
+  the client retries with its ``inputResponses``; a Tasks client sees them all as
+  ``input_required``;
+* any client can answer with ``approve(handle, allow, call?)``: ``call`` is the approval id, needed
+  only when the run waits on more than one question.
 
 ``accept`` with ``allow: true`` lets the call go; ``accept`` with ``allow: false`` or ``decline``
 refuses it, and the sub-agent gets the failed tool result :data:`DECLINED`; ``cancel`` (the form
 dismissed) leaves it pending and it is not asked again in that same ``await``.
 
-Decisions are journaled (``{"type": "approval", "handle", "key", "tool", "allow", "at"}`` in
-``runs.jsonl``) before the call goes on. After a restart the run redoes the turn after its last
+An approval covers exactly one execution of one call. Decisions are journaled (``{"type":
+"approval", "handle", "key", "tool", "allow", "at"}`` in ``runs.jsonl``) before the call goes on,
+and an allowed call journals ``{"type": "started", "handle", "key", "tool", "at"}`` before it
+executes, which uses the approval up. After a restart the run redoes the turn after its last
 completed tool round; a call with the same :func:`call_key` (same place in the conversation, same
-tool, same arguments) takes the journaled decision without asking again. A call that was never
-answered is simply asked again.
+position in the reply, same tool, same arguments) takes a journaled refusal, or an approval that
+was never used, without asking again. A call that had started before the restart may have run:
+it is asked again (the question says so), so the person decides whether it is repeated; it is
+never repeated silently. A call that was never answered is simply asked again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import itertools
 import json
@@ -43,6 +53,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field
 
 from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.journal import JournalWriteError
 from luftpause.runtime.runs import Run, RunRegistry, WaitMode
 
 if TYPE_CHECKING:
@@ -73,14 +84,14 @@ class NoPendingApproval(RuntimeFault):
     status = 409
 
 
-def call_key(run: Run, tool: str, arguments: dict[str, Any]) -> str:
+def call_key(run: Run, index: int, tool: str, arguments: dict[str, Any]) -> str:
     """Which call a decision is for, stable across a restart: the number of messages the run's
     conversation had when the call was made (it grows only when a tool round completes, and a
-    resumed run restarts from the same count), the tool, and a digest of the arguments. Two
-    identical calls in one round share their decision."""
+    resumed run restarts from the same count), the call's position ``index`` in its reply (so two
+    identical calls of one reply are two questions), the tool, and a digest of the arguments."""
     canonical = json.dumps(arguments, sort_keys=True, ensure_ascii=True, default=str)
     digest = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
-    return f"{len(run.messages)}:{tool}:{digest}"
+    return f"{len(run.messages)}:{index}:{tool}:{digest}"
 
 
 @dataclass(eq=False)
@@ -94,6 +105,10 @@ class PendingApproval:
     tool: str
     arguments: dict[str, Any]
     decided: asyncio.Future[bool] = field(repr=False)
+    written: concurrent.futures.Future[None] | None = field(default=None, repr=False)
+    """The journal write of the decision (:meth:`Approvals.decide`)."""
+    repeat: bool = False
+    """The same call was approved and had started before a restart: it may have run already."""
 
     @property
     def message(self) -> str:
@@ -101,7 +116,20 @@ class PendingApproval:
         shown = json.dumps(self.arguments, ensure_ascii=False)
         if len(shown) > 2000:
             shown = shown[:2000] + "…"
-        return f"Sub-agent {self.handle} wants to call the tool {self.tool!r} with {shown}. Allow it?"
+        question = f"Sub-agent {self.handle} wants to call the tool {self.tool!r} with {shown}."
+        if self.repeat:
+            question += (
+                " You approved this call before the runtime restarted and it had started, so it may"
+                " have run already; allowing it runs it again."
+            )
+        return f"{question} Allow it?"
+
+    def shown(self) -> dict[str, Any]:
+        """``{"id", "tool", "arguments", "repeat"?}`` as ``pendingApprovals`` lists it."""
+        out: dict[str, Any] = {"id": self.id, "tool": self.tool, "arguments": self.arguments}
+        if self.repeat:
+            out["repeat"] = True
+        return out
 
     def input_request(self) -> ElicitRequest:
         """This question as a form-mode ``elicitation/create`` request."""
@@ -138,22 +166,22 @@ class Approvals:
         """Whether a call of ``tool`` in ``run`` waits for a person."""
         if tool in run.approve_tools:
             return True
-        for server in self.upstream.servers:  # the first server listing a name serves it
-            for listed in server.tools if server.connected else ():
-                if listed.name == tool:
-                    hints = listed.annotations
-                    if hints is None:
-                        return False
-                    return hints.destructive_hint is True and hints.read_only_hint is not True
-        return False
+        listed = self.upstream.tool_named(tool)
+        hints = listed.annotations if listed is not None else None
+        if hints is None:
+            return False
+        return hints.destructive_hint is True and hints.read_only_hint is not True
 
-    async def gate(self, run: Run, tool: str, arguments: dict[str, Any]) -> str | None:
-        """``None`` when the call may go (no approval needed, or allowed), :data:`DECLINED` when a
-        person refused it. Waits as long as it takes; cancelling the run ends the wait."""
+    async def gate(self, run: Run, tool: str, arguments: dict[str, Any], index: int = 0) -> str | None:
+        """``None`` when the call (the ``index``-th of its reply) may go: no approval needed, or
+        allowed and its ``started`` record journaled; :data:`DECLINED` when a person refused it; an
+        error text when the start of an allowed call could not be journaled (it is not made, so a
+        restart can never repeat it unasked). Waits as long as it takes; cancelling the run ends
+        the wait."""
         if not self.needs_approval(run, tool):
             return None
-        key = call_key(run, tool, arguments)
-        allow = run.decisions.get(key)
+        key = call_key(run, index, tool, arguments)
+        allow = run.decisions.pop(key, None)
         if allow is None:
             approval = PendingApproval(
                 id=f"{run.handle}.{next(self._ids)}",
@@ -162,49 +190,76 @@ class Approvals:
                 tool=tool,
                 arguments=arguments,
                 decided=asyncio.get_running_loop().create_future(),
+                repeat=key in run.started_calls,
             )
-            run.pending_approval = approval
+            run.pending_approvals.append(approval)
             self.registry.notify_changed()
             try:
                 allow = await approval.decided
+                if approval.written is not None:
+                    await asyncio.wrap_future(approval.written)
+            except JournalWriteError as exc:
+                return f"Error: the call was not made: its approval could not be recorded ({exc})"
             finally:
-                if run.pending_approval is approval:
-                    run.pending_approval = None
+                if approval in run.pending_approvals:
+                    run.pending_approvals.remove(approval)
                 self.registry.notify_changed()
-        return None if allow else DECLINED
+        if not allow:
+            return DECLINED
+        run.started_calls.discard(key)
+        started = {"type": "started", "handle": run.handle, "key": key, "tool": tool, "at": time.time()}
+        written = self.registry.append(run, started)
+        if written is not None:
+            try:
+                await asyncio.wrap_future(written)
+            except JournalWriteError as exc:
+                return f"Error: the call was not made: its start could not be recorded ({exc})"
+        return None
 
     def decide(self, approval: PendingApproval, allow: bool) -> bool:
-        """Answer ``approval`` (journaled first); ``False`` when it was no longer pending (answered
-        by someone else, or its run ended)."""
+        """Answer ``approval`` (its journal record queued first; the gate waits until it is
+        durable); ``False`` when it was no longer pending (answered by someone else, or its run
+        ended)."""
         try:
             run = self.registry.get(approval.handle)
         except RuntimeFault:
             return False
-        if run.pending_approval is not approval or approval.decided.done():
+        if approval not in run.pending_approvals or approval.decided.done():
             return False
-        run.decisions[approval.key] = allow
-        if self.registry.journal is not None:
-            self.registry.journal.append(
-                {
-                    "type": "approval",
-                    "handle": run.handle,
-                    "key": approval.key,
-                    "tool": approval.tool,
-                    "allow": allow,
-                    "at": time.time(),
-                }
-            )
+        record = {
+            "type": "approval",
+            "handle": run.handle,
+            "key": approval.key,
+            "tool": approval.tool,
+            "allow": allow,
+            "at": time.time(),
+        }
+        approval.written = self.registry.append(run, record)
         approval.decided.set_result(allow)
         return True
 
-    def answer(self, handle: str, allow: bool) -> PendingApproval:
-        """``approve(handle, allow)``: answer the run's pending approval. Raises
-        :class:`UnknownRun` / :class:`ExpiredRun`, or :class:`NoPendingApproval`."""
+    def answer(self, handle: str, allow: bool, call: str | None = None) -> PendingApproval:
+        """``approve(handle, allow, call?)``: answer the run's pending approval ``call`` (an
+        approval id), or its only one when ``call`` is not given. Raises :class:`UnknownRun` /
+        :class:`ExpiredRun`, or :class:`NoPendingApproval` (no such question; or several pending
+        and no ``call``: the message lists their ids)."""
         run = self.registry.get(handle)
-        approval: PendingApproval | None = run.pending_approval
-        if approval is None or run.done or not self.decide(approval, allow):
+        pending = [a for a in run.pending_approvals if not a.decided.done()] if not run.done else []
+        if call is not None:
+            chosen = [a for a in pending if a.id == call]
+            if not chosen:
+                ids = ", ".join(a.id for a in pending) or "none"
+                raise NoPendingApproval(f"run {handle!r} waits for no approval {call!r}; pending: {ids}")
+        elif len(pending) > 1:
+            listed = "; ".join(f"{a.id} ({a.tool})" for a in pending)
+            raise NoPendingApproval(
+                f"run {handle!r} waits for {len(pending)} approvals; name one with call: {listed}"
+            )
+        else:
+            chosen = pending
+        if not chosen or not self.decide(chosen[0], allow):
             raise NoPendingApproval(f"run {handle!r} is {run.display_state}; it waits for no approval")
-        return approval
+        return chosen[0]
 
 
 def elicits_forms(ctx: Context) -> bool:
@@ -242,7 +297,7 @@ async def wait_asking(
         before = request_state(ctx).get("asked")
         if isinstance(before, list):
             asked.update(a for a in before if isinstance(a, str))
-        by_id = {r.pending_approval.id: r.pending_approval for r in runs if r.pending_approval is not None}
+        by_id = {a.id: a for r in runs for a in r.pending_approvals}
         for key, response in (ctx.input_responses or {}).items():
             approval = by_id.get(key[len(INPUT_KEY_PREFIX) :]) if key.startswith(INPUT_KEY_PREFIX) else None
             allow = allow_of(response)
@@ -250,11 +305,7 @@ async def wait_asking(
                 approvals.decide(approval, allow)
 
     def unasked() -> list[PendingApproval]:
-        return [
-            r.pending_approval
-            for r in runs
-            if r.pending_approval is not None and not r.done and r.pending_approval.id not in asked
-        ]
+        return [a for r in runs if not r.done for a in r.pending_approvals if a.id not in asked]
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds

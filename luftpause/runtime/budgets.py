@@ -9,9 +9,12 @@ A budget set on a run bounds that run and all its descendants, children spawned 
     toolCalls  tool calls made in the subtree (failed ones too: they were asked for)
     seconds    wall-clock seconds since the budgeted run started (a restart's downtime counts)
 
-A budget is exceeded when what is used is past the limit (``used > limit``). Checks run after
-every turn and every tool round, so a subtree may overshoot by at most one turn's tokens or one
-round's tool calls before it is cancelled; the seconds are also checked by a timer.
+A budget is exceeded when what is used is past the limit (``used > limit``). Tool calls never
+overshoot: before each call the loop asks whether one more would pass a ``toolCalls`` budget on
+the way up (``ahead``), and such a call is not made; the subtree is cancelled instead, the message
+counting the call that was asked for. Tokens are checked before every turn (a turn with the budget
+already used up is not sent) and after it, so a subtree may overshoot by at most one turn's
+tokens; the seconds are also checked by a timer.
 """
 
 from __future__ import annotations
@@ -100,10 +103,14 @@ def exceeded_message(which: str, used: float, limit: float) -> str:
     return f"budget exceeded: {which} {used:g}/{limit:g}"
 
 
-def first_exceeded(run: Run, runs: Mapping[str, Run], now: float) -> tuple[Run, str] | None:
+def first_exceeded(
+    run: Run, runs: Mapping[str, Run], now: float, ahead: Mapping[str, float] | None = None
+) -> tuple[Run, str] | None:
     """The outermost run among ``run`` and its ancestors whose budget is exceeded (its subtree
     holds every other such subtree on the way up), with the message (:func:`exceeded_message`);
-    ``None`` when every budget on the way up holds."""
+    ``None`` when every budget on the way up holds. ``ahead`` is what the caller is about to use
+    (``{"toolCalls": 1}`` before a call): a budget that it would pass counts as exceeded, with it
+    counted in the message."""
     found: tuple[Run, str] | None = None
     for node in ancestors(run, runs):
         limits = node.limits
@@ -111,7 +118,8 @@ def first_exceeded(run: Run, runs: Mapping[str, Run], now: float) -> tuple[Run, 
             continue
         used = budget_used(node, runs, now)
         for which, limit in limits.items():
-            if used[which] > limit:
-                found = node, exceeded_message(which, used[which], limit)
+            total = used[which] + (ahead or {}).get(which, 0)
+            if total > limit:
+                found = node, exceeded_message(which, total, limit)
                 break
     return found

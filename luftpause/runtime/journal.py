@@ -3,14 +3,24 @@
 One JSON object per line (UTF-8, ``\\n``-terminated), appended in the order things happened::
 
     {"type": "start", "handle", "at", "task", "system", "model", "serviceClass", "caller",
-     "maxToolCalls", "maxTokens", "tools", "parent", "budgetTokens", "budgetToolCalls",
-     "budgetSeconds"}                                      every spawn argument, at spawn
-    {"type": "round", "handle", "messages": [assistant, tool...], "counters": {...}}
-                                                           one completed tool round
-    {"type": "end", "handle", "at", "state", "answer"?, "error"?, "counters": {...}}
-                                                           the run completed, failed or was cancelled
-    {"type": "run", <start fields>, "at", "finishedAt", "state", "answer"?, "error"?,
-     "counters": {...}}                                    a finished run, written by compaction
+     "maxToolCalls", "maxTokens", "parallelToolCalls", "tools", "parent", "budgetTokens",
+     "budgetToolCalls", "budgetSeconds", "approveTools", "name", "orchestrate"}
+                                                           every spawn argument, at spawn
+    {"type": "round", "handle", "messages": [assistant, tool...], "counters": {...},
+     "delivered"?: [message id]}                           one completed tool round
+    {"type": "approval", "handle", "key", "tool", "allow", "at"}
+                                                           a person's decision on one tool call
+    {"type": "started", "handle", "key", "tool", "at"}     an approved call is about to execute:
+                                                           the approval is used up
+    {"type": "message", "handle", "id", "content", "from"} ``send`` to the run (pods)
+    {"type": "stop", "handle", "by"}                       ``stop`` on the run (pods)
+    {"type": "end", "handle", "state", "finishedAt", "answer"?, "error"?, "exceeded"?,
+     "stoppedBy"?, "counters": {...}}                      the run completed, failed or was cancelled
+    {"type": "run", <start fields>, <end fields>, "messages"?: [...]}
+                                                           a finished run, written by compaction
+                                                           (its conversation only while it may
+                                                           still take ``send``)
+    pods add their own record types (scope grants and ends, notifications: pods.py)
 
     counters = {"turns", "toolCalls", "failedToolCalls", "promptTokens", "completionTokens",
                 "turnSeconds", "toolSeconds"}              totals of the run itself at that point
@@ -18,25 +28,38 @@ One JSON object per line (UTF-8, ``\\n``-terminated), appended in the order thin
 A ``round`` carries the counters as they stood when the round completed, so a run resumed after a
 crash counts from there: the turn that was in flight at the crash is redone and counted once.
 
-Durability: each record is one ``os.write`` on a descriptor opened ``O_APPEND``, followed by
-``fsync``. So a crash of the process or of the machine loses at most the record being written,
-which is then a torn last line; :func:`read_records` skips it with a warning (any line that does
-not parse is skipped the same way, never fatal). An fsync costs about 0.3 ms on this machine's
-ext4 against tool rounds that take hundreds of milliseconds; it blocks the event loop that long.
+Writing happens off the event loop, in one writer thread per journal fed by a queue, so records
+reach the file in the order they were appended. Each record is written whole (``os.write`` is
+repeated until every byte is written: a short write never glues two records) on a descriptor
+opened ``O_APPEND``, then ``fsync``-ed; records queued together share one fsync. :meth:`append`
+returns a future that resolves once the record is durable, or fails with the ``OSError``;
+:meth:`write` awaits it. Callers await it where a record must be on disk before something is
+acknowledged or done (a spawn's ``start``, a task's creation, an approval and its ``started``
+record before the call executes, a round before the next turn). A record that could not be
+written is reported to :attr:`Journal.on_failure` (the registry marks its run as not durable) and
+logged as an error.
+
+A crash of the process or of the machine loses at most the records being written, the last of
+them possibly a torn last line; :func:`read_records` skips it with a warning (any line that does
+not parse is skipped the same way, never fatal).
 
 Compaction: when the file passes :data:`COMPACT_BYTES` (or twice its size after the last
 compaction, whichever is larger, so a journal of many large finished runs is not rewritten on
-every record), it is rewritten from the registry's runs: each finished run as one ``run`` record
-(no conversation: ``await`` and ``status`` need only its outcome), each running run as its
-``start`` and one ``round`` holding every completed round. Finished runs the registry has dropped
-are left out. The rewrite goes to ``runs.jsonl.tmp``, is fsynced, then renamed over the journal.
+every record), it is rewritten from the registry's runs by the writer thread, in order with the
+records around it: each finished run as one ``run`` record, each running run as its ``start`` and
+one ``round`` holding every completed round. Finished runs the registry has dropped are left out.
+The rewrite goes to ``runs.jsonl.tmp``, is fsynced, then renamed over the journal.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import logging
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +75,14 @@ COMPACT_BYTES = 64 * 1024 * 1024
 
 Record = dict[str, Any]
 
+_TAIL_PROBE_BYTES = 64 * 1024
+"""How much of the file's end :meth:`Journal.open` reads to find a torn last record (bytes); a
+longer torn record is found by reading further back."""
+
+
+class JournalWriteError(OSError):
+    """A record could not be written to the journal; the message names the file and the OS error."""
+
 
 def encode(record: Record) -> bytes:
     """``record`` as one journal line (JSON and ``\\n``). orjson refuses integers past 64 bits and
@@ -62,8 +93,20 @@ def encode(record: Record) -> bytes:
         return json.dumps(record, ensure_ascii=True).encode("ascii") + b"\n"
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``, repeating ``os.write`` after a short write. Raises
+    ``OSError`` (including a write that makes no progress, as ``ENOSPC``)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(28, "no space left: a write made no progress")
+        view = view[written:]
+
+
 def read_records(path: Path) -> Iterator[Record]:
-    """Every record of the journal at ``path`` in order (nothing if it does not exist).
+    """Every record of the journal at ``path`` in order (nothing if it does not exist); the file is
+    read once and parsed with orjson.
 
     A line that is not a JSON object (a torn last line after a crash, or damage) is skipped with a
     warning naming its line number; it is never fatal.
@@ -77,9 +120,12 @@ def read_records(path: Path) -> Iterator[Record]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            try:  # lines the standard library wrote (ASCII-escaped lone surrogates: see encode)
+                record = json.loads(line)
+            except ValueError:
+                record = None
         if not isinstance(record, dict) or not isinstance(record.get("handle"), str):
             torn = number == len(lines) and not data.endswith(b"\n")
             log.warning(
@@ -93,11 +139,21 @@ def read_records(path: Path) -> Iterator[Record]:
         yield record
 
 
+class _Compaction:
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+
+
+_STOP = object()
+
+
 class Journal:
     """The open journal of one runtime process.
 
     ``snapshot`` gives the records that describe every run the registry holds, for compaction
-    (:meth:`RunRegistry.journal_snapshot`).
+    (:meth:`RunRegistry.journal_snapshot`); it is called on the event loop and must return records
+    that later changes to the runs do not alter (lists copied). ``on_failure(record, error)`` is
+    called on the event loop for each record that could not be written.
     """
 
     def __init__(self, state_dir: Path, compact_bytes: int = COMPACT_BYTES) -> None:
@@ -105,68 +161,181 @@ class Journal:
         self.path = state_dir / JOURNAL_NAME
         self.compact_bytes = compact_bytes
         self.snapshot: Callable[[], Iterable[Record]] | None = None
+        self.on_failure: Callable[[Record, OSError], None] | None = None
         self._fd: int | None = None
         self._size = 0
+        self._queued_size = 0
         self._compact_at = compact_bytes
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def size(self) -> int:
-        """Bytes in the journal file (as of the last open, append or compaction)."""
+        """Bytes in the journal file (as of the last open, write or compaction)."""
         return self._size
 
     def records(self) -> Iterator[Record]:
         """The records on disk (see :func:`read_records`)."""
         return read_records(self.path)
 
+    def check_writable(self) -> None:
+        """Create the state directory if needed and make sure a file can be created in it. Raises
+        ``OSError`` naming the path (read-only file system, permissions)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        probe = self.state_dir / f".{self.path.name}.probe"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.close(fd)
+        probe.unlink()
+
     def open(self) -> None:
-        """Open for appending. A torn last line is cut off first, so the next record starts on a
-        line of its own. Creates the state directory if needed; raises ``OSError``."""
+        """Open for appending and start the writer thread. A torn last line is cut off first, so
+        the next record starts on a line of its own. Creates the state directory if needed;
+        raises ``OSError``."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._cut_torn_tail()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = os.fstat(self._fd).st_size
+        self._size = self._queued_size = os.fstat(self._fd).st_size
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._thread = threading.Thread(target=self._writer, name=f"journal {self.path.name}", daemon=True)
+        self._thread.start()
 
     def _cut_torn_tail(self) -> None:
+        # Reads only the end of the file (the replay has read the whole file once already).
         try:
-            data = self.path.read_bytes()
+            size = self.path.stat().st_size
         except FileNotFoundError:
             return
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            os.truncate(self.path, keep)
-            log.warning("%s: cut a torn last record of %d bytes", self.path, len(data) - keep)
+        if size == 0:
+            return
+        with open(self.path, "rb") as f:
+            probe = _TAIL_PROBE_BYTES
+            while True:
+                start = max(0, size - probe)
+                f.seek(start)
+                tail = f.read(size - start)
+                if tail.endswith(b"\n"):
+                    return
+                newline = tail.rfind(b"\n")
+                if newline >= 0 or start == 0:
+                    keep = start + newline + 1
+                    break
+                probe *= 4
+        os.truncate(self.path, keep)
+        log.warning("%s: cut a torn last record of %d bytes", self.path, size - keep)
 
     def close(self) -> None:
+        """Write what is queued, stop the writer thread and close the file."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def append(self, record: Record) -> None:
-        """Write ``record`` durably (one write, then fsync); compact when the file has grown past
-        its threshold. A write error is logged, not raised: the run goes on, only its durability
-        is lost."""
-        if self._fd is None:
-            return
+    def append(self, record: Record) -> concurrent.futures.Future[None]:
+        """Queue ``record`` for the writer thread; the future resolves once it is written and
+        fsynced, or fails with :class:`JournalWriteError`. Starts a compaction when the file has
+        grown past its threshold. On a closed journal the future is already failed."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if self._thread is None:
+            done.set_exception(JournalWriteError(f"journal {self.path} is not open"))
+            return done
         line = encode(record)
-        try:
-            os.write(self._fd, line)
-            os.fsync(self._fd)
-        except OSError as exc:
-            kind, handle = record.get("type"), record.get("handle")
-            log.error("journal %s: could not write a %s record of %s: %s", self.path, kind, handle, exc)
+        done.add_done_callback(lambda f: self._settled(record, f))
+        self._queue.put((line, done))
+        self._queued_size += len(line)
+        if self._queued_size > self._compact_at and self.snapshot is not None:
+            self.compact_later(self.snapshot())
+        return done
+
+    async def write(self, record: Record) -> None:
+        """Append ``record`` and wait until it is durable; raises :class:`JournalWriteError`."""
+        await asyncio.wrap_future(self.append(record))
+
+    def _settled(self, record: Record, done: concurrent.futures.Future[None]) -> None:
+        exc = done.exception()
+        if exc is None:
             return
-        self._size += len(line)
-        if self._size > self._compact_at and self.snapshot is not None:
-            self.compact(self.snapshot())
+        log.error("%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
+        if self.on_failure is None or not isinstance(exc, OSError):
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.on_failure, record, exc)
+        else:
+            self.on_failure(record, exc)
+
+    def compact_later(self, records: Iterable[Record]) -> None:
+        """Queue a compaction to ``records`` (taken now; written by the writer thread in order
+        with the records around it)."""
+        self._compact_at = max(self.compact_bytes, 2 * self._queued_size)
+        self._queue.put(_Compaction(list(records)))
+
+    def _writer(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while True:  # everything queued meanwhile shares one fsync
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            lines: list[tuple[bytes, concurrent.futures.Future[None]]] = []
+            stop = False
+            for entry in batch:
+                if entry is _STOP:
+                    stop = True
+                elif isinstance(entry, _Compaction):
+                    self._flush(lines)
+                    lines = []
+                    self._compact_now(entry.records)
+                else:
+                    lines.append(entry)
+            self._flush(lines)
+            if stop:
+                return
+
+    def _flush(self, lines: list[tuple[bytes, concurrent.futures.Future[None]]]) -> None:
+        if not lines:
+            return
+        written: list[concurrent.futures.Future[None]] = []
+        for line, done in lines:
+            try:
+                if self._fd is None:
+                    raise OSError(9, "journal closed")
+                write_all(self._fd, line)
+            except OSError as exc:
+                done.set_exception(JournalWriteError(f"journal {self.path}: {exc}"))
+                continue
+            self._size += len(line)
+            written.append(done)
+        try:
+            if written and self._fd is not None:
+                os.fsync(self._fd)
+        except OSError as exc:
+            for done in written:
+                done.set_exception(JournalWriteError(f"journal {self.path}: fsync: {exc}"))
+            return
+        for done in written:
+            done.set_result(None)
 
     def compact(self, records: Iterable[Record]) -> None:
-        """Replace the journal by ``records`` (atomically: temporary file, fsync, rename)."""
+        """Replace the journal by ``records`` now, on the calling thread (atomically: temporary
+        file, fsync, rename). For use before the writer thread runs (at start); later, use
+        :meth:`compact_later`."""
+        self._compact_now(records)
+
+    def _compact_now(self, records: Iterable[Record]) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 for record in records:
-                    os.write(fd, encode(record))
+                    write_all(fd, encode(record))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -180,11 +349,10 @@ class Journal:
             log.error("journal %s: compaction failed, the journal is kept as it was: %s", self.path, exc)
             return
         before = self._size
-        was_open = self._fd is not None
-        self.close()
-        if was_open:
-            self.open()
-        else:
-            self._size = self.path.stat().st_size
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._size = self.path.stat().st_size
+        self._queued_size = self._size
         self._compact_at = max(self.compact_bytes, 2 * self._size)
         log.info("journal %s compacted: %d -> %d bytes", self.path, before, self._size)

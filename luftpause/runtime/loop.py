@@ -281,13 +281,13 @@ class _Stopped(Exception):
     """The run was cancelled by its own budget check; its outcome is already recorded."""
 
 
-def _check(run: Run) -> None:
-    run.check_budgets()
+def _check(run: Run, ahead: dict[str, float] | None = None) -> None:
+    run.check_budgets(ahead)
     if run.done:
         raise _Stopped
 
 
-async def _no_approval_needed(run: Run, tool: str, arguments: dict[str, Any]) -> str | None:
+async def _no_approval_needed(run: Run, tool: str, arguments: dict[str, Any], index: int) -> str | None:
     return None
 
 
@@ -308,9 +308,10 @@ class PodHooks(Protocol):
         the refusal text."""
 
 
-ApprovalGate = Callable[[Run, str, dict[str, Any]], Awaitable[str | None]]
-"""Awaited before every tool call: ``None`` lets the call go, a text refuses it (the text is the
-call's failed result). The runtime's gate waits for a person (:mod:`luftpause.runtime.approvals`)."""
+ApprovalGate = Callable[[Run, str, dict[str, Any], int], Awaitable[str | None]]
+"""Awaited before every tool call (``run, tool, arguments, index of the call in its reply``):
+``None`` lets the call go, a text refuses it (the text is the call's failed result). The
+runtime's gate waits for a person (:mod:`luftpause.runtime.approvals`)."""
 
 
 class SubAgentLoop:
@@ -344,7 +345,7 @@ class SubAgentLoop:
     async def _turns(self, run: Run) -> str:
         toolless_tool_turns = 0
         while True:
-            _check(run)
+            _check(run, {"tokens": 1})  # a subtree whose tokens are used up sends no more turns
             if run.stopped_by is not None:
                 run.finish("cancelled", error=f"stopped by {run.stopped_by}")
                 raise _Stopped
@@ -397,8 +398,16 @@ class SubAgentLoop:
                 round_messages = await self._tool_round(run, message, calls, offered)
             finally:
                 run.tool_seconds += time.monotonic() - began
-            # Recorded only once the whole round is done: a round is the unit the journal replays.
+            if run.done:  # a budget of its subtree stopped a call of this round
+                raise _Stopped
+            # Recorded only once the whole round is done: a round is the unit the journal replays;
+            # durable before the next turn, so a restart never repeats a completed round.
             run.complete_round(round_messages)
+            if run.last_written is not None:
+                try:
+                    await asyncio.wrap_future(run.last_written)
+                except OSError:
+                    pass  # logged, and the run marked not durable (runs.py); it goes on
 
     async def _tool_round(
         self, run: Run, message: dict[str, Any], calls: list[Any], offered: dict[str, Tool]
@@ -422,8 +431,15 @@ class SubAgentLoop:
         async def one(index: int, call: Any) -> dict[str, Any]:
             call_id = call.get("id", "") if isinstance(call, dict) else ""
             within_budget = spent + index < run.max_tool_calls
-            text, failed = await self._execute(run, call, offered, within_budget)
+            # Counted before it runs (in call order, before the first await, also when the
+            # calls run concurrently), so a subtree's toolCalls budget is never passed: a call
+            # that would pass it cancels the subtree instead of being made.
+            if not run.done:
+                run.check_budgets({"toolCalls": 1})
+            if run.done:
+                return {"role": "tool", "tool_call_id": call_id, "content": "Error: the run was stopped"}
             run.tool_calls += 1
+            text, failed = await self._execute(run, call, offered, within_budget, index)
             if failed:
                 run.failed_tool_calls += 1
             return {"role": "tool", "tool_call_id": call_id, "content": text}
@@ -435,7 +451,7 @@ class SubAgentLoop:
         return [assistant, *results]
 
     async def _execute(
-        self, run: Run, call: Any, offered: dict[str, Tool], within_budget: bool
+        self, run: Run, call: Any, offered: dict[str, Tool], within_budget: bool, index: int = 0
     ) -> tuple[str, bool]:
         """One tool call: ``(text for the model, failed)``. Never raises but for cancellation."""
         function = call.get("function") if isinstance(call, dict) else None
@@ -463,7 +479,7 @@ class SubAgentLoop:
             refusal = self.pods.upstream_refusal(run, name, arguments)
             if refusal is not None:
                 return refusal, True
-        refusal = await self.approval_gate(run, name, arguments)
+        refusal = await self.approval_gate(run, name, arguments, index)
         if refusal is not None:
             return refusal, True
         outcome = await self.upstream.call_tool(name, arguments)

@@ -109,9 +109,20 @@ class Run:
     approve_tools: frozenset[str] = frozenset()
     """Tools that wait for a person's approval in this run, whatever their annotations."""
     decisions: dict[str, bool] = field(default_factory=dict)
-    """Approval decisions by call key (:func:`luftpause.runtime.approvals.call_key`), journaled."""
-    pending_approval: Any = None
-    """The :class:`~luftpause.runtime.approvals.PendingApproval` the run waits on, if any."""
+    """Approval decisions not yet used, by call key (:func:`luftpause.runtime.approvals.call_key`),
+    journaled; an allowed call uses its decision up when it starts."""
+    started_calls: set[str] = field(default_factory=set)
+    """Keys of approved calls that had started before a restart (asked again, never repeated
+    silently)."""
+    pending_approvals: list[Any] = field(default_factory=list)
+    """The :class:`~luftpause.runtime.approvals.PendingApproval` questions the run waits on."""
+    journal_error: str | None = None
+    """Set when a journal record of this run could not be written: the run is not durable (a
+    restart resumes it from its last record written); its later records are not written."""
+    start_written: Any = field(default=None, repr=False)
+    """The journal write of its ``start`` record (a ``concurrent.futures.Future``), if any."""
+    last_written: Any = field(default=None, repr=False)
+    """The journal write of its latest record (a ``concurrent.futures.Future``), if any."""
     children: list[str] = field(default_factory=list)
     state: RunState = "running"
     answer: str | None = None
@@ -143,7 +154,7 @@ class Run:
     _on_round: Callable[[Run, list[dict[str, Any]], dict[str, Any]], None] | None = field(
         default=None, repr=False
     )
-    _on_budget_check: Callable[[Run], None] | None = field(default=None, repr=False)
+    _on_budget_check: Callable[[Run, dict[str, float] | None], None] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -160,7 +171,7 @@ class Run:
     @property
     def display_state(self) -> str:
         """:attr:`state`, or ``AwaitingApproval`` for a running run that waits for a person."""
-        return "AwaitingApproval" if self.pending_approval is not None and not self.done else self.state
+        return "AwaitingApproval" if self.pending_approvals and not self.done else self.state
 
     @property
     def seconds(self) -> float:
@@ -234,11 +245,13 @@ class Run:
         self.finished_at = None
         self.messages.append(message)
 
-    def check_budgets(self) -> None:
-        """Check the budgets of this run and its ancestors now (after a turn or a tool round);
-        one that ran out cancels its subtree, this run included."""
+    def check_budgets(self, ahead: dict[str, float] | None = None) -> None:
+        """Check the budgets of this run and its ancestors now; one that ran out, or that
+        ``ahead`` (what is about to be used: ``{"toolCalls": 1}`` before a tool call,
+        ``{"tokens": 1}`` before a turn) would pass, cancels its subtree, this run included
+        (:func:`luftpause.runtime.budgets.first_exceeded`)."""
         if self._on_budget_check is not None:
-            self._on_budget_check(self)
+            self._on_budget_check(self, ahead)
 
     def result(self) -> dict[str, Any]:
         """The run as ``await`` reports it (:func:`luftpause.runtime.run_views.run_result`)."""

@@ -33,6 +33,8 @@ def journal_snapshot(registry: RunRegistry) -> Iterator[dict[str, Any]]:
             yield compacted
             continue
         yield start
+        for key in sorted(run.started_calls):
+            yield {"type": "started", "handle": run.handle, "key": key}
         for key, allow in run.decisions.items():
             yield {"type": "approval", "handle": run.handle, "key": key, "allow": allow}
         for message in run.inbox:
@@ -98,6 +100,10 @@ def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
                 apply_outcome(run, record)
             elif kind == "approval":
                 run.decisions[str(record["key"])] = bool(record["allow"])
+            elif kind == "started":  # the approval was used up: a resumed run asks again
+                key = str(record["key"])
+                run.decisions.pop(key, None)
+                run.started_calls.add(key)
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (KeyError, TypeError, ValueError) as exc:

@@ -25,7 +25,9 @@ def run_result(run: Run) -> dict[str, Any]:
 
     {"handle", "state", "podState": running|idle|stopped, "answer"? (completed),
      "error"? (failed, cancelled),
-     "pendingApproval"?: {"tool", "arguments"} (state "AwaitingApproval"),
+     "pendingApprovals"?: [{"id", "tool", "arguments", "repeat"?}] (state "AwaitingApproval"),
+     "pendingApproval"?: the first of them (clients that expect one question at a time),
+     "durable"?: false, "journalError"? (a journal record of the run could not be written),
      "toolCalls", "failedToolCalls", "turns", "seconds",
      "usage": {"promptTokens", "completionTokens"}}
 
@@ -33,11 +35,12 @@ def run_result(run: Run) -> dict[str, Any]:
     (:meth:`RunRegistry.result`).
     """
     out: dict[str, Any] = {"handle": run.handle, "state": run.display_state, "podState": run.pod_state}
-    if run.pending_approval is not None and not run.done:
-        out["pendingApproval"] = {
-            "tool": run.pending_approval.tool,
-            "arguments": run.pending_approval.arguments,
-        }
+    if run.pending_approvals and not run.done:
+        out["pendingApprovals"] = [approval.shown() for approval in run.pending_approvals]
+        out["pendingApproval"] = out["pendingApprovals"][0]
+    if run.journal_error is not None:
+        out["durable"] = False
+        out["journalError"] = run.journal_error
     if run.answer is not None:
         out["answer"] = run.answer
     if run.error is not None:

@@ -30,6 +30,7 @@ that it never existed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import time
@@ -39,7 +40,7 @@ from typing import Any
 
 from luftpause.runtime.budgets import budget_used, first_exceeded, subtree
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
-from luftpause.runtime.journal import Journal
+from luftpause.runtime.journal import Journal, JournalWriteError
 from luftpause.runtime.run_record import (
     BUDGET_KEYS,
     COUNTER_KEYS,
@@ -153,9 +154,10 @@ class RunRegistry:
         if self.journal is not None:
             self._to_resume = self._replay(self.journal)
             self.journal.snapshot = self.journal_snapshot
+            self.journal.on_failure = self._journal_failed
             self.journal.open()
             if self.journal.size > self.journal.compact_bytes:
-                self.journal.compact(self.journal_snapshot())
+                self.journal.compact_later(self.journal_snapshot())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         return self
@@ -204,9 +206,31 @@ class RunRegistry:
         parent = self._runs.get(run.parent) if run.parent is not None else None
         if parent is not None:
             parent.children.append(run.handle)
-        if self.journal is not None:
-            self.journal.append(run.start_record())
+        run.start_written = self.append(run, run.start_record())
         return run
+
+    def append(self, run: Run, record: dict[str, Any]) -> concurrent.futures.Future[None] | None:
+        """Queue ``record`` of ``run`` for the journal; the write's future (also kept as
+        ``run.last_written``), or ``None`` without a journal or once a record of ``run`` could
+        not be written (its later records would replay into a conversation with a hole)."""
+        if self.journal is None or run.journal_error is not None:
+            return None
+        written = self.journal.append(record)
+        run.last_written = written
+        return written
+
+    def _journal_failed(self, record: dict[str, Any], error: OSError) -> None:
+        run = self._runs.get(str(record.get("handle")))
+        if run is not None and run.journal_error is None:
+            run.journal_error = f"{record.get('type')} record not written: {error}"
+            log.error("run %s is no longer durable: %s", run.handle, run.journal_error)
+            self.notify_changed()
+
+    async def confirm_start(self, run: Run) -> None:
+        """Wait until ``run``'s ``start`` record is durable. Raises :class:`JournalWriteError`
+        (the run then fails without taking a turn: :meth:`start`)."""
+        if run.start_written is not None:
+            await asyncio.wrap_future(run.start_written)
 
     def start(self, run: Run, body: Coroutine[Any, Any, None]) -> None:
         """Run ``body`` (the run's loop) as a task owned by this registry, not by the caller.
@@ -260,6 +284,12 @@ class RunRegistry:
         try:
             if before is not None:
                 await asyncio.wait([before])  # not ``await before``: cancelling us must not cancel it
+            try:
+                await self.confirm_start(run)
+            except JournalWriteError as exc:  # not durable from the start: never takes a turn
+                body.close()
+                run.finish("failed", error=f"not started: its start could not be journaled: {exc}")
+                return
             await body
         except asyncio.CancelledError:
             run.finish("cancelled", error="runtime shut down" if run.interrupted else "cancelled")
@@ -281,8 +311,8 @@ class RunRegistry:
 
     def _finished(self, run: Run) -> None:
         self._checkpoints.pop(run.handle, None)
-        if self.journal is not None and not run.interrupted:
-            self.journal.append({"type": "end", "handle": run.handle, **run.outcome_record()})
+        if not run.interrupted:
+            self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
         if self._runs.get(run.handle) is run:
             self._ended_at[run.handle] = self._clock()
             self.evict_expired()
@@ -295,10 +325,9 @@ class RunRegistry:
     def _round(self, run: Run, messages: list[dict[str, Any]], extra: dict[str, Any]) -> None:
         counters = run.counters()
         self._checkpoints[run.handle] = counters
-        if self.journal is not None:
-            self.journal.append(
-                {"type": "round", "handle": run.handle, "messages": messages, "counters": counters, **extra}
-            )
+        self.append(
+            run, {"type": "round", "handle": run.handle, "messages": messages, "counters": counters, **extra}
+        )
         self._check_budgets(run)
 
     # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
@@ -309,16 +338,10 @@ class RunRegistry:
         its inbox for its next turn (``False``). Raises ``ValueError`` for a stopped run."""
         if run.pod_state == "stopped":
             raise ValueError(f"run {run.handle} is stopped; it takes no messages")
-        if self.journal is not None:
-            self.journal.append(
-                {
-                    "type": "message",
-                    "handle": run.handle,
-                    "id": message_id,
-                    "content": content,
-                    "from": sender,
-                }
-            )
+        self.append(
+            run,
+            {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},
+        )
         return self._take_message(run, content, sender, message_id)
 
     def _take_message(self, run: Run, content: str, sender: str, message_id: str) -> bool:
@@ -335,8 +358,7 @@ class RunRegistry:
         if run.pod_state == "stopped":
             return
         run.stopped_by = by
-        if self.journal is not None:
-            self.journal.append({"type": "stop", "handle": run.handle, "by": by})
+        self.append(run, {"type": "stop", "handle": run.handle, "by": by})
         if run.done:
             for listener in self.on_finish:
                 listener(run)
@@ -361,8 +383,8 @@ class RunRegistry:
                 task.cancel()
         return stopped
 
-    def _check_budgets(self, run: Run) -> None:
-        found = first_exceeded(run, self._runs, time.time())
+    def _check_budgets(self, run: Run, ahead: dict[str, float] | None = None) -> None:
+        found = first_exceeded(run, self._runs, time.time(), ahead)
         if found is not None:
             holder, message = found
             holder.exceeded = holder.exceeded or message

@@ -287,7 +287,7 @@ class TaskRegistry:
                 )
                 self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
         if had_records:
-            self.journal.compact(self.snapshot())
+            self.journal.compact_later(self.snapshot())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         return self
@@ -309,17 +309,21 @@ class TaskRegistry:
 
     # Creating and reading tasks.
 
-    def create(self, run: Run, *, elicits: bool) -> Task:
-        """A new task for ``run`` (already started), journaled durably before it is returned, and
-        watched until the run ends. Raises ``RuntimeError`` outside the lifespan."""
+    async def create(self, run: Run, *, elicits: bool) -> Task:
+        """A new task for ``run`` (already started), journaled durably (written and fsynced, as
+        SEP-2663 asks) before it is returned, and watched until the run ends. Raises
+        ``RuntimeError`` outside the lifespan, :class:`~luftpause.runtime.journal.JournalWriteError`
+        when the task could not be journaled (it is then not kept)."""
         if self._group is None:
             raise RuntimeError("the task registry is not open (outside the server's lifespan)")
         now = time.time()
         task = Task(task_id=new_task_id(), handle=run.handle, created_at=now, updated_at=now, elicits=elicits)
         task.status_message = f"run {run.handle} started"
         self._evict()
+        await self.journal.write(task.created_record())
+        if self._group is None:
+            raise RuntimeError("the task registry closed while the task was journaled")
         self._tasks[task.task_id] = task
-        self.journal.append(task.created_record())
         self._watchers[task.task_id] = self._group.create_task(self._watch(task, run), name=task.task_id)
         return task
 
@@ -362,19 +366,21 @@ class TaskRegistry:
         return out
 
     def update(self, task_id: str, responses: InputResponses) -> int:
-        """``tasks/update``: apply the answers to the task's outstanding approval question;
-        returns how many were applied (others are ignored, as the spec says). Raises ``MCPError``
-        ``-32602`` for an unknown task."""
+        """``tasks/update``: apply the answers to the task's outstanding approval questions (one
+        input request each); returns how many were applied (others are ignored, as the spec
+        says). Raises ``MCPError`` ``-32602`` for an unknown task."""
         task = self.get(task_id)
-        approval = self._outstanding(self._run_of(task))
-        if task.ended or approval is None:
+        if task.ended:
             return 0
-        answer = responses.get(f"{INPUT_KEY_PREFIX}{approval.id}")
-        allow = allow_of(answer) if answer is not None else None
-        if allow is None or not self.approvals.decide(approval, allow):
-            return 0
-        self._observe(task)
-        return 1
+        applied = 0
+        for approval in self._outstanding(self._run_of(task)):
+            answer = responses.get(f"{INPUT_KEY_PREFIX}{approval.id}")
+            allow = allow_of(answer) if answer is not None else None
+            if allow is not None and self.approvals.decide(approval, allow):
+                applied += 1
+        if applied:
+            self._observe(task)
+        return applied
 
     def cancel(self, task_id: str) -> None:
         """``tasks/cancel``: cancel the task's run and its running descendants (as ``cancel``
@@ -399,29 +405,32 @@ class TaskRegistry:
             return None
 
     @staticmethod
-    def _outstanding(run: Run | None) -> PendingApproval | None:
-        """The approval ``run`` waits on, unless it is already answered: the run clears it only
+    def _outstanding(run: Run | None) -> list[PendingApproval]:
+        """The approvals ``run`` waits on, but those already answered: the run clears them only
         when it resumes, and an answered question must not be asked again meanwhile."""
-        approval: PendingApproval | None = run.pending_approval if run is not None and not run.done else None
-        return approval if approval is not None and not approval.decided.done() else None
+        if run is None or run.done:
+            return []
+        return [a for a in run.pending_approvals if not a.decided.done()]
 
     def _input_requests(self, task: Task) -> dict[str, Any]:
-        approval = self._outstanding(self._run_of(task))
-        if approval is None:
-            return {}
-        request = approval.input_request().model_dump(by_alias=True, mode="json", exclude_none=True)
-        return {f"{INPUT_KEY_PREFIX}{approval.id}": request}
+        return {
+            f"{INPUT_KEY_PREFIX}{approval.id}": approval.input_request().model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            )
+            for approval in self._outstanding(self._run_of(task))
+        }
 
     def _live(self, task: Task, run: Run) -> tuple[TaskStatus, str]:
         """The open task's status and message as its running ``run`` stands now."""
-        approval = self._outstanding(run)
-        if approval is not None:
+        pending = self._outstanding(run)
+        if pending:
+            tools = ", ".join(repr(a.tool) for a in pending)
+            what = f"run {run.handle} waits for approval of {len(pending)} call(s): {tools}"
             if task.elicits:
-                return "input_required", f"run {run.handle} waits for approval of a call of {approval.tool!r}"
+                return "input_required", what
             return (
                 "working",
-                f"run {run.handle} waits for approval of a call of {approval.tool!r}: answer with "
-                f"the approve tool (your client did not declare form elicitation)",
+                f"{what}: answer with the approve tool (your client did not declare form elicitation)",
             )
         return "working", f"run {run.handle} is running: {run.turns} turns, {run.tool_calls} tool calls"
 

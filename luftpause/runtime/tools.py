@@ -16,8 +16,8 @@ objects (``structuredContent``, and the same JSON as the text content)::
         -> {"runs": [run result], "timedOut": bool}
         -> a task (resultType "task"), at once, to a 2026-07-28 request that declares the Tasks
            extension; its result is the above (:mod:`luftpause.runtime.tasks`)
-    approve(handle, allow: bool)
-        -> {"handle", "tool", "arguments", "allow"}                     the call it answered
+    approve(handle, allow: bool, call?: approval id)          call: needed when several wait
+        -> {"handle", "call", "tool", "arguments", "allow"}             the call it answered
     decide(input, labels?: [2..20 labels], model?)
         -> {"mode": "single-pass", "model", "label", "probs", "numClasses"}     without labels
         -> {"mode": "labels", "model", "label", "probabilities", "unscored"}   with labels
@@ -40,7 +40,9 @@ objects (``structuredContent``, and the same JSON as the text content)::
             "description", "inputSchema", "annotations"}]}]}      (UpstreamPool.catalog)
 
     run result = {"handle", "state": running|AwaitingApproval|completed|failed|cancelled,
-                  "pendingApproval"?: {"tool", "arguments"}, "answer"?, "error"?,
+                  "pendingApprovals"?: [{"id", "tool", "arguments", "repeat"?}],
+                  "pendingApproval"?: the first of them, "answer"?, "error"?,
+                  "durable"?: false, "journalError"? (a record of the run was not written),
                   "toolCalls", "failedToolCalls", "turns", "seconds",
                   "usage": {"promptTokens", "completionTokens"},
                   "limits"?, "used"?, "exceeded"? (a run that sets budgets)}
@@ -311,6 +313,17 @@ def start_run(
     return run
 
 
+async def confirm_start(runtime: Runtime, run: Run) -> None:
+    """Wait until ``run``'s start is journaled; raise :class:`ToolError` when it could not be (the
+    run then fails without taking a turn), so no handle is acknowledged that a restart would lose."""
+    try:
+        await runtime.registry.confirm_start(run)
+    except OSError as exc:
+        raise ToolError(
+            f"spawn refused: the run could not be journaled ({exc}); nothing was started"
+        ) from None
+
+
 async def wait_for(
     runtime: Runtime,
     ctx: Context,
@@ -385,6 +398,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             scope=scope,
             orchestrate=orchestrate,
         )
+        await confirm_start(runtime, run)
         return {"handle": run.handle, "state": run.state}
 
     @mcp.tool(
@@ -468,8 +482,15 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 parallelToolCalls=parallelToolCalls,
                 approveTools=approveTools,
             )
+            await confirm_start(runtime, run)
             if slot is not None:  # the client declared the Tasks extension: a task, not a wait
-                slot.task = runtime.tasks.create(run, elicits=elicits_forms(ctx))
+                try:
+                    slot.task = await runtime.tasks.create(run, elicits=elicits_forms(ctx))
+                except OSError as exc:
+                    runtime.registry.cancel(run.handle, reason=f"its task could not be journaled: {exc}")
+                    raise ToolError(
+                        f"run refused: its task could not be journaled, so none was created: {exc}"
+                    ) from None
                 return {"handle": run.handle, "state": run.state}  # the interceptor answers instead
         return await wait_for(runtime, ctx, [run], "all", timeout, state={"run": run.handle})
 
@@ -603,17 +624,31 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     @mcp.tool(
         name="approve",
         description=(
-            "Answer the tool call the run `handle` waits on (state 'AwaitingApproval', shown with "
-            "`pendingApproval`): `allow` true lets it go, false refuses it (the sub-agent is told "
-            "you declined). Returns the call it answered."
+            "Answer a tool call the run `handle` waits on (state 'AwaitingApproval', listed in "
+            "`pendingApprovals` with ids): `allow` true lets it go (once), false refuses it (the "
+            "sub-agent is told you declined). `call` names the approval id; it may be left out when "
+            "exactly one waits. Returns the call it answered."
         ),
     )
-    async def approve(handle: str, allow: bool) -> dict[str, Any]:
+    async def approve(
+        handle: str,
+        allow: bool,
+        call: Annotated[
+            str | None,
+            Field(description="the approval id (pendingApprovals[].id); needed when several wait"),
+        ] = None,
+    ) -> dict[str, Any]:
         try:
-            approval = runtime.approvals.answer(handle, allow)
+            approval = runtime.approvals.answer(handle, allow, call)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
-        return {"handle": handle, "tool": approval.tool, "arguments": approval.arguments, "allow": allow}
+        return {
+            "handle": handle,
+            "call": approval.id,
+            "tool": approval.tool,
+            "arguments": approval.arguments,
+            "allow": allow,
+        }
 
     @mcp.tool(
         name="decide",

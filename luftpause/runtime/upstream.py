@@ -381,6 +381,12 @@ class UpstreamPool:
                     index.setdefault(tool.name, (server, tool))
         return index
 
+    def tool_named(self, name: str) -> Tool | None:
+        """The listed tool a call of ``name`` goes to (the first connected server listing it), or
+        ``None``."""
+        entry = self._index().get(name)
+        return entry[1] if entry is not None else None
+
     def known_tool_names(self) -> set[str] | None:
         """Names of every listed tool, or ``None`` while some server is unreachable (its tools
         are unknown, so no name can be ruled out)."""
