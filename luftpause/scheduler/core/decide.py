@@ -751,6 +751,7 @@ def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
     else:
         state.counters.lease_crossings += 1  # it crossed the revocation on the wire: it stands
     waiting = state.held.remove(event.turn_id)  # its Admit is out too (a dataplane of another make)
+    run: Run | None
     if waiting is None:
         state.counters.arrived += 1
         arrival = TurnArrived(
