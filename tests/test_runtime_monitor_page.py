@@ -230,3 +230,52 @@ async def _shows(page: Page, text: str) -> bool:
 
 async def _state_shown(page: Page, selector: str, state: str) -> bool:
     return bool(await page.evaluate(f"!!document.querySelector({json.dumps(selector + ' .state-' + state)})"))
+
+
+def _request(pod: Pod, method: str, path: str, body: bytes | None = None, **headers: str) -> tuple[int, Any]:
+    request = urllib.request.Request(f"{pod.url}{path}", data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+@pytest.fixture()
+def open_pod(tmp_path: Path) -> Iterator[Pod]:
+    yield from start_pod(tmp_path)
+
+
+def test_cross_site_requests_cannot_message_stop_or_read_runs(open_pod: Pod) -> None:
+    """No token (the default): a page on another site, or a DNS-rebound name, must not act."""
+    running = open_pod
+
+    async def spawn() -> str:
+        async with runtime_client(f"{running.url}/mcp") as client:
+            return str((await call(client, "spawn", task=script({"hold": "never", "say": "x"})))["handle"])
+
+    handle = asyncio.run(spawn())
+    send = f"/monitor/runs/{handle}/send"
+    own = running.url
+    body = json.dumps({"message": "hi"}).encode()
+    # A cross-site form: text/plain, its own Origin
+    assert _request(running, "POST", send, body, **{"Content-Type": "text/plain", "Origin": own})[0] == 415
+    json_type = {"Content-Type": "application/json"}
+    assert _request(running, "POST", send, body, **json_type, Origin="http://evil.example")[0] == 403
+    assert _request(running, "POST", f"/monitor/runs/{handle}/stop", b"{}", **json_type)[0] == 403
+    rebound = {"Host": "evil.example:80"}
+    assert _request(running, "GET", "/monitor/runs", **rebound)[0] == 421
+    big = json.dumps({"message": "x" * (1024 * 1024 + 1)}).encode()
+    assert _request(running, "POST", send, big, **json_type, Origin=own)[0] == 413
+    status, answer = _request(running, "POST", send, body, **json_type, Origin=own)
+    assert status == 200 and answer["delivered"] == "next turn"
+    status, runs = _request(running, "GET", "/monitor/runs")
+    assert status == 200 and [r["handle"] for r in runs["runs"]] == [handle]
+
+
+def test_text_that_is_not_unicode_never_breaks_the_json() -> None:
+    from luftpause.runtime.monitor import _json
+
+    response = _json({"runs": [{"name": "ok"}, {"task": "bad \ud800 text"}]})
+    assert response.status_code == 200
+    assert json.loads(response.body)["runs"][1]["task"] == "bad \ud800 text"

@@ -11,7 +11,18 @@ Routes (added to the runtime's app by :func:`monitor_routes`)::
     POST /monitor/runs/{handle}/stop   -> Pods.stop's answer
 
 The JSON routes take the same bearer token as ``GET /status`` (the page sends the ``?token=`` of
-its own address as ``Authorization: Bearer``; a cross-site form cannot set that header). A
+its own address, or one typed into the page and kept in ``sessionStorage``, as ``Authorization:
+Bearer``; a cross-site form cannot set that header).
+
+Cross-site requests (there may be no token: it is optional): every ``/monitor/runs...`` route
+checks the ``Host`` header as the SDK does for ``/mcp`` when the runtime listens on a loopback
+address (``127.0.0.1:*``, ``localhost:*``, ``[::1]:*``; 421 otherwise), so a DNS-rebound name
+cannot read or act; and the POST routes require ``Content-Type: application/json`` (which a
+cross-site page cannot send without a CORS preflight, which is never granted: 415 otherwise) and
+an ``Origin`` header equal to the page's own origin (403 otherwise; a script outside a browser
+sends ``Origin: http://<host:port>``). Bodies are read up to :data:`MAX_MESSAGE_BYTES` and no
+further (413). Responses are JSON even for text that is not valid Unicode (lone surrogates are
+written as ``\\udXXX`` escapes), so one bad string never breaks the page. A
 message or stop from here acts as ``a person (monitor)``: the run's spawner is told at its next
 turn (:mod:`luftpause.runtime.pods`). Errors are ``{"error": {"message"}}`` with 400 (bad body,
 a stopped run), 404 (unknown handle) or 410 (expired).
@@ -26,6 +37,7 @@ style and requests to its own origin.
 from __future__ import annotations
 
 import hashlib
+import json
 from base64 import b64encode
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -69,8 +81,56 @@ def page_csp(page: bytes) -> str:
     )
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+"""Hosts the monitor answers for when the runtime listens on loopback (as the SDK's ``/mcp``)."""
+
+
+class Refused(Exception):
+    """A request the monitor refuses before acting: ``status`` and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+    try:
+        body = orjson.dumps(data)
+    except TypeError:  # text that is not valid Unicode (a lone surrogate): escaped, not a 500
+        body = json.dumps(data, ensure_ascii=True, default=str).encode()
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def host_allowed(host: str | None, listen_host: str | None) -> bool:
+    """Whether a request's ``Host`` header may reach the monitor: any, unless the runtime
+    listens on a loopback address (``listen_host``), then only ``127.0.0.1``, ``localhost`` or
+    ``[::1]`` with any port, as the SDK's transport security allows for ``/mcp``."""
+    if listen_host is None or listen_host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        return True
+    if not host:
+        return False
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name in LOOPBACK_HOSTS
+
+
+def _check_post(request: Request) -> None:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise Refused(415, "expected Content-Type: application/json")
+    origin = request.headers.get("origin")
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    if origin is None or origin != own:
+        raise Refused(403, f"expected Origin: {own} (the monitor's own origin), got {origin!r}")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, read until ``limit`` bytes at most (raises :class:`Refused` 413 past it)."""
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise Refused(413, f"the body is over {limit} bytes")
+    return bytes(chunks)
 
 
 def _fault(exc: RuntimeFault) -> Response:
@@ -78,8 +138,9 @@ def _fault(exc: RuntimeFault) -> Response:
     return Response(error_body(str(exc)), status_code=status, media_type="application/json")
 
 
-def monitor_routes(pods: Callable[[], Pods]) -> list[Route]:
-    """The monitor's routes; ``pods()`` gives the runtime's :class:`Pods`."""
+def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> list[Route]:
+    """The monitor's routes; ``pods()`` gives the runtime's :class:`Pods`; ``listen_host`` the
+    address the runtime listens on (loopback: the ``Host`` check, :func:`host_allowed`)."""
     page = page_html()
     csp = page_csp(page)
 
@@ -93,7 +154,13 @@ def monitor_routes(pods: Callable[[], Pods]) -> list[Route]:
     def guarded(body: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
+                if not host_allowed(request.headers.get("host"), listen_host):
+                    raise Refused(421, f"Host {request.headers.get('host')!r} is not served here")
+                if request.method == "POST":
+                    _check_post(request)
                 return _json(await body(request))
+            except Refused as exc:
+                return Response(error_body(str(exc)), status_code=exc.status, media_type="application/json")
             except RuntimeFault as exc:
                 return _fault(exc)
             except ValueError as exc:
@@ -108,9 +175,7 @@ def monitor_routes(pods: Callable[[], Pods]) -> list[Route]:
         return pods().conversation(request.path_params["handle"])
 
     async def send(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > MAX_MESSAGE_BYTES:
-            raise ValueError(f"the message is over {MAX_MESSAGE_BYTES} bytes")
+        raw = await _read_body(request, MAX_MESSAGE_BYTES)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

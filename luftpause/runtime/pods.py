@@ -615,23 +615,26 @@ class Pods:
     def _regrant(self, run: Run) -> None:
         """Before an idle ``run`` continues: give it back the scope it returned when it went
         idle, carved again from its spawner's effective scope. Raises :class:`PodRefused` with
-        what is held by whom when that is not free any more (a sibling was given it meanwhile), or
-        when its spawner holds no scope now; and when its spawner has ``max_children`` running
-        children."""
+        what is held by whom when that is not free any more (a sibling was given it meanwhile);
+        and when its spawner has ``max_children`` running children."""
         parent = self.registry.get(run.parent) if run.parent is not None else None
         self._check_running_children(parent, run.caller)
         scope = self.returned.get(run.handle)
         if scope is None or run.handle in self.ledger:
             return
-        if parent is not None:
-            if parent.handle not in self.ledger:
-                raise PodRefused(
-                    f"run {run.handle} cannot continue: the scope it held came from run "
-                    f"{parent.handle}, which holds none now"
-                )
-            source: str | None = parent.handle
-        else:
-            source = WORKSPACE if self.workspace is not None else None
+        # Carved from the nearest ancestor holding a scope now; an idle spawner gave its own back,
+        # so then from above it (the workspace at the top): the ledger still lets at most one live
+        # run write any path, and what the run held was within what its ancestors held.
+        source: str | None = WORKSPACE if self.workspace is not None else None
+        ancestor = parent
+        while ancestor is not None:
+            if ancestor.handle in self.ledger:
+                source = ancestor.handle
+                break
+            try:
+                ancestor = self.registry.get(ancestor.parent) if ancestor.parent is not None else None
+            except RuntimeFault:
+                ancestor = None
         # What its own live descendants hold (they kept it when it went idle) stays theirs: the
         # run gets its scope back without those parts, which return to the ledger's holder above
         # them when they end.

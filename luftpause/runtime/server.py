@@ -275,7 +275,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
         routes=[
             Route("/status", status, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
-            *monitor_routes(lambda: runtime.pods),
+            *monitor_routes(lambda: runtime.pods, host),
             *_mcp_routes(mcp_app),
         ],
         middleware=[
