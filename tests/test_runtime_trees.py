@@ -143,6 +143,7 @@ def test_budget_tokens_cancels_after_the_turn_that_spent_them(stack: Stack) -> N
 def test_budget_tool_calls_cancels_before_the_call_past_it(stack: Stack) -> None:
     """The call that would pass the budget is not made (the review saw 2 calls under a budget of
     1); the message counts the call that was asked for."""
+
     async def scenario() -> dict[str, Any]:
         async with runtime_client(stack.runtime_url) as client:
             handle = await _spawn(client, "okapi", budgetToolCalls=1)
@@ -190,3 +191,29 @@ def test_a_budget_bounds_the_whole_subtree_and_status_sums_it(stack: Stack) -> N
         assert top["subtree"][key] == top["own"][key] + below["own"][key], key
     assert below["subtree"] == below["own"]
     assert top["own"]["toolSeconds"] > 0 and top["own"]["turnSeconds"] > 0
+
+
+@pytest.mark.parametrize("name", ["Zoë's harness", "ünïcödé " * 30, "evil\r\nx-luftpause-class: batch"])
+def test_a_caller_with_non_ascii_or_control_characters_runs_through_the_real_dataplane(
+    stack: Stack, name: str
+) -> None:
+    """The caller (a 2026-07-28 client's declared name) reaches the dataplane percent-encoded:
+    raw UTF-8 went out as latin-1 and the dataplane refused every turn of such a caller; CR LF
+    made the HTTP client raise. ``decide`` sends the same header."""
+    from luftpause.runtime.loop import header_safe
+
+    async def scenario() -> tuple[dict[str, Any], CallToolResult]:
+        info = Implementation(name=name, version="1.0")
+        async with Client(stack.runtime_url, client_info=info) as client:
+            spawned = _payload(await client.call_tool("spawn", {"task": "say hi", "maxToolCalls": 0}))
+            result = _payload(
+                await client.call_tool("await", {"handles": [spawned["handle"]], "timeout": 60})
+            )
+            decided = await client.call_tool("decide", {"input": "is it?", "labels": ["yes", "no"]})
+            return result["runs"][0], decided
+
+    run, decided = asyncio.run(scenario())
+    assert run["state"] == "completed", run
+    assert not decided.is_error, decided
+    encoded = header_safe(name)
+    assert encoded.isascii() and encoded.isprintable() and len(encoded) <= 128 and "\r" not in encoded

@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 
 from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.loop import header_safe
 
 MIN_LABELS = 2
 MAX_LABELS = 20
@@ -132,7 +133,7 @@ class Decider:
         reply = await self._post(
             "/v1/decide",
             {"model": model, "input": input_text},
-            {"x-luftpause-class": "interactive", "x-luftpause-caller": caller},
+            {"x-luftpause-class": "interactive", "x-luftpause-caller": header_safe(caller)},
         )
         data = reply.get("data")
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else None
@@ -164,7 +165,7 @@ class Decider:
         headers = {
             "x-luftpause-run-id": run_id,
             "x-luftpause-class": "interactive",
-            "x-luftpause-caller": caller,
+            "x-luftpause-caller": header_safe(caller),
         }
         try:
             reply = await self._post("/v1/chat/completions", body, headers)

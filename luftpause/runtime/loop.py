@@ -119,10 +119,30 @@ def new_http_session() -> aiohttp.ClientSession:
     )
 
 
+_HEADER_SAFE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"%"}
+
+
 def header_safe(value: str, max_bytes: int = CALLER_HEADER_MAX_BYTES) -> str:
-    """``value`` cut to ``max_bytes`` UTF-8 bytes without control characters (header injection)."""
-    cleaned = "".join(ch for ch in value if ch.isprintable())
-    return cleaned.encode("utf-8")[:max_bytes].decode("utf-8", "ignore") or "anonymous"
+    """``value`` as an ``x-luftpause-caller`` header value: printable ASCII but ``%`` as it is,
+    every other character (non-ASCII, space, ``%``, control characters such as CR and LF) as
+    the percent-encoded bytes of its UTF-8 (RFC 3986 section 2.1), cut to at most ``max_bytes``
+    bytes on a character boundary; ``anonymous`` when nothing is left.
+
+    aiohttp sends header values as latin-1 and the dataplane refuses a value that is not UTF-8,
+    so raw UTF-8 cannot cross; ASCII crosses both unchanged. Nobody decodes it: the dataplane and
+    the scheduler take the caller as an opaque id of at most 128 bytes (README, headers table).
+    An encoding is one-to-one, so two callers never share a fairness slot by it."""
+    out: list[str] = []
+    size = 0
+    for ch in value:
+        piece = (
+            ch if ch in _HEADER_SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+        )
+        if size + len(piece) > max_bytes:
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out) or "anonymous"
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> float:
