@@ -493,3 +493,104 @@ def test_a_send_while_the_finished_loop_is_still_ending_the_run_reopens_it_once(
 
 async def _engine_holds(pod: Pod, what: str) -> bool:
     return pod.engine.holding(what)
+
+
+# --- Pods in-process: the rules one call at a time ----------------------------------------------
+
+
+def _pods(tmp_path: Path) -> Any:
+    from luftpause.config import load_config
+    from luftpause.runtime.pods import Pods
+    from luftpause.runtime.runs import RunRegistry
+
+    (tmp_path / "ws").mkdir()
+    path = tmp_path / "pods.toml"
+    path.write_text(
+        f'[runtime]\nworkspace = "{tmp_path / "ws"}"\nmax_depth = 2\n\n'
+        f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
+    )
+    return Pods(RunRegistry(), load_config(path))
+
+
+def _run(pods: Any, handle: str, parent: str | None = None, **fields: Any) -> Any:
+    from luftpause.runtime.runs import Run
+
+    run = Run(
+        handle=handle,
+        task="t",
+        model=DEFAULT_MODEL,
+        service_class="interactive",
+        caller="c",
+        max_tool_calls=fields.pop("max_tool_calls", 8),
+        max_tokens=fields.pop("max_tokens", 256),
+        allowed_tools=fields.pop("allowed_tools", None),
+        messages=[],
+        parent=parent,
+        **fields,
+    )
+    pods.registry.add(run)
+    return run
+
+
+def test_a_sub_agents_child_inherits_and_may_only_narrow_its_limits(tmp_path: Path) -> None:
+    from luftpause.runtime.pods import PodRefused
+
+    pods = _pods(tmp_path)
+    a = _run(
+        pods,
+        "run-a",
+        allowed_tools=frozenset({"lookup", "delete_note"}),
+        approve_tools=frozenset({"delete_note"}),
+        max_tool_calls=5,
+        max_tokens=99,
+        parallel_tool_calls=True,
+    )
+    child = pods.child_limits(a, {"task": "x"})
+    assert child["tools"] == ["delete_note", "lookup"] and child["approveTools"] == ["delete_note"]
+    assert (child["maxToolCalls"], child["maxTokens"], child["parallelToolCalls"]) == (5, 99, True)
+    narrowed = pods.child_limits(a, {"task": "x", "tools": ["lookup"], "approveTools": ["lookup"]})
+    assert narrowed["tools"] == ["lookup"] and narrowed["approveTools"] == ["delete_note", "lookup"]
+    with pytest.raises(PodRefused, match="count_items not among the tools you may use"):
+        pods.child_limits(a, {"task": "x", "tools": ["lookup", "count_items"]})
+    with pytest.raises(PodRefused, match="more than your own"):
+        pods.child_limits(a, {"task": "x", "maxToolCalls": 6})
+
+
+def test_names_are_checked_and_depth_is_kept_from_spawn(tmp_path: Path) -> None:
+    from luftpause.runtime.pods import PodRefused
+
+    pods = _pods(tmp_path)
+    for bad in ("run-0123456789abcdef", "a\ud800", "x" * 65, "tab\there", " padded"):
+        with pytest.raises(PodRefused, match="name"):
+            pods.plan_spawn(None, "c", bad, None)
+    top = _run(pods, "run-top")
+    pods.grant(top, pods.plan_spawn(None, "c", "top", None))
+    mid = _run(pods, "run-mid", parent="run-top")
+    pods.grant(mid, pods.plan_spawn(top, "c", "mid", None))
+    # The parent leaves the registry: the child is still at level 2, and spawns nothing deeper.
+    del pods.registry._runs["run-top"]
+    with pytest.raises(PodRefused, match="depth limit: the new run would be at level 3"):
+        pods.plan_spawn(mid, "c", None, None)
+
+
+def test_builtin_tools_never_raise_and_path_arguments_go_upstream_real(tmp_path: Path) -> None:
+    from luftpause.runtime.scope import Rule, Scope
+
+    pods = _pods(tmp_path)
+    ws = tmp_path.resolve() / "ws"
+    run = _run(pods, "run-w")
+    rules = Scope.of(Rule.make("allow", ("read", "write"), str(ws)))
+    pods._journal(pods.ledger.grant(run.handle, rules, parent="workspace"))
+    (ws / "sub").mkdir()
+    (ws / "link").symlink_to(ws / "sub")
+    text, failed = asyncio.run(pods.call_builtin(run, "write_file", {"path": "f", "content": "a\ud800"}))
+    assert failed and "lone surrogate" in text
+    # a directory given to read_file is a failed call, not a failed run
+    text, failed = asyncio.run(pods.call_builtin(run, "read_file", {"path": str(ws / "sub"), "offset": 1}))
+    assert failed and text.startswith("Error:")
+    pods.path_arguments["write_note"] = {"path": "write"}
+    arguments = {"path": "link/../link/n.txt", "title": "t"}
+    assert pods.upstream_refusal(run, "write_note", arguments) is None
+    assert arguments == {"path": f"{ws}/sub/n.txt", "title": "t"}
+    refusal = pods.upstream_refusal(run, "write_note", {"path": "file:///etc/passwd"})
+    assert refusal is not None and "URI" in refusal
