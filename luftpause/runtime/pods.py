@@ -21,11 +21,17 @@ write one path. Without a workspace an MCP caller's ``scope`` is carved from eve
 exceeds); rule paths may be relative to the workspace and are taken as real paths. Without
 ``scope`` a run may *read* what its spawner's grant lets it read and writes nothing (reads are
 shared, so this never conflicts); a spawner holding no scope gives none. A run holds its scope
-while it is running or idle (an idle run may be sent more work); it returns to the spawner when
-the run stops for good (``stop``, ``cancel``, a budget, or being dropped from the registry), and
-what it delegated onward stays with its live children (the ledger's re-parenting). Grants and
-ends are journaled in ``runs.jsonl`` (``scopeGrant`` / ``scopeEnd``) and replayed at start; a
-holder whose run ended without its ``scopeEnd`` (a crash between the two records) is ended then.
+only while it is running: when it ends in any way (answers, fails, ``stop``, ``cancel``, a
+budget, dropped from the registry) what it holds returns to its spawner, and what it delegated
+onward stays with its live descendants (the ledger's re-parenting). An idle run (answered or
+failed) that is sent more work gets the scope it returned granted again before it goes on
+(``scopeReturned`` records what to give back), carved from its nearest ancestor that holds a
+scope now (the workspace at the top: an idle spawner gave its own back), less what its own live
+descendants still hold (``deny write`` rules for their parts, which return above it when they
+end); if another run was given any of it meanwhile, the ``send`` is refused with what is held by
+whom. ``cancel`` of an idle run ends it for good (``stopped``). Grants and ends are journaled in
+``runs.jsonl`` (``scopeGrant`` / ``scopeEnd``) and replayed at start; a holder whose run is not
+running after the replay (a crash between the two records) is ended then.
 
 Built-in tools, offered beside the upstream ones: ``read_file``, ``write_file``, ``edit_file``,
 ``list_directory`` to a run that holds a scope (checked against its effective scope on the real
@@ -36,10 +42,18 @@ their gate (a person granted the paths when they set the workspace and scopes). 
 declared path arguments (``[[mcp_servers]] path_arguments``) are checked against the scope of a
 run before the call; a run that holds no scope may not pass them at all.
 
-Limits: a run tree is at most ``[runtime] max_depth`` levels deep (a caller's run is level 1) and
-a run has at most ``max_children`` live (running or idle) children; beyond them ``spawn`` is
-refused with the limit and its configuration key. Names are unique among a spawner's live
-children; ``send`` / ``read`` / ``stop`` take a handle or such a name.
+Limits: a run tree is at most ``[runtime] max_depth`` levels deep (a caller's run is level 1;
+each run's level is fixed at spawn and journaled as a ``pod`` record, never recomputed from
+ancestors that may have left the registry) and a run has at most ``max_children`` running
+children (idle ones hold nothing; a ``send`` re-opening one counts it again and is refused at the
+limit); beyond them ``spawn`` is refused with the limit and its configuration key. A sub-agent's
+child inherits its spawner's tools, approval list, tool-call limit and ``maxTokens`` and may
+only narrow them (:meth:`Pods.child_limits`); budgets bound the whole subtree anyway. Names are
+1-64 printable characters, never starting ``run-`` (kept for handles), unique among a spawner's
+running and idle children; ``send`` / ``read`` / ``stop`` take a handle (always first) or such a
+name, looked up only among the actor's own children. A busy run's inbox holds at most
+:data:`MAX_INBOX` messages; a run that stops with messages waiting tells each sender (a run or
+MCP caller) that its message was not taken.
 
 Notifications
 -------------
@@ -48,11 +62,14 @@ When a run answers (goes idle), fails, or stops, and when someone other than its
 a message, an event ``{"id", "kind": answered|error|stopped|message, "child", "handle",
 "pointer", "at"}`` is queued on its spawner: the parent run, or the MCP caller (key
 ``caller:<caller>``) for a top-level run. ``pointer`` is short (``3 new output entries (read
-since=2)``, an error's first 200 characters, who stopped it), never the output. A run's pending
+since=2)``: entries since the spawner's last ``read`` of it, kept in memory only, so after a
+restart it counts from 0; an error's first 200 characters; who stopped it), never the output. A run's pending
 events go into its conversation before its next turn as one ``system`` message (journaled with
 that round, so after a restart they are neither lost nor given twice); a caller's are returned,
 once, by its next ``await`` or ``status`` (``events``). Events are journaled as ``event`` and
-``eventsDelivered`` records. At most :data:`MAX_PENDING_EVENTS` wait per spawner (the oldest go).
+``eventsDelivered`` records. At most :data:`MAX_PENDING_EVENTS` wait per spawner (the oldest go)
+and at most :data:`MAX_EVENT_QUEUES` spawners have a queue (the oldest queue goes); a stopped or
+evicted run's queue is dropped (it takes no turn to hear it).
 
 Independence
 ------------
@@ -61,7 +78,11 @@ A run belongs to no connection: any MCP connection can ``status``, ``read``, ``s
 ``stop`` it by handle, and ``list(handle=...)`` shows its children. A caller is the MCP session
 id on 2025-era connections, which a reconnecting client loses, so ``list(caller=...)`` lists the
 top-level runs of a caller named explicitly (the old session id, or the ``clientInfo.name`` of a
-2026-era client); ``list()`` lists the current caller's.
+2026-era client); ``list()`` lists the current caller's. Caller events go to the caller key that
+spawned the run: on 2025-era connections that is one session (another session sees them only by
+asking for the run by handle, ``status(handle)`` / ``read``); 2026-era connections have no
+session, so clients declaring the same ``clientInfo.name`` share one caller, its runs and its
+events (give each client its own name).
 """
 
 from __future__ import annotations
