@@ -90,10 +90,15 @@ def _client_run_id(scope: Scope) -> str | None:
 
 
 def _header(scope: Scope, name: str) -> str | None:
-    """A request header as text; :class:`BadRequest` when it is present but not valid UTF-8."""
+    """A request header as text; :class:`BadRequest` when it is present but not ASCII.
+
+    Header values are ASCII here: the HTTP server (granian) hands over no value with other bytes
+    in it, UTF-8 included, so a caller or run id in another script must come percent-encoded
+    (RFC 3986); luftpause treats the encoded text as an opaque id and never decodes it.
+    """
     value: str | None = scope.headers.get(name)
     if value is None and name in scope.headers:
-        raise BadRequest(f"header {name} is not valid UTF-8")
+        raise BadRequest(f"header {name} must be ASCII: percent-encode other characters (RFC 3986)")
     return value
 
 
