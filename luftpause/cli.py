@@ -1,4 +1,4 @@
-"""The ``luftpause`` command.
+"""luftpause: a run-aware front door for LLM inference engines (proxy, scheduler, MCP runtime).
 
 ``luftpause up`` runs the whole stack; ``scheduler``, ``dataplane`` and ``runtime`` run one process
 each; ``fake-engine``, ``fake-mcp`` and ``loadgen`` come from the test kit. Every subcommand lives in
