@@ -59,6 +59,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from luftpause import logs
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, split_host_port
+from luftpause.orphans import exit_with_parent
 from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
@@ -231,6 +232,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        exit_with_parent()  # granian's worker: a SIGKILLed main process must not leave it serving
         if token is None:
             log.warning("%s is not set: /mcp and /status accept every request without a token", TOKEN_ENV)
         async with AsyncExitStack() as stack:
