@@ -1,7 +1,9 @@
 """Start luftpause commands as real child processes on loopback, and wait until they answer.
 
-Used by the tests and by ``luftpause up``. Every process runs ``python -m luftpause <command>`` with
-the interpreter that runs this module.
+Used by the tests, the benchmarks and ``luftpause up``. A process runs ``python -m luftpause
+<command>`` with the interpreter that runs this module, or any other program (nginx, SGLang's
+router) given whole with ``program=()``. Each runs in its own session, so that its whole process
+group (a server's workers too) can be found, measured and ended.
 """
 
 from __future__ import annotations
@@ -46,11 +48,22 @@ def http_ok(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-class ChildProcess:
-    """One ``luftpause`` command running as a child process, its output sent to ``log_path``.
+LUFTPAUSE = (sys.executable, "-m", "luftpause")
+"""The program of a ``luftpause`` command: this interpreter running the package."""
 
+
+class ChildProcess:
+    """One command running as a child process in its own session, its output sent to ``log_path``.
+
+    ``argv`` are the arguments after ``program``: by default ``program`` is :data:`LUFTPAUSE`, so
+    ``ChildProcess("dp", ["dataplane", "--config", path])`` runs ``python -m luftpause dataplane
+    ...``; ``program=()`` takes ``argv`` whole (``[NGINX, "-c", conf]``). ``self.argv`` is the whole
+    command line, ``self.args`` the part after ``program``. ``env`` is added to this process's
+    environment (``replace_env=True``: used instead of it); ``cwd`` is its working directory.
     ``ready_url`` (HTTP) or ``ready_port`` (TCP) tells when it is serving; :meth:`wait_ready`
     raises ``RuntimeError`` with the end of its log when it exits first or takes too long.
+    :meth:`start` may be called once only (``RuntimeError`` after that): a second start would
+    lose the first process, still running, to nobody's stop.
     """
 
     def __init__(
@@ -61,23 +74,57 @@ class ChildProcess:
         env: dict[str, str] | None = None,
         ready_url: str | None = None,
         ready_port: tuple[str, int] | None = None,
+        *,
+        program: Sequence[str] = LUFTPAUSE,
+        cwd: Path | None = None,
+        replace_env: bool = False,
     ) -> None:
         self.name = name
-        self.argv = [sys.executable, "-m", "luftpause", *argv]
+        self.program = tuple(program)
+        self.args = list(argv)
+        self.argv = [*self.program, *self.args]
+        if not self.argv:
+            raise ValueError(f"{name}: an empty command line")
         self.log_path = log_path
         self.ready_url = ready_url
         self.ready_port = ready_port
-        self.env = {**os.environ, **(env or {})}
+        self.env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ChildProcess:
+        """Start the process (once); ``self``. ``RuntimeError`` when it was started before."""
+        if self.proc is not None:
+            raise RuntimeError(f"{self.name} was already started (pid {self.proc.pid})")
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        if self.log_path:
-            out.close()  # type: ignore[union-attr]
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        finally:
+            if self.log_path:
+                out.close()  # type: ignore[union-attr]
         return self
+
+    @property
+    def pgid(self) -> int:
+        """The process group of the child and everything it started (its pid, as session leader)."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.proc.pid
+
+    def group_pids(self) -> list[int]:
+        """Live (not zombie) processes of the child's process group; empty before :meth:`start`."""
+        return [] if self.proc is None else group_pids(self.proc.pid)
+
+    def exited(self) -> bool:
+        """True when the child (the group's leader) was started and has exited."""
+        return self.proc is not None and self.proc.poll() is not None
 
     def is_ready(self) -> bool:
         if self.ready_url is not None:
@@ -148,15 +195,26 @@ def _signal_group(pgid: int, signum: int) -> bool:
 
 def _group_alive(pgid: int) -> bool:
     """True while any process of group ``pgid`` exists (zombies of our own child aside)."""
+    return bool(group_pids(pgid))
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, ..., utime, stime at
+    indexes 11 and 12 (proc(5) fields 3 onwards); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``; a zombie (Z) holds no port and is reaped by
+    ``wait()``, so it is left out."""
+    pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        # fields: state, ppid, pgrp, ...; a zombie (Z) holds no port and is reaped by wait().
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+        if entry.isdigit():
+            fields = stat_fields(int(entry))
+            if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids

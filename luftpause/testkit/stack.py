@@ -189,7 +189,9 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
         and the dataplane is connected to the scheduler."""
         old = self.children[name]
         old.stop()
-        again = ChildProcess(name, old.argv[3:], old.log_path, env=old.env, ready_url=old.ready_url)
+        again = ChildProcess(
+            name, old.args, old.log_path, env=old.env, ready_url=old.ready_url, program=old.program
+        )
         self.children[name] = again.start()
         again.wait_ready()
         self.wait_connected()

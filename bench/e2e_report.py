@@ -1,0 +1,129 @@
+"""The report of the end-to-end overhead benchmark: rows with ratios (added time to first token
+against ``direct``, completions per second and CPU per turn against ``nginx``), the Markdown table,
+the DESIGN.md targets, and what source was measured.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from e2e_arrangements import Source, git
+from e2e_measure import STREAMED, Measurement, percentile
+
+# Targets from DESIGN.md "Performance budgets".
+TARGET_ADDED_TTFT_S = 0.001
+TARGET_CPS_VS_NGINX = 0.8
+TARGET_CPU_VS_NGINX = 2.0
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base and not math.isnan(base) and not math.isnan(value) else math.nan
+
+
+def summarise(
+    results: dict[tuple[int, str, str], Measurement], streams: Sequence[int]
+) -> list[dict[str, Any]]:
+    """One row per measurement, with ratios: added time to first token against ``direct`` and
+    completions per second and CPU per turn against ``nginx`` (NaN where the baseline is absent)."""
+    rows = []
+    for (count, mode, name), m in results.items():
+        direct = results.get((count, mode, "direct"))
+        nginx = results.get((count, mode, "nginx"))
+        p50 = percentile(m.ttfts, 0.5)
+        cpu = m.per_1k(m.proxy_cpu_s) if name != "direct" else math.nan
+        rows.append(
+            {
+                "arrangement": name,
+                "streams": count,
+                "mode": mode,
+                "turns": m.turns,
+                "errors": len(m.errors),
+                "first_errors": m.errors[:3],
+                "ttft_p50_s": p50,
+                "ttft_p99_s": percentile(m.ttfts, 0.99),
+                "added_ttft_p50_s": p50 - percentile(direct.ttfts, 0.5) if direct else math.nan,
+                "completions_per_s": m.cps,
+                "completions_per_s_by_round": m.round_cps,
+                "cps_vs_nginx": _ratio(m.cps, nginx.cps) if nginx else math.nan,
+                "proxy_cpu_s_per_1k_turns": cpu,
+                "proxy_cpu_s_per_1k_turns_by_process": {
+                    name: m.per_1k(seconds) for name, seconds in m.proxy_cpu_s_by_process.items()
+                },
+                "cpu_vs_nginx": _ratio(cpu, nginx.per_1k(nginx.proxy_cpu_s)) if nginx else math.nan,
+                "engine_cpu_s_per_1k_turns": m.per_1k(m.engine_cpu_s),
+                "client_cpu_s_per_1k_turns": m.per_1k(m.client_cpu_s),
+            }
+        )
+    order = {n: i for i, n in enumerate(("direct", "nginx", "luftpause", "sglang-router"))}
+    rows.sort(
+        key=lambda r: (
+            streams.index(r["streams"]),
+            r["mode"] != STREAMED,
+            order.get(str(r["arrangement"]), 9),
+        )
+    )
+    return rows
+
+
+def _fmt(value: float, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value * scale:.{digits}f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table (milliseconds, completions/s, CPU s per 1,000 turns)."""
+    lines = [
+        "| streams | mode | arrangement | TTFT p50 ms | TTFT p99 ms | added p50 ms | completions/s | x nginx "
+        "| proxy CPU s/1k turns | x nginx | errors |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['streams']} | {r['mode']} | {r['arrangement']} | {_fmt(r['ttft_p50_s'], 1e3)} "
+            f"| {_fmt(r['ttft_p99_s'], 1e3)} | {_fmt(r['added_ttft_p50_s'], 1e3)} "
+            f"| {_fmt(r['completions_per_s'], digits=0)} | {_fmt(r['cps_vs_nginx'])} "
+            f"| {_fmt(r['proxy_cpu_s_per_1k_turns'])} | {_fmt(r['cpu_vs_nginx'])} "
+            f"| {r['errors']} |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict[str, Any]], streams: Sequence[int]) -> list[dict[str, Any]]:
+    """The DESIGN.md budgets for luftpause on streamed turns, each ``met`` True/False, or None when
+    its concurrency or baseline was not measured."""
+    by = {(r["streams"], r["mode"], r["arrangement"]): r for r in rows}
+    checks: list[dict[str, Any]] = []
+
+    def check(what: str, count: int, key: str, limit: float, below: bool) -> None:
+        row = by.get((count, STREAMED, "luftpause"))
+        value = row[key] if row else math.nan
+        met = None if math.isnan(value) else (value < limit if below else value >= limit)
+        checks.append({"target": what, "streams": count, "value": value, "limit": limit, "met": met})
+
+    check("added TTFT p50 (s) < 0.001", 1, "added_ttft_p50_s", TARGET_ADDED_TTFT_S, below=True)
+    for count in (16, 64):
+        check("completions/s vs nginx >= 0.8", count, "cps_vs_nginx", TARGET_CPS_VS_NGINX, below=False)
+    for count in streams:
+        check("CPU per turn vs nginx <= 2", count, "cpu_vs_nginx", TARGET_CPU_VS_NGINX + 1e-12, below=True)
+    return checks
+
+
+def describe_source(src: Source) -> dict[str, Any]:
+    """What was measured: the commit, and for the working tree the files of ``luftpause/`` and
+    ``_speedups/`` that differ from it."""
+    if src.commit is not None:
+        return {"commit": src.commit, "source": "exported commit", "uncommitted": []}
+    changed = git("status", "--porcelain", "--", "luftpause", "_speedups").splitlines()
+    return {"commit": git("rev-parse", "HEAD"), "source": "working tree", "uncommitted": changed}
+
+
+def sse_extension_loaded(src: Source) -> bool:
+    """Whether the dataplane started from ``src`` takes the compiled SSE scanner."""
+    probe = "from luftpause.dataplane.sse import USING_EXTENSION as u; print(u)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=src.root, env=src.env, capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() == "True"
