@@ -270,6 +270,7 @@ class SchedulerLink:
                     caller=request.caller,
                     replica=replica,
                     epoch=lease.epoch,
+                    traceparent=request.traceparent,
                 )
             )
         )

@@ -38,7 +38,9 @@ import grpc.aio
 import orjson
 from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 
+from luftpause import tracing
 from luftpause.config import Config, load_config
+from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.errors import (
     BadRequest,
@@ -147,6 +149,7 @@ class Dataplane:
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(self.shutdown())
+        tracing.shutdown()  # export the spans still buffered (a no-op when tracing is off)
 
     async def startup(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -351,25 +354,38 @@ class Dataplane:
                 task.cancel()
 
         gone.add_done_callback(left)
+        span = None
+        if tracing.active:
+            # This turn's span parents what it sends on: the scheduler's admit and the engine request.
+            span = turn.span = turn_spans.start(turn)
+            turn.traceparent = tracing.traceparent_of(span) or turn.traceparent
         try:
             await self._admit_and_forward(turn, proto)
         except asyncio.CancelledError:
             if not (gone.done() and not gone.cancelled()):
                 raise  # cancelled from outside (the worker stopping), not by the client leaving
             task.uncancel()  # the client left: nobody to answer, nothing more to do
+            if span is not None:
+                span.set_attribute("luftpause.client_left", True)
         except DataplaneError as exc:
             exc.run_id = turn.run_id or None
+            if span is not None:
+                turn_spans.refused(span, exc.status, str(exc))
             raise
         except Exception as exc:
             # A fault of ours: answered 500 as any other, still naming the turn's run.
             log.error("turn %s failed", turn.turn_id, exc_info=exc)
             error = DataplaneError(f"internal error: {type(exc).__name__}")
             error.run_id = turn.run_id or None
+            if span is not None:
+                turn_spans.refused(span, error.status, str(error))
             raise error from None
         finally:
             running = False
             gone.remove_done_callback(left)
             gone.cancel()
+            if span is not None:
+                span.end()
 
     async def _admit_and_forward(self, turn: Turn, proto: HTTPProtocol) -> None:
         assert self._relay is not None
@@ -382,6 +398,8 @@ class Dataplane:
             dataplane_id=self.link.dataplane_id,
             single_pass=turn.single_pass,
         )
+        if turn.traceparent:
+            request.traceparent = turn.traceparent
         loop = self._loop
         assert loop is not None
         admit_sent = loop.time()
@@ -433,5 +451,10 @@ def _allow(path: str, method: str, *allowed: str) -> None:
 
 
 def create_app() -> Dataplane:
-    """Build the app from ``LUFTPAUSE_CONFIG`` (or the embedded default); granian's factory."""
+    """Build the app from ``LUFTPAUSE_CONFIG`` (or the embedded default); granian's factory.
+
+    Runs in the worker process, so that is where spans are exported from when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.tracing.setup`).
+    """
+    tracing.setup(tracing.DATAPLANE_SERVICE)
     return Dataplane(load_config())

@@ -21,7 +21,9 @@ import orjson
 from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from luftpause import tracing
 from luftpause.config import ReplicaConfig
+from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.metrics import DataplaneMetrics
@@ -32,6 +34,7 @@ from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
     from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -99,7 +102,9 @@ class Turn:
 
     ``run_id`` is ``""`` for a single-pass turn (``POST /v1/decide``), which belongs to no run.
     ``arrived`` is the ``loop.time()`` (seconds) at which the request's body had been read;
-    ``first_token_at`` the ``loop.time()`` of its first token, once it came.
+    ``first_token_at`` the ``loop.time()`` of its first token, once it came. ``traceparent`` is
+    what goes on with the turn (to the scheduler and the engine): the dataplane's own span of it
+    (``span``) while tracing is active, else the client's header as it came.
     """
 
     turn_id: str
@@ -112,6 +117,7 @@ class Turn:
     single_pass: bool = False
     arrived: float = 0.0
     first_token_at: float | None = None
+    span: Span | None = None
 
     @staticmethod
     def new_id() -> str:
@@ -162,6 +168,8 @@ class Relay:
         return self.runs.ended(turn.turn_id, tool_calls, self._loop.time())
 
     def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
+        if turn.traceparent:
+            fields["trace_id"] = tracing.trace_id_of(turn.traceparent)
         event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields)  # type: ignore[arg-type]
         self.link.report(event)
 
@@ -169,6 +177,8 @@ class Relay:
         """FINISHED or FAILED, carrying how long ago the first token came when one did."""
         if turn.first_token_at is not None:
             fields["first_token_ago_s"] = max(self._loop.time() - turn.first_token_at, 0.0)
+        if turn.span is not None:
+            turn_spans.ended(turn.span, kind, fields)
         self._event(turn, kind, **fields)
 
     def failed(self, turn: Turn, error: str) -> None:
@@ -179,6 +189,8 @@ class Relay:
 
     def abandoned(self, turn: Turn) -> None:
         """The turn was given up before any engine saw it: the scheduler undoes what it did with it."""
+        if turn.span is not None:
+            turn.span.set_attribute("luftpause.abandoned", True)
         self._event(turn, pb.TurnEvent.ABANDONED)
 
     def _first_token(self, turn: Turn) -> None:
@@ -228,6 +240,8 @@ class Relay:
                 self._loop.time(),
             )
         # No STARTED: the scheduler took its placement answer as the start.
+        if turn.span is not None:
+            turn.span.set_attribute("luftpause.replica", replica.name)
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         key = replica.api_key()
         if key:

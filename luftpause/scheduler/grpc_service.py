@@ -31,6 +31,13 @@ admissions still waiting on it are abandoned, and when it was the last open stre
 ``DataplaneLost``: if the dataplane does not resync within the grace, the turns placed for it are
 released. A reconnecting dataplane's new stream is counted open from its resync on, so an old
 stream seen to end after that loses nothing.
+
+Tracing (:mod:`luftpause.tracing`, only while it is active): one ``admit`` span per admission,
+child of the item's ``traceparent``, from the admit's arrival to its answer, with
+``luftpause.replica`` and ``luftpause.held_ms`` (milliseconds the turn waited here for its
+placement); a refusal sets the span's status to ERROR, an admission given up (cancel, stream end)
+ends it with ``luftpause.abandoned``. A ``leased`` turn gets its ``admit`` span when it is read,
+with ``luftpause.leased`` and ``luftpause.held_ms`` 0 (the dataplane placed it with no wait).
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from opentelemetry.trace import SpanKind, StatusCode
 
+from luftpause import tracing
 from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
@@ -81,6 +90,8 @@ def service_class(value: int) -> ServiceClass:
 
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     _Context = grpc.aio.ServicerContext[pb.DataplaneMessage, pb.SchedulerMessage]
 
 
@@ -197,6 +208,54 @@ def admitted(outcome: Outcome) -> pb.SchedulerItem:
     return pb.SchedulerItem(admitted=reply)
 
 
+def _admit_attributes(
+    turn_id: str, run_id: str, model: str, service_class_value: int, caller: str
+) -> dict[str, str | bool | int | float]:
+    return {
+        "luftpause.turn_id": turn_id,
+        "luftpause.run_id": run_id,
+        "gen_ai.request.model": model,
+        "luftpause.service_class": service_class(service_class_value),
+        "luftpause.caller": caller,
+    }
+
+
+def admit_span(request: pb.AdmitRequest) -> Span:
+    """The ``admit`` span of an admission, started now as a child of its ``traceparent``."""
+    attributes = _admit_attributes(
+        request.turn_id, request.run_id, request.model, request.service_class, request.caller
+    )
+    if request.single_pass:
+        attributes["luftpause.single_pass"] = True
+    return tracing.tracer().start_span(
+        "admit", context=tracing.parent(request.traceparent), kind=SpanKind.SERVER, attributes=attributes
+    )
+
+
+def end_admit_span(span: Span, outcome: Outcome, held_s: float) -> None:
+    """End an ``admit`` span with its outcome after ``held_s`` seconds of waiting."""
+    span.set_attribute("luftpause.held_ms", max(held_s, 0.0) * 1000.0)
+    if isinstance(outcome, Place):
+        span.set_attribute("luftpause.replica", outcome.replica)
+    else:
+        span.set_attribute("luftpause.refused_status", outcome.http_status)
+        span.set_status(StatusCode.ERROR, outcome.reason)
+    span.end()
+
+
+def leased_admit_span(message: pb.LeasedTurn) -> None:
+    """The ``admit`` span of a turn placed under a lease, emitted as the scheduler learns of it."""
+    attributes = _admit_attributes(
+        message.turn_id, message.run_id, message.model, message.service_class, message.caller
+    )
+    attributes["luftpause.replica"] = message.replica
+    attributes["luftpause.held_ms"] = 0.0
+    attributes["luftpause.leased"] = True
+    tracing.tracer().start_span(
+        "admit", context=tracing.parent(message.traceparent), kind=SpanKind.SERVER, attributes=attributes
+    ).end()
+
+
 class _Stream:
     """One dataplane's ``Connect`` stream: its outgoing items and its admissions still waiting.
 
@@ -209,6 +268,7 @@ class _Stream:
         self.outbox: list[pb.SchedulerItem] = []
         self.wake: asyncio.Future[None] | None = None
         self.waiting: dict[str, Answer] = {}
+        self.spans: dict[str, Span] = {}  # turn id -> its admit span, while waiting (tracing only)
         self.dataplane_id = ""  # from its resync
 
     def lease(self, change: LeaseChange) -> None:
@@ -225,6 +285,9 @@ class _Stream:
         if turn_id in self.waiting:
             return  # sent twice on one stream: the first admission's answer serves both
         host = self.host
+        now = host.now()
+        if tracing.active:
+            self.spans[turn_id] = admit_span(request)
 
         def answer(outcome: Outcome) -> None:
             self.waiting.pop(turn_id, None)
@@ -232,6 +295,10 @@ class _Stream:
             if type(outcome) is Place:
                 # The dataplane sends the request as soon as it reads this: the turn has started.
                 host.feed(TurnStarted(turn_id, host.now()))
+            if self.spans:
+                span = self.spans.pop(turn_id, None)
+                if span is not None:
+                    end_admit_span(span, outcome, host.now() - now)
 
         self.waiting[turn_id] = answer
         arrived = TurnArrived(
@@ -241,7 +308,7 @@ class _Stream:
             service_class(request.service_class),
             request.caller,
             request.dataplane_id,
-            self.host.now(),
+            now,
             single_pass=request.single_pass,
         )
         try:
@@ -257,16 +324,27 @@ class _Stream:
                     refused=pb.Refusal(reason=f"scheduler failed: {type(exc).__name__}", http_status=503),
                 )
                 self.put(pb.SchedulerItem(admitted=reply))
+                self._span_abandoned(turn_id)
 
     def cancel(self, turn_id: str) -> None:
         # Answered already (the placement crossed the cancel on the wire): undone all the same.
         self.host.abandon(turn_id, self.waiting.pop(turn_id, None))
+        self._span_abandoned(turn_id)
 
     def close(self) -> None:
         """The stream ended: the admissions still waiting on it are abandoned."""
         waiting, self.waiting = self.waiting, {}
         for turn_id, answer in waiting.items():
             self.host.abandon(turn_id, answer)
+            self._span_abandoned(turn_id)
+
+    def _span_abandoned(self, turn_id: str) -> None:
+        """End the admit span of an admission given up before its answer (if it has one still)."""
+        if self.spans:
+            span = self.spans.pop(turn_id, None)
+            if span is not None:
+                span.set_attribute("luftpause.abandoned", True)
+                span.end()
 
 
 async def _read(context: _Context) -> pb.DataplaneMessage | None:
@@ -337,6 +415,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             stream.admit(item.admit)
         elif kind == "leased":
             self.host.feed(leased_turn(item.leased, stream.dataplane_id, self.host.now()))
+            if tracing.active:
+                leased_admit_span(item.leased)
         elif kind == "cancel":
             stream.cancel(item.cancel.turn_id)
         elif kind == "resync":

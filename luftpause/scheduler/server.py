@@ -19,6 +19,7 @@ import grpc
 import uvloop
 from aiohttp import web
 
+from luftpause import tracing
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
@@ -66,11 +67,14 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     refuse_if_in_use("scheduler", config.scheduler.grpc)
     refuse_if_in_use("scheduler", config.scheduler.http)
+    tracing.setup(tracing.SCHEDULER_SERVICE)  # admit spans, when OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
         uvloop.run(serve(config))
     except OSError as exc:
         print(f"luftpause scheduler: {exc}", file=sys.stderr)
         return 1
+    finally:
+        tracing.shutdown()  # export what is buffered
     return 0
 
 

@@ -64,7 +64,7 @@ class SchedulerItem(_message.Message):
     def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ..., lease: _Optional[_Union[CapacityLease, _Mapping]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class AdmitRequest(_message.Message):
     CALLER_FIELD_NUMBER: _ClassVar[int]
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -79,7 +80,8 @@ class AdmitRequest(_message.Message):
     caller: str
     dataplane_id: str
     single_pass: bool
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("replica",)
@@ -112,7 +114,7 @@ class CancelAdmit(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ...) -> None: ...
 
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s")
+    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s", "trace_id")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[TurnEvent.Kind]
@@ -138,6 +140,7 @@ class TurnEvent(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_AGO_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     kind: TurnEvent.Kind
@@ -147,7 +150,8 @@ class TurnEvent(_message.Message):
     completion_tokens: int
     error: str
     first_token_ago_s: float
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ...) -> None: ...
+    trace_id: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class RunRecord(_message.Message):
     __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller")
@@ -208,7 +212,7 @@ class CapacityLease(_message.Message):
     def __init__(self, replica: _Optional[str] = ..., epoch: _Optional[int] = ..., grant: _Optional[int] = ..., revoke: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeasedTurn(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "replica", "epoch")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "replica", "epoch", "traceparent")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +220,7 @@ class LeasedTurn(_message.Message):
     CALLER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -223,7 +228,8 @@ class LeasedTurn(_message.Message):
     caller: str
     replica: str
     epoch: int
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., replica: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., replica: _Optional[str] = ..., epoch: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
     __slots__ = ("runs", "turns")

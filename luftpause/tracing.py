@@ -1,0 +1,167 @@
+"""OpenTelemetry tracing shared by the three processes: setup, W3C ``traceparent``, flush.
+
+With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set, :func:`setup`
+installs the SDK's ``TracerProvider`` with a ``BatchSpanProcessor`` and the OTLP/HTTP protobuf
+exporter (``opentelemetry-exporter-otlp-proto-http``; it reads the rest of the ``OTEL_EXPORTER_OTLP_*``
+and ``OTEL_BSP_*`` variables itself, e.g. ``OTEL_BSP_SCHEDULE_DELAY`` in milliseconds). Unset (or
+``OTEL_SDK_DISABLED=true``) nothing is installed: :func:`tracer` is the API's no-op tracer, the SDK is
+never imported, and hot paths test the one module attribute ``tracing.active`` before doing any
+tracing work at all.
+
+Service names (``service.name``, unless ``OTEL_SERVICE_NAME`` says otherwise):
+``luftpause-scheduler``, ``luftpause-dataplane``, ``luftpause-runtime``.
+
+Spans follow the OpenTelemetry semantic conventions for generative AI, v1.41.0 of
+semantic-conventions (status: Development): ``docs/gen-ai/gen-ai-spans.md`` (inference span
+``chat {gen_ai.request.model}``, kind CLIENT, with ``gen_ai.operation.name``,
+``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``,
+``gen_ai.usage.output_tokens``, ``gen_ai.response.finish_reasons``) and
+``docs/gen-ai/gen-ai-agent-spans.md`` (``invoke_agent {gen_ai.agent.name}`` and
+``execute_tool {gen_ai.tool.name}``, kind INTERNAL, with ``gen_ai.agent.id``, ``gen_ai.agent.name``,
+``gen_ai.conversation.id``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type``).
+luftpause's own facts are ``luftpause.*`` attributes (``luftpause.replica``, ``luftpause.held_ms``,
+``luftpause.run_id``, ``luftpause.turn_id`` ...).
+
+Propagation is W3C Trace Context (``traceparent``, https://www.w3.org/TR/trace-context/) through
+the SDK's ``TraceContextTextMapPropagator``: runtime -> dataplane (HTTP header) -> scheduler (the
+``traceparent`` field of ``AdmitRequest`` / ``LeasedTurn``) and -> engine (HTTP header), and runtime
+-> HTTP tool servers (HTTP header).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+
+log = logging.getLogger("luftpause.tracing")
+
+SCHEDULER_SERVICE = "luftpause-scheduler"
+DATAPLANE_SERVICE = "luftpause-dataplane"
+RUNTIME_SERVICE = "luftpause-runtime"
+
+ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+"""Either one set (non-empty) turns exporting on."""
+
+SEMCONV_VERSION = "1.41.0"
+"""The semantic-conventions release whose GenAI spans these follow (the tracer's schema)."""
+
+TRACEPARENT = "traceparent"
+
+active = False
+"""True while a ``TracerProvider`` of the SDK is installed: the one check on hot paths."""
+
+_provider: TracerProvider | None = None
+_tracer: Tracer = trace.NoOpTracer()
+_propagator = TraceContextTextMapPropagator()
+
+
+def configured() -> bool:
+    """True when the environment asks for spans to be exported (an OTLP endpoint is set and the
+    SDK is not disabled by ``OTEL_SDK_DISABLED=true``)."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(os.environ.get(name) for name in ENDPOINT_ENVS)
+
+
+def setup(service: str) -> bool:
+    """Install OTLP/HTTP export for this process as ``service`` when :func:`configured`.
+
+    Returns True when spans are exported from now on, False when nothing was installed (the
+    environment does not ask, or a provider is installed already). Call it once, in the process
+    (or granian worker) that makes the spans, before any span is started.
+    """
+    if active or not configured():
+        return False
+    # Imported only here: with tracing off the SDK and the exporter are never loaded.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    install(provider)
+    trace.set_tracer_provider(provider)  # for any library instrumentation in the process
+    log.info("exporting OpenTelemetry spans as %s over OTLP/HTTP", service)
+    return True
+
+
+def install(provider: TracerProvider) -> None:
+    """Make ``provider`` the source of luftpause's spans (what :func:`setup` does; tests install
+    one with an in-memory exporter). Replaces any provider installed before, without shutting it down."""
+    global _provider, _tracer, active
+    _provider = provider
+    _tracer = provider.get_tracer(
+        "luftpause", schema_url=f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+    )
+    active = True
+
+
+def shutdown() -> None:
+    """Export what is buffered and stop exporting (at process shutdown); a no-op when inactive.
+
+    Bounded by the exporter's own timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default).
+    """
+    global _provider, _tracer, active
+    provider, _provider = _provider, None
+    active = False
+    _tracer = trace.NoOpTracer()
+    if provider is not None:
+        provider.shutdown()
+
+
+def tracer() -> Tracer:
+    """luftpause's tracer: the installed provider's, or the API's no-op tracer."""
+    return _tracer
+
+
+def parent(traceparent: str | None) -> Context | None:
+    """The context a W3C ``traceparent`` value names, to start a child span in; None when absent.
+
+    A malformed value gives an empty context (the span starts a new trace), per the W3C spec.
+    """
+    if not traceparent:
+        return None
+    return _propagator.extract({TRACEPARENT: traceparent})
+
+
+def headers_of(span: Span) -> dict[str, str]:
+    """The W3C headers (``traceparent``, and ``tracestate`` when there is one) naming ``span`` as
+    the parent of what is sent with them; empty for a span that is not recording a valid trace."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def traceparent_of(span: Span) -> str | None:
+    """The W3C ``traceparent`` value naming ``span`` as parent; None for an invalid span."""
+    return headers_of(span).get(TRACEPARENT)
+
+
+def trace_id_of(traceparent: str | None) -> str:
+    """The 32 lower-case hex digits of a version-00 ``traceparent``'s trace id; "" when the value
+    is absent or not of that shape (``00-<32 hex>-<16 hex>-<2 hex>``)."""
+    if not traceparent or len(traceparent) != 55 or traceparent[2] != "-" or traceparent[35] != "-":
+        return ""
+    trace_id = traceparent[3:35]
+    try:
+        int(trace_id, 16)
+    except ValueError:
+        return ""
+    return trace_id.lower()
+
+
+def trace_id_hex(span: Span) -> str:
+    """``span``'s trace id as 32 lower-case hex digits ("" for an invalid span)."""
+    context = span.get_span_context()
+    return f"{context.trace_id:032x}" if context.is_valid else ""

@@ -1,0 +1,288 @@
+"""OpenTelemetry spans of each process, in-process, caught by the SDK's in-memory exporter.
+
+``luftpause.tracing.install`` puts a ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
+``InMemorySpanExporter`` in place of the OTLP export; every test takes it off again. The spans of
+the three real processes at a real OTLP receiver are ``test_tracing_stack.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from luftpause import tracing
+from luftpause.config import parse_config
+from luftpause.scheduler.grpc_service import SchedulerService
+from luftpause.scheduler.host import SchedulerHost
+from luftpause.testkit.procs import free_port
+from luftpause.v1 import scheduler_pb2 as pb
+from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
+
+ONE_SLOT = parse_config(
+    '[[replicas]]\nname = "solo"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\nmax_inflight = 1\n',
+    "tracing.toml",
+)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Spans of this process, kept in memory while the test runs."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.shutdown()
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+async def until_spans(exporter: InMemorySpanExporter, name: str, count: int) -> list[ReadableSpan]:
+    """The finished spans called ``name`` once there are ``count`` of them (10 s at most)."""
+    async with asyncio.timeout(10):
+        while len(found := named(exporter, name)) < count:
+            await asyncio.sleep(0.01)
+    return found
+
+
+# --- the shared module ------------------------------------------------------------------------------
+
+
+def test_unset_endpoint_installs_nothing_and_the_sdk_is_never_imported() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    code = (
+        "import sys\n"
+        "from luftpause import tracing\n"
+        "import luftpause.dataplane.app, luftpause.scheduler.server, luftpause.runtime.server\n"
+        "assert tracing.setup(tracing.DATAPLANE_SERVICE) is False\n"
+        "assert tracing.active is False\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_setup_with_an_endpoint_installs_the_otlp_exporter_under_the_service_name() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
+    code = (
+        "from opentelemetry import trace\n"
+        "from luftpause import tracing\n"
+        "assert tracing.setup(tracing.RUNTIME_SERVICE) is True\n"
+        "assert tracing.active is True\n"
+        "provider = trace.get_tracer_provider()\n"
+        "print(provider.resource.attributes['service.name'])\n"
+        "print(type(provider._active_span_processor._span_processors[0]._batch_processor._exporter).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["luftpause-runtime", "OTLPSpanExporter"]
+
+
+def test_traceparent_round_trips_through_inject_and_extract(spans: InMemorySpanExporter) -> None:
+    with tracing.tracer().start_as_current_span("outer") as outer:
+        value = tracing.traceparent_of(outer)
+    assert value is not None
+    context = outer.get_span_context()
+    assert value == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    assert tracing.trace_id_of(value) == f"{context.trace_id:032x}" == tracing.trace_id_hex(outer)
+    child = tracing.tracer().start_span("child", context=tracing.parent(value))
+    child.end()
+    (done,) = named(spans, "child")
+    assert done.parent is not None and done.parent.span_id == context.span_id
+    assert done.context.trace_id == context.trace_id
+
+
+@pytest.mark.parametrize("value", [None, "", "garbage", "01-abc", "00-" + "g" * 32 + "-" + "0" * 16 + "-01"])
+def test_trace_id_of_a_malformed_traceparent_is_empty(value: str | None) -> None:
+    assert tracing.trace_id_of(value) == ""
+
+
+def test_a_malformed_traceparent_starts_a_new_trace(spans: InMemorySpanExporter) -> None:
+    tracing.tracer().start_span("root", context=tracing.parent("not-a-traceparent")).end()
+    (done,) = named(spans, "root")
+    assert done.parent is None
+
+
+# --- the scheduler: admit spans -------------------------------------------------------------------
+
+
+class SchedulerStream:
+    """One ``Connect`` stream to an in-process scheduler, answers collected by turn id."""
+
+    def __init__(self, stub: pb_grpc.SchedulerStub) -> None:
+        self.call = stub.Connect()
+        self.answers: dict[str, asyncio.Future[pb.AdmitReply]] = {}
+        self.reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        resync = pb.ResyncRequest(dataplane_id="dp-test")
+        await self.call.write(pb.DataplaneMessage(items=[pb.DataplaneItem(resync=resync)]))
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while isinstance(message := await self.call.read(), pb.SchedulerMessage):
+            for item in message.items:
+                if item.WhichOneof("item") == "admitted":
+                    self._future(item.admitted.turn_id).set_result(item.admitted)
+
+    def _future(self, turn_id: str) -> asyncio.Future[pb.AdmitReply]:
+        return self.answers.setdefault(turn_id, asyncio.get_running_loop().create_future())
+
+    async def send(self, **item: Any) -> None:
+        await self.call.write(pb.DataplaneMessage(items=[pb.DataplaneItem(**item)]))
+
+    async def answer(self, turn_id: str) -> pb.AdmitReply:
+        return await asyncio.wait_for(self._future(turn_id), 10)
+
+    async def close(self) -> None:
+        self.call.cancel()
+        if self.reader is not None:
+            self.reader.cancel()
+            await asyncio.gather(self.reader, return_exceptions=True)
+
+
+@pytest.fixture
+async def scheduler() -> AsyncIterator[SchedulerStream]:
+    """An in-process scheduler (one replica ``solo`` of model ``m``, one slot) and a stream to it."""
+    port = free_port()
+    server = grpc.aio.server()
+    pb_grpc.add_SchedulerServicer_to_server(SchedulerService(SchedulerHost(ONE_SLOT)), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stream = SchedulerStream(pb_grpc.SchedulerStub(channel))
+    try:
+        await stream.open()
+        yield stream
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(None)
+
+
+def admit_request(turn_id: str, run_id: str, traceparent: str = "") -> pb.AdmitRequest:
+    return pb.AdmitRequest(
+        turn_id=turn_id, run_id=run_id, model="m", caller="ann", dataplane_id="dp-test", traceparent=traceparent
+    )
+
+
+@pytest.mark.anyio
+async def test_admit_span_is_a_child_of_the_admit_traceparent_with_replica_and_held_ms(
+    spans: InMemorySpanExporter, scheduler: SchedulerStream
+) -> None:
+    parent = tracing.tracer().start_span("dataplane turn")
+    traceparent = tracing.traceparent_of(parent) or ""
+    await scheduler.send(admit=admit_request("t1", "r1", traceparent))
+    assert (await scheduler.answer("t1")).placed.replica == "solo"
+    (admit,) = await until_spans(spans, "admit", 1)
+    assert admit.kind is SpanKind.SERVER
+    assert admit.context.trace_id == parent.get_span_context().trace_id
+    assert admit.parent is not None and admit.parent.span_id == parent.get_span_context().span_id
+    attributes = admit.attributes or {}
+    assert attributes["luftpause.replica"] == "solo"
+    assert attributes["luftpause.held_ms"] >= 0.0
+    assert attributes["luftpause.turn_id"] == "t1"
+    assert attributes["luftpause.run_id"] == "r1"
+    assert attributes["luftpause.caller"] == "ann"
+    assert attributes["gen_ai.request.model"] == "m"
+
+
+@pytest.mark.anyio
+async def test_a_held_admit_span_lasts_until_its_placement_and_counts_the_wait(
+    spans: InMemorySpanExporter, scheduler: SchedulerStream
+) -> None:
+    await scheduler.send(admit=admit_request("t1", "r1"))
+    await scheduler.answer("t1")
+    await scheduler.send(admit=admit_request("t2", "r2"))  # the one slot is taken: held
+    await asyncio.sleep(0.05)
+    assert len(named(spans, "admit")) == 1  # t2's span is still open while it is held
+    # The finished event carries the trace id (ignored by this scheduler beyond its core event).
+    finished = pb.TurnEvent(turn_id="t1", run_id="r1", kind=pb.TurnEvent.FINISHED, trace_id="ab" * 16)
+    await scheduler.send(event=finished)
+    assert (await scheduler.answer("t2")).placed.replica == "solo"
+    admits = await until_spans(spans, "admit", 2)
+    held = next(span for span in admits if (span.attributes or {})["luftpause.turn_id"] == "t2")
+    assert (held.attributes or {})["luftpause.held_ms"] >= 50.0
+    assert held.parent is None  # no traceparent came with it: a trace of its own
+
+
+@pytest.mark.anyio
+async def test_a_refused_admit_span_is_an_error(spans: InMemorySpanExporter, scheduler: SchedulerStream) -> None:
+    request = admit_request("t1", "r1")
+    request.model = "no-such-model"
+    await scheduler.send(admit=request)
+    assert (await scheduler.answer("t1")).refused.http_status == 404
+    (admit,) = await until_spans(spans, "admit", 1)
+    assert admit.status.status_code is StatusCode.ERROR
+    assert (admit.attributes or {})["luftpause.refused_status"] == 404
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_held_admit_ends_its_span_as_abandoned(
+    spans: InMemorySpanExporter, scheduler: SchedulerStream
+) -> None:
+    await scheduler.send(admit=admit_request("t1", "r1"))
+    await scheduler.answer("t1")
+    await scheduler.send(admit=admit_request("t2", "r2"))
+    await scheduler.send(cancel=pb.CancelAdmit(turn_id="t2"))
+    admits = await until_spans(spans, "admit", 2)
+    abandoned = next(span for span in admits if (span.attributes or {})["luftpause.turn_id"] == "t2")
+    assert (abandoned.attributes or {})["luftpause.abandoned"] is True
+    assert "luftpause.replica" not in (abandoned.attributes or {})
+
+
+@pytest.mark.anyio
+async def test_a_leased_turn_gets_an_admit_span_when_the_scheduler_learns_of_it(
+    spans: InMemorySpanExporter, scheduler: SchedulerStream
+) -> None:
+    parent = tracing.tracer().start_span("dataplane turn")
+    leased = pb.LeasedTurn(
+        turn_id="t9",
+        run_id="r9",
+        model="m",
+        caller="bob",
+        replica="solo",
+        epoch=1,
+        traceparent=tracing.traceparent_of(parent) or "",
+    )
+    await scheduler.send(leased=leased)
+    (admit,) = await until_spans(spans, "admit", 1)
+    attributes = admit.attributes or {}
+    assert attributes["luftpause.leased"] is True
+    assert attributes["luftpause.held_ms"] == 0.0
+    assert attributes["luftpause.replica"] == "solo"
+    assert admit.parent is not None and admit.parent.span_id == parent.get_span_context().span_id
+
+
+@pytest.mark.anyio
+async def test_no_admit_span_while_tracing_is_off(scheduler: SchedulerStream) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # Installed nowhere: the scheduler's tracer is the no-op one, and nothing reaches this exporter.
+    assert tracing.active is False
+    await scheduler.send(admit=admit_request("t1", "r1", "00-" + "1" * 32 + "-" + "2" * 16 + "-01"))
+    await scheduler.answer("t1")
+    assert exporter.get_finished_spans() == ()
+    provider.shutdown()
