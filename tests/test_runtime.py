@@ -194,6 +194,24 @@ def test_bad_service_class_and_mode_are_tool_errors(runtime: Runtime) -> None:
     assert bad_mode.is_error and "mode" in _text(bad_mode)
 
 
+def test_misspelt_arguments_are_refused_naming_the_key(runtime: Runtime) -> None:
+    """``budgetToolcalls`` (lower-case c) was ignored and the run went without its budget."""
+
+    async def scenario() -> tuple[CallToolResult, CallToolResult, dict[str, Any]]:
+        async with Client(runtime.mcp_url) as client:
+            spawn = await client.call_tool("spawn", {"task": "x", "budgetToolcalls": 1})
+            run = await client.call_tool("run", {"task": "x", "timout": 5})
+            listed = {tool.name: tool.input_schema for tool in (await client.list_tools()).tools}
+            return spawn, run, listed
+
+    spawn, run, listed = asyncio.run(scenario())
+    assert spawn.is_error and "budgetToolcalls" in _text(spawn), _text(spawn)
+    assert run.is_error and "timout" in _text(run), _text(run)
+    assert (
+        listed["spawn"]["additionalProperties"] is False and listed["await"]["additionalProperties"] is False
+    )
+
+
 def test_await_with_a_short_timeout_on_a_running_run_times_out(runtime: Runtime) -> None:
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         async with Client(runtime.mcp_url) as client:

@@ -90,7 +90,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import InputRequiredResult
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from luftpause import __version__
 from luftpause.runtime.approvals import elicits_forms, request_state, wait_asking
@@ -712,4 +712,30 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 raise ToolError(str(exc)) from None
         return {"servers": runtime.upstream.catalog(allowed)}
 
+    refuse_unknown_arguments(mcp)
     return mcp
+
+
+def refuse_unknown_arguments(mcp: MCPServer) -> None:
+    """Make every tool of ``mcp`` refuse an argument name it does not declare (a misspelt
+    ``budgetToolcalls`` was silently ignored): the argument model forbids extra keys, so the call
+    is a tool error whose text names the key ("Extra inputs are not permitted"), and the input
+    schema says ``additionalProperties: false``.
+
+    The SDK has no public way to reach a registered tool's argument model (``MCPServer`` lists
+    only the wire form of its tools) nor an option to forbid extra arguments, so this goes through
+    its ``_tool_manager``; should that change, the assertion below fails loudly at start."""
+    manager = getattr(mcp, "_tool_manager", None)
+    assert manager is not None, "mcp SDK: MCPServer._tool_manager is gone; refuse unknown arguments anew"
+    for tool in manager.list_tools():
+        base = tool.fn_metadata.arg_model
+        strict = type(
+            base.__name__,
+            (base,),
+            {
+                "model_config": ConfigDict(arbitrary_types_allowed=True, extra="forbid"),
+                "__module__": base.__module__,
+            },
+        )
+        tool.fn_metadata.arg_model = strict
+        tool.parameters["additionalProperties"] = False
