@@ -35,7 +35,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flood import Pool, unavailable  # bench/ is not a package
+from pools import Pool, unavailable  # bench/ is not a package
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, run_once
@@ -65,7 +65,7 @@ def through_router(runs: int) -> dict[str, Any]:
     engine_args = ["--slots", str(SLOTS), "--decode-ms", str(DECODE_MS), "--tool-rounds", str(TOOL_ROUNDS)]
     with (
         tempfile.TemporaryDirectory(prefix="fanout-router-") as tmp,
-        Pool(Path(tmp), "router", engine_args, SLOTS) as pool,
+        Pool(Path(tmp), "router", engine_args) as pool,
     ):
         settings = AgentSettings(
             proxy=pool.url,

@@ -20,8 +20,16 @@ Then a light-load control (4 interactive runs only: the engines never queue), wh
 arrangement should perform alike. Reported per arrangement: interactive runs/min, interactive run
 time p50, batch runs/min and the prompt-token cache hit rate (``cached_tokens`` over
 ``prompt_tokens`` from the engines' usage), each the median over ``--repeat`` repetitions, with
-ratios against the router. Arrangements run in a rotated order in each repetition, so drift on
-this shared machine does not favour one. Every figure is from SIMULATED engines.
+ratios against the router when it was measured. Arrangements run in a rotated order in each
+repetition, so drift on this shared machine does not favour one. Every figure is from SIMULATED
+engines.
+
+Settings that let the measured effects show: each engine's prefix cache is the simulator's default
+(its KV pool, ``--slots`` x 8192 tokens), large enough to hold most runs' prefixes, so a run moved
+to the other replica pays its whole prefill again (``--cache-tokens`` overrides it); luftpause's
+replicas keep the configuration's default ``max_inflight`` (32), above the engines' slots, so the
+scheduler admits by the engines' reported load rather than by a count equal to the slots
+(``--max-inflight`` overrides it).
 
 ``--json PATH`` writes ``{"simulated": true, "settings": {...}, "flood": [rows], "control":
 [rows]}``, each row ``{"arrangement", "interactiveRunsPerMinute", "interactiveRunTimeP50",
@@ -32,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import statistics
 import sys
@@ -42,12 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pools import ARRANGEMENTS, Pool, unavailable  # bench/ is on sys.path: this script's directory
+
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.agents import AgentGroup, AgentSettings, closed_loop
 from luftpause.testkit.loadgen import summarize_agents
-from luftpause.testkit.procs import ChildProcess, free_port
-
-ARRANGEMENTS = ("router", "luftpause", "luftpause-no-affinity")
 
 
 @dataclass(frozen=True)
@@ -69,84 +75,11 @@ class Load:
         return groups
 
 
-class Pool:
-    """Two fresh simulated engines and, in front of them, one arrangement; a context manager."""
-
-    def __init__(self, workdir: Path, arrangement: str, engine_args: list[str], slots: int) -> None:
-        self.workdir = workdir
-        self.arrangement = arrangement
-        self.engine_args = engine_args
-        self.slots = slots
-        self.children: list[ChildProcess] = []
-        self.url = ""
-
-    def __enter__(self) -> Pool:
-        try:
-            self._start()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for child in reversed(self.children):
-            child.stop()
-
-    def _child(self, name: str, argv: list[str], ready_url: str) -> None:
-        child = ChildProcess(name, argv, self.workdir / f"{name}.log", ready_url=ready_url)
-        self.children.append(child.start())
-        child.wait_ready()
-
-    def _start(self) -> None:
-        ports = [free_port(), free_port()]
-        for i, port in enumerate(ports):
-            argv = ["fake-engine", "--port", str(port), "--model", DEFAULT_MODEL, "--seed", str(i)]
-            self._child(f"engine{i}", [*argv, *self.engine_args], f"http://127.0.0.1:{port}/health")
-        engines = [f"http://127.0.0.1:{port}" for port in ports]
-        if self.arrangement == "router":
-            port = free_port()
-            router = ChildProcess(
-                "router", [], self.workdir / "router.log", ready_url=f"http://127.0.0.1:{port}/health"
-            )
-            router.argv = [
-                sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                "--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines,
-                "--log-level", "warn",
-            ]  # fmt: skip
-            self.children.append(router.start())
-            router.wait_ready(timeout=60)
-            self.url = f"http://127.0.0.1:{port}"
-            return
-        grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
-        affinity = "strict_affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
-        replicas = "".join(
-            f'\n[[replicas]]\nname = "sim-{i}"\nurl = "{url}"\nmodels = ["{DEFAULT_MODEL}"]\n'
-            f"max_inflight = {self.slots}\n"
-            for i, url in enumerate(engines)
-        )
-        config = self.workdir / "luftpause.toml"
-        config.write_text(
-            f'[scheduler]\ngrpc = "127.0.0.1:{grpc_port}"\nhttp = "127.0.0.1:{status_port}"\n{affinity}\n'
-            f'[dataplane]\nlisten = "127.0.0.1:{dp_port}"\nscheduler = "127.0.0.1:{grpc_port}"\n{replicas}'
-        )
-        conf = ["--config", str(config)]
-        self._child("scheduler", ["scheduler", *conf], f"http://127.0.0.1:{status_port}/health")
-        self._child("dataplane", ["dataplane", *conf], f"http://127.0.0.1:{dp_port}/health")
-        self.url = f"http://127.0.0.1:{dp_port}"
-
-
-def unavailable(arrangement: str) -> str | None:
-    """Why ``arrangement`` cannot be measured here, or ``None``."""
-    if arrangement == "router" and importlib.util.find_spec("sglang_router") is None:
-        return "sglang-router is not installed (pip install sglang-router)"
-    return None
-
-
-def measure(arrangement: str, load: Load, engine_args: list[str], slots: int) -> dict[str, Any]:
+def measure(arrangement: str, load: Load, engine_args: list[str], max_inflight: int | None) -> dict[str, Any]:
     """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary."""
     with (
         tempfile.TemporaryDirectory(prefix=f"flood-{arrangement}-") as tmp,
-        Pool(Path(tmp), arrangement, engine_args, slots) as pool,
+        Pool(Path(tmp), arrangement, engine_args, max_inflight) as pool,
     ):
         settings = AgentSettings(
             proxy=pool.url,
@@ -193,14 +126,19 @@ def median_row(arrangement: str, passes: list[dict[str, Any]]) -> dict[str, Any]
 
 
 def run_series(
-    name: str, load: Load, arrangements: list[str], repeat: int, engine_args: list[str], slots: int
+    name: str,
+    load: Load,
+    arrangements: list[str],
+    repeat: int,
+    engine_args: list[str],
+    max_inflight: int | None,
 ) -> list[dict[str, Any]]:
     passes: dict[str, list[dict[str, Any]]] = {a: [] for a in arrangements}
     for rep in range(repeat):
         order = arrangements[rep % len(arrangements) :] + arrangements[: rep % len(arrangements)]
         for arrangement in order:
             started = time.monotonic()
-            row = row_of(measure(arrangement, load, engine_args, slots))
+            row = row_of(measure(arrangement, load, engine_args, max_inflight))
             print(
                 f"{name} #{rep + 1} {arrangement}: {row} ({time.monotonic() - started:.0f} s)",
                 file=sys.stderr,
@@ -221,8 +159,9 @@ def render(title: str, rows: list[dict[str, Any]], skipped: dict[str, str]) -> s
             text += f" ({value / base[key]:.2f}x)"
         return text
 
+    against = "ratios against the router" if base is not None else "the router not measured, no ratios"
     lines = [
-        f"{title} (SIMULATED engines; ratios against the router)",
+        f"{title} (SIMULATED engines; {against})",
         f"{'arrangement':<24}{'interactive runs/min':>26}{'interactive p50 s':>24}"
         f"{'batch runs/min':>24}{'cache hits':>20}{'failed':>8}",
     ]
@@ -250,6 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool-seconds", type=float, default=0.5, help="seconds per tool call (default 0.5)")
     parser.add_argument("--max-tokens", type=int, default=48, help="reply tokens per turn (default 48)")
     parser.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        help="prefix cache per engine in tokens (default: the simulator's, its KV pool, slots x 8192)",
+    )
+    parser.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        help="luftpause's max_inflight per replica (default: the configuration's, so admission "
+        "follows the engines' load)",
+    )
+    parser.add_argument(
         "--time-scale", type=float, default=1.0, help="the simulator's time scale (default 1)"
     )
     parser.add_argument(
@@ -267,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     arrangements = [a for a in wanted if a not in skipped]
     engine_args = [
         "--slots", str(args.slots), "--prefill-ms-per-1k", "40", "--decode-ms", "8",
-        "--batch-slowdown", "0.05", "--cache-tokens", str(args.slots * 3000),
+        "--batch-slowdown", "0.05",
         "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
     ]  # fmt: skip
+    if args.cache_tokens is not None:
+        engine_args += ["--cache-tokens", str(args.cache_tokens)]
     common = {
         "duration_s": args.duration_s,
         "tool_rounds": args.tool_rounds,
@@ -280,13 +234,21 @@ def main(argv: list[str] | None = None) -> int:
     flood = Load(args.batch, args.interactive, **common)
     result: dict[str, Any] = {
         "simulated": True,
-        "settings": {"engine": engine_args, "flood": vars(flood), "repeat": args.repeat, "skipped": skipped},
+        "settings": {
+            "engine": engine_args,
+            "flood": vars(flood),
+            "repeat": args.repeat,
+            "maxInflight": args.max_inflight,
+            "skipped": skipped,
+        },
     }
-    result["flood"] = run_series("flood", flood, arrangements, args.repeat, engine_args, args.slots)
+    result["flood"] = run_series("flood", flood, arrangements, args.repeat, engine_args, args.max_inflight)
     print(render("Interactive under a batch flood", result["flood"], skipped))
     if not args.no_control:
         control = Load(0, args.interactive, **common)
-        result["control"] = run_series("control", control, arrangements, args.repeat, engine_args, args.slots)
+        result["control"] = run_series(
+            "control", control, arrangements, args.repeat, engine_args, args.max_inflight
+        )
         print(render("Light-load control (no queue)", result["control"], skipped))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +47,54 @@ def test_a_mix_of_classes_and_callers_runs_closed_loop_and_is_summarized_per_gro
     assert (interactive["class"], interactive["caller"], interactive["agents"]) == ("interactive", "ide", 2)
     assert (batch["class"], batch["caller"], batch["agents"]) == ("batch", "bulk", 3)
     for group in (interactive, batch):
-        assert group["completed"] >= group["agents"], group  # closed loop: each agent ran at least once
+        # Every agent started a run; how many completed in 4 s depends on the machine, not checked.
+        assert group["completed"] + group["unfinished"] >= group["agents"], group
         assert group["failed"] == 0
-        assert group["toolCalls"] >= group["completed"]  # one tool round per completed run
+        assert group["toolRounds"] >= group["completed"]  # one tool round per completed run
         assert group["turns"] >= 2 * group["completed"]  # the tool round, then the answer
         assert group["runsPerMinute"] == round(group["completed"] * 60 / 4, 2)
-        assert 0 < group["ttftP50"] <= group["ttftP99"]
-        assert 0 < group["runTimeP50"] <= group["runTimeP99"]
-        assert group["promptTokens"] > 0  # from the usage chunk the agents ask for
+        assert group["turns"] >= 1 and group["promptTokens"] > 0  # from the usage chunk asked for
+        if group["completed"]:
+            assert 0 < group["ttftP50"] <= group["ttftP99"]
+            assert 0 < group["runTimeP50"] <= group["runTimeP99"]
+
+
+def test_the_scheduler_sees_each_group_s_class_and_caller(tmp_path: Path) -> None:
+    """Batch agents of one caller, alone on a fresh stack: while they run, the scheduler counts
+    runs of that caller and of class batch only (an agent sending the wrong class or no caller
+    would show as interactive or anonymous)."""
+    caller = f"bulk-{uuid.uuid4().hex[:8]}"
+    with Stack.start(tmp_path / "stack") as fresh:
+        fresh.wait_connected()
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "luftpause", "loadgen", "--proxy", fresh.dataplane_url,
+                "--agents", "2", "--class", "batch", "--caller", caller, "--duration-s", "6",
+                "--tool-rounds", "2", "--tool-seconds", "0.3", "--context-tokens", "64", "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )  # fmt: skip
+        try:
+            seen: list[tuple[dict[str, int], dict[str, int]]] = []
+            deadline = time.monotonic() + 30
+            while proc.poll() is None and time.monotonic() < deadline:
+                status = fresh.status()
+                if status["runs_by_caller"]:
+                    seen.append((status["runs_by_class"], status["runs_by_caller"]))
+                time.sleep(0.1)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, out + err
+        assert seen, "the scheduler never counted a run of the load"
+        for by_class, by_caller in seen:
+            assert set(by_caller) == {caller}, by_caller
+            assert by_class.get("interactive", 0) == 0 and by_class["batch"] >= 1, by_class
 
 
 def test_the_table_names_every_group(stack: Stack) -> None:
@@ -85,6 +127,7 @@ def test_failed_runs_are_counted_with_the_proxy_s_error_and_fail_the_exit_status
         (["--agents", "0"], "--agents must be at least 1"),
         (["--agents", "1", "--duration-s", "0"], "--duration-s must be positive"),
         (["--agents", "1", "--spawn", "2"], "not allowed with argument"),
+        (["--spawn", "2", "--caller", "x"], "--caller applies to --agents only"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_is_wrong(

@@ -5,9 +5,13 @@ starts a run, sends a streamed Chat Completions turn with one tool offered, runs
 model asks for (the tool is simulated: it sleeps ``tool_seconds`` and answers a line of text),
 sends the results back as the run's next turn, and so on until the model answers or
 ``tool_rounds`` rounds were made (then it offers no tool, so the model must answer). Every turn
-carries ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller``; a finished run is
-ended with ``DELETE /v1/runs/{id}``. The loop is closed: a finished run is replaced at once by a
-new one until the deadline.
+carries ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller``; every run the
+agent is done with is ended with ``DELETE /v1/runs/{id}``: completed, failed, and cut short at the
+deadline (the proxy would otherwise keep its tool-paused headroom reserved until the run expires).
+The loop is closed: a completed run is replaced at once by a new one until the deadline. After a
+failed run the agent backs off before the next (1 s, doubling up to 10 s while runs keep failing,
+back to none after a completed run; at least the ``Retry-After`` of a 429), so a proxy that is down
+or refusing is not hammered in a hot loop.
 
 Each run's system prompt is ``context_tokens`` tokens of text (about 4 bytes a token) that begins
 with the run id, so no two runs share a prompt prefix beyond the engine's template, as with real
@@ -28,6 +32,12 @@ import orjson
 
 BYTES_PER_TOKEN = 4
 """Rough size of a token of English text, for sizing the system prompt."""
+FIRST_BACKOFF_S = 1.0
+"""Pause after a failed run; doubled after each further failed run in a row."""
+MAX_BACKOFF_S = 10.0
+"""Longest pause after failed runs (a longer ``Retry-After`` is still honoured)."""
+END_RUN_TIMEOUT_S = 5.0
+"""How long ``DELETE /v1/runs/{id}`` may take; ending a run is a courtesy, expiry frees it anyway."""
 
 LOOKUP_TOOL: dict[str, Any] = {
     "type": "function",
@@ -74,24 +84,44 @@ class RunOutcome:
     """One run of one agent: its turns' times to first token (s), wall time (s) and how it ended.
 
     ``state`` is ``completed`` (the model answered), ``failed`` (a turn failed; ``error`` says
-    why) or ``unfinished`` (the deadline came first).
+    why, ``retry_after`` is the seconds of a 429's ``Retry-After``) or ``unfinished`` (the deadline
+    came first). ``tool_rounds`` counts the replies that asked for tools, ``tool_calls`` the calls
+    in them (a round may hold parallel calls).
     """
 
     group: int
     service_class: str
     caller: str
+    run_id: str = ""
     state: str = "unfinished"
     seconds: float = 0.0
     turns: int = 0
+    tool_rounds: int = 0
     tool_calls: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
     error: str = ""
+    retry_after: float | None = None
 
 
 class TurnFailed(Exception):
-    """A turn that did not complete: an HTTP error status or a stream cut before its end."""
+    """A turn that did not complete: an HTTP error status or a stream cut before its end.
+    ``retry_after`` is the answer's ``Retry-After`` in seconds (RFC 9110 section 10.2.3, the
+    delay form), when it had one."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds; None when absent or an HTTP date (not used by engines)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
 
 
 @dataclass(slots=True)
@@ -150,7 +180,9 @@ async def stream_turn(
                 text = orjson.loads(text)["error"]["message"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 pass
-            raise TurnFailed(f"HTTP {response.status}: {text}"[:300])
+            raise TurnFailed(
+                f"HTTP {response.status}: {text}"[:300], _retry_after(response.headers.get("retry-after"))
+            )
         async for raw in response.content:
             line = raw.strip()
             if not line.startswith(b"data:"):
@@ -189,6 +221,7 @@ async def run_once(
     """One run from its first turn to its answer, recorded in ``outcome`` as it goes (so that a
     run cancelled at the deadline keeps its turns' times, as ``unfinished``)."""
     run_id = f"loadgen-{uuid.uuid4().hex}"
+    outcome.run_id = run_id
     headers = {
         "content-type": "application/json",
         "x-luftpause-run-id": run_id,
@@ -213,7 +246,7 @@ async def run_once(
                 "max_tokens": settings.max_tokens,
                 "stream_options": {"include_usage": True},
             }
-            offer_tool = outcome.tool_calls < settings.tool_rounds
+            offer_tool = outcome.tool_rounds < settings.tool_rounds
             if offer_tool:
                 body["tools"] = [LOOKUP_TOOL]
             reply = await stream_turn(session, url, headers, body)
@@ -228,6 +261,7 @@ async def run_once(
             messages.append(
                 {"role": "assistant", "content": reply.content or None, "tool_calls": reply.tool_calls}
             )
+            outcome.tool_rounds += 1
             await asyncio.sleep(settings.tool_seconds)
             for call in reply.tool_calls:
                 outcome.tool_calls += 1
@@ -236,19 +270,23 @@ async def run_once(
     except (TurnFailed, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
         outcome.state = "failed"
         outcome.error = str(exc) or type(exc).__name__
+        outcome.retry_after = exc.retry_after if isinstance(exc, TurnFailed) else None
     finally:
         outcome.seconds = time.perf_counter() - started
-        if outcome.state != "unfinished":
-            await _end_run(session, settings, run_id)
+    # A run cut at the deadline is cancelled above and never gets here: closed_loop ends it.
+    await end_run(session, settings, run_id)
 
 
-async def _end_run(session: aiohttp.ClientSession, settings: AgentSettings, run_id: str) -> None:
+async def end_run(session: aiohttp.ClientSession, settings: AgentSettings, run_id: str) -> None:
+    """``DELETE /v1/runs/{run_id}`` on the proxy, within :data:`END_RUN_TIMEOUT_S`; errors are
+    ignored (ending a run only frees scheduler state sooner; expiry frees it anyway)."""
     headers = {"authorization": f"Bearer {settings.token}"} if settings.token else {}
+    url = f"{settings.proxy}/v1/runs/{run_id}"
     try:
-        async with session.delete(f"{settings.proxy}/v1/runs/{run_id}", headers=headers):
+        async with session.delete(url, headers=headers, timeout=aiohttp.ClientTimeout(END_RUN_TIMEOUT_S)):
             pass
-    except aiohttp.ClientError:
-        pass  # ending a run only frees scheduler state sooner; expiry frees it anyway
+    except (aiohttp.ClientError, TimeoutError):
+        pass
 
 
 async def closed_loop(
@@ -260,8 +298,9 @@ async def closed_loop(
     """Run every group's agents, each replacing its finished run at once, for ``duration_s`` s.
 
     Returns every run that ended (completed or failed) within the duration, and the runs the
-    deadline cut short as ``unfinished``. ``on_outcome(outcome)`` is called as each run ends
-    (progress display).
+    deadline cut short as ``unfinished`` (each ended on the proxy all the same).
+    ``on_outcome(outcome)`` is called as each run ends (progress display). After a failed run the
+    agent pauses as the module docstring says.
     """
     outcomes: list[RunOutcome] = []
     deadline = time.monotonic() + duration_s
@@ -270,6 +309,7 @@ async def closed_loop(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def agent(group: int, spec: AgentGroup) -> None:
+            backoff = 0.0
             while time.monotonic() < deadline:
                 outcome = RunOutcome(group=group, service_class=spec.service_class, caller=spec.caller)
                 outcomes.append(outcome)
@@ -278,9 +318,19 @@ async def closed_loop(
                         run_once(session, settings, spec, outcome), deadline - time.monotonic()
                     )
                 except TimeoutError:
-                    return  # wait_for cancelled the run and waited for it: it stays "unfinished"
+                    # wait_for cancelled the run and waited for it: it stays "unfinished", and is
+                    # over for this agent, so the proxy is told as for any other end.
+                    if outcome.run_id:
+                        await end_run(session, settings, outcome.run_id)
+                    return
                 if on_outcome is not None:
                     on_outcome(outcome)
+                if outcome.state == "completed":
+                    backoff = 0.0
+                    continue
+                backoff = min(MAX_BACKOFF_S, backoff * 2) if backoff else FIRST_BACKOFF_S
+                pause = max(backoff, outcome.retry_after or 0.0)
+                await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
 
         await asyncio.gather(
             *(agent(index, spec) for index, spec in enumerate(groups) for _ in range(spec.agents))

@@ -7,13 +7,15 @@ Two modes, one per invocation:
   ``await`` on every handle (again and again, at most 60 s per call, until none is running or
   ``--timeout`` passes). Load reaches the proxy as the sub-agents' own turns. Summary: runs
   completed / failed, tool calls, failed tool calls, tokens, run time p50 / p99 (the runtime's
-  own ``seconds`` per run), wall time; ``--json``::
+  own ``seconds`` per run), wall time and completed runs per minute of it; ``--json``::
 
     {"spawned", "spawnErrors", "completed", "failed", "cancelled", "unfinished", "toolCalls",
      "failedToolCalls", "promptTokens", "completionTokens", "runTimeP50", "runTimeP99",
-     "wallTime", "errors": [first distinct error texts]}
+     "wallTime", "runsPerMinute", "errors": [first distinct error texts]}
 
-  The exit status is 0 only when all N runs completed.
+  The exit status is 0 only when all N runs completed. ``--caller`` is refused here: the caller of
+  a sub-agent's turns is the runtime's, named after the MCP client (``luftpause-loadgen``), not
+  something a ``spawn`` call sets.
 
 * ``--agents N [--class C] [--caller NAME]``, repeatable for a mix (each ``--agents`` starts a
   group; the ``--class`` and ``--caller`` after it are that group's): closed-loop own-loop agents
@@ -24,11 +26,12 @@ Two modes, one per invocation:
   from its prefix cache); ``--json``::
 
     {"durationS", "groups": [{"agents", "class", "caller", "completed", "failed", "unfinished",
-     "runsPerMinute", "turns", "toolCalls", "promptTokens", "cacheHitRate", "runTimeP50",
+     "runsPerMinute", "turns", "toolRounds", "toolCalls", "promptTokens", "cacheHitRate", "runTimeP50",
      "runTimeP99", "ttftP50", "ttftP99"}],
      "errors": [...]}
 
-  The exit status is 0 when no run failed.
+  The exit status is 0 when no run failed. A failed run makes its agent pause before the next
+  (1 s doubling to 10 s, at least a 429's ``Retry-After``; see :mod:`luftpause.testkit.agents`).
 
 Times are seconds. With ``LUFTPAUSE_TOKEN`` set (or ``--token``), every request carries
 ``Authorization: Bearer <token>``; :func:`runtime_client` is the MCP connection, for tests too.
@@ -255,6 +258,9 @@ class Summary:
             "runTimeP50": percentile(times, 50),
             "runTimeP99": percentile(times, 99),
             "wallTime": round(self.wall_time, 3),
+            "runsPerMinute": (
+                round(self.count("completed") * 60.0 / self.wall_time, 2) if self.wall_time > 0 else None
+            ),
             "errors": list(self.errors),
         }
 
@@ -347,7 +353,7 @@ def render(data: dict[str, Any]) -> str:
         f"tool calls  {data['toolCalls']} ({data['failedToolCalls']} failed)",
         f"tokens      {data['promptTokens']} prompt, {data['completionTokens']} completion",
         f"run time    p50 {secs(data['runTimeP50'])}, p99 {secs(data['runTimeP99'])}",
-        f"wall time   {secs(data['wallTime'])}",
+        f"wall time   {secs(data['wallTime'])}, {data['runsPerMinute']} completed runs/min",
     ]
     lines += [f"error       {text}" for text in data["errors"]]
     return "\n".join(lines)
@@ -415,6 +421,7 @@ def summarize_agents(
                 "unfinished": len(mine) - len(ended),
                 "runsPerMinute": round(len(completed) * 60.0 / duration_s, 2) if duration_s > 0 else None,
                 "turns": sum(o.turns for o in mine),
+                "toolRounds": sum(o.tool_rounds for o in mine),
                 "toolCalls": sum(o.tool_calls for o in mine),
                 "promptTokens": prompt_tokens,
                 "cacheHitRate": round(cached / prompt_tokens, 4) if prompt_tokens else None,
@@ -525,6 +532,13 @@ def run(args: argparse.Namespace) -> int:
         return _run_agents(args)
     if args.spawn < 1:
         print("luftpause loadgen: --spawn must be at least 1", file=sys.stderr)
+        return 2
+    if args.caller:
+        print(
+            "luftpause loadgen: --caller applies to --agents only; with --spawn the caller of the "
+            "sub-agents' turns is the runtime's, named after the MCP client (luftpause-loadgen)",
+            file=sys.stderr,
+        )
         return 2
     drive_spawn = drive_sequential if args.sequential else drive
     try:

@@ -1,0 +1,155 @@
+"""Own-loop agents (:mod:`luftpause.testkit.agents`) against a scripted proxy in-process: what they
+send, how they count tool rounds, how they end runs and how they back off after failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
+
+
+@dataclass
+class ScriptedProxy:
+    """Answers every chat turn as ``mode`` says; records each turn's headers and every DELETE.
+
+    ``mode``: ``"parallel"`` (two tool calls per reply while tools are offered, then an answer),
+    ``"stall"`` (never answers), ``"429"`` (429 with ``Retry-After: retry_after``), ``"500"``."""
+
+    mode: str
+    retry_after: str = "5"
+    turns: list[dict[str, str]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.turns.append(dict(request.headers))
+        if self.mode == "stall":
+            await asyncio.sleep(3600)
+        if self.mode == "429":
+            return web.json_response(
+                {"error": {"message": "busy"}}, status=429, headers={"Retry-After": self.retry_after}
+            )
+        if self.mode == "500":
+            return web.json_response({"error": {"message": "broken"}}, status=500)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        if body.get("tools"):
+            calls = [
+                {"index": i, "id": f"call_{i}", "type": "function",
+                 "function": {"name": "lookup", "arguments": '{"query": "x"}'}}
+                for i in range(2)
+            ]  # fmt: skip
+            delta: dict[str, Any] = {"tool_calls": calls}
+            finish = "tool_calls"
+        else:
+            delta, finish = {"content": "done"}, "stop"
+        for chunk in (
+            {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+        ):
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def delete(self, request: web.Request) -> web.Response:
+        self.deleted.append(request.match_info["run_id"])
+        return web.json_response({})
+
+
+@asynccontextmanager
+async def serving(proxy: ScriptedProxy) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", proxy.chat)
+    app.router.add_delete("/v1/runs/{run_id}", proxy.delete)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def _run(
+    proxy: ScriptedProxy, duration_s: float, tool_rounds: int = 2, group: AgentGroup | None = None
+) -> list[RunOutcome]:
+    async def go() -> list[RunOutcome]:
+        async with serving(proxy) as url:
+            settings = AgentSettings(
+                proxy=url, model="m", task="t", tool_rounds=tool_rounds, tool_seconds=0.0, context_tokens=8
+            )
+            return await closed_loop(settings, [group or AgentGroup(1, "batch", "bulk")], duration_s)
+
+    return asyncio.run(go())
+
+
+def _completed(outcomes: list[RunOutcome]) -> list[RunOutcome]:
+    return [o for o in outcomes if o.state == "completed"]
+
+
+def test_tool_rounds_count_replies_that_ask_for_tools_not_the_calls_in_them() -> None:
+    proxy = ScriptedProxy("parallel")
+    outcomes = _run(proxy, duration_s=0.5, tool_rounds=2)
+    done = _completed(outcomes)
+    assert done, outcomes
+    for outcome in done:
+        # Two rounds of two parallel calls each, then the answer: three turns.
+        assert (outcome.tool_rounds, outcome.tool_calls, outcome.turns) == (2, 4, 3), outcome
+
+
+def test_every_turn_carries_the_group_s_class_and_caller() -> None:
+    proxy = ScriptedProxy("parallel")
+    _run(proxy, duration_s=0.3, group=AgentGroup(1, "batch", "bulk"))
+    assert proxy.turns
+    assert {(t["x-luftpause-class"], t["x-luftpause-caller"]) for t in proxy.turns} == {("batch", "bulk")}
+
+
+def test_a_run_cut_at_the_deadline_is_ended_on_the_proxy_too() -> None:
+    proxy = ScriptedProxy("stall")
+    outcomes = _run(proxy, duration_s=0.5)
+    (outcome,) = outcomes
+    assert outcome.state == "unfinished"
+    assert proxy.deleted == [outcome.run_id]
+
+
+def test_failed_runs_back_off_instead_of_retrying_in_a_hot_loop() -> None:
+    proxy = ScriptedProxy("500")
+    outcomes = _run(proxy, duration_s=2.5)
+    # Fails at 0 s, pauses 1 s, fails, pauses 2 s: past the deadline. A hot loop makes hundreds.
+    assert 1 <= len(outcomes) <= 3, len(outcomes)
+    assert all(o.state == "failed" and "HTTP 500" in o.error for o in outcomes)
+    assert proxy.deleted == [o.run_id for o in outcomes]  # failed runs are ended too
+
+
+def test_a_429_s_retry_after_is_honoured() -> None:
+    proxy = ScriptedProxy("429", retry_after="30")
+    outcomes = _run(proxy, duration_s=2.5)
+    # Without Retry-After the backoff (1 s, then 2 s) would try a second time within 2.5 s.
+    (outcome,) = outcomes
+    assert outcome.state == "failed" and outcome.retry_after == 30.0
+
+
+def test_a_completed_run_resets_the_backoff() -> None:
+    # Two failures, then success: the agent runs again at once (no pause after completed runs).
+    answers: list[str] = ["500", "500"]
+    proxy = ScriptedProxy("parallel")
+    original: Callable[[web.Request], Any] = ScriptedProxy.chat
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        proxy.mode = answers.pop(0) if answers else "parallel"
+        return await original(proxy, request)
+
+    proxy.chat = chat  # type: ignore[method-assign]
+    outcomes = _run(proxy, duration_s=4.0, tool_rounds=0)
+    states = [o.state for o in outcomes]
+    assert states[:2] == ["failed", "failed"], states
+    assert states.count("completed") >= 3, states  # many quick runs once the proxy answers
