@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -217,3 +218,31 @@ def test_a_caller_with_non_ascii_or_control_characters_runs_through_the_real_dat
     assert not decided.is_error, decided
     encoded = header_safe(name)
     assert encoded.isascii() and encoded.isprintable() and len(encoded) <= 128 and "\r" not in encoded
+
+
+def test_status_is_readable_by_the_scheduler_page_only_and_checks_host(stack: Stack) -> None:
+    """Any web page could read ``/status`` (``Access-Control-Allow-Origin: *``) and a DNS-rebound
+    name reached it; now only the scheduler page's origins get CORS, and a non-loopback ``Host``
+    is refused 421 as on ``/mcp``."""
+    url = stack.runtime_url.removesuffix("/mcp") + "/status"
+    scheduler_port = stack.status_url.rsplit(":", 1)[1].split("/")[0]
+
+    def get(headers: dict[str, str], method: str = "GET") -> tuple[int, dict[str, str]]:
+        request = urllib.request.Request(url, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, {k.lower(): v for k, v in response.headers.items()}
+        except urllib.error.HTTPError as exc:
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}
+
+    for page in (f"http://127.0.0.1:{scheduler_port}", f"http://localhost:{scheduler_port}"):
+        status, headers = get({"Origin": page})
+        assert status == 200 and headers["access-control-allow-origin"] == page
+        status, headers = get({"Origin": page, "Access-Control-Request-Method": "GET"}, "OPTIONS")
+        assert status == 204 and headers["access-control-allow-origin"] == page
+    status, headers = get({"Origin": "http://evil.example"})
+    assert status == 200 and "access-control-allow-origin" not in headers
+    status, _ = get({"Origin": "http://evil.example", "Access-Control-Request-Method": "GET"}, "OPTIONS")
+    assert status == 403
+    status, _ = get({"Host": f"rebound.example:{scheduler_port}"})
+    assert status == 421

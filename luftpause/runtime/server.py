@@ -56,7 +56,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from luftpause import logs
+from luftpause import logs, tracing
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, split_host_port
 from luftpause.orphans import exit_with_parent
@@ -66,7 +66,7 @@ from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token
 from luftpause.runtime.decide import Decider
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.monitor import monitor_routes
+from luftpause.runtime.monitor import host_allowed, monitor_routes
 from luftpause.runtime.pods import Pods
 from luftpause.runtime.runs import RunRegistry
 from luftpause.runtime.tasks import TaskRegistry, TasksExtension
@@ -171,39 +171,107 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _error(500, f"internal error of the luftpause runtime ({type(exc).__name__}); see its log")
 
 
-class StatusCors:
-    """ASGI middleware: ``/status`` may be read from any origin, because the scheduler's live page
-    (``GET /`` on the scheduler, another origin) fetches it from the browser. Every ``/status``
-    answer, a 401 too (so the page can say the token was refused), gets
-    ``Access-Control-Allow-Origin: *``; the CORS preflight an ``Authorization`` header causes
-    (``OPTIONS /status``) is answered 204 here, before the token gate, which would refuse it. No
-    other path is opened to other origins (``/mcp`` must not be)."""
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 
-    def __init__(self, app: ASGIApp) -> None:
+
+def status_origins(scheduler_http: str) -> tuple[frozenset[str], str | None]:
+    """The browser origins that may read ``/status``: the scheduler's live page, which fetches it
+    (``GET /?runtime=...`` on ``[scheduler] http``). Returns ``(exact origins, any-host port)``:
+
+    * the scheduler on a loopback address: ``http://127.0.0.1:P``, ``http://localhost:P`` and
+      ``http://[::1]:P`` (the same page under each loopback name);
+    * on a named host or address: ``http://<host>:P`` and ``https://<host>:P``;
+    * on a wildcard address (``0.0.0.0``, ``::``): the page may be reached under any name of the
+      machine, which the runtime cannot know, so any ``http``/``https`` origin on port ``P`` (the
+      second item), and the loopback ones.
+
+    No other web page may read it: before, any page could (``*``)."""
+    host, port = split_host_port(scheduler_http)
+    bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    if host in WILDCARD_HOSTS or bracketed in WILDCARD_HOSTS:
+        return frozenset(f"http://{name}:{port}" for name in LOOPBACK_NAMES), str(port)
+    if bracketed in LOOPBACK_NAMES or host == "::1":
+        return frozenset(f"http://{name}:{port}" for name in LOOPBACK_NAMES), None
+    return frozenset({f"http://{bracketed}:{port}", f"https://{bracketed}:{port}"}), None
+
+
+class StatusCors:
+    """ASGI middleware for ``GET /status``, which the scheduler's live page (another origin)
+    fetches from the browser.
+
+    * CORS: a request whose ``Origin`` is one of :func:`status_origins` gets
+      ``Access-Control-Allow-Origin: <that origin>`` (and ``Vary: Origin``) on every answer, a 401
+      too (so the page can say the token was refused); one without ``Origin`` (curl, a test: not
+      a browser's cross-origin read) gets ``*``; the preflight an ``Authorization`` header
+      causes (``OPTIONS /status``) is answered 204 here, before the token gate, which would refuse
+      it. Any other origin gets no CORS header (the browser withholds the answer) and its
+      preflight a 403. No other path is opened to other origins (``/mcp`` must not be).
+    * Host: when the runtime listens on a loopback address, a ``Host`` that is not a loopback name
+      is refused 421, as the SDK's transport security refuses it on ``/mcp`` (DNS rebinding).
+    """
+
+    def __init__(self, app: ASGIApp, scheduler_http: str, listen_host: str) -> None:
         self.app = app
+        self.origins, self.any_host_port = status_origins(scheduler_http)
+        self.listen_host = listen_host
+
+    def origin_allowed(self, origin: str) -> bool:
+        if origin in self.origins:
+            return True
+        if self.any_host_port is None:
+            return False
+        scheme, _, rest = origin.partition("://")
+        return (
+            scheme in ("http", "https") and "/" not in rest and rest.rsplit(":", 1)[-1] == self.any_host_port
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/status":
             await self.app(scope, receive, send)
             return
-        allow_origin = (b"access-control-allow-origin", b"*")
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if not host_allowed(headers.get("host"), self.listen_host):
+            body = error_body(f"Host {headers.get('host')!r} is not served here")
+            await send({"type": "http.response.start", "status": 421, "headers": _json_headers(body)})
+            await send({"type": "http.response.body", "body": body})
+            return
+        origin = headers.get("origin")
+        allowed = origin is not None and self.origin_allowed(origin)
+        if origin is None:
+            # Not a cross-origin read by a browser (which always sends Origin on one): ``*`` gives
+            # a web page nothing, and ``Vary: Origin`` keeps a cache from serving it to one.
+            cors = [(b"access-control-allow-origin", b"*"), (b"vary", b"origin")]
+        elif allowed:
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"origin")]
+        else:
+            cors = [(b"vary", b"origin")]
         if scope["method"] == "OPTIONS":
-            headers = [
-                allow_origin,
+            if not allowed or origin is None:
+                body = error_body(f"origin {origin!r} may not read /status")
+                await send({"type": "http.response.start", "status": 403, "headers": _json_headers(body)})
+                await send({"type": "http.response.body", "body": body})
+                return
+            preflight = [
+                *cors,
                 (b"access-control-allow-methods", b"GET"),
                 (b"access-control-allow-headers", b"authorization"),
                 (b"access-control-max-age", b"600"),
             ]
-            await send({"type": "http.response.start", "status": 204, "headers": headers})
+            await send({"type": "http.response.start", "status": 204, "headers": preflight})
             await send({"type": "http.response.body", "body": b""})
             return
 
         async def send_with_origin(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), allow_origin]}
+            if message["type"] == "http.response.start" and cors:
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
             await send(message)
 
         await self.app(scope, receive, send_with_origin)
+
+
+def _json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
 
 def _mcp_routes(mcp_app: Starlette) -> list[BaseRoute]:
@@ -236,6 +304,10 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
         if token is None:
             log.warning("%s is not set: /mcp and /status accept every request without a token", TOKEN_ENV)
         async with AsyncExitStack() as stack:
+            # Spans over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, from the worker that makes
+            # them; flushed last, after every run has stopped.
+            if tracing.setup(tracing.RUNTIME_SERVICE):
+                stack.callback(tracing.shutdown)
             session = await stack.enter_async_context(new_http_session())
             await stack.enter_async_context(runtime.upstream)
             dataplane = DataplaneClient(config.runtime.dataplane, session, token)
@@ -281,7 +353,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             *_mcp_routes(mcp_app),
         ],
         middleware=[
-            Middleware(StatusCors),
+            Middleware(StatusCors, scheduler_http=config.scheduler.http, listen_host=host),
             Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"})),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
