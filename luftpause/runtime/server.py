@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -368,9 +369,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT or SIGTERM; 0 then, 2 for a bad configuration."""
+    """Serve until SIGINT or SIGTERM; 0 then, 2 for a bad configuration (an unwritable
+    ``[runtime] state_dir`` too: one line on stderr naming it and the OS error)."""
     config = config_from_args(args)
     refuse_if_in_use("runtime", config.runtime.listen)
+    try:  # before granian's worker starts the stdio MCP servers: one line, not a traceback
+        Journal(Path(config.runtime.state_dir)).check_writable()
+    except OSError as exc:
+        print(f"luftpause runtime: [runtime] state_dir {config.runtime.state_dir!r}: {exc}", file=sys.stderr)
+        return 2
     # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
     # lines (httpx, the SDK) would bury them.
     logging.getLogger().setLevel(logging.WARNING)
