@@ -72,6 +72,7 @@ from typing import Any, Protocol
 import aiohttp
 from mcp.types import Tool
 
+from luftpause.runtime import run_spans
 from luftpause.runtime.errors import TurnFailed
 from luftpause.runtime.runs import Run
 from luftpause.runtime.text_tool_calls import openai_tool_call, recover_tool_call
@@ -201,6 +202,7 @@ class DataplaneClient:
             "x-luftpause-run-id": run.handle,
             "x-luftpause-class": run.service_class,
             "x-luftpause-caller": header_safe(run.caller),
+            **run_spans.traceparent_headers(),  # the turn's chat span, when tracing
         }
 
     async def complete(self, run: Run, body: dict[str, Any]) -> dict[str, Any]:
@@ -346,21 +348,22 @@ class SubAgentLoop:
     async def drive(self, run: Run) -> None:
         """Run ``run`` to its end and record the outcome on it (``completed`` with its answer,
         or ``failed`` with the error text). Cancellation propagates (the registry records it)."""
-        try:
-            answer = await self._turns(run)
-        except _Stopped:
-            pass
-        except TurnFailed as exc:
-            log.info("%s failed: %s", run.handle, exc)
-            run.finish("failed", error=str(exc))
-        else:
-            run.finish("completed", answer=answer)
-        finally:
-            # A run the shutdown interrupted is ended by the server with all the others, in one
-            # bounded step after every run has stopped (server.py, ``end_interrupted_runs``).
-            if not run.interrupted:
-                # Shielded so a run cancelled mid-turn still tells the scheduler it is over.
-                await asyncio.shield(self.dataplane.end_run(run.handle))
+        with run_spans.invoke_agent(run):
+            try:
+                answer = await self._turns(run)
+            except _Stopped:
+                pass
+            except TurnFailed as exc:
+                log.info("%s failed: %s", run.handle, exc)
+                run.finish("failed", error=str(exc))
+            else:
+                run.finish("completed", answer=answer)
+            finally:
+                # A run the shutdown interrupted is ended by the server with all the others, in one
+                # bounded step after every run has stopped (server.py, ``end_interrupted_runs``).
+                if not run.interrupted:
+                    # Shielded so a run cancelled mid-turn still tells the scheduler it is over.
+                    await asyncio.shield(self.dataplane.end_run(run.handle))
 
     async def _turns(self, run: Run) -> str:
         toolless_tool_turns = 0
@@ -386,7 +389,9 @@ class SubAgentLoop:
                 body["max_tokens"] = run.max_tokens
             began = time.monotonic()
             try:
-                reply = await self.dataplane.complete(run, body)
+                with run_spans.chat(run) as span:
+                    reply = await self.dataplane.complete(run, body)
+                    run_spans.chat_reply(span, reply)
             finally:
                 run.turn_seconds += time.monotonic() - began
             run.turns += 1
@@ -459,7 +464,9 @@ class SubAgentLoop:
             if run.done:
                 return {"role": "tool", "tool_call_id": call_id, "content": "Error: the run was stopped"}
             run.tool_calls += 1
-            text, failed = await self._execute(run, call, offered, within_budget, index)
+            with run_spans.execute_tool(call) as span:
+                text, failed = await self._execute(run, call, offered, within_budget, index)
+                run_spans.tool_outcome(span, failed, text)
             if failed:
                 run.failed_tool_calls += 1
             return {"role": "tool", "tool_call_id": call_id, "content": text}

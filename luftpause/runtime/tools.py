@@ -93,6 +93,7 @@ from mcp_types import InputRequiredResult
 from pydantic import ConfigDict, Field
 
 from luftpause import __version__
+from luftpause.runtime import run_spans
 from luftpause.runtime.approvals import elicits_forms, request_state, wait_asking
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
@@ -309,6 +310,7 @@ def start_run(
         )
     )
     runtime.pods.grant(run, plan)
+    run_spans.spawned(run, ctx)  # where its invoke_agent span belongs, when tracing
     runtime.registry.start(run, runtime.loop.drive(run))
     return run
 

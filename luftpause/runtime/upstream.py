@@ -45,8 +45,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.types import CallToolResult, Implementation, TextContent, Tool
 
-from luftpause import __version__
+from luftpause import __version__, tracing
 from luftpause.config import McpServerConfig
+from luftpause.runtime import run_spans
 from luftpause.runtime.errors import UpstreamUnavailable
 
 log = logging.getLogger("luftpause.runtime.upstream")
@@ -193,6 +194,29 @@ async def _first_of(*waits: Awaitable[Any]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _traceparent_header(request: httpx2.Request) -> None:
+    """Send a JSON-RPC request's ``params._meta.traceparent`` (W3C, put there by the SDK and by
+    :func:`luftpause.runtime.run_spans.current_meta`) as the HTTP ``traceparent`` header too, so
+    HTTP-level tracing at the tool server sees the tool call's span. Only while tracing."""
+    if not tracing.active or request.method != "POST":
+        return
+    try:
+        content = request.content  # a streamed body (none of the SDK's) has none to read
+    except httpx2.RequestNotRead:
+        return
+    if b'"traceparent"' not in content:
+        return
+    try:
+        message = json.loads(content)
+    except ValueError:
+        return
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    value = meta.get(tracing.TRACEPARENT) if isinstance(meta, dict) else None
+    if isinstance(value, str) and value:
+        request.headers[tracing.TRACEPARENT] = value
+
+
 class UpstreamServer:
     """One configured MCP server, its connected client (when it is) and its listed tools."""
 
@@ -234,6 +258,8 @@ class UpstreamServer:
                     MCP_DEFAULT_TIMEOUT, read=TOOL_CALL_TIMEOUT_SECONDS, pool=TOOL_CALL_TIMEOUT_SECONDS
                 )
             )
+            # The SDK's HTTP headers are per session: each POST gets its traceparent from its body.
+            http_client.event_hooks["request"].append(_traceparent_header)
             transport = streamable_http_client(self.config.url, http_client=http_client)
         else:
             command = list(self.config.command or ())
@@ -413,7 +439,12 @@ class UpstreamPool:
         server, _ = entry
         try:
             client = await server.ensure_connected()
-            result = await client.call_tool(name, arguments, read_timeout_seconds=TOOL_CALL_TIMEOUT_SECONDS)
+            result = await client.call_tool(
+                name,
+                arguments,
+                read_timeout_seconds=TOOL_CALL_TIMEOUT_SECONDS,
+                meta=run_spans.current_meta(),  # the execute_tool span, when tracing
+            )
         except Exception as exc:
             where = f"tool {name} on MCP server {server.name}"
             return ToolOutcome(f"Error: {where}: {_describe(exc)}", failed=True)

@@ -1,0 +1,234 @@
+"""The runtime's spans: ``invoke_agent`` per run, ``chat`` per model turn, ``execute_tool`` per tool call.
+
+Only while :data:`luftpause.tracing.active`; otherwise every helper here returns at its first line.
+Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`luftpause.tracing`):
+
+* ``invoke_agent {agent}`` (INTERNAL): one per drive of a run (a run re-opened by ``send`` gets
+  another). ``{agent}`` is the run's pod name, else ``sub-agent``. ``gen_ai.agent.id`` and
+  ``gen_ai.conversation.id`` are the run's handle, ``gen_ai.request.model`` its model; at its end
+  ``luftpause.state``, the run's token counts and, for a failed run, status ERROR with its error.
+  Its parent: the parent run's ``invoke_agent`` span while that is open; else the trace context of
+  the MCP request that spawned the run (its ``_meta.traceparent``, through the SDK's own
+  ``tools/call spawn`` span, else its HTTP ``traceparent`` header); else a new trace.
+* ``chat {model}`` (CLIENT), child of ``invoke_agent``: one per model turn, retries included, with
+  ``gen_ai.usage.input_tokens`` / ``output_tokens``, ``gen_ai.response.finish_reasons``,
+  ``gen_ai.response.id`` and ``gen_ai.response.model``. Its ``traceparent`` goes to the dataplane.
+* ``execute_tool {tool}`` (INTERNAL), child of ``invoke_agent``: one per tool call, with
+  ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` and ``gen_ai.tool.type`` ``function``; a failed
+  call sets status ERROR (``error.type`` ``tool_error``). An upstream MCP call made inside it
+  carries it as ``_meta.traceparent`` and, over HTTP, as the ``traceparent`` header
+  (:mod:`luftpause.runtime.upstream`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
+
+from luftpause import tracing
+
+if TYPE_CHECKING:
+    from mcp_types import RequestParamsMeta
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
+
+    from luftpause.runtime.run_record import Run
+
+PROVIDER = "luftpause"
+"""``gen_ai.provider.name`` of the chat spans: the turns go to luftpause's dataplane."""
+
+_parents: dict[str, Context] = {}
+"""Run handle -> the trace context its next ``invoke_agent`` starts in (from its spawn)."""
+_open: dict[str, Span] = {}
+"""Run handle -> its ``invoke_agent`` span while the run is driven (children start under it)."""
+
+
+def _meta_traceparent(ctx: Any) -> str | None:
+    """``params._meta.traceparent`` of the MCP request behind ``ctx`` (an SDK ``Context``), if any."""
+    try:
+        meta = ctx.request_context.meta
+    except (AttributeError, ValueError):
+        return None
+    if isinstance(meta, Mapping):
+        value = meta.get(tracing.TRACEPARENT)
+    else:
+        value = getattr(meta, tracing.TRACEPARENT, None)
+        if value is None:
+            value = (getattr(meta, "model_extra", None) or {}).get(tracing.TRACEPARENT)
+    return value if isinstance(value, str) else None
+
+
+def spawned(run: Run, ctx: Any | None) -> None:
+    """Remember where ``run``'s ``invoke_agent`` span belongs; call it when the run is started.
+
+    ``ctx`` is the MCP request's SDK ``Context`` (None for a run spawned by another run).
+    """
+    if not tracing.active:
+        return
+    if run.parent is not None and run.parent in _open:
+        _parents[run.handle] = trace.set_span_in_context(_open[run.parent])
+        return
+    if ctx is None:
+        return
+    meta_traceparent = _meta_traceparent(ctx)
+    current = trace.get_current_span()
+    if meta_traceparent and current.get_span_context().is_valid:
+        # The SDK's server span of this tools/call, itself the child of _meta.traceparent.
+        _parents[run.handle] = trace.set_span_in_context(current)
+        return
+    try:
+        headers = ctx.headers
+    except (AttributeError, ValueError):
+        headers = None
+    header = headers.get(tracing.TRACEPARENT) if headers is not None else None
+    chosen = meta_traceparent or header
+    if chosen:
+        context = tracing.parent(chosen)
+        if context is not None:
+            _parents[run.handle] = context
+    elif current.get_span_context().is_valid:
+        _parents[run.handle] = trace.set_span_in_context(current)
+
+
+@contextmanager
+def invoke_agent(run: Run) -> Iterator[None]:
+    """``run``'s ``invoke_agent`` span around one drive of it, current inside (so its turns and
+    tool calls are its children); records the run's outcome as it ends."""
+    if not tracing.active:
+        yield
+        return
+    agent = run.name or "sub-agent"
+    attributes: dict[str, str | bool] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.agent.id": run.handle,
+        "gen_ai.agent.name": agent,
+        "gen_ai.conversation.id": run.handle,
+        "gen_ai.request.model": run.model,
+        "luftpause.caller": run.caller,
+        "luftpause.service_class": run.service_class,
+    }
+    if run.parent is not None:
+        attributes["luftpause.parent_run"] = run.parent
+    if run.resumed:
+        attributes["luftpause.resumed"] = True
+    parent = _parents.pop(run.handle, None)
+    if parent is None and run.parent is not None and run.parent in _open:
+        parent = trace.set_span_in_context(_open[run.parent])
+    span = tracing.tracer().start_span(
+        f"invoke_agent {agent}", context=parent, kind=SpanKind.INTERNAL, attributes=attributes
+    )
+    _open[run.handle] = span
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=True, set_status_on_exception=False):
+            yield
+    finally:
+        if _open.get(run.handle) is span:
+            del _open[run.handle]
+        span.set_attribute("luftpause.state", run.state)
+        span.set_attribute("luftpause.turns", run.turns)
+        span.set_attribute("luftpause.tool_calls", run.tool_calls)
+        span.set_attribute("gen_ai.usage.input_tokens", run.prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", run.completion_tokens)
+        if run.state == "failed":
+            span.set_status(StatusCode.ERROR, run.error or "failed")
+        span.end()
+
+
+@contextmanager
+def chat(run: Run) -> Iterator[Span | None]:
+    """A ``chat`` span around one model turn of ``run`` (current inside: the dataplane request
+    carries it, :func:`traceparent_headers`); None when tracing is off. Record the reply with
+    :func:`chat_reply`."""
+    if not tracing.active:
+        yield None
+        return
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": run.model,
+        "gen_ai.conversation.id": run.handle,
+    }
+    if run.max_tokens > 0:
+        attributes["gen_ai.request.max_tokens"] = run.max_tokens  # type: ignore[assignment]
+    with tracing.tracer().start_as_current_span(
+        f"chat {run.model}", kind=SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        yield span
+
+
+def chat_reply(span: Span | None, reply: dict[str, Any]) -> None:
+    """Record an OpenAI ``chat.completion`` reply (usage, finish reasons, id, model) on ``span``."""
+    if span is None:
+        return
+    usage = reply.get("usage")
+    if isinstance(usage, dict):
+        for key, attribute in (
+            ("prompt_tokens", "gen_ai.usage.input_tokens"),
+            ("completion_tokens", "gen_ai.usage.output_tokens"),
+        ):
+            if type(usage.get(key)) is int:
+                span.set_attribute(attribute, usage[key])
+    reasons = [
+        str(choice["finish_reason"])
+        for choice in reply.get("choices") or ()
+        if isinstance(choice, dict) and choice.get("finish_reason")
+    ]
+    if reasons:
+        span.set_attribute("gen_ai.response.finish_reasons", reasons)
+    for key, attribute in (("id", "gen_ai.response.id"), ("model", "gen_ai.response.model")):
+        if isinstance(reply.get(key), str):
+            span.set_attribute(attribute, reply[key])
+
+
+def traceparent_headers() -> dict[str, str]:
+    """The W3C headers naming the current span (the turn's ``chat`` span) as parent; empty when
+    tracing is off."""
+    if not tracing.active:
+        return {}
+    return tracing.headers_of(trace.get_current_span())
+
+
+@contextmanager
+def execute_tool(call: Any) -> Iterator[Span | None]:
+    """An ``execute_tool`` span around one tool call (``call``: the model's OpenAI tool call);
+    current inside, so an upstream MCP call made in it carries it. Record the outcome with
+    :func:`tool_outcome`."""
+    if not tracing.active:
+        yield None
+        return
+    function = call.get("function") if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    tool = name if isinstance(name, str) and name else "unknown"
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.type": "function",
+    }
+    call_id = call.get("id") if isinstance(call, dict) else None
+    if isinstance(call_id, str) and call_id:
+        attributes["gen_ai.tool.call.id"] = call_id
+    with tracing.tracer().start_as_current_span(
+        f"execute_tool {tool}", kind=SpanKind.INTERNAL, attributes=attributes
+    ) as span:
+        yield span
+
+
+def tool_outcome(span: Span | None, failed: bool, text: str) -> None:
+    """A failed tool call (``text`` begins ``Error``) sets ``span``'s status to ERROR."""
+    if span is not None and failed:
+        span.set_attribute("error.type", "tool_error")
+        span.set_status(StatusCode.ERROR, text[:200])
+
+
+def current_meta() -> RequestParamsMeta | None:
+    """``_meta`` for an MCP request made in the current span: its ``traceparent`` (and
+    ``tracestate``); None when tracing is off or no span is current."""
+    if not tracing.active:
+        return None
+    headers = tracing.headers_of(trace.get_current_span())
+    return cast("RequestParamsMeta", dict(headers)) if headers else None

@@ -1,0 +1,157 @@
+"""One sub-agent run, one trace across the three processes, seen at a real OTLP/HTTP receiver.
+
+The receiver (``luftpause.testkit.otlp_receiver``, protobuf decoded with ``opentelemetry-proto``)
+runs as its own process; the stack is started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at it
+and a 100 ms batch-export delay. A run is spawned with the real ``mcp`` client whose HTTP requests
+carry a ``traceparent``; every span of that run must be in the caller's trace, with the parent
+links invoke_agent -> chat -> dataplane turn -> admit and invoke_agent -> execute_tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN_ID = "b7ad6b7169203331"
+TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN_ID}-01"
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The OTLP/HTTP receiver process; its base URL."""
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("otlp")
+    child = ChildProcess(
+        "otlp-receiver",
+        ["--port", str(port)],
+        workdir / "otlp.log",
+        ready_url=f"http://127.0.0.1:{port}/health",
+        program=(sys.executable, "-m", "luftpause.testkit.otlp_receiver"),
+    )
+    child.start()
+    try:
+        child.wait_ready()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        child.stop()
+
+
+@pytest.fixture(scope="module")
+def traced_stack(tmp_path_factory: pytest.TempPathFactory, receiver: str) -> Iterator[Stack]:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    stack = Stack.start(Path(tmp_path_factory.mktemp("traced")), tool_rounds=1, env=env)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def received(receiver: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{receiver}/spans", timeout=10) as response:
+        spans: list[dict[str, Any]] = orjson.loads(response.read())
+        return spans
+
+
+def spawn_and_await(stack: Stack) -> dict[str, Any]:
+    async def scenario() -> dict[str, Any]:
+        http_client = create_mcp_http_client(headers={"traceparent": TRACEPARENT})
+        async with (
+            http_client,
+            Client(streamable_http_client(stack.runtime_url, http_client=http_client)) as client,
+        ):
+            spawned = await client.call_tool("spawn", {"task": "Find two facts about tides."})
+            assert not spawned.is_error, spawned
+            handle = spawned.structured_content["handle"]  # type: ignore[index]
+            awaited = await client.call_tool("await", {"handles": [handle], "timeout": 120})
+            assert not awaited.is_error, awaited
+            run: dict[str, Any] = awaited.structured_content["runs"][0]  # type: ignore[index]
+            return run
+
+    return asyncio.run(scenario())
+
+
+def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
+    traced_stack: Stack, receiver: str
+) -> None:
+    run = spawn_and_await(traced_stack)
+    assert run["state"] == "completed", run
+    assert run["toolCalls"] >= 1
+
+    def wanted(spans: list[dict[str, Any]]) -> bool:
+        names = {(s["service"], s["name"].split(" ")[0]) for s in spans if s["trace_id"] == TRACE_ID}
+        return {
+            ("luftpause-runtime", "invoke_agent"),
+            ("luftpause-runtime", "chat"),
+            ("luftpause-runtime", "execute_tool"),
+            ("luftpause-dataplane", "chat"),
+            ("luftpause-scheduler", "admit"),
+        } <= names and len([s for s in spans if s["name"] == "admit" and s["trace_id"] == TRACE_ID]) >= 2
+
+    deadline = time.monotonic() + 30
+    spans = received(receiver)
+    while not wanted(spans) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        spans = received(receiver)
+    ours = [s for s in spans if s["trace_id"] == TRACE_ID]
+    assert wanted(spans), (ours, traced_stack.logs())
+
+    by_id = {s["span_id"]: s for s in ours}
+
+    def of(service: str, operation: str) -> list[dict[str, Any]]:
+        return [s for s in ours if s["service"] == service and s["name"].split(" ")[0] == operation]
+
+    (agent,) = of("luftpause-runtime", "invoke_agent")
+    assert agent["parent_span_id"] == CALLER_SPAN_ID  # the spawn request's traceparent
+    assert agent["attributes"]["gen_ai.agent.id"] == run["handle"]
+    assert agent["attributes"]["gen_ai.operation.name"] == "invoke_agent"
+    assert agent["attributes"]["luftpause.state"] == "completed"
+
+    chats = of("luftpause-runtime", "chat")
+    assert len(chats) == run["turns"] >= 2  # a tool round, then the answer
+    for chat in chats:
+        assert chat["parent_span_id"] == agent["span_id"]
+        assert chat["name"] == f"chat {traced_stack.model}"
+        assert chat["attributes"]["gen_ai.usage.output_tokens"] > 0
+        assert chat["attributes"]["gen_ai.response.finish_reasons"]
+
+    tools = of("luftpause-runtime", "execute_tool")
+    assert len(tools) == run["toolCalls"]
+    for tool in tools:
+        assert tool["parent_span_id"] == agent["span_id"]
+        assert tool["attributes"]["gen_ai.tool.name"] == tool["name"].split(" ", 1)[1]
+        assert tool["attributes"]["gen_ai.tool.call.id"]
+
+    turns = of("luftpause-dataplane", "chat")
+    assert len(turns) == len(chats)
+    for turn in turns:
+        assert by_id[turn["parent_span_id"]]["service"] == "luftpause-runtime"
+        assert by_id[turn["parent_span_id"]]["name"].startswith("chat ")
+        assert turn["attributes"]["luftpause.run_id"] == run["handle"]
+        assert turn["attributes"]["luftpause.replica"] in ("sim-0", "sim-1")
+
+    admits = of("luftpause-scheduler", "admit")
+    assert len(admits) == len(turns)
+    turn_ids = {t["span_id"] for t in turns}
+    for admit in admits:
+        assert admit["parent_span_id"] in turn_ids
+        parent = by_id[admit["parent_span_id"]]
+        assert admit["attributes"]["luftpause.replica"] == parent["attributes"]["luftpause.replica"]
+        assert admit["attributes"]["luftpause.held_ms"] >= 0
+        assert admit["attributes"]["luftpause.turn_id"] == parent["attributes"]["luftpause.turn_id"]
