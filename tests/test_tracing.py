@@ -8,6 +8,7 @@ the three real processes at a real OTLP receiver are ``test_tracing_stack.py``'s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -15,14 +16,18 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from runtime_helpers import make_run
 
 from luftpause import tracing
 from luftpause.config import parse_config
+from luftpause.runtime import run_spans
+from luftpause.runtime.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.testkit.procs import free_port
@@ -54,10 +59,11 @@ def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
 
 async def until_spans(exporter: InMemorySpanExporter, name: str, count: int) -> list[ReadableSpan]:
     """The finished spans called ``name`` once there are ``count`` of them (10 s at most)."""
-    async with asyncio.timeout(10):
-        while len(found := named(exporter, name)) < count:
-            await asyncio.sleep(0.01)
-    return found
+    for _ in range(1000):  # the exporter has nothing to wait on: polled every 10 ms
+        if len(found := named(exporter, name)) >= count:
+            return found
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{len(named(exporter, name))} {name!r} spans, not {count}")
 
 
 # --- the shared module ------------------------------------------------------------------------------
@@ -183,7 +189,12 @@ async def scheduler() -> AsyncIterator[SchedulerStream]:
 
 def admit_request(turn_id: str, run_id: str, traceparent: str = "") -> pb.AdmitRequest:
     return pb.AdmitRequest(
-        turn_id=turn_id, run_id=run_id, model="m", caller="ann", dataplane_id="dp-test", traceparent=traceparent
+        turn_id=turn_id,
+        run_id=run_id,
+        model="m",
+        caller="ann",
+        dataplane_id="dp-test",
+        traceparent=traceparent,
     )
 
 
@@ -228,7 +239,9 @@ async def test_a_held_admit_span_lasts_until_its_placement_and_counts_the_wait(
 
 
 @pytest.mark.anyio
-async def test_a_refused_admit_span_is_an_error(spans: InMemorySpanExporter, scheduler: SchedulerStream) -> None:
+async def test_a_refused_admit_span_is_an_error(
+    spans: InMemorySpanExporter, scheduler: SchedulerStream
+) -> None:
     request = admit_request("t1", "r1")
     request.model = "no-such-model"
     await scheduler.send(admit=request)
@@ -286,3 +299,92 @@ async def test_no_admit_span_while_tracing_is_off(scheduler: SchedulerStream) ->
     await scheduler.answer("t1")
     assert exporter.get_finished_spans() == ()
     provider.shutdown()
+
+
+# --- the runtime: run, turn and tool-call spans ---------------------------------------------------
+
+
+def test_a_child_runs_invoke_agent_span_is_a_child_of_its_parent_runs(spans: InMemorySpanExporter) -> None:
+    parent = make_run("run-parent", name="planner")
+    child = make_run("run-child", parent="run-parent")
+    with run_spans.invoke_agent(parent):
+        run_spans.spawned(child, None)  # spawned by the parent run (no MCP request)
+    with run_spans.invoke_agent(child):
+        pass
+    (outer,) = named(spans, "invoke_agent planner")
+    (inner,) = named(spans, "invoke_agent sub-agent")
+    assert inner.parent is not None and inner.parent.span_id == outer.context.span_id
+    assert inner.context.trace_id == outer.context.trace_id
+    attributes = inner.attributes or {}
+    assert attributes["gen_ai.agent.id"] == "run-child"
+    assert attributes["gen_ai.conversation.id"] == "run-child"
+    assert attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert attributes["luftpause.parent_run"] == "run-parent"
+
+
+def test_chat_and_execute_tool_spans_are_children_of_invoke_agent_with_genai_attributes(
+    spans: InMemorySpanExporter,
+) -> None:
+    run = make_run("run-1")
+    reply = {
+        "id": "chatcmpl-1",
+        "model": "m-served",
+        "choices": [{"finish_reason": "tool_calls", "message": {}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+    }
+    call = {"id": "call_7", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    with run_spans.invoke_agent(run):
+        with run_spans.chat(run) as chat_span:
+            headers = run_spans.traceparent_headers()
+            run_spans.chat_reply(chat_span, reply)
+        with run_spans.execute_tool(call) as tool_span:
+            meta = run_spans.current_meta()
+            run_spans.tool_outcome(tool_span, True, "Error: no such page")
+    (agent,) = named(spans, "invoke_agent sub-agent")
+    (chat,) = named(spans, f"chat {run.model}")
+    (tool,) = named(spans, "execute_tool lookup")
+    assert chat.kind is SpanKind.CLIENT
+    for span in (chat, tool):
+        assert span.parent is not None and span.parent.span_id == agent.context.span_id
+    context = chat.context
+    assert (
+        headers["traceparent"]
+        == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    )
+    assert meta is not None and tracing.trace_id_of(meta["traceparent"]) == f"{tool.context.trace_id:032x}"
+    chat_attributes = chat.attributes or {}
+    assert chat_attributes["gen_ai.usage.input_tokens"] == 12
+    assert chat_attributes["gen_ai.usage.output_tokens"] == 5
+    assert chat_attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert chat_attributes["gen_ai.response.id"] == "chatcmpl-1"
+    tool_attributes = tool.attributes or {}
+    assert tool_attributes["gen_ai.tool.name"] == "lookup"
+    assert tool_attributes["gen_ai.tool.call.id"] == "call_7"
+    assert tool.status.status_code is StatusCode.ERROR
+
+
+def test_no_runtime_spans_or_headers_while_tracing_is_off() -> None:
+    run = make_run("run-off")
+    with run_spans.invoke_agent(run), run_spans.chat(run) as span:
+        assert span is None
+        assert run_spans.traceparent_headers() == {}
+        assert run_spans.current_meta() is None
+
+
+@pytest.mark.anyio
+async def test_an_http_tool_call_carries_its_meta_traceparent_as_the_header(
+    spans: InMemorySpanExporter,
+) -> None:
+    value = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "x", "_meta": {"traceparent": value}},
+    }
+    request = httpx2.Request("POST", "http://127.0.0.1:1/mcp", content=json.dumps(body).encode())
+    await _traceparent_header(request)
+    assert request.headers["traceparent"] == value
+    plain = httpx2.Request("POST", "http://127.0.0.1:1/mcp", content=b'{"jsonrpc": "2.0", "method": "ping"}')
+    await _traceparent_header(plain)
+    assert "traceparent" not in plain.headers
