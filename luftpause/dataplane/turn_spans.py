@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from luftpause.dataplane.relay import Turn
 
+
 def start(turn: Turn) -> Span:
     """Start ``turn``'s span (a child of its client's ``traceparent``, if it sent one)."""
     operation = "decide" if turn.single_pass else "chat"
