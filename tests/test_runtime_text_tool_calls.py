@@ -216,3 +216,23 @@ def test_never_raises_and_recovers_only_offered_names(text: str) -> None:
 @pytest.mark.parametrize("around", ["Sure: {}", "{} Done.", "ok\n{}", "{}\n\nok"])
 def test_any_recovered_form_with_words_around_it_is_not_recovered(text: str, around: str) -> None:
     assert recover_tool_call(around.format(text), OFFERED) is None
+
+
+# Found by the review (issue 5): each was not recovered, or was recovered with a non-JSON number.
+REVIEW_RECOVERED: list[tuple[str, str]] = [
+    (
+        "llama JSON ended by eot_id, no python_tag",
+        '{"name": "search", "parameters": ' + json.dumps(ARGS) + "}<|eot_id|>",
+    ),
+    ("leading byte order mark", "\ufeff" + json.dumps({"name": "search", "arguments": ARGS})),
+]
+
+
+@pytest.mark.parametrize("text", [c[1] for c in REVIEW_RECOVERED], ids=[c[0] for c in REVIEW_RECOVERED])
+def test_review_cases_are_recovered(text: str) -> None:
+    assert recover_tool_call(text, OFFERED) == RecoveredCall("search", ARGS)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_call_with_nan_or_infinity_is_not_recovered(constant: str) -> None:
+    assert recover_tool_call('{"name": "search", "arguments": {"limit": ' + constant + "}}", OFFERED) is None

@@ -599,3 +599,19 @@ def test_a_schema_changed_after_use_is_checked_as_it_now_is() -> None:
     assert prepare_arguments({"n": "3"}, schema()) == {"n": 3}
     with pytest.raises(ToolArgumentsError, match="is not of type 'integer'"):
         prepare_arguments({"n": "x"}, schema())
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_refused_as_invalid_json(constant: str) -> None:
+    """``json.loads`` accepts them by default; they are not JSON and reached the tool as floats."""
+    with pytest.raises(ToolArgumentsError, match=f"{constant.lstrip('-')}.* is not a JSON number"):
+        prepare_arguments('{"query": "q", "limit": ' + constant + "}", SEARCH)
+    with pytest.raises(ToolArgumentsError, match="not a JSON number"):
+        prepare_arguments(json.dumps('{"query": "q", "weight": ' + constant + "}"), SEARCH)
+
+
+def test_all_of_shows_every_part_not_any() -> None:
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]}
+    assert expected_shape(schema) == "{\"a\"?: integer}"  # the bare "required" part shows nothing
+    both = {"allOf": [{"type": "integer"}, {"type": "number"}]}
+    assert expected_shape(both) == "integer & number"

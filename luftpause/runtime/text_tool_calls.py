@@ -71,7 +71,7 @@ def recover_tool_call(text: str, offered: Iterable[str]) -> RecoveredCall | None
     """
     if not isinstance(text, str):
         return None
-    body = text.strip()
+    body = text.lstrip("\ufeff").strip()  # a leading byte order mark is no text of the model's
     fenced = _FENCE.fullmatch(body)
     if fenced is not None:
         body = fenced.group(1).strip()
@@ -86,6 +86,9 @@ def recover_tool_call(text: str, offered: Iterable[str]) -> RecoveredCall | None
         body = body.removeprefix(TOOL_CALL_OPEN).rstrip().removesuffix(TOOL_CALL_CLOSE)
     else:
         marked = False
+        # Llama's JSON form without <|python_tag|> still ends with its end-of-turn token.
+        for end in LLAMA_END_TOKENS:
+            body = body.strip().removesuffix(end)
     call = _parse_call(body.strip(), marked)
     if call is None or call.name not in set(offered):
         return None
@@ -103,8 +106,8 @@ def _parse_call(body: str, marked: bool) -> RecoveredCall | None:
     if not body.startswith("{"):
         return None
     try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
+        value = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # NaN and Infinity too: not JSON (RFC 8259 section 6)
         return None
     if not isinstance(value, dict) or not set(value) <= _ALLOWED_KEYS:
         return None
@@ -122,3 +125,7 @@ def _parse_call(body: str, marked: bool) -> RecoveredCall | None:
     if not isinstance(arguments, dict | str):
         return None
     return RecoveredCall(name, arguments)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

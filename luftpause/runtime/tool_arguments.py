@@ -175,6 +175,12 @@ class _NotAnObject(ValueError):
     """The arguments are not a JSON object; the message says what they are instead."""
 
 
+def _refuse_constant(name: str) -> Any:
+    """``json.loads`` takes ``NaN``, ``Infinity`` and ``-Infinity``, which are not JSON (RFC 8259
+    section 6) and which no tool can mean: refused as invalid JSON."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _as_object(raw: object) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -186,9 +192,10 @@ def _as_object(raw: object) -> dict[str, Any]:
         text = raw.decode() if isinstance(raw, bytes | bytearray) else raw
         if not text.strip():
             return {}
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant)
         if isinstance(value, str) and value.lstrip().startswith("{"):
-            value = json.loads(value)  # double-encoded: JSON text of the JSON text of an object
+            # double-encoded: JSON text of the JSON text of an object
+            value = json.loads(value, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise _NotAnObject(f"arguments are not valid JSON: {_one_line(exc)}") from None
     if not isinstance(value, dict):
@@ -500,6 +507,13 @@ def _shape(schema: object, root: Mapping[str, Any], depth: int) -> str:
         alternatives = schema.get(keyword)
         if isinstance(alternatives, list) and alternatives:
             return " | ".join(_grouped(_shape(item, root, depth + 1)) for item in alternatives)
+    every = schema.get("allOf")
+    if isinstance(every, list) and every:
+        # Every part must hold: shown as the parts joined by "&" (the schema's own keys too).
+        rest = {k: v for k, v in schema.items() if k != "allOf"}
+        parts = [_shape(item, root, depth + 1) for item in ([rest] if rest else []) + every]
+        shown = [p for p in parts if p != "any"]
+        return " & ".join(_grouped(p) for p in shown) if shown else "any"
     types = _declared_types(schema)
     if not types:
         if "properties" in schema or "additionalProperties" in schema:
