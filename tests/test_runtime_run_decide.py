@@ -164,13 +164,57 @@ def test_decide_without_labels_asks_the_single_pass_replica(stack: Stack) -> Non
     [
         ({"input": "x", "labels": ["only"]}, "labels"),
         ({"input": "x", "labels": ["same", "same"]}, "distinct"),
+        ({"input": "x", "labels": ["Yes", "yes", "no"]}, "distinct ignoring case: 'Yes' and 'yes'"),
         ({"input": "x", "labels": [f"label{i}" for i in range(21)]}, "labels"),
         ({"input": "x", "model": "no-such-model"}, "no single-pass replica"),
         ({"input": "x", "labels": ["good", "bad"], "model": CLASSIFIER}, CLASSIFIER),
     ],
-    ids=["one-label", "duplicates", "21-labels", "unknown-single-pass", "labels-on-a-classifier"],
+    ids=[
+        "one-label",
+        "duplicates",
+        "case-duplicates",
+        "21-labels",
+        "unknown-single-pass",
+        "labels-on-a-classifier",
+    ],
 )
 def test_decide_refuses_bad_input(stack: Stack, arguments: dict[str, Any], expected: str) -> None:
     result = call(stack, "decide", arguments)
     assert result.is_error
     assert expected in _text(result), _text(result)
+
+
+def test_decide_waits_out_a_429_like_a_turn_does() -> None:
+    """A 429 from the dataplane failed ``decide`` at once; it is now retried after Retry-After."""
+    from aiohttp import ClientSession, web
+
+    from luftpause.runtime.decide import Decider
+    from luftpause.testkit.procs import free_port
+
+    answers = [
+        web.json_response({"error": {"message": "queue full"}}, status=429, headers={"Retry-After": "0"}),
+        web.json_response({"data": [{"label": "spam", "probs": [0.9, 0.1], "num_classes": 2}]}),
+    ]
+    seen: list[str] = []
+
+    async def decide(request: web.Request) -> web.Response:
+        seen.append(request.headers["x-luftpause-caller"])
+        return answers.pop(0)
+
+    async def scenario() -> dict[str, Any]:
+        app = web.Application()
+        app.router.add_post("/v1/decide", decide)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with ClientSession() as session:
+                decider = Decider(f"http://127.0.0.1:{port}", session, None)
+                return await decider.single_pass("buy now", "clf", "Zoë\r\n")
+        finally:
+            await runner.cleanup()
+
+    result = asyncio.run(scenario())
+    assert result["label"] == "spam"
+    assert seen == ["Zo%C3%AB%0D%0A"] * 2  # the caller header is encoded as for turns

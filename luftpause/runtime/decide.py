@@ -33,6 +33,7 @@ status and message, a reply without what is needed) raise :class:`DecideFailed`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import secrets
@@ -41,7 +42,7 @@ from typing import Any
 import aiohttp
 
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.loop import header_safe
+from luftpause.runtime.loop import header_safe, retry_after_seconds
 
 MIN_LABELS = 2
 MAX_LABELS = 20
@@ -105,21 +106,40 @@ class Decider:
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        url = f"{self.base_url}{path}"
-        try:
-            async with self.session.post(
-                url,
-                json=body,
-                headers={**self._auth, **headers},
-                timeout=aiohttp.ClientTimeout(total=DECIDE_TIMEOUT_SECONDS),
-            ) as response:
-                raw = await response.read()
-                if response.status >= 400:
-                    raise DecideFailed(f"dataplane {path} answered {response.status}: {_message(raw)}")
-        except aiohttp.ClientError as exc:
-            raise DecideFailed(f"dataplane {url}: {exc or type(exc).__name__}") from exc
-        except TimeoutError as exc:
-            raise DecideFailed(f"dataplane {url}: no answer within {DECIDE_TIMEOUT_SECONDS:.0f} s") from exc
+        """POST ``body`` to ``path``; the reply as a JSON object. A 429 is waited out after its
+        ``Retry-After`` (else 1 s: :func:`~luftpause.runtime.loop.retry_after_seconds`, as a
+        run's turn is) and retried, all within :data:`DECIDE_TIMEOUT_SECONDS`. Raises
+        :class:`DecideFailed`."""
+        url = f"{self.base_url}/{path.lstrip('/')}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DECIDE_TIMEOUT_SECONDS
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise DecideFailed(f"dataplane {url}: no answer within {DECIDE_TIMEOUT_SECONDS:.0f} s")
+            try:
+                async with self.session.post(
+                    url,
+                    json=body,
+                    headers={**self._auth, **headers},
+                    timeout=aiohttp.ClientTimeout(total=left),
+                ) as response:
+                    raw = await response.read()
+                    if response.status == 429:
+                        delay = retry_after_seconds(response.headers.get("Retry-After"))
+                        if loop.time() + delay >= deadline:
+                            raise DecideFailed(f"dataplane {path} answered 429: {_message(raw)}")
+                        await asyncio.sleep(delay)
+                        continue
+                    if response.status >= 400:
+                        raise DecideFailed(f"dataplane {path} answered {response.status}: {_message(raw)}")
+            except aiohttp.ClientError as exc:
+                raise DecideFailed(f"dataplane {url}: {exc or type(exc).__name__}") from exc
+            except TimeoutError as exc:
+                raise DecideFailed(
+                    f"dataplane {url}: no answer within {DECIDE_TIMEOUT_SECONDS:.0f} s"
+                ) from exc
+            break
         try:
             reply = json.loads(raw)
         except ValueError as exc:

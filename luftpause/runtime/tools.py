@@ -678,14 +678,25 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 kinds = (r.models for r in replicas if r.kind == "single_pass")
                 single_pass = list(dict.fromkeys(m for models in kinds for m in models))
                 chosen = model or (single_pass[0] if single_pass else None)
-                if chosen is None or chosen not in single_pass:
+                if chosen is None:
+                    raise ToolError(
+                        "no single-pass model is configured (no [[replicas]] of kind single_pass); "
+                        "give 2-20 labels to decide on a generative model"
+                    )
+                if chosen not in single_pass:
                     raise ToolError(
                         f"no single-pass replica serves {chosen!r}; single-pass models: "
                         f"{', '.join(single_pass) or 'none configured'} (or give labels)"
                     )
                 return await runtime.decider.single_pass(input, chosen, caller)
-            if len(set(labels)) != len(labels):
-                raise ToolError("labels must be distinct")
+            # Scoring matches the first token case-insensitively, so "Yes" and "yes" would share
+            # one score: labels must differ in more than case.
+            seen: dict[str, str] = {}
+            for label in labels:
+                key = label.strip().casefold()
+                if key in seen:
+                    raise ToolError(f"labels must be distinct ignoring case: {seen[key]!r} and {label!r}")
+                seen[key] = label
             chosen = model or runtime.config.default_model
             served = generative_models(runtime)
             if chosen not in served:
