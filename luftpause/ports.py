@@ -7,6 +7,7 @@ bind (SO_REUSEADDR only, which passes TIME_WAIT leftovers) fails on a port anyon
 
 from __future__ import annotations
 
+import argparse
 import errno
 import socket
 
@@ -36,3 +37,18 @@ def refuse_if_in_use(command: str, address: str) -> None:
         raise SystemExit(f"luftpause {command}: cannot listen on {address}: {exc.strerror}") from None
     if taken:
         raise SystemExit(f"luftpause {command}: {address} is already in use; stop what listens there first")
+
+
+def port_number(text: str) -> int:
+    """An ``argparse`` type for a TCP port to listen on: an integer from 1 to 65535.
+
+    Raises ``argparse.ArgumentTypeError`` otherwise (0 would bind a random port unannounced, and
+    beyond 65535 the socket layer raises ``OverflowError``).
+    """
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, not {port}")
+    return port

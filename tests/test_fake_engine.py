@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -17,9 +18,12 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 from prometheus_client.parser import text_string_to_metric_families
 
+from luftpause.cli import main as cli_main
+from luftpause.testkit.engine.faults import KINDS as FAULT_KINDS
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
 from luftpause.testkit.engine.toolargs import ArgumentMaker
 from luftpause.testkit.fake_engine import RunningEngine
+from luftpause.testkit.fake_engine import add_arguments as add_engine_arguments
 from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
@@ -489,6 +493,14 @@ async def test_unknown_model_is_404(engine: RunningEngine) -> None:
     assert engine.stats.requests == 0
 
 
+def _deep_schema(levels: int) -> dict[str, Any]:
+    """An object schema whose one required property nests ``levels`` objects deep."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -518,6 +530,18 @@ async def test_unknown_model_is_404(engine: RunningEngine) -> None:
                 "tool_choice": {"type": "function", "function": {"name": "absent"}},
             }
         ).encode(),
+        # Nested 100,000 deep: a RecursionError (500) once; 400 as the dataplane answers it.
+        b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        # A tool schema too deep to fill arguments for without recursing past Python's limit.
+        json.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [
+                    {"type": "function", "function": {"name": "deep", "parameters": _deep_schema(400)}}
+                ],
+            }
+        ).encode(),
     ],
 )
 async def test_malformed_body_is_400(engine: RunningEngine, body: bytes) -> None:
@@ -532,6 +556,40 @@ async def test_malformed_body_is_400(engine: RunningEngine, body: bytes) -> None
         error = (await resp.json())["error"]
     assert isinstance(error["message"], str) and error["message"]
     assert engine.stats.requests == 0
+
+
+async def test_a_deeply_nested_classify_body_is_400(engine: RunningEngine) -> None:
+    body = b'{"model": "m", "input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with aiohttp.ClientSession() as session, session.post(engine.url + "/classify", data=body) as resp:
+        assert resp.status == 400
+        assert "not valid JSON" in (await resp.json())["error"]["message"]
+
+
+@pytest.mark.parametrize("command", ["fake-engine", "fake-mcp"])
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_a_port_outside_1_to_65535_is_refused(
+    command: str, port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main([command, "--port", port])
+    assert exited.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["", "  "])
+def test_an_empty_model_name_is_refused(model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["fake-engine", "--model", model])
+    assert exited.value.code == 2
+    assert "a model name must not be empty" in capsys.readouterr().err
+
+
+def test_the_fault_help_names_every_fault_kind() -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for kind in FAULT_KINDS:
+        assert kind in text, kind
 
 
 # --- scheduling ----------------------------------------------------------------------------------

@@ -32,8 +32,9 @@ import signal
 
 import uvloop
 
+from luftpause.ports import port_number
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
-from luftpause.testkit.engine.faults import parse_fault_option
+from luftpause.testkit.engine.faults import KINDS, parse_fault_option
 from luftpause.testkit.engine.settings import DEFAULT_MODEL, METRIC_NAMINGS, PRIORITY_ORDERS
 
 __all__ = [
@@ -52,9 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``fake-engine`` flags (defaults as :class:`EngineSettings`)."""
     defaults = EngineSettings()
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=30001, help="port to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--port", type=port_number, default=30001, help="port to listen on, 1-65535 (default: %(default)s)"
+    )
     parser.add_argument(
         "--model",
+        type=_model_name,
         action="append",
         default=None,
         metavar="NAME",
@@ -144,7 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fault",
         default=None,
         metavar="SPEC",
-        help="a fault for requests that ask for none: a kind (status, die_mid_stream, stall, slow, close) "
+        help=f"a fault for requests that ask for none: a kind ({', '.join(KINDS)}) "
         'or the JSON of the request field, e.g. \'{"kind": "status", "status": 429, "retry_after": 1}\'',
     )
     parser.add_argument(
@@ -154,6 +158,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="the fraction of requests (0 to 1) that get --fault, drawn from --seed (default: 1)",
     )
+
+
+def _model_name(text: str) -> str:
+    """An ``argparse`` type: a model name, not empty nor blank (a request could never name it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a model name must not be empty")
+    return text
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:

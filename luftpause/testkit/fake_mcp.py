@@ -34,6 +34,8 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from luftpause.ports import port_number
+
 TOOL_NAMES = ("lookup", "deep_search")
 
 # Seconds a tool takes: a quick lookup and a slower search.
@@ -127,7 +129,9 @@ def build_server(seed: int | None = 0, destructive: bool = False) -> MCPServer:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``fake-mcp`` flags."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=7100, help="port to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--port", type=port_number, default=7100, help="port to listen on, 1-65535 (default: %(default)s)"
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="fixes the tools' delays and text (default: %(default)s)"
     )

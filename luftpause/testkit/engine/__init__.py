@@ -1,15 +1,20 @@
 """The engine simulator behind ``luftpause fake-engine`` (entry point: :mod:`luftpause.testkit.fake_engine`).
 
 * :mod:`.settings`: what an engine serves and how fast it is (``EngineSettings``);
-* :mod:`.scheduling`: running slots and the FIFO waiting queue, with the counters (``EngineStats``);
-* :mod:`.costs`: prompt tokens, prefill and decode time (where a prefix cache and batch-size
-  effects would act);
+* :mod:`.scheduling`: running slots and the waiting queue (FIFO or by priority), with the counters
+  (``EngineStats``);
+* :mod:`.prefix_cache`: the per-replica prefix cache, bounded in tokens with LRU eviction, keyed by
+  the request's message prefix;
+* :mod:`.costs`: prompt tokens, and prefill time of the tokens the prefix cache did not hold plus
+  decode time that grows with the running batch;
 * :mod:`.replies`: what the simulated model says (tool rounds, then a final answer);
 * :mod:`.toolargs`: tool-call arguments valid against a JSON Schema;
 * :mod:`.wire`: the OpenAI chat completions wire format (requests, chunks, errors);
-* :mod:`.metrics`: ``/metrics`` with SGLang's names, through ``prometheus_client``;
-* :mod:`.faults`: misbehaviour on demand (refusals, cut streams, stalls, slow streams, closed
-  connections), per request (``"luftpause_fault"`` in the body) or for a seeded fraction of requests;
+* :mod:`.classify`: vLLM's ``/classify`` for a single-pass replica;
+* :mod:`.metrics`: ``/metrics`` under SGLang's or vLLM's names, through ``prometheus_client``;
+* :mod:`.faults`: misbehaviour on demand (refusals, cut streams, error events mid-stream, stalls,
+  slow streams, closed connections), per request (``"luftpause_fault"`` in the body) or for a
+  seeded fraction of requests;
 * :mod:`.server`: the aiohttp routes, ``start_engine`` and ``RunningEngine``.
 """
 

@@ -18,7 +18,6 @@ every run, and different inputs get different answers.
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import time
@@ -28,7 +27,7 @@ from typing import Any
 
 from luftpause.testkit.engine.costs import CHARS_PER_TOKEN
 from luftpause.testkit.engine.toolargs import stable_int
-from luftpause.testkit.engine.wire import RequestError
+from luftpause.testkit.engine.wire import RequestError, parse_json_body
 
 # Logits are drawn from [-LOGIT_SPAN / 2, +LOGIT_SPAN / 2]: wide enough for clear winners.
 LOGIT_SPAN = 6.0
@@ -46,10 +45,7 @@ class ClassifyRequest:
 def parse_classify_request(raw: bytes, served: Sequence[str]) -> ClassifyRequest:
     """Validate a ``/classify`` body; raises :class:`.wire.RequestError` (400 malformed, 404
     unknown model)."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+    body = parse_json_body(raw)
     if not isinstance(body, dict):
         raise RequestError(400, "request body must be a JSON object")
     model = body.get("model")

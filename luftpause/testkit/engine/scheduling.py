@@ -26,7 +26,8 @@ class EngineStats:
     sent their whole answer; ``disconnected`` those whose client left first (while waiting or
     running). ``running`` and ``waiting`` are the current counts; ``max_running_seen`` and
     ``max_waiting_seen`` the highest ever seen. ``faults`` counts the requests given each fault,
-    by kind (``"status"``, ``"die_mid_stream"``, ``"stall"``, ``"slow"``, ``"close"``; see
+    by kind (``"status"``, ``"die_mid_stream"``, ``"error_mid_stream"``, ``"stall"``, ``"slow"``,
+    ``"close"``; see
     :mod:`.faults`), whether from the request's own field or the engine's configured fault; a
     faulted request never counts as ``completed`` unless its answer was sent whole (``stall``,
     ``slow``).

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from luftpause.testkit.engine.faults import FIELD as FAULT_FIELD
 from luftpause.testkit.engine.faults import Fault, FaultSpecError, parse_fault
 from luftpause.testkit.engine.replies import ContentPiece, Piece, Reply, ToolCallStart
@@ -67,12 +69,37 @@ class ChatRequest:
     fault: Fault | None = None
 
 
-def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
-    """Validate a request body; raises :class:`RequestError` (400 malformed, 404 unknown model)."""
+MAX_SCHEMA_DEPTH = 64
+"""Deepest nesting of a tool's ``parameters`` schema the simulator fills arguments for; deeper
+ones are refused (400) rather than recursed into."""
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body as JSON (RFC 8259), parsed by orjson, whose nesting limit (1,024) and
+    refusal of lone surrogates and NaN turn such bodies into :class:`RequestError` 400, as the
+    dataplane answers them, instead of a ``RecursionError`` (500)."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (a scalar: 0), walked without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
+    """Validate a request body; raises :class:`RequestError` (400 malformed, too deeply nested or a
+    tool schema deeper than :data:`MAX_SCHEMA_DEPTH`, 404 unknown model)."""
+    body = parse_json_body(raw)
     if not isinstance(body, dict):
         raise RequestError(400, "request body must be a JSON object")
     model = body.get("model")
@@ -97,6 +124,9 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     if n != 1:
         raise RequestError(400, "the simulator answers only n=1", "n")
     tools = _tools(body)
+    for i, tool in enumerate(tools):
+        if nesting_depth(tool) > MAX_SCHEMA_DEPTH:
+            raise RequestError(400, f"tools[{i}] is nested deeper than {MAX_SCHEMA_DEPTH} levels", "tools")
     tool_choice = _tool_choice(body, tools)
     parallel = _optional(body, "parallel_tool_calls", bool, False)
     logprobs = _optional(body, "logprobs", bool, False)
