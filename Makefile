@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test install browser bench lint clean
+.PHONY: up test install browser bench bench-e2e bench-flood bench-fanout bench-all lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,22 @@ browser:
 test: $(STAMP) browser
 	$(VENV)/bin/python -m pytest
 
+# Benchmarks (bench/README.md has every command and its figures). `make bench` is the pytest
+# micro-benchmarks (a minute); the scripts take minutes each and load the machine: run them on a
+# quiet one. BENCH_ARGS passes options, e.g. make bench-flood BENCH_ARGS="--duration-s 30".
 bench: $(STAMP)
 	$(VENV)/bin/python -m pytest bench --benchmark-only
+
+bench-e2e: $(STAMP)
+	$(VENV)/bin/python bench/e2e_overhead.py $(BENCH_ARGS)
+
+bench-flood: $(STAMP)
+	$(VENV)/bin/python bench/flood.py $(BENCH_ARGS)
+
+bench-fanout: $(STAMP)
+	$(VENV)/bin/python bench/fanout.py $(BENCH_ARGS)
+
+bench-all: bench bench-e2e bench-flood bench-fanout
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check luftpause tests bench
