@@ -187,3 +187,42 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     assert turns == []
     assert run.state == "failed" and "could not be journaled" in (run.error or ""), run.error
     assert run.journal_error is not None and run.result()["durable"] is False
+
+
+def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path: Path) -> None:
+    """The parent (budgetSeconds 1, started 100 s ago) ended; its child was running at the crash.
+    After the restart nothing watched the parent's seconds and the child ran on unbounded."""
+    long_ago = time.time() - 100
+    _write(
+        tmp_path / JOURNAL_NAME,
+        [
+            {**_start("run-parent", budget_seconds=1.0), "at": long_ago},
+            {**_start("run-child", parent="run-parent"), "at": long_ago + 0.5},
+            {
+                "type": "end",
+                "handle": "run-parent",
+                "state": "completed",
+                "answer": "a",
+                "finishedAt": long_ago + 0.6,
+            },
+        ],
+    )
+
+    async def scenario() -> Run:
+        registry = RunRegistry(journal=Journal(tmp_path))
+        async with registry:
+
+            async def idle(run: Run) -> None:
+                await asyncio.Event().wait()
+
+            registry.resume(idle)
+            child = registry.get("run-child")
+            for _ in range(500):  # the timer fires at once (the budget ran out long ago)
+                if child.done:
+                    break
+                await asyncio.sleep(0.01)
+            return child
+
+    child = asyncio.run(scenario())
+    assert child.state == "cancelled", child.state
+    assert (child.error or "").startswith("budget exceeded: seconds"), child.error

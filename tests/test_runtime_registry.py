@@ -77,6 +77,32 @@ def test_the_cap_drops_the_oldest_finished_first_and_spares_running_runs() -> No
             registry.get(gone)
 
 
+def test_a_finished_ancestor_of_a_running_run_is_kept_so_its_budget_still_applies() -> None:
+    """The parent (budget 2 tool calls) finished long ago; its child still runs. The parent used
+    to be dropped after retention and its budget stopped bounding the child."""
+    clock = FakeClock()
+    registry = RunRegistry(retention_seconds=10, max_finished=1, clock=clock)
+    parent = registry.add(make_run("run-parent", budget_tool_calls=2))
+    child = registry.add(make_run("run-child", parent="run-parent"))
+    parent.finish("completed", answer="delegated")
+    others = [registry.add(make_run(f"run-other-{i}")) for i in range(3)]
+    for other in others:
+        other.finish("completed", answer="x")
+    clock.now += 100
+    assert registry.get("run-parent") is parent
+    assert {r.handle for r in registry.all()} == {"run-parent", "run-child"}
+    child.tool_calls = 3
+
+    async def check() -> None:  # cancelling looks at the current task
+        child.check_budgets()
+
+    asyncio.run(check())
+    assert child.state == "cancelled" and child.error == "budget exceeded: toolCalls 3/2"
+    clock.now += 100  # now nothing runs below it: dropped like any finished run
+    with pytest.raises(ExpiredRun):
+        registry.get("run-parent")
+
+
 def test_an_expired_handle_is_told_apart_from_one_never_issued() -> None:
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=60, clock=clock)

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from luftpause.runtime.budgets import budget_used, first_exceeded, subtree
+from luftpause.runtime.budgets import ancestors, budget_used, first_exceeded, subtree
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.journal import Journal, JournalWriteError
 from luftpause.runtime.run_record import (
@@ -248,12 +248,15 @@ class RunRegistry:
         before = self._tasks.get(run.handle)
         task = self._group.create_task(self._own(run, body, before), name=run.handle)
         self._tasks[run.handle] = task
-        if run.budget_seconds is not None:
-            delay = max(0.0, run.started_at + run.budget_seconds - time.time())
-            # A hair late on purpose: the check compares elapsed wall time with the limit.
-            self._timers[run.handle] = asyncio.get_running_loop().call_later(
-                delay + 0.01, self._seconds_up, run
-            )
+        # Its own seconds budget, and those of its ancestors that no timer watches (a finished
+        # ancestor replayed after a restart has none, yet its budget bounds this run).
+        for holder in ancestors(run, self._runs):
+            if holder.budget_seconds is not None and holder.handle not in self._timers:
+                delay = max(0.0, holder.started_at + holder.budget_seconds - time.time())
+                # A hair late on purpose: the check compares elapsed wall time with the limit.
+                self._timers[holder.handle] = asyncio.get_running_loop().call_later(
+                    delay + 0.01, self._seconds_up, holder
+                )
 
         def settled(_: asyncio.Task[None]) -> None:
             # A task cancelled before its first step (the runtime stopping right after a spawn)
@@ -429,13 +432,26 @@ class RunRegistry:
 
     def evict_expired(self) -> int:
         """Drop the finished runs whose retention time has passed, then the oldest finished ones
-        beyond ``max_finished``; returns how many were dropped. Running runs are never dropped."""
+        beyond ``max_finished``; returns how many were dropped. Running runs are never dropped,
+        nor the finished ancestors of a running run: their budgets still bound it (and the
+        chain of parents is how they are found)."""
         cutoff = self._clock() - self.retention_seconds
         dropped = 0
-        while self._ended_at:
-            handle, ended = next(iter(self._ended_at.items()))
-            if ended > cutoff and len(self._ended_at) <= self.max_finished:
+        over = len(self._ended_at) - self.max_finished
+        protected: set[str] | None = None
+        oldest = next(iter(self._ended_at.values()), None)
+        # The usual case first, without copying: the oldest finished run is not due yet.
+        due = list(self._ended_at.items()) if oldest is not None and (oldest <= cutoff or over > 0) else []
+        for handle, ended in due:
+            if ended > cutoff and over <= 0:
                 break
+            if protected is None:
+                protected = {
+                    a.handle for r in self._runs.values() if not r.done for a in ancestors(r, self._runs)
+                }
+            if handle in protected:
+                continue
+            over -= 1
             del self._ended_at[handle]
             self._runs.pop(handle, None)
             self._expired[handle] = None
