@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from mcp import Client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, Implementation, TextContent
 from runtime_helpers import make_run
 
 from luftpause.cli import main
@@ -267,6 +267,28 @@ def test_status_tool_and_http_status_list_the_runs(runtime: Runtime) -> None:
     assert run["subtree"] == own  # no children
     assert status["upstream"][0]["connected"] is True
     assert set(status["upstream"][0]["tools"]) == {"lookup", "deep_search"}
+
+
+def test_status_listings_carry_no_answer_text_and_page(runtime: Runtime) -> None:
+    """Every run's whole answer was in every listing, and listings were unbounded."""
+
+    async def scenario() -> tuple[list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        # A caller of its own (a 2026-07-28 client is its declared name): only these three runs.
+        async with Client(runtime.mcp_url, client_info=Implementation(name="pager", version="1")) as client:
+            handles = [await _spawn(client, f"Page {i}.") for i in range(3)]
+            await _await(client, handles)
+            one = _payload(await client.call_tool("status", {"handle": handles[0]}))
+            first = _payload(await client.call_tool("status", {"limit": 2}))
+            rest = _payload(await client.call_tool("status", {"limit": 2, "offset": first["nextOffset"]}))
+            return handles, one, first, rest
+
+    handles, one, first, rest = asyncio.run(scenario())
+    assert isinstance(one["run"]["answer"], str) and one["run"]["answer"]
+    assert first["total"] == rest["total"] == 3 and "nextOffset" not in rest
+    listed = first["runs"] + rest["runs"]
+    assert [run["handle"] for run in listed] == handles
+    assert all("answer" not in run and run["answerChars"] > 0 for run in listed)
+    assert listed[0]["answerChars"] == len(one["run"]["answer"])
 
 
 def test_a_200_kb_task_runs_and_only_status_for_its_handle_repeats_it_whole(runtime: Runtime) -> None:

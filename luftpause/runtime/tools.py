@@ -21,9 +21,11 @@ objects (``structuredContent``, and the same JSON as the text content)::
     decide(input, labels?: [2..20 labels], model?)
         -> {"mode": "single-pass", "model", "label", "probs", "numClasses"}     without labels
         -> {"mode": "labels", "model", "label", "probabilities", "unscored"}   with labels
-    status(handle?)
+    status(handle?, limit = 100 (at most 1000), offset = 0)
         -> {"run": run status, whole task}  or  {"runs": [run status of the caller's runs,
-                                                          task summarized]}
+                                                          task summarized, no answer text:
+                                                          "answerChars"], "total",
+                                                 "nextOffset"? (more to page through)}
     cancel(handle)
         -> {"handle", "cancelled": [handles stopped: the run and its running descendants]}
     send(handle, message)            handle: a handle or the name of one of your runs
@@ -315,6 +317,23 @@ def start_run(
     return run
 
 
+DEFAULT_STATUS_LIST = 100
+"""Runs ``status`` lists without a handle, by default (``limit``)."""
+
+MAX_STATUS_LIST = 1000
+"""Most runs one ``status`` listing gives; page with ``offset``."""
+
+
+def listed_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A run's status as a listing shows it: without its answer text (``answerChars`` gives its
+    length; ``status(handle)`` or ``await`` give it whole), so a listing stays small however
+    long the answers."""
+    answer = status.pop("answer", None)
+    if isinstance(answer, str):
+        status["answerChars"] = len(answer)
+    return status
+
+
 async def confirm_start(runtime: Runtime, run: Run) -> None:
     """Wait until ``run``'s start is journaled; raise :class:`ToolError` when it could not be (the
     run then fails without taking a turn), so no handle is acknowledged that a restart would lose."""
@@ -502,17 +521,31 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     @mcp.tool(
         name="status",
         description=(
-            "One run's status by `handle`, with its whole task, its parent and children; or, without "
-            "one, every run you spawned, each task cut to its first 200 characters (`taskChars` "
-            "gives the whole length)."
+            "One run's status by `handle`, with its whole task and answer, its parent and children; "
+            "or, without one, the runs you spawned (oldest first, at most `limit`, from `offset`; "
+            "`total` and `nextOffset` for paging), each task cut to its first 200 characters "
+            "(`taskChars` gives the whole length) and no answer text (`answerChars`)."
         ),
     )
-    async def status(ctx: Context, handle: str | None = None) -> dict[str, Any]:
+    async def status(
+        ctx: Context,
+        handle: str | None = None,
+        limit: Annotated[
+            int, Field(ge=1, le=MAX_STATUS_LIST, description="most runs listed (newest last)")
+        ] = DEFAULT_STATUS_LIST,
+        offset: Annotated[int, Field(ge=0, description="runs to skip, oldest first (paging)")] = 0,
+    ) -> dict[str, Any]:
         registry = runtime.registry
         if handle is None:
             caller = caller_of(ctx)
             held = registry.of_caller(caller)
-            listing: dict[str, Any] = {"runs": [registry.status_of(run) for run in held]}
+            page = held[offset : offset + limit]
+            listing: dict[str, Any] = {
+                "runs": [listed_status(registry.status_of(run)) for run in page],
+                "total": len(held),
+            }
+            if offset + limit < len(held):
+                listing["nextOffset"] = offset + limit
             events = runtime.pods.take_caller_events(caller)
             if events:
                 listing["events"] = events
