@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -14,9 +15,24 @@ if TYPE_CHECKING:
 
 WaitMode = Literal["all", "any"]
 
-# How often a long ``await`` tells its caller it is still waiting (seconds). Claude Code resets
-# its idle timeout on progress; a few seconds keeps every reasonable client waiting.
-PROGRESS_INTERVAL_SECONDS = 5.0
+PROGRESS_INTERVAL_ENV = "LUFTPAUSE_PROGRESS_INTERVAL_SECONDS"
+"""Environment variable that sets the progress interval (seconds, > 0; tests shorten it so a
+notification is certain within a run of a few seconds)."""
+
+
+def progress_interval_seconds(default: float = 5.0) -> float:
+    """How often a long ``await`` tells its caller it is still waiting (seconds): Claude Code
+    resets its idle timeout on progress, and a few seconds keeps every reasonable client waiting.
+    :data:`PROGRESS_INTERVAL_ENV` overrides ``default`` when it holds a finite number above 0."""
+    raw = os.environ.get(PROGRESS_INTERVAL_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
+PROGRESS_INTERVAL_SECONDS = progress_interval_seconds()
 
 
 async def wait_for_runs(
