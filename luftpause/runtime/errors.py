@@ -1,4 +1,5 @@
-"""Errors of the runtime, each knowing the HTTP status it maps to on ``GET /status``.
+"""Errors of the runtime, each with the HTTP status it would map to (``status``); only the
+monitor's routes answer HTTP with it today (:mod:`luftpause.runtime.monitor`).
 
 MCP tools report them to the harness as tool errors (``isError: true`` with the message as text);
 errors inside a sub-agent's loop end the run ``failed`` with the message as its ``error``, or, for a

@@ -39,7 +39,6 @@ interrupts.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -48,7 +47,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -65,7 +63,7 @@ from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
 from luftpause.runtime.decide import Decider
-from luftpause.runtime.journal import Journal
+from luftpause.runtime.journal import Journal, encode
 from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
 from luftpause.runtime.monitor import host_allowed, monitor_routes
 from luftpause.runtime.pods import Pods
@@ -129,17 +127,11 @@ class Runtime:
 
 
 def json_bytes(data: Any) -> bytes:
-    """``data`` as JSON bytes, whatever values it holds.
-
-    orjson refuses integers past 64 bits and strings with lone surrogates; the inputs that could
-    carry them are bounded or refused at ``spawn``, but ``GET /status`` must never fail on a value a
-    client sent, so anything orjson refuses is written by the standard library (any integer, every
-    string escaped to ASCII) instead.
-    """
-    try:
-        return orjson.dumps(data)
-    except orjson.JSONEncodeError:
-        return json.dumps(data, ensure_ascii=True).encode("ascii")
+    """``data`` as JSON bytes, whatever values it holds: the journal's :func:`encode` without its
+    newline (orjson, or the standard library escaped to ASCII for what orjson refuses: integers
+    past 64 bits, lone surrogates), since ``GET /status`` must never fail on a value a client
+    sent."""
+    return encode(data)[:-1]
 
 
 def _json(data: Any, status: int = 200) -> Response:

@@ -1,5 +1,5 @@
 """The runtime's MCP tools: ``spawn``, ``await``, ``run``, ``status``, ``cancel``, ``approve``,
-``decide``.
+``decide``, ``tools``, and the pods' ``send``, ``read``, ``stop``, ``list``.
 
 Argument names are camelCase on the wire, as in DESIGN.md ("The runtime"). Results are JSON
 objects (``structuredContent``, and the same JSON as the text content)::
