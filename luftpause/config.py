@@ -61,7 +61,10 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a TOML string is never read as a boolean or a number ("no" is not false, "2" not 2);
+    # an integer may still stand for a float (``dataplane_grace_s = 2``). TOML arrays arrive as
+    # tuples (:func:`_arrays_as_tuples`), which strict mode asks for.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _host_port(value: str) -> str:
@@ -71,13 +74,19 @@ def _host_port(value: str) -> str:
     return value
 
 
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return value.rstrip("/")
+
+
 class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
     http: str = "127.0.0.1:5001"
     """HTTP listen address for ``GET /status``."""
     dataplane_grace_s: float = Field(default=60.0, gt=0)
-    """Seconds a dataplane may be without a Report stream before the turns placed for it are
+    """Seconds a dataplane may be without a Connect stream before the turns placed for it are
     released (it is taken as gone for good); a reconnect or restart under the same id fits inside."""
     strict_affinity: bool = True
     """Keep a generating or tool-paused run on the replica that holds its prefix (the default).
@@ -85,6 +94,11 @@ class SchedulerConfig(_Section):
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
     admission round trip (DESIGN.md "Admission transport"); ``false``: every turn asks."""
+    resync_hold_s: float = Field(default=2.0, ge=0)
+    """Startup hold: for this many seconds after the scheduler starts, once a dataplane's resync
+    shows a restart (it hands over runs or in-flight turns), no held turn is placed and no lease
+    granted, so that the other dataplanes can resync their in-flight turns first and no replica
+    is filled past its capacity; ``0``: none."""
 
     _check = field_validator("grpc", "http")(_host_port)
 
@@ -117,9 +131,7 @@ class RuntimeConfig(_Section):
     @field_validator("dataplane")
     @classmethod
     def _dataplane_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
-        return value.rstrip("/")
+        return _http_url(value)
 
 
 class ReplicaConfig(_Section):
@@ -131,16 +143,28 @@ class ReplicaConfig(_Section):
     api_key_env: str | None = None
     """Name of the environment variable holding the key sent upstream as ``Authorization: Bearer``."""
     health_path: str = "/health"
+    """Path probed for health, from the root of ``url`` (``""``: not checked, counts as healthy)."""
     load_from: tuple[str, ...] = ()
+    """For a router: the engines (``http://`` or ``https://`` URLs) whose ``/metrics`` give its load."""
     max_inflight: int = Field(default=32, ge=1)
     """Cap on turns in flight at this replica; the scheduler holds the rest."""
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
-        return value.rstrip("/")
+        return _http_url(value)
+
+    @field_validator("load_from")
+    @classmethod
+    def _load_from(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_http_url(url) for url in value)
+
+    @field_validator("health_path")
+    @classmethod
+    def _health_path(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError(f"expected '' or a path starting with '/', got {value!r}")
+        return value
 
     def api_key(self) -> str | None:
         """The upstream key read from ``api_key_env`` at call time, or ``None``."""
@@ -227,12 +251,23 @@ def _describe(error: ValidationError) -> str:
         for loc in item["loc"]:
             key += f"[{loc}]" if isinstance(loc, int) else (f".{loc}" if key else str(loc))
         message = item["msg"].removeprefix("Value error, ")
+        if item["type"].endswith("_type") or item["type"].endswith("_parsing"):
+            message = f"{message}, got {item['input']!r}"  # strict types: say what was there
         if item["type"] == "extra_forbidden":
             message = "unknown key"
         elif item["type"] == "missing":
             message = "expected a value, none given"
         parts.append(f"{key or '(top level)'}: {message}")
     return "; ".join(parts)
+
+
+def _arrays_as_tuples(value: Any) -> Any:
+    """TOML data with every array a tuple (the strict models' sequences are tuples), tables kept."""
+    if isinstance(value, dict):
+        return {key: _arrays_as_tuples(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return tuple(_arrays_as_tuples(item) for item in value)
+    return value
 
 
 def parse_config(text: str, source: str | None = None) -> Config:
@@ -244,7 +279,7 @@ def parse_config(text: str, source: str | None = None) -> Config:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     data.pop("source", None)
     try:
-        return Config.model_validate({**data, "source": source})
+        return Config.model_validate({**_arrays_as_tuples(data), "source": source})
     except ValidationError as exc:
         raise ConfigError(f"{where}: {_describe(exc)}") from None
 

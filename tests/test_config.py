@@ -81,3 +81,89 @@ def test_a_bad_replica_is_named_without_claiming_the_replica_list_is_empty() -> 
         )
     assert "replicas[0].max_inflight" in str(caught.value)
     assert "at least 1 item" not in str(caught.value)
+
+
+REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            REPLICA + 'health_path = "health"\n',
+            "replicas[0].health_path: expected '' or a path starting with '/'",
+        ),
+        (
+            REPLICA + 'load_from = ["notaurl"]\n',
+            "replicas[0].load_from: expected an http:// or https:// URL, got 'notaurl'",
+        ),
+        (REPLICA + 'load_from = ["http://e:1", "e:2"]\n', "got 'e:2'"),
+        (
+            '[scheduler]\nstrict_affinity = "no"\n' + REPLICA,
+            "scheduler.strict_affinity: Input should be a valid boolean, got 'no'",
+        ),
+        ("[scheduler]\nleases = 0\n" + REPLICA, "scheduler.leases: Input should be a valid boolean, got 0"),
+        (
+            '[scheduler]\nresync_hold_s = "2"\n' + REPLICA,
+            "scheduler.resync_hold_s: Input should be a valid number, got '2'",
+        ),
+        (
+            "[scheduler]\nresync_hold_s = -1\n" + REPLICA,
+            "scheduler.resync_hold_s: Input should be greater than or equal to 0",
+        ),
+        (
+            '[scheduler]\ndataplane_grace_s = "60"\n' + REPLICA,
+            "scheduler.dataplane_grace_s: Input should be a valid number, got '60'",
+        ),
+        (
+            REPLICA + 'max_inflight = "4"\n',
+            "replicas[0].max_inflight: Input should be a valid integer, got '4'",
+        ),
+        (
+            REPLICA + "max_inflight = 4.5\n",
+            "replicas[0].max_inflight: Input should be a valid integer, got 4.5",
+        ),
+        (
+            REPLICA + "max_inflight = true\n",
+            "replicas[0].max_inflight: Input should be a valid integer, got True",
+        ),
+        (
+            '[runtime]\nmax_depth = "3"\n' + REPLICA,
+            "runtime.max_depth: Input should be a valid integer, got '3'",
+        ),
+        (REPLICA + "api_key_env = 5\n", "replicas[0].api_key_env: Input should be a valid string, got 5"),
+        (REPLICA + 'models = "m"\n', "not valid TOML"),
+        (
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = "m"\n',
+            "replicas[0].models: Input should be a valid tuple, got 'm'",
+        ),
+        (
+            REPLICA + '[[mcp_servers]]\nname = "s"\ncommand = ["x"]\nenv = {A = 1}\n',
+            "mcp_servers[0].env.A: Input should be a valid string, got 1",
+        ),
+    ],
+)
+def test_values_of_the_wrong_type_or_shape_are_refused_not_coerced(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "bad.toml")
+    assert str(caught.value).startswith("bad.toml: ")
+    assert expected in str(caught.value)
+
+
+def test_strict_types_still_take_what_toml_writes_naturally() -> None:
+    config = parse_config(
+        "[scheduler]\ndataplane_grace_s = 2\nresync_hold_s = 0\nstrict_affinity = false\n"
+        + REPLICA
+        + 'health_path = ""\nload_from = ["https://e1:9/", "http://e2:9"]\n'
+        + '[[mcp_servers]]\nname = "s"\nurl = "http://m"\npath_arguments = {t = ["p"], u = {p = "read"}}\n',
+        "ok.toml",
+    )
+    assert config.scheduler.dataplane_grace_s == 2.0 and config.scheduler.resync_hold_s == 0.0
+    assert config.scheduler.strict_affinity is False
+    assert config.replicas[0].health_path == ""
+    assert config.replicas[0].load_from == ("https://e1:9", "http://e2:9")
+    assert config.mcp_servers[0].path_arguments == {"t": ("p",), "u": {"p": "read"}}
+
+
+def test_the_startup_hold_defaults_to_two_seconds() -> None:
+    assert parse_config(REPLICA, "f.toml").scheduler.resync_hold_s == 2.0

@@ -107,8 +107,10 @@ ReplicaRow = tuple[str, list[str], int] | tuple[str, list[str], int, str]
 """(name, models, max_inflight[, kind]): one replica of a case."""
 
 
-def make_state(replicas: Sequence[ReplicaRow]) -> State:
-    blocks = []
+def make_state(replicas: Sequence[ReplicaRow], resync_hold_s: float = 0.0) -> State:
+    """A state for these replicas; no startup hold unless asked (rule 15 has its own cases), so
+    that a case of another rule may resync at once."""
+    blocks = [f"[scheduler]\nresync_hold_s = {resync_hold_s}\n"]
     for spec in replicas:
         name, models, cap = spec[0], spec[1], spec[2]
         kind = spec[3] if len(spec) > 3 else "generative"
@@ -1502,6 +1504,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
                 "inflight": 1,
                 "capacity": 1,
                 "effective_capacity": 1,
+                "batch_capacity": None,
                 "reserved_headroom": 0,
                 "leased": 0,
                 "healthy": True,
@@ -1534,9 +1537,13 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
             "failed": 0,
             "rejected": 1,
             "abandoned": 1,
+            "abandoned_held": 1,
+            "abandoned_placed": 0,
+            "held_adopted": 0,
             "expired_turns": 0,
             "expired_runs": 0,
             "runs_ended": 0,
+            "turns_released_resync": 0,
             "turns_released_lost_dataplane": 0,
             "leased": 0,
             "lease_crossings": 0,
@@ -1545,6 +1552,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
         },
         "leases": {},
         "lost_dataplanes": {},
+        "startup_hold_s": 0.0,
     }
     feed(state, [finish("t1", at=12.0, tools=True)])
     after = snapshot(state, 12.0)

@@ -291,8 +291,7 @@ def test_stopped_engines_are_unhealthy_and_their_turns_held_until_one_is_back(pr
                 break
             assert not turn.done() and time.monotonic() < deadline, f"{status}\n{stack.logs()}"
             await asyncio.sleep(0.1)
-        await asyncio.to_thread(engines[0].start)
-        await asyncio.to_thread(engines[0].wait_ready)
+        await asyncio.to_thread(stack.restart, "engine0")  # a ChildProcess starts once: a new one
         return status, await turn
 
     held, code = asyncio.run(held_then_placed())
@@ -300,5 +299,4 @@ def test_stopped_engines_are_unhealthy_and_their_turns_held_until_one_is_back(pr
     assert code == 200
     after = _until(stack, lambda s: s["replicas"][0]["healthy"] and s["held"]["count"] == 0)
     assert after["counters"]["admitted"] == before["admitted"] + 1
-    engines[1].start()
-    engines[1].wait_ready()
+    stack.restart("engine1")

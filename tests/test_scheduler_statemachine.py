@@ -6,8 +6,8 @@ run ids too), finishes with and without tool calls, failures, abandons of held a
 (Admit cancelled, and reported ABANDONED by the dataplane, also for turn ids never seen), Admits for
 turns reported abandoned, run ends, empty resyncs of one dataplane (its placed turns are gone),
 resyncs listing every placed turn (and adopting a single-pass turn never seen), dataplanes lost
-(their Report stream ended; their held Admits cancelled) and returning (a new stream, or the
-resync), probes that flip replicas' health and report engine load, clock ticks that jump far enough
+(their Connect stream ended; their held Admits cancelled) and returning (a new stream's resync),
+probes that flip replicas' health and report engine load, clock ticks that jump far enough
 for expiry, and a flood from one caller. Beside the core it keeps its own record of each run's phase
 and last replica, of replicas' health and engine load, of the abandoned turn ids, of the lost
 dataplanes and of which turns are single-pass, built only from the events it sent and the actions
@@ -65,7 +65,6 @@ from luftpause.scheduler.core import (
     AckResync,
     Action,
     DataplaneLost,
-    DataplaneReturned,
     Event,
     Forget,
     GrantLease,
@@ -87,8 +86,15 @@ from luftpause.scheduler.core import (
     new_state,
     snapshot,
 )
+from luftpause.scheduler.core.held import queues_served_by
+from luftpause.scheduler.core.policies import engine_load
 
-CONFIG = """
+HOLD_S = 1.0  # the startup hold (rule 15), short enough that most sequences outlive it
+
+CONFIG = f"""
+[scheduler]
+resync_hold_s = {HOLD_S}
+
 [[replicas]]
 name = "a"
 url = "http://127.0.0.1:1"
@@ -162,13 +168,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_ghost = 0
         self.healthy = {name: True for name in self.state.replicas}
         self.batch: set[str] = set()  # turns that arrived as batch
-        self.lost: dict[str, float] = {}  # dataplane -> when its Report stream ended, until it returns
+        self.lost: dict[str, float] = {}  # dataplane -> when its Connect stream ended, until it returns
         self.last_tick: float | None = None
         self.single: set[str] = set()  # single-pass turns
         self.generative_runs: set[str] = set()  # runs that a generative turn (or a resync) brought
         self.callers: dict[str, str] = {}  # turn -> caller
         self.next_flood = 0
         self.load: dict[str, tuple[int | None, int | None]] = {}  # replica -> last (running, waiting)
+        self.batch_cap: dict[str, int | None] = {}  # replica -> the engine's batch capacity learned
+        self.hold_until: float | None = None  # the startup hold: first event + HOLD_S
+        self.holding = False
         # capacity leases: what the scheduler holds for each dataplane per its actions, what travels
         # to the dataplane, and what the dataplane holds having read it: replica -> [count, epoch]
         self.lessees: set[str] = set()
@@ -197,6 +206,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         return False
 
     def feed(self, event: Event) -> list[Action]:
+        if self.hold_until is None:
+            self.hold_until = event.at + HOLD_S
+        elif self.holding and event.at >= self.hold_until:
+            if not isinstance(event, Tick):
+                # the shell's 1 s tick ends the hold before anything else comes: its placements
+                # are the tick's, not the answers a rule expects of its own event
+                self.feed(Tick(event.at))
+            self.holding = False
+        return self.feed_one(event)
+
+    def feed_one(self, event: Event) -> list[Action]:
         # in placement order, the order expiry visits them
         placed_at = {turn_id: placed.placed_at for turn_id, placed in self.state.placed.items()}
         before = list(placed_at)
@@ -211,6 +231,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             if isinstance(event, Resynced) and event.takes_leases:
                 self.lessees.add(dataplane)
         self.state, actions = decide(self.state, event)
+        assert self.hold_until is not None
+        if isinstance(event, Resynced) and (event.runs or event.turns) and event.at < self.hold_until:
+            self.holding = True  # a resync that shows a restart, inside the hold's window
+        assert self.state.holding == self.holding
+        balance_arrivals, balance_ends = self.state.balance()
+        assert balance_arrivals[0] == balance_arrivals[1], f"arrivals do not balance: {balance_arrivals}"
+        assert balance_ends[0] == balance_ends[1], f"placed turns do not balance: {balance_ends}"
         if runs_before is not None:
             assert self.runs_in_full() == runs_before, f"{event} changed run state"
         # turns that left the placed set on a tick expired: apply that to the shadow before the
@@ -229,6 +256,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if event.at - reported_at >= TOMBSTONE_S:
                     del self.tombstones[turn_id]
         for index, action in enumerate(actions):
+            if isinstance(action, Place) and self.holding:
+                # only answers for turns already running: adopted by the resync, or retried
+                assert isinstance(event, Resynced | TurnArrived | LeasedTurnPlaced), f"{action} in the hold"
+                if isinstance(event, Resynced):
+                    assert action.turn_id in {turn.turn_id for turn in event.turns}
             if isinstance(action, Place):
                 self.on_place(action)
                 replica = self.state.replicas[action.replica]
@@ -248,6 +280,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert action.reason == f"no {kind} replica serves model '{model}'"
                 self.rejected.add(action.turn_id)
             elif isinstance(action, GrantLease | RevokeLease):
+                assert not (self.holding and isinstance(action, GrantLease)), "a lease in the hold"
                 assert action.dataplane_id in self.lessees, f"lease for {action.dataplane_id}"
                 assert self.state.replicas[action.replica].kind == "generative"
                 holding = self.sched_leases.setdefault(action.dataplane_id, {}).get(action.replica)
@@ -292,7 +325,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.latest[run_id] = turn_id
 
     def usable(self, turn_id: str) -> tuple[str, ...]:
-        """The replicas a held turn may use now: its run's healthy last replica, else any serving."""
+        """The replicas a held turn may use now: its run's healthy last replica, else any serving;
+        none while the startup hold is in force."""
+        if self.holding:
+            return ()
         run_id, model = self.turns[turn_id]
         if turn_id in self.single:
             return tuple(name for name in SINGLE_PASS_SERVING[model] if self.healthy[name])
@@ -302,12 +338,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         return tuple(name for name in SERVING[model] if self.healthy[name])
 
     def capacity(self, name: str) -> int:
-        """Effective capacity from the machine's own record of probes (engine-load rule)."""
+        """Effective capacity from the machine's own record of probes (engine-load rule): the
+        engine's batch capacity learned from them, at most ``max_inflight``."""
         cap = self.state.replicas[name].max_inflight
-        running, waiting = self.load.get(name, (None, None))
-        if running is None or waiting is None or waiting <= 0:
-            return cap
-        return min(cap, running)
+        learned = self.batch_cap.get(name)
+        return cap if learned is None else min(cap, learned)
 
     def kept(self, name: str) -> int:
         """Slots of ``name`` kept from batch turns: interactive runs tool-paused there."""
@@ -492,7 +527,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.lost) < len(DATAPLANES))
     @rule(pick=st.integers(0, 1), wait=st.sampled_from([None, 30.0, 59.9, 60.0, 120.0]))
     def lose_dataplane(self, pick: int, wait: float | None) -> None:
-        """Its Report stream ends; its connection is gone, so its held Admits are cancelled too.
+        """Its Connect stream ends; its connection is gone, so its held Admits are cancelled too.
 
         A dataplane with placed turns is picked first, and the clock may tick ``wait`` seconds
         after (short of, at and past the grace): random ticks alone rarely find placed turns.
@@ -515,13 +550,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.feed(Tick(self.now))
 
     @precondition(lambda self: bool(self.lost))
-    @rule(pick=st.integers(0, 1))
-    def dataplane_returns(self, pick: int) -> None:
-        """A new Report stream of it opens (within the grace or too late)."""
+    @rule(pick=st.integers(0, 1), leases=st.booleans())
+    def dataplane_returns(self, pick: int, leases: bool) -> None:
+        """A lost dataplane opens a new stream (within the grace or too late): its resync lists
+        every turn still placed for it, where it is (the Connect stream's resync is its return)."""
         dataplane = sorted(self.lost)[pick % len(self.lost)]
         self.now += 0.1
         del self.lost[dataplane]
-        assert answers(self.feed(DataplaneReturned(dataplane, self.now))) == []
+        mine = [placed for placed in self.state.placed.values() if placed.dataplane_id == dataplane]
+        records = tuple(
+            InFlightRecord(p.turn_id, p.run_id, p.replica, p.model, p.service_class, p.caller) for p in mine
+        )
+        actions = self.feed(Resynced(dataplane, self.now, (), records, takes_leases=leases))
+        assert answers(actions) == [AckResync(dataplane, 0, len(records))]
+        assert dataplane not in self.state.lost_dataplanes
 
     @rule(run=st.sampled_from(RUNS))
     def run_ends(self, run: str) -> None:
@@ -543,10 +585,36 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def probe(self, name: str, healthy: bool, running: int | None, waiting: int | None) -> None:
         self.now += 0.1
+        if self.holding and self.hold_until is not None and self.now >= self.hold_until:
+            self.feed(Tick(self.now))  # the hold ends first, with the capacity known before the probe
+        replica = self.state.replicas[name]
+        served = set(queues_served_by(name, replica.kind, replica.models))
+        turns_wait = any(turn.queue in served for turn in self.state.held)
+        before = self.capacity(name)
+        was_loaded = self.healthy[name] and self.load.get(name, (None, None))[1] is not None
+        # the engine-load rule, as the machine reads it: a queue sets the batch capacity to the
+        # running count; running above it with no queue raises it there; running at it with no
+        # queue while turns wait for the replica raises it by one; ill health or no load forgets it
+        learned = self.batch_cap.get(name)
+        if not healthy or running is None or waiting is None:
+            learned = None
+        elif waiting > 0:
+            learned = running
+        elif learned is not None and running > learned:
+            learned = running
+        elif learned is not None and running == learned and turns_wait:
+            learned += 1
+        self.batch_cap[name] = learned
         self.healthy[name] = healthy
         self.load[name] = (running, waiting)
         usage = None if running is None else 0.5
         self.feed(ReplicaProbed(name, self.now, healthy, running, waiting, usage, None))
+        after = engine_load.capacity(replica)
+        assert after == self.capacity(name), f"{name}: effective capacity {after}, not {self.capacity(name)}"
+        if was_loaded and healthy and running is not None and waiting is not None:
+            # no flip-flop: a queue that drains does not reopen the replica to max_inflight; its
+            # capacity grows by at most one per probe, or to what the engine showed it runs
+            assert after <= max(before + 1, running), f"{name}: capacity {before} -> {after}"
 
     @rule()
     def report_unknown_turn(self) -> None:
@@ -597,7 +665,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.state.placed[adopted].single_pass
         event(f"resync listing: {'adopted a single-pass turn' if adopted else 'adopted nothing new'}")
 
-    @precondition(lambda self: len(self.state.held) <= 8 and "dp" not in self.lost)
+    @precondition(lambda self: len(self.state.held) <= 8 and "dp" not in self.lost and not self.holding)
     @rule(batch=st.booleans())
     def flood_does_not_starve_a_caller(self, batch: bool) -> None:
         """Liveness: caller ``flood`` keeps the pool busy and a backlog of turns older than the one

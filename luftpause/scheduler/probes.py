@@ -1,4 +1,5 @@
-"""Engine probing: every 2 s, each replica's health and load, fed to the core as ``ReplicaProbed``.
+"""Engine probing: every 2 s, each replica's health and load, fed to the core as one
+``ReplicasProbed`` per round (applied whole before any held turn is placed).
 
 Per replica and round, at once and each with a 2 s timeout (DESIGN.md, "Probing"):
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -34,7 +35,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.config import Config, ReplicaConfig
-from luftpause.scheduler.core import ReplicaProbed
+from luftpause.scheduler.core import ReplicaProbed, ReplicasProbed
 from luftpause.scheduler.host import SchedulerHost
 
 log = logging.getLogger("luftpause.scheduler")
@@ -165,17 +166,41 @@ async def _load(session: aiohttp.ClientSession, url: str, headers: dict[str, str
         return None
 
 
+SessionFactory = Callable[[aiohttp.ClientTimeout], aiohttp.ClientSession]
+"""Makes the one HTTP session of the probe loop, every request bounded by the timeout given."""
+
+
+def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=timeout)
+
+
 class Prober:
     """Probes every configured replica every ``interval`` seconds and feeds ``host`` the results.
 
     The first round runs at :meth:`start`; a round that takes longer than ``interval`` (every probe
-    timing out) is followed by the next one at once, never by two at the same time.
+    timing out) is followed by the next one at once, never by two at the same time. Each round is
+    fed as one ``ReplicasProbed`` (the replicas whose probe did not fail), stamped when fed.
+
+    ``interval`` and ``timeout`` are seconds (DESIGN.md: 2 s each); the schedule reads the host's
+    clock (``host.now()``) and waits with ``sleep``, and ``session`` makes the HTTP session: the
+    three seams a test drives the schedule through without waiting.
     """
 
-    def __init__(self, config: Config, host: SchedulerHost, interval: float = PROBE_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        config: Config,
+        host: SchedulerHost,
+        interval: float = PROBE_INTERVAL_S,
+        timeout: float = PROBE_TIMEOUT_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        session: SessionFactory = _session,
+    ) -> None:
         self.replicas = config.replicas
         self.host = host
         self.interval = interval
+        self.timeout = timeout
+        self._sleep = sleep
+        self._session = session
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -193,8 +218,7 @@ class Prober:
             self._task = None
 
     async def _run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with self._session(aiohttp.ClientTimeout(total=self.timeout)) as session:
             while True:
                 started = self.host.now()
                 try:
@@ -202,7 +226,7 @@ class Prober:
                 except Exception:  # a fault in one round must not end probing for good
                     log.exception("probe round failed")
                     now = self.host.now()
-                await asyncio.sleep(max(0.0, self.interval - (now - started)))
+                await self._sleep(max(0.0, self.interval - (now - started)))
 
     async def _round(self, session: aiohttp.ClientSession) -> float:
         """Probe every replica once and feed the results; returns when they were stamped."""
@@ -211,12 +235,13 @@ class Prober:
             return_exceptions=True,
         )
         now = self.host.now()  # stamped when fed: event times must not go backwards
+        probed: list[ReplicaProbed] = []
         for replica, result in zip(self.replicas, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("probe of %s failed: %r", replica.name, result)
                 continue
             healthy, load = result
-            self.host.feed(
+            probed.append(
                 ReplicaProbed(
                     replica.name,
                     now,
@@ -227,4 +252,7 @@ class Prober:
                     load.cache_hit_rate,
                 )
             )
+        # one event: the whole round is applied before any held turn is placed, so the replica
+        # probed first does not take every held turn that another could have taken
+        self.host.feed(ReplicasProbed(now, tuple(probed)))
         return now

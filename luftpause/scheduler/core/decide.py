@@ -59,13 +59,11 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    wins over what a stale turn implies). ``AckResync`` gives the counts.
 11. A retried arrival of a placed turn is answered again with its replica; of a held turn, nothing
     (it is answered when placed); of a tombstoned turn, ``Reject`` with 499 (rule 7).
-12. ``DataplaneLost`` (its last Report stream ended; the shell sends it only for dataplanes that
-    name themselves) starts its grace; a second loss keeps the first time. A ``Resynced`` or a
-    ``DataplaneReturned`` (a Report stream of it opened) for that id ends the loss. Both are needed:
-    the shell may see an old stream end after the dataplane's new Resync (two calls, no order
-    between them), and its new stream then clears that late loss; the Resync clears a loss before a
-    tick can release the turns it just handed over. Held turns are left alone: a lost dataplane's
-    Admit calls were cancelled with its connection (``TurnAbandoned``).
+12. ``DataplaneLost`` (its last Connect stream ended; the shell sends it only for dataplanes that
+    name themselves) starts its grace; a second loss keeps the first time. A ``Resynced`` for that
+    id (the first message of its next stream) ends the loss; the shell counts a stream open from its
+    resync on, so an old stream seen to end after the new one's resync is no loss. Held turns are
+    left alone: a lost dataplane's Admits were cancelled with its stream (``TurnAbandoned``).
 
 13. Single-pass turns (``TurnArrived.single_pass``: ``/v1/decide``, classifiers) go only to
     single-pass replicas that declare their model; a model none declares is refused at once,
@@ -141,6 +139,7 @@ the state before the event must copy it first.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 from luftpause.scheduler.core.actions import (
@@ -155,11 +154,11 @@ from luftpause.scheduler.core.actions import (
 from luftpause.scheduler.core.events import (
     AbandonReported,
     DataplaneLost,
-    DataplaneReturned,
     Event,
     FirstToken,
     LeasedTurnPlaced,
     ReplicaProbed,
+    ReplicasProbed,
     Resynced,
     RunEnded,
     RunPhase,
@@ -182,6 +181,7 @@ from luftpause.scheduler.core.policies import (
     abandoned,
     affinity,
     capacity,
+    engine_load,
     expiry,
     headroom,
     health,
@@ -197,6 +197,11 @@ from luftpause.scheduler.core.state import Lease, PlacedTurn, Replica, Run, Stat
 def decide(state: State, event: Event) -> tuple[State, list[Action]]:
     """Apply ``event`` to ``state`` (in place) and say what the shell must do, in order."""
     out: list[Action] = []
+    released = False
+    if state.hold_until is None:
+        state.hold_until = event.at + state.resync_hold_s
+    elif state.holding and event.at >= state.hold_until:
+        state.holding, released = False, True  # every replica is filled once this event is applied
     match event:
         case TurnArrived():
             _arrived(state, event, out)
@@ -222,17 +227,19 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case RunEnded():
             _run_ended(state, event, out)
         case ReplicaProbed():
-            _probed(state, event, out)
+            _probed(state, (event,), event.at, out)
+        case ReplicasProbed():
+            _probed(state, event.probes, event.at, out)
         case Tick():
             _tick(state, event.at, out)
         case Resynced():
             _resynced(state, event, out)
         case DataplaneLost():
             _lost(state, event)
-        case DataplaneReturned():
-            state.lost_dataplanes.pop(event.dataplane_id, None)
         case LeasedTurnPlaced():
             _leased(state, event, out)
+    if released:
+        _fill_least_loaded(state, state.replicas.values(), event.at, out)
     if state.lessees:
         _lease(state, event.at, out)
     return state, out
@@ -273,7 +280,9 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
     turn.queue, usable = _where(state, run, turn, serving)
     # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)
     leased_taken = not state.lessees
-    target = least_loaded.pick(capacity.with_room(usable, turn.service_class, leased_taken))
+    target = None
+    if not state.holding:
+        target = least_loaded.pick(capacity.with_room(usable, turn.service_class, leased_taken))
     if target is None:
         state.held.add(turn)
     else:
@@ -389,26 +398,56 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
         state.held.refile(turn, queue)
         for replica in capacity.with_room(usable, turn.service_class):
             opened[replica.name] = replica
-    for replica in sorted(opened.values(), key=lambda replica: (replica.inflight, replica.index)):
-        _fill(state, replica, at, out)
+    if opened:
+        _fill_least_loaded(state, opened.values(), at, out)
 
 
 def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
-    """Give ``replica``'s free slots to the first held turns (in order) that may use it.
+    """Give ``replica``'s free slots to the first held turns (in order) that may use it."""
+    while _fill_one(state, replica, at, out):
+        pass
 
-    Stops at the first turn that may not take a slot (a batch turn facing the headroom kept for
-    paused interactive runs): every turn behind it in order is batch too.
+
+def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> bool:
+    """Give one free slot of ``replica`` to the first held turn (in order) that may use it.
+
+    False when none was placed: no room, no held turn it serves, or the first one may not take a
+    slot (a batch turn facing the headroom kept for paused interactive runs: every turn behind it
+    in order is batch too).
     """
-    if not state.held or not health.usable(replica):
-        return
+    if state.holding or not state.held or not health.usable(replica) or not capacity.has_room(replica):
+        return False
     queues = queues_served_by(replica.name, replica.kind, replica.models)
     loads = state.single_pass_inflight if replica.kind == "single_pass" else state.caller_inflight
-    while capacity.has_room(replica):
-        turn = ordering.first((state.held.head(queue) for queue in queues), loads)
-        if turn is None or not capacity.has_room(replica, turn.service_class):
-            return
-        state.held.remove(turn.turn_id)
-        _place(state, turn, replica, at, out)
+    turn = ordering.first((state.held.head(queue) for queue in queues), loads)
+    if turn is None or not capacity.has_room(replica, turn.service_class):
+        return False
+    state.held.remove(turn.turn_id)
+    _place(state, turn, replica, at, out)
+    return True
+
+
+def _fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out: list[Action]) -> None:
+    """Fill several replicas whose room opened at once, one turn at a time, least loaded first.
+
+    Filling them one after the other would give the first every held turn that may go anywhere
+    (a probe round that lifts two capped replicas: ``a: 22, b: 4``); a turn that may go anywhere
+    goes where an arrival would have, to the replica with the fewest in-flight turns (ties in
+    configuration order). A heap of ``(inflight, index)``; an entry whose count moved meanwhile
+    (a placement inside the loop may fill another replica) is put back with the right one.
+    """
+    heap = [(replica.inflight, replica.index, replica.name) for replica in replicas]
+    if len(heap) == 1:
+        _fill(state, state.replicas[heap[0][2]], at, out)
+        return
+    heapq.heapify(heap)
+    while heap and state.held:
+        inflight, index, name = heapq.heappop(heap)
+        replica = state.replicas[name]
+        if replica.inflight != inflight:
+            heapq.heappush(heap, (replica.inflight, index, name))
+        elif _fill_one(state, replica, at, out):
+            heapq.heappush(heap, (replica.inflight, index, name))
 
 
 def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: list[Action]) -> bool:
@@ -441,6 +480,7 @@ def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool
     turn = state.held.remove(turn_id)
     if turn is not None:
         state.counters.abandoned += 1
+        state.counters.abandoned_held += 1
         run = None if turn.single_pass else state.runs.get(turn.run_id)
         if run is not None:
             run.turns.discard(turn.turn_id)
@@ -448,6 +488,7 @@ def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool
         return True
     if _end_placed(state, turn_id, at, "idle", out):
         state.counters.abandoned += 1
+        state.counters.abandoned_placed += 1
     return False
 
 
@@ -534,6 +575,8 @@ def _lost(state: State, event: DataplaneLost) -> None:
 
 
 def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
+    if (event.runs or event.turns) and state.hold_until is not None and event.at < state.hold_until:
+        state.holding = True  # a restart: the other dataplanes may not have resynced yet (rule 15)
     # a new stream: the leases of the old one are gone; fresh ones follow the acknowledgement
     _drop_leases(state, event.dataplane_id, event.takes_leases and state.leasing)
     changed: dict[str, Run] = {}
@@ -567,6 +610,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             # the dataplane has it on a replica of the other kind (its configuration differs): its
             # word wins; the turn leaves our record, and its run, and is adopted afresh below
             changed_run = _release(state, known, event.at, recorded)
+            state.counters.turns_released_resync += 1
             if changed_run is not None:
                 changed[changed_run.run_id] = changed_run
             known = None
@@ -597,6 +641,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         _count_placed(state, turn.caller, 1, single_pass)
         state.counters.adopted += 1
         if waiting is not None:
+            state.counters.held_adopted += 1
             out.append(Place(turn.turn_id, replica.name))  # its Admit is still waiting: answer it
         if single_pass:
             continue  # no run state
@@ -622,6 +667,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             and placed.turn_id not in listed
             and placed.turn_id not in event.pending  # its answer may be on the wire: it stands
         ]
+        state.counters.turns_released_resync += len(gone)
         for placed in gone:
             run = _release(state, placed, event.at, recorded)
             if run is not None:
@@ -662,33 +708,44 @@ def _settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) 
         _reserve(state, run)  # every replica is filled below
     for run in runs:
         _refile(state, run.turns, at, out)
-    for replica in state.replicas.values():
-        _fill(state, replica, at, out)
+    _fill_least_loaded(state, state.replicas.values(), at, out)
 
 
-def _probed(state: State, event: ReplicaProbed, out: list[Action]) -> None:
-    replica = state.replicas.get(event.replica)
-    if replica is None:
-        return  # not configured here (a probe from an older configuration)
-    was_healthy = replica.healthy
-    replica.healthy = event.healthy
-    replica.probed_at = event.at
-    replica.engine_running = event.running
-    replica.engine_waiting = event.waiting
-    replica.kv_usage = event.kv_usage
-    replica.cache_hit_rate = event.cache_hit_rate
-    if was_healthy != replica.healthy and state.held and replica.kind == "generative":
-        # affinity to this replica yields (or holds again): re-file the held turns that it concerns.
+def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[Action]) -> None:
+    """Apply a probe round (health, load, learned batch capacity), then fill what it opened."""
+    probed: list[Replica] = []
+    flipped: list[Replica] = []
+    for event in probes:
+        replica = state.replicas.get(event.replica)
+        if replica is None:
+            continue  # not configured here (a probe from an older configuration)
+        turns_wait = bool(state.held) and _takes_held(state, replica)
+        was_healthy = replica.healthy
+        replica.healthy = event.healthy
+        replica.probed_at = event.at
+        replica.engine_running = event.running
+        replica.engine_waiting = event.waiting
+        replica.kv_usage = event.kv_usage
+        replica.cache_hit_rate = event.cache_hit_rate
+        replica.batch_capacity = engine_load.learn(
+            replica.batch_capacity, event.healthy, event.running, event.waiting, turns_wait
+        )
+        probed.append(replica)
+        if was_healthy != replica.healthy and replica.kind == "generative":
+            flipped.append(replica)
+    if flipped and state.held:
+        # affinity to these replicas yields (or holds again): re-file the held turns they concern.
         # A scan of the held turns, but only when a replica's health flips.
-        pinned = pinned_to(replica.name)
-        models = set(replica.models)
+        pinned = {pinned_to(replica.name) for replica in flipped}
+        models = {model for replica in flipped for model in replica.models}
         concerned = [
             turn.turn_id
             for turn in state.held
-            if turn.queue == pinned or (turn.queue[0] == "model" and turn.model in models)
+            if turn.queue in pinned or (turn.queue[0] == "model" and turn.model in models)
         ]
-        _refile(state, concerned, event.at, out)
-    _fill(state, replica, event.at, out)
+        _refile(state, concerned, at, out)
+    if probed:
+        _fill_least_loaded(state, probed, at, out)
 
 
 def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> None:
@@ -805,12 +862,14 @@ def _lease(state: State, at: float, out: list[Action]) -> None:
         if not replica.leased:
             continue
         takes_held = bool(state.held) and _takes_held(state, replica)
-        if takes_held or not leases.grantable(replica) or leases.room(replica) < 0:
+        if state.holding or takes_held or not leases.grantable(replica) or leases.room(replica) < 0:
             _revoke(state, replica, out)
             if takes_held:
                 opened.append(replica)
-    for replica in sorted(opened, key=lambda replica: (replica.inflight, replica.index)):
-        _fill(state, replica, at, out)
+    if opened:
+        _fill_least_loaded(state, opened, at, out)
+    if state.holding:
+        return
     for replica in state.replicas.values():
         if not leases.grantable(replica) or (state.held and _takes_held(state, replica)):
             continue

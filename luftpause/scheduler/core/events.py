@@ -140,6 +140,19 @@ class ReplicaProbed:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicasProbed:
+    """One probe round: every replica probed at once (``probes``, at most one per replica).
+
+    The whole round is applied before any held turn is placed, and the replicas it gave room are
+    then filled least loaded first, so the first replica of a round does not take every held turn
+    that could go to any (a lone ``ReplicaProbed`` is a round of one).
+    """
+
+    at: float
+    probes: tuple[ReplicaProbed, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """One run as a dataplane knows it, handed over on resync.
 
@@ -190,20 +203,14 @@ class Resynced:
 
 @dataclass(frozen=True, slots=True)
 class DataplaneLost:
-    """The last open Report stream of dataplane ``dataplane_id`` ended (closed, broken or cancelled).
+    """The last open Connect stream of dataplane ``dataplane_id`` ended (closed, broken or cancelled).
 
-    The dataplane may be reconnecting, restarting, or gone for good: if neither a ``Resynced`` nor a
-    ``DataplaneReturned`` for it comes within the grace (``dataplane_grace_s``, 60 s by default), the
-    turns placed for it are released on the next ``Tick``. Dataplanes that send no id are never lost.
+    The dataplane may be reconnecting, restarting, or gone for good: if no ``Resynced`` for it (the
+    first message of its next stream) comes within the grace (``dataplane_grace_s``, 60 s by
+    default), the turns placed for it are released on the next ``Tick``. The shell counts a new
+    stream open from its resync on, so an old stream seen to end after that is no loss. Dataplanes
+    that send no id are never lost.
     """
-
-    dataplane_id: str
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class DataplaneReturned:
-    """A Report stream of dataplane ``dataplane_id`` opened: it is connected, whatever it lost."""
 
     dataplane_id: str
     at: float
@@ -240,8 +247,8 @@ Event = (
     | AbandonReported
     | RunEnded
     | ReplicaProbed
+    | ReplicasProbed
     | Tick
     | Resynced
     | DataplaneLost
-    | DataplaneReturned
 )

@@ -8,6 +8,8 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                                                      # kind it takes)
                     "capacity": int,                 # configured max_inflight
                     "effective_capacity": int,       # after engine load (engine_load policy)
+                    "batch_capacity": int | None,    # the engine's, learned from its probes
+                                                     # (None: no queue seen since it was healthy)
                     "reserved_headroom": int,        # slots kept from batch turns
                     "leased": int,                   # slots leased to dataplanes, unused
                     "healthy": bool,                 # true until a probe says otherwise
@@ -28,14 +30,17 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
       "runs_by_caller": {caller: int, ...},                           # callers with runs only
       "inflight_by_caller": {caller: int, ...},    # placed generative turns; callers with any only
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
-                   "rejected": int, "abandoned": int, "expired_turns": int, "expired_runs": int,
-                   "runs_ended": int, "turns_released_lost_dataplane": int,
+                   "rejected": int, "abandoned": int, "abandoned_held": int,
+                   "abandoned_placed": int, "held_adopted": int, "expired_turns": int,
+                   "expired_runs": int, "runs_ended": int, "turns_released_resync": int,
+                   "turns_released_lost_dataplane": int,
                    "leased": int, "lease_crossings": int, "leased_off_affinity": int,
                    "lease_revocations": int},       # leases: rule 14 of decide
       "leases": {dataplane_id: {replica: int, ...}, ...},   # unused slots each lessee holds
                                                            # ({} for a lessee holding none)
-      "lost_dataplanes": {dataplane_id: float, ...}   # seconds since its last Report stream ended,
+      "lost_dataplanes": {dataplane_id: float, ...}   # seconds since its last Connect stream ended,
                                                       # until it returns or its turns are released
+      "startup_hold_s": float,   # seconds the startup hold (rule 15) still holds turns; 0.0: none
     }
 
 Every ``oldest_wait_s*`` is 0.0 where nothing of that kind, class or caller is held. The counters
@@ -92,6 +97,7 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
                 "inflight": replica.inflight,
                 "capacity": replica.max_inflight,
                 "effective_capacity": engine_load.capacity(replica),
+                "batch_capacity": replica.batch_capacity,
                 "reserved_headroom": headroom.reserved(replica),
                 "leased": replica.leased,
                 "healthy": replica.healthy,
@@ -125,4 +131,7 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         "lost_dataplanes": {
             dataplane_id: max(0.0, now - lost_at) for dataplane_id, lost_at in state.lost_dataplanes.items()
         },
+        "startup_hold_s": (
+            max(0.0, state.hold_until - now) if state.holding and state.hold_until is not None else 0.0
+        ),
     }

@@ -53,6 +53,9 @@ class Replica:
     """Requests the engine reported running at the last probe; ``None``: it reports no load."""
     engine_waiting: int | None = None
     """Requests the engine reported queued at the last probe; ``None``: it reports no load."""
+    batch_capacity: int | None = None
+    """Requests its engine runs at once, learned from probes (:mod:`.policies.engine_load`):
+    ``None`` until a probe shows a queue, and again after ill health or a probe with no load."""
     kv_usage: float | None = None
     """Fraction of the engine's KV cache in use at the last probe (0..1), if reported."""
     cache_hit_rate: float | None = None
@@ -111,7 +114,20 @@ class PlacedTurn:
 
 @dataclass(slots=True)
 class Counters:
-    """Cumulative counts since the scheduler started (turns unless named otherwise)."""
+    """Cumulative counts since the scheduler started (turns unless named otherwise).
+
+    They balance after every event (:meth:`State.balance` gives both sides, the state machine
+    checks it):
+
+    * every arrived turn was admitted, abandoned while held, adopted while held (a resync found it
+      running), or is held: ``arrived == admitted + abandoned_held + held_adopted + held``;
+      a refused turn (``rejected``) never arrived, and a leased turn counts in ``arrived`` and
+      ``admitted`` alike (``leased`` is a part of ``admitted``, not a third source);
+    * every turn that took a slot (``admitted + adopted``) finished, failed, was abandoned, expired,
+      was released (by a resync or a lost dataplane) or is still placed: ``admitted + adopted ==
+      finished + failed + abandoned_placed + expired_turns + turns_released_resync +
+      turns_released_lost_dataplane + placed``.
+    """
 
     arrived: int = 0
     """New turns with a served model (retried Admits and rejected turns not counted)."""
@@ -124,10 +140,20 @@ class Counters:
     rejected: int = 0
     """Refused at once: an unknown model, or a turn its dataplane had reported abandoned."""
     abandoned: int = 0
-    """Held or placed turns whose client left before they ran (Admit cancelled or reported)."""
+    """Held or placed turns whose client left before they ran (Admit cancelled or reported):
+    ``abandoned_held + abandoned_placed``."""
+    abandoned_held: int = 0
+    """Of ``abandoned``, those that were held (they leave the queue, never placed)."""
+    abandoned_placed: int = 0
+    """Of ``abandoned``, those that had been placed (their slot freed)."""
+    held_adopted: int = 0
+    """Held turns that a resync listed as already running (an answer lost with a stream): they
+    leave the queue as adopted turns, counted in ``adopted`` too."""
     expired_turns: int = 0
     expired_runs: int = 0
     runs_ended: int = 0
+    turns_released_resync: int = 0
+    """Placed turns released because their dataplane's resync no longer listed them (rule 10)."""
     turns_released_lost_dataplane: int = 0
     """Placed turns released because their dataplane stayed lost past the grace."""
     leased: int = 0
@@ -170,8 +196,8 @@ class State:
     """Caller -> its placed single-pass turns (callers with none are absent): the same signal among
     held single-pass turns, which compete for other replicas."""
     lost_dataplanes: OrderedDict[str, float] = field(default_factory=OrderedDict)
-    """Dataplane id -> when (seconds) its last Report stream ended, oldest first; an id leaves when
-    the dataplane comes back (resync or a new stream) or when its turns are released."""
+    """Dataplane id -> when (seconds) its last Connect stream ended, oldest first; an id leaves when
+    the dataplane comes back (its next stream's resync) or when its turns are released."""
     dataplane_grace_s: float = DATAPLANE_GRACE_S
     """Seconds a lost dataplane may stay away before its placed turns are released."""
     strict_affinity: bool = True
@@ -184,6 +210,25 @@ class State:
     order they resynced (the order slots are shared in)."""
     next_lease_epoch: int = 1
     """The epoch the next new or revoked holding gets: never reused within this state's life."""
+    resync_hold_s: float = 0.0
+    """Startup hold (rule 15, ``[scheduler] resync_hold_s``): seconds from the first event during
+    which, once a resync showed a restart, no turn is placed and no lease granted."""
+    hold_until: float | None = None
+    """When the startup hold ends (seconds, the shell's clock): the first event's time plus
+    ``resync_hold_s``; ``None`` before the first event."""
+    holding: bool = False
+    """The startup hold is in force: held turns are not placed, leases not granted."""
+
+    def balance(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Both sides of the two balances of :class:`Counters`: ``((arrived, its fates), (turns that
+        took a slot, their fates))``; each pair is equal after every event."""
+        c = self.counters
+        arrivals = (c.arrived, c.admitted + c.abandoned_held + c.held_adopted + len(self.held))
+        ends = (
+            c.finished + c.failed + c.abandoned_placed + c.expired_turns + c.turns_released_resync
+            + c.turns_released_lost_dataplane + len(self.placed)
+        )  # fmt: skip
+        return arrivals, (c.admitted + c.adopted, ends)
 
     def __post_init__(self) -> None:
         # the held queues order callers by their in-flight turns: they read this same dict
@@ -195,12 +240,14 @@ def state_from_replicas(
     dataplane_grace_s: float = DATAPLANE_GRACE_S,
     strict_affinity: bool = True,
     leasing: bool = False,
+    resync_hold_s: float = 0.0,
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
-    ``dataplane_grace_s``: seconds a dataplane may be without a Report stream before the turns
+    ``dataplane_grace_s``: seconds a dataplane may be without a Connect stream before the turns
     placed for it are released (:mod:`.policies.lost_dataplane`). ``leasing``: capacity leases
-    (rule 14 of :mod:`.decide`) are granted to the dataplanes that take them.
+    (rule 14 of :mod:`.decide`) are granted to the dataplanes that take them. ``resync_hold_s``:
+    the startup hold after a restart (rule 15), 0 for none.
     """
     replicas: dict[str, Replica] = {}
     by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
@@ -216,14 +263,16 @@ def state_from_replicas(
         dataplane_grace_s=dataplane_grace_s,
         strict_affinity=strict_affinity,
         leasing=leasing,
+        resync_hold_s=resync_hold_s,
     )
 
 
 def new_state(config: Config) -> State:
-    """An empty state for ``config``'s replicas, dataplane grace, affinity and leases (no runs, no turns)."""
+    """An empty state for ``config``'s replicas, dataplane grace, affinity, leases and startup hold."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
         config.scheduler.strict_affinity,
         config.scheduler.leases,
+        config.scheduler.resync_hold_s,
     )

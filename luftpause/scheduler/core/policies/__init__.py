@@ -10,7 +10,7 @@
 * :mod:`.ordering` - which held turn gets a freed slot first (class, caller's in-flight, arrival);
 * :mod:`.expiry` - when a placed turn or an idle run is given up (placement time, last activity);
 * :mod:`.abandoned` - how long an abandoned turn id is remembered and how its Admit is refused;
-* :mod:`.lost_dataplane` - when a dataplane without a Report stream is gone for good (time of loss);
+* :mod:`.lost_dataplane` - when a dataplane without a Connect stream is gone for good (time of loss);
 * :mod:`.leases` - which replicas may be leased and how many slots (health, queue, capacity, headroom).
 
 A later scorer (KV usage, prefix cache hit rate, both recorded from probes already) is a new module

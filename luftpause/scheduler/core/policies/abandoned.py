@@ -1,6 +1,6 @@
 """Abandoned turn ids: remembered for a while so that an Admit crossing the report is refused.
 
-A dataplane reports ``TurnEvent.ABANDONED`` on its Report stream when its client left while the
+A dataplane reports ``TurnEvent.ABANDONED`` on its Connect stream when its client left while the
 Admit was outstanding. That report and the Admit travel on different calls, so the Admit may arrive
 after it (or be retried after it); the scheduler then refuses it at once instead of holding or
 placing a turn nobody waits for. An id is remembered for 120 s after its report and at most

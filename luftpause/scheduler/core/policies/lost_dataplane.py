@@ -1,11 +1,11 @@
-"""Lost dataplanes: when one that has had no Report stream for a while is taken as gone for good.
+"""Lost dataplanes: when one that has had no Connect stream for a while is taken as gone for good.
 
 A dataplane frees what it held by resyncing under its id when it comes back (rule 10 of
 :mod:`luftpause.scheduler.core.decide`). One that never comes back under that id (a Kubernetes pod
 replaced under a new host name, a replica set scaled down) would leave its placed turns counted in
-flight until the 600 s turn expiry. So once its last Report stream ended (``DataplaneLost``) and
-neither a ``Resynced`` nor a new Report stream (``DataplaneReturned``) came for ``grace`` seconds,
-its placed turns are released. 60 s fits many reconnect attempts (the dataplane retries every 1 s)
+flight until the 600 s turn expiry. So once its last Connect stream ended (``DataplaneLost``) and
+no ``Resynced`` (the first message of a new stream) came for ``grace`` seconds, its placed turns
+are released. 60 s fits many reconnect attempts (the dataplane retries every 1 s)
 and a process restart. Its held turns need nothing: their Admit calls died with its connection, and
 each cancelled Admit was already a ``TurnAbandoned``.
 
