@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -571,3 +572,63 @@ def test_a_page_that_never_reached_the_scheduler_says_so(
     dom = dump_dom(f"{scheduler.url}/")
     assert poll_state(dom) == "error"
     assert "no data yet" in by_id(dom, "poll").text()
+
+
+def _fill_width(row: Element) -> float:
+    """The width (percent of the bar) of a replica row's in-flight fill."""
+    (fill,) = [e for e in row.iter() if "fill" in e.attrs.get("class", "").split()]
+    match = re.search(r"width:\s*([0-9.]+)%", fill.attrs.get("style", ""))
+    assert match is not None, fill.attrs
+    return float(match.group(1))
+
+
+CAPPED_STATUS: dict[str, Any] = {
+    **EMPTY_STATUS,
+    "replicas": [
+        # the review's input: 19 in flight beside 4 effective (a queue), 32 configured
+        {"name": "a", "kind": "generative", "models": ["m"], "inflight": 19, "capacity": 32,
+         "effective_capacity": 4, "batch_capacity": 4, "reserved_headroom": 0, "leased": 0,
+         "healthy": True, "probed_s_ago": 1.0, "running": 4, "waiting": 15},
+        {"name": "b", "kind": "generative", "models": ["m"], "inflight": 2, "capacity": 32,
+         "effective_capacity": 8, "batch_capacity": None, "reserved_headroom": 0, "leased": 3,
+         "healthy": True, "probed_s_ago": 1.0, "running": 2, "waiting": 0},
+    ],
+    "leases": {"dp-1": {"b": 2}, "dp-2": {"b": 1}},
+    "runs_by_caller": {"ide": 4, "bulk": 24},
+    "inflight_by_caller": {"bulk": 19, "ide": 2},
+}  # fmt: skip
+
+
+def test_in_flight_is_drawn_against_effective_capacity_with_leases_and_callers(
+    serve: Callable[[dict[str, Route]], RoutesServer],
+) -> None:
+    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(CAPPED_STATUS)})
+    dom = dump_dom(f"{scheduler.url}/")
+    replicas = by_id(dom, "replicas")
+    a, b = replicas.one("tr", data_replica="a"), replicas.one("tr", data_replica="b")
+    assert a.cell("inflight").startswith("19 / 4")
+    assert _fill_width(a) == 100.0, "19 of 4 is a full bar, not 19 of 32"
+    assert "of 32 configured" in a.cell("capnote")
+    assert "engine runs 4 at once" in a.cell("capnote")
+    assert b.cell("inflight").startswith("2 / 8")
+    assert _fill_width(b) == 25.0  # 2 of 8 effective
+    assert b.cell("count") == "3"  # leased, unused
+    assert b.one(data_dataplane="dp-1").text() == "dp-1: 2"
+    assert b.one(data_dataplane="dp-2").text() == "dp-2: 1"
+    assert a.cell("count") == "0"
+    callers = by_id(dom, "runs-by-caller")
+    order = [r.attrs["data-caller"] for r in callers.find_all("tr") if "data-caller" in r.attrs]
+    assert order == ["bulk", "ide"]  # most turns in flight first
+    assert callers.one("tr", data_caller="ide").cell("runs") == "4"
+    assert callers.one("tr", data_caller="ide").cell("inflight") == "2"
+    assert callers.one("tr", data_caller="bulk").cell("inflight") == "19"
+    assert by_id(dom, "startup-hold").attrs.get("hidden") is not None
+
+
+def test_the_startup_hold_is_shown_while_it_holds(serve: Callable[[dict[str, Route]], RoutesServer]) -> None:
+    status = {**EMPTY_STATUS, "startup_hold_s": 1.5}
+    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(status)})
+    dom = dump_dom(f"{scheduler.url}/")
+    hold = by_id(dom, "startup-hold")
+    assert "hidden" not in hold.attrs
+    assert "startup hold" in hold.text()
