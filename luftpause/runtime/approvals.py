@@ -244,7 +244,7 @@ class Approvals:
         :class:`ExpiredRun`, or :class:`NoPendingApproval` (no such question; or several pending
         and no ``call``: the message lists their ids)."""
         run = self.registry.get(handle)
-        pending = [a for a in run.pending_approvals if not a.decided.done()] if not run.done else []
+        pending = run.open_approvals() if not run.done else []
         if call is not None:
             chosen = [a for a in pending if a.id == call]
             if not chosen:
@@ -305,7 +305,7 @@ async def wait_asking(
                 approvals.decide(approval, allow)
 
     def unasked() -> list[PendingApproval]:
-        return [a for r in runs if not r.done for a in r.pending_approvals if a.id not in asked]
+        return [a for r in runs if not r.done for a in r.open_approvals() if a.id not in asked]
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds

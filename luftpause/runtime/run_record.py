@@ -171,7 +171,12 @@ class Run:
     @property
     def display_state(self) -> str:
         """:attr:`state`, or ``AwaitingApproval`` for a running run that waits for a person."""
-        return "AwaitingApproval" if self.pending_approvals and not self.done else self.state
+        return "AwaitingApproval" if self.open_approvals() and not self.done else self.state
+
+    def open_approvals(self) -> list[Any]:
+        """The questions still unanswered (an answered one stays in :attr:`pending_approvals`
+        until its call resumes, after its decision is journaled)."""
+        return [a for a in self.pending_approvals if not a.decided.done()]
 
     @property
     def seconds(self) -> float:

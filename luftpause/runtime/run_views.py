@@ -35,8 +35,8 @@ def run_result(run: Run) -> dict[str, Any]:
     (:meth:`RunRegistry.result`).
     """
     out: dict[str, Any] = {"handle": run.handle, "state": run.display_state, "podState": run.pod_state}
-    if run.pending_approvals and not run.done:
-        out["pendingApprovals"] = [approval.shown() for approval in run.pending_approvals]
+    if run.open_approvals() and not run.done:
+        out["pendingApprovals"] = [approval.shown() for approval in run.open_approvals()]
         out["pendingApproval"] = out["pendingApprovals"][0]
     if run.journal_error is not None:
         out["durable"] = False
