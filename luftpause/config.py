@@ -125,6 +125,10 @@ class RuntimeConfig(_Section):
     """Deepest run tree (a caller's run is level 1) that orchestrating runs may grow."""
     max_children: int = Field(default=8, ge=1)
     """Most live (running or idle) children one run may have."""
+    retained_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    """Bytes (tasks, system prompts, conversations, outputs) that finished runs keep in memory
+    and in the compacted journal; past it the least recently finished drop their conversation,
+    then are forgotten."""
 
     _check = field_validator("listen")(_host_port)
 
