@@ -126,10 +126,10 @@ def test_an_engine_refusal_reaches_the_client_unchanged(
     assert settled(stack, before)["counters"]["failed"] == before + 1
 
 
-def test_an_engine_dying_mid_stream_gives_the_chunks_so_far_then_the_end(stack: Stack) -> None:
+def test_an_engine_dying_mid_stream_gives_the_chunks_so_far_then_a_broken_stream(stack: Stack) -> None:
     before = status(stack)["counters"]["failed"]
 
-    async def scenario() -> bytes:
+    async def scenario() -> tuple[bytes, BaseException | None]:
         received = b""
         async with (
             aiohttp.ClientSession() as session,
@@ -143,14 +143,42 @@ def test_an_engine_dying_mid_stream_gives_the_chunks_so_far_then_the_end(stack: 
             try:
                 async for part in response.content.iter_any():
                     received += part
-            except aiohttp.ClientPayloadError:
-                pass  # a cut connection is what the contract allows the client to see
-        return received
+            except aiohttp.ClientPayloadError as exc:
+                return received, exc
+        return received, None
 
-    received = asyncio.run(scenario())
+    received, broken = asyncio.run(scenario())
+    # The client's library says the stream broke: it never sees a clean end of a cut answer.
+    assert isinstance(broken, aiohttp.ClientPayloadError)
     events = [e for e in received.split(b"\n\n") if e]
     assert len(events) == 3
     assert b"[DONE]" not in received
+    assert settled(stack, before)["counters"]["failed"] == before + 1
+
+
+def test_an_engine_dying_mid_stream_closes_the_connection_without_the_last_chunk(stack: Stack) -> None:
+    """On the wire: the chunks so far, then the connection closes without ``0\\r\\n\\r\\n``."""
+    before = status(stack)["counters"]["failed"]
+    port = int(stack.dataplane_url.rsplit(":", 1)[1])
+    payload = orjson.dumps(body({"kind": "die_mid_stream", "after_chunks": 3}, stream=True))
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+    )
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(request)
+        try:
+            while chunk := sock.recv(65536):  # until the server closes (a keep-alive would time out)
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    head, _, chunked = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert chunked.count(b"data: ") == 3
+    assert not chunked.endswith(b"0\r\n\r\n")
+    assert b"[DONE]" not in chunked
     assert settled(stack, before)["counters"]["failed"] == before + 1
 
 

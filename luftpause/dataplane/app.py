@@ -1,4 +1,4 @@
-"""The dataplane's RSGI application (served by granian on uvloop).
+"""The dataplane's ASGI application (served by granian on uvloop; why ASGI: ``asgi.py``).
 
 Routes (DESIGN.md, "The dataplane"):
 
@@ -31,17 +31,17 @@ import hmac
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import grpc.aio
 import orjson
-from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 
 from luftpause import tracing
 from luftpause.config import Config, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
+from luftpause.dataplane.asgi import Exchange, Receive, Scope, Send, StreamBroken
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
@@ -57,10 +57,6 @@ from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn, new_id
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
-
-if TYPE_CHECKING:
-    from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-    from granian.rsgi import Scope
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -85,23 +81,13 @@ def _acceptable_run_id(value: str | None) -> bool:
     return value is not None and 0 < len(value.encode()) <= RUN_ID_MAX_BYTES
 
 
-def _client_run_id(scope: Scope) -> str | None:
+def _client_run_id(exchange: Exchange) -> str | None:
     """The client's own ``x-luftpause-run-id``, when it is one we would accept, for error answers."""
-    value: str | None = scope.headers.get(RUN_ID_HEADER)
+    try:
+        value = exchange.header(RUN_ID_HEADER)
+    except BadRequest:
+        return None
     return value if _acceptable_run_id(value) else None
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    """A request header as text; :class:`BadRequest` when it is present but not ASCII.
-
-    Header values are ASCII here: the HTTP server (granian) hands over no value with other bytes
-    in it, UTF-8 included, so a caller or run id in another script must come percent-encoded
-    (RFC 3986); luftpause treats the encoded text as an opaque id and never decodes it.
-    """
-    value: str | None = scope.headers.get(name)
-    if value is None and name in scope.headers:
-        raise BadRequest(f"header {name} must be ASCII: percent-encode other characters (RFC 3986)")
-    return value
 
 
 def truncate_caller(caller: str) -> str:
@@ -113,7 +99,7 @@ def truncate_caller(caller: str) -> str:
 
 
 class Dataplane:
-    """RSGI application; granian calls ``__rsgi_init__`` in the worker before serving."""
+    """ASGI application (``__call__``); granian's worker runs its lifespan (startup, shutdown)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -144,12 +130,31 @@ class Dataplane:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.run_until_complete(self.startup())
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point: ``http`` requests and the ``lifespan`` protocol."""
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(Exchange(scope, receive, send))
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
 
-    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.run_until_complete(self.shutdown())
-        tracing.shutdown()  # export the spans still buffered (a no-op when tracing is off)
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """ASGI lifespan: granian's worker sends startup before serving and shutdown after."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("dataplane startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                tracing.shutdown()  # export the spans still buffered (a no-op when tracing is off)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     async def startup(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -181,86 +186,101 @@ class Dataplane:
 
     # --- routing ---------------------------------------------------------------------------------
 
-    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
+    async def _http(self, exchange: Exchange) -> None:
         try:
-            await self._route(scope, proto)
+            await self._route(exchange)
         except DataplaneError as exc:
-            if exc.run_id is None and scope.path != DECIDE_PATH:
-                exc.run_id = _client_run_id(scope)
+            if exchange.started:
+                raise StreamBroken(str(exc)) from None  # cannot happen by design; never a clean end
+            if exc.run_id is None and exchange.path != DECIDE_PATH:
+                exc.run_id = _client_run_id(exchange)
             headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
             if isinstance(exc, MethodNotAllowed):
                 headers = [*headers, ("allow", exc.allow)]
-            proto.response_bytes(exc.status, headers, exc.body())
+            await exchange.respond(exc.status, headers, exc.body())
         except _ClientGone:
             pass
+        except StreamBroken:
+            raise  # granian aborts the connection: the client sees its stream broken
         except Exception as exc:
-            # A fault of ours still answers with the error contract (if nothing was sent yet).
-            log.exception("%s %s failed", scope.method, scope.path)
-            try:
-                proto.response_bytes(500, _JSON, error_body(f"internal error: {type(exc).__name__}"))
-            except RuntimeError:
-                pass  # the response had already started
+            # A fault of ours still answers with the error contract if nothing was sent yet, and
+            # breaks the connection if something was.
+            log.exception("%s %s failed", exchange.method, exchange.path)
+            if exchange.started:
+                raise StreamBroken(f"internal error: {type(exc).__name__}") from None
+            await exchange.respond(500, _JSON, error_body(f"internal error: {type(exc).__name__}"))
 
-    async def _route(self, scope: Scope, proto: HTTPProtocol) -> None:
-        path, method = scope.path, scope.method
+    async def _route(self, exchange: Exchange) -> None:
+        path, method = exchange.path, exchange.method
         if path == "/health":
             _allow(path, method, "GET", "HEAD")
             state = "connected" if self.link.connected else "connecting"
-            proto.response_bytes(200, _JSON, orjson.dumps({"status": "ok", "scheduler": state}))
+            await exchange.respond(200, _JSON, orjson.dumps({"status": "ok", "scheduler": state}))
             return
         if path == "/metrics":
             _allow(path, method, "GET", "HEAD")
-            proto.response_bytes(200, [("content-type", METRICS_CONTENT_TYPE)], self.metrics.exposition())
+            await exchange.respond(200, [("content-type", METRICS_CONTENT_TYPE)], self.metrics.exposition())
             return
         if not path.startswith("/v1/"):
             raise NotFound(f"no route {method} {path}")
-        self._authorize(scope)
+        self._authorize(exchange)
         if path == "/v1/chat/completions":
             _allow(path, method, "POST")
-            await self._chat_completions(scope, proto)
+            await self._chat_completions(exchange)
         elif path == DECIDE_PATH:
             _allow(path, method, "POST")
-            await self._decide(scope, proto)
+            await self._decide(exchange)
         elif path == "/v1/models":
             _allow(path, method, "GET", "HEAD")
-            proto.response_bytes(200, _JSON, self.models_body)
+            await exchange.respond(200, _JSON, self.models_body)
         elif path.startswith("/v1/runs/") and len(path) > len("/v1/runs/"):
             _allow(path, method, "DELETE")
             run_id = path[len("/v1/runs/") :]
             self.runs.forget(run_id)
             self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
-            proto.response_empty(204, [(RUN_ID_HEADER, run_id)])
+            await exchange.respond(204, [(RUN_ID_HEADER, run_id)])
         else:
             raise NotFound(f"no route {method} {path}")
 
-    def _authorize(self, scope: Scope) -> None:
+    def _authorize(self, exchange: Exchange) -> None:
         if self.token is None:
             return
-        given = _header(scope, "authorization") or ""
+        given = exchange.header("authorization") or ""
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token.encode()):
             raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)")
 
     # --- chat completions ------------------------------------------------------------------------
 
-    async def _read_body(self, scope: Scope, proto: HTTPProtocol) -> bytes:
+    async def _read_body(self, exchange: Exchange) -> bytes:
         """The request body, refused with 413 as soon as it passes ``MAX_BODY_BYTES``."""
-        declared = scope.headers.get("content-length")
+        declared = exchange.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+            raise PayloadTooLarge(f"request body is {declared.decode()} bytes; the limit is {MAX_BODY_BYTES}")
+        receive = exchange.receive
+        message = await receive()
+        if not message.get("more_body"):  # the usual case: the whole body in one message
+            if message["type"] != "http.request":
+                raise _ClientGone
+            body: bytes = message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                raise PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
+            return body
         parts: list[bytes] = []
         size = 0
-        try:
-            async for part in proto:
-                size += len(part)
-                if size > MAX_BODY_BYTES:
-                    raise PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
-                parts.append(part)
-        except (RSGIProtocolClosed, RSGIProtocolError):
-            raise _ClientGone from None
-        return b"".join(parts)
+        while True:
+            if message["type"] != "http.request":
+                raise _ClientGone
+            part = message.get("body", b"")
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
+            parts.append(part)
+            if not message.get("more_body"):
+                return b"".join(parts)
+            message = await receive()
 
-    def _parse_turn(self, scope: Scope, body: bytes) -> Turn:
+    def _parse_turn(self, exchange: Exchange, body: bytes) -> Turn:
         try:
             payload: Any = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -273,11 +293,11 @@ class Dataplane:
         messages = payload.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
-        service_class = _service_class(scope)
+        service_class = _service_class(exchange)
         assert self._loop is not None
         now = self._loop.time()
-        caller = truncate_caller(_header(scope, "x-luftpause-caller") or "")
-        run_id = _header(scope, RUN_ID_HEADER)
+        caller = truncate_caller(exchange.header("x-luftpause-caller") or "")
+        run_id = exchange.header(RUN_ID_HEADER)
         if not run_id:
             # No header (or an empty one): the run that emitted a tool call answered here, else new.
             run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now)
@@ -293,11 +313,11 @@ class Dataplane:
             service_class=service_class,
             caller=caller,
             body=body,
-            traceparent=_header(scope, "traceparent"),
+            traceparent=exchange.header("traceparent"),
             arrived=now,
         )
 
-    def _parse_single_pass(self, scope: Scope, body: bytes) -> Turn:
+    def _parse_single_pass(self, exchange: Exchange, body: bytes) -> Turn:
         """A ``/v1/decide`` request: vLLM's classification request, ``{"model": str, "input": str |
         [str, ...]}`` (other keys pass through untouched); :class:`BadRequest` otherwise."""
         try:
@@ -319,34 +339,30 @@ class Dataplane:
             turn_id=Turn.new_id(),
             run_id="",
             model=model,
-            service_class=_service_class(scope),
-            caller=truncate_caller(_header(scope, "x-luftpause-caller") or ""),
+            service_class=_service_class(exchange),
+            caller=truncate_caller(exchange.header("x-luftpause-caller") or ""),
             body=body,
-            traceparent=_header(scope, "traceparent"),
+            traceparent=exchange.header("traceparent"),
             single_pass=True,
             arrived=self._loop.time() if self._loop is not None else 0.0,
         )
 
-    async def _chat_completions(self, scope: Scope, proto: HTTPProtocol) -> None:
-        await self._run_turn(self._parse_turn(scope, await self._read_body(scope, proto)), proto)
+    async def _chat_completions(self, exchange: Exchange) -> None:
+        await self._run_turn(self._parse_turn(exchange, await self._read_body(exchange)), exchange)
 
-    async def _decide(self, scope: Scope, proto: HTTPProtocol) -> None:
-        await self._run_turn(self._parse_single_pass(scope, await self._read_body(scope, proto)), proto)
+    async def _decide(self, exchange: Exchange) -> None:
+        await self._run_turn(self._parse_single_pass(exchange, await self._read_body(exchange)), exchange)
 
-    async def _run_turn(self, turn: Turn, proto: HTTPProtocol) -> None:
+    async def _run_turn(self, turn: Turn, exchange: Exchange) -> None:
         """Admit ``turn``, forward it and relay its answer, racing the client leaving."""
         # Race the whole turn against the client leaving: a held turn must leave the queue at once
-        # and a streaming one must close its engine request at once. granian's disconnect future
-        # takes a done callback (called on the loop's thread), which cancels this very task: no
-        # second task per turn and no asyncio.wait.
+        # and a streaming one must close its engine request at once. With the body read, granian's
+        # receive() returns only once the client has gone (http.disconnect); its done callback
+        # cancels this very task: no asyncio.wait, and send() is never relied on to notice (granian
+        # does not raise on a closed connection).
         task = asyncio.current_task(self._loop)
         assert task is not None
-        # granian 2's awaitable is future-like (add_done_callback, remove_done_callback, cancel), though
-        # typed as a coroutine; anything else is wrapped in a task.
-        disconnect: Any = proto.client_disconnect()
-        gone: asyncio.Future[None] = (
-            disconnect if hasattr(disconnect, "add_done_callback") else asyncio.ensure_future(disconnect)
-        )
+        gone: asyncio.Future[Any] = asyncio.ensure_future(exchange.receive())
         running = True
 
         def left(_: object) -> None:
@@ -360,7 +376,7 @@ class Dataplane:
             span = turn.span = turn_spans.start(turn)
             turn.traceparent = tracing.traceparent_of(span) or turn.traceparent
         try:
-            await self._admit_and_forward(turn, proto)
+            await self._admit_and_forward(turn, exchange)
         except asyncio.CancelledError:
             if not (gone.done() and not gone.cancelled()):
                 raise  # cancelled from outside (the worker stopping), not by the client leaving
@@ -372,6 +388,8 @@ class Dataplane:
             if span is not None:
                 turn_spans.refused(span, exc.status, str(exc))
             raise
+        except StreamBroken:
+            raise  # the answer began (the span has the failure): granian aborts the connection
         except Exception as exc:
             # A fault of ours: answered 500 as any other, still naming the turn's run.
             log.error("turn %s failed", turn.turn_id, exc_info=exc)
@@ -383,11 +401,12 @@ class Dataplane:
         finally:
             running = False
             gone.remove_done_callback(left)
-            gone.cancel()
+            if not gone.cancel() and not gone.cancelled():
+                gone.exception()  # retrieved, so a failed receive() is not logged as unretrieved
             if span is not None:
                 span.end()
 
-    async def _admit_and_forward(self, turn: Turn, proto: HTTPProtocol) -> None:
+    async def _admit_and_forward(self, turn: Turn, exchange: Exchange) -> None:
         assert self._relay is not None
         request = pb.AdmitRequest(
             turn_id=turn.turn_id,
@@ -430,15 +449,15 @@ class Dataplane:
                 f"the scheduler placed the turn on replica {reply.placed.replica!r}, "
                 "which this dataplane's configuration does not name"
             ) from None
-        await self._relay.forward(turn, replica, proto)
+        await self._relay.forward(turn, replica, exchange)
 
 
-def _service_class(scope: Scope) -> int:
+def _service_class(exchange: Exchange) -> int:
     """The ``x-luftpause-class`` header as a ``ServiceClass``; absent is interactive.
 
     Raises :class:`BadRequest` naming the allowed values for anything else.
     """
-    class_name = _header(scope, "x-luftpause-class") or "interactive"
+    class_name = exchange.header("x-luftpause-class") or "interactive"
     service_class = _CLASSES.get(class_name)
     if service_class is None:
         raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")

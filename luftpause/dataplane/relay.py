@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
-from granian._granian import RSGIProtocolClosed, RSGIProtocolError
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from luftpause import tracing
 from luftpause.config import ReplicaConfig
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
+from luftpause.dataplane.asgi import Exchange, StreamBroken
 from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import InFlight, RunTable
@@ -33,7 +33,6 @@ from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_i
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
-    from granian._granian import RSGIHTTPProtocol as HTTPProtocol
     from opentelemetry.trace import Span
 
 log = logging.getLogger("luftpause.dataplane")
@@ -222,13 +221,15 @@ class Relay:
         )
         self.metrics.turn_ended("finished", turn.service_class)
 
-    async def forward(self, turn: Turn, replica: ReplicaConfig, proto: HTTPProtocol) -> None:
-        """Send ``turn`` to ``replica`` and relay the answer to ``proto``.
+    async def forward(self, turn: Turn, replica: ReplicaConfig, exchange: Exchange) -> None:
+        """Send ``turn`` to ``replica`` and relay the answer to the client of ``exchange``.
 
         A chat turn goes to ``/v1/chat/completions``, a single-pass turn to ``/classify`` (vLLM's
         classification route), its body unchanged either way. Raises :class:`EngineUnreachable`
         (nothing sent to the client yet) when the engine cannot be connected to or breaks off
-        before its answer has begun. Cancellation (the client left) closes the engine request at once.
+        before its answer has begun, and :class:`~luftpause.dataplane.asgi.StreamBroken` when the engine
+        fails after the answer began (the client's connection is then aborted, never ended cleanly).
+        Cancellation (the client left) closes the engine request at once.
         """
         if turn.single_pass:
             self.single_pass_in_flight.add(turn.turn_id)
@@ -262,11 +263,11 @@ class Relay:
                 if not turn.single_pass:  # a single-pass turn belongs to no run
                     out_headers.append((RUN_ID_HEADER, turn.run_id))
                 if upstream.status != 200:
-                    await self._relay_refusal(turn, upstream, out_headers, proto)
+                    await self._relay_refusal(turn, upstream, out_headers, exchange)
                 elif streamed:
-                    await self._relay_stream(turn, upstream, out_headers, proto)
+                    await self._relay_stream(turn, upstream, out_headers, exchange)
                 else:
-                    await self._relay_whole(turn, upstream, out_headers, proto)
+                    await self._relay_whole(turn, upstream, out_headers, exchange)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # Errors after a stream began are handled in _relay_stream, so nothing was answered
             # yet: the client gets a 502 naming the replica.
@@ -284,12 +285,12 @@ class Relay:
         turn: Turn,
         upstream: aiohttp.ClientResponse,
         headers: list[tuple[str, str]],
-        proto: HTTPProtocol,
+        exchange: Exchange,
     ) -> None:
         # 429 / 5xx: status, body and Retry-After reach the client unchanged.
         body = await upstream.read()
         self.failed(turn, f"engine answered {upstream.status}")
-        proto.response_bytes(upstream.status, headers, body)
+        await exchange.respond(upstream.status, headers, body)
         self.metrics.relayed(len(body))
 
     async def _relay_stream(
@@ -297,30 +298,29 @@ class Relay:
         turn: Turn,
         upstream: aiohttp.ClientResponse,
         headers: list[tuple[str, str]],
-        proto: HTTPProtocol,
+        exchange: Exchange,
     ) -> None:
         headers.append(("cache-control", "no-cache"))
         headers.append(("x-accel-buffering", "no"))
-        transport = proto.response_stream(200, headers)
+        await exchange.start(200, headers)
+        send = exchange.send
         scanner = SSEScanner()
         relayed = 0  # summed here, added to the counter once per turn
         try:
             async for chunk in upstream.content.iter_any():
-                await transport.send_bytes(chunk)
+                # Waits while the client is not reading (granian's ASGI send is bounded), and
+                # aiohttp stops reading the engine while this waits: memory stays bounded.
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 relayed += len(chunk)
                 if scanner.feed(chunk):
                     self._first_token(turn)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            # The client has had 200 and the chunks so far; the stream ends without [DONE].
-            self.failed(turn, f"engine failed mid-stream: {exc!r}")
-            return
-        except (RSGIProtocolClosed, RSGIProtocolError) as exc:  # the client's side went away
-            self.failed(turn, f"client stream closed: {exc!r}")
-            return
+            # The client has had 200 and the chunks so far; its connection is aborted (no final
+            # chunk, no [DONE]), so it sees the stream broken rather than ended.
+            message = f"engine failed mid-stream: {exc!r}"
+            self.failed(turn, message)
+            raise StreamBroken(message) from None
         finally:
-            # granian ends a streamed response when its transport object is freed, and a caught
-            # exception's traceback keeps this frame alive: without this the client would hang.
-            del transport
             self.metrics.relayed(relayed)
             if scanner.oversized_events:
                 log.warning(
@@ -330,12 +330,18 @@ class Relay:
                     scanner.max_event_bytes,
                 )
         if scanner.error is not None:
-            # vLLM and SGLang report a failure inside the stream as an error event, then [DONE].
+            # vLLM and SGLang report a failure inside the stream as an error event, then [DONE]:
+            # the stream is the engine's whole answer, ended as the engine ended it.
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.failed(turn, f"engine error mid-stream: {scanner.error}")
             return
         if not scanner.done and scanner.finish_reason is None:
-            self.failed(turn, "engine closed the stream before it finished")
-            return
+            # The engine ended its body before the answer was complete: to the client that is a
+            # broken stream too, so its connection is aborted rather than ended.
+            message = "engine closed the stream before it finished"
+            self.failed(turn, message)
+            raise StreamBroken(message)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._finished(
             turn,
             scanner.finish_reason or "",
@@ -350,7 +356,7 @@ class Relay:
         turn: Turn,
         upstream: aiohttp.ClientResponse,
         headers: list[tuple[str, str]],
-        proto: HTTPProtocol,
+        exchange: Exchange,
     ) -> None:
         body = await upstream.read()  # a read error here becomes forward()'s 502
         if turn.single_pass:
@@ -360,7 +366,7 @@ class Relay:
         else:
             self._first_token(turn)
             finish_reason, tool_calls, prompt, completion, ids = _completion_facts(body)
-        proto.response_bytes(200, headers, body)
+        await exchange.respond(200, headers, body)
         self.metrics.relayed(len(body))
         self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
 

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         "luftpause.dataplane.app:create_app",
         address=host,
         port=port,
-        interface=Interfaces.RSGI,
+        interface=Interfaces.ASGI,
         loop=Loops.uvloop,
         workers=1,
         factory=True,
