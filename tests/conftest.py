@@ -4,9 +4,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from luftpause.testkit.fake_engine import EngineSettings, RunningEngine, start_engine
 from luftpause.testkit.stack import Stack
+
+# ``pytest --hypothesis-profile=thorough``: the scheduler's state machine over 2,000 random
+# sequences (tests/test_scheduler_statemachine.py) instead of its fast default of 400. Registered
+# here because the plugin loads the profile before test modules are imported.
+settings.register_profile("thorough", max_examples=2000)
 
 EngineFactory = Callable[..., Awaitable[RunningEngine]]
 

@@ -1,0 +1,246 @@
+"""Placing held turns (rules 4 to 6 of :mod:`.decide`): where a turn may go, putting it on a replica,
+filling replicas whose room opened (least loaded first), re-filing held turns when their run
+changes, and the bookkeeping every placement shares (callers' in-flight counts, headroom, activity).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from luftpause.scheduler.core.actions import (
+    Action,
+    Place,
+)
+from luftpause.scheduler.core.events import (
+    TurnArrived,
+)
+from luftpause.scheduler.core.held import (
+    HeldTurn,
+    QueueKey,
+    any_replica_for,
+    pinned_to,
+    queues_served_by,
+    single_pass_for,
+)
+from luftpause.scheduler.core.policies import (
+    affinity,
+    capacity,
+    headroom,
+    health,
+    ordering,
+    routing,
+)
+from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
+
+
+def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
+    """The run of an arriving generative turn, created or brought up to date; it now has the turn."""
+    run = state.runs.get(event.run_id)
+    if run is None:
+        run = Run(event.run_id, "idle", None, event.service_class, event.caller, event.at)
+        state.runs[event.run_id] = run
+    else:
+        run.service_class = event.service_class
+        run.caller = event.caller
+        _touch(state, run, event.at)
+        released = _reserve(state, run)  # a paused run that comes back as batch keeps no slot
+        if released is not None:
+            _fill(state, released, event.at, out)
+    run.turns.add(event.turn_id)
+    return run
+
+
+def _where(
+    state: State, run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]
+) -> tuple[QueueKey, tuple[Replica, ...]]:
+    """The queue ``turn`` belongs in and the replicas it may use now (``serving``: routing's).
+
+    A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4),
+    unless the configuration turned strict affinity off (``State.strict_affinity``, for measuring
+    what it gains).
+    """
+    if turn.single_pass or not state.strict_affinity:
+        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), serving
+    pinned = affinity.pinned_replica(run, serving)
+    if pinned is not None:
+        return pinned_to(pinned.name), (pinned,)
+    return any_replica_for(turn.model), serving
+
+
+def _place(
+    state: State,
+    turn: HeldTurn,
+    replica: Replica,
+    at: float,
+    out: list[Action],
+    leased: bool = False,
+    answer: bool = True,
+) -> None:
+    """Put ``turn`` (not in the held queues) on ``replica``; its run now generates there.
+
+    ``leased``: its dataplane placed it under a lease (counted apart); ``answer``: an Admit waits
+    for it, answered with ``Place``.
+    """
+    state.placed[turn.turn_id] = PlacedTurn(
+        turn.turn_id,
+        turn.run_id,
+        turn.model,
+        turn.service_class,
+        turn.caller,
+        turn.dataplane_id,
+        replica.name,
+        at,
+        single_pass=turn.single_pass,
+    )
+    replica.inflight += 1
+    _count_placed(state, turn.caller, 1, turn.single_pass)
+    state.counters.admitted += 1
+    if leased:
+        state.counters.leased += 1
+    if answer:
+        out.append(Place(turn.turn_id, replica.name))
+    if turn.single_pass:
+        return  # rule 13: no run state
+    run = state.runs.get(turn.run_id)
+    if run is None:
+        # the run ended (RunEnded) while this turn was held: it starts afresh
+        run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at)
+        state.runs[turn.run_id] = run
+    else:
+        run.phase = "generating"
+        run.last_replica = replica.name
+        _touch(state, run, at)
+        released = _reserve(state, run)
+        if released is not None and released is not replica:
+            # it came back elsewhere (its replica is unhealthy, or does not serve this model)
+            _fill(state, released, at, out)
+    run.turns.add(turn.turn_id)
+    run.latest_turn = turn.turn_id
+    _refile(state, run.turns, at, out)
+
+
+def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
+    """Re-file the held ones of ``turn_ids`` (generative: a run's) under their run's current affinity.
+
+    Then each replica with room that a moved turn may now use is filled (:func:`_fill`, least
+    loaded first), so no held turn waits while a replica it may use has room, and that room goes to
+    the first turn in order of all that may use it: a batch turn that an ended run set free does
+    not take the slot that an interactive turn pinned to that replica waits for.
+    """
+    opened: dict[str, Replica] = {}
+    for turn_id in turn_ids:
+        turn = state.held.get(turn_id)
+        if turn is None:
+            continue
+        queue, usable = _where(
+            state, state.runs.get(turn.run_id), turn, routing.replicas_for(state, turn.model)
+        )
+        if queue == turn.queue:
+            continue  # same queue: it still waits for the same full replicas
+        state.held.refile(turn, queue)
+        for replica in capacity.with_room(usable, turn.service_class):
+            opened[replica.name] = replica
+    if opened:
+        _fill_least_loaded(state, opened.values(), at, out)
+
+
+def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
+    """Give ``replica``'s free slots to the first held turns (in order) that may use it."""
+    while _fill_one(state, replica, at, out):
+        pass
+
+
+def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> bool:
+    """Give one free slot of ``replica`` to the first held turn (in order) that may use it.
+
+    False when none was placed: no room, no held turn it serves, or the first one may not take a
+    slot (a batch turn facing the headroom kept for paused interactive runs: every turn behind it
+    in order is batch too).
+    """
+    if state.holding or not state.held or not health.usable(replica) or not capacity.has_room(replica):
+        return False
+    queues = queues_served_by(replica.name, replica.kind, replica.models)
+    loads = state.single_pass_inflight if replica.kind == "single_pass" else state.caller_inflight
+    turn = ordering.first((state.held.head(queue) for queue in queues), loads)
+    if turn is None or not capacity.has_room(replica, turn.service_class):
+        return False
+    state.held.remove(turn.turn_id)
+    _place(state, turn, replica, at, out)
+    return True
+
+
+def _fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out: list[Action]) -> None:
+    """Fill several replicas whose room opened at once, one turn at a time, least loaded first.
+
+    Filling them one after the other would give the first every held turn that may go anywhere
+    (a probe round that lifts two capped replicas: ``a: 22, b: 4``); a turn that may go anywhere
+    goes where an arrival would have, to the replica with the fewest in-flight turns (ties in
+    configuration order). A heap of ``(inflight, index)``; an entry whose count moved meanwhile
+    (a placement inside the loop may fill another replica) is put back with the right one.
+    """
+    heap = [(replica.inflight, replica.index, replica.name) for replica in replicas]
+    if len(heap) == 1:
+        _fill(state, state.replicas[heap[0][2]], at, out)
+        return
+    heapq.heapify(heap)
+    while heap and state.held:
+        inflight, index, name = heapq.heappop(heap)
+        replica = state.replicas[name]
+        if replica.inflight != inflight:
+            heapq.heappush(heap, (replica.inflight, index, name))
+        elif _fill_one(state, replica, at, out):
+            heapq.heappush(heap, (replica.inflight, index, name))
+
+
+def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> None:
+    """``caller`` has ``delta`` more placed turns of one kind; re-rank its held turns of that kind.
+
+    Each kind counts apart (ordering policy, rule 13): the turns a caller has on one pool do not
+    push back its turns held for the other.
+    """
+    loads = state.single_pass_inflight if single_pass else state.caller_inflight
+    count = loads.get(caller, 0) + delta
+    if count:
+        loads[caller] = count
+    else:
+        loads.pop(caller, None)
+    state.held.load_changed(caller, single_pass)
+
+
+def _reserve(state: State, run: Run) -> Replica | None:
+    """Keep ``run``'s headroom slot where its class and phase say; the replica that lost one, if any."""
+    want = headroom.reserves(run.service_class, run.phase, run.last_replica)
+    if want is not None and want not in state.replicas:
+        want = None
+    if want == run.reserved_on:
+        return None
+    released = _unreserve(state, run)
+    if want is not None:
+        state.replicas[want].reserved_for.add(run.run_id)
+        run.reserved_on = want
+    return released
+
+
+def _unreserve(state: State, run: Run) -> Replica | None:
+    """Give up ``run``'s headroom slot; the replica that held it, or ``None``."""
+    if run.reserved_on is None:
+        return None
+    replica = state.replicas[run.reserved_on]
+    replica.reserved_for.discard(run.run_id)
+    run.reserved_on = None
+    return replica
+
+
+def _touch(state: State, run: Run, at: float) -> None:
+    """Record activity of ``run`` at ``at``, keeping ``state.runs`` in order of last activity."""
+    run.last_activity = at
+    state.runs.move_to_end(run.run_id)
+
+
+def _takes_held(state: State, replica: Replica) -> bool:
+    """True when some held turn may go to ``replica`` (the head of a queue it serves)."""
+    return any(
+        state.held.head(queue) is not None
+        for queue in queues_served_by(replica.name, replica.kind, replica.models)
+    )

@@ -1,0 +1,140 @@
+"""Turn and run ends (rules 6 to 9 of :mod:`.decide`): finished, failed, abandoned, run ended, expiry
+and the release of a lost dataplane's turns on a tick."""
+
+from __future__ import annotations
+
+from luftpause.scheduler.core.actions import (
+    Action,
+    Forget,
+    Reject,
+)
+from luftpause.scheduler.core.events import (
+    AbandonReported,
+    RunEnded,
+    RunPhase,
+)
+from luftpause.scheduler.core.placement import _count_placed, _fill, _refile, _reserve, _touch, _unreserve
+from luftpause.scheduler.core.policies import (
+    abandoned,
+    expiry,
+    lost_dataplane,
+)
+from luftpause.scheduler.core.resync import _release, _settle
+from luftpause.scheduler.core.state import Run, State
+
+
+def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: list[Action]) -> bool:
+    """A placed turn ended: free its slot, move its run to ``phase``; False if it was not placed."""
+    placed = state.placed.pop(turn_id, None)
+    if placed is None:
+        return False
+    replica = state.replicas[placed.replica]
+    replica.inflight -= 1
+    _count_placed(state, placed.caller, -1, placed.single_pass)
+    run = state.runs.get(placed.run_id)
+    # not a turn of a run that ended meanwhile, nor a single-pass turn (never one of a run's turns)
+    if run is not None and turn_id in run.turns:
+        run.turns.discard(turn_id)
+        _touch(state, run, at)
+        if run.latest_turn in (None, turn_id):
+            run.latest_turn = None
+            run.phase = phase
+            run.last_replica = placed.replica
+            released = _reserve(state, run)
+            _refile(state, run.turns, at, out)
+            if released is not None and released is not replica:
+                _fill(state, released, at, out)
+    _fill(state, replica, at, out)
+    return True
+
+
+def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool:
+    """Take back turn ``turn_id``: out of its queue, or off its slot; True if it was held."""
+    turn = state.held.remove(turn_id)
+    if turn is not None:
+        state.counters.abandoned += 1
+        state.counters.abandoned_held += 1
+        run = None if turn.single_pass else state.runs.get(turn.run_id)
+        if run is not None:
+            run.turns.discard(turn.turn_id)
+            _touch(state, run, at)
+        return True
+    if _end_placed(state, turn_id, at, "idle", out):
+        state.counters.abandoned += 1
+        state.counters.abandoned_placed += 1
+    return False
+
+
+def _abandon_reported(state: State, event: AbandonReported, out: list[Action]) -> None:
+    # the Admit for this turn may still be on its way (or be retried): remember the id to refuse it
+    state.tombstones[event.turn_id] = event.at
+    state.tombstones.move_to_end(event.turn_id)
+    while len(state.tombstones) > abandoned.MAX_TOMBSTONES:
+        state.tombstones.popitem(last=False)
+    if _abandoned(state, event.turn_id, event.at, out):
+        # its Admit may still be waiting on the scheduler (the cancel has not arrived): answer it
+        out.append(Reject(event.turn_id, abandoned.ABANDONED_REASON, abandoned.ABANDONED_STATUS))
+
+
+def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
+    state.counters.runs_ended += 1
+    out.append(Forget(event.run_id))
+    run = state.runs.pop(event.run_id, None)
+    if run is None:
+        return
+    released = _unreserve(state, run)
+    if released is not None:
+        _fill(state, released, event.at, out)
+    held = [turn_id for turn_id in run.turns if turn_id in state.held]
+    if held:
+        # its held turns still have clients waiting: they start the run afresh, without affinity
+        state.runs[run.run_id] = Run(
+            run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held)
+        )
+        _refile(state, held, event.at, out)
+
+
+def _tick(state: State, now: float, out: list[Action]) -> None:
+    # ``placed`` is in placement order and ``runs`` in order of last activity, so only the expired
+    # front of each is visited.
+    while state.placed:
+        placed = next(iter(state.placed.values()))
+        if not expiry.turn_expired(placed.placed_at, now):
+            break
+        _end_placed(state, placed.turn_id, now, "idle", out)
+        state.counters.expired_turns += 1
+    while state.runs:
+        run = next(iter(state.runs.values()))
+        if not expiry.run_expired(run.last_activity, now):
+            break
+        if run.turns:
+            _touch(state, run, now)  # a run with a held or placed turn is active
+            continue
+        del state.runs[run.run_id]
+        state.counters.expired_runs += 1
+        out.append(Forget(run.run_id))
+        released = _unreserve(state, run)
+        if released is not None:
+            _fill(state, released, now, out)
+    while state.tombstones:
+        turn_id, reported_at = next(iter(state.tombstones.items()))
+        if not abandoned.tombstone_expired(reported_at, now):
+            break
+        del state.tombstones[turn_id]
+    gone: set[str] = set()
+    while state.lost_dataplanes:
+        dataplane_id, lost_at = next(iter(state.lost_dataplanes.items()))
+        if not lost_dataplane.gone_for_good(lost_at, now, state.dataplane_grace_s):
+            break
+        del state.lost_dataplanes[dataplane_id]
+        gone.add(dataplane_id)
+    if gone:
+        # one pass in placement order, as a resync's gone turns (a scan, but once per lost dataplane)
+        lost_turns = [placed for placed in state.placed.values() if placed.dataplane_id in gone]
+        changed: dict[str, Run] = {}
+        for placed in lost_turns:
+            changed_run = _release(state, placed, now, set())
+            if changed_run is not None:
+                changed[changed_run.run_id] = changed_run
+        state.counters.turns_released_lost_dataplane += len(lost_turns)
+        _settle(state, changed.values(), now, out)
