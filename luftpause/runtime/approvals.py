@@ -244,7 +244,7 @@ class Approvals:
         :class:`ExpiredRun`, or :class:`NoPendingApproval` (no such question; or several pending
         and no ``call``: the message lists their ids)."""
         run = self.registry.get(handle)
-        pending = run.open_approvals() if not run.done else []
+        pending: list[PendingApproval] = run.open_approvals() if not run.done else []
         if call is not None:
             chosen = [a for a in pending if a.id == call]
             if not chosen:
