@@ -676,3 +676,23 @@ def test_a_turn_with_an_unknown_tool_call_id_starts_a_new_run(front: FrontDoor) 
         assert status == 200
         ids.add(headers["x-luftpause-run-id"])
     assert len(ids) == 2
+
+
+# --- the run table ----------------------------------------------------------------------------------
+
+
+def test_a_turn_refused_for_an_unknown_model_leaves_no_run_recorded(front: FrontDoor) -> None:
+    def runs() -> int:
+        _, _, body = request(front.stack, "GET", "/health")
+        count: int = orjson.loads(body)["runs"]
+        return count
+
+    before = runs()
+    for _ in range(20):
+        status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", chat("no-such-model"))
+        assert status == 404
+        assert headers["x-luftpause-run-id"].startswith("run-")
+    assert runs() == before
+    status, _, _ = request(front.stack, "POST", "/v1/chat/completions", chat(front.stack.model))
+    assert status == 200
+    assert runs() == before + 1  # an admitted turn's new run is recorded

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.runs import RunTable, resync_parts
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -316,8 +316,11 @@ class SchedulerLink:
             self._outbox.put(item)
 
     @staticmethod
-    async def _write(outbox: _Outbox, call: _Call) -> None:
-        """The stream's one writer: each batch of queued items as one message, then half-close."""
+    async def _write(outbox: _Outbox, call: _Call, resync: list[pb.ResyncRequest]) -> None:
+        """The stream's one writer: each part of ``resync`` as its own message, then each batch of
+        queued items as one message, then half-close."""
+        for part in resync:
+            await call.write(pb.DataplaneMessage(items=[pb.DataplaneItem(resync=part)]))
         while (items := await outbox.take()) is not None:
             await call.write(pb.DataplaneMessage(items=items))
         await call.done_writing()
@@ -343,16 +346,19 @@ class SchedulerLink:
         """One stream, from the resync to its end; returns when the scheduler ends it cleanly."""
         assert self._stub is not None and self._channel is not None
         await self._channel.channel_ready()
-        # From the snapshot on, every event is queued: snapshot + queue is the whole truth.
+        # From the snapshot on, every event is queued: snapshot + queue is the whole truth. The
+        # snapshot is taken at once; building it into resync parts yields to the loop between parts.
         outbox = _Outbox()
-        resync = self.runs.resync_request(self.dataplane_id, self._admits, self.takes_leases)
-        outbox.put(pb.DataplaneItem(resync=resync))
+        snapshot = self.runs.snapshot()
+        pending = list(self._admits)
         for request, future in self._admits.values():
             if not future.done():
                 outbox.put(pb.DataplaneItem(admit=request))
         self._outbox, self._overflowed = outbox, False
+        parts = await resync_parts(snapshot, self.dataplane_id, pending, self.takes_leases)
         call: _Call = self._stub.Connect()
-        writer = asyncio.create_task(self._write(outbox, call), name="luftpause-connect-writer")
+        # Every part of the resync goes first, one per message; then the writer sends the rest.
+        writer = asyncio.create_task(self._write(outbox, call, parts), name="luftpause-connect-writer")
         try:
             async with asyncio.timeout(RESYNC_TIMEOUT_S) as resync_deadline:
                 while isinstance(message := await call.read(), pb.SchedulerMessage):  # else EOF
@@ -368,8 +374,8 @@ class SchedulerLink:
                             log.info(
                                 "connected to scheduler %s (resynced %d runs, %d in-flight turns)",
                                 self.target,
-                                len(resync.runs),
-                                len(resync.turns),
+                                len(snapshot.runs),
+                                len(snapshot.turns),
                             )
                         # None: a kind from a newer scheduler, which this dataplane ignores
         finally:

@@ -9,7 +9,10 @@ Routes (DESIGN.md, "The dataplane"):
                                ``/classify`` and its answer relayed unchanged
 ``GET /v1/models``             the union of the models the configured replicas serve (both kinds)
 ``DELETE /v1/runs/{id}``       the run ended: the scheduler forgets it at once (204)
-``GET /health``                ``{"status": "ok", "scheduler": "connected" | "connecting"}``
+``GET /health``                ``{"status": "ok", "scheduler": "connected" | "connecting", "runs": int,
+                               "leases": {replica: unused leased slots}, "leased_turns": int}``
+                               (runs: in the run table; leased_turns: placed under a lease since
+                               start, with no round trip to the scheduler)
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
 =============================  ==================================================================
 
@@ -214,8 +217,14 @@ class Dataplane:
         path, method = exchange.path, exchange.method
         if path == "/health":
             _allow(path, method, "GET", "HEAD")
-            state = "connected" if self.link.connected else "connecting"
-            await exchange.respond(200, _JSON, orjson.dumps({"status": "ok", "scheduler": state}))
+            health = {
+                "status": "ok",
+                "scheduler": "connected" if self.link.connected else "connecting",
+                "runs": len(self.runs.runs),
+                "leases": self.link.leases(),
+                "leased_turns": self.link.leased_turns,
+            }
+            await exchange.respond(200, _JSON, orjson.dumps(health))
             return
         if path == "/metrics":
             _allow(path, method, "GET", "HEAD")
@@ -298,11 +307,13 @@ class Dataplane:
         now = self._loop.time()
         caller = truncate_caller(exchange.header("x-luftpause-caller") or "")
         run_id = exchange.header(RUN_ID_HEADER)
+        new_run = False
         if not run_id:
             # No header (or an empty one): the run that emitted a tool call answered here, else new.
             run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now)
             if not run_id:
                 run_id = f"run-{new_id()}"
+                new_run = True
                 self.runs.new_run(run_id, service_class, caller, now)  # so it may use a lease
         elif not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
@@ -315,6 +326,7 @@ class Dataplane:
             body=body,
             traceparent=exchange.header("traceparent"),
             arrived=now,
+            new_run=new_run,
         )
 
     def _parse_single_pass(self, exchange: Exchange, body: bytes) -> Turn:
@@ -429,6 +441,8 @@ class Dataplane:
             # The client left (or the link failed) while the Admit was out: the placement may cross
             # the cancel on the wire, so tell the scheduler to undo whatever it did.
             self._relay.abandoned(turn)
+            if turn.new_run:
+                self.runs.forget_unplaced(turn.run_id)
             if isinstance(exc, grpc.aio.AioRpcError):
                 self.metrics.turn_ended("failed", turn.service_class)
                 raise DataplaneError(f"scheduler failed: {exc.code().name}: {exc.details()}", 503) from None
@@ -437,6 +451,8 @@ class Dataplane:
         finally:
             self._held -= 1
         if reply.WhichOneof("outcome") == "refused":
+            if turn.new_run:
+                self.runs.forget_unplaced(turn.run_id)  # unknown model and the like: nothing recorded
             self.metrics.turn_ended("refused", turn.service_class)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         self.metrics.placed(turn.service_class, loop.time() - admit_sent)
@@ -444,6 +460,8 @@ class Dataplane:
             replica = self.config.replica(reply.placed.replica)
         except KeyError:
             self._relay.abandoned(turn)
+            if turn.new_run:
+                self.runs.forget_unplaced(turn.run_id)
             self.metrics.turn_ended("failed", turn.service_class)
             raise DataplaneError(
                 f"the scheduler placed the turn on replica {reply.placed.replica!r}, "

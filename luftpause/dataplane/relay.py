@@ -117,6 +117,9 @@ class Turn:
     arrived: float = 0.0
     first_token_at: float | None = None
     span: Span | None = None
+    new_run: bool = False
+    """The run was made up for this turn (no header, no known tool call): forgotten again if the
+    turn never reaches a replica."""
 
     @staticmethod
     def new_id() -> str:

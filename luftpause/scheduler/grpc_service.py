@@ -374,6 +374,19 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 refusal = "the first item of a Connect stream must be its resync"
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
             resync = first.items[0].resync
+            rest = first.items[1:]
+            while resync.more_follows:  # a resync in parts, one per message: join them
+                message = await _read(context)
+                if message is None:
+                    return
+                if not message.items or message.items[0].WhichOneof("item") != "resync":
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a resync part is missing")
+                part = message.items[0].resync
+                resync.runs.extend(part.runs)
+                resync.turns.extend(part.turns)
+                resync.pending_turn_ids.extend(part.pending_turn_ids)
+                resync.more_follows = part.more_follows
+                rest = message.items[1:]
             dataplane_id = stream.dataplane_id = resync.dataplane_id
             if resync.takes_leases and dataplane_id:
                 self.host.lease_to(dataplane_id, stream.lease)  # before the resync: its grants follow
@@ -384,7 +397,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                     )
             self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
             apply = self._apply
-            for item in first.items[1:]:
+            for item in rest:
                 apply(item, stream)
             while (message := await _read(context)) is not None:
                 for item in message.items:

@@ -184,18 +184,20 @@ class InFlightTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
 
 class ResyncRequest(_message.Message):
-    __slots__ = ("dataplane_id", "runs", "turns", "pending_turn_ids", "takes_leases")
+    __slots__ = ("dataplane_id", "runs", "turns", "pending_turn_ids", "takes_leases", "more_follows")
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     PENDING_TURN_IDS_FIELD_NUMBER: _ClassVar[int]
     TAKES_LEASES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     dataplane_id: str
     runs: _containers.RepeatedCompositeFieldContainer[RunRecord]
     turns: _containers.RepeatedCompositeFieldContainer[InFlightTurn]
     pending_turn_ids: _containers.RepeatedScalarFieldContainer[str]
     takes_leases: bool
-    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ..., pending_turn_ids: _Optional[_Iterable[str]] = ..., takes_leases: _Optional[bool] = ...) -> None: ...
+    more_follows: bool
+    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunRecord, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[InFlightTurn, _Mapping]]] = ..., pending_turn_ids: _Optional[_Iterable[str]] = ..., takes_leases: _Optional[bool] = ..., more_follows: _Optional[bool] = ...) -> None: ...
 
 class CapacityLease(_message.Message):
     __slots__ = ("replica", "epoch", "grant", "revoke", "models")
