@@ -3,13 +3,23 @@
 With SO_REUSEPORT a second dataplane or runtime on a taken port starts without error and the kernel
 splits connections between the two processes, so MCP sessions and runs would be split too. A plain
 bind (SO_REUSEADDR only, which passes TIME_WAIT leftovers) fails on a port anyone listens on.
+
+The check alone leaves a window: two processes started at once both find the port free, then both
+bind it. :func:`hold_listen_lock` closes it: an exclusive ``flock`` on a file named after the
+address, taken before the check and held for the process's life. The kernel drops the lock with
+the last process holding it (a crash included), so a restart on the same address after its
+predecessor died takes it at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
+import os
+import re
 import socket
+import tempfile
 
 from luftpause.config import split_host_port
 
@@ -37,6 +47,39 @@ def refuse_if_in_use(command: str, address: str) -> None:
         raise SystemExit(f"luftpause {command}: cannot listen on {address}: {exc.strerror}") from None
     if taken:
         raise SystemExit(f"luftpause {command}: {address} is already in use; stop what listens there first")
+
+
+_HELD_LOCKS: list[int] = []
+"""File descriptors of the locks this process holds: open until it exits."""
+
+
+def listen_lock_path(command: str, address: str) -> str:
+    """The lock file of ``command`` listening on ``address``, in the system's temp directory."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", address)
+    return os.path.join(tempfile.gettempdir(), f"luftpause-{command}-{safe}.lock")
+
+
+def hold_listen_lock(command: str, address: str) -> None:
+    """Take the exclusive lock of ``command`` on ``address`` for this process's life.
+
+    Exits with status 1 and a message naming the holder's pid when another process holds it (a
+    second ``luftpause dataplane`` on the same address would bind beside the first with
+    SO_REUSEPORT and serve under the same dataplane id). Inherited by granian's workers.
+    """
+    path = listen_lock_path(command, address)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SystemExit(
+            f"luftpause {command}: {address} is already served by another luftpause {command} "
+            f"(pid {holder}, lock {path})"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD_LOCKS.append(fd)
 
 
 def port_number(text: str) -> int:

@@ -9,7 +9,7 @@ import os
 from luftpause import logs
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import CONFIG_ENV, split_host_port
-from luftpause.ports import refuse_if_in_use
+from luftpause.ports import hold_listen_lock, refuse_if_in_use
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    # The lock first: two dataplanes started at once would both find the port free, then both bind
+    # it (SO_REUSEPORT) and serve under one dataplane id, their leases fighting.
+    hold_listen_lock("dataplane", config.dataplane.listen)
     refuse_if_in_use("dataplane", config.dataplane.listen)
     # The granian worker builds the app from the same file (see app.create_app).
     if config.source is not None:
