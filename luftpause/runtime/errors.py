@@ -39,14 +39,17 @@ class UnknownRun(RuntimeFault):
 
 class ExpiredRun(RuntimeFault):
     """The run with ``handle`` finished and was evicted from the registry (its retention time
-    passed, or the cap on finished runs was reached); its result is gone."""
+    passed, or the cap on finished runs or on their bytes was reached); its result is gone."""
 
     status = 410
 
-    def __init__(self, handle: str, retention_seconds: float, max_finished: int) -> None:
+    def __init__(
+        self, handle: str, retention_seconds: float, max_finished: int, retained_bytes: int | None = None
+    ) -> None:
+        within = f", within {retained_bytes} bytes ([runtime] retained_bytes)" if retained_bytes else ""
         super().__init__(
             f"run handle {handle!r} expired: finished runs are kept {retention_seconds:g} s after "
-            f"they end (at most {max_finished} of them), and this one is gone"
+            f"they end (at most {max_finished} of them{within}), and this one is gone"
         )
         self.handle = handle
 

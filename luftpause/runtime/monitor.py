@@ -5,8 +5,13 @@ Routes (added to the runtime's app by :func:`monitor_routes`)::
 
     GET  /monitor                      the page (luftpause/runtime/monitor.html), open like /health:
                                        it holds no data, its script fetches everything below
-    GET  /monitor/runs                 {"runs": [Pods.describe]}, every held run, oldest first
-    GET  /monitor/runs/{handle}        {"run": describe, "messages": [conversation], "pendingEvents"}
+    GET  /monitor/runs[?version=V]     {"version": V', "runs": [Pods.describe]}, every held run,
+                                       oldest first; {"version": V, "unchanged": true} when the
+                                       network is still at version V (the page sends the one it has)
+    GET  /monitor/runs/{handle}[?since=K]
+                                       {"run": describe, "messages": [conversation from K],
+                                        "from", "cursor", "pendingEvents"} (Pods.conversation):
+                                       only the messages the page does not have yet
     POST /monitor/runs/{handle}/send   body {"message": str} -> Pods.send's answer
     POST /monitor/runs/{handle}/stop   -> Pods.stop's answer
 
@@ -27,6 +32,12 @@ message or stop from here acts as ``a person (monitor)``: the run's spawner is t
 turn (:mod:`luftpause.runtime.pods`). Errors are ``{"error": {"message"}}`` with 400 (bad body,
 a stopped run), 404 (unknown handle) or 410 (expired).
 
+Cost: the version is the registry's change counter (:attr:`RunRegistry.version`, bumped on every
+change to the network) prefixed by a token of this process, so a version from before a restart
+never matches. The network's JSON is built at most once per version (cached; every open page
+shares it) and an unchanged poll costs a comparison; a selected conversation is sent once, then
+only its new messages.
+
 The page polls ``/monitor/runs`` every second and shows the runs as a tree (parent above
 children) with state, scope held and the first line of the last answer; clicking a run opens its
 conversation, with a form to send it a message and a stop button. Data enters the DOM only as
@@ -38,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from base64 import b64encode
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -158,7 +170,8 @@ def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> 
                     raise Refused(421, f"Host {request.headers.get('host')!r} is not served here")
                 if request.method == "POST":
                     _check_post(request)
-                return _json(await body(request))
+                answer = await body(request)
+                return answer if isinstance(answer, Response) else _json(answer)
             except Refused as exc:
                 return Response(error_body(str(exc)), status_code=exc.status, media_type="application/json")
             except RuntimeFault as exc:
@@ -168,11 +181,27 @@ def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> 
 
         return endpoint
 
-    async def runs(request: Request) -> dict[str, Any]:
-        return {"runs": pods().network()}
+    boot = secrets.token_hex(4)
+    built: list[Any] = [None, b""]  # [version, the network's JSON at that version]
+
+    def network_json() -> tuple[str, bytes]:
+        current = pods()
+        version = f"{boot}.{current.registry.version}"
+        if built[0] != version:
+            built[0], built[1] = version, _json({"version": version, "runs": current.network()}).body
+        return version, built[1]
+
+    async def runs(request: Request) -> Any:
+        version, body = network_json()
+        if request.query_params.get("version") == version:
+            return {"version": version, "unchanged": True}
+        return Response(body, media_type="application/json")
 
     async def conversation(request: Request) -> dict[str, Any]:
-        return pods().conversation(request.path_params["handle"])
+        since = request.query_params.get("since")
+        if since is not None and not since.isdigit():
+            raise ValueError(f"since: expected a message index (0 or more), got {since!r}")
+        return pods().conversation(request.path_params["handle"], int(since) if since is not None else None)
 
     async def send(request: Request) -> dict[str, Any]:
         raw = await _read_body(request, MAX_MESSAGE_BYTES)

@@ -102,6 +102,7 @@ from mcp.types import Tool
 
 from luftpause.config import Config
 from luftpause.runtime.errors import BadToolInput, RuntimeFault, UnknownRun
+from luftpause.runtime.run_record import CONVERSATION_DROPPED, last_output, output_entries
 from luftpause.runtime.runs import Run, RunRegistry, summarize
 from luftpause.runtime.scope import (
     END,
@@ -198,13 +199,9 @@ def spawner_key(run: Run) -> str:
 
 
 def outputs(run: Run) -> list[str]:
-    """The run's output entries: the text of each assistant message of its conversation, in order
-    (its answers included); ``read`` cursors count them."""
-    return [
-        m["content"]
-        for m in run.messages
-        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]
-    ]
+    """The run's output entries still held (:func:`~luftpause.runtime.run_record.output_entries`
+    gives them with the absolute index of the first; ``read`` cursors count from there)."""
+    return output_entries(run)[1]
 
 
 def one_line(text: str | None, limit: int = SUMMARY_CHARS) -> str | None:
@@ -359,6 +356,7 @@ class Pods:
     # --- journal ---------------------------------------------------------------------------------
 
     def _journal(self, record: dict[str, Any]) -> None:
+        self.registry.version += 1  # scope, events, depth: each record is a change to the network
         if self.registry.journal is not None:
             self.registry.journal.append(record)
 
@@ -471,7 +469,8 @@ class Pods:
     def _pointer(self, run: Run) -> str:
         """``3 new output entries (read since=2)``: new since the spawner's last ``read``."""
         since = self.spawner_cursors.get(run.handle, 0)
-        count = len(outputs(run))
+        base, entries = output_entries(run)
+        count = base + len(entries)
         return f"{max(count - since, 0)} new output entries (read since={since})"
 
     def _return_scope(self, handle: str, *, keep: bool) -> None:
@@ -727,6 +726,8 @@ class Pods:
             raise PodRefused("a run cannot send a message to itself")
         if run.pod_state == "stopped":
             raise PodRefused(f"run {run.handle} is stopped; it takes no messages")
+        if run.conversation_dropped:
+            raise PodRefused(CONVERSATION_DROPPED.format(handle=run.handle))
         # A message from anyone but the spawner says who sent it (the run may answer to its spawner).
         own = actor.key == spawner_key(run)
         text = message if own else f"[message from {actor.label}] {message}"
@@ -752,21 +753,27 @@ class Pods:
         }
 
     def read(self, actor: Actor, target: str, since: int | None = None) -> dict[str, Any]:
-        """``read``: ``{"handle", "name", "state", "entries": [text], "cursor", "error"?}``;
-        ``entries`` are the output entries after ``since`` (all without it), ``cursor`` the
-        count of entries so far (pass it as the next ``since``)."""
+        """``read``: ``{"handle", "name", "state", "entries": [text], "cursor", "dropped"?,
+        "error"?}``; ``entries`` are the output entries after ``since`` (all without it),
+        ``cursor`` the count of entries so far (pass it as the next ``since``). Entries keep
+        their index for good (across compaction and restart); when entries after ``since`` were
+        dropped for ``[runtime] retained_bytes``, ``dropped`` says how many, and ``entries``
+        starts at the first one kept."""
         run = self.resolve(actor, target)
-        entries = outputs(run)
-        start = min(max(since or 0, 0), len(entries))
+        base, entries = output_entries(run)
+        total = base + len(entries)
+        start = min(max(since or 0, 0), total)
         if actor.key == spawner_key(run):
-            self.spawner_cursors[run.handle] = len(entries)
+            self.spawner_cursors[run.handle] = total
         out: dict[str, Any] = {
             "handle": run.handle,
             "name": run.name,
             "state": run.pod_state,
-            "entries": entries[start:],
-            "cursor": len(entries),
+            "entries": entries[max(start - base, 0) :],
+            "cursor": total,
         }
+        if start < base:
+            out["dropped"] = base - start
         if run.error is not None:
             out["error"] = run.error
         return out
@@ -787,7 +794,7 @@ class Pods:
          "task" (summary), "scope": {"granted", "heldByChildren"} | null, "lastAnswer" (first
          line, 200 chars) | null, "error"?, "children": [handles], "pendingEvents": n}
         """
-        texts = outputs(run)
+        last = last_output(run)
         item: dict[str, Any] = {
             "handle": run.handle,
             "name": run.name,
@@ -797,12 +804,14 @@ class Pods:
             "caller": run.caller,
             "task": summarize(run.task),
             "scope": self.ledger.effective(run.handle).to_json() if run.handle in self.ledger else None,
-            "lastAnswer": one_line(texts[-1]) if texts else None,
+            "lastAnswer": one_line(last),
             "children": list(run.children),
             "pendingEvents": len(self.events.get(run.handle, ())),
         }
         if run.error is not None:
             item["error"] = run.error
+        if run.conversation_dropped:
+            item["conversationDropped"] = True
         return item
 
     def list_runs(self, actor: Actor, of: str | None = None, caller: str | None = None) -> dict[str, Any]:
@@ -821,11 +830,26 @@ class Pods:
         """Every held run, :meth:`describe`\\ d, oldest first (the monitor's tree)."""
         return [self.describe(r) for r in self.registry.all()]
 
-    def conversation(self, handle: str) -> dict[str, Any]:
-        """``{"run": describe, "messages": [the whole conversation], "pendingEvents": [event]}``."""
+    def conversation(self, handle: str, since: int | None = None) -> dict[str, Any]:
+        """``{"run": describe, "messages": [...], "from", "cursor", "pendingEvents": [event],
+        "conversationDropped"?: true}``: the conversation's messages from index ``since`` (all
+        without it), ``from`` the index the first one returned has (``0`` when ``since`` is past
+        the conversation: it was dropped, or the cursor came from elsewhere; start over), and
+        ``cursor`` the count of messages (the next ``since``). A conversation only grows while it
+        is held, so a cursor stays valid."""
         run = self.registry.get(handle)
         pending = self.pending(run.handle)
-        return {"run": self.describe(run), "messages": run.messages, "pendingEvents": pending}
+        start = since if since is not None and 0 <= since <= len(run.messages) else 0
+        out: dict[str, Any] = {
+            "run": self.describe(run),
+            "messages": run.messages[start:],
+            "from": start,
+            "cursor": len(run.messages),
+            "pendingEvents": pending,
+        }
+        if run.conversation_dropped:
+            out["conversationDropped"] = True
+        return out
 
     # --- the loop's hooks (luftpause.runtime.loop.PodHooks) --------------------------------------
 

@@ -20,6 +20,12 @@ A running run whose next tool calls wait for a person (:mod:`luftpause.runtime.a
 reported as ``AwaitingApproval`` with ``pendingApprovals [{id, tool, arguments}]``; it is still
 running.
 
+Retention (:mod:`luftpause.runtime.runs`, ``[runtime] retained_bytes``): a finished run may
+have its conversation dropped to keep memory and the journal bounded by bytes. It then keeps its
+state, answer, error, counters, the summary of its task (``task_chars`` its whole length) and the
+newest of its *output entries* (the texts of its assistant messages, which ``read`` serves by
+absolute index: ``outputs_base`` is the index of the first one kept), and takes no ``send``.
+
 The registry that owns runs is :mod:`luftpause.runtime.runs`; what ``await``/``status`` show of a
 run is :mod:`luftpause.runtime.run_views`.
 """
@@ -32,8 +38,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from luftpause.runtime.journal import encode
+
 RunState = Literal["running", "completed", "failed", "cancelled"]
 ServiceClass = Literal["interactive", "batch"]
+
+KEPT_OUTPUT_CHARS = 64 * 1024
+"""Characters of output entries a run whose conversation was dropped keeps at most (the newest
+entries; always at least the last one, its answer)."""
+
+RECORD_OVERHEAD_BYTES = 512
+"""Bytes counted for a retained run beyond its compacted record (the objects that hold it)."""
 
 TASK_SUMMARY_CHARS = 200
 """Characters of a run's task shown where many runs are listed (``GET /status``, ``status`` without
@@ -150,6 +165,17 @@ class Run:
     """Who asked for a graceful stop (``stop``), once someone did: no new turn starts."""
     inbox: list[dict[str, Any]] = field(default_factory=list)
     """Messages sent while it ran, ``{"id", "content", "from"}``, for its next turn."""
+    conversation_dropped: bool = False
+    """Its conversation was dropped for the byte budget (:func:`drop_conversation`): ``messages``
+    is empty, ``task`` its summary, ``system`` gone; it takes no ``send``."""
+    kept_outputs: list[str] | None = None
+    """Once its conversation is dropped: the output entries it kept (the newest ones)."""
+    outputs_base: int = 0
+    """The absolute index (``read`` cursor) of the first entry of ``kept_outputs``."""
+    task_chars: int | None = None
+    """The whole task's length in characters once ``task`` was cut to its summary."""
+    retained: int = 0
+    """Bytes the registry counts for this run while it is finished (:func:`retained_size`)."""
     _on_finish: Callable[[Run], None] | None = field(default=None, repr=False)
     _on_round: Callable[[Run, list[dict[str, Any]], dict[str, Any]], None] | None = field(
         default=None, repr=False
@@ -177,6 +203,11 @@ class Run:
         """The questions still unanswered (an answered one stays in :attr:`pending_approvals`
         until its call resumes, after its decision is journaled)."""
         return [a for a in self.pending_approvals if not a.decided.done()]
+
+    @property
+    def task_length(self) -> int:
+        """The whole task's length in characters (also once ``task`` was cut to its summary)."""
+        return self.task_chars if self.task_chars is not None else len(self.task)
 
     @property
     def seconds(self) -> float:
@@ -242,9 +273,12 @@ class Run:
 
     def reopen(self, message: dict[str, Any]) -> None:
         """A finished (completed or failed) run takes ``message`` (a ``user`` message) as a new
-        turn: ``running`` again. The caller starts its loop."""
+        turn: ``running`` again. The caller starts its loop. Raises ``ValueError`` for a run that
+        is not idle or whose conversation was dropped."""
         if self.pod_state != "idle":
             raise ValueError(f"run {self.handle} is {self.pod_state}, not idle")
+        if self.conversation_dropped:
+            raise ValueError(CONVERSATION_DROPPED.format(handle=self.handle))
         self.state = "running"
         self.answer = self.error = None
         self.finished_at = None
@@ -295,6 +329,21 @@ class Run:
             "name": self.name,
             "orchestrate": self.orchestrate,
         }
+
+    def compacted_record(self) -> dict[str, Any]:
+        """A finished run as compaction writes it: one ``run`` record with its start and outcome,
+        and either its conversation (``messages``, beyond the system and task messages) or, once
+        dropped, ``conversationDropped``, ``outputs`` (the kept entries), ``outputsBase`` and
+        ``taskChars``. Lists are copies: later changes to the run do not alter it."""
+        record = {**self.start_record(), "type": "run", **self.outcome_record()}
+        if self.conversation_dropped:
+            record["conversationDropped"] = True
+            record["outputs"] = list(self.kept_outputs or ())
+            record["outputsBase"] = self.outputs_base
+            record["taskChars"] = self.task_length
+        else:
+            record["messages"] = self.messages[2 if self.system else 1 :]
+        return record
 
     def outcome_record(self) -> dict[str, Any]:
         """How the run ended (``state``, ``answer``?, ``error``?, ``exceeded``?, ``finishedAt``,
@@ -351,10 +400,72 @@ class Run:
         )
 
 
+CONVERSATION_DROPPED = (
+    "run {handle} is finished and its conversation was dropped to keep the runtime within "
+    "[runtime] retained_bytes; it takes no more messages (its answer and output are still there: "
+    "status, read; spawn a new run to go on)"
+)
+
+
+def output_entries(run: Run) -> tuple[int, list[str]]:
+    """``(base, entries)``: the run's output entries ``read`` serves, the texts of its assistant
+    messages in order (its answers included), and the absolute index of the first of them
+    (``0`` while the conversation is held; more once older entries were dropped)."""
+    if run.conversation_dropped:
+        return run.outputs_base, list(run.kept_outputs or ())
+    return 0, [
+        m["content"]
+        for m in run.messages
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]
+    ]
+
+
+def last_output(run: Run) -> str | None:
+    """The run's newest output entry, found from the end (cheap for a long conversation)."""
+    if run.conversation_dropped:
+        return run.kept_outputs[-1] if run.kept_outputs else None
+    for m in reversed(run.messages):
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]:
+            return str(m["content"])
+    return None
+
+
+def retained_size(run: Run) -> int:
+    """Bytes a finished run is counted for: its compacted journal record encoded (what
+    compaction writes for it, so the compacted journal is about the sum of these) plus
+    :data:`RECORD_OVERHEAD_BYTES`. Costs one encoding of the run (done once when it finishes
+    and once when its conversation is dropped)."""
+    return len(encode(run.compacted_record())) + RECORD_OVERHEAD_BYTES
+
+
+def drop_conversation(run: Run) -> None:
+    """Drop a finished run's conversation, system prompt and whole task; keep its outcome,
+    counters, task summary and newest output entries (at most :data:`KEPT_OUTPUT_CHARS`
+    characters, at least the last entry), numbered as before (``outputs_base``)."""
+    if run.conversation_dropped:
+        return
+    base, entries = output_entries(run)
+    kept: list[str] = []
+    chars = 0
+    for entry in reversed(entries):
+        if kept and chars + len(entry) > KEPT_OUTPUT_CHARS:
+            break
+        kept.append(entry)
+        chars += len(entry)
+    kept.reverse()
+    run.task_chars = run.task_length
+    run.task = summarize(run.task)
+    run.system = None
+    run.messages = []
+    run.kept_outputs = kept
+    run.outputs_base = base + len(entries) - len(kept)
+    run.conversation_dropped = True
+
+
 def keep_answer(run: Run) -> None:
     """A completed run's answer is the last message of its conversation, so that a ``send``
     continues from it and ``read`` shows it (not appended twice on replay)."""
-    if run.state != "completed" or run.answer is None:
+    if run.state != "completed" or run.answer is None or run.conversation_dropped:
         return
     last = run.messages[-1] if run.messages else {}
     said = last.get("role") == "assistant" and not last.get("tool_calls")

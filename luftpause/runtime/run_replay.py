@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from luftpause.runtime.run_record import Run, apply_outcome
+from luftpause.runtime.run_record import Run, apply_outcome, summarize
 
 if TYPE_CHECKING:
     from luftpause.runtime.journal import Journal
@@ -21,16 +21,16 @@ log = logging.getLogger("luftpause.runtime.runs")
 
 
 def journal_snapshot(registry: RunRegistry) -> Iterator[dict[str, Any]]:
-    """Records that rebuild every held run: a finished run as one ``run`` record, a running
-    run as its ``start`` and one ``round`` with all its completed rounds (compaction)."""
+    """Records that rebuild every held run: a finished run as one ``run`` record
+    (:meth:`Run.compacted_record`: what it retains, its conversation or, once that was dropped
+    for the byte budget, its kept output entries with their base index, so ``read`` cursors stay
+    valid across compaction and restart), a running run as its ``start`` and one ``round`` with
+    all its completed rounds (compaction)."""
     for run in list(registry._runs.values()):
         start = run.start_record()
         first = 2 if run.system else 1
         if run.done and not run.interrupted:
-            compacted = {**start, "type": "run", **run.outcome_record()}
-            if run.pod_state == "idle":  # ``send`` continues its whole conversation
-                compacted["messages"] = run.messages[first:]
-            yield compacted
+            yield run.compacted_record()
             continue
         yield start
         for key in sorted(run.started_calls):
@@ -68,10 +68,21 @@ def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
             if kind in ("start", "run"):
                 run = Run.from_start_record(record)
                 if kind == "run":
-                    messages = record.get("messages") or []
-                    if not isinstance(messages, list):
-                        raise TypeError("messages is not a list")
-                    run.messages.extend(messages)
+                    if record.get("conversationDropped"):
+                        outputs = record.get("outputs") or []
+                        if not isinstance(outputs, list):
+                            raise TypeError("outputs is not a list")
+                        run.conversation_dropped = True
+                        run.messages = []
+                        run.kept_outputs = [str(entry) for entry in outputs]
+                        run.outputs_base = int(record.get("outputsBase") or 0)
+                        run.task_chars = int(record.get("taskChars") or len(run.task))
+                        run.task = summarize(run.task)
+                    else:
+                        messages = record.get("messages") or []
+                        if not isinstance(messages, list):
+                            raise TypeError("messages is not a list")
+                        run.messages.extend(messages)
                     apply_outcome(run, record)
                 runs[handle] = run
                 continue
@@ -118,6 +129,7 @@ def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
         registry._runs[run.handle] = run
     for run in sorted((r for r in runs.values() if r.done), key=lambda r: r.finished_at or 0.0):
         registry._ended_at[run.handle] = now - max(0.0, now_wall - (run.finished_at or now_wall))
+        registry._retain(run)
     registry.evict_expired()
     unfinished = [run for run in runs.values() if not run.done]
     if runs:

@@ -28,6 +28,7 @@ def run_result(run: Run) -> dict[str, Any]:
      "pendingApprovals"?: [{"id", "tool", "arguments", "repeat"?}] (state "AwaitingApproval"),
      "pendingApproval"?: the first of them (clients that expect one question at a time),
      "durable"?: false, "journalError"? (a journal record of the run could not be written),
+     "conversationDropped"?: true (finished, its conversation dropped for [runtime] retained_bytes),
      "toolCalls", "failedToolCalls", "turns", "seconds",
      "usage": {"promptTokens", "completionTokens"}}
 
@@ -41,6 +42,8 @@ def run_result(run: Run) -> dict[str, Any]:
     if run.journal_error is not None:
         out["durable"] = False
         out["journalError"] = run.journal_error
+    if run.conversation_dropped:  # for the byte budget: it takes no ``send`` any more
+        out["conversationDropped"] = True
     if run.answer is not None:
         out["answer"] = run.answer
     if run.error is not None:
@@ -70,7 +73,7 @@ def run_status(run: Run, *, full_task: bool = False) -> dict[str, Any]:
         "serviceClass": run.service_class,
         "caller": run.caller,
         "task": run.task if full_task else summarize(run.task),
-        "taskChars": len(run.task),
+        "taskChars": run.task_length,
         "maxToolCalls": run.max_tool_calls,
         "startedAt": round(run.started_at, 3),
         "parent": run.parent,
@@ -94,7 +97,7 @@ def run_tree(registry: RunRegistry) -> list[dict[str, Any]]:
             "parent": run.parent,
             "children": [h for h in run.children if h in registry._runs],
             "task": summarize(run.task),
-            "taskChars": len(run.task),
+            "taskChars": run.task_length,
             "model": run.model,
             "serviceClass": run.service_class,
             "caller": run.caller,

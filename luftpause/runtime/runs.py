@@ -25,6 +25,15 @@ after it ends (default one hour) and at most a cap of finished runs is kept (def
 oldest finished dropped first). A running run is never dropped. A dropped run's handle is
 remembered (a bounded number of them) so ``await`` / ``status`` can say it expired rather than
 that it never existed.
+
+It is bounded by bytes too (``[runtime] retained_bytes``, default 256 MiB): each finished run is
+counted for the bytes of the record compaction writes for it
+(:func:`~luftpause.runtime.run_record.retained_size`: task, system prompt, conversation, answer).
+Past the budget, the least recently finished runs first drop their conversation
+(:func:`~luftpause.runtime.run_record.drop_conversation`: they keep state, answer, counters and
+their newest output entries with their ``read`` indices; ``send`` to them is refused), then, if
+that is not enough, the least recently finished are forgotten. Compaction writes only what is
+retained, so the compacted journal is about the retained bytes plus the running runs.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.journal import Journal, JournalWriteError
 from luftpause.runtime.run_record import (
     BUDGET_KEYS,
+    CONVERSATION_DROPPED,
     COUNTER_KEYS,
     TASK_SUMMARY_CHARS,
     Counters,
@@ -50,7 +60,9 @@ from luftpause.runtime.run_record import (
     RunState,
     ServiceClass,
     add_counters,
+    drop_conversation,
     new_handle,
+    retained_size,
     summarize,
 )
 from luftpause.runtime.run_replay import journal_snapshot, replay_journal
@@ -82,6 +94,9 @@ DEFAULT_MAX_FINISHED = 10_000
 """Most finished runs the registry keeps; past it the oldest finished are dropped first. A run
 holds its whole conversation, so this caps the memory that finished runs can take."""
 
+DEFAULT_RETAINED_BYTES = 256 * 1024 * 1024
+"""Bytes finished runs keep at most (``[runtime] retained_bytes``): see the module's docstring."""
+
 DEFAULT_MAX_EXPIRED_HANDLES = 100_000
 """Most dropped handles remembered to answer "expired" (about 100 bytes each); a handle dropped
 longer ago than that is reported as unknown."""
@@ -110,13 +125,23 @@ class RunRegistry:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         max_finished: int = DEFAULT_MAX_FINISHED,
         max_expired_handles: int = DEFAULT_MAX_EXPIRED_HANDLES,
+        retained_bytes: int = DEFAULT_RETAINED_BYTES,
         clock: Callable[[], float] = time.monotonic,
         journal: Journal | None = None,
     ) -> None:
         if not (math.isfinite(retention_seconds) and retention_seconds >= 0):
             raise ValueError(f"retention_seconds must be finite and >= 0, got {retention_seconds!r}")
-        if max_finished < 1 or max_expired_handles < 0:
-            raise ValueError("max_finished must be >= 1 and max_expired_handles >= 0")
+        if max_finished < 1 or max_expired_handles < 0 or retained_bytes < 1:
+            raise ValueError("max_finished and retained_bytes must be >= 1 and max_expired_handles >= 0")
+        self.retained_bytes = retained_bytes
+        # Bytes counted for the finished runs held (Run.retained summed), and the finished runs
+        # that still hold their conversation, in the order they finished (a dict as ordered set).
+        self.retained_total = 0
+        self._full: dict[str, None] = {}
+        # Bumped on every change to the run network: a record journaled (or that would be), a run
+        # added, finished, re-opened, dropped or forgotten, an approval asked or answered, an event
+        # queued (luftpause.runtime.pods). The monitor answers "unchanged" while it stands.
+        self.version = 0
         self.retention_seconds = retention_seconds
         self.max_finished = max_finished
         self.max_expired_handles = max_expired_handles
@@ -207,12 +232,15 @@ class RunRegistry:
         if parent is not None:
             parent.children.append(run.handle)
         run.start_written = self.append(run, run.start_record())
+        self.version += 1
         return run
 
     def append(self, run: Run, record: dict[str, Any]) -> concurrent.futures.Future[None] | None:
         """Queue ``record`` of ``run`` for the journal; the write's future (also kept as
         ``run.last_written``), or ``None`` without a journal or once a record of ``run`` could
-        not be written (its later records would replay into a conversation with a hole)."""
+        not be written (its later records would replay into a conversation with a hole). Every
+        record is a change to the run network: :attr:`version` is bumped."""
+        self.version += 1
         if self.journal is None or run.journal_error is not None:
             return None
         written = self.journal.append(record)
@@ -308,9 +336,24 @@ class RunRegistry:
                     run.finish("failed", error="internal error: the run loop ended without an outcome")
 
     def notify_changed(self) -> None:
-        """Wake every :meth:`wait` to look again (a run finished, or now waits for approval)."""
+        """Wake every :meth:`wait` to look again (a run finished, or now waits for approval), and
+        bump :attr:`version` (the network changed)."""
+        self.version += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    def _retain(self, run: Run) -> None:
+        """Count finished ``run`` toward :attr:`retained_total` (once; its size is taken now)."""
+        self._unretain(run)
+        run.retained = retained_size(run)
+        self.retained_total += run.retained
+        if not run.conversation_dropped:
+            self._full[run.handle] = None
+
+    def _unretain(self, run: Run) -> None:
+        self.retained_total -= run.retained
+        run.retained = 0
+        self._full.pop(run.handle, None)
 
     def _finished(self, run: Run) -> None:
         self._checkpoints.pop(run.handle, None)
@@ -318,12 +361,12 @@ class RunRegistry:
             self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
         if self._runs.get(run.handle) is run:
             self._ended_at[run.handle] = self._clock()
+            self._retain(run)
             self.evict_expired()
         if not run.interrupted:  # a run the shutdown stopped resumes: not news
             for listener in self.on_finish:
                 listener(run)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self.notify_changed()
 
     def _round(self, run: Run, messages: list[dict[str, Any]], extra: dict[str, Any]) -> None:
         counters = run.counters()
@@ -331,6 +374,7 @@ class RunRegistry:
         self.append(
             run, {"type": "round", "handle": run.handle, "messages": messages, "counters": counters, **extra}
         )
+        self.version += 1
         self._check_budgets(run)
 
     # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
@@ -341,6 +385,8 @@ class RunRegistry:
         its inbox for its next turn (``False``). Raises ``ValueError`` for a stopped run."""
         if run.pod_state == "stopped":
             raise ValueError(f"run {run.handle} is stopped; it takes no messages")
+        if run.conversation_dropped:
+            raise ValueError(CONVERSATION_DROPPED.format(handle=run.handle))
         self.append(
             run,
             {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},
@@ -348,9 +394,11 @@ class RunRegistry:
         return self._take_message(run, content, sender, message_id)
 
     def _take_message(self, run: Run, content: str, sender: str, message_id: str) -> bool:
+        self.version += 1
         if run.done:
             run.reopen({"role": "user", "content": content})
             self._ended_at.pop(run.handle, None)
+            self._unretain(run)
             return True
         run.inbox.append({"id": message_id, "content": content, "from": sender})
         return False
@@ -362,6 +410,7 @@ class RunRegistry:
             return
         run.stopped_by = by
         self.append(run, {"type": "stop", "handle": run.handle, "by": by})
+        self.version += 1
         if run.done:
             for listener in self.on_finish:
                 listener(run)
@@ -452,19 +501,49 @@ class RunRegistry:
             if handle in protected:
                 continue
             over -= 1
-            del self._ended_at[handle]
-            self._runs.pop(handle, None)
-            self._expired[handle] = None
+            self._forget(handle)
             dropped += 1
-            for listener in self.on_evict:
-                listener(handle)
+        if self.retained_total > self.retained_bytes:
+            dropped += self._within_bytes()
         while len(self._expired) > self.max_expired_handles:
             del self._expired[next(iter(self._expired))]
         return dropped
 
+    def _forget(self, handle: str) -> None:
+        del self._ended_at[handle]
+        run = self._runs.pop(handle, None)
+        if run is not None:
+            self._unretain(run)
+        self._expired[handle] = None
+        self.version += 1
+        for listener in self.on_evict:
+            listener(handle)
+
+    def _within_bytes(self) -> int:
+        """Bring :attr:`retained_total` within :attr:`retained_bytes`: drop the conversations of
+        the least recently finished runs, then forget the least recently finished (never the
+        finished ancestors of a running run). Returns how many runs were forgotten."""
+        while self.retained_total > self.retained_bytes and self._full:
+            handle = next(iter(self._full))
+            run = self._runs[handle]
+            drop_conversation(run)
+            self._retain(run)
+            self.version += 1
+        if self.retained_total <= self.retained_bytes:
+            return 0
+        protected = {a.handle for r in self._runs.values() if not r.done for a in ancestors(r, self._runs)}
+        forgotten = 0
+        for handle in list(self._ended_at):
+            if self.retained_total <= self.retained_bytes:
+                break
+            if handle not in protected:
+                self._forget(handle)
+                forgotten += 1
+        return forgotten
+
     def _missing(self, handle: str) -> ExpiredRun | UnknownRun:
         if handle in self._expired:
-            return ExpiredRun(handle, self.retention_seconds, self.max_finished)
+            return ExpiredRun(handle, self.retention_seconds, self.max_finished, self.retained_bytes)
         return UnknownRun(handle)
 
     def get(self, handle: str) -> Run:

@@ -86,7 +86,7 @@ class Runtime:
         self.config = config
         self.token = token
         self.journal = Journal(Path(config.runtime.state_dir))
-        self.registry = RunRegistry(journal=self.journal)
+        self.registry = RunRegistry(journal=self.journal, retained_bytes=config.runtime.retained_bytes)
         self.upstream = UpstreamPool(config.mcp_servers)
         self.approvals = Approvals(self.registry, self.upstream)
         self.pods = Pods(self.registry, config)
