@@ -1,23 +1,25 @@
 """Durable runs with real processes: SIGKILL the runtime mid-run, restart it on the same state
 directory, and every run finishes without repeating a completed tool round.
 
-The whole stack runs (simulated engines with three tool rounds per run, fake MCP server, scheduler,
-dataplane, runtime). Tool calls are counted at the fake MCP server (``GET /testkit/calls``): each
-run's task is one unique word, which the simulated model uses as every call's ``query``.
+The kill test runs the real runtime with a scripted engine as its dataplane
+(tests/test_runtime_pods.py) that holds every run's third turn at a gate, so the kill happens
+with exactly two rounds journaled per run and no run ended. The shutdown test runs the whole
+stack (simulated engines with three tool rounds per run, fake MCP server, scheduler, dataplane,
+runtime) and checks the runs end at the scheduler once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp.types import CallToolResult, TextContent
+from test_runtime_pods import Pod, script, start_pod, until
 
 from luftpause.runtime.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.loadgen import runtime_client
@@ -59,16 +61,6 @@ def _journal(stack: Stack) -> list[dict[str, Any]]:
     return list(read_records(stack.workdir / "state" / JOURNAL_NAME))
 
 
-def _tool_calls_at_server(stack: Stack) -> Counter[str]:
-    url = stack.mcp_url.removesuffix("/mcp") + "/testkit/calls"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return Counter(json.loads(response.read()))
-
-
-def _calls_for(counts: Counter[str], word: str) -> int:
-    return sum(n for key, n in counts.items() if key.split(" ", 1)[1] == word)
-
-
 def _rounds(records: list[dict[str, Any]]) -> Counter[str]:
     return Counter(r["handle"] for r in records if r["type"] == "round")
 
@@ -77,47 +69,52 @@ def _ended(records: list[dict[str, Any]]) -> set[str]:
     return {r["handle"] for r in records if r["type"] in ("end", "run")}
 
 
-def test_sigkilled_runtime_resumes_every_run_without_repeating_completed_rounds(stack: Stack) -> None:
-    words = {f"zebra{i:02d}": "" for i in range(RUNS)}
+HELD_AT_ROUND = 2
+"""Tool rounds each run completes before the scripted engine holds its next turn."""
 
-    async def spawn() -> None:
-        async with runtime_client(stack.runtime_url) as client:
-            for word in words:
-                spawned = _payload(await client.call_tool("spawn", {"task": word, "maxTokens": 64}))
-                words[word] = spawned["handle"]
 
-    asyncio.run(spawn())
-    handles = list(words.values())
+@pytest.fixture()
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    """The real runtime process with a scripted engine as its dataplane (tests/test_runtime_pods.py)."""
+    yield from start_pod(tmp_path)
 
-    # Kill once every run has completed at least one tool round.
-    deadline = time.monotonic() + 60
-    while min(_rounds(_journal(stack))[h] for h in handles) < 1:
-        assert time.monotonic() < deadline, f"not every run completed a tool round\n{stack.logs()}"
-        time.sleep(0.02)
-    stack.children["runtime"].kill()
 
-    journal_path = stack.workdir / "state" / JOURNAL_NAME
-    at_kill = _journal(stack)
-    rounds_at_kill, ended_at_kill = _rounds(at_kill), _ended(at_kill)
-    unfinished = [h for h in handles if h not in ended_at_kill]
-    assert len(unfinished) >= RUNS // 2, f"only {len(unfinished)} runs were mid-flight at the kill"
+def test_sigkilled_runtime_resumes_every_run_without_repeating_completed_rounds(pod: Pod) -> None:
+    # Each run lists the workspace (a built-in tool) in two rounds, then its third turn is held at
+    # the engine's gate: the runtime is killed with exactly two rounds journaled for every run and
+    # none ended, not when a poll happens to see "at least half mid-flight".
+    listing = {"call": "list_directory", "args": {"path": str(pod.workspace)}}
+    steps = [listing] * HELD_AT_ROUND + [{"hold": "third", **listing}, {"say": "done"}]
+
+    async def spawn() -> list[str]:
+        async with runtime_client(f"{pod.url}/mcp") as client:
+            return [
+                _payload(await client.call_tool("spawn", {"task": script(*steps)}))["handle"]
+                for _ in range(RUNS)
+            ]
+
+    handles = asyncio.run(spawn())
+
+    async def all_held() -> bool:
+        return all(pod.engine.holding(h) for h in handles)
+
+    asyncio.run(until(all_held, "every run's third turn held at the engine", seconds=60))
+    assert pod.runtime is not None
+    pod.runtime.kill()
+
+    at_kill = pod.journal()
+    assert _rounds(at_kill) == Counter(dict.fromkeys(handles, HELD_AT_ROUND))
+    assert not _ended(at_kill) & set(handles)
+    turns_at_kill = {h: len(pod.engine.requests[h]) for h in handles}
     # A crash mid-write leaves a torn last line: the restart must skip it, not fail on it.
-    with journal_path.open("ab") as journal:
+    with (pod.workdir / "state" / JOURNAL_NAME).open("ab") as journal:
         journal.write(b'{"type": "round", "handle": "' + handles[0].encode() + b'", "messages": [{"ro')
 
-    # Calls already sent before the kill finish at the server by themselves: wait until it is quiet.
-    before = _tool_calls_at_server(stack)
-    while True:
-        time.sleep(0.5)
-        again = _tool_calls_at_server(stack)
-        if again == before:
-            break
-        before = again
-
-    stack.restart("runtime")
+    pod.engine.release("third")
+    pod.start_runtime()
 
     async def await_all() -> dict[str, Any]:
-        async with runtime_client(stack.runtime_url) as client:  # a new client, old handles
+        async with runtime_client(f"{pod.url}/mcp") as client:  # a new client, old handles
             return _payload(
                 await client.call_tool(
                     "await", {"handles": handles, "timeout": 120}, read_timeout_seconds=180
@@ -126,21 +123,18 @@ def test_sigkilled_runtime_resumes_every_run_without_repeating_completed_rounds(
 
     result = asyncio.run(await_all())
     assert result["timedOut"] is False, result
-    after = _tool_calls_at_server(stack)
-    for word, handle in words.items():
-        run = next(r for r in result["runs"] if r["handle"] == handle)
-        assert run["state"] == "completed", (run, stack.logs())
-        assert run["answer"], run
-        assert run["toolCalls"] == TOOL_ROUNDS, run
-        # After the restart, only the rounds the journal had not recorded were called again.
-        expected = 0 if handle in ended_at_kill else TOOL_ROUNDS - rounds_at_kill[handle]
-        assert _calls_for(after, word) - _calls_for(before, word) == expected, (word, handle, rounds_at_kill)
-
-    final = _journal(stack)
-    assert _rounds(final) == Counter(dict.fromkeys(handles, TOOL_ROUNDS))
+    for run in result["runs"]:
+        assert run["state"] == "completed" and run["answer"] == "done", run
+        assert run["toolCalls"] == HELD_AT_ROUND + 1, run
+    for handle in handles:
+        # Resumed from its last journaled round: every turn after the restart already had the two
+        # completed rounds in its conversation (none was asked for again, none re-executed).
+        after = pod.engine.requests[handle][turns_at_kill[handle] :]
+        assert [sum(m["role"] == "assistant" for m in body["messages"]) for body in after] == [2, 3], handle
+    final = pod.journal()
+    assert _rounds(final) == Counter(dict.fromkeys(handles, HELD_AT_ROUND + 1))
     assert _ended(final) == set(handles)
-    assert all(r["state"] == "completed" for r in final if r["type"] == "end")
-    assert "torn last record" in stack.children["runtime"].log_tail(200)
+    assert "torn last record" in pod.runtime.log_tail(200)
 
 
 def test_runs_interrupted_by_shutdown_resume_after_restart_and_end_at_the_scheduler_once(
