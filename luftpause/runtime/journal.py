@@ -16,10 +16,13 @@ One JSON object per line (UTF-8, ``\\n``-terminated), appended in the order thin
     {"type": "stop", "handle", "by"}                       ``stop`` on the run (pods)
     {"type": "end", "handle", "state", "finishedAt", "answer"?, "error"?, "exceeded"?,
      "stoppedBy"?, "counters": {...}}                      the run completed, failed or was cancelled
-    {"type": "run", <start fields>, <end fields>, "messages"?: [...]}
-                                                           a finished run, written by compaction
-                                                           (its conversation only while it may
-                                                           still take ``send``)
+    {"type": "run", <start fields>, <end fields>, "messages": [...]}
+    {"type": "run", <start fields>, <end fields>, "conversationDropped": true, "outputs": [text],
+     "outputsBase", "taskChars"}                           a finished run, written by compaction:
+                                                           its conversation, or once that was
+                                                           dropped for [runtime] retained_bytes
+                                                           its newest output entries and the
+                                                           read index of the first
     pods add their own record types (scope grants and ends, notifications: pods.py)
 
     counters = {"turns", "toolCalls", "failedToolCalls", "promptTokens", "completionTokens",
@@ -47,7 +50,9 @@ Compaction: when the file passes :data:`COMPACT_BYTES` (or twice its size after 
 compaction, whichever is larger, so a journal of many large finished runs is not rewritten on
 every record), it is rewritten from the registry's runs by the writer thread, in order with the
 records around it: each finished run as one ``run`` record, each running run as its ``start`` and
-one ``round`` holding every completed round. Finished runs the registry has dropped are left out.
+one ``round`` holding every completed round. Finished runs the registry has dropped are left out,
+and each finished run is written as the registry retains it (``[runtime] retained_bytes``), so the
+compacted file is about the retained bytes plus the running runs.
 The rewrite goes to ``runs.jsonl.tmp``, is fsynced, then renamed over the journal.
 """
 
