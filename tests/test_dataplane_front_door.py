@@ -696,3 +696,51 @@ def test_a_turn_refused_for_an_unknown_model_leaves_no_run_recorded(front: Front
     status, _, _ = request(front.stack, "POST", "/v1/chat/completions", chat(front.stack.model))
     assert status == 200
     assert runs() == before + 1  # an admitted turn's new run is recorded
+
+
+def test_after_delete_a_tool_call_id_of_the_ended_run_no_longer_joins_it(front: FrontDoor) -> None:
+    status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", chat(RAW_MODEL, adhoc="call-0"))
+    assert status == 200
+    ended = headers["x-luftpause-run-id"]  # the run that emitted call_0 last
+    status, _, _ = request(front.stack, "DELETE", f"/v1/runs/{ended}")
+    assert status == 204
+    answer: dict[str, Any] = chat(RAW_MODEL, adhoc="hop")
+    answer["messages"] += [
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": "done"},
+    ]
+    status, headers, _ = request(front.stack, "POST", "/v1/chat/completions", answer)
+    assert status == 200
+    assert headers["x-luftpause-run-id"] != ended
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "message_part"),
+    [
+        (
+            "POST",
+            "/v1/chat/completions",
+            chat("llama-3.2-1b"),
+            {"x-luftpause-class": ""},
+            "'interactive' or 'batch'",
+        ),
+        ("DELETE", "/v1/runs/" + "r" * 20_000, None, {}, "at most 256 bytes"),
+    ],
+    ids=["empty-class", "delete-long-run-id"],
+)
+def test_empty_class_and_overlong_run_ids_in_a_delete_are_refused_400(
+    front: FrontDoor,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    headers: dict[str, str],
+    message_part: str,
+) -> None:
+    status, _, answer = request(front.stack, method, path, body, headers)
+    assert status == 400
+    assert message_part in orjson.loads(answer)["error"]["message"]

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     _Call = grpc.aio.StreamStreamCall[pb.DataplaneMessage, pb.SchedulerMessage]
 
 RETRY_S = 1.0
-PRUNE_EVERY_S = 60.0
 RESYNC_TIMEOUT_S = 30.0
 """A stream whose resync is not acknowledged within this is given up and opened again."""
 MAX_QUEUED_EVENTS = 100_000
@@ -153,7 +152,6 @@ class SchedulerLink:
         self._overflowed = False
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._prune_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # start()'s; taken once, not per turn
 
     @property
@@ -176,19 +174,15 @@ class SchedulerLink:
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._connect_forever(), name="luftpause-connect")
-        self._prune_task = asyncio.create_task(self._prune_forever(), name="luftpause-prune")
 
     async def close(self) -> None:
         """Stop the stream and the channel; admissions still waiting stay waiting (their clients go)."""
-        for task in (self._task, self._prune_task):
-            if task is not None:
-                task.cancel()
-        for task in (self._task, self._prune_task):
-            if task is not None:
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
         if self._channel is not None:
             await self._channel.close()
 
@@ -404,9 +398,3 @@ class SchedulerLink:
         for _, future in self._admits.values():
             if not future.done():
                 future.set_exception(exc)
-
-    async def _prune_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(PRUNE_EVERY_S)
-            self.runs.prune(loop.time())

@@ -67,7 +67,10 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 CALLER_MAX_BYTES = 128
 RUN_ID_MAX_BYTES = 256
 ENGINE_CONNECT_TIMEOUT_S = 2.0
-TOOL_CALL_PRUNE_EVERY_S = 60.0
+PRUNE_EVERY_S = 60.0
+"""How often expired runs, tool-call ids and ended runs are forgotten (one task for all three)."""
+MAX_ENDED_RUNS = 100_000
+"""Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 DECIDE_PATH = "/v1/decide"
 
@@ -108,6 +111,11 @@ class Dataplane:
         self.config = config
         self.runs = RunTable()
         self.tool_calls = ToolCallTable()
+        self.ended_runs: dict[str, float] = {}
+        """Run id -> ``loop.time()`` its ``DELETE`` came, oldest first: a tool-call id it emitted
+        no longer resolves to it. A set beside the table rather than a run -> ids index, which
+        would cost on every remembered id: at most ``MAX_ENDED_RUNS`` entries, about 0.2 KB each
+        for a 40-byte id (20 MB at most, 45 MB at the 256-byte limit)."""
         self._prune_task: asyncio.Task[None] | None = None
         # Stable across restarts on the same host and port: the Resync of a restarted dataplane
         # then releases what the crashed one held.
@@ -166,15 +174,21 @@ class Dataplane:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)  # engines close idle at 5 s
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         self._relay = Relay(self._session, self.link, self.runs, self.metrics, self.tool_calls)
-        self._prune_task = self._loop.create_task(self._prune_tool_calls())
+        self._prune_task = self._loop.create_task(self._prune_forever())
         await self.link.start()
 
-    async def _prune_tool_calls(self) -> None:
-        """Forget expired tool-call ids every ``TOOL_CALL_PRUNE_EVERY_S`` seconds, for good."""
+    async def _prune_forever(self) -> None:
+        """Every ``PRUNE_EVERY_S`` seconds: forget idle runs, expired tool-call ids and ended runs
+        older than the tool-call ids' ttl (no id of theirs can be looked up any more)."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(TOOL_CALL_PRUNE_EVERY_S)
-            self.tool_calls.prune(loop.time())
+            await asyncio.sleep(PRUNE_EVERY_S)
+            now = loop.time()
+            self.runs.prune(now)
+            self.tool_calls.prune(now)
+            ended, horizon = self.ended_runs, now - self.tool_calls.ttl_s
+            while ended and next(iter(ended.values())) < horizon:
+                del ended[next(iter(ended))]
 
     async def shutdown(self) -> None:
         if self._prune_task is not None:
@@ -245,7 +259,15 @@ class Dataplane:
         elif path.startswith("/v1/runs/") and len(path) > len("/v1/runs/"):
             _allow(path, method, "DELETE")
             run_id = path[len("/v1/runs/") :]
+            if not _acceptable_run_id(run_id):
+                raise BadRequest(f"a run id is at most {RUN_ID_MAX_BYTES} bytes")
             self.runs.forget(run_id)
+            ended = self.ended_runs
+            ended.pop(run_id, None)
+            assert self._loop is not None
+            ended[run_id] = self._loop.time()
+            if len(ended) > MAX_ENDED_RUNS:
+                del ended[next(iter(ended))]
             self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
             await exchange.respond(204, [(RUN_ID_HEADER, run_id)])
         else:
@@ -290,15 +312,7 @@ class Dataplane:
             message = await receive()
 
     def _parse_turn(self, exchange: Exchange, body: bytes) -> Turn:
-        try:
-            payload: Any = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(payload, dict):
-            raise BadRequest("request body must be a JSON object")
-        model = payload.get("model")
-        if not isinstance(model, str) or not model:
-            raise BadRequest("'model' must be a non-empty string")
+        payload, model = _json_with_model(body)
         messages = payload.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
@@ -311,12 +325,16 @@ class Dataplane:
         if not run_id:
             # No header (or an empty one): the run that emitted a tool call answered here, else new.
             run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now)
+            if run_id and run_id in self.ended_runs:
+                run_id = None  # the run that emitted them has ended (DELETE): this is a new one
             if not run_id:
                 run_id = f"run-{new_id()}"
                 new_run = True
                 self.runs.new_run(run_id, service_class, caller, now)  # so it may use a lease
         elif not _acceptable_run_id(run_id):
             raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
+        elif self.ended_runs and run_id in self.ended_runs:
+            del self.ended_runs[run_id]  # named again by its client: its tool-call ids count again
         return Turn(
             turn_id=Turn.new_id(),
             run_id=run_id,
@@ -332,15 +350,7 @@ class Dataplane:
     def _parse_single_pass(self, exchange: Exchange, body: bytes) -> Turn:
         """A ``/v1/decide`` request: vLLM's classification request, ``{"model": str, "input": str |
         [str, ...]}`` (other keys pass through untouched); :class:`BadRequest` otherwise."""
-        try:
-            payload: Any = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(payload, dict):
-            raise BadRequest("request body must be a JSON object")
-        model = payload.get("model")
-        if not isinstance(model, str) or not model:
-            raise BadRequest("'model' must be a non-empty string")
+        payload, model = _json_with_model(body)
         given = payload.get("input")
         if not (
             isinstance(given, str)
@@ -470,12 +480,28 @@ class Dataplane:
         await self._relay.forward(turn, replica, exchange)
 
 
+def _json_with_model(body: bytes) -> tuple[dict[str, Any], str]:
+    """A request body as a JSON object and its non-empty ``model``; :class:`BadRequest` otherwise."""
+    try:
+        payload: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string")
+    return payload, model
+
+
 def _service_class(exchange: Exchange) -> int:
     """The ``x-luftpause-class`` header as a ``ServiceClass``; absent is interactive.
 
-    Raises :class:`BadRequest` naming the allowed values for anything else.
+    Raises :class:`BadRequest` naming the allowed values for anything else, an empty value too.
     """
-    class_name = exchange.header("x-luftpause-class") or "interactive"
+    class_name = exchange.header("x-luftpause-class")
+    if class_name is None:
+        return pb.INTERACTIVE
     service_class = _CLASSES.get(class_name)
     if service_class is None:
         raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
