@@ -23,7 +23,9 @@ from luftpause.testkit.procs import ChildProcess, free_port
 pytestmark = pytest.mark.integration
 
 EVENT = b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": "x" * 4000}}]}) + b"\n\n"
-MODELS = ("firehose",)
+MODELS = ("firehose", "silent", "silent-mid-stream")
+READ_TIMEOUT_S = 2.0
+"""The dataplane's engine read timeout here (LUFTPAUSE_ENGINE_READ_TIMEOUT_S); 600 s by default."""
 RSS_BOUND_BYTES = 300 * 1024 * 1024
 FIREHOSE_BYTES = 1024**3
 
@@ -46,12 +48,17 @@ class ScriptedEngine:
         return self
 
     async def _serve(self, app: web.Application) -> None:
+        self._released = asyncio.Event()
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
+    async def _release(self) -> None:
+        self._released.set()
+
     def stop(self) -> None:
         if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._release(), self._loop).result(10)
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
@@ -61,6 +68,15 @@ class ScriptedEngine:
         model = (await request.json())["model"]
         if model == "firehose":
             return await self._firehose(request)
+        if model == "silent":  # never answers at all (until the test ends)
+            await self._released.wait()
+            return web.Response()
+        if model == "silent-mid-stream":  # one event, then nothing
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(EVENT)
+            await self._released.wait()
+            return response
         raise web.HTTPNotFound
 
     async def _firehose(self, request: web.Request) -> web.StreamResponse:
@@ -118,6 +134,7 @@ scheduler = "127.0.0.1:{grpc_port}"
         "dataplane",
         ["dataplane", "--config", str(config)],
         workdir / "dataplane.log",
+        env={"LUFTPAUSE_ENGINE_READ_TIMEOUT_S": str(READ_TIMEOUT_S)},
         ready_url=f"http://127.0.0.1:{dp_port}/health",
     )
     dp.port = dp_port  # type: ignore[attr-defined]
@@ -170,3 +187,40 @@ def test_a_client_that_never_reads_does_not_make_the_dataplane_buffer(
     assert rss < RSS_BOUND_BYTES, (
         f"dataplane RSS {rss / 2**20:.0f} MiB after the engine sent {engine.sent} bytes"
     )
+
+
+def _exchange(port: int, model: str, stream: bool) -> bytes:
+    """One request on a raw socket, read until the server closes (or 30 s pass)."""
+    payload = orjson.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    )
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload
+    )
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(request)
+        try:
+            while chunk := client.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def test_an_engine_that_never_answers_is_answered_502_after_the_read_timeout(dataplane: ChildProcess) -> None:
+    answer = _exchange(dataplane.port, "silent", stream=False)  # type: ignore[attr-defined]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502")
+    assert orjson.loads(body)["error"]["message"].startswith("engine silent: ")
+
+
+def test_an_engine_silent_mid_stream_breaks_the_clients_stream_after_the_read_timeout(
+    dataplane: ChildProcess,
+) -> None:
+    answer = _exchange(dataplane.port, "silent-mid-stream", stream=True)  # type: ignore[attr-defined]
+    head, _, chunked = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert chunked.count(b"data: ") == 1
+    assert not chunked.endswith(b"0\r\n\r\n")  # closed without the last chunk: broken
