@@ -142,6 +142,7 @@ POINTER_CHARS = 200
 SUMMARY_CHARS = 200
 """Characters of a last answer's first line shown by ``list`` and the monitor."""
 
+
 class PodRefused(BadToolInput):
     """A pod operation that cannot be done: a limit, a name taken, a run out of reach."""
 
@@ -669,9 +670,7 @@ class Pods:
             scope = Scope.of(*scope.rules, *withheld)
         excess = is_within(scope, self.ledger.effective(source))
         if excess is not None:
-            raise PodRefused(
-                f"run {run.handle} cannot continue: the scope it held is not free now: {excess}"
-            )
+            raise PodRefused(f"run {run.handle} cannot continue: the scope it held is not free now: {excess}")
         self._journal(self.ledger.grant(run.handle, scope, parent=source, name=run.name))
         del self.returned[run.handle]
 
