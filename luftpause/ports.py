@@ -74,7 +74,7 @@ def hold_listen_lock(command: str, address: str) -> None:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise SystemExit(
-            f"luftpause {command}: {address} is already served by another luftpause {command} "
+            f"luftpause {command}: {address} is already in use by another luftpause {command} "
             f"(pid {holder}, lock {path})"
         ) from None
     os.ftruncate(fd, 0)

@@ -108,6 +108,10 @@ class RawEngine:
             writer.close()
 
 
+OPAQUE_BODY = bytes(range(256)) * 4
+"""Bytes no decoder reads: a body in an encoding the relay passes through untouched."""
+
+
 def _raw_answer(kind: str) -> bytes:
     """The whole HTTP response for one ``kind`` of answer; the connection closes after it."""
     if kind == "gzip-whole":
@@ -127,6 +131,15 @@ def _raw_answer(kind: str) -> bytes:
             "content-encoding: gzip",
             "cache-control: no-store",  # the relay's own no-cache must replace it, not join it
             "connection: close",  # the body ends when the connection does
+        ]
+    elif kind.startswith("opaque-"):  # opaque-<coding>-whole|stream: encoded as the relay cannot decode
+        coding, _, shape = kind.removeprefix("opaque-").rpartition("-")
+        body = OPAQUE_BODY
+        head = [
+            "HTTP/1.1 200 OK",
+            f"content-type: {'text/event-stream' if shape == 'stream' else 'application/json'}",
+            f"content-encoding: {coding}",
+            "connection: close",
         ]
     elif kind in ("call-0", "call-0-stream"):  # a tool call whose id other engines reuse too
         call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -308,6 +321,22 @@ def test_a_gzip_answer_reaches_the_client_decoded_and_without_its_encoding_heade
     if stream:
         assert headers.get_all("cache-control") == ["no-cache"]
         assert headers.get_all("x-accel-buffering") == ["no"]
+
+
+@pytest.mark.parametrize("coding", ["x-foo", "compress", "br", "zstd"])
+@pytest.mark.parametrize("shape", ["whole", "stream"])
+def test_an_encoding_the_relay_does_not_decode_passes_with_its_header_untouched(
+    front: FrontDoor, coding: str, shape: str
+) -> None:
+    status, headers, body = request(
+        front.stack,
+        "POST",
+        "/v1/chat/completions",
+        chat(RAW_MODEL, stream=shape == "stream", adhoc=f"opaque-{coding}-{shape}"),
+    )
+    assert status == 200  # br and zstd were a 502 when aiohttp tried to decode them
+    assert headers.get_all("content-encoding") == [coding]
+    assert body == OPAQUE_BODY
 
 
 def test_a_stream_says_no_cache_and_no_proxy_buffering(front: FrontDoor) -> None:

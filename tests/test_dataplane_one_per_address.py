@@ -57,7 +57,7 @@ def test_two_dataplanes_started_at_once_on_one_address_one_is_refused(tmp_path: 
         serving = second if refused is first else first
         assert refused.exited(), "neither dataplane was refused"
         assert refused.poll() == 1
-        assert "already served by another luftpause dataplane" in refused.log_tail()
+        assert "already in use by another luftpause dataplane" in refused.log_tail()
         serving.wait_ready()
         assert not serving.exited()
 

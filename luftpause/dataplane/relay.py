@@ -13,6 +13,7 @@ import io
 import itertools
 import logging
 import secrets
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,16 +51,15 @@ HOP_BY_HOP = frozenset(
 """Hop-by-hop headers (RFC 9110 §7.6.1, plus the non-standard ``proxy-connection``): never relayed
 in either direction, nor any header that ``Connection`` names."""
 
-# Besides the hop-by-hop ones: what granian recomputes, what describes the engine rather than the
-# answer, and content-encoding, because aiohttp decodes the body: the client gets decoded bytes and
-# no content-encoding, never encoded bytes without it or decoded bytes with it.
+# Besides the hop-by-hop ones: what granian recomputes and what describes the engine rather than
+# the answer. content-encoding is dropped only with a body the relay decoded (see _decoder).
 _NOT_RELAYED = HOP_BY_HOP | {
     "proxy-authenticate",
     "content-length",
-    "content-encoding",
     "date",
     "server",
 }
+_DECODED = frozenset({"content-encoding"})
 # Set by the relay on every stream, so the engine's own values must not duplicate them.
 _STREAM_HEADERS = frozenset({"cache-control", "x-accel-buffering"})
 
@@ -80,6 +80,25 @@ def relayable_headers(
         for name, value in headers.items()
         if (low := name.lower()) not in _NOT_RELAYED and low not in named and low not in drop
     ]
+
+
+def _decoder(encoding: str | None) -> Any:
+    """A streaming decoder (``decompress(bytes) -> bytes``) for a ``Content-Encoding`` the relay
+    decodes, ``None`` for none (absent or ``identity``), ``False`` for one it passes through.
+
+    Decoded: ``gzip`` / ``x-gzip`` and ``deflate`` (zlib, which always exists; zlib or gzip
+    framing). Anything else (``br``, ``zstd``, ``compress``, ``x-foo``, a list of codings) passes
+    to the client untouched *with* its header, never half of each. The engine was asked for
+    ``identity``, so either is an engine ignoring ``Accept-Encoding``.
+    """
+    if encoding is None:
+        return None
+    coding = encoding.strip().lower()
+    if coding in ("", "identity"):
+        return None
+    if coding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(32 + zlib.MAX_WBITS)  # 32: gzip or zlib header, detected
+    return False
 
 
 _ID_PREFIX = secrets.token_hex(8)
@@ -258,20 +277,24 @@ class Relay:
         )
         try:
             path = CLASSIFY_PATH if turn.single_pass else CHAT_PATH
-            async with self.session.post(f"{replica.url}{path}", data=data, headers=headers) as upstream:
+            # Never decoded by aiohttp (which would fail on br/zstd without their libraries and drop
+            # nothing it cannot decode): the relay decodes what it can itself (_decoder).
+            async with self.session.post(
+                f"{replica.url}{path}", data=data, headers=headers, auto_decompress=False
+            ) as upstream:
                 streamed = upstream.status == 200 and upstream.content_type == "text/event-stream"
-                out_headers = relayable_headers(
-                    upstream.headers, _STREAM_HEADERS if streamed else frozenset()
-                )
+                decoder = _decoder(upstream.headers.get("content-encoding"))
+                drop = _STREAM_HEADERS if streamed else frozenset()
+                out_headers = relayable_headers(upstream.headers, drop | _DECODED if decoder else drop)
                 if not turn.single_pass:  # a single-pass turn belongs to no run
                     out_headers.append((RUN_ID_HEADER, turn.run_id))
                 if upstream.status != 200:
-                    await self._relay_refusal(turn, upstream, out_headers, exchange)
+                    await self._relay_refusal(turn, upstream, out_headers, exchange, decoder)
                 elif streamed:
-                    await self._relay_stream(turn, upstream, out_headers, exchange)
+                    await self._relay_stream(turn, upstream, out_headers, exchange, decoder)
                 else:
-                    await self._relay_whole(turn, upstream, out_headers, exchange)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                    await self._relay_whole(turn, upstream, out_headers, exchange, decoder)
+        except (aiohttp.ClientError, TimeoutError, OSError, zlib.error) as exc:
             # Errors after a stream began are handled in _relay_stream, so nothing was answered
             # yet: the client gets a 502 naming the replica.
             message = f"engine {replica.name}: {str(exc) or type(exc).__name__}"
@@ -289,9 +312,12 @@ class Relay:
         upstream: aiohttp.ClientResponse,
         headers: list[tuple[str, str]],
         exchange: Exchange,
+        decoder: Any,
     ) -> None:
         # 429 / 5xx: status, body and Retry-After reach the client unchanged.
         body = await upstream.read()
+        if decoder:
+            body = decoder.decompress(body) + decoder.flush()
         self.failed(turn, f"engine answered {upstream.status}")
         await exchange.respond(upstream.status, headers, body)
         self.metrics.relayed(len(body))
@@ -302,7 +328,12 @@ class Relay:
         upstream: aiohttp.ClientResponse,
         headers: list[tuple[str, str]],
         exchange: Exchange,
+        decoder: Any,
     ) -> None:
+        """Relay an SSE stream event by event. With an encoding the relay does not decode
+        (``decoder is False``) the bytes pass untouched and the side parser cannot read them: the
+        turn is then reported finished when the engine's body ends cleanly (no first token, usage
+        or finish reason known) and failed when it breaks."""
         headers.append(("cache-control", "no-cache"))
         headers.append(("x-accel-buffering", "no"))
         await exchange.start(200, headers)
@@ -310,14 +341,32 @@ class Relay:
         scanner = SSEScanner()
         relayed = 0  # summed here, added to the counter once per turn
         try:
-            async for chunk in upstream.content.iter_any():
-                # Waits while the client is not reading (granian's ASGI send is bounded), and
-                # aiohttp stops reading the engine while this waits: memory stays bounded.
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                relayed += len(chunk)
-                if scanner.feed(chunk):
-                    self._first_token(turn)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if decoder is None:
+                async for chunk in upstream.content.iter_any():
+                    # Waits while the client is not reading (granian's ASGI send is bounded), and
+                    # aiohttp stops reading the engine while this waits: memory stays bounded.
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    relayed += len(chunk)
+                    if scanner.feed(chunk):
+                        self._first_token(turn)
+            elif decoder is False:
+                async for chunk in upstream.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    relayed += len(chunk)
+            else:
+                async for chunk in upstream.content.iter_any():
+                    chunk = decoder.decompress(chunk)
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        relayed += len(chunk)
+                        if scanner.feed(chunk):
+                            self._first_token(turn)
+                if tail := decoder.flush():
+                    await send({"type": "http.response.body", "body": tail, "more_body": True})
+                    relayed += len(tail)
+                    if scanner.feed(tail):
+                        self._first_token(turn)
+        except (aiohttp.ClientError, TimeoutError, OSError, zlib.error) as exc:
             # The client has had 200 and the chunks so far; its connection is aborted (no final
             # chunk, no [DONE]), so it sees the stream broken rather than ended.
             message = f"engine failed mid-stream: {exc!r}"
@@ -332,6 +381,10 @@ class Relay:
                     scanner.oversized_events,
                     scanner.max_event_bytes,
                 )
+        if decoder is False:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            self._finished(turn, "", False, -1, -1)  # unread: only that it ended cleanly is known
+            return
         if scanner.error is not None:
             # vLLM and SGLang report a failure inside the stream as an error event, then [DONE]:
             # the stream is the engine's whole answer, ended as the engine ended it.
@@ -360,12 +413,19 @@ class Relay:
         upstream: aiohttp.ClientResponse,
         headers: list[tuple[str, str]],
         exchange: Exchange,
+        decoder: Any,
     ) -> None:
         body = await upstream.read()  # a read error here becomes forward()'s 502
-        if turn.single_pass:
+        if decoder:
+            body = decoder.decompress(body) + decoder.flush()
+        if decoder is False:
+            # Encoded in a way the relay does not decode: passed with its header, facts unknown.
+            finish_reason, tool_calls, prompt, completion = "", False, -1, -1
+            ids: list[str] = []
+        elif turn.single_pass:
             # A classification has no tokens to stream: no first token, only its usage.
             finish_reason, tool_calls, prompt, completion = "", False, *_usage(body)
-            ids: list[str] = []
+            ids = []
         else:
             self._first_token(turn)
             finish_reason, tool_calls, prompt, completion, ids = _completion_facts(body)
