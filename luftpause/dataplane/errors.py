@@ -2,13 +2,20 @@
 
 The body is always ``{"error": {"message": "..."}}`` (DESIGN.md, "Failure contract")::
 
-    DataplaneError (500)
-    ├── BadRequest (400)          malformed JSON, missing model/messages, bad x-luftpause-class
+    DataplaneError (500)          a fault of ours ("internal error: <type>"); with status=503 when
+    │                             the scheduler failed the stream ("scheduler failed: <code>: ...")
+    │                             or refused a turn without a status of its own
+    ├── BadRequest (400)          malformed JSON, missing model/messages, bad or empty
+    │                             x-luftpause-class, a run id over 256 bytes (header or DELETE)
     ├── Unauthorized (401)        LUFTPAUSE_TOKEN set and the bearer token missing or wrong
     ├── NotFound (404)            unknown route, or no replica serves the model
     ├── MethodNotAllowed (405)
     ├── PayloadTooLarge (413)     request body over MAX_BODY_BYTES
-    └── EngineUnreachable (502)   the engine could not be connected to: "engine <replica>: <error>"
+    └── EngineUnreachable (502)   the engine could not be connected to, broke off or stayed silent
+                                  for the read timeout before answering: "engine <replica>: <error>"
+
+After an answer began (200 and some chunks), a failure is no status at all: the connection is
+aborted without its last chunk (``asgi.StreamBroken``).
 """
 
 from __future__ import annotations
