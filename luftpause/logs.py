@@ -1,11 +1,15 @@
 """Logging for every luftpause process: plain text by default, one JSON object per line on request.
 
 ``luftpause --log-format json COMMAND ...`` (or ``LUFTPAUSE_LOG_FORMAT=json``) makes every record a
-JSON object on its own line (``python-json-logger``), with the keys ``time`` (ISO 8601, UTC),
-``level``, ``logger``, ``process`` (the command: ``scheduler``, ``dataplane``, ...) and
-``message``, plus ``exc_info`` for an exception and any ``extra={...}`` fields the call gave. The
-choice travels in the environment, so ``luftpause up``'s children and granian's worker processes
-log the same way. granian's own records (``_granian``) go through the same formatter, on stderr.
+JSON object on its own line (``python-json-logger``), with the keys ``time`` (ISO 8601 in UTC with
+milliseconds, e.g. ``2026-03-01T12:00:00.123Z``), ``level``, ``logger``, ``process`` (the command:
+``scheduler``, ``dataplane``, ...) and ``message``, plus ``exc_info`` for an exception and any
+``extra={...}`` fields the call gave. The choice travels in the environment, so ``luftpause up``'s
+children and granian's worker processes log the same way. granian's own records (``_granian``) go
+through the same formatter, on stderr. A process's one-line "serving on ..." announcement goes
+through :func:`announce`: printed as plain text by default, a log record (logger
+``luftpause.<command>``) in JSON mode, so every line a process writes in JSON mode is one JSON
+object. Text mode keeps the ``asctime`` of :mod:`logging` (local time).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import IO, Any, Literal
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -30,7 +35,7 @@ def current_format() -> LogFormat:
 
 
 class _ProcessField(logging.Filter):
-    """Adds ``process_name`` (the luftpause command) to every record."""
+    """Adds ``luftpause_process`` (the luftpause command; the JSON key ``process``) to every record."""
 
     def __init__(self, name: str) -> None:
         super().__init__()
@@ -41,9 +46,17 @@ class _ProcessField(logging.Filter):
         return True
 
 
+class _UtcJsonFormatter(JsonFormatter):
+    """``JsonFormatter`` whose ``time`` is UTC ISO 8601 with milliseconds and a ``Z``."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        moment = datetime.fromtimestamp(record.created, UTC)
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def json_formatter() -> logging.Formatter:
     """The one-object-per-line formatter (keys in the module docstring)."""
-    return JsonFormatter(
+    return _UtcJsonFormatter(
         "%(asctime)s %(levelname)s %(name)s %(luftpause_process)s %(message)s",
         rename_fields={
             "asctime": "time",
@@ -51,8 +64,21 @@ def json_formatter() -> logging.Formatter:
             "name": "logger",
             "luftpause_process": "process",
         },
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
     )
+
+
+def announce(command: str, message: str, *, level: int = logging.INFO, stream: IO[str] | None = None) -> None:
+    """Say ``message`` (one line: what the process serves, or why it cannot start).
+
+    Text mode: printed as is on ``stream`` (default stdout), as the tests and ``luftpause up``
+    read it. JSON mode: a record of logger ``luftpause.<command>`` at ``level``, handled whatever
+    that logger's level (an announcement is never filtered out, as the printed line was not).
+    """
+    if current_format() != "json":
+        print(message, file=stream if stream is not None else sys.stdout, flush=True)
+        return
+    logger = logging.getLogger(f"luftpause.{command}")
+    logger.handle(logger.makeRecord(logger.name, level, __file__, 0, message, (), None))
 
 
 def configure(command: str, level: int = logging.INFO) -> None:

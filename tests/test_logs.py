@@ -1,28 +1,61 @@
-"""``luftpause --log-format json``: one JSON object per line from every luftpause process."""
+"""``luftpause --log-format json``: one JSON object per line from every luftpause process.
+
+Every line of every log must parse as a JSON object (the processes' "serving on ..." lines
+included), with ``time`` in UTC ISO 8601 with milliseconds.
+"""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from luftpause.cli import main
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.procs import ChildProcess, free_port, http_ok
+
+KEYS = {"time", "level", "logger", "process", "message"}
 
 
-def _json_lines(log: Path) -> list[dict[str, object]]:
+def _records(log: Path, process: str) -> list[dict[str, object]]:
+    """Every line of ``log`` as a JSON object of ``process``; fails on any line that is not one."""
+    records = []
+    for number, line in enumerate(log.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise AssertionError(f"{log.name} line {number} is not JSON: {line!r}") from None
+        assert isinstance(record, dict) and KEYS <= record.keys(), (log.name, line)
+        assert record["process"] == process, (log.name, line)
+        moment = datetime.fromisoformat(str(record["time"]))
+        assert moment.utcoffset() == timedelta(0), record["time"]
+        assert str(record["time"]).endswith("Z") and len(str(record["time"]).split(".")[1]) == 4, record[
+            "time"
+        ]
+        records.append(record)
+    return records
+
+
+def _lenient(log: Path) -> list[dict[str, object]]:
+    """The lines of ``log`` that already parse (used only while waiting)."""
     records = []
     for line in log.read_text().splitlines():
-        if line.startswith("{"):
+        try:
             records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records
 
 
 def _connected(records: list[dict[str, object]]) -> bool:
     return any(
-        r["logger"] == "luftpause.dataplane" and str(r["message"]).startswith("connected to scheduler")
+        r.get("logger") == "luftpause.dataplane"
+        and str(r.get("message")).startswith("connected to scheduler")
         for r in records
     )
 
@@ -52,20 +85,79 @@ def test_scheduler_dataplane_and_the_granian_worker_log_json_lines(tmp_path: Pat
         for child in children:
             child.start().wait_ready()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not _connected(_json_lines(tmp_path / "dataplane.log")):
+        while time.monotonic() < deadline and not _connected(_lenient(tmp_path / "dataplane.log")):
             time.sleep(0.1)
     finally:
         for child in reversed(children):
             child.stop()
-    for name in ("scheduler", "dataplane"):
-        records = _json_lines(tmp_path / f"{name}.log")
-        for record in records:
-            assert {"time", "level", "logger", "process", "message"} <= record.keys(), record
-            assert record["process"] == name
-    records = _json_lines(tmp_path / "dataplane.log")
+    scheduler = _records(tmp_path / "scheduler.log", "scheduler")
+    assert any(str(r["message"]).startswith("luftpause scheduler: gRPC on") for r in scheduler)
+    records = _records(tmp_path / "dataplane.log", "dataplane")
     assert "_granian" in {r["logger"] for r in records}  # granian's own, through the same formatter
     assert any("LUFTPAUSE_TOKEN is not set" in str(r["message"]) for r in records)  # the main process
+    assert any(str(r["message"]).startswith("luftpause dataplane: OpenAI-compatible proxy") for r in records)
     assert _connected(records), records  # the worker process's own record
+
+
+def test_up_children_and_the_simulators_log_only_json_lines(tmp_path: Path) -> None:
+    """``luftpause --log-format json up``: the scheduler, dataplane and runtime it starts, and a
+    fake engine and fake MCP server started the same way, write nothing but JSON lines."""
+    engine_port, mcp_port = free_port(), free_port()
+    ports = {name: free_port() for name in ("grpc", "status", "dataplane", "runtime")}
+    config = tmp_path / "up.toml"
+    config.write_text(
+        f'[scheduler]\ngrpc = "127.0.0.1:{ports["grpc"]}"\nhttp = "127.0.0.1:{ports["status"]}"\n'
+        f'[dataplane]\nlisten = "127.0.0.1:{ports["dataplane"]}"\nscheduler = "127.0.0.1:{ports["grpc"]}"\n'
+        f'[runtime]\nlisten = "127.0.0.1:{ports["runtime"]}"\n'
+        f'dataplane = "http://127.0.0.1:{ports["dataplane"]}"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:{engine_port}"\nmodels = ["llama-3.2-1b"]\n'
+        f'[[mcp_servers]]\nname = "fake"\nurl = "http://127.0.0.1:{mcp_port}/mcp"\n'
+    )
+    logs = tmp_path / "logs"
+    engine = ChildProcess(
+        "engine",
+        ["--log-format", "json", "fake-engine", "--port", str(engine_port)],
+        tmp_path / "engine.log",
+        ready_url=f"http://127.0.0.1:{engine_port}/health",
+    )
+    mcp = ChildProcess(
+        "mcp",
+        ["--log-format", "json", "fake-mcp", "--port", str(mcp_port)],
+        tmp_path / "mcp.log",
+        ready_port=("127.0.0.1", mcp_port),
+    )
+    up: subprocess.Popen[bytes] | None = None
+    up_args = ["--config", str(config), "--logs", str(logs)]
+    try:
+        engine.start().wait_ready()
+        mcp.start().wait_ready()
+        with open(tmp_path / "up.out", "wb") as out:
+            up = subprocess.Popen(
+                [sys.executable, "-m", "luftpause", "--log-format", "json", "up", *up_args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "luftpause is up" not in (tmp_path / "up.out").read_text():
+            assert up.poll() is None, (tmp_path / "up.out").read_text()
+            time.sleep(0.2)
+        assert http_ok(f"http://127.0.0.1:{ports['runtime']}/health"), (tmp_path / "up.out").read_text()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+    finally:
+        if up is not None and up.poll() is None:
+            up.kill()
+            up.wait()
+        engine.stop()
+        mcp.stop()
+    runtime = _records(logs / "runtime.log", "runtime")
+    assert any(str(r["message"]).startswith("luftpause runtime: MCP on") for r in runtime), runtime
+    _records(logs / "scheduler.log", "scheduler")
+    _records(logs / "dataplane.log", "dataplane")
+    assert any(
+        "serving llama-3.2-1b" in str(r["message"]) for r in _records(tmp_path / "engine.log", "fake-engine")
+    )
+    assert any("serving lookup" in str(r["message"]) for r in _records(tmp_path / "mcp.log", "fake-mcp"))
 
 
 def test_an_unknown_log_format_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -48,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
     )
-    print(
+    logs.announce(
+        "dataplane",
         f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "
         f"(scheduler {config.dataplane.scheduler})",
-        flush=True,
     )
     server.serve()
     return 0

@@ -329,7 +329,7 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             # Entered after the runs, so left before them: a task open at shutdown stays open.
             await stack.enter_async_context(runtime.tasks)
             await stack.enter_async_context(mcp.session_manager.run())
-            print(f"luftpause runtime: MCP on {runtime.mcp_url}", flush=True)
+            logs.announce("runtime", f"luftpause runtime: MCP on {runtime.mcp_url}")
             yield
 
     async def status(request: Request) -> Response:
@@ -368,7 +368,12 @@ def run(args: argparse.Namespace) -> int:
     try:  # before granian's worker starts the stdio MCP servers: one line, not a traceback
         Journal(Path(config.runtime.state_dir)).check_writable()
     except OSError as exc:
-        print(f"luftpause runtime: [runtime] state_dir {config.runtime.state_dir!r}: {exc}", file=sys.stderr)
+        logs.announce(
+            "runtime",
+            f"luftpause runtime: [runtime] state_dir {config.runtime.state_dir!r}: {exc}",
+            level=logging.ERROR,
+            stream=sys.stderr,
+        )
         return 2
     # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
     # lines (httpx, the SDK) would bury them.

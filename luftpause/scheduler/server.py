@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 
@@ -19,7 +20,7 @@ import grpc
 import uvloop
 from aiohttp import web
 
-from luftpause import tracing
+from luftpause import logs, tracing
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         uvloop.run(serve(config))
     except OSError as exc:
-        print(f"luftpause scheduler: {exc}", file=sys.stderr)
+        logs.announce("scheduler", f"luftpause scheduler: {exc}", level=logging.ERROR, stream=sys.stderr)
         return 1
     finally:
         tracing.shutdown()  # export what is buffered
@@ -103,11 +104,11 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         await web.TCPSite(runner, http_host, http_port).start()
         host.start_clock()
         prober.start()
-        print(
+        logs.announce(
+            "scheduler",
             f"luftpause scheduler: gRPC on {config.scheduler.grpc}, "
             f"status on http://{config.scheduler.http}/status",
-            file=sys.stderr,
-            flush=True,
+            stream=sys.stderr,
         )
         await stop.wait()
     finally:

@@ -32,6 +32,7 @@ import signal
 
 import uvloop
 
+from luftpause import logs
 from luftpause.ports import port_number
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
 from luftpause.testkit.engine.faults import KINDS, parse_fault_option
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
-        print(f"luftpause fake-engine: {exc}", flush=True)
+        logs.announce("fake-engine", f"luftpause fake-engine: {exc}", level=logging.ERROR)
         return 2
     # uvloop, as the dataplane uses: the simulator shares two cores with what it measures.
     return uvloop.run(_serve(settings, args.host, args.port))
@@ -222,10 +223,16 @@ async def _serve(settings: EngineSettings, host: str, port: int) -> int:
     try:
         engine = await start_engine(settings, host, port)
     except OSError as exc:
-        print(f"luftpause fake-engine: cannot listen on {host}:{port}: {exc}", flush=True)
+        logs.announce(
+            "fake-engine",
+            f"luftpause fake-engine: cannot listen on {host}:{port}: {exc}",
+            level=logging.ERROR,
+        )
         return 2
     try:
-        print(f"luftpause fake-engine: serving {', '.join(settings.models)} on {engine.url}", flush=True)
+        logs.announce(
+            "fake-engine", f"luftpause fake-engine: serving {', '.join(settings.models)} on {engine.url}"
+        )
         await stop.wait()
     finally:
         await engine.close()

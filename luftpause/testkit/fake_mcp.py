@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import random
 import signal
 import socket
@@ -34,6 +35,7 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from luftpause import logs
 from luftpause.ports import port_number
 
 TOOL_NAMES = ("lookup", "deep_search")
@@ -145,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
-        print(f"luftpause fake-mcp: cannot listen on {args.host}:{args.port}: {exc}", flush=True)
+        logs.announce(
+            "fake-mcp",
+            f"luftpause fake-mcp: cannot listen on {args.host}:{args.port}: {exc}",
+            level=logging.ERROR,
+        )
         return 2
     return asyncio.run(_serve(build_server(args.seed, args.destructive), args.host, sock))
 
@@ -186,6 +192,7 @@ async def _serve(server: MCPServer, host: str, sock: socket.socket) -> int:
     config = uvicorn.Config(
         app,
         log_level="warning",
+        log_config=None,  # uvicorn's records through the root handler (JSON with --log-format json)
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
@@ -205,7 +212,9 @@ async def _serve(server: MCPServer, host: str, sock: socket.socket) -> int:
     if web.started:
         bound_host, port = sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        print(f"luftpause fake-mcp: serving {', '.join(TOOL_NAMES)} on http://{shown}:{port}/mcp", flush=True)
+        logs.announce(
+            "fake-mcp", f"luftpause fake-mcp: serving {', '.join(TOOL_NAMES)} on http://{shown}:{port}/mcp"
+        )
     try:
         await serving
     except SystemExit as exc:  # uvicorn exits this way when its startup fails
