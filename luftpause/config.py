@@ -5,9 +5,13 @@ The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the o
 one model and the fake MCP tool server, all on loopback, which ``luftpause up`` starts itself.
 
 A bad file is refused with :class:`ConfigError`, whose message names the file, the key and what was
-expected, for example::
+expected, in TOML's words (array, table, true or false), for example::
 
     luftpause.toml: replicas[0].kind: expected 'generative' or 'single_pass', got 'gpu'
+    luftpause.toml: replicas[0].models: expected an array, got 'm'
+    luftpause.toml: colour: unknown key
+
+Unknown keys are refused at every level, the top level included.
 """
 
 from __future__ import annotations
@@ -243,6 +247,65 @@ class Config(_Section):
         return self.replicas[0].models[0]
 
 
+# What pydantic's strict type errors mean in TOML's words (a tuple is a TOML array).
+_EXPECTED_TYPE = {
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "tuple_type": "an array",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+    "literal_error": None,  # ctx["expected"] lists the allowed values
+}
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _toml(value: Any) -> str:
+    """``value`` as a TOML user wrote it: ``true`` not ``True``, ``["a"]`` not ``('a',)``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
+    return repr(value)
+
+
+def _explain(item: Any) -> str:
+    """One pydantic error as ``expected ..., got ...`` (the form of the module docstring)."""
+    kind: str = item["type"]
+    ctx: dict[str, Any] = item.get("ctx") or {}
+    got = _toml(item["input"])
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "expected a value, none given"
+    if kind == "literal_error":
+        return f"expected {ctx['expected']}, got {got}"
+    if kind in _EXPECTED_TYPE:
+        return f"expected {_EXPECTED_TYPE[kind]}, got {got}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)  # 0, not 0.0 (pydantic reports a float field's bound as a float)
+        return f"expected a number {_BOUNDS[kind]} {_toml(bound)}, got {got}"
+    if kind == "too_short":
+        count = ctx.get("min_length", 1)
+        return f"expected an array of at least {count} item{'s' if count != 1 else ''}, got {got}"
+    if kind == "string_too_short":
+        return f"expected a non-empty string, got {got}"
+    if kind == "value_error":  # our validators already say "expected ..., got ..."
+        return str(item["msg"]).removeprefix("Value error, ")
+    return f"{item['msg']}, got {got}"
+
+
 def _describe(error: ValidationError) -> str:
     parts = []
     items = error.errors()
@@ -253,15 +316,10 @@ def _describe(error: ValidationError) -> str:
             continue
         key = ""
         for loc in item["loc"]:
+            if isinstance(loc, str) and "[" in loc:  # a union's branch (``tuple[str, ...]``), no key
+                continue
             key += f"[{loc}]" if isinstance(loc, int) else (f".{loc}" if key else str(loc))
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"].endswith("_type") or item["type"].endswith("_parsing"):
-            message = f"{message}, got {item['input']!r}"  # strict types: say what was there
-        if item["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif item["type"] == "missing":
-            message = "expected a value, none given"
-        parts.append(f"{key or '(top level)'}: {message}")
+        parts.append(f"{key or '(top level)'}: {_explain(item)}")
     return "; ".join(parts)
 
 
@@ -281,7 +339,8 @@ def parse_config(text: str, source: str | None = None) -> Config:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-    data.pop("source", None)
+    if "source" in data:  # a field of Config, set from where the file was read, never by the file
+        raise ConfigError(f"{where}: source: unknown key")
     try:
         return Config.model_validate({**_arrays_as_tuples(data), "source": source})
     except ValidationError as exc:

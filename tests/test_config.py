@@ -35,7 +35,10 @@ def test_a_file_named_by_the_environment_is_read(tmp_path: Path, monkeypatch: py
     ("text", "expected"),
     [
         ('[[replicas]]\nname = "a"\nurl = "ftp://x"\nmodels = ["m"]\n', "replicas[0].url: expected an http"),
-        ('[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nkind = "gpu"\n', "replicas[0].kind"),
+        (
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nkind = "gpu"\n',
+            "replicas[0].kind: expected 'generative' or 'single_pass', got 'gpu'",
+        ),
         (
             '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\ncolour = 1\n',
             "replicas[0].colour: unknown key",
@@ -100,46 +103,61 @@ REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
         (REPLICA + 'load_from = ["http://e:1", "e:2"]\n', "got 'e:2'"),
         (
             '[scheduler]\nstrict_affinity = "no"\n' + REPLICA,
-            "scheduler.strict_affinity: Input should be a valid boolean, got 'no'",
+            "scheduler.strict_affinity: expected true or false, got 'no'",
         ),
-        ("[scheduler]\nleases = 0\n" + REPLICA, "scheduler.leases: Input should be a valid boolean, got 0"),
+        ("[scheduler]\nleases = 0\n" + REPLICA, "scheduler.leases: expected true or false, got 0"),
         (
             '[scheduler]\nresync_hold_s = "2"\n' + REPLICA,
-            "scheduler.resync_hold_s: Input should be a valid number, got '2'",
+            "scheduler.resync_hold_s: expected a number, got '2'",
         ),
         (
             "[scheduler]\nresync_hold_s = -1\n" + REPLICA,
-            "scheduler.resync_hold_s: Input should be greater than or equal to 0",
+            "scheduler.resync_hold_s: expected a number >= 0, got -1",
         ),
         (
             '[scheduler]\ndataplane_grace_s = "60"\n' + REPLICA,
-            "scheduler.dataplane_grace_s: Input should be a valid number, got '60'",
+            "scheduler.dataplane_grace_s: expected a number, got '60'",
         ),
         (
             REPLICA + 'max_inflight = "4"\n',
-            "replicas[0].max_inflight: Input should be a valid integer, got '4'",
+            "replicas[0].max_inflight: expected an integer, got '4'",
         ),
         (
             REPLICA + "max_inflight = 4.5\n",
-            "replicas[0].max_inflight: Input should be a valid integer, got 4.5",
+            "replicas[0].max_inflight: expected an integer, got 4.5",
         ),
         (
             REPLICA + "max_inflight = true\n",
-            "replicas[0].max_inflight: Input should be a valid integer, got True",
+            "replicas[0].max_inflight: expected an integer, got true",
         ),
         (
             '[runtime]\nmax_depth = "3"\n' + REPLICA,
-            "runtime.max_depth: Input should be a valid integer, got '3'",
+            "runtime.max_depth: expected an integer, got '3'",
         ),
-        (REPLICA + "api_key_env = 5\n", "replicas[0].api_key_env: Input should be a valid string, got 5"),
+        (REPLICA + "api_key_env = 5\n", "replicas[0].api_key_env: expected a string, got 5"),
         (REPLICA + 'models = "m"\n', "not valid TOML"),
         (
             '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = "m"\n',
-            "replicas[0].models: Input should be a valid tuple, got 'm'",
+            "replicas[0].models: expected an array, got 'm'",
+        ),
+        ("replicas = []\n", "replicas: expected an array of at least 1 item, got []"),
+        (
+            '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = []\n',
+            "replicas[0].models: expected an array of at least 1 item, got []",
+        ),
+        (
+            '[[replicas]]\nname = ""\nurl = "http://x"\nmodels = ["m"]\n',
+            "replicas[0].name: expected a non-empty string, got ''",
+        ),
+        (REPLICA + "max_inflight = 0\n", "replicas[0].max_inflight: expected a number >= 1, got 0"),
+        ("scheduler = 1\n" + REPLICA, "scheduler: expected a table, got 1"),
+        (
+            REPLICA + '[[mcp_servers]]\nname = "s"\ncommand = ["x"]\npath_arguments = {t = {p = "run"}}\n',
+            "mcp_servers[0].path_arguments.t.p: expected 'read' or 'write', got 'run'",
         ),
         (
             REPLICA + '[[mcp_servers]]\nname = "s"\ncommand = ["x"]\nenv = {A = 1}\n',
-            "mcp_servers[0].env.A: Input should be a valid string, got 1",
+            "mcp_servers[0].env.A: expected a string, got 1",
         ),
     ],
 )
@@ -148,6 +166,23 @@ def test_values_of_the_wrong_type_or_shape_are_refused_not_coerced(text: str, ex
         parse_config(text, "bad.toml")
     assert str(caught.value).startswith("bad.toml: ")
     assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("line", ['source = "elsewhere.toml"\n', "colour = 1\n"])
+def test_an_unknown_top_level_key_is_refused(line: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(line + REPLICA, "bad.toml")
+    assert str(caught.value) == f"bad.toml: {line.split()[0]}: unknown key"
+
+
+def test_no_message_keeps_pydantics_wording() -> None:
+    for text in (
+        '[scheduler]\nleases = "yes"\n' + REPLICA,
+        '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = "m"\n',
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse_config(text, "bad.toml")
+        assert "Input should" not in str(caught.value) and "tuple" not in str(caught.value).lower()
 
 
 def test_strict_types_still_take_what_toml_writes_naturally() -> None:
