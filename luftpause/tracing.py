@@ -4,9 +4,13 @@ With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
 installs the SDK's ``TracerProvider`` with a ``BatchSpanProcessor`` and the OTLP/HTTP protobuf
 exporter (``opentelemetry-exporter-otlp-proto-http``; it reads the rest of the ``OTEL_EXPORTER_OTLP_*``
 and ``OTEL_BSP_*`` variables itself, e.g. ``OTEL_BSP_SCHEDULE_DELAY`` in milliseconds). Unset (or
-``OTEL_SDK_DISABLED=true``) nothing is installed: :func:`tracer` is the API's no-op tracer, the SDK is
-never imported, and hot paths test the one module attribute ``tracing.active`` before doing any
-tracing work at all.
+``OTEL_SDK_DISABLED=true``, or ``OTEL_TRACES_EXPORTER=none``) nothing is installed: :func:`tracer`
+is the API's no-op tracer, the SDK is never imported, and hot paths test the one module attribute
+``tracing.active`` before doing any tracing work at all. Only OTLP/HTTP with protobuf is exported:
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (or ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``) ``grpc`` or
+``http/json`` is refused with a warning and nothing is exported (point the endpoint at the
+receiver's OTLP/HTTP port, 4318, instead); ``OTEL_TRACES_EXPORTER`` other than ``otlp`` or
+``none`` is warned about and OTLP is used.
 
 Service names (``service.name``, unless ``OTEL_SERVICE_NAME`` says otherwise):
 ``luftpause-scheduler``, ``luftpause-dataplane``, ``luftpause-runtime``.
@@ -14,15 +18,19 @@ Service names (``service.name``, unless ``OTEL_SERVICE_NAME`` says otherwise):
 Spans follow the OpenTelemetry semantic conventions for generative AI, v1.41.0 of
 semantic-conventions (status: Development): ``docs/gen-ai/gen-ai-spans.md`` (inference span
 ``chat {gen_ai.request.model}``, kind CLIENT, with ``gen_ai.operation.name``,
-``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``,
-``gen_ai.usage.output_tokens``, ``gen_ai.response.finish_reasons``) and
+``gen_ai.provider.name`` (:data:`PROVIDER`), ``gen_ai.request.model``, and, when the engine
+reported them, ``gen_ai.usage.input_tokens``, ``gen_ai.usage.output_tokens`` and
+``gen_ai.response.finish_reasons``: :func:`usage_attributes`, shared by the runtime and the
+dataplane) and
 ``docs/gen-ai/gen-ai-agent-spans.md`` (``invoke_agent {gen_ai.agent.name}`` and
 ``execute_tool {gen_ai.tool.name}``, kind INTERNAL, with ``gen_ai.agent.id``, ``gen_ai.agent.name``,
-``gen_ai.conversation.id``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type``).
+``gen_ai.conversation.id``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type``:
+``extension`` for the MCP tools the runtime calls, ``function`` for its built-in tools).
 luftpause's own facts are ``luftpause.*`` attributes (``luftpause.replica``, ``luftpause.held_ms``,
 ``luftpause.run_id``, ``luftpause.turn_id`` ...).
 
-Propagation is W3C Trace Context (``traceparent``, https://www.w3.org/TR/trace-context/) through
+Propagation is W3C Trace Context (``traceparent`` with its ``tracestate``,
+https://www.w3.org/TR/trace-context/) through
 the SDK's ``TraceContextTextMapPropagator``: runtime -> dataplane (HTTP header) -> scheduler (the
 ``traceparent`` field of ``AdmitRequest`` / ``LeasedTurn``) and -> engine (HTTP header), and runtime
 -> HTTP tool servers (HTTP header).
@@ -55,6 +63,14 @@ SEMCONV_VERSION = "1.41.0"
 """The semantic-conventions release whose GenAI spans these follow (the tracer's schema)."""
 
 TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+PROTOCOL_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+"""The first one set wins (the signal-specific one), as in the OpenTelemetry specification."""
+
+PROVIDER = "luftpause"
+"""``gen_ai.provider.name`` of luftpause's inference spans: the turns go through luftpause (the
+conventions' well-known values name hosted providers; a proxy in front of self-hosted engines is
+none of them, so its own name, as the conventions allow for others)."""
 
 active = False
 """True while a ``TracerProvider`` of the SDK is installed: the one check on hot paths."""
@@ -69,6 +85,8 @@ def configured() -> bool:
     SDK is not disabled by ``OTEL_SDK_DISABLED=true``)."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
+    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
     return any(os.environ.get(name) for name in ENDPOINT_ENVS)
 
 
@@ -81,6 +99,18 @@ def setup(service: str) -> bool:
     """
     if active or not configured():
         return False
+    protocol = next((os.environ[n].strip() for n in PROTOCOL_ENVS if os.environ.get(n, "").strip()), "")
+    if protocol and protocol != "http/protobuf":
+        log.warning(
+            "%s=%s is not supported: luftpause exports OTLP over HTTP with protobuf only; "
+            "set http/protobuf and the receiver's OTLP/HTTP endpoint (port 4318). No spans are exported",
+            next(n for n in PROTOCOL_ENVS if os.environ.get(n, "").strip()),
+            protocol,
+        )
+        return False
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter not in ("", "otlp"):
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported; exporting over OTLP/HTTP", exporter)
     # Imported only here: with tracing off the SDK and the exporter are never loaded.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -125,14 +155,18 @@ def tracer() -> Tracer:
     return _tracer
 
 
-def parent(traceparent: str | None) -> Context | None:
-    """The context a W3C ``traceparent`` value names, to start a child span in; None when absent.
+def parent(traceparent: str | None, tracestate: str | None = None) -> Context | None:
+    """The context a W3C ``traceparent`` (with its ``tracestate``, kept for the children) names,
+    to start a child span in; None when absent.
 
     A malformed value gives an empty context (the span starts a new trace), per the W3C spec.
     """
     if not traceparent:
         return None
-    return _propagator.extract({TRACEPARENT: traceparent})
+    carrier = {TRACEPARENT: traceparent}
+    if tracestate:
+        carrier[TRACESTATE] = tracestate
+    return _propagator.extract(carrier)
 
 
 def headers_of(span: Span) -> dict[str, str]:
@@ -149,19 +183,27 @@ def traceparent_of(span: Span) -> str | None:
 
 
 def trace_id_of(traceparent: str | None) -> str:
-    """The 32 lower-case hex digits of a version-00 ``traceparent``'s trace id; "" when the value
-    is absent or not of that shape (``00-<32 hex>-<16 hex>-<2 hex>``)."""
-    if not traceparent or len(traceparent) != 55 or traceparent[2] != "-" or traceparent[35] != "-":
+    """The trace id of a W3C ``traceparent`` as 32 lower-case hex digits; "" when the value is
+    absent or invalid (parsed by the propagator: version ``ff``, an all-zero id ... are invalid)."""
+    context = parent(traceparent)
+    if context is None:
         return ""
-    trace_id = traceparent[3:35]
-    try:
-        int(trace_id, 16)
-    except ValueError:
-        return ""
-    return trace_id.lower()
+    span_context = trace.get_current_span(context).get_span_context()
+    return f"{span_context.trace_id:032x}" if span_context.is_valid else ""
 
 
-def trace_id_hex(span: Span) -> str:
-    """``span``'s trace id as 32 lower-case hex digits ("" for an invalid span)."""
-    context = span.get_span_context()
-    return f"{context.trace_id:032x}" if context.is_valid else ""
+def usage_attributes(
+    prompt_tokens: object, completion_tokens: object, finish_reasons: list[str] | tuple[str, ...]
+) -> dict[str, int | list[str]]:
+    """The GenAI usage attributes of an inference span, each only when the engine reported it:
+    ``gen_ai.usage.input_tokens`` / ``output_tokens`` (tokens, from an OpenAI ``usage``'s
+    ``prompt_tokens`` / ``completion_tokens``; anything not an int is left out, never 0) and
+    ``gen_ai.response.finish_reasons`` (when non-empty)."""
+    attributes: dict[str, int | list[str]] = {}
+    if type(prompt_tokens) is int:
+        attributes["gen_ai.usage.input_tokens"] = prompt_tokens
+    if type(completion_tokens) is int:
+        attributes["gen_ai.usage.output_tokens"] = completion_tokens
+    if finish_reasons:
+        attributes["gen_ai.response.finish_reasons"] = list(finish_reasons)
+    return attributes

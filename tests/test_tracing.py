@@ -111,7 +111,7 @@ def test_traceparent_round_trips_through_inject_and_extract(spans: InMemorySpanE
     assert value is not None
     context = outer.get_span_context()
     assert value == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-    assert tracing.trace_id_of(value) == f"{context.trace_id:032x}" == tracing.trace_id_hex(outer)
+    assert tracing.trace_id_of(value) == f"{context.trace_id:032x}"
     child = tracing.tracer().start_span("child", context=tracing.parent(value))
     child.end()
     (done,) = named(spans, "child")
@@ -119,9 +119,69 @@ def test_traceparent_round_trips_through_inject_and_extract(spans: InMemorySpanE
     assert done.context.trace_id == context.trace_id
 
 
-@pytest.mark.parametrize("value", [None, "", "garbage", "01-abc", "00-" + "g" * 32 + "-" + "0" * 16 + "-01"])
-def test_trace_id_of_a_malformed_traceparent_is_empty(value: str | None) -> None:
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "garbage",
+        "01-abc",
+        "00-" + "g" * 32 + "-" + "1" * 16 + "-01",
+        "00-" + "0" * 32 + "-" + "1" * 16 + "-01",  # all-zero trace id: invalid (W3C 3.2.2.3)
+        "00-" + "a" * 32 + "-" + "0" * 16 + "-01",  # all-zero parent id
+        "ff-" + "a" * 32 + "-" + "1" * 16 + "-01",  # version ff is forbidden
+        "00-" + "A" * 32 + "-" + "1" * 16 + "-01",  # upper case is not allowed
+    ],
+)
+def test_trace_id_of_an_invalid_traceparent_is_empty(value: str | None) -> None:
     assert tracing.trace_id_of(value) == ""
+
+
+def test_tracestate_is_kept_with_the_traceparent(spans: InMemorySpanExporter) -> None:
+    value = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    child = tracing.tracer().start_span("child", context=tracing.parent(value, "vendor=opaque,other=1"))
+    assert tracing.headers_of(child)["tracestate"] == "vendor=opaque,other=1"
+    child.end()
+    (done,) = named(spans, "child")
+    assert done.context.trace_state.to_header() == "vendor=opaque,other=1"
+
+
+@pytest.mark.parametrize(
+    ("env", "exported"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, False),
+        ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, False),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, True),
+        (
+            {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            True,
+        ),
+    ],
+)
+def test_exporter_and_protocol_variables_are_honoured(env: dict[str, str], exported: bool) -> None:
+    code = "from luftpause import tracing; print(tracing.setup('x'))"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(exported)]
+    if "grpc" in env.values() and not exported:
+        assert "not supported" in done.stderr
+
+
+def test_usage_attributes_leave_out_what_the_engine_did_not_report() -> None:
+    assert tracing.usage_attributes(None, None, []) == {}
+    assert tracing.usage_attributes(3, True, ["stop"]) == {
+        "gen_ai.usage.input_tokens": 3,
+        "gen_ai.response.finish_reasons": ["stop"],
+    }
 
 
 def test_a_malformed_traceparent_starts_a_new_trace(spans: InMemorySpanExporter) -> None:
