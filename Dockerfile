@@ -1,5 +1,8 @@
 # One image for every luftpause process and the test kit: `docker run IMAGE scheduler|dataplane|
-# runtime|fake-engine|fake-mcp|up ...` (the ENTRYPOINT is the `luftpause` command).
+# runtime|fake-engine|fake-mcp ...` (the ENTRYPOINT is the `luftpause` command), configured by the
+# compose stack's file baked in below (service names as hosts). `up` is not one of them: it would
+# read that file too; `docker run -e LUFTPAUSE_CONFIG= IMAGE up` runs the embedded default, but on
+# the container's loopback, unreachable from outside: use compose.yaml for the whole stack.
 #
 # Stage "build" compiles the Cython hot path (setup.py: luftpause.dataplane._sse_c and
 # luftpause.dataplane._tool_calls_c) into a wheel, beside wheels of every dependency, so the runtime

@@ -203,7 +203,7 @@ def test_references_resolve(name: str, project: dict[str, Any]) -> None:
 @pytest.mark.parametrize(("name", "project"), PROJECTS, ids=PROJECT_IDS)
 def test_every_luftpause_command_is_one_the_cli_accepts(name: str, project: dict[str, Any]) -> None:
     commands = []
-    for service_name, service in project["services"].items():
+    for service_name, service in active_services(project).items():
         if not is_luftpause(service):
             continue
         argv = service["command"]
@@ -297,13 +297,33 @@ def test_runtime_state_is_a_named_volume_at_the_state_dir() -> None:
 
 
 def test_luftpause_version_pins_the_image_tag() -> None:
-    pinned = load(BASE, env={**ENV, "LUFTPAUSE_VERSION": "v1.2.3"})
-    assert all(s["image"].endswith(":v1.2.3") for s in pinned["services"].values())
-    assert all(s["image"].endswith(":latest") for s in load(BASE)["services"].values())
+    env = {**ENV, "LUFTPAUSE_VERSION": "v1.2.3", "LUFTPAUSE_IMAGE": "ghcr.io/luftpause/luftpause"}
+    pinned = active_services(load(BASE, env=env))
+    assert all(s["image"] == "ghcr.io/luftpause/luftpause:v1.2.3" for s in pinned.values())
+    assert all(s["image"] == "luftpause:dev" for s in active_services(load(BASE)).values())
+
+
+@pytest.mark.parametrize(("name", "project"), PROJECTS, ids=PROJECT_IDS)
+def test_only_a_profiled_service_builds_and_it_never_tags_a_release(
+    name: str, project: dict[str, Any]
+) -> None:
+    """With a pinned version whose pull fails, Compose must not build the working tree and tag it
+    as the release: no service that starts on ``up`` has a build section; the one that builds is
+    in the ``build`` profile and tags the local ``luftpause:dev`` whatever the environment says."""
+    env = {**ENV, "LUFTPAUSE_VERSION": "v1.2.3", "LUFTPAUSE_IMAGE": "ghcr.io/luftpause/luftpause"}
+    for project_env in (ENV, env):
+        loaded = load(BASE, *([ROOT / name.split(" + ")[1]] if " + " in name else []), env=project_env)
+        builders = {n: s for n, s in loaded["services"].items() if "build" in s}
+        assert list(builders) == ["image-build"]
+        assert builders["image-build"]["profiles"] == ["build"]
+        assert builders["image-build"]["image"] == "luftpause:dev"
+        for service_name, service in active_services(loaded).items():
+            if is_luftpause(service):
+                assert service.get("pull_policy") == "missing", service_name
 
 
 def test_hosted_overlay_needs_its_url_model_and_key_from_the_environment() -> None:
-    for name in ("HOSTED_URL", "HOSTED_MODEL", "HOSTED_API_KEY"):
+    for name in ("HOSTED_URL", "HOSTED_MODEL"):
         env = {k: v for k, v in ENV.items() if k != name}
         with pytest.raises(MissingVariable, match=name):
             load(BASE, ROOT / "compose.hosted.yaml", env=env)
@@ -311,9 +331,11 @@ def test_hosted_overlay_needs_its_url_model_and_key_from_the_environment() -> No
     hosted = service_config(project, project["services"]["dataplane"]).replica("hosted")
     assert hosted.url == ENV["HOSTED_URL"] and hosted.models == (ENV["HOSTED_MODEL"],)
     assert hosted.api_key_env == "HOSTED_API_KEY"
-    for name in ("scheduler", "dataplane"):  # probes and turns carry the key
-        assert project["services"][name]["environment"]["HOSTED_API_KEY"] == ENV["HOSTED_API_KEY"]
+    for name in ("scheduler", "dataplane"):  # probes and turns carry the key, passed by name
+        environment = project["services"][name]["environment"]
+        assert "HOSTED_API_KEY" in environment and environment["HOSTED_API_KEY"] is None
     assert "HOSTED_API_KEY" not in project["services"]["runtime"]["environment"]
+    assert ENV["HOSTED_API_KEY"] not in json.dumps(project)  # the key is never in the model
 
 
 def test_ollama_overlay_makes_the_hosts_ollama_the_only_replica() -> None:
@@ -348,14 +370,21 @@ def test_testbed_overlay_fits_two_sglang_replicas_on_one_gpu() -> None:
     assert {m for r in config.replicas for m in r.models} == served
 
 
-def test_otel_overlay_points_every_service_at_jaeger() -> None:
+def test_otel_overlay_points_the_three_processes_at_a_healthy_jaeger() -> None:
     project = load(BASE, ROOT / "compose.otel.yaml")
-    assert "jaeger" in project["services"]
-    for name, service in project["services"].items():
-        if name == "jaeger":
-            continue
-        endpoint = service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
-        assert urlsplit(endpoint).hostname == "jaeger", name
+    jaeger = project["services"]["jaeger"]
+    assert jaeger["healthcheck"]["test"][0] == "CMD"
+    for name, service in active_services(project).items():
+        environment = service.get("environment", {})
+        if name in LUFTPAUSE_SERVICES:
+            endpoint = environment["OTEL_EXPORTER_OTLP_ENDPOINT"]
+            assert urlsplit(endpoint).hostname == "jaeger" and urlsplit(endpoint).port == 4318, name
+            # luftpause/tracing.py exports OTLP/HTTP protobuf only and refuses anything else
+            assert environment["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf", name
+            assert service["depends_on"]["jaeger"] == {"condition": "service_healthy"}, name
+        else:
+            # The simulators make no spans: pointing them at Jaeger would claim they do.
+            assert not any(key.startswith("OTEL_") for key in environment), name
 
 
 # --- the Dockerfile ---------------------------------------------------------------------------
@@ -371,6 +400,14 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
         for line in joined.splitlines()
         if (parts := line.strip().split(None, 1))
     ]
+
+
+def test_dockerfile_advertises_only_commands_its_baked_configuration_serves() -> None:
+    header = (ROOT / "Dockerfile").read_text().split("\n\n")[0]
+    match = re.search(r"`docker run IMAGE ([a-z|\-\s#]+?) \.\.\.`", header.replace("\n# ", ""))
+    assert match is not None, header
+    advertised = [c.strip() for c in match.group(1).split("|")]
+    assert set(advertised) <= set(COMMANDS) and "up" not in advertised, advertised
 
 
 def test_dockerfile_builds_the_extensions_in_a_build_stage_and_runs_as_a_user() -> None:
