@@ -25,7 +25,7 @@ dataplane) and
 ``docs/gen-ai/gen-ai-agent-spans.md`` (``invoke_agent {gen_ai.agent.name}`` and
 ``execute_tool {gen_ai.tool.name}``, kind INTERNAL, with ``gen_ai.agent.id``, ``gen_ai.agent.name``,
 ``gen_ai.conversation.id``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type``:
-``extension`` for the MCP tools the runtime calls, ``function`` for its built-in tools).
+``extension``: the runtime executes every tool itself, agent-side).
 luftpause's own facts are ``luftpause.*`` attributes (``luftpause.replica``, ``luftpause.held_ms``,
 ``luftpause.run_id``, ``luftpause.turn_id`` ...).
 

@@ -420,7 +420,59 @@ def test_chat_and_execute_tool_spans_are_children_of_invoke_agent_with_genai_att
     tool_attributes = tool.attributes or {}
     assert tool_attributes["gen_ai.tool.name"] == "lookup"
     assert tool_attributes["gen_ai.tool.call.id"] == "call_7"
+    assert tool_attributes["gen_ai.tool.type"] == "extension"  # run agent-side, by the runtime
+    assert chat_attributes["gen_ai.provider.name"] == tracing.PROVIDER
     assert tool.status.status_code is StatusCode.ERROR
+
+
+def test_a_reply_without_usage_records_no_token_counts(spans: InMemorySpanExporter) -> None:
+    run = make_run("run-2")
+    with run_spans.invoke_agent(run), run_spans.chat(run) as chat_span:
+        run_spans.chat_reply(chat_span, {"choices": [{"finish_reason": "stop"}]})
+    (chat,) = named(spans, f"chat {run.model}")
+    attributes = chat.attributes or {}
+    assert "gen_ai.usage.input_tokens" not in attributes and "gen_ai.usage.output_tokens" not in attributes
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+
+
+def _dataplane_turn(traceparent: str = "", tracestate: str = "") -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        single_pass=False,
+        model="m",
+        turn_id="t-1",
+        run_id="r-1",
+        service_class=pb.INTERACTIVE,
+        caller="c",
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"finish_reason": "stop"}, {}),
+        (
+            {"finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 7},
+            {"gen_ai.usage.input_tokens": 0, "gen_ai.usage.output_tokens": 7},
+        ),
+    ],
+)
+def test_the_dataplane_chat_span_names_its_provider_and_only_reported_usage(
+    spans: InMemorySpanExporter, fields: dict[str, Any], expected: dict[str, int]
+) -> None:
+    from luftpause.dataplane import turn_spans
+
+    span = turn_spans.start(_dataplane_turn())
+    turn_spans.ended(span, pb.TurnEvent.FINISHED, fields)
+    span.end()
+    (done,) = named(spans, "chat m")
+    attributes = dict(done.attributes or {})
+    assert attributes["gen_ai.provider.name"] == tracing.PROVIDER
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert {k: v for k, v in attributes.items() if k.startswith("gen_ai.usage.")} == expected
 
 
 def test_no_runtime_spans_or_headers_while_tracing_is_off() -> None:

@@ -233,13 +233,11 @@ class Relay:
         if tool_call_ids and turn.run_id:
             # The run's next turn may come back without its header but with these ids.
             self.tool_calls.remember(turn.run_id, tool_call_ids, self._loop.time())
+        # A count the engine did not report (-1) is left out: 0 on the wire (proto3's default),
+        # absent on the turn's span (never recorded as 0 tokens).
+        usage = {k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0}
         self._ended_event(
-            turn,
-            pb.TurnEvent.FINISHED,
-            finish_reason=finish_reason,
-            tool_calls=tool_calls,
-            prompt_tokens=max(prompt, 0),
-            completion_tokens=max(completion, 0),
+            turn, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage
         )
         self.metrics.turn_ended("finished", turn.service_class)
 

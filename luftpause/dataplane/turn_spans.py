@@ -2,8 +2,10 @@
 
 One span from the turn's parsed request to the end of its relay, kind SERVER, child of the
 client's ``traceparent``: ``chat {model}`` for ``POST /v1/chat/completions`` (GenAI semantic
-conventions v1.41.0, inference: ``gen_ai.operation.name`` ``chat``, ``gen_ai.request.model``,
-``gen_ai.usage.input_tokens`` / ``output_tokens``, ``gen_ai.response.finish_reasons``) and
+conventions v1.41.0, inference: ``gen_ai.operation.name`` ``chat``, ``gen_ai.provider.name``
+(Required), ``gen_ai.request.model``, and when the engine reported them
+``gen_ai.usage.input_tokens`` / ``output_tokens`` and ``gen_ai.response.finish_reasons``, through
+:func:`luftpause.tracing.usage_attributes` as the runtime's ``chat`` span) and
 ``decide {model}`` for a single-pass turn (``POST /v1/decide``). luftpause's facts ride as
 ``luftpause.turn_id``, ``luftpause.run_id``, ``luftpause.service_class``, ``luftpause.caller``,
 ``luftpause.replica``. The span is the parent of what the turn sends on: the scheduler's ``admit``
@@ -30,6 +32,7 @@ def start(turn: Turn) -> Span:
     operation = "decide" if turn.single_pass else "chat"
     attributes: dict[str, str | bool] = {
         "gen_ai.operation.name": operation,
+        "gen_ai.provider.name": tracing.PROVIDER,
         "gen_ai.request.model": turn.model,
         "luftpause.turn_id": turn.turn_id,
         "luftpause.service_class": "batch" if turn.service_class == pb.BATCH else "interactive",
@@ -51,10 +54,11 @@ def ended(span: Span, kind: int, fields: dict[str, Any]) -> None:
     """Record a turn's end (``TurnEvent`` FINISHED or FAILED with its ``fields``) on its span."""
     if kind == pb.TurnEvent.FINISHED:
         reason = fields.get("finish_reason")
-        if reason:
-            span.set_attribute("gen_ai.response.finish_reasons", [reason])
-        span.set_attribute("gen_ai.usage.input_tokens", fields.get("prompt_tokens", 0))
-        span.set_attribute("gen_ai.usage.output_tokens", fields.get("completion_tokens", 0))
+        reasons = [str(reason)] if reason else []
+        # Usage only when the engine reported it: a missing count is left out, never recorded as 0.
+        span.set_attributes(
+            tracing.usage_attributes(fields.get("prompt_tokens"), fields.get("completion_tokens"), reasons)
+        )
     else:
         error = str(fields.get("error", ""))
         span.set_attribute("error.type", "turn_failed")

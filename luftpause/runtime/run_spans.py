@@ -11,13 +11,21 @@ Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`lu
   the MCP request that spawned the run (its ``_meta.traceparent``, through the SDK's own
   ``tools/call spawn`` span, else its HTTP ``traceparent`` header); else a new trace.
 * ``chat {model}`` (CLIENT), child of ``invoke_agent``: one per model turn, retries included, with
-  ``gen_ai.usage.input_tokens`` / ``output_tokens``, ``gen_ai.response.finish_reasons``,
-  ``gen_ai.response.id`` and ``gen_ai.response.model``. Its ``traceparent`` goes to the dataplane.
+  ``gen_ai.provider.name`` and, when the reply has them, ``gen_ai.usage.input_tokens`` /
+  ``output_tokens`` and ``gen_ai.response.finish_reasons`` (:func:`luftpause.tracing.usage_attributes`,
+  shared with the dataplane's span), ``gen_ai.response.id`` and ``gen_ai.response.model``. Its
+  ``traceparent`` and ``tracestate`` go to the dataplane.
 * ``execute_tool {tool}`` (INTERNAL), child of ``invoke_agent``: one per tool call, with
-  ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` and ``gen_ai.tool.type`` ``function``; a failed
-  call sets status ERROR (``error.type`` ``tool_error``). An upstream MCP call made inside it
-  carries it as ``_meta.traceparent`` and, over HTTP, as the ``traceparent`` header
-  (:mod:`luftpause.runtime.upstream`).
+  ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` and ``gen_ai.tool.type`` ``extension`` (the
+  conventions' "tool executed on the agent-side to directly call external APIs": the runtime, not a
+  client, runs every tool, MCP or built-in); a failed call sets status ERROR (``error.type``
+  ``tool_error``). An upstream MCP call made inside it: the ``mcp`` SDK starts its own client span
+  ``MCP send tools/call`` (a child of ``execute_tool``, once :func:`luftpause.tracing.setup` made
+  the SDK's provider the global one) and writes *that* span into ``_meta.traceparent``, replacing
+  the one :func:`current_meta` passed; over HTTP the same value becomes the ``traceparent`` header
+  (:mod:`luftpause.runtime.upstream`). So the tool server's span is a grandchild of
+  ``execute_tool``, in the run's trace. With only an in-process provider (tests, :func:`luftpause.
+  tracing.install`) the SDK's span is a no-op and the tool server sees ``execute_tool`` itself.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ if TYPE_CHECKING:
 
     from luftpause.runtime.run_record import Run
 
-PROVIDER = "luftpause"
+PROVIDER = tracing.PROVIDER
 """``gen_ai.provider.name`` of the chat spans: the turns go to luftpause's dataplane."""
 
 _parents: dict[str, Context] = {}
@@ -166,20 +174,15 @@ def chat_reply(span: Span | None, reply: dict[str, Any]) -> None:
     if span is None:
         return
     usage = reply.get("usage")
-    if isinstance(usage, dict):
-        for key, attribute in (
-            ("prompt_tokens", "gen_ai.usage.input_tokens"),
-            ("completion_tokens", "gen_ai.usage.output_tokens"),
-        ):
-            if type(usage.get(key)) is int:
-                span.set_attribute(attribute, usage[key])
+    usage = usage if isinstance(usage, dict) else {}
     reasons = [
         str(choice["finish_reason"])
         for choice in reply.get("choices") or ()
         if isinstance(choice, dict) and choice.get("finish_reason")
     ]
-    if reasons:
-        span.set_attribute("gen_ai.response.finish_reasons", reasons)
+    span.set_attributes(
+        tracing.usage_attributes(usage.get("prompt_tokens"), usage.get("completion_tokens"), reasons)
+    )
     for key, attribute in (("id", "gen_ai.response.id"), ("model", "gen_ai.response.model")):
         if isinstance(reply.get(key), str):
             span.set_attribute(attribute, reply[key])
@@ -207,7 +210,7 @@ def execute_tool(call: Any) -> Iterator[Span | None]:
     attributes = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
-        "gen_ai.tool.type": "function",
+        "gen_ai.tool.type": "extension",
     }
     call_id = call.get("id") if isinstance(call, dict) else None
     if isinstance(call_id, str) and call_id:
