@@ -14,6 +14,14 @@ contract"):
   listed as pending in each resync, so a placement whose answer was lost with the old stream is
   kept by the scheduler (and answered again) rather than released as gone.
 
+Heartbeat: gRPC's keepalive was seen not to notice a scheduler stopped by SIGSTOP (its TCP
+connection open, its HTTP/2 session silent): ``/health`` said connected and turns waited for as
+long as it was stopped. So, once a stream is resynced with a scheduler that answers pings
+(``ResyncReply.pongs``), the link sends a ``ping`` item every ``PING_EVERY_S`` seconds, busy or
+idle, and a stream from which nothing at all (a pong or any other item) has been read for
+``PONG_TIMEOUT_S`` seconds is taken as a lost scheduler: it is cancelled and opened again like a
+broken one (every ``RETRY_S``, with its resync), and its held turns stay held meanwhile.
+
 Everything queued on a stream is written by one writer task, and whatever is queued when it gets
 to write (while its last write was out, or during the loop iteration that woke it) goes out as one
 ``DataplaneMessage``: at 16 streams that is several admissions and events per gRPC message, and a
@@ -42,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -59,6 +68,11 @@ if TYPE_CHECKING:
 RETRY_S = 1.0
 RESYNC_TIMEOUT_S = 30.0
 """A stream whose resync is not acknowledged within this is given up and opened again."""
+PING_EVERY_S = 2.0
+"""Seconds between two pings on a resynced stream (whether or not other items are flowing)."""
+PONG_TIMEOUT_S = 6.0
+"""Seconds without any item read from the scheduler after which its stream is taken as lost (the
+pings make an idle scheduler answer: three of them unanswered)."""
 MAX_QUEUED_EVENTS = 100_000
 """Turn events waiting to be written; past it the stream is ended and a resync heals."""
 
@@ -142,6 +156,10 @@ class SchedulerLink:
         """Run id -> its turns whose admit is out: such a run's next turn asks too."""
         self.leased_turns = 0
         """Turns this link placed under a lease (since it started)."""
+        self.on_placed: Callable[[int, float], None] | None = None
+        """Called with (``ServiceClass`` value, seconds from the admit to its answer) for each turn
+        the scheduler placed after an admit; never for a turn placed under a lease, which waited
+        for nobody (the dataplane's held-time histogram)."""
         self.runs = runs
         self.dataplane_id = dataplane_id or f"dp-{uuid.uuid4().hex[:12]}"
         self._channel: grpc.aio.Channel | None = None
@@ -151,6 +169,7 @@ class SchedulerLink:
         self._outbox: _Outbox | None = None  # the current stream's; None between streams
         self._overflowed = False
         self._synced = asyncio.Event()
+        self._heard = 0.0  # loop.time() the current stream last delivered a message
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # start()'s; taken once, not per turn
 
@@ -211,8 +230,12 @@ class SchedulerLink:
         asking = self._asking
         asking[run_id] = asking.get(run_id, 0) + 1
         self._send(pb.DataplaneItem(admit=request))
+        sent = self._loop.time()
         try:
-            return await future
+            reply = await future
+            if self.on_placed is not None and reply.HasField("placed"):
+                self.on_placed(request.service_class, self._loop.time() - sent)
+            return reply
         except asyncio.CancelledError:
             self._send(pb.DataplaneItem(cancel=pb.CancelAdmit(turn_id=turn_id)))
             raise
@@ -326,9 +349,18 @@ class SchedulerLink:
             except grpc.aio.AioRpcError as exc:
                 self._stream_failed(exc)
             except TimeoutError:
-                log.error(
-                    "scheduler %s did not acknowledge the resync within %.0f s", self.target, RESYNC_TIMEOUT_S
-                )
+                if self._synced.is_set():
+                    log.error(
+                        "scheduler %s answered no ping within %.0f s: taken as lost, reconnecting",
+                        self.target,
+                        PONG_TIMEOUT_S,
+                    )
+                else:
+                    log.error(
+                        "scheduler %s did not acknowledge the resync within %.0f s",
+                        self.target,
+                        RESYNC_TIMEOUT_S,
+                    )
             finally:
                 self._synced.clear()
                 self._outbox = None
@@ -353,9 +385,14 @@ class SchedulerLink:
         call: _Call = self._stub.Connect()
         # Every part of the resync goes first, one per message; then the writer sends the rest.
         writer = asyncio.create_task(self._write(outbox, call, parts), name="luftpause-connect-writer")
+        pinger: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(RESYNC_TIMEOUT_S) as resync_deadline:
+            # Until the resync is acknowledged: RESYNC_TIMEOUT_S. After, with a scheduler that
+            # answers pings: PONG_TIMEOUT_S after the last message read (moved on by the pinger).
+            async with asyncio.timeout(RESYNC_TIMEOUT_S) as deadline:
                 while isinstance(message := await call.read(), pb.SchedulerMessage):  # else EOF
+                    self._heard = loop.time()
                     for item in message.items:
                         kind = item.WhichOneof("item")
                         if kind == "admitted":
@@ -363,7 +400,11 @@ class SchedulerLink:
                         elif kind == "lease":
                             self._on_lease(item.lease)
                         elif kind == "resynced":
-                            resync_deadline.reschedule(None)
+                            deadline.reschedule(None)
+                            if item.resynced.pongs and pinger is None:
+                                pinger = asyncio.create_task(
+                                    self._ping(outbox, deadline), name="luftpause-connect-pinger"
+                                )
                             self._synced.set()
                             log.info(
                                 "connected to scheduler %s (resynced %d runs, %d in-flight turns)",
@@ -371,15 +412,32 @@ class SchedulerLink:
                                 len(snapshot.runs),
                                 len(snapshot.turns),
                             )
+                        # "pong": heard from, which is all a pong says (self._heard above)
                         # None: a kind from a newer scheduler, which this dataplane ignores
         finally:
             self._leases.clear()  # leases live and die with their stream
             call.cancel()
             writer.cancel()
+            if pinger is not None:
+                pinger.cancel()
             # its failure is the stream's, which the read above has raised or will on the next one
-            await asyncio.gather(writer, return_exceptions=True)
+            await asyncio.gather(writer, *([pinger] if pinger else []), return_exceptions=True)
         if not self._overflowed:
             log.warning("scheduler %s ended the stream", self.target)
+
+    async def _ping(self, outbox: _Outbox, deadline: asyncio.Timeout) -> None:
+        """The heartbeat of one resynced stream: a ping every ``PING_EVERY_S`` seconds, and the
+        stream's ``deadline`` kept at ``PONG_TIMEOUT_S`` after the last message read from it (when
+        that passes, the reading task gets ``TimeoutError`` and the stream is opened again)."""
+        self._heard = asyncio.get_running_loop().time()
+        seq = 0
+        while True:
+            await asyncio.sleep(PING_EVERY_S)
+            if deadline.expired():
+                return
+            seq += 1
+            outbox.put(pb.DataplaneItem(ping=pb.Ping(seq=seq)))
+            deadline.reschedule(self._heard + PONG_TIMEOUT_S)
 
     def _answer(self, reply: pb.AdmitReply) -> None:
         entry = self._admits.get(reply.turn_id)

@@ -59,6 +59,7 @@ from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn, new_id
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
+from luftpause.orphans import exit_with_parent
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -141,6 +142,7 @@ class Dataplane:
             in_flight=lambda: 0 if self._relay is None else self._relay.in_flight(),
             held=lambda: self._held,
         )
+        self.link.on_placed = self.metrics.placed  # turns that waited for a decision, not leased ones
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -171,6 +173,9 @@ class Dataplane:
                 return
 
     async def startup(self) -> None:
+        # In granian's worker: a worker whose main process was SIGKILLed would go on serving (and
+        # stay connected to the scheduler) with nobody to stop it.
+        exit_with_parent()
         self._loop = asyncio.get_running_loop()
         # No total timeout: a stream lasts as long as the engine generates. But an engine silent
         # for as long as the scheduler keeps a placed turn (TURN_EXPIRY_S) has failed the turn:
@@ -447,9 +452,6 @@ class Dataplane:
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent
-        loop = self._loop
-        assert loop is not None
-        admit_sent = loop.time()
         self._held += 1
         try:
             reply = await self.link.admit(request)
@@ -471,7 +473,6 @@ class Dataplane:
                 self.runs.forget_unplaced(turn.run_id)  # unknown model and the like: nothing recorded
             self.metrics.turn_ended("refused", turn.service_class)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
-        self.metrics.placed(turn.service_class, loop.time() - admit_sent)
         try:
             replica = self.config.replica(reply.placed.replica)
         except KeyError:

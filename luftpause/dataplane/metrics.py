@@ -14,7 +14,11 @@ collide and no process-wide default metrics leak in.
 ``luftpause_dataplane_time_to_first_token_seconds{service_class}``  from the turn's arrival (body read)
                                                                  to its first token relayed; held time
                                                                  included, as the client lives it
-``luftpause_dataplane_held_seconds{service_class}``              from Admit sent to the placement
+``luftpause_dataplane_held_seconds{service_class}``              from Admit sent to the placement, for
+                                                                 turns that waited for the scheduler's
+                                                                 decision; a turn placed at once under
+                                                                 a capacity lease sends no Admit and is
+                                                                 not observed (it would add a 0)
 ``luftpause_dataplane_relayed_bytes_total``                      response body bytes relayed from
                                                                  engines to clients
 ``luftpause_dataplane_turns_in_flight``                          turns sent to an engine, not yet ended
@@ -87,7 +91,8 @@ class DataplaneMetrics:
         )
         held_time = Histogram(
             "luftpause_dataplane_held_seconds",
-            "Seconds from the Admit sent to the scheduler to the turn's placement on a replica.",
+            "Seconds from the Admit sent to the scheduler to the turn's placement on a replica, for "
+            "turns that waited for its decision (turns placed under a capacity lease are not observed).",
             ["service_class"],
             buckets=_HELD_BUCKETS,
             registry=self.registry,
@@ -128,7 +133,8 @@ class DataplaneMetrics:
         self._ttft[service_class].observe(seconds)
 
     def placed(self, service_class: int, held_seconds: float) -> None:
-        """Observe one turn's held time: seconds from its Admit sent to its placement."""
+        """Observe one turn's held time: seconds from its Admit sent to its placement (only for a
+        turn that waited for the scheduler's decision, never one placed under a lease)."""
         self._held[service_class].observe(held_seconds)
 
     def relayed(self, size: int) -> None:

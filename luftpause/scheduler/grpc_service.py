@@ -18,6 +18,8 @@ actions. Answers queued while the stream's writer was busy, or in one loop itera
   the core; its start too). A stream whose resync says ``takes_leases`` gets the core's
   ``GrantLease`` / ``RevokeLease`` for its dataplane as ``lease`` items, in decision order with the
   answers; the newest resynced stream of a dataplane gets them.
+* ``ping`` -> ``pong`` with its ``seq``, at once (the dataplane's heartbeat; every ``resynced``
+  says ``pongs``).
 * ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
   queue, a placement that crossed the cancel frees its slot).
 * ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
@@ -393,7 +395,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             for action in self.host.feed(resynced(resync, self.host.now())):
                 if isinstance(action, AckResync):
                     stream.put(
-                        pb.SchedulerItem(resynced=pb.ResyncReply(runs=action.runs, turns=action.turns))
+                        pb.SchedulerItem(
+                            resynced=pb.ResyncReply(runs=action.runs, turns=action.turns, pongs=True)
+                        )
                     )
             self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
             apply = self._apply
@@ -432,6 +436,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 leased_admit_span(item.leased)
         elif kind == "cancel":
             stream.cancel(item.cancel.turn_id)
+        elif kind == "ping":
+            # The dataplane's heartbeat: answered at once, so a scheduler that stops answering
+            # (stopped, hung) is taken as lost within seconds.
+            stream.put(pb.SchedulerItem(pong=pb.Pong(seq=item.ping.seq)))
         elif kind == "resync":
             log.warning("a second resync on one stream of %s is ignored", item.resync.dataplane_id)
         # None: a kind from a newer dataplane, which this scheduler does not know

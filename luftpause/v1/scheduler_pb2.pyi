@@ -34,18 +34,20 @@ class DataplaneMessage(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[DataplaneItem, _Mapping]]] = ...) -> None: ...
 
 class DataplaneItem(_message.Message):
-    __slots__ = ("resync", "admit", "cancel", "event", "leased")
+    __slots__ = ("resync", "admit", "cancel", "event", "leased", "ping")
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
     resync: ResyncRequest
     admit: AdmitRequest
     cancel: CancelAdmit
     event: TurnEvent
     leased: LeasedTurn
-    def __init__(self, resync: _Optional[_Union[ResyncRequest, _Mapping]] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelAdmit, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ..., leased: _Optional[_Union[LeasedTurn, _Mapping]] = ...) -> None: ...
+    ping: Ping
+    def __init__(self, resync: _Optional[_Union[ResyncRequest, _Mapping]] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelAdmit, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ..., leased: _Optional[_Union[LeasedTurn, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("items",)
@@ -54,14 +56,16 @@ class SchedulerMessage(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[SchedulerItem, _Mapping]]] = ...) -> None: ...
 
 class SchedulerItem(_message.Message):
-    __slots__ = ("resynced", "admitted", "lease")
+    __slots__ = ("resynced", "admitted", "lease", "pong")
     RESYNCED_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
     resynced: ResyncReply
     admitted: AdmitReply
     lease: CapacityLease
-    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ..., lease: _Optional[_Union[CapacityLease, _Mapping]] = ...) -> None: ...
+    pong: Pong
+    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ..., lease: _Optional[_Union[CapacityLease, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent")
@@ -234,9 +238,23 @@ class LeasedTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., replica: _Optional[str] = ..., epoch: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
-    __slots__ = ("runs", "turns")
+    __slots__ = ("runs", "turns", "pongs")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    PONGS_FIELD_NUMBER: _ClassVar[int]
     runs: int
     turns: int
-    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
+    pongs: bool
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ..., pongs: _Optional[bool] = ...) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class Pong(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
