@@ -40,6 +40,7 @@ random streams); ``luftpause.dataplane.sse`` picks one at import time.
 from __future__ import annotations
 
 import operator
+import re
 import sys
 
 import orjson
@@ -303,7 +304,7 @@ class SSEScanner:
             self.events.append(data)
         if data == _DONE:
             self.done = True
-        else:
+        elif not (self.first_token_seen and _is_inert(data)):
             self._read_chunk_object(data)
 
     def _read_chunk_object(self, data: bytes) -> None:
@@ -352,6 +353,36 @@ class SSEScanner:
             reason = choice.get("finish_reason")
             if type(reason) is str and reason and not self.saw_tool_calls:
                 self.finish_reason = reason
+
+
+# The byte runs a payload can matter through once the first token has been seen (the keys, with
+# both quotes), and what must follow each for the payload to stay inert: JSON space (RFC 8259:
+# space, tab, LF, CR), a colon, JSON space, ``null``.
+_KEY_RUN = re.compile(rb'"(?:usage|tool_calls|finish_reason|error)"')
+_NULL_VALUE = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*null")
+
+
+def _is_inert(data: bytes) -> bool:
+    """Whether a payload provably changes nothing once the first token has been seen.
+
+    The compiled twin's test, decision for decision (it walks the quotes with ``memchr``; here
+    ``re`` finds the same byte runs, left to right, each resuming after the last). After the first
+    token, a payload matters only through a ``usage``, ``tool_calls``, ``finish_reason`` or
+    ``error`` key whose value is not null, or an ``"object": "error"``. Without ``\\u`` escapes
+    those keys can only be written as the literal bytes ``"usage"`` etc., so if every such byte run
+    (in a key or not: the test errs towards parsing) is followed by ``: null``, parsing the payload
+    would change nothing and orjson is not called. That covers ``"object": "error"`` too: its value
+    is the byte run ``"error"``, followed by no colon, so it is parsed; ``"object":
+    "chat.completion.chunk"``, on every chunk, stays inert. A payload with none of these runs
+    (what is not JSON included) is inert: it could report nothing beyond the first token.
+    """
+    if b"\\u" in data:
+        return False
+    null_value = _NULL_VALUE.match
+    for key in _KEY_RUN.finditer(data):
+        if null_value(data, key.end()) is None:
+            return False
+    return True
 
 
 def _error_message(obj: dict[str, object]) -> str | None:
