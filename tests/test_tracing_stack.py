@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +156,43 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
         assert admit["attributes"]["luftpause.replica"] == parent["attributes"]["luftpause.replica"]
         assert admit["attributes"]["luftpause.held_ms"] >= 0
         assert admit["attributes"]["luftpause.turn_id"] == parent["attributes"]["luftpause.turn_id"]
+
+
+TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+
+
+def traced_turn(dataplane_url: str, engine_urls: list[str], model: str) -> dict[str, str]:
+    """One chat turn through the dataplane sent with :data:`TRACEPARENT` and :data:`TRACESTATE`;
+    the request headers the simulated engine received for it (lower-case names)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    request = urllib.request.Request(
+        f"{dataplane_url}/v1/chat/completions",
+        data=orjson.dumps(body),
+        headers={"content-type": "application/json", "traceparent": TRACEPARENT, "tracestate": TRACESTATE},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        completion_id = orjson.loads(response.read())["id"]
+    for url in engine_urls:
+        try:
+            with urllib.request.urlopen(f"{url}/testkit/received/{completion_id}", timeout=10) as found:
+                headers: dict[str, str] = orjson.loads(found.read())
+                return headers
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+    raise AssertionError(f"no engine served {completion_id}")
+
+
+def test_the_dataplane_forwards_tracestate_with_its_own_span_as_parent(traced_stack: Stack) -> None:
+    received = traced_turn(traced_stack.dataplane_url, traced_stack.engine_urls, traced_stack.model)
+    version, trace_id, span_id, _ = received["traceparent"].split("-")
+    assert (version, trace_id) == ("00", TRACE_ID)
+    assert span_id != CALLER_SPAN_ID  # the dataplane's turn span is the engine request's parent
+    assert received["tracestate"] == TRACESTATE
+
+
+def test_with_tracing_off_traceparent_and_tracestate_pass_through_unchanged(stack: Stack) -> None:
+    received = traced_turn(stack.dataplane_url, stack.engine_urls, stack.model)
+    assert received["traceparent"] == TRACEPARENT
+    assert received["tracestate"] == TRACESTATE

@@ -18,7 +18,8 @@ Routes (DESIGN.md, "The dataplane"):
 
 Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool_call`` id the
 messages answer, remembered 30 min; else a new run), ``x-luftpause-class``
-(``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``.
+(``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``
+with its ``tracestate`` (both sent on to the engine).
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
@@ -354,6 +355,7 @@ class Dataplane:
             caller=caller,
             body=body,
             traceparent=exchange.header("traceparent"),
+            tracestate=exchange.header("tracestate"),
             arrived=now,
             new_run=new_run,
         )
@@ -376,6 +378,7 @@ class Dataplane:
             caller=truncate_caller(exchange.header("x-luftpause-caller") or ""),
             body=body,
             traceparent=exchange.header("traceparent"),
+            tracestate=exchange.header("tracestate"),
             single_pass=True,
             arrived=self._loop.time() if self._loop is not None else 0.0,
         )
@@ -407,7 +410,10 @@ class Dataplane:
         if tracing.active:
             # This turn's span parents what it sends on: the scheduler's admit and the engine request.
             span = turn.span = turn_spans.start(turn)
-            turn.traceparent = tracing.traceparent_of(span) or turn.traceparent
+            sent_on = tracing.headers_of(span)
+            if sent_on:  # the client's tracestate rides on in the span's context
+                turn.traceparent = sent_on[tracing.TRACEPARENT]
+                turn.tracestate = sent_on.get(tracing.TRACESTATE)
         try:
             await self._admit_and_forward(turn, exchange)
         except asyncio.CancelledError:

@@ -122,7 +122,8 @@ class Turn:
     ``arrived`` is the ``loop.time()`` (seconds) at which the request's body had been read;
     ``first_token_at`` the ``loop.time()`` of its first token, once it came. ``traceparent`` is
     what goes on with the turn (to the scheduler and the engine): the dataplane's own span of it
-    (``span``) while tracing is active, else the client's header as it came.
+    (``span``) while tracing is active, else the client's header as it came; ``tracestate`` (W3C
+    Trace Context: forwarded with its ``traceparent``) goes on to the engine with it, unchanged.
     """
 
     turn_id: str
@@ -132,6 +133,7 @@ class Turn:
     caller: str
     body: bytes
     traceparent: str | None
+    tracestate: str | None = None
     single_pass: bool = False
     arrived: float = 0.0
     first_token_at: float | None = None
@@ -269,6 +271,8 @@ class Relay:
             headers["authorization"] = f"Bearer {key}"
         if turn.traceparent:
             headers["traceparent"] = turn.traceparent
+            if turn.tracestate:  # W3C Trace Context: tracestate travels only with its traceparent
+                headers["tracestate"] = turn.tracestate
         # aiohttp writes a bytes body in one call; past 1 MiB a file-like payload is streamed.
         data: bytes | io.BytesIO = (
             turn.body if len(turn.body) <= _INLINE_BODY_BYTES else io.BytesIO(turn.body)

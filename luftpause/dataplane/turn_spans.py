@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 def start(turn: Turn) -> Span:
-    """Start ``turn``'s span (a child of its client's ``traceparent``, if it sent one)."""
+    """Start ``turn``'s span (a child of its client's ``traceparent``, if it sent one, keeping its
+    ``tracestate`` for what the turn sends on)."""
     operation = "decide" if turn.single_pass else "chat"
     attributes: dict[str, str | bool] = {
         "gen_ai.operation.name": operation,
@@ -44,7 +45,7 @@ def start(turn: Turn) -> Span:
         attributes["luftpause.run_id"] = turn.run_id
     return tracing.tracer().start_span(
         f"{operation} {turn.model}",
-        context=tracing.parent(turn.traceparent),
+        context=tracing.parent(turn.traceparent, turn.tracestate),
         kind=SpanKind.SERVER,
         attributes=attributes,
     )
