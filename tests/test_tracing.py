@@ -500,3 +500,94 @@ async def test_an_http_tool_call_carries_its_meta_traceparent_as_the_header(
     plain = httpx2.Request("POST", "http://127.0.0.1:1/mcp", content=b'{"jsonrpc": "2.0", "method": "ping"}')
     await _traceparent_header(plain)
     assert "traceparent" not in plain.headers
+
+
+# --- the test kit's OTLP/HTTP receiver -------------------------------------------------------------
+
+
+@pytest.fixture
+async def otlp_receiver() -> AsyncIterator[str]:
+    """The receiver's app served in this process on a free port; its base URL."""
+    from aiohttp import web
+
+    from luftpause.testkit.otlp_receiver import receiver_app
+
+    runner = web.AppRunner(receiver_app())
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.anyio
+async def test_the_receiver_keeps_times_events_links_and_trace_state(
+    spans: InMemorySpanExporter, otlp_receiver: str
+) -> None:
+    import gzip
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.trace import Link
+
+    earlier = tracing.tracer().start_span("earlier")
+    earlier.end()
+    context = tracing.parent("00-" + "e" * 32 + "-" + "f" * 16 + "-01", "k=v")
+    span = tracing.tracer().start_span(
+        "later", context=context, links=[Link(earlier.get_span_context(), {"why": "before"})]
+    )
+    span.add_event("retried", {"attempt": 2})
+    span.set_status(StatusCode.ERROR, "boom")
+    span.end()
+    (done,) = named(spans, "later")
+    body = gzip.compress(encode_spans([done]).SerializeToString())
+    async with httpx2.AsyncClient() as client:
+        posted = await client.post(
+            f"{otlp_receiver}/v1/traces",
+            content=body,
+            headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+        )
+        assert posted.status_code == 200
+        (got,) = (await client.get(f"{otlp_receiver}/spans")).json()
+    assert (got["trace_id"], got["parent_span_id"], got["trace_state"]) == ("e" * 32, "f" * 16, "k=v")
+    assert (got["start_time_unix_nano"], got["end_time_unix_nano"]) == (done.start_time, done.end_time)
+    assert got["end_time_unix_nano"] >= got["start_time_unix_nano"] > 0
+    assert (got["status"], got["status_message"]) == (2, "boom")
+    (event,) = got["events"]
+    assert (event["name"], event["attributes"], event["time_unix_nano"]) == (
+        "retried",
+        {"attempt": 2},
+        done.events[0].timestamp,
+    )
+    (link,) = got["links"]
+    assert (link["trace_id"], link["span_id"]) == (
+        f"{earlier.get_span_context().trace_id:032x}",
+        f"{earlier.get_span_context().span_id:016x}",
+    )
+    assert link["attributes"] == {"why": "before"}
+
+
+@pytest.mark.anyio
+async def test_the_receiver_refuses_a_body_that_is_not_gzip_with_400(otlp_receiver: str) -> None:
+    async with httpx2.AsyncClient() as client:
+        posted = await client.post(
+            f"{otlp_receiver}/v1/traces",
+            content=b"not gzip at all",
+            headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+        )
+        assert posted.status_code == 400, posted.text
+        assert (await client.get(f"{otlp_receiver}/spans")).json() == []
+
+
+def test_the_receivers_help_describes_its_options() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "luftpause.testkit.otlp_receiver", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert "address to listen on (default: 127.0.0.1)" in " ".join(shown.split())
+    assert "TCP port to listen on" in shown

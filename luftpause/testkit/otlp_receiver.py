@@ -8,8 +8,15 @@ accepted). JSON-encoded OTLP is refused with 415. ``GET /spans`` returns every s
 far as a JSON array of::
 
     {"service": str, "name": str, "trace_id": 32 hex, "span_id": 16 hex, "parent_span_id": 16 hex | "",
-     "kind": int (OTLP SpanKind), "status": int (OTLP StatusCode), "attributes": {key: value}}
+     "trace_state": str, "kind": int (OTLP SpanKind), "status": int (OTLP StatusCode),
+     "status_message": str, "start_time_unix_nano": int, "end_time_unix_nano": int (nanoseconds
+     since the Unix epoch), "attributes": {key: value},
+     "events": [{"name": str, "time_unix_nano": int, "attributes": {key: value}}],
+     "links": [{"trace_id": 32 hex, "span_id": 16 hex, "trace_state": str, "attributes": {key: value}}]}
 
+A body that is not in its stated encoding (aiohttp's server decodes gzip and deflate), or not an
+``ExportTraceServiceRequest``, is refused with 400 (the OTLP/HTTP specification's answer to a
+request it cannot decode), never a 500.
 ``GET /health`` answers 200 once serving. The receiver is an in-memory list; it keeps everything
 until it stops.
 """
@@ -17,17 +24,20 @@ until it stops.
 from __future__ import annotations
 
 import argparse
-import gzip
+from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 PROTOBUF = "application/x-protobuf"
+SPANS: web.AppKey[list[dict[str, Any]]] = web.AppKey("spans", list)
+"""The receiver app's spans received so far (``app[SPANS]``), as ``GET /spans`` answers them."""
 
 
 def any_value(value: AnyValue) -> Any:
@@ -40,6 +50,11 @@ def any_value(value: AnyValue) -> Any:
     if kind == "bytes_value":
         return value.bytes_value.hex()
     return getattr(value, kind) if kind is not None else None
+
+
+def attributes_of(pairs: Iterable[KeyValue]) -> dict[str, Any]:
+    """OTLP ``KeyValue`` attributes as a plain dict (values through :func:`any_value`)."""
+    return {kv.key: any_value(kv.value) for kv in pairs}
 
 
 def decode_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
@@ -57,26 +72,49 @@ def decode_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                         "trace_id": span.trace_id.hex(),
                         "span_id": span.span_id.hex(),
                         "parent_span_id": span.parent_span_id.hex(),
+                        "trace_state": span.trace_state,
                         "kind": span.kind,
                         "status": span.status.code,
-                        "attributes": {kv.key: any_value(kv.value) for kv in span.attributes},
+                        "status_message": span.status.message,
+                        "start_time_unix_nano": span.start_time_unix_nano,
+                        "end_time_unix_nano": span.end_time_unix_nano,
+                        "attributes": attributes_of(span.attributes),
+                        "events": [
+                            {
+                                "name": event.name,
+                                "time_unix_nano": event.time_unix_nano,
+                                "attributes": attributes_of(event.attributes),
+                            }
+                            for event in span.events
+                        ],
+                        "links": [
+                            {
+                                "trace_id": link.trace_id.hex(),
+                                "span_id": link.span_id.hex(),
+                                "trace_state": link.trace_state,
+                                "attributes": attributes_of(link.attributes),
+                            }
+                            for link in span.links
+                        ],
                     }
                 )
     return spans
 
 
 def receiver_app() -> web.Application:
-    """The receiver as an aiohttp app; its spans are ``app["spans"]``."""
+    """The receiver as an aiohttp app; its spans are ``app[SPANS]``."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     received: list[dict[str, Any]] = []
-    app["spans"] = received
+    app[SPANS] = received
 
     async def traces(request: web.Request) -> web.Response:
         if request.content_type != PROTOBUF:
             return web.Response(status=415, text=f"only {PROTOBUF} is taken here")
-        body = await request.read()
-        if request.headers.get("Content-Encoding", "").lower() == "gzip":
-            body = gzip.decompress(body)
+        try:
+            # aiohttp's server decodes Content-Encoding (gzip, deflate) itself while reading.
+            body = await request.read()
+        except RequestPayloadError as exc:  # a body not in its stated encoding: the client's fault
+            return web.Response(status=400, text=f"the body cannot be decoded: {exc}")
         export = ExportTraceServiceRequest()
         try:
             export.ParseFromString(body)
@@ -99,9 +137,15 @@ def receiver_app() -> web.Application:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="OTLP/HTTP trace receiver for tests")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser = argparse.ArgumentParser(
+        description=(
+            "OTLP/HTTP trace receiver for tests: takes POST /v1/traces (binary protobuf, gzip or not) "
+            "and answers GET /spans with every span received, as JSON"
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, required=True, help="TCP port to listen on (required)")
     args = parser.parse_args()
     web.run_app(receiver_app(), host=args.host, port=args.port, print=None, access_log=None)
 
