@@ -382,6 +382,33 @@ def test_a_child_runs_invoke_agent_span_is_a_child_of_its_parent_runs(spans: InM
     assert attributes["luftpause.parent_run"] == "run-parent"
 
 
+def test_a_reopened_runs_drive_is_a_child_of_the_send_request_and_links_its_earlier_drive(
+    spans: InMemorySpanExporter,
+) -> None:
+    from types import SimpleNamespace
+
+    run = make_run("run-reopened", name="worker")
+    with run_spans.invoke_agent(run):
+        pass
+    send_traceparent = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
+    # an MCP send request that carried its trace context as the HTTP header (no _meta)
+    ctx = SimpleNamespace(
+        request_context=SimpleNamespace(meta=None),
+        headers={"traceparent": send_traceparent, "tracestate": "k=v"},
+    )
+    run_spans.reopened(run.handle, ctx)
+    with run_spans.invoke_agent(run):
+        pass
+    first, second = named(spans, "invoke_agent worker")
+    assert second.parent is not None
+    assert (f"{second.context.trace_id:032x}", f"{second.parent.span_id:016x}") == ("c" * 32, "d" * 16)
+    assert second.context.trace_state.get("k") == "v"
+    (link,) = second.links
+    assert link.context == first.context
+    assert (link.attributes or {})["luftpause.link"] == "previous_drive"
+    assert not first.links
+
+
 def test_chat_and_execute_tool_spans_are_children_of_invoke_agent_with_genai_attributes(
     spans: InMemorySpanExporter,
 ) -> None:

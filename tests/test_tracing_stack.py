@@ -70,9 +70,12 @@ def received(receiver: str) -> list[dict[str, Any]]:
         return spans
 
 
-def spawn_and_await(stack: Stack) -> dict[str, Any]:
+def spawn_and_await(stack: Stack, traceparent: str = TRACEPARENT) -> dict[str, Any]:
+    """Spawn a run with the real ``mcp`` client whose requests carry ``traceparent``; the run as
+    ``await`` reports it ended."""
+
     async def scenario() -> dict[str, Any]:
-        http_client = create_mcp_http_client(headers={"traceparent": TRACEPARENT})
+        http_client = create_mcp_http_client(headers={"traceparent": traceparent})
         async with (
             http_client,
             Client(streamable_http_client(stack.runtime_url, http_client=http_client)) as client,
@@ -86,6 +89,57 @@ def spawn_and_await(stack: Stack) -> dict[str, Any]:
             return run
 
     return asyncio.run(scenario())
+
+
+SPAWN_TRACE_ID = "5c2e0b7e1f8a4d3b9a6c0d1e2f3a4b5c"
+SEND_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SEND_SPAN_ID = "00f067aa0ba902b7"
+
+
+def test_a_run_reopened_by_send_drives_in_the_send_requests_trace_linked_to_its_first(
+    traced_stack: Stack, receiver: str
+) -> None:
+    # its own traces: the one-trace test counts every span of TRACE_ID
+    first = spawn_and_await(traced_stack, f"00-{SPAWN_TRACE_ID}-{CALLER_SPAN_ID}-01")
+    assert first["state"] == "completed", first
+    handle = first["handle"]
+
+    async def send_and_await() -> dict[str, Any]:
+        headers = {"traceparent": f"00-{SEND_TRACE_ID}-{SEND_SPAN_ID}-01"}
+        http_client = create_mcp_http_client(headers=headers)
+        async with (
+            http_client,
+            Client(streamable_http_client(traced_stack.runtime_url, http_client=http_client)) as client,
+        ):
+            sent = await client.call_tool("send", {"handle": handle, "message": "One more fact, please."})
+            assert not sent.is_error, sent
+            assert sent.structured_content["delivered"] == "now"  # type: ignore[index]
+            awaited = await client.call_tool("await", {"handles": [handle], "timeout": 120})
+            assert not awaited.is_error, awaited
+            run: dict[str, Any] = awaited.structured_content["runs"][0]  # type: ignore[index]
+            return run
+
+    assert asyncio.run(send_and_await())["state"] == "completed"
+
+    def drives(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            s
+            for s in spans
+            if s["name"].startswith("invoke_agent ") and s["attributes"].get("gen_ai.agent.id") == handle
+        ]
+
+    deadline = time.monotonic() + 30
+    found = drives(received(receiver))
+    while len(found) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = drives(received(receiver))
+    assert len(found) == 2, (found, traced_stack.logs())
+    earlier, again = sorted(found, key=lambda s: s["start_time_unix_nano"])
+    assert (earlier["trace_id"], earlier["parent_span_id"]) == (SPAWN_TRACE_ID, CALLER_SPAN_ID)
+    assert (again["trace_id"], again["parent_span_id"]) == (SEND_TRACE_ID, SEND_SPAN_ID)
+    assert [(link["trace_id"], link["span_id"]) for link in again["links"]] == [
+        (earlier["trace_id"], earlier["span_id"])
+    ]
 
 
 def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
@@ -159,16 +213,19 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
 
 
 TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+TURN_TRACE_ID = "d4cda95b652f4a1592b449d5929fda1b"
+TURN_TRACEPARENT = f"00-{TURN_TRACE_ID}-{CALLER_SPAN_ID}-01"
+"""A lone turn's trace (not :data:`TRACE_ID`, whose spans the one-trace test counts)."""
 
 
 def traced_turn(dataplane_url: str, engine_urls: list[str], model: str) -> dict[str, str]:
-    """One chat turn through the dataplane sent with :data:`TRACEPARENT` and :data:`TRACESTATE`;
+    """One chat turn through the dataplane sent with :data:`TURN_TRACEPARENT` and :data:`TRACESTATE`;
     the request headers the simulated engine received for it (lower-case names)."""
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     request = urllib.request.Request(
         f"{dataplane_url}/v1/chat/completions",
         data=orjson.dumps(body),
-        headers={"content-type": "application/json", "traceparent": TRACEPARENT, "tracestate": TRACESTATE},
+        headers={"content-type": "application/json", "traceparent": TURN_TRACEPARENT, "tracestate": TRACESTATE},
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=60) as response:
@@ -187,12 +244,12 @@ def traced_turn(dataplane_url: str, engine_urls: list[str], model: str) -> dict[
 def test_the_dataplane_forwards_tracestate_with_its_own_span_as_parent(traced_stack: Stack) -> None:
     received = traced_turn(traced_stack.dataplane_url, traced_stack.engine_urls, traced_stack.model)
     version, trace_id, span_id, _ = received["traceparent"].split("-")
-    assert (version, trace_id) == ("00", TRACE_ID)
+    assert (version, trace_id) == ("00", TURN_TRACE_ID)
     assert span_id != CALLER_SPAN_ID  # the dataplane's turn span is the engine request's parent
     assert received["tracestate"] == TRACESTATE
 
 
 def test_with_tracing_off_traceparent_and_tracestate_pass_through_unchanged(stack: Stack) -> None:
     received = traced_turn(stack.dataplane_url, stack.engine_urls, stack.model)
-    assert received["traceparent"] == TRACEPARENT
+    assert received["traceparent"] == TURN_TRACEPARENT
     assert received["tracestate"] == TRACESTATE

@@ -3,8 +3,12 @@
 Only while :data:`luftpause.tracing.active`; otherwise every helper here returns at its first line.
 Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`luftpause.tracing`):
 
-* ``invoke_agent {agent}`` (INTERNAL): one per drive of a run (a run re-opened by ``send`` gets
-  another). ``{agent}`` is the run's pod name, else ``sub-agent``. ``gen_ai.agent.id`` and
+* ``invoke_agent {agent}`` (INTERNAL): one per drive of a run. A run re-opened by ``send`` gets
+  another, parented to the ``send`` request as a spawned run is to its ``spawn`` (:func:`reopened`;
+  a send made by another run: that run's ``execute_tool`` span, current where the drive starts), and
+  linked to the run's previous ``invoke_agent`` span (a span link, ``luftpause.link``
+  ``previous_drive``: the earlier drive is usually another trace). ``{agent}`` is the run's pod name,
+  else ``sub-agent``. ``gen_ai.agent.id`` and
   ``gen_ai.conversation.id`` are the run's handle, ``gen_ai.request.model`` its model; at its end
   ``luftpause.state``, the run's token counts and, for a failed run, status ERROR with its error.
   Its parent: the parent run's ``invoke_agent`` span while that is open; else the trace context of
@@ -30,19 +34,20 @@ Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`lu
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import Link, SpanKind, StatusCode
 
 from luftpause import tracing
 
 if TYPE_CHECKING:
     from mcp_types import RequestParamsMeta
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span
+    from opentelemetry.trace import Span, SpanContext
 
     from luftpause.runtime.run_record import Run
 
@@ -53,6 +58,12 @@ _parents: dict[str, Context] = {}
 """Run handle -> the trace context its next ``invoke_agent`` starts in (from its spawn)."""
 _open: dict[str, Span] = {}
 """Run handle -> its ``invoke_agent`` span while the run is driven (children start under it)."""
+_previous: OrderedDict[str, SpanContext] = OrderedDict()
+"""Run handle -> its last ``invoke_agent`` span's context, which a re-opened drive links to; the
+:data:`PREVIOUS_KEPT` most recently ended only (a run re-opened after more have ended, or after a
+restart, gets no link)."""
+PREVIOUS_KEPT = 10_000
+"""Ended drives whose span a re-opened run can still link to (about 100 bytes each)."""
 
 
 def _meta_traceparent(ctx: Any) -> str | None:
@@ -82,24 +93,44 @@ def spawned(run: Run, ctx: Any | None) -> None:
         return
     if ctx is None:
         return
+    context = _request_context(ctx)
+    if context is not None:
+        _parents[run.handle] = context
+
+
+def reopened(handle: str, ctx: Any) -> None:
+    """The run ``handle`` was re-opened by the MCP ``send`` request behind ``ctx`` (an SDK
+    ``Context``): its next ``invoke_agent`` span is a child of that request's trace context, as a
+    spawned run's is of its ``spawn`` (:func:`spawned`). Call it before the drive's task first runs."""
+    if not tracing.active:
+        return
+    context = _request_context(ctx)
+    if context is not None:
+        _parents[handle] = context
+
+
+def _request_context(ctx: Any) -> Context | None:
+    """The trace context an MCP request (``ctx``, an SDK ``Context``) names: its ``_meta.traceparent``
+    through the SDK's own server span of it, else its HTTP ``traceparent`` (with ``tracestate``)
+    header, else the current span; None when there is none."""
     meta_traceparent = _meta_traceparent(ctx)
     current = trace.get_current_span()
     if meta_traceparent and current.get_span_context().is_valid:
         # The SDK's server span of this tools/call, itself the child of _meta.traceparent.
-        _parents[run.handle] = trace.set_span_in_context(current)
-        return
+        return trace.set_span_in_context(current)
     try:
         headers = ctx.headers
     except (AttributeError, ValueError):
         headers = None
     header = headers.get(tracing.TRACEPARENT) if headers is not None else None
-    chosen = meta_traceparent or header
-    if chosen:
-        context = tracing.parent(chosen)
-        if context is not None:
-            _parents[run.handle] = context
-    elif current.get_span_context().is_valid:
-        _parents[run.handle] = trace.set_span_in_context(current)
+    if meta_traceparent:
+        return tracing.parent(meta_traceparent)
+    if header:
+        assert headers is not None
+        return tracing.parent(header, headers.get(tracing.TRACESTATE))
+    if current.get_span_context().is_valid:
+        return trace.set_span_in_context(current)
+    return None
 
 
 @contextmanager
@@ -127,8 +158,10 @@ def invoke_agent(run: Run) -> Iterator[None]:
     parent = _parents.pop(run.handle, None)
     if parent is None and run.parent is not None and run.parent in _open:
         parent = trace.set_span_in_context(_open[run.parent])
+    previous = _previous.pop(run.handle, None)
+    links = [Link(previous, {"luftpause.link": "previous_drive"})] if previous is not None else None
     span = tracing.tracer().start_span(
-        f"invoke_agent {agent}", context=parent, kind=SpanKind.INTERNAL, attributes=attributes
+        f"invoke_agent {agent}", context=parent, kind=SpanKind.INTERNAL, attributes=attributes, links=links
     )
     _open[run.handle] = span
     try:
@@ -145,6 +178,9 @@ def invoke_agent(run: Run) -> Iterator[None]:
         if run.state == "failed":
             span.set_status(StatusCode.ERROR, run.error or "failed")
         span.end()
+        _previous[run.handle] = span.get_span_context()
+        while len(_previous) > PREVIOUS_KEPT:
+            _previous.popitem(last=False)
 
 
 @contextmanager

@@ -592,7 +592,10 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         ctx: Context,
     ) -> dict[str, Any]:
         check_text_size("message", message)
-        return pod_call(runtime.pods.send, Actor.of_caller(caller_of(ctx)), handle, message)
+        sent = pod_call(runtime.pods.send, Actor.of_caller(caller_of(ctx)), handle, message)
+        if sent["delivered"] == "now":  # re-opened: its drive's task has not run yet
+            run_spans.reopened(sent["handle"], ctx)
+        return sent
 
     @mcp.tool(
         name="read",
