@@ -618,3 +618,23 @@ def test_the_receivers_help_describes_its_options() -> None:
     ).stdout
     assert "address to listen on (default: 127.0.0.1)" in " ".join(shown.split())
     assert "TCP port to listen on" in shown
+
+
+@pytest.mark.anyio
+async def test_a_failed_turn_is_logged_at_the_scheduler_with_its_trace_id(
+    scheduler: SchedulerStream, caplog: pytest.LogCaptureFixture
+) -> None:
+    await scheduler.send(admit=admit_request("t1", "r1"))
+    await scheduler.answer("t1")
+    trace_id = "ab" * 16
+    failed = pb.TurnEvent(
+        turn_id="t1", run_id="r1", kind=pb.TurnEvent.FAILED, error="engine said 500", trace_id=trace_id
+    )
+    with caplog.at_level("WARNING", logger="luftpause.scheduler"):
+        await scheduler.send(event=failed)
+        # the slot it frees takes the next admit: by then the event was applied (and logged)
+        await scheduler.send(admit=admit_request("t2", "r2"))
+        assert (await scheduler.answer("t2")).WhichOneof("outcome") == "placed"
+    (record,) = [r for r in caplog.records if getattr(r, "trace_id", None) is not None]
+    assert (record.trace_id, record.turn_id, record.run_id) == (trace_id, "t1", "r1")  # type: ignore[attr-defined]
+    assert "engine said 500" in record.getMessage()

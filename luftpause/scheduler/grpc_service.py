@@ -423,6 +423,19 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             event = turn_event(message, at)
             if event is None:
                 return
+            if type(event) is TurnFailed:
+                # The one place a failed turn's trace id is seen here: logged, to find its trace.
+                log.warning(
+                    "turn %s of run %s failed: %s",
+                    message.turn_id,
+                    message.run_id,
+                    message.error,
+                    extra={
+                        "trace_id": message.trace_id,
+                        "turn_id": message.turn_id,
+                        "run_id": message.run_id,
+                    },
+                )
             if type(event) is TurnFinished or type(event) is TurnFailed:
                 dated = first_token(message, at)
                 if dated is not None:
