@@ -23,22 +23,43 @@ import uuid
 import httpx
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
+DEFAULT_MODEL = "llama-3.2-1b"
 
 
 def parse_args(description: str) -> argparse.Namespace:
-    """``--base-url`` (default ``$LUFTPAUSE_BASE_URL``, else :data:`DEFAULT_BASE_URL`), ``--model``,
-    ``--run-id``, ``--service-class``, ``--caller``, ``--task``."""
+    """``--base-url`` (default ``$LUFTPAUSE_BASE_URL``, else :data:`DEFAULT_BASE_URL`), ``--model``
+    (default ``$LUFTPAUSE_MODEL``, else :data:`DEFAULT_MODEL`), ``--run-id`` (default
+    ``example-<uuid4>``), ``--service-class``, ``--caller``, ``--task``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--base-url",
         default=os.environ.get("LUFTPAUSE_BASE_URL", DEFAULT_BASE_URL),
         help="the dataplane's OpenAI base URL, with /v1 (default: $LUFTPAUSE_BASE_URL or %(default)s)",
     )
-    parser.add_argument("--model", default=os.environ.get("LUFTPAUSE_MODEL", "llama-3.2-1b"))
-    parser.add_argument("--run-id", default=None, help="default: a new UUID")
-    parser.add_argument("--service-class", choices=("interactive", "batch"), default="interactive")
-    parser.add_argument("--caller", default="examples")
-    parser.add_argument("--task", default="Find out what luftpause does and answer in one sentence.")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("LUFTPAUSE_MODEL", DEFAULT_MODEL),
+        help=f"the model every turn asks for (default: $LUFTPAUSE_MODEL or {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--run-id",
+        default=None,
+        help="x-luftpause-run-id of every turn (default: example-<a new UUID>)",
+    )
+    parser.add_argument(
+        "--service-class",
+        choices=("interactive", "batch"),
+        default="interactive",
+        help="x-luftpause-class of every turn (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--caller", default="examples", help="x-luftpause-caller of every turn (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--task",
+        default="Find out what luftpause does and answer in one sentence.",
+        help="the agent's task (default: %(default)r)",
+    )
     args = parser.parse_args()
     args.run_id = args.run_id or f"example-{uuid.uuid4()}"
     return args

@@ -163,9 +163,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         action=_GroupField,
         metavar="NAME",
-        help="x-luftpause-caller of the group's runs",
+        help="x-luftpause-caller of the group's runs (default: none, the header is not sent)",
     )
-    parser.add_argument("--task", default=DEFAULT_TASK, metavar="TEXT", help="the task of every run")
+    parser.add_argument(
+        "--task", default=DEFAULT_TASK, metavar="TEXT", help="the task of every run (default: %(default)r)"
+    )
     parser.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV) or None,
