@@ -225,7 +225,11 @@ def traced_turn(dataplane_url: str, engine_urls: list[str], model: str) -> dict[
     request = urllib.request.Request(
         f"{dataplane_url}/v1/chat/completions",
         data=orjson.dumps(body),
-        headers={"content-type": "application/json", "traceparent": TURN_TRACEPARENT, "tracestate": TRACESTATE},
+        headers={
+            "content-type": "application/json",
+            "traceparent": TURN_TRACEPARENT,
+            "tracestate": TRACESTATE,
+        },
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=60) as response:

@@ -178,8 +178,8 @@ def _part(
                 run_id=t[1],
                 replica=t[2],
                 model=t[3],
-                service_class=t[4],
-                caller=t[5],  # type: ignore[arg-type]
+                service_class=t[4],  # type: ignore[arg-type]  # an int of the proto enum
+                caller=t[5],
             )
             for t in turns
         ],
