@@ -1,8 +1,11 @@
-"""Shared helpers of the runtime's in-process tests: a bare run record, a configuration with its
-own state directory, and one ASGI request."""
+"""Shared helpers of the runtime's tests: a bare run record, a configuration with its own state
+directory, one ASGI request, and a whole stack with a second tool server serving a destructive
+tool."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,8 @@ from starlette.types import ASGIApp, Message
 
 from luftpause.config import DEFAULT_MODEL, Config
 from luftpause.runtime.runs import Run
+from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.stack import Stack
 
 
 def make_run(handle: str, **overrides: Any) -> Run:
@@ -70,3 +75,30 @@ async def asgi_request(
     headers = {k.decode(): v.decode() for k, v in start["headers"]}
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], headers, body, raised
+
+
+@contextmanager
+def stack_with_destructive_tools(workdir: Path) -> Iterator[tuple[Stack, str]]:
+    """The whole stack plus a second fake MCP server, ``danger``, that also serves ``delete_note``
+    (``destructiveHint: true``): yields the stack and that server's MCP URL; stops both."""
+    port = free_port()
+    danger = ChildProcess(
+        "danger-mcp",
+        ["fake-mcp", "--port", str(port), "--destructive"],
+        workdir / "danger.log",
+        ready_port=("127.0.0.1", port),
+    )
+    extra = f"""
+[[mcp_servers]]
+name = "danger"
+url = "http://127.0.0.1:{port}/mcp"
+"""
+    try:
+        danger.start().wait_ready()
+        stack = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": ""})
+        try:
+            yield stack, f"http://127.0.0.1:{port}/mcp"
+        finally:
+            stack.stop()
+    finally:
+        danger.stop()

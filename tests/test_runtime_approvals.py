@@ -20,10 +20,10 @@ import pytest
 from mcp import Client
 from mcp.client.context import ClientRequestContext
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
+from runtime_helpers import stack_with_destructive_tools
 
 from luftpause.runtime.approvals import DECLINED
 from luftpause.runtime.journal import JOURNAL_NAME, read_records
-from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -44,28 +44,8 @@ class Tools:
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
-    workdir = tmp_path_factory.mktemp("approvals")
-    port = free_port()
-    danger = ChildProcess(
-        "danger-mcp",
-        ["fake-mcp", "--port", str(port), "--destructive"],
-        workdir / "danger.log",
-        ready_port=("127.0.0.1", port),
-    )
-    extra = f"""
-[[mcp_servers]]
-name = "danger"
-url = "http://127.0.0.1:{port}/mcp"
-"""
-    try:
-        danger.start().wait_ready()
-        stack = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": ""})
-        try:
-            yield Tools(stack, f"http://127.0.0.1:{port}/mcp")
-        finally:
-            stack.stop()
-    finally:
-        danger.stop()
+    with stack_with_destructive_tools(tmp_path_factory.mktemp("approvals")) as (stack, danger_url):
+        yield Tools(stack, danger_url)
 
 
 def _payload(result: CallToolResult) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from mcp.client.session import ClientSession
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY, Request, Result
 from pydantic import TypeAdapter
+from runtime_helpers import stack_with_destructive_tools
 
 from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.journal import read_records
@@ -45,7 +46,6 @@ from luftpause.runtime.tasks import (
     TaskUpdateParams,
 )
 from luftpause.runtime.upstream import UpstreamPool
-from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -158,28 +158,8 @@ class Tools:
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
-    workdir = tmp_path_factory.mktemp("tasks")
-    port = free_port()
-    danger = ChildProcess(
-        "danger-mcp",
-        ["fake-mcp", "--port", str(port), "--destructive"],
-        workdir / "danger.log",
-        ready_port=("127.0.0.1", port),
-    )
-    extra = f"""
-[[mcp_servers]]
-name = "danger"
-url = "http://127.0.0.1:{port}/mcp"
-"""
-    try:
-        danger.start().wait_ready()
-        stack = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": ""})
-        try:
-            yield Tools(stack, f"http://127.0.0.1:{port}/mcp")
-        finally:
-            stack.stop()
-    finally:
-        danger.stop()
+    with stack_with_destructive_tools(tmp_path_factory.mktemp("tasks")) as (stack, danger_url):
+        yield Tools(stack, danger_url)
 
 
 class Person:
