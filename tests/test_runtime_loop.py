@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from luftpause.config import DEFAULT_MODEL
 from luftpause.runtime.loop import TURN_TIMEOUT_SECONDS, new_http_session, retry_after_seconds
 from luftpause.testkit.fake_mcp_stdio import CALLS_LOG_ENV, read_calls
 from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.threaded_app import ThreadedApp
 
 pytestmark = pytest.mark.integration
 
@@ -177,18 +177,14 @@ class Request:
     body: dict[str, Any]
 
 
-class ScriptedEngine:
+class ScriptedEngine(ThreadedApp):
     """The runtime's dataplane in these tests: an aiohttp app on a loopback port, in its own thread
     and event loop (the runtime calls it while the test's own loop waits on MCP calls)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__("scripted-engine")
         self.requests: dict[str, list[Request]] = defaultdict(list)
         self.ended: list[str] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="scripted-engine", daemon=True)
-        self._runner: web.AppRunner | None = None
 
     async def _complete(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -204,25 +200,9 @@ class ScriptedEngine:
         self.ended.append(request.match_info["handle"])
         return web.json_response({})
 
-    async def _start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_delete("/v1/runs/{handle}", self._end)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def start(self) -> ScriptedEngine:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 @dataclass

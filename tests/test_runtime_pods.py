@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from mcp.types import CallToolResult, TextContent
 from luftpause.config import DEFAULT_MODEL
 from luftpause.runtime.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.threaded_app import ThreadedApp
 
 pytestmark = pytest.mark.integration
 
@@ -53,19 +53,15 @@ def _reply(content: str | None, calls: list[dict[str, Any]] | None = None) -> di
     }
 
 
-class ScriptedEngine:
+class ScriptedEngine(ThreadedApp):
     """The runtime's dataplane: an aiohttp app in its own thread and event loop."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__("pods-engine")
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.open: set[str] = set()
         self.ends: list[tuple[str, int]] = []
         self.hold_run_ends = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pods-engine", daemon=True)
-        self._runner: web.AppRunner | None = None
         self._gates: dict[str, asyncio.Event] = {}
 
     def _gate(self, name: str) -> asyncio.Event:
@@ -73,7 +69,7 @@ class ScriptedEngine:
 
     def release(self, gate: str) -> None:
         """Let every turn held at ``gate`` (and every later one) answer."""
-        self._loop.call_soon_threadsafe(lambda: self._gate(gate).set())
+        self.call_soon(lambda: self._gate(gate).set())
 
     def holding(self, run_id: str) -> bool:
         """Whether the engine has a request of ``run_id`` it answered no reply to yet."""
@@ -121,27 +117,14 @@ class ScriptedEngine:
                 self.open.discard(f"end:{handle}")
         return web.json_response({})
 
-    async def _start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_delete("/v1/runs/{handle}", self._end)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def start(self) -> ScriptedEngine:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
 
     def stop(self) -> None:
         for gate in ("ends", *self._gates):  # nothing held keeps the server from closing
             self.release(gate)
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        super().stop()
 
 
 @dataclass
