@@ -5,7 +5,7 @@ Routes (added to the runtime's app by :func:`monitor_routes`)::
 
     GET  /monitor                      the page (luftpause/runtime/monitor.html), open like /health:
                                        it holds no data, its script fetches everything below
-    GET  /monitor/runs[?version=V]     {"version": V', "runs": [Pods.describe]}, every held run,
+    GET  /monitor/runs[?version=V]     {"version": V', "runs": [Pods.network]}, every held run,
                                        oldest first; {"version": V, "unchanged": true} when the
                                        network is still at version V (the page sends the one it has)
     GET  /monitor/runs/{handle}[?since=K]

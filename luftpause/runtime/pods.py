@@ -826,8 +826,13 @@ class Pods:
         return {"runs": [self.describe(r) for r in runs]}
 
     def network(self) -> list[dict[str, Any]]:
-        """Every held run, :meth:`describe`\\ d, oldest first (the monitor's tree)."""
-        return [self.describe(r) for r in self.registry.all()]
+        """Every held run, :meth:`describe`\\ d, oldest first (the monitor's tree), with what a
+        person watching the network also wants: ``serviceClass``, ``turns`` and ``toolCalls``
+        (the run's own counters; ``luftpause top`` shows them)."""
+        return [
+            {**self.describe(r), "serviceClass": r.service_class, "turns": r.turns, "toolCalls": r.tool_calls}
+            for r in self.registry.all()
+        ]
 
     def conversation(self, handle: str, since: int | None = None) -> dict[str, Any]:
         """``{"run": describe, "messages": [...], "from", "cursor", "pendingEvents": [event],
