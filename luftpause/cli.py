@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "luftpause.testkit.loadgen",
         "load over MCP (--spawn) or through the proxy (--agents), and a summary",
     ),
+    "top": ("luftpause.top", "watch the runtime's run network in the terminal (the monitor's tree)"),
 }
 
 
