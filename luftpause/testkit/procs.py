@@ -133,7 +133,10 @@ class ChildProcess:
             return port_open(*self.ready_port)
         return True
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Poll every 0.05 s until the child answers; ``RuntimeError`` (with its log's end) when it
+        exits first or ``timeout`` seconds pass. The deadline is for a loaded 2-core machine, where
+        importing the package and starting a server can take many seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

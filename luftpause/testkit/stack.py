@@ -165,8 +165,11 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
             result: dict[str, Any] = orjson.loads(response.read())
             return result
 
-    def wait_status(self, check: Callable[[dict[str, Any]], bool], timeout: float = 15.0) -> dict[str, Any]:
-        """Poll ``/status`` until ``check`` holds or ``timeout`` seconds pass; the last status."""
+    def wait_status(self, check: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+        """Poll ``/status`` until ``check`` holds or ``timeout`` seconds pass; the last status.
+
+        The deadline is generous for a loaded 2-core machine (only a failing test waits it out);
+        the poll itself is every 0.1 s."""
         deadline = time.monotonic() + timeout
         status = self.status()
         while not check(status) and time.monotonic() < deadline:
@@ -174,7 +177,7 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
             status = self.status()
         return status
 
-    def wait_connected(self, timeout: float = 15.0) -> None:
+    def wait_connected(self, timeout: float = 30.0) -> None:
         """Wait until the dataplane has resynced with the scheduler; ``AssertionError`` if not."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -189,8 +192,18 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
         and the dataplane is connected to the scheduler."""
         old = self.children[name]
         old.stop()
+        # The same readiness check as before: the fake MCP server is ready by its port, not a URL
+        # (without ready_port, its restart returned before it listened).
         again = ChildProcess(
-            name, old.args, old.log_path, env=old.env, ready_url=old.ready_url, program=old.program
+            name,
+            old.args,
+            old.log_path,
+            env=old.env,
+            ready_url=old.ready_url,
+            ready_port=old.ready_port,
+            program=old.program,
+            cwd=old.cwd,
+            replace_env=True,
         )
         self.children[name] = again.start()
         again.wait_ready()
