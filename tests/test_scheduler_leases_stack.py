@@ -58,6 +58,28 @@ def _idle_and_leased(status: dict[str, Any]) -> bool:
     return _inflight(status) == 0 and status["held"]["count"] == 0 and _leased_slots(status) == 4
 
 
+def _dataplane_leased_slots(stack: Stack) -> int:
+    """Unused leased slots the dataplane holds, by its own ``/health`` (the lease items reached it)."""
+    with urllib.request.urlopen(f"{stack.dataplane_url}/health", timeout=10) as response:
+        leases: dict[str, int] = orjson.loads(response.read())["leases"]
+        return sum(leases.values())
+
+
+def _settled(stack: Stack) -> dict[str, Any]:
+    """Wait until the scheduler is idle with every slot leased and the dataplane holds those leases.
+
+    The scheduler counts a lease granted as it sends the lease item; the dataplane places turns
+    under it only once the item has arrived on its stream (after a restart, grants follow the
+    resync's acknowledgement, which is all ``wait_connected`` waits for). The last status.
+    """
+    status = stack.wait_status(
+        lambda s: _idle_and_leased(s) and _dataplane_leased_slots(stack) == 4, timeout=30
+    )
+    assert _idle_and_leased(status), status
+    assert _dataplane_leased_slots(stack) == 4, f"the dataplane holds no lease\n{stack.logs()}"
+    return status
+
+
 def _end(clients: list[subprocess.Popen[bytes]]) -> None:
     for client in clients:
         client.kill()
@@ -65,8 +87,7 @@ def _end(clients: list[subprocess.Popen[bytes]]) -> None:
 
 
 def test_an_idle_pool_places_known_runs_turns_under_leases(stack: Stack) -> None:
-    before = stack.wait_status(_idle_and_leased)
-    assert _idle_and_leased(before), stack.logs()
+    before = _settled(stack)
     assert len(before["leases"]) == 1  # the one dataplane holds them
     _complete(stack, "run-idle")  # a run named by its client, unknown here: asks
     _complete(stack, "run-idle")  # now known (idle): placed under a lease
@@ -80,7 +101,7 @@ def test_an_idle_pool_places_known_runs_turns_under_leases(stack: Stack) -> None
 
 
 def test_a_saturated_pool_withdraws_every_lease_and_holds_turns_until_slots_free(stack: Stack) -> None:
-    assert _idle_and_leased(stack.wait_status(_idle_and_leased)), stack.logs()
+    _settled(stack)
     occupiers = stack.stream_clients(4, max_tokens=400, run_prefix="occupier")
     waiting: list[subprocess.Popen[bytes]] = []
     try:
@@ -102,12 +123,11 @@ def test_a_saturated_pool_withdraws_every_lease_and_holds_turns_until_slots_free
 
 
 def test_a_restarted_scheduler_grants_fresh_leases_and_a_known_run_uses_one(stack: Stack) -> None:
-    assert _idle_and_leased(stack.wait_status(_idle_and_leased)), stack.logs()
+    _settled(stack)
     _complete(stack, "run-restart")
     stack.children["scheduler"].kill()
     stack.restart("scheduler")
-    status = stack.wait_status(_idle_and_leased)
-    assert _idle_and_leased(status), status
+    status = _settled(stack)  # the fresh grants reached the dataplane: the next turn may use one
     assert status["counters"]["leased"] == 0 and status["counters"]["admitted"] == 0
     _complete(stack, "run-restart")  # known to the dataplane, idle: under a fresh lease
     after = stack.wait_status(lambda s: s["counters"]["finished"] == 1)
