@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -158,19 +157,28 @@ def test_models_lists_what_the_replicas_serve(stack: Stack) -> None:
     assert [m.id for m in models.data] == [stack.model]
 
 
+def _quiet(status: dict[str, Any]) -> bool:
+    """Nothing placed, held or generating: no turn of an earlier test still to be counted."""
+    inflight = sum(r["inflight"] for r in status["replicas"])
+    return inflight == 0 and status["held"]["count"] == 0 and status["runs"]["generating"] == 0
+
+
 def test_scheduler_status_counts_the_turns(stack: Stack) -> None:
-    before = _status(stack)
+    before = stack.wait_status(_quiet)
+    assert _quiet(before), before
     client = _client(stack, **{"x-luftpause-run-id": "run-counted"})
     for _ in range(3):
         client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=4)
-    after = _status(stack)
+
+    # Reports travel on their own stream: a turn placed under a lease is counted admitted only
+    # when its report arrives, and every turn's finish after its answer. Wait for all of them.
+    def counted(status: dict[str, Any]) -> bool:
+        admitted = status["counters"]["admitted"] - before["counters"]["admitted"]
+        finished = status["counters"]["finished"] - before["counters"]["finished"]
+        return admitted >= 3 and finished >= 3 and _quiet(status)
+
+    after = stack.wait_status(counted, timeout=30)
     assert after["counters"]["admitted"] - before["counters"]["admitted"] == 3
-    # Reports travel on their own stream: wait until the last finish has been counted.
-    for _ in range(100):
-        if after["counters"]["finished"] - before["counters"]["finished"] == 3:
-            break
-        time.sleep(0.05)
-        after = _status(stack)
     assert after["counters"]["finished"] - before["counters"]["finished"] == 3
     assert sum(r["inflight"] for r in after["replicas"]) == 0
 
