@@ -23,7 +23,7 @@ BODY = {"model": "llama-3.2-1b", "messages": [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # 20 ms per token, 200 tokens: a stream lasts about 4 s unless its client leaves.
+    # 20 ms per token: a stream of 1,000 tokens lasts about 20 s unless its client leaves.
     running = Stack.start(tmp_path_factory.mktemp("slow"), max_inflight=1, decode_ms=20.0)
     try:
         yield running
@@ -40,8 +40,8 @@ async def _status(session: aiohttp.ClientSession, stack: Stack) -> dict[str, Any
 async def _until(
     session: aiohttp.ClientSession, stack: Stack, check: Callable[[dict[str, Any]], bool]
 ) -> dict[str, Any]:
-    """Poll /status until ``check`` holds (10 s at most); returns the last status."""
-    deadline = time.monotonic() + 10
+    """Poll /status until ``check`` holds (30 s at most, for a loaded machine); the last status."""
+    deadline = time.monotonic() + 30
     status = await _status(session, stack)
     while not check(status) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -55,10 +55,12 @@ def test_a_held_turn_leaves_the_queue_when_its_client_leaves(slow_stack: Stack) 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         async with aiohttp.ClientSession() as session:
             before = await _status(session, slow_stack)
-            # Fill both replicas' single slot with long streams, then queue one more turn.
+            # Fill both replicas' single slot with long streams, then queue one more turn. The
+            # streams must outlast the held turn's whole round (it would be placed and admitted
+            # when a slot freed): 20 s, closed by the test, not 4 s as a loaded machine may need.
             streams = [
                 await session.post(
-                    url, json={**BODY, "max_tokens": 200}, headers={"x-luftpause-run-id": f"busy-{i}"}
+                    url, json={**BODY, "max_tokens": 1000}, headers={"x-luftpause-run-id": f"busy-{i}"}
                 )
                 for i in range(2)
             ]
@@ -92,7 +94,11 @@ def test_a_client_leaving_mid_stream_frees_the_slot_at_once(slow_stack: Stack) -
             )
             stream = await session.post(url, json={**BODY, "max_tokens": 500})
             await stream.content.readline()
-            during = await _status(session, slow_stack)
+            # A run the dataplane made up is placed under a lease: the scheduler counts it in
+            # flight when the dataplane's report arrives, which may be after the first chunk.
+            during = await _until(
+                session, slow_stack, lambda s: sum(r["inflight"] for r in s["replicas"]) == 1
+            )
             stream.close()
             left = time.monotonic()
             after = await _until(
