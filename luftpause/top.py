@@ -8,10 +8,10 @@ first line of its last answer. A header counts the runs by state and names the r
 It only watches. Sending a message to a run or stopping one is done on the page
 (``/monitor``), or over MCP.
 
-Fitting (live mode): the tree is cut to the terminal's height. Runs are taken running first,
-then newest first, each with the ancestors it needs to hang from; siblings are shown in that
-order too, and what did not fit is counted on a last line (``… N more runs``). ``--once``
-prints every run (for scripts; pipe it to ``head``).
+Fitting (live mode): the tree is cut to the terminal's height. Runs are taken active first
+(running, or spawners of running runs), then newest first, each with the ancestors it needs to
+hang from; siblings are shown in that order too, and what did not fit is counted on a last line
+(``… N more runs``). ``--once`` prints every run (for scripts; pipe it to ``head``).
 
 Errors: an unreachable runtime, a refused token (401) or another HTTP error is one line. With
 ``--once`` it goes to stderr and the exit code is 1; live, it stands in the header over the last
@@ -73,26 +73,30 @@ class Fitted:
     hidden_running: int = 0
 
 
-def _rank(index: int, run: Mapping[str, Any]) -> tuple[int, int]:
-    # Running runs first, then the newest (the monitor lists runs oldest first).
-    return (0 if run.get("state") == "running" else 1, -index)
-
-
 def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
     """The runs of the monitor's ``runs`` list (oldest first, each with ``handle`` and
     ``parent``) as a tree of at most ``limit`` lines (``None``: all of them).
 
     A run whose parent is not in the list (evicted, or a caller's run) is a root. With ``limit``
-    below the count, one line is kept for the count of the rest, and runs are chosen running
-    first, then newest first, each with the ancestors it hangs from (a run whose missing
-    ancestors do not fit is left out, a later one with fewer may still fit)."""
+    below the count, one line is kept for the count of the rest, and runs are chosen active
+    first (running, or a spawner of a running run), then newest first, each with the ancestors
+    it hangs from (a run whose missing ancestors do not fit is left out; a later one with fewer
+    may still fit). Siblings are shown in the same order."""
     by_handle = {str(r.get("handle")): i for i, r in enumerate(runs)}
 
     def parent_of(i: int) -> int | None:
         parent = runs[i].get("parent")
         return by_handle.get(str(parent)) if parent is not None else None
 
-    order = sorted(range(len(runs)), key=lambda i: _rank(i, runs[i]))
+    # Active: running, or the spawner of a running run at any level. Active runs come first,
+    # then the newest (the monitor lists runs oldest first).
+    active: set[int] = set()
+    for i, run in enumerate(runs):
+        at: int | None = i if run.get("state") == "running" else None
+        while at is not None and at not in active:
+            active.add(at)
+            at = parent_of(at)
+    order = sorted(range(len(runs)), key=lambda i: (i not in active, -i))
     if limit is None or len(runs) <= limit:
         chosen = set(range(len(runs)))
     else:
@@ -102,7 +106,7 @@ def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
             if len(chosen) >= budget:
                 break
             path: list[int] = []
-            at: int | None = i
+            at = i
             while at is not None and at not in chosen and at not in path:  # `path`: a cycle guard
                 path.append(at)
                 at = parent_of(at)
