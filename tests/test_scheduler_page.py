@@ -250,8 +250,12 @@ def saturated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saturated]:
 
         handles = asyncio.run(spawn_two())
         status = stack.wait_status(
-            # 7 held, and every replica probed at least once (engine load known)
-            lambda s: s["held"]["count"] == 7 and all(r["running"] is not None for r in s["replicas"])
+            # 7 held, and every replica probed since its filler turn reached the engine (a probe
+            # from before says running 0, and the next one would change it between the page's dump
+            # and the status a test compares it with)
+            lambda s: (
+                s["held"]["count"] == 7 and all(r["running"] == r["inflight"] == 1 for r in s["replicas"])
+            )
         )
         assert status["held"]["count"] == 7, status
         assert held_by_caller(status)["alice"] == 2 and held_by_caller(status)["bob"] == 2, status
