@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -86,7 +87,11 @@ def browser(tmp_path: Path) -> Iterator[int]:
                 time.sleep(0.1)
         yield port
     finally:
-        process.kill()
+        # its whole session: the zygote and renderers are Chromium's children, not ours to reap
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         process.wait(10)
 
 
