@@ -146,7 +146,14 @@ def test_example_turns_are_one_run_of_its_class(stack: Stack, example: str, serv
     assert report["run_ids_returned"] == [run_id] * TURNS
     assert report["answer"].startswith("I saw ")  # the simulated engine's final answer
 
-    after = stack.wait_status(lambda s: s["counters"]["finished"] >= before["counters"]["finished"] + TURNS)
+    # The scheduler hears of a turn's end on the dataplane's stream, and the dataplane counts it in
+    # /metrics when its relay ends, either maybe just after the client read the answer: wait for both.
+    after = stack.wait_status(
+        lambda s: (
+            s["counters"]["finished"] >= before["counters"]["finished"] + TURNS
+            and finished_turns(stack, service_class) >= metrics_before + TURNS
+        )
+    )
     assert after["runs_by_class"][service_class] == before["runs_by_class"][service_class] + 1
     assert after["runs_by_class"][other_class] == before["runs_by_class"][other_class]
     assert after["runs_by_caller"].get(caller) == 1 and caller not in before["runs_by_caller"]
