@@ -127,7 +127,9 @@ def _read_until(up: subprocess.Popen[bytes], marker: bytes, timeout: float = 60.
     return seen
 
 
-def _wait_exit(up: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
+def _wait_exit(up: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """Its exit status; up stops its three children one after another, each given 5 s before
+    SIGKILL, so a loaded machine may take well over 20 s."""
     return up.wait(timeout)
 
 
