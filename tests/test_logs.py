@@ -61,12 +61,12 @@ def _connected(records: list[dict[str, object]]) -> bool:
 
 
 def test_scheduler_dataplane_and_the_granian_worker_log_json_lines(tmp_path: Path) -> None:
-    grpc, status, dataplane = free_port(), free_port(), free_port()
+    grpc, status, dataplane, nowhere = free_port(), free_port(), free_port(), free_port()
     config = tmp_path / "luftpause.toml"
     config.write_text(
         f'[scheduler]\ngrpc = "127.0.0.1:{grpc}"\nhttp = "127.0.0.1:{status}"\n'
         f'[dataplane]\nlisten = "127.0.0.1:{dataplane}"\nscheduler = "127.0.0.1:{grpc}"\n'
-        '[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
+        f'[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:{nowhere}"\nmodels = ["m"]\n'
     )
     children = [
         ChildProcess(
@@ -84,7 +84,7 @@ def test_scheduler_dataplane_and_the_granian_worker_log_json_lines(tmp_path: Pat
     try:
         for child in children:
             child.start().wait_ready()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30  # generous for a loaded machine; polled every 0.1 s
         while time.monotonic() < deadline and not _connected(_lenient(tmp_path / "dataplane.log")):
             time.sleep(0.1)
     finally:
