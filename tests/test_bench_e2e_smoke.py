@@ -86,7 +86,7 @@ def test_every_arrangement_answers_every_turn_and_the_report_is_complete(tmp_pat
         )  # fmt: skip
     finally:
         # A stop that was sent may take a moment to land; whatever is left after that leaked.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # ChildProcess.stop gives 5 s before SIGKILL, per child
         while (left := _left_behind(mark, workdir)) and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in left:
