@@ -389,8 +389,9 @@ async def _idle_read(client: Client, handle: str, at_least: int) -> dict[str, An
 
 def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
     ws = pod.workspace
+    # Busy at a gate, not for a second: on a loaded machine the send could come after a sleep.
     slow = script(
-        {"sleep": 1.0, "call": "list_directory", "args": {"path": str(ws)}},
+        {"hold": "slow", "call": "list_directory", "args": {"path": str(ws)}},
         {"say": "first answer"},
         {"echo": "new-system"},
     )
@@ -401,6 +402,7 @@ def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
             # A busy run takes the message at its next turn, not now.
             sent = await call(client, "send", handle="slow", message="and then")
             assert sent["delivered"] == "next turn"
+            pod.engine.release("slow")
             await until(lambda: _state(client, h, "idle"), "slow idle")
             convo = _get_json(f"{pod.url}/monitor/runs/{h}")["messages"]
             users = [m["content"] for m in convo if m["role"] == "user"]
@@ -418,11 +420,14 @@ def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
             assert (await call(client, "status")).get("events") is None
 
             # Graceful stop: the turn in flight finishes (its tool round too), no new one starts.
-            first_turn = {"sleep": 1.5, "call": "list_directory", "args": {"path": str(ws)}}
+            # Its first turn is held at the engine until the stop was asked (a 1.5 s sleep there
+            # let a slow test ask after the turn had ended and the next one started).
+            first_turn = {"hold": "sleeper", "call": "list_directory", "args": {"path": str(ws)}}
             sleeper = script(first_turn, {"say": "never"})
             s = (await call(client, "spawn", task=sleeper))["handle"]
-            await until(lambda: _engine_saw(pod, s), "the sleeper's first turn")
+            await until(lambda: _engine_holds(pod, s), "the sleeper's first turn")
             assert (await call(client, "stop", handle=s))["state"] == "running"
+            pod.engine.release("sleeper")
             await until(lambda: _state(client, s, "stopped"), "the sleeper stopped")
             assert len(pod.engine.requests[s]) == 1
             convo = _get_json(f"{pod.url}/monitor/runs/{s}")["messages"]
@@ -437,10 +442,6 @@ def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
 
 async def _state(client: Client, handle: str, state: str) -> bool:
     return bool((await call(client, "read", handle=handle))["state"] == state)
-
-
-async def _engine_saw(pod: Pod, handle: str) -> bool:
-    return bool(pod.engine.requests.get(handle))
 
 
 def test_a_send_while_the_finished_loop_is_still_ending_the_run_reopens_it_once(pod: Pod) -> None:
