@@ -145,6 +145,7 @@ def leased_turn(message: pb.LeasedTurn, dataplane_id: str, at: float) -> LeasedT
         message.replica,
         message.epoch,
         at,
+        trace_id=tracing.trace_id_of(message.traceparent),
     )
 
 
@@ -312,6 +313,9 @@ class _Stream:
             request.dataplane_id,
             now,
             single_pass=request.single_pass,
+            # Kept with the turn whether or not this scheduler traces: the log line of its
+            # expiry or abandon names the trace (luftpause.scheduler.host).
+            trace_id=tracing.trace_id_of(request.traceparent),
         )
         try:
             self.host.arrive(arrived, answer)

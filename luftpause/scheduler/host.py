@@ -5,6 +5,12 @@ events with its monotonic clock, and keeps, per turn id, the answer callbacks of
 waiting for that turn's ``Place`` or ``Reject`` (one per dataplane stream that sent the admit).
 Everything runs on one loop thread, so ``decide`` needs no lock, and an answer is handed to its
 stream in the same step as the decision that made it.
+
+Logged here (logger ``luftpause.scheduler``), each with the fields ``turn_id``, ``run_id`` and
+``trace_id`` (the turn's W3C trace id, ``""`` when it came without a ``traceparent``), so that an
+operator finds the trace of the turn: a placed turn expired (no completion after 10 min; WARNING,
+with ``replica``) and a held or placed turn abandoned (its client or its dataplane gave it up;
+INFO, with ``held`` true or false).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable
 
 from luftpause.config import Config
 from luftpause.scheduler.core import (
+    AbandonReported,
     Action,
     Event,
     Forget,
@@ -28,9 +35,13 @@ from luftpause.scheduler.core import (
     TurnAbandoned,
     TurnArrived,
     decide,
+    expiring_turns,
     new_state,
     snapshot,
 )
+from luftpause.scheduler.core.held import HeldTurn
+from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.core.state import PlacedTurn
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -45,6 +56,11 @@ Answer = Callable[[Outcome], None]
 LeaseChange = GrantLease | RevokeLease
 LeaseSink = Callable[[LeaseChange], None]
 """Takes the lease grants and revocations for one dataplane (its newest stream); must not block."""
+
+
+def _turn_fields(turn: HeldTurn | PlacedTurn) -> dict[str, str]:
+    """The structured fields of a log record about ``turn`` (JSON keys, :mod:`luftpause.logs`)."""
+    return {"turn_id": turn.turn_id, "run_id": turn.run_id, "trace_id": turn.trace_id}
 
 
 class SchedulerHost:
@@ -66,7 +82,30 @@ class SchedulerHost:
 
     def feed(self, event: Event) -> list[Action]:
         """Apply ``event`` to the core and carry out its actions; returns them."""
+        # What the event gives up is read before it is applied: the core forgets it then.
+        expiring = expiring_turns(self.state, event.at) if type(event) is Tick else ()
+        abandoned: HeldTurn | PlacedTurn | None = None
+        if type(event) is TurnAbandoned or type(event) is AbandonReported:
+            abandoned = self.state.held.get(event.turn_id) or self.state.placed.get(event.turn_id)
         self.state, actions = decide(self.state, event)
+        for placed in expiring:
+            log.warning(
+                "turn %s of run %s expired: no completion %.0f s after its placement on %s",
+                placed.turn_id,
+                placed.run_id,
+                TURN_EXPIRY_S,
+                placed.replica,
+                extra={**_turn_fields(placed), "replica": placed.replica},
+            )
+        if abandoned is not None:
+            held = isinstance(abandoned, HeldTurn)
+            log.info(
+                "turn %s of run %s abandoned %s",
+                abandoned.turn_id,
+                abandoned.run_id,
+                "while held" if held else "after its placement",
+                extra={**_turn_fields(abandoned), "held": held},
+            )
         for action in actions:
             if isinstance(action, Place | Reject):
                 for answer in self._waiters.pop(action.turn_id, ()):

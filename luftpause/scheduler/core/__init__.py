@@ -40,6 +40,7 @@ from luftpause.scheduler.core.events import (
 )
 from luftpause.scheduler.core.snapshot import snapshot
 from luftpause.scheduler.core.state import State, new_state, state_from_replicas
+from luftpause.scheduler.core.turn_ends import expiring_turns
 
 __all__ = [
     "AbandonReported",
@@ -70,6 +71,7 @@ __all__ = [
     "TurnFinished",
     "TurnStarted",
     "decide",
+    "expiring_turns",
     "new_state",
     "snapshot",
     "state_from_replicas",

@@ -55,6 +55,7 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         state.next_seq,
         any_replica_for(event.model),
         event.single_pass,
+        event.trace_id,
     )
     state.next_seq += 1
     turn.queue, usable = _where(state, run, turn, serving)

@@ -30,6 +30,10 @@ class TurnArrived:
     ``single_pass`` (``AdmitRequest.single_pass``): a single-pass turn (``POST /v1/decide``, a
     classifier or scorer). It goes only to single-pass replicas serving ``model``, never enters run
     state (``run_id`` is carried along and changes nothing) and never takes a generative slot.
+
+    ``trace_id``: the turn's W3C trace id (32 lower-case hex digits) from the Admit's
+    ``traceparent``, ``""`` without one; kept with the turn so that what becomes of it (expiry,
+    abandon) can be logged with it.
     """
 
     turn_id: str
@@ -40,6 +44,7 @@ class TurnArrived:
     dataplane_id: str
     at: float
     single_pass: bool = False
+    trace_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +227,8 @@ class LeasedTurnPlaced:
 
     The turn went to its engine without an Admit (``LeasedTurn`` on the stream); ``epoch`` is the
     lease's (``GrantLease.epoch``). It is placed whatever the scheduler's lease says now: one that
-    crossed a revocation on the wire is counted in ``lease_crossings`` (rule 14).
+    crossed a revocation on the wire is counted in ``lease_crossings`` (rule 14). ``trace_id``:
+    as ``TurnArrived``'s (from the ``LeasedTurn``'s ``traceparent``).
     """
 
     turn_id: str
@@ -234,6 +240,7 @@ class LeasedTurnPlaced:
     replica: str
     epoch: int
     at: float
+    trace_id: str = ""
 
 
 Event = (

@@ -94,6 +94,8 @@ class HeldTurn:
     seq: int
     queue: QueueKey
     single_pass: bool = False
+    trace_id: str = ""
+    """The turn's W3C trace id (32 hex digits), ``""`` when it came without a trace context."""
 
 
 @dataclass(slots=True)

@@ -65,6 +65,7 @@ def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
         event.at,
         state.next_seq,
         any_replica_for(event.model),
+        trace_id=event.trace_id,
     )
     state.next_seq += 1
     _place(state, turn, replica, event.at, out, leased=True, answer=waiting is not None)

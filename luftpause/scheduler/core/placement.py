@@ -92,6 +92,7 @@ def _place(
         replica.name,
         at,
         single_pass=turn.single_pass,
+        trace_id=turn.trace_id,
     )
     replica.inflight += 1
     _count_placed(state, turn.caller, 1, turn.single_pass)

@@ -88,6 +88,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             replica.name,
             event.at,
             single_pass=single_pass,
+            trace_id=waiting.trace_id if waiting is not None else "",  # a resync carries none
         )
         replica.inflight += 1
         _count_placed(state, turn.caller, 1, single_pass)

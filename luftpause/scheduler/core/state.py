@@ -110,6 +110,9 @@ class PlacedTurn:
     first_token_at: float | None = None
     single_pass: bool = False
     """A single-pass turn: it holds a slot of a single-pass replica and belongs to no run."""
+    trace_id: str = ""
+    """The turn's W3C trace id (32 hex digits), ``""`` when it came without one (or was adopted
+    from a resync, which carries none)."""
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from luftpause.scheduler.core.policies import (
     lost_dataplane,
 )
 from luftpause.scheduler.core.resync import _release, _settle
-from luftpause.scheduler.core.state import Run, State
+from luftpause.scheduler.core.state import PlacedTurn, Run, State
 
 
 def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: list[Action]) -> bool:
@@ -94,13 +94,24 @@ def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
         _refile(state, held, event.at, out)
 
 
-def _tick(state: State, now: float, out: list[Action]) -> None:
-    # ``placed`` is in placement order and ``runs`` in order of last activity, so only the expired
-    # front of each is visited.
-    while state.placed:
-        placed = next(iter(state.placed.values()))
+def expiring_turns(state: State, now: float) -> list[PlacedTurn]:
+    """The placed turns a ``Tick`` at ``now`` (seconds, the shell's clock) expires, oldest first.
+
+    A query, changing nothing: the shell asks it before feeding the tick, to log each expired turn
+    with its trace id (the tick's actions do not name them). ``placed`` is in placement order, so
+    only its expired front is visited; turns the tick places meanwhile are placed at ``now``.
+    """
+    expired = []
+    for placed in state.placed.values():
         if not expiry.turn_expired(placed.placed_at, now):
             break
+        expired.append(placed)
+    return expired
+
+
+def _tick(state: State, now: float, out: list[Action]) -> None:
+    # ``runs`` is in order of last activity, so only its expired front is visited (as ``placed``'s).
+    for placed in expiring_turns(state, now):
         _end_placed(state, placed.turn_id, now, "idle", out)
         state.counters.expired_turns += 1
     while state.runs:
