@@ -201,3 +201,27 @@ def test_a_tool_call_for_a_tool_not_offered_is_a_failed_call_never_executed(rig:
     seen = _calls_seen(rig)
     assert seen.get("lookup offered to b") == 1  # the server is reached for what B may call ...
     assert "deep_search not offered to b" not in seen  # ... and never for what it may not
+
+
+def test_an_mcp_callers_spawn_under_a_parent_is_narrowed_to_the_parents_tools(rig: Rig) -> None:
+    # A reviewer's case: the tree's rule held for a sub-agent's own spawn only; an MCP caller's
+    # spawn(parent=A) with no tools gave the child every tool the servers offer.
+    async def go() -> tuple[dict[str, Any], CallToolResult, dict[str, Any]]:
+        async with Client(f"{rig.url}/mcp") as client:
+            a = await _spawn_a(client, script({"say": "A done"}))
+            inherit = (
+                await _call(
+                    client, "spawn", task=script({"say": "C done"}), parent=a, approveTools=["lookup"]
+                )
+            )["handle"]
+            wider = await client.call_tool(
+                "spawn", {"task": script({"say": "never"}), "parent": a, "tools": ["deep_search"]}
+            )
+            await _await(client, [inherit])
+            return await _call(client, "tools", handle=inherit), wider, await _call(client, "list", handle=a)
+
+    c_tools, wider, a_children = asyncio.run(go())
+    assert [tool["name"] for server in c_tools["servers"] for tool in server["tools"]] == ["lookup"]
+    assert wider.is_error
+    assert _text(wider).endswith("tools: deep_search not among the parent run's tools")
+    assert len(a_children["runs"]) == 1  # the refused spawn started nothing

@@ -222,7 +222,8 @@ SPAWN_DESCRIPTION = (
     "limits which tools it may use (names; default all). `maxToolCalls` is its tool "
     "budget; `maxTokens` the reply length per turn (0 = the engine's default). `task` and "
     "`system` may each be up to 1 MiB (UTF-8). `parent` makes it a child of that run "
-    "(cancelling the parent cancels it). `budgetTokens`, `budgetToolCalls` and "
+    "(cancelling the parent cancels it; it may use only the parent's tools, default all of "
+    "them, and the parent's `approveTools` apply to it). `budgetTokens`, `budgetToolCalls` and "
     "`budgetSeconds` bound this run and all its descendants; when one runs out the "
     "subtree is cancelled. Calls of the tools in `approveTools`, and of tools their server "
     "marks destructive, wait for your approval."
@@ -266,6 +267,14 @@ def start_run(
             raise ToolError(f"parent run {parent!r} is cancelled; its subtree takes no new runs")
         if parent_run.pod_state == "stopped":
             raise ToolError(f"parent run {parent!r} is stopped; its subtree takes no new runs")
+        # Tools only narrow down a tree, whoever spawns into it: as a sub-agent's own spawn
+        # (Pods.child_limits), the child gets its parent's tools or a subset of them.
+        if parent_run.allowed_tools is not None:
+            if tools is None:
+                tools = sorted(parent_run.allowed_tools)
+            elif wider := sorted(set(tools) - parent_run.allowed_tools):
+                raise ToolError(f"tools: {', '.join(wider)} not among the parent run's tools")
+        approveTools = sorted(set(approveTools or ()) | parent_run.approve_tools) or None
     if caller is None:
         assert ctx is not None
         caller = caller_of(ctx)
