@@ -251,6 +251,62 @@ def _request(pod: Pod, method: str, path: str, body: bytes | None = None, **head
         return err.code, json.loads(err.read() or b"{}")
 
 
+HOLD_NEXT_ANSWER = """(() => {
+  const realFetch = window.fetch;
+  let held = true;
+  let release;
+  const gate = new Promise((resolve) => { release = resolve; });
+  window.fetch = async (...args) => {
+    const response = await realFetch(...args);
+    if (held && String(args[0]).startsWith("monitor/runs/%s?")) { held = false; await gate; }
+    return response;
+  };
+  window.releaseOlder = release;
+  shown = null;  // so that this request asks for the whole conversation ("from 0")
+  window.older = showDetail(%s);
+  return true;
+})()"""
+"""Page script (``% (handle, JSON handle)``): ask for the run's whole conversation now and hold its answer until
+``releaseOlder()``; ``older`` is the showDetail call's promise."""
+
+
+def test_an_older_answer_arriving_late_never_replaces_a_newer_conversation(pod: Pod, browser: int) -> None:
+    # CI: the conversation shown went back to the run's first two messages after its newer ones
+    # were on the page: an answer to an earlier "from 0" request, delivered late, replaced them.
+    task = script({"say": "c ready"}, {"say": "c got it"})
+
+    async def go() -> None:
+        async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:
+            c = (await call(client, "spawn", task=task, name="c"))["handle"]
+
+            async def idle_with(answer: str) -> bool:
+                run = _conversation(pod, c)["run"]
+                return bool(run["state"] == "idle" and run["lastAnswer"] == answer)
+
+            await until(lambda: idle_with("c ready"), "c idle")
+            page = await open_page(browser, f"{pod.url}/monitor?token={TOKEN}", session)
+            try:
+                await page.click(f'li[data-handle="{c}"] .run')
+                await until(lambda: _shows(page, "c ready"), "c's conversation on the page")
+                handle = json.dumps(c)
+                assert await page.evaluate(HOLD_NEXT_ANSWER % (c, handle)) is True
+                await call(client, "send", handle=c, message="and now?")
+                await until(lambda: idle_with("c got it"), "c's second answer")
+                # (the task's script names "c got it" too: the person's message tells the newer one)
+                await until(lambda: _shows(page, "and now?"), "the newer conversation on the page")
+                await page.send(
+                    "Runtime.evaluate",
+                    expression="releaseOlder(), older",
+                    awaitPromise=True,
+                    returnByValue=True,
+                )
+                assert "and now?" in await page.text("#conversation")
+            finally:
+                await page.ws.close()
+
+    asyncio.run(go())
+
+
 @pytest.fixture()
 def open_pod(tmp_path: Path) -> Iterator[Pod]:
     yield from start_pod(tmp_path)
