@@ -271,8 +271,8 @@ HOLD_NEXT_ANSWER = """(() => {
   window.older = showDetail(%s);
   return true;
 })()"""
-"""Page script (``% (handle, JSON handle)``): ask for the run's whole conversation now and hold its answer until
-``releaseOlder()``; ``older`` is the showDetail call's promise."""
+"""Page script (``% (handle, JSON handle)``): ask for the run's whole conversation now and hold
+its answer until ``releaseOlder()``; ``older`` is the showDetail call's promise."""
 
 
 def test_an_older_answer_arriving_late_never_replaces_a_newer_conversation(pod: Pod, browser: int) -> None:
