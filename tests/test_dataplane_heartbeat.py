@@ -37,7 +37,7 @@ def test_a_stopped_scheduler_is_taken_as_lost_and_held_turns_are_admitted_after_
             turn = threading.Thread(target=lambda: statuses.append(pair.complete(run_id="during")))
             turn.start()
             try:
-                held = wait_until(lambda: pair.metric("luftpause_dataplane_turns_held ") == 1, 15)
+                held = wait_until(lambda: pair.metric("luftpause_dataplane_turns_held ") == 1, 30)
                 assert held, pair.logs()
                 assert pair.health()["scheduler"] == "connecting"
                 assert not statuses  # nobody could have placed it: held here
