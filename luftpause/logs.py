@@ -9,7 +9,9 @@ children and granian's worker processes log the same way. granian's own records 
 through the same formatter, on stderr. A process's one-line "serving on ..." announcement goes
 through :func:`announce`: printed as plain text by default, a log record (logger
 ``luftpause.<command>``) in JSON mode, so every line a process writes in JSON mode is one JSON
-object. Text mode keeps the ``asctime`` of :mod:`logging` (local time).
+object. Text mode keeps the ``asctime`` of :mod:`logging` (local time), and ends the line of a
+record that carries a non-empty ``trace_id`` field with `` trace=<trace id>``, so that a turn's
+trace can be found from the default log as well.
 """
 
 from __future__ import annotations
@@ -97,8 +99,17 @@ def configure(command: str, level: int = logging.INFO) -> None:
     root.setLevel(level)
 
 
+class _TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`, plus `` trace=<id>`` for a record with a ``trace_id`` field."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        trace_id = getattr(record, "trace_id", "")
+        return f"{line} trace={trace_id}" if trace_id else line
+
+
 def _text_formatter() -> logging.Formatter:
-    return logging.Formatter(TEXT_FORMAT)
+    return _TextFormatter(TEXT_FORMAT)
 
 
 def granian_log_config(command: str, level: int = logging.INFO) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""A turn the scheduler gives up (expired after 10 min without a completion, or abandoned) is logged
-with its W3C trace id, so an operator can find its trace.
+"""A turn the scheduler gives up (expired after 10 min without a completion, released with a lost
+or resynced dataplane, or abandoned) is logged with its W3C trace id, so an operator can find its
+trace, in the JSON and in the default text log format.
 
 In-process: admissions go through the gRPC service's stream handler (``AdmitRequest`` with a
 ``traceparent``, as the dataplane sends it) into the real host and core; the host's clock is the
@@ -15,7 +16,7 @@ import pytest
 
 from luftpause import logs
 from luftpause.config import parse_config
-from luftpause.scheduler.core import AbandonReported, Tick
+from luftpause.scheduler.core import AbandonReported, DataplaneLost, Resynced, Tick
 from luftpause.scheduler.grpc_service import _Stream, leased_turn
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
@@ -143,3 +144,55 @@ def test_a_turn_placed_under_a_lease_keeps_the_trace_id_of_its_report(
 
     (record,) = _about(caplog, "t1")
     assert record.trace_id == OTHER_TRACE_ID  # type: ignore[attr-defined]
+
+
+def test_a_turn_released_with_its_lost_dataplane_is_logged_with_its_trace_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A reviewer's case: only expiry and abandon were logged; the other turns given up were silent.
+    clock = Clock()
+    host = SchedulerHost(ONE_SLOT, clock)
+    _admit(_Stream(host), "t1", "r1", TRACEPARENT)
+    caplog.set_level(logging.INFO, logger="luftpause.scheduler")
+    clock.now = 5.0
+    host.feed(DataplaneLost("dp", clock.now))
+    clock.now = 5.0 + ONE_SLOT.scheduler.dataplane_grace_s - 1
+    host.feed(Tick(clock.now))
+    assert _about(caplog, "t1") == []  # still within the grace
+
+    clock.now += 1
+    host.feed(Tick(clock.now))
+    assert host.state.placed == {}
+    (record,) = _about(caplog, "t1")
+    assert record.levelno == logging.WARNING
+    assert "turn t1 of run r1 on solo released: its dataplane stayed away" in record.getMessage()
+    assert (record.trace_id, record.dataplane_id) == (TRACE_ID, "dp")  # type: ignore[attr-defined]
+
+
+def test_a_turn_its_dataplanes_resync_no_longer_lists_is_logged_with_its_trace_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    host = SchedulerHost(ONE_SLOT, clock)
+    _admit(_Stream(host), "t1", "r1", TRACEPARENT)
+    caplog.set_level(logging.INFO, logger="luftpause.scheduler")
+    clock.now = 5.0
+    host.feed(Resynced("dp", clock.now, runs=(), turns=()))
+
+    assert host.state.placed == {}
+    (record,) = _about(caplog, "t1")
+    assert "released: its dataplane's resync no longer lists it" in record.getMessage()
+    assert record.trace_id == TRACE_ID  # type: ignore[attr-defined]
+
+
+def test_the_text_log_format_shows_the_trace_id() -> None:
+    def line(**fields: str) -> str:
+        record = logging.LogRecord(
+            "luftpause.scheduler", logging.WARNING, __file__, 1, "turn t1 expired", (), None
+        )
+        record.__dict__.update(fields)
+        return logs._text_formatter().format(record)
+
+    assert line(trace_id=TRACE_ID).endswith(f"turn t1 expired trace={TRACE_ID}")
+    assert line(trace_id="").endswith("turn t1 expired")  # no trace context: nothing added
+    assert line().endswith("turn t1 expired")

@@ -7,10 +7,12 @@ Everything runs on one loop thread, so ``decide`` needs no lock, and an answer i
 stream in the same step as the decision that made it.
 
 Logged here (logger ``luftpause.scheduler``), each with the fields ``turn_id``, ``run_id`` and
-``trace_id`` (the turn's W3C trace id, ``""`` when it came without a ``traceparent``), so that an
-operator finds the trace of the turn: a placed turn expired (no completion after 10 min; WARNING,
-with ``replica``) and a held or placed turn abandoned (its client or its dataplane gave it up;
-INFO, with ``held`` true or false).
+``trace_id`` (the turn's W3C trace id, ``""`` when it came without a ``traceparent``; the text log
+format shows it as ``trace=<id>``), so that an operator finds the trace of every turn the scheduler
+gives up: a placed turn expired (no completion after 10 min; WARNING, with ``replica``), a placed
+turn released because its dataplane stayed away past its grace or no longer listed it in its
+resync (WARNING, with ``replica`` and ``dataplane_id``), and a held or placed turn abandoned (its
+client or its dataplane gave it up; INFO, with ``held`` true or false).
 """
 
 from __future__ import annotations
@@ -27,21 +29,25 @@ from luftpause.scheduler.core import (
     Event,
     Forget,
     GrantLease,
+    HeldTurn,
     Place,
+    PlacedTurn,
     Reject,
+    Resynced,
     RevokeLease,
     State,
     Tick,
     TurnAbandoned,
     TurnArrived,
+    dataplanes_gone_for_good,
     decide,
     expiring_turns,
     new_state,
+    resync_gone_turns,
     snapshot,
+    turns_on,
 )
-from luftpause.scheduler.core.held import HeldTurn
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
-from luftpause.scheduler.core.state import PlacedTurn
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -83,9 +89,20 @@ class SchedulerHost:
     def feed(self, event: Event) -> list[Action]:
         """Apply ``event`` to the core and carry out its actions; returns them."""
         # What the event gives up is read before it is applied: the core forgets it then.
-        expiring = expiring_turns(self.state, event.at) if type(event) is Tick else ()
+        expiring: list[PlacedTurn] = []
+        released: list[tuple[PlacedTurn, str]] = []
         abandoned: HeldTurn | PlacedTurn | None = None
-        if type(event) is TurnAbandoned or type(event) is AbandonReported:
+        if type(event) is Tick:
+            expiring = expiring_turns(self.state, event.at)
+            gone = dataplanes_gone_for_good(self.state, event.at)
+            if gone:
+                expired = {placed.turn_id for placed in expiring}
+                why = f"its dataplane stayed away past its grace ({self.state.dataplane_grace_s:.0f} s)"
+                released = [(p, why) for p in turns_on(self.state, set(gone)) if p.turn_id not in expired]
+        elif type(event) is Resynced:
+            why = "its dataplane's resync no longer lists it"
+            released = [(placed, why) for placed in resync_gone_turns(self.state, event)]
+        elif type(event) is TurnAbandoned or type(event) is AbandonReported:
             abandoned = self.state.held.get(event.turn_id) or self.state.placed.get(event.turn_id)
         self.state, actions = decide(self.state, event)
         for placed in expiring:
@@ -96,6 +113,19 @@ class SchedulerHost:
                 TURN_EXPIRY_S,
                 placed.replica,
                 extra={**_turn_fields(placed), "replica": placed.replica},
+            )
+        for placed, why in released:
+            log.warning(
+                "turn %s of run %s on %s released: %s",
+                placed.turn_id,
+                placed.run_id,
+                placed.replica,
+                why,
+                extra={
+                    **_turn_fields(placed),
+                    "replica": placed.replica,
+                    "dataplane_id": placed.dataplane_id,
+                },
             )
         if abandoned is not None:
             held = isinstance(abandoned, HeldTurn)

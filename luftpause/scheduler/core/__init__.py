@@ -38,9 +38,11 @@ from luftpause.scheduler.core.events import (
     TurnFinished,
     TurnStarted,
 )
+from luftpause.scheduler.core.held import HeldTurn
+from luftpause.scheduler.core.resync import resync_gone_turns
 from luftpause.scheduler.core.snapshot import snapshot
-from luftpause.scheduler.core.state import State, new_state, state_from_replicas
-from luftpause.scheduler.core.turn_ends import expiring_turns
+from luftpause.scheduler.core.state import PlacedTurn, State, new_state, state_from_replicas
+from luftpause.scheduler.core.turn_ends import dataplanes_gone_for_good, expiring_turns, turns_on
 
 __all__ = [
     "AbandonReported",
@@ -51,9 +53,11 @@ __all__ = [
     "FirstToken",
     "Forget",
     "GrantLease",
+    "HeldTurn",
     "InFlightRecord",
     "LeasedTurnPlaced",
     "Place",
+    "PlacedTurn",
     "Reject",
     "ReplicaProbed",
     "ReplicasProbed",
@@ -70,9 +74,12 @@ __all__ = [
     "TurnFailed",
     "TurnFinished",
     "TurnStarted",
+    "dataplanes_gone_for_good",
     "decide",
     "expiring_turns",
     "new_state",
+    "resync_gone_turns",
     "snapshot",
     "state_from_replicas",
+    "turns_on",
 ]

@@ -113,13 +113,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
 
     if event.dataplane_id:
         state.lost_dataplanes.pop(event.dataplane_id, None)  # it is back: its view replaced ours
-        gone = [
-            placed
-            for placed in state.placed.values()
-            if placed.dataplane_id == event.dataplane_id
-            and placed.turn_id not in listed
-            and placed.turn_id not in event.pending  # its answer may be on the wire: it stands
-        ]
+        gone = _unlisted(state, event, listed)
         state.counters.turns_released_resync += len(gone)
         for placed in gone:
             run = _release(state, placed, event.at, recorded)
@@ -128,6 +122,25 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
 
     _settle(state, changed.values(), event.at, out)
     out.append(AckResync(event.dataplane_id, len(recorded), len(listed)))
+
+
+def _unlisted(state: State, event: Resynced, listed: set[str]) -> list[PlacedTurn]:
+    return [
+        placed
+        for placed in state.placed.values()
+        if placed.dataplane_id == event.dataplane_id
+        and placed.turn_id not in listed
+        and placed.turn_id not in event.pending  # its answer may be on the wire: it stands
+    ]
+
+
+def resync_gone_turns(state: State, event: Resynced) -> list[PlacedTurn]:
+    """The placed turns ``event`` releases because its dataplane no longer lists them (rule 10):
+    it lost them while its stream was down. A query, changing nothing (the shell logs them)."""
+    if not event.dataplane_id:
+        return []
+    listed = {turn.turn_id for turn in event.turns if turn.replica in state.replicas}
+    return _unlisted(state, event, listed)
 
 
 def _release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) -> Run | None:

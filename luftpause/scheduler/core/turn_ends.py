@@ -109,6 +109,23 @@ def expiring_turns(state: State, now: float) -> list[PlacedTurn]:
     return expired
 
 
+def dataplanes_gone_for_good(state: State, now: float) -> list[str]:
+    """The lost dataplanes whose grace (``State.dataplane_grace_s``) a ``Tick`` at ``now`` ends,
+    in the order they were lost: their placed turns are released (rule 9). A query."""
+    gone = []
+    for dataplane_id, lost_at in state.lost_dataplanes.items():
+        if not lost_dataplane.gone_for_good(lost_at, now, state.dataplane_grace_s):
+            break
+        gone.append(dataplane_id)
+    return gone
+
+
+def turns_on(state: State, dataplane_ids: set[str]) -> list[PlacedTurn]:
+    """The placed turns of the dataplanes ``dataplane_ids``, in placement order (a scan: asked once
+    per dataplane given up, never per turn)."""
+    return [placed for placed in state.placed.values() if placed.dataplane_id in dataplane_ids]
+
+
 def _tick(state: State, now: float, out: list[Action]) -> None:
     # ``runs`` is in order of last activity, so only its expired front is visited (as ``placed``'s).
     for placed in expiring_turns(state, now):
@@ -132,16 +149,11 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         if not abandoned.tombstone_expired(reported_at, now):
             break
         del state.tombstones[turn_id]
-    gone: set[str] = set()
-    while state.lost_dataplanes:
-        dataplane_id, lost_at = next(iter(state.lost_dataplanes.items()))
-        if not lost_dataplane.gone_for_good(lost_at, now, state.dataplane_grace_s):
-            break
+    gone = dataplanes_gone_for_good(state, now)
+    for dataplane_id in gone:
         del state.lost_dataplanes[dataplane_id]
-        gone.add(dataplane_id)
     if gone:
-        # one pass in placement order, as a resync's gone turns (a scan, but once per lost dataplane)
-        lost_turns = [placed for placed in state.placed.values() if placed.dataplane_id in gone]
+        lost_turns = turns_on(state, set(gone))
         changed: dict[str, Run] = {}
         for placed in lost_turns:
             changed_run = _release(state, placed, now, set())
