@@ -74,7 +74,7 @@ from mcp.types import Tool
 
 from luftpause.runtime import run_spans
 from luftpause.runtime.errors import TurnFailed
-from luftpause.runtime.runs import Run
+from luftpause.runtime.runs import Run, RunRegistry
 from luftpause.runtime.text_tool_calls import openai_tool_call, recover_tool_call
 from luftpause.runtime.tool_arguments import ToolArgumentsError, prepare_arguments
 from luftpause.runtime.upstream import UpstreamPool, openai_tool
@@ -316,6 +316,10 @@ async def _no_approval_needed(run: Run, tool: str, arguments: dict[str, Any], in
 class PodHooks(Protocol):
     """What the loop asks the pods (:class:`luftpause.runtime.pods.Pods`) at each turn."""
 
+    registry: RunRegistry
+    """The runs' registry: the loop tells it when a run's counters change
+    (:meth:`RunRegistry.notify_changed`), since the monitor's network shows them."""
+
     def before_turn(self, run: Run) -> None:
         """Move the run's inbox and pending notifications into its conversation (journaled)."""
 
@@ -365,6 +369,13 @@ class SubAgentLoop:
                     # Shielded so a run cancelled mid-turn still tells the scheduler it is over.
                     await asyncio.shield(self.dataplane.end_run(run.handle))
 
+    def _counted(self) -> None:
+        # The monitor caches the network's JSON per registry version and shows each run's turns
+        # and tool calls: a count that changed without a new version (a turn that starts a long
+        # tool round, a call still running) would be shown stale until the round is recorded.
+        if self.pods is not None:
+            self.pods.registry.notify_changed()
+
     async def _turns(self, run: Run) -> str:
         toolless_tool_turns = 0
         while True:
@@ -396,6 +407,7 @@ class SubAgentLoop:
                 run.turn_seconds += time.monotonic() - began
             run.turns += 1
             _count_usage(run, reply)
+            self._counted()
             _check(run)
             message = _first_message(reply)
             offered = {tool.name: tool for tool in tools}
@@ -464,6 +476,7 @@ class SubAgentLoop:
             if run.done:
                 return {"role": "tool", "tool_call_id": call_id, "content": "Error: the run was stopped"}
             run.tool_calls += 1
+            self._counted()
             with run_spans.execute_tool(call) as span:
                 text, failed = await self._execute(run, call, offered, within_budget, index)
                 run_spans.tool_outcome(span, failed, text)
