@@ -206,22 +206,51 @@ def test_a_tool_call_for_a_tool_not_offered_is_a_failed_call_never_executed(rig:
 def test_an_mcp_callers_spawn_under_a_parent_is_narrowed_to_the_parents_tools(rig: Rig) -> None:
     # A reviewer's case: the tree's rule held for a sub-agent's own spawn only; an MCP caller's
     # spawn(parent=A) with no tools gave the child every tool the servers offer.
-    async def go() -> tuple[dict[str, Any], CallToolResult, dict[str, Any]]:
+    async def go() -> tuple[str, dict[str, Any], CallToolResult, dict[str, Any]]:
         async with Client(f"{rig.url}/mcp") as client:
             a = await _spawn_a(client, script({"say": "A done"}))
-            inherit = (
-                await _call(
-                    client, "spawn", task=script({"say": "C done"}), parent=a, approveTools=["lookup"]
-                )
-            )["handle"]
+            inherit = (await _call(client, "spawn", task=script({"say": "C done"}), parent=a))["handle"]
             wider = await client.call_tool(
                 "spawn", {"task": script({"say": "never"}), "parent": a, "tools": ["deep_search"]}
             )
             await _await(client, [inherit])
-            return await _call(client, "tools", handle=inherit), wider, await _call(client, "list", handle=a)
+            c_tools = await _call(client, "tools", handle=inherit)
+            return a, c_tools, wider, await _call(client, "list", handle=a)
 
-    c_tools, wider, a_children = asyncio.run(go())
+    a, c_tools, wider, a_children = asyncio.run(go())
     assert [tool["name"] for server in c_tools["servers"] for tool in server["tools"]] == ["lookup"]
     assert wider.is_error
-    assert _text(wider).endswith("tools: deep_search not among the parent run's tools")
+    assert _text(wider).endswith(f"tools: deep_search not among the tools the parent run {a!r} may use")
     assert len(a_children["runs"]) == 1  # the refused spawn started nothing
+
+
+def test_an_mcp_callers_spawn_under_a_parent_keeps_the_parents_approvals(rig: Rig) -> None:
+    # A's calls of lookup wait for a person; so must those of a child the caller starts under A.
+    child = script({"call": "lookup", "args": {"query": "needs approval"}}, {"say": "C done"})
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with Client(f"{rig.url}/mcp") as client:
+            a = (
+                await _call(
+                    client, "spawn", task=script({"say": "A done"}), tools=["lookup"], approveTools=["lookup"]
+                )
+            )["handle"]
+            await _await(client, [a])
+            c = (await _call(client, "spawn", task=child, parent=a))["handle"]
+
+            async def waiting() -> dict[str, Any] | None:
+                status: dict[str, Any] = (await _call(client, "status", handle=c))["run"]
+                return status if status["state"] == "AwaitingApproval" else None
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while (pending := await waiting()) is None:
+                assert asyncio.get_running_loop().time() < deadline, await _call(client, "status", handle=c)
+                await asyncio.sleep(0.1)
+            await _call(client, "approve", handle=c, allow=True)
+            (done,) = await _await(client, [c])
+            return pending, done
+
+    pending, done = asyncio.run(go())
+    assert [approval["tool"] for approval in pending["pendingApprovals"]] == ["lookup"]
+    assert (done["state"], done["toolCalls"], done["failedToolCalls"]) == ("completed", 1, 0)
+    assert _calls_seen(rig).get("lookup needs approval") == 1  # run once, after the approval

@@ -212,6 +212,24 @@ def one_line(text: str | None, limit: int = SUMMARY_CHARS) -> str | None:
     return summarize(first, limit)
 
 
+def inherited_tools(spawner: Run, tools: Iterable[str] | None, who: str) -> list[str] | None:
+    """The tools a child of ``spawner`` may use: ``tools`` (names) when the spawner may use them
+    all, the spawner's own when ``tools`` is None; ``None`` means every tool. Tools only narrow down
+    a run tree, whoever spawns into it. Raises :class:`PodRefused` naming the tools beyond the
+    spawner's (``who`` says whose they are in the message: ``"you"``, ``"run 'x'"``)."""
+    if tools is None:
+        return sorted(spawner.allowed_tools) if spawner.allowed_tools is not None else None
+    if spawner.allowed_tools is not None and (wider := sorted(set(tools) - spawner.allowed_tools)):
+        raise PodRefused(f"tools: {', '.join(wider)} not among the tools {who} may use")
+    return list(tools)
+
+
+def inherited_approvals(spawner: Run, approve_tools: Iterable[str] | None) -> list[str]:
+    """The tools whose calls wait for approval in a child of ``spawner``: the spawner's plus
+    ``approve_tools`` (what needs approval for the spawner needs it for the child)."""
+    return sorted(spawner.approve_tools | set(approve_tools or ()))
+
+
 def read_only(scope: Scope) -> Scope:
     """The read part of ``scope``: its rules that name ``read``, for reading only."""
     return Scope.of(*(Rule(r.effect, frozenset({"read"}), r.path) for r in scope.rules if "read" in r.access))
@@ -909,14 +927,7 @@ class Pods:
         most the spawner's (default: the smaller of 8 and the spawner's); ``maxTokens``,
         ``parallelToolCalls``, model and service class: the spawner's. Budgets need no copy: a
         run's budgets bound its whole subtree, the child included. Raises :class:`PodRefused`."""
-        tools = arguments.get("tools")
-        if tools is not None:
-            wider = sorted(set(tools) - run.allowed_tools) if run.allowed_tools is not None else []
-            if wider:
-                raise PodRefused(f"tools: {', '.join(wider)} not among the tools you may use")
-            allowed: list[str] | None = list(tools)
-        else:
-            allowed = sorted(run.allowed_tools) if run.allowed_tools is not None else None
+        allowed = inherited_tools(run, arguments.get("tools"), "you")
         max_calls = int(arguments.get("maxToolCalls", min(8, run.max_tool_calls)))
         if max_calls > run.max_tool_calls:
             raise PodRefused(
@@ -933,7 +944,7 @@ class Pods:
             "system": arguments.get("system"),
             "maxToolCalls": max_calls,
             "tools": allowed,
-            "approveTools": sorted(run.approve_tools | set(arguments.get("approveTools") or ())),
+            "approveTools": inherited_approvals(run, arguments.get("approveTools")),
             "maxTokens": run.max_tokens,
             "parallelToolCalls": run.parallel_tool_calls,
             "model": run.model,

@@ -99,7 +99,7 @@ from luftpause.runtime import run_spans
 from luftpause.runtime.approvals import elicits_forms, request_state, wait_asking
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
-from luftpause.runtime.pods import Actor
+from luftpause.runtime.pods import Actor, inherited_approvals, inherited_tools
 from luftpause.runtime.runs import Run, new_handle
 from luftpause.runtime.scope import SCOPE_SCHEMA
 from luftpause.runtime.tasks import task_slot
@@ -267,14 +267,12 @@ def start_run(
             raise ToolError(f"parent run {parent!r} is cancelled; its subtree takes no new runs")
         if parent_run.pod_state == "stopped":
             raise ToolError(f"parent run {parent!r} is stopped; its subtree takes no new runs")
-        # Tools only narrow down a tree, whoever spawns into it: as a sub-agent's own spawn
-        # (Pods.child_limits), the child gets its parent's tools or a subset of them.
-        if parent_run.allowed_tools is not None:
-            if tools is None:
-                tools = sorted(parent_run.allowed_tools)
-            elif wider := sorted(set(tools) - parent_run.allowed_tools):
-                raise ToolError(f"tools: {', '.join(wider)} not among the parent run's tools")
-        approveTools = sorted(set(approveTools or ()) | parent_run.approve_tools) or None
+        # as a sub-agent's own spawn (Pods.child_limits): the parent's tools or fewer
+        try:
+            tools = inherited_tools(parent_run, tools, f"the parent run {parent!r}")
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+        approveTools = inherited_approvals(parent_run, approveTools)
     if caller is None:
         assert ctx is not None
         caller = caller_of(ctx)
