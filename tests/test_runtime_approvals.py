@@ -41,6 +41,12 @@ class Tools:
             counts: dict[str, int] = json.loads(response.read())
         return sum(n for key, n in counts.items() if key.split(" ", 1)[0] == tool)
 
+    def delete_note_gate(self, action: str) -> None:
+        """``hold`` or ``release`` the destructive server's ``delete_note`` calls."""
+        url = self.url.removesuffix("/mcp") + f"/testkit/delete_note/{action}"
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=10):
+            pass
+
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
@@ -178,10 +184,11 @@ def test_approve_tools_gates_a_read_only_tool_and_a_refusal_is_declined(tools: T
 def test_an_approval_covers_one_execution_across_a_sigkill_and_an_unanswered_one_is_asked_again(
     tools: Tools,
 ) -> None:
-    """Run A is allowed and killed while its (one-second) call is in flight; run B is still waiting
-    for its person at the kill. The approval of A was used up when its call started (a ``started``
-    record), so after the restart A is asked again, told the call may have run already (the person
-    decides whether it is repeated; it never is silently); B is asked again; both complete."""
+    """Run A is allowed and killed while its call is in flight (held at the tool server); run B
+    is still waiting for its person at the kill. The approval of A was used up when its call
+    started (a ``started`` record), so after the restart A is asked again, told the call may have
+    run already (the person decides whether it is repeated; it never is silently); B is asked
+    again; both complete."""
     stack = tools.stack
     tasks = {"A": "erase the draft note", "B": "drop the stale note"}
 
@@ -197,12 +204,16 @@ def test_an_approval_covers_one_execution_across_a_sigkill_and_an_unanswered_one
             return handles
 
     before = tools.calls("delete_note")
-    handles = asyncio.run(spawn())
-    deadline = time.monotonic() + 30
-    while tools.calls("delete_note") == before:  # A's call reached the tool: it is in flight now
-        assert time.monotonic() < deadline, stack.logs()
-        time.sleep(0.01)
-    stack.children["runtime"].kill()
+    tools.delete_note_gate("hold")  # A's call stays in flight until the runtime is killed
+    try:
+        handles = asyncio.run(spawn())
+        deadline = time.monotonic() + 30
+        while tools.calls("delete_note") == before:  # A's call reached the tool: it is in flight now
+            assert time.monotonic() < deadline, stack.logs()
+            time.sleep(0.01)
+        stack.children["runtime"].kill()
+    finally:
+        tools.delete_note_gate("release")
     journal = list(read_records(stack.workdir / "state" / JOURNAL_NAME))
     decisions = [r for r in journal if r["type"] == "approval"]
     assert [(r["handle"], r["allow"]) for r in decisions if r["handle"] in handles.values()] == [

@@ -8,10 +8,12 @@ With ``--destructive`` it also serves ``delete_note(title)``, marked ``destructi
 tested; it is off by default so that the read-only tools are all a sub-agent is ever offered.
 
 ``GET /testkit/calls`` answers ``{"<tool> <query>": calls started}``, so a test can count how
-often each call was made. Both tools are marked ``readOnlyHint: true`` (MCP tool annotations), so
-a runtime never asks for approval before calling them. Built with the official SDK (``mcp`` 2.3,
-``MCPServer``) and served over streamable HTTP at ``/mcp`` by uvicorn, which answers both
-protocol eras the SDK serves.
+often each call was made. ``POST /testkit/delete_note/hold`` makes every ``delete_note`` call
+started from then on wait, after its :data:`DELETE_NOTE_DELAY_S`, until ``POST
+/testkit/delete_note/release`` (so a test can act while a call is surely in flight). Both tools
+are marked ``readOnlyHint: true`` (MCP tool annotations), so a runtime never asks for approval
+before calling them. Built with the official SDK (``mcp`` 2.3, ``MCPServer``) and served over
+streamable HTTP at ``/mcp`` by uvicorn, which answers both protocol eras the SDK serves.
 """
 
 from __future__ import annotations
@@ -113,10 +115,25 @@ def build_server(seed: int | None = 0, destructive: bool = False) -> MCPServer:
         structured_output=False,
     )
     if destructive:
+        released = [anyio.Event()]  # the gate of the calls held; set: none held
+        released[0].set()
+
+        @server.custom_route("/testkit/delete_note/hold", methods=["POST"])  # type: ignore[untyped-decorator]  # SDK: unannotated
+        async def hold(request: Request) -> JSONResponse:
+            if released[0].is_set():
+                released[0] = anyio.Event()
+            return JSONResponse({"held": True})
+
+        @server.custom_route("/testkit/delete_note/release", methods=["POST"])  # type: ignore[untyped-decorator]  # SDK: unannotated
+        async def release(request: Request) -> JSONResponse:
+            released[0].set()
+            return JSONResponse({"held": False})
 
         async def delete_note(title: Annotated[str, Field(description="Title of the note.")]) -> str:
             calls[f"delete_note {title}"] += 1
+            gate = released[0]
             await anyio.sleep(DELETE_NOTE_DELAY_S)
+            await gate.wait()
             return f"Deleted the note {title!r}."
 
         server.add_tool(
