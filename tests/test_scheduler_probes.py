@@ -259,7 +259,7 @@ def test_stopped_engines_are_unhealthy_and_their_turns_held_until_one_is_back(pr
     )  # the simulator's metrics
 
     engines[0].stop()
-    one_down = _until(stack, lambda s: [r["healthy"] for r in s["replicas"]] == [False, True])
+    _until(stack, lambda s: [r["healthy"] for r in s["replicas"]] == [False, True])
 
     async def ask(run_id: str) -> int:
         async with (
@@ -274,9 +274,8 @@ def test_stopped_engines_are_unhealthy_and_their_turns_held_until_one_is_back(pr
             await response.read()
             return response.status
 
-    # with one engine down, a turn goes to the other
+    # with one engine down, a turn goes to the other (the only process left to answer it)
     assert asyncio.run(ask("probe-one-down")) == 200
-    assert one_down["replicas"][0]["inflight"] == 0
 
     engines[1].stop()
     _until(stack, lambda s: not any(r["healthy"] for r in s["replicas"]))
