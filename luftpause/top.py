@@ -11,32 +11,56 @@ It only watches. Sending a message to a run or stopping one is done on the page
 Fitting (live mode): the tree is cut to the terminal's height. Runs are taken active first
 (running, or spawners of running runs), then newest first, each with the ancestors it needs to
 hang from; siblings are shown in that order too, and what did not fit is counted on a last line
-(``… N more runs``). ``--once`` prints every run (for scripts; pipe it to ``head``).
+(``… N more runs``). ``--once`` prints every run (for scripts; pipe it to ``head``). Every line is
+one terminal line: a narrow terminal drops columns (SCOPE, then CLASS, TOOLS, TURNS) to leave the
+last answer some room, then cuts names, and cuts handles and states only below about 50 columns.
 
-Errors: an unreachable runtime, a refused token (401) or another HTTP error is one line. With
-``--once`` it goes to stderr and the exit code is 1; live, it stands in the header over the last
-network seen while the poll goes on. Ctrl-C ends it with exit code 0.
+What the runtime sends is shown, never obeyed: every string from it (answers, errors, names,
+handles, states, classes, scope paths) has its control characters (C0, DEL, C1: ESC, BEL, CSI,
+OSC...) replaced with ``�`` before it reaches the terminal, and cells are rich ``Text``, never
+markup. A model's answer is attacker-influenced (tool results feed it): it must not move the
+cursor, clear the screen, retitle the terminal or write the clipboard (OSC 52).
+
+Errors are one line, ``luftpause top: <url>: <what>``, never a traceback:
+
+* a ``--url`` that cannot work (empty, not ``http://``/``https://``, no valid host or port, a
+  user name in it) is refused at once with exit code 2, as is live mode with standard output not
+  a terminal (use ``--once``);
+* the runtime unreachable, an answer that is not HTTP (a gRPC or other port), cut short, a
+  refused token (401), another HTTP error (its body on one line, cut short), or an answer that is
+  not the monitor's data: with ``--once`` the line goes to stderr and the exit code is 1; live, it
+  stands in the header over the last network seen while the poll goes on.
+
+``--url`` may be the page's address with its ``?token=``: the query is dropped from the URL and
+its ``token`` used when ``--token`` is not given (``--token``, then the URL's token, then
+``$LUFTPAUSE_TOKEN``); no token is ever shown, and redirects are not followed (the token would go
+along). Ctrl-C, SIGTERM and SIGHUP end live mode with the terminal restored and exit code 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import signal
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
 from rich.live import Live
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import split_host_port
 from luftpause.runtime.auth import TOKEN_ENV
 
@@ -52,10 +76,44 @@ HEADER_LINES = 2
 """Lines above the tree: the title with the URL, and the counts (or the error)."""
 TABLE_HEADER_LINES = 1
 STATE_STYLES = {"running": "green", "idle": "cyan", "stopped": "dim"}
+MESSAGE_CHARS = 200
+"""Characters of a server's error text (an HTTP error's body) kept in an error line."""
+ERROR_BODY_BYTES = 4096
+"""Bytes of an HTTP error's body read for its message."""
+USAGE_EXIT = 2
+"""Exit code of a command line that cannot work (a bad ``--url``, live mode without a terminal),
+as argparse and a bad ``--config`` give."""
 
 
 class TopError(Exception):
     """The network could not be read: the message is one line, for a person."""
+
+
+# --- what the runtime sends, made safe to print ----------------------------------------------------
+
+# C0 controls, DEL and C1 controls (U+0080-U+009F: CSI, OSC... as single code points): a terminal
+# acts on them. Whitespace among them becomes a space (lines are joined anyway).
+_CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0))}
+_CONTROLS.update({ord(c): " " for c in "\t\n\v\f\r"})
+
+
+def printable(text: str) -> str:
+    """``text`` with every C0 control, DEL and C1 control replaced (tab, newline and the other
+    whitespace controls by a space, the rest by ``U+FFFD``), so a terminal shows it and never
+    acts on it (an ESC starting a CSI or OSC sequence, a BEL ending one)."""
+    return text.translate(_CONTROLS)
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` :func:`printable`, its whitespace runs made one space, cut to ``limit``
+    characters with ``…``."""
+    line = " ".join(printable(text).split())
+    return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _cell(value: object, style: str = "") -> Text:
+    # Text, never a str cell: rich reads a str cell as markup ("[link=...]" writes OSC 8).
+    return Text(one_line(str(value)), style=style, no_wrap=True, overflow="ellipsis")
 
 
 # --- the network ----------------------------------------------------------------------------------
@@ -165,7 +223,7 @@ def short_scope(scope: Mapping[str, Any] | None) -> str:
     if not rules:
         return "(empty)"
     first = next((r for r in rules if r.get("effect") == "allow"), rules[0])
-    access = "".join(m[0] for m in first.get("access") or ())
+    access = "".join(m[0] for m in first.get("access") or () if m)
     text = f"{'' if first.get('effect') == 'allow' else 'deny '}{access} {first.get('path')}"
     if len(rules) > 1:
         text += f" +{len(rules) - 1}"
@@ -182,15 +240,145 @@ def state_text(run: Mapping[str, Any]) -> Text:
     style = (
         "red" if own == "failed" else "yellow" if own == "AwaitingApproval" else STATE_STYLES.get(state, "")
     )
-    return Text(shown, style=style)
-
-
-def _one_line(text: str, style: str = "") -> Text:
-    return Text(" ".join(text.split()), style=style, no_wrap=True, overflow="ellipsis")
+    return _cell(shown, style)
 
 
 def _number(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else "-"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "-"
+
+
+# --- one frame, fitted to the terminal's width ------------------------------------------------------
+
+COLUMNS = ("RUN", "HANDLE", "STATE", "CLASS", "TURNS", "TOOLS", "SCOPE", "LAST ANSWER")
+OPTIONAL_COLUMNS = ("TURNS", "TOOLS", "CLASS", "SCOPE")
+"""Shown while they fit whole beside a useful last answer; dropped last one first (SCOPE first)."""
+COLUMN_CAPS = {"RUN": 40, "SCOPE": 40}
+"""Widest a name (with its tree guide) or a scope is shown, in columns."""
+COLUMN_GAP = 2
+RUN_MIN_WIDTH = 12
+"""Columns a name keeps before handles and states are cut (a longer name is cut with ``…``)."""
+ANSWER_MIN_WIDTH = 24
+"""Columns the last answer keeps before an optional column is shown."""
+ANSWER_FLOOR_WIDTH = 8
+"""Below this many columns the last answer is not shown at all."""
+
+
+def column_widths(desired: Mapping[str, int], width: int) -> dict[str, int]:
+    """The columns shown in ``width`` terminal columns and the width of each (cells; gaps of
+    :data:`COLUMN_GAP` not counted), from the width each would take whole (``desired``: every
+    name of :data:`COLUMNS`). RUN, HANDLE and STATE are always shown: the name narrowed first
+    (to :data:`RUN_MIN_WIDTH`), handles and states cut only when even that does not fit. The last
+    answer comes next, then the optional columns while they fit whole beside
+    :data:`ANSWER_MIN_WIDTH` of answer; what is left widens the name, then the answer."""
+    shown = {
+        "RUN": min(desired["RUN"], RUN_MIN_WIDTH),
+        "HANDLE": desired["HANDLE"],
+        "STATE": desired["STATE"],
+    }
+
+    def used(columns: Mapping[str, int]) -> int:
+        return sum(columns.values()) + COLUMN_GAP * (len(columns) - 1)
+
+    for name in ("RUN", "STATE", "HANDLE"):  # a terminal too narrow for whole handles
+        shown[name] = max(1, shown[name] - max(0, used(shown) - width))
+    answer_min = min(desired["LAST ANSWER"], ANSWER_MIN_WIDTH)
+    room = width - used(shown) - COLUMN_GAP
+    if room >= ANSWER_FLOOR_WIDTH:
+        shown["LAST ANSWER"] = min(room, answer_min)
+        for name in OPTIONAL_COLUMNS:
+            if used(shown) + COLUMN_GAP + desired[name] > width:
+                break
+            shown[name] = desired[name]
+    for name in ("RUN", "LAST ANSWER"):
+        if name in shown:
+            shown[name] += max(0, min(desired[name] - shown[name], width - used(shown)))
+    return {name: shown[name] for name in COLUMNS if name in shown}
+
+
+def _row(guide: str, run: Mapping[str, Any]) -> dict[str, Text]:
+    name = run.get("name") or "(unnamed)"
+    answer = run.get("lastAnswer") or (f"error: {run['error']}" if run.get("error") else "")
+    return {
+        "RUN": Text.assemble((guide, "dim"), one_line(str(name)), no_wrap=True, overflow="ellipsis"),
+        "HANDLE": _cell(run.get("handle")),
+        "STATE": state_text(run),
+        "CLASS": _cell(run.get("serviceClass") or "-"),
+        "TURNS": _cell(_number(run.get("turns"))),
+        "TOOLS": _cell(_number(run.get("toolCalls"))),
+        "SCOPE": _cell(short_scope(run.get("scope"))),
+        "LAST ANSWER": _cell(answer, "" if run.get("lastAnswer") else "dim"),
+    }
+
+
+def _table(rows: list[dict[str, Text]], width: int) -> Table:
+    desired = {
+        name: min(COLUMN_CAPS.get(name, width), max([len(name), *(row[name].cell_len for row in rows)]))
+        for name in COLUMNS
+    }
+    table = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1), header_style="bold")
+    widths = column_widths(desired, width)
+    for name, column_width in widths.items():
+        justify: JustifyMethod = "right" if name in ("TURNS", "TOOLS") else "left"
+        header = Text(name, no_wrap=True, overflow="ellipsis")
+        table.add_column(header, width=column_width, no_wrap=True, overflow="ellipsis", justify=justify)
+    for row in rows:
+        table.add_row(*(row[name] for name in widths))
+    return table
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One screen (a rich renderable): the header and the tree, laid out for the width it is
+    rendered at; see :func:`frame`. No line ends in spaces."""
+
+    runs: Sequence[Mapping[str, Any]] | None
+    url: str
+    height: int | None
+    error: str | None = None
+    updated: str | None = None
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in console.render_lines(self._parts(options.max_width), options, pad=False):
+            yield from _without_trailing_spaces(line)
+            yield Segment.line()
+
+    def _parts(self, width: int) -> Group:
+        title = Text.assemble(
+            ("luftpause top", "bold"), "  ", one_line(self.url), no_wrap=True, overflow="ellipsis"
+        )
+        if self.updated:
+            title.append(f"  {self.updated}", style="dim")
+        status = Text(no_wrap=True, overflow="ellipsis")
+        if self.error is not None:
+            status.append(one_line(self.error), style="bold red")
+            if self.runs is not None:
+                status.append("  (the last network read is shown)", style="dim")
+        else:
+            status.append(one_line(counts_line(self.runs or ())))
+        parts: list[RenderableType] = [title, status]
+        if not self.runs:
+            return Group(*parts)
+        limit = None if self.height is None else max(1, self.height - HEADER_LINES - TABLE_HEADER_LINES)
+        fitted = fit(self.runs, limit)
+        parts.append(_table([_row(guide, run) for guide, run in fitted.lines], width))
+        if fitted.hidden:
+            running = f" ({fitted.hidden_running:,} running)" if fitted.hidden_running else ""
+            parts.append(
+                Text(
+                    f"… {fitted.hidden:,} more runs{running}", style="bold", no_wrap=True, overflow="ellipsis"
+                )
+            )
+        return Group(*parts)
+
+
+def _without_trailing_spaces(line: list[Segment]) -> Iterator[Segment]:
+    end = len(line)
+    while end and not line[end - 1].control and not line[end - 1].text.rstrip(" "):
+        end -= 1
+    for i, segment in enumerate(line[:end]):
+        if i == end - 1 and not segment.control:
+            segment = Segment(segment.text.rstrip(" "), segment.style)
+        yield segment
 
 
 def frame(
@@ -203,51 +391,9 @@ def frame(
 ) -> RenderableType:
     """One screen: the header (URL, counts or ``error``) and the tree of ``runs`` (the monitor's
     ``runs`` list; ``None``: none read yet), at most ``height`` lines in all (``None``: every
-    run). Every line is one terminal line: cells are cut with ``…``, never wrapped."""
-    title = Text.assemble(("luftpause top", "bold"), "  ", url, no_wrap=True, overflow="ellipsis")
-    if updated:
-        title.append(f"  {updated}", style="dim")
-    status = Text(no_wrap=True, overflow="ellipsis")
-    if error is not None:
-        status.append(error, style="bold red")
-        if runs is not None:
-            status.append("  (the last network read is shown)", style="dim")
-    else:
-        status.append(counts_line(runs or ()))
-    parts: list[RenderableType] = [title, status]
-    if not runs:
-        return Group(*parts)
-    limit = None if height is None else max(1, height - HEADER_LINES - TABLE_HEADER_LINES)
-    fitted = fit(runs, limit)
-    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
-    # The fixed columns never wrap; SCOPE and LAST ANSWER may be narrowed (rich narrows wrapping
-    # columns first) and their texts, which never wrap, end in "…" where they are cut.
-    table.add_column("RUN", no_wrap=True, overflow="ellipsis", max_width=40)
-    table.add_column("HANDLE", no_wrap=True)
-    table.add_column("STATE", no_wrap=True)
-    table.add_column("CLASS", no_wrap=True)
-    table.add_column("TURNS", no_wrap=True, justify="right")
-    table.add_column("TOOLS", no_wrap=True, justify="right")
-    table.add_column("SCOPE", max_width=40)
-    table.add_column("LAST ANSWER")
-    for guide, run in fitted.lines:
-        name = run.get("name") or "(unnamed)"
-        answer = run.get("lastAnswer") or (f"error: {run['error']}" if run.get("error") else "")
-        table.add_row(
-            Text.assemble((guide, "dim"), str(name)),
-            str(run.get("handle")),
-            state_text(run),
-            str(run.get("serviceClass") or "-"),
-            _number(run.get("turns")),
-            _number(run.get("toolCalls")),
-            _one_line(short_scope(run.get("scope"))),
-            _one_line(str(answer), "" if run.get("lastAnswer") else "dim"),
-        )
-    parts.append(table)
-    if fitted.hidden:
-        running = f" ({fitted.hidden_running:,} running)" if fitted.hidden_running else ""
-        parts.append(Text(f"… {fitted.hidden:,} more runs{running}", style="bold", no_wrap=True))
-    return Group(*parts)
+    run). Every line is one terminal line: columns are dropped or cut (``…``) to fit the width,
+    never wrapped; every string is shown :func:`printable`."""
+    return Frame(runs, url, height, error, updated)
 
 
 # --- the runtime ----------------------------------------------------------------------------------
@@ -261,15 +407,124 @@ def runtime_base_url(listen: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def normalize_url(url: str) -> str:
-    """The runtime's base URL from what a person passes: a trailing ``/``, ``/mcp`` or
-    ``/monitor`` is dropped (the MCP endpoint and the page are what people copy)."""
-    base = url.strip().rstrip("/")
+def _shown_url(text: str) -> str:
+    """``text`` as an error may show it: no query or fragment (a ``token``), no user info."""
+    head = text.split("?", 1)[0].split("#", 1)[0]
+    scheme, sep, rest = head.partition("://")
+    if sep:
+        authority, slash, path = rest.partition("/")
+        head = f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+    return one_line(head, MESSAGE_CHARS)
+
+
+def parse_url(url: str) -> tuple[str, str | None]:
+    """``(base URL, token)`` from what a person passes as ``--url``: ``http://`` is assumed
+    without a scheme; a trailing ``/``, ``/mcp`` or ``/monitor`` is dropped (the MCP endpoint
+    and the page are what people copy), so are the query and fragment, whose ``token`` (the
+    page's ``/monitor?token=...``) is returned (``None`` without one).
+
+    Raises :class:`TopError` (one line, no token in it) for an empty URL, a scheme other than
+    ``http``/``https``, a missing or malformed host or port, or a user name or password in it."""
+    text = url.strip()
+    if not text:
+        raise TopError("--url is empty: pass the runtime's URL, e.g. http://127.0.0.1:7000, or leave it out")
+    if "://" not in text:
+        text = "http://" + text
+    shown = _shown_url(text)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise TopError(f"{shown}: not a URL: {one_line(str(exc), MESSAGE_CHARS)}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise TopError(f"{shown}: not an http:// or https:// URL (the runtime serves HTTP)")
+    if parts.username is not None or parts.password is not None:
+        raise TopError(
+            f"{shown}: a user name or password in the URL is not used: pass the token with --token"
+        )
+    host = parts.hostname or ""
+    if not host or any(c.isspace() or not c.isprintable() for c in host):
+        raise TopError(f"{shown}: no valid host in the URL")
+    path = parts.path.rstrip("/")
     for suffix in ("/mcp", "/monitor"):
-        base = base.removesuffix(suffix)
-    if "://" not in base:
-        base = "http://" + base
-    return base
+        path = path.removesuffix(suffix)
+    tokens = urllib.parse.parse_qs(parts.query).get("token")
+    base = urllib.parse.urlunsplit((scheme, parts.netloc, path.rstrip("/"), "", ""))
+    return base, (tokens[-1] if tokens else None)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the HTTP error it is: following one would send the bearer
+    token to wherever it points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, MESSAGE_CHARS)
+
+
+class MonitorDataError(ValueError):
+    """The monitor's answer does not have the shape :meth:`NetworkPoller.poll` reads; the
+    message names where (``runs[3].scope.heldByChildren``) and what was expected."""
+
+
+_RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "handle": (str,),
+    "parent": (str, type(None)),
+    "name": (str, type(None)),
+    "state": (str, type(None)),
+    "runState": (str, type(None)),
+    "serviceClass": (str, type(None)),
+    "turns": (int, type(None)),
+    "toolCalls": (int, type(None)),
+    "lastAnswer": (str, type(None)),
+    "error": (str, type(None)),
+    "scope": (dict, type(None)),
+}
+
+
+def _expect(value: Any, kinds: tuple[type, ...], where: str) -> None:
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join("null" if k is type(None) else _JSON_NAMES.get(k, k.__name__) for k in kinds)
+        got = "null" if value is None else _JSON_NAMES.get(type(value), type(value).__name__)
+        raise MonitorDataError(f"{where}: expected {names}, got {got}")
+
+
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
+
+
+def check_runs(runs: Any) -> list[dict[str, Any]]:
+    """``runs`` (the monitor's ``runs`` list, parsed JSON) when every run has the fields this
+    command reads with the types it reads them as (:data:`_RUN_FIELDS`; the scope as
+    ``{"granted": [{"effect", "access": [str], "path"}], "heldByChildren": [...]}``); others are
+    not looked at. Raises :class:`MonitorDataError`."""
+    _expect(runs, (list,), "runs")
+    for i, run in enumerate(runs):
+        where = f"runs[{i}]"
+        _expect(run, (dict,), where)
+        for key, kinds in _RUN_FIELDS.items():
+            _expect(run.get(key), kinds, f"{where}.{key}")
+        scope = run.get("scope")
+        if scope is not None:
+            _expect(scope.get("granted", []), (list,), f"{where}.scope.granted")
+            _expect(scope.get("heldByChildren", []), (list,), f"{where}.scope.heldByChildren")
+            for j, rule in enumerate(scope.get("granted", [])):
+                at = f"{where}.scope.granted[{j}]"
+                _expect(rule, (dict,), at)
+                _expect(rule.get("effect"), (str, type(None)), f"{at}.effect")
+                _expect(rule.get("path"), (str, type(None)), f"{at}.path")
+                _expect(rule.get("access", []), (list,), f"{at}.access")
+                for k, mode in enumerate(rule.get("access", [])):
+                    _expect(mode, (str,), f"{at}.access[{k}]")
+    checked: list[dict[str, Any]] = runs
+    return checked
 
 
 @dataclass
@@ -285,53 +540,74 @@ class NetworkPoller:
 
     def poll(self) -> list[dict[str, Any]]:
         """The network's runs (the monitor's ``runs`` list, oldest first). Raises
-        :class:`TopError` with a one-line reason when the runtime cannot be read."""
+        :class:`TopError` with a one-line reason when the runtime cannot be read or its answer
+        is not the monitor's data."""
         query = f"?{urllib.parse.urlencode({'version': self.version})}" if self.version else ""
-        request = urllib.request.Request(
-            self.base + RUNS_PATH + query, headers={"Accept": "application/json"}
-        )
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                body = json.loads(response.read())
+            request = urllib.request.Request(
+                self.base + RUNS_PATH + query, headers={"Accept": "application/json"}
+            )
+            if self.token:
+                request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+            with _OPENER.open(request, timeout=self.timeout) as response:
+                raw = response.read()
         except urllib.error.HTTPError as err:
-            raise TopError(self._refusal(err.code, err.read())) from None
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise TopError(f"{self.base}: cannot reach the runtime: {reason}") from None
+            raise TopError(self._refusal(err.code, _error_body(err))) from None
+        except urllib.error.URLError as err:
+            reason = err.reason if isinstance(err.reason, BaseException) else str(err.reason)
+            shown = (
+                _describe(reason) if isinstance(reason, BaseException) else one_line(reason, MESSAGE_CHARS)
+            )
+            raise TopError(f"{self.base}: cannot reach the runtime: {shown}") from None
+        except http.client.HTTPException as err:  # BadStatusLine, IncompleteRead, InvalidURL...
+            raise TopError(
+                f"{self.base}: no HTTP answer the monitor gives (is this the runtime?): {_describe(err)}"
+            ) from None
+        except (OSError, ValueError) as err:  # a timeout while reading; a host IDNA cannot encode
+            raise TopError(f"{self.base}: cannot reach the runtime: {_describe(err)}") from None
+        try:
+            body = json.loads(raw)
         except ValueError as err:
-            raise TopError(f"{self.base}{RUNS_PATH}: not JSON: {err}") from None
-        if not isinstance(body, dict) or "version" not in body:
-            raise TopError(f"{self.base}{RUNS_PATH}: not the monitor's answer (no version)")
-        if body.get("unchanged") and self.runs is not None and body["version"] == self.version:
+            raise TopError(f"{self.base}{RUNS_PATH}: not JSON: {_describe(err)}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("version"), str | int):
+            raise TopError(f"{self.base}{RUNS_PATH}: not a luftpause runtime's monitor data: no version")
+        if body.get("unchanged") and self.runs is not None and str(body["version"]) == self.version:
             return self.runs
-        runs = body.get("runs")
-        if not isinstance(runs, list):
-            raise TopError(f"{self.base}{RUNS_PATH}: not the monitor's answer (no runs)")
-        self.version, self.runs = str(body["version"]), [r for r in runs if isinstance(r, dict)]
+        try:
+            runs = check_runs(body.get("runs"))
+        except MonitorDataError as err:
+            what = one_line(str(err), MESSAGE_CHARS)
+            raise TopError(
+                f"{self.base}{RUNS_PATH}: not a luftpause runtime's monitor data: {what}"
+            ) from None
+        self.version, self.runs = str(body["version"]), runs
         return self.runs
 
     def _refusal(self, status: int, raw: bytes) -> str:
         try:
             message = str(json.loads(raw)["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            message = raw[:200].decode("utf-8", "replace").strip()
+        except (ValueError, KeyError, TypeError, IndexError):
+            message = raw.decode("utf-8", "replace")
         if status == 401:
             if self.token:
                 return f"{self.base}: 401: the runtime refused the token (a wrong --token or ${TOKEN_ENV})"
             return f"{self.base}: 401: the runtime needs a token: pass --token or set ${TOKEN_ENV}"
         if status == 404:
             return f"{self.base}: 404: no monitor here (is this the runtime's address?)"
-        return f"{self.base}: HTTP {status}: {message}"
+        return f"{self.base}: HTTP {status}: {one_line(message, MESSAGE_CHARS)}"
+
+
+def _error_body(err: urllib.error.HTTPError) -> bytes:
+    try:
+        return err.read(ERROR_BODY_BYTES)
+    except (OSError, http.client.HTTPException, ValueError):
+        return b""
 
 
 # --- the command ----------------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from luftpause.cli import add_config_argument
-
     parser.description = (
         "Watch the runtime's run network in the terminal: the tree of runs (spawner above its "
         "children) with state, service class, turns, tool calls, scope held and last answer, "
@@ -342,13 +618,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=None,
-        help="the runtime's base URL, e.g. http://127.0.0.1:7000 (default: from the configuration's "
-        "[runtime] listen)",
+        help="the runtime's base URL, e.g. http://127.0.0.1:7000 (the page's /monitor?token=... "
+        "works too; default: from the configuration's [runtime] listen)",
     )
     parser.add_argument(
         "--token",
         default=None,
-        help=f"the runtime's bearer token (default: ${TOKEN_ENV}, else none)",
+        help=f"the runtime's bearer token (default: the URL's ?token=, else ${TOKEN_ENV}, else none)",
     )
     parser.add_argument(
         "--interval",
@@ -360,7 +636,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--once",
         action="store_true",
-        help="print one frame with every run and exit (1 when the runtime cannot be read)",
+        help="print one frame with every run and exit (1 when the runtime cannot be read); "
+        "needed when standard output is not a terminal",
     )
 
 
@@ -374,25 +651,26 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _base_url(args: argparse.Namespace) -> str:
-    if args.url:
-        return normalize_url(args.url)
-    from luftpause.cli import config_from_args
-
-    return runtime_base_url(config_from_args(args).runtime.listen)
-
-
 def run(args: argparse.Namespace) -> int:
-    base = _base_url(args)
-    token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
-    poller = NetworkPoller(base, token)
-    try:
-        if args.once:
-            return _once(poller)
-        _live(poller, args.interval)
-    except KeyboardInterrupt:
-        pass
-    return 0
+    url_token: str | None = None
+    if args.url is not None:
+        try:
+            base, url_token = parse_url(args.url)
+        except TopError as exc:
+            print(f"luftpause top: {exc}", file=sys.stderr)
+            return USAGE_EXIT
+    else:
+        base = runtime_base_url(config_from_args(args).runtime.listen)
+    if not args.once and not sys.stdout.isatty():
+        print(
+            "luftpause top: standard output is not a terminal: live mode draws on a terminal; "
+            "use --once to print the network once",
+            file=sys.stderr,
+        )
+        return USAGE_EXIT
+    token = next((t for t in (args.token, url_token, os.environ.get(TOKEN_ENV)) if t is not None), None)
+    poller = NetworkPoller(base, token or None)
+    return _once(poller) if args.once else _live(poller, args.interval)
 
 
 def _once(poller: NetworkPoller) -> int:
@@ -402,20 +680,49 @@ def _once(poller: NetworkPoller) -> int:
         print(f"luftpause top: {exc}", file=sys.stderr)
         return 1
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else ONCE_WIDTH
+    # A reader that leaves early (``| head``) ends the output quietly: rich's Console does that.
     Console(width=width).print(frame(runs, poller.base, height=None))
     return 0
 
 
-def _live(poller: NetworkPoller, interval: float) -> None:
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""End live mode like Ctrl-C: the terminal's main screen and cursor are restored, exit code 0."""
+
+
+class _Ended(BaseException):
+    """Raised by the handler of an :data:`ENDING_SIGNALS` signal wherever live mode is."""
+
+
+def _live(poller: NetworkPoller, interval: float) -> int:
+    ended: list[int] = []
+
+    def end(signum: int, frame: FrameType | None) -> None:
+        for ending in ENDING_SIGNALS:  # a second signal must not cut the terminal's restoring short
+            signal.signal(ending, signal.SIG_IGN)
+        ended.append(signum)
+        raise _Ended
+
+    for ending in ENDING_SIGNALS:
+        signal.signal(ending, end)
     console = Console()
-    with Live(console=console, auto_refresh=False, screen=True, redirect_stdout=False) as live:
-        while True:
-            error = None
-            try:
-                poller.poll()
-            except TopError as exc:
-                error = str(exc) + f" (retrying every {interval:g} s)"
-            updated = time.strftime("%H:%M:%S")
-            shown = frame(poller.runs, poller.base, height=console.size.height, error=error, updated=updated)
-            live.update(shown, refresh=True)
-            time.sleep(interval)
+    try:
+        with Live(console=console, auto_refresh=False, screen=True, redirect_stdout=False) as live:
+            while True:
+                error = None
+                try:
+                    poller.poll()
+                except TopError as exc:
+                    error = str(exc) + f" (retrying every {interval:g} s)"
+                updated = time.strftime("%H:%M:%S")
+                shown = frame(
+                    poller.runs, poller.base, height=console.size.height, error=error, updated=updated
+                )
+                live.update(shown, refresh=True)
+                time.sleep(interval)
+    except _Ended:
+        pass
+    except OSError:
+        if not ended:
+            raise
+        # The terminal hung up (SIGHUP) before its screen could be restored: none is left to restore.
+    return 0

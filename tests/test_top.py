@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import io
+import json
 import os
 import pty
 import re
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +36,17 @@ from test_runtime_pods import Pod, call, script, start_pod, until
 
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port
-from luftpause.top import NetworkPoller, counts_line, fit, frame, normalize_url, runtime_base_url, short_scope
+from luftpause.top import (
+    COLUMNS,
+    NetworkPoller,
+    column_widths,
+    counts_line,
+    fit,
+    frame,
+    parse_url,
+    runtime_base_url,
+    short_scope,
+)
 
 TOKEN = "top-test-token"
 integration = pytest.mark.integration
@@ -50,12 +63,12 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def top(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+def top(*argv: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "luftpause", "top", *argv],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         env=_env(**env),
     )
 
@@ -123,6 +136,7 @@ def test_once_prints_the_tree_with_states_counters_and_the_last_answer(network: 
         c_row
     )
     assert "for c" not in out  # only the answer's first line
+    assert all(line == line.rstrip() for line in lines)  # no padding at the ends of lines
 
 
 @integration
@@ -166,9 +180,22 @@ def test_the_poller_sends_its_version_and_keeps_the_runs_while_unchanged(network
     assert poller.poll() is first and poller.version == version  # the runtime answered "unchanged"
 
 
-def _live(argv: list[str], until_text: str, rows: int = 12, cols: int = 160) -> tuple[int, str, str]:
+@dataclass
+class LiveRun:
+    code: int
+    before: str
+    """The screen output until the signal."""
+    after: str
+    """The screen output after it, to the end."""
+    err: str
+
+
+def _live(
+    argv: list[str], until_text: str, rows: int = 12, cols: int = 160, signum: int = signal.SIGINT
+) -> LiveRun:
     """``luftpause top`` live in a pseudo-terminal of ``rows`` x ``cols``: waits until its screen
-    shows ``until_text``, sends Ctrl-C (SIGINT); returns (exit code, screen output, stderr)."""
+    shows ``until_text``, sends ``signum`` (Ctrl-C's SIGINT by default) and reads the screen to
+    the end."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     process = subprocess.Popen(
@@ -180,21 +207,35 @@ def _live(argv: list[str], until_text: str, rows: int = 12, cols: int = 160) -> 
         start_new_session=True,
     )
     os.close(follower)
-    screen = b""
-    try:
+
+    def read_until(done: Callable[[bytes], bool], what: str) -> bytes:
+        screen = b""
         deadline = time.monotonic() + 30  # a fail-safe bound only
-        while until_text.encode() not in screen:
-            assert time.monotonic() < deadline, f"never showed {until_text!r}: {screen[-2000:]!r}"
+        while not done(screen):
+            assert time.monotonic() < deadline, f"never {what}: {screen[-2000:]!r}"
             ready, _, _ = select.select([leader], [], [], 0.5)
             if ready:
                 try:
-                    screen += os.read(leader, 65536)
+                    chunk = os.read(leader, 65536)
                 except OSError:  # the child closed the terminal (it ended)
                     break
-        process.send_signal(signal.SIGINT)
+                if not chunk:
+                    break
+                screen += chunk
+        return screen
+
+    try:
+        before = read_until(lambda screen: until_text.encode() in screen, f"showed {until_text!r}")
+        process.send_signal(signum)
+        after = read_until(lambda screen: False, "ended")
         code = process.wait(timeout=30)
         assert process.stderr is not None
-        return code, screen.decode("utf-8", "replace"), process.stderr.read().decode()
+        return LiveRun(
+            code,
+            before.decode("utf-8", "replace"),
+            after.decode("utf-8", "replace"),
+            process.stderr.read().decode(),
+        )
     finally:
         if process.poll() is None:
             process.kill()
@@ -206,17 +247,18 @@ def _live(argv: list[str], until_text: str, rows: int = 12, cols: int = 160) -> 
 
 @integration
 def test_live_shows_the_network_and_ctrl_c_ends_it_with_exit_code_0(network: Network) -> None:
-    code, screen, err = _live(["--url", network.pod.url, "--token", TOKEN, "--interval", "0.2"], network.c)
-    assert code == 0, err
-    assert "Traceback" not in err and network.a in screen and "2 runs: 1 running, 1 idle" in screen
+    shown = _live(["--url", network.pod.url, "--token", TOKEN, "--interval", "0.2"], network.c)
+    assert shown.code == 0, shown.err
+    assert "Traceback" not in shown.err and network.a in shown.before
+    assert "2 runs: 1 running, 1 idle" in shown.before
 
 
 @integration
 def test_live_shows_an_unreachable_runtime_in_the_header_and_keeps_polling() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    code, screen, err = _live(["--url", url, "--interval", "0.2"], "cannot reach the runtime")
-    assert code == 0, err
-    assert "Traceback" not in err and "retrying every 0.2 s" in screen
+    shown = _live(["--url", url, "--interval", "0.2"], "cannot reach the runtime")
+    assert shown.code == 0, shown.err
+    assert "Traceback" not in shown.err and "retrying every 0.2 s" in shown.before
 
 
 def test_help_says_it_only_watches_and_where_to_act() -> None:
@@ -328,9 +370,79 @@ def test_once_shows_every_run_and_a_small_network_has_no_more_line() -> None:
     assert len(lines) == 3 + 30 and not any(line.startswith("…") for line in lines)
 
 
-def test_a_narrow_terminal_cuts_cells_never_wraps_them() -> None:
-    lines = _render(_network(50), 20, width=60)
-    assert len(lines) == 20 and all(len(line) <= 60 for line in lines)
+@pytest.mark.parametrize("width", [30, 50, 60, *range(62, 84), 100, 120, 200])
+def test_every_width_gives_exactly_height_lines_with_the_more_line(width: int) -> None:
+    # Classes and scopes of different widths: the reviewer's 80-column terminal wrapped the
+    # LAST ANSWER header to two lines at widths 62-83 (depending on the classes shown), so the
+    # frame had height + 1 lines and the "more" line went off screen.
+    runs = _network(200, running_every=7)
+    rule = {"effect": "allow", "access": ["read", "write"], "path": "/workspace/some/deeper/directory"}
+    for i, run in enumerate(runs):
+        run["serviceClass"] = "interactive" if i % 3 else "batch"
+        run["scope"] = {"granted": [rule], "heldByChildren": []} if i % 2 else None
+    lines = _render(runs, 20, width=width)
+    assert len(lines) == 20, lines
+    assert re.fullmatch(r"… [\d,]+ more runs \([\d,]+ running\)", lines[-1]), lines[-1]
+    assert all(len(line) <= width and line == line.rstrip() for line in lines), lines
+    rows = lines[3:-1]
+    assert len(rows) == 16
+    if width >= 60:  # handles and states whole, the answer shown
+        assert all(re.search(r"\srun-[0-9a-f]{16}\s+(running|idle)\s", row) for row in rows), rows
+        assert lines[2].endswith("LAST ANSWER")
+    if width >= 80:  # the answer gets a useful width: at least its first two words
+        assert all(re.search(r"answer \d+ words", row) for row in rows), rows
+    if width >= 140:  # then every column
+        assert lines[2].split() == [
+            "RUN",
+            "HANDLE",
+            "STATE",
+            "CLASS",
+            "TURNS",
+            "TOOLS",
+            "SCOPE",
+            "LAST",
+            "ANSWER",
+        ]
+
+
+def test_a_narrow_terminal_drops_scope_then_class_then_the_counters() -> None:
+    desired = {
+        "RUN": 10,
+        "HANDLE": 20,
+        "STATE": 7,
+        "CLASS": 11,
+        "TURNS": 5,
+        "TOOLS": 5,
+        "SCOPE": 30,
+        "LAST ANSWER": 200,
+    }
+    # RUN HANDLE STATE with gaps: 10 + 20 + 7 + 4 = 41; each further column adds its width + 2.
+    assert list(column_widths(desired, 200)) == list(COLUMNS)
+    assert "SCOPE" not in column_widths(desired, 41 + 2 + 24 + 7 + 7 + 13 + 31)
+    assert list(column_widths(desired, 41 + 2 + 24 + 7 + 7 + 13)) == [
+        "RUN",
+        "HANDLE",
+        "STATE",
+        "CLASS",
+        "TURNS",
+        "TOOLS",
+        "LAST ANSWER",
+    ]
+    assert list(column_widths(desired, 41 + 2 + 24 + 7 + 7 + 12)) == [
+        "RUN",
+        "HANDLE",
+        "STATE",
+        "TURNS",
+        "TOOLS",
+        "LAST ANSWER",
+    ]
+    assert list(column_widths(desired, 41 + 2 + 24)) == ["RUN", "HANDLE", "STATE", "LAST ANSWER"]
+    assert column_widths(desired, 41 + 2 + 24)["LAST ANSWER"] == 24
+    for width in (41 + 2 + 8, 60, 80, 100, 200):  # every column counted fits the width exactly
+        widths = column_widths(desired, width)
+        assert sum(widths.values()) + 2 * (len(widths) - 1) <= width
+        assert (widths["HANDLE"], widths["STATE"]) == (20, 7)
+    assert column_widths(desired, 30)["HANDLE"] == 20  # the name is cut first
 
 
 def test_counts_scope_and_urls() -> None:
@@ -350,11 +462,286 @@ def test_counts_scope_and_urls() -> None:
     assert runtime_base_url("0.0.0.0:7000") == "http://127.0.0.1:7000"
     assert runtime_base_url("[::1]:7000") == "http://[::1]:7000"
     assert runtime_base_url("10.0.0.5:7001") == "http://10.0.0.5:7001"
-    assert normalize_url("127.0.0.1:7000/mcp/") == "http://127.0.0.1:7000"
-    assert normalize_url("http://h:1/monitor") == "http://h:1"
+    assert parse_url("127.0.0.1:7000/mcp/") == ("http://127.0.0.1:7000", None)
+    assert parse_url("http://h:1/monitor") == ("http://h:1", None)
+    assert parse_url("https://h:1/monitor/?token=sekrit#x") == ("https://h:1", "sekrit")
 
 
 def test_the_top_command_is_registered() -> None:
     from luftpause.cli import COMMANDS
 
     assert COMMANDS["top"][0] == "luftpause.top"
+
+
+# --- what the runtime sends is shown, never obeyed ---------------------------------------------------
+
+HOSTILE = "x \x1b]0;PWNED-TITLE\x07 \x1b[31mRED\x1b[0m \x1b[2J \x1b]52;c;cHduZWQ=\x07 \x9b2J \x7f\x08\r [link=http://evil]y[/link]"
+"""An answer a model was led to write: set the title, colour, clear the screen, write the
+clipboard (OSC 52), a C1 CSI, DEL, backspace, carriage return, and rich markup (OSC 8 link)."""
+
+
+def _hostile_network() -> list[dict[str, Any]]:
+    rule = {"effect": "allow", "access": ["read"], "path": f"/ws/{HOSTILE}"}
+    return [
+        {
+            "handle": f"run-1{HOSTILE}",
+            "name": f"name{HOSTILE}",
+            "state": f"running{HOSTILE}",
+            "runState": f"own{HOSTILE}",
+            "serviceClass": f"class{HOSTILE}",
+            "scope": {"granted": [rule], "heldByChildren": []},
+            "lastAnswer": f"answer {HOSTILE}",
+            "turns": 1,
+            "toolCalls": 0,
+        },
+        {"handle": "run-2", "parent": f"run-1{HOSTILE}", "state": "idle", "error": f"failed {HOSTILE}"},
+    ]
+
+
+def _controls(text: str) -> set[str]:
+    return {c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0}
+
+
+@pytest.mark.parametrize("width", [80, 400])
+def test_control_characters_from_the_runtime_never_reach_the_terminal(width: int) -> None:
+    shown = "\n".join(_render(_hostile_network(), None, width=width))
+    assert _controls(shown) == set(), repr(shown)
+    assert "PWNED-TITLE" in shown and "\ufffd]0;" in shown  # shown, as text
+    if width == 400:  # rich markup is text too: no OSC 8 link, the brackets shown
+        assert "[link=http://evil]y[/link]" in shown and "failed x" in shown
+    # The header's error and URL too (an HTTP error's body is the server's text).
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(frame(None, f"http://h{HOSTILE}", height=None, error=f"HTTP 500: {HOSTILE}"))
+    assert isinstance(console.file, io.StringIO) and _controls(console.file.getvalue()) == set()
+
+
+def test_control_characters_stay_out_of_styled_output() -> None:
+    # With colours on, the only escape sequences are rich's own SGR styles (ESC [ ... m).
+    console = Console(file=io.StringIO(), width=300, color_system="truecolor", force_terminal=True)
+    console.print(frame(_hostile_network(), "http://h", height=None))
+    assert isinstance(console.file, io.StringIO)
+    without_styles = re.sub(r"\x1b\[[0-9;]*m", "", console.file.getvalue())
+    assert _controls(without_styles) == set(), repr(without_styles)
+
+
+# --- a runtime that answers badly, without a runtime ------------------------------------------------
+
+
+class RawHttpServer:
+    """Answers every connection on ``127.0.0.1:<port>`` with ``reply`` (bytes sent as they
+    are) once the request's head has arrived, then closes it; ``requests`` keeps the heads."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.requests: list[bytes] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._socket = socket.create_server(("127.0.0.1", self.port))
+        self._socket.settimeout(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="raw-http", daemon=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._socket.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(10)
+                head = b""
+                try:
+                    while b"\r\n\r\n" not in head:
+                        chunk = connection.recv(65536)
+                        if not chunk:
+                            break
+                        head += chunk
+                    self.requests.append(head)
+                    connection.sendall(self.reply)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> RawHttpServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._socket.close()
+
+
+def _http(
+    status: str, body: bytes, content_type: str = "application/json", length: int | None = None
+) -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {length or len(body)}\r\n"
+    return head.encode() + b"Connection: close\r\n\r\n" + body
+
+
+def _monitor(runs: Any) -> bytes:
+    return _http("200 OK", json.dumps({"version": "b.1", "runs": runs}).encode())
+
+
+def _one_error_line(shown: subprocess.CompletedProcess[str], url: str) -> str:
+    assert shown.returncode == 1 and shown.stdout == "", (shown.returncode, shown.stdout)
+    assert "Traceback" not in shown.stderr and len(shown.stderr.splitlines()) == 1, shown.stderr
+    assert shown.stderr.startswith(f"luftpause top: {url}"), shown.stderr
+    return shown.stderr.strip()
+
+
+HTML_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\n<center><h1>502 Bad Gateway</h1>"
+    + (b"\n<p>" + b"padding " * 200 + b"</p>\n</center>\n</body>\n</html>\n")
+)
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        # A gRPC (HTTP/2) port: its SETTINGS frame is no HTTP/1 status line.
+        (b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64", "no HTTP answer the monitor gives"),
+        (
+            b"SSH-2.0-OpenSSH_9.6\r\n",
+            "no HTTP answer the monitor gives (is this the runtime?): BadStatusLine",
+        ),
+        (_http("200 OK", b'{"version"', length=100), "IncompleteRead"),
+        (b"", "RemoteDisconnected"),
+        (_http("200 OK", b"hello", "text/plain"), "/monitor/runs: not JSON"),
+        (
+            _http("502 Bad Gateway", HTML_502, "text/html"),
+            "HTTP 502: <html> <head><title>502 Bad Gateway</title>",
+        ),
+        (
+            _http("302 Found", b"", "text/plain").replace(
+                b"Connection", b"Location: http://elsewhere/\r\nConnection"
+            ),
+            "HTTP 302",
+        ),
+        (
+            _monitor([{"handle": "run-1", "scope": {"granted": [], "heldByChildren": 3}}]),
+            "not a luftpause runtime's monitor data: runs[0].scope.heldByChildren: expected a list, "
+            "got an integer",
+        ),
+        (
+            _monitor([3]),
+            "not a luftpause runtime's monitor data: runs[0]: expected an object, got an integer",
+        ),
+        (
+            _monitor({"run-1": {}}),
+            "not a luftpause runtime's monitor data: runs: expected a list, got an object",
+        ),
+        (
+            _monitor([{"handle": "run-1", "turns": "2"}]),
+            "runs[0].turns: expected an integer or null, got a string",
+        ),
+        (
+            _monitor([{"handle": "run-1", "scope": {"granted": [{"access": "rw"}]}}]),
+            "runs[0].scope.granted[0].access: expected a list, got a string",
+        ),
+        (_http("200 OK", b'{"runs": []}'), "not a luftpause runtime's monitor data: no version"),
+    ],
+    ids=[
+        "grpc",
+        "ssh",
+        "cut-short",
+        "closed",
+        "not-json",
+        "html-502",
+        "redirect",
+        "held-by-children",
+        "run-not-object",
+        "runs-not-list",
+        "turns-string",
+        "access-string",
+        "no-version",
+    ],
+)
+def test_a_bad_answer_is_one_line_and_exit_code_1(reply: bytes, says: str) -> None:
+    with RawHttpServer(reply) as server:
+        shown = top("--url", f"{server.url}/monitor?token=sekrit", "--once")
+    line = _one_error_line(shown, server.url)
+    assert says in line, line
+    assert "sekrit" not in shown.stderr and len(line) < 400, line
+    if reply.startswith(b"HTTP/1.1 302"):  # the redirect is not followed (the token would go along)
+        assert len(server.requests) == 1
+
+
+def test_live_shows_a_bad_answer_in_the_header_and_keeps_polling() -> None:
+    with RawHttpServer(b"SSH-2.0-OpenSSH_9.6\r\n") as server:
+        shown = _live(["--url", server.url, "--interval", "0.2"], "retrying every 0.2 s")
+    assert shown.code == 0, shown.err
+    assert "Traceback" not in shown.err and "no HTTP answer the monitor gives" in shown.before
+    assert len(server.requests) >= 1
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("ftp://127.0.0.1/?token=sekrit", "ftp://127.0.0.1/: not an http:// or https:// URL"),
+        (
+            "http://127.0.0.1:abc/monitor?token=sekrit",
+            "http://127.0.0.1:abc/monitor: not a URL: Port could not",
+        ),
+        ("http://127.0.0.1:99999", "http://127.0.0.1:99999: not a URL: Port out of range"),
+        ("http://exa mple", "http://exa mple: no valid host in the URL"),
+        ("http://[::1", "http://[::1: not a URL: Invalid IPv6 URL"),
+        ("http://[::1/monitor?token=sekrit", "http://[::1/monitor: not a URL: Invalid IPv6 URL"),
+        (
+            "http://me:sekrit@127.0.0.1:7000",
+            "http://127.0.0.1:7000: a user name or password in the URL is not used",
+        ),
+        ("http://:7000", "http://:7000: no valid host in the URL"),
+        ("", "--url is empty"),
+        ("  ", "--url is empty"),
+    ],
+)
+@pytest.mark.parametrize("once", [True, False], ids=["once", "live"])
+def test_a_url_that_cannot_work_is_refused_at_once_with_exit_code_2(url: str, says: str, once: bool) -> None:
+    shown = top("--url", url, *(["--once"] if once else []), timeout=20)
+    assert shown.returncode == 2 and shown.stdout == "", shown
+    assert "Traceback" not in shown.stderr and len(shown.stderr.splitlines()) == 1, shown.stderr
+    assert shown.stderr.startswith(f"luftpause top: {says}"), shown.stderr
+    assert "sekrit" not in shown.stderr
+
+
+def test_live_mode_without_a_terminal_says_to_use_once() -> None:
+    with RawHttpServer(_monitor([])) as server:
+        shown = top("--url", server.url, timeout=20)  # stdout is a pipe
+    assert shown.returncode == 2 and shown.stdout == ""
+    assert shown.stderr.strip() == (
+        "luftpause top: standard output is not a terminal: live mode draws on a terminal; "
+        "use --once to print the network once"
+    )
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_restore_the_terminal_and_exit_0(signum: int) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    shown = _live(["--url", url, "--interval", "0.2"], "cannot reach the runtime", signum=signum)
+    assert shown.code == 0, (shown.code, shown.err)
+    assert "Traceback" not in shown.err
+    assert "\x1b[?1049h" in shown.before  # it drew on the alternate screen
+    assert "\x1b[?1049l" in shown.after and "\x1b[?25h" in shown.after  # main screen and cursor back
+
+
+def test_the_token_comes_from_the_urls_query_unless_given() -> None:
+    with RawHttpServer(_monitor([])) as server:
+        assert top("--url", f"{server.url}/monitor?token=from-url", "--once").returncode == 0
+        given = top("--url", f"{server.url}/monitor?token=from-url", "--once", "--token", "given")
+        assert given.returncode == 0 and "from-url" not in given.stdout
+        env = top("--url", server.url, "--once", LUFTPAUSE_TOKEN="from-env")
+        assert env.returncode == 0
+        over_env = top("--url", f"{server.url}?token=from-url", "--once", LUFTPAUSE_TOKEN="from-env")
+        assert over_env.returncode == 0
+    tokens = [re.search(rb"Authorization: Bearer (\S+)", head) for head in server.requests]
+    assert [t.group(1) if t else None for t in tokens] == [b"from-url", b"given", b"from-env", b"from-url"]
+    paths = [head.split(b" ")[1] for head in server.requests]
+    assert paths == [b"/monitor/runs"] * 4  # the query is not sent on
+
+
+def test_once_shows_the_hostile_network_as_text() -> None:
+    with RawHttpServer(_monitor(_hostile_network())) as server:
+        shown = top("--url", server.url, "--once")
+    assert shown.returncode == 0, shown.stderr
+    assert "PWNED-TITLE" in shown.stdout and _controls(shown.stdout) == set(), repr(shown.stdout)
