@@ -1,7 +1,8 @@
 """luftpause: a run-aware front door for LLM inference engines (proxy, scheduler, MCP runtime).
 
 ``luftpause up`` runs the whole stack; ``scheduler``, ``dataplane`` and ``runtime`` run one process
-each; ``fake-engine``, ``fake-mcp`` and ``loadgen`` come from the test kit. Every subcommand lives in
+each; ``top`` watches the runtime's run network in the terminal; ``fake-engine``, ``fake-mcp`` and
+``loadgen`` come from the test kit. Every subcommand lives in
 its own module, which exposes ``add_arguments(parser)`` and ``run(args) -> int``; that module is
 imported only when its command runs, so ``luftpause dataplane`` never loads the MCP SDK.
 """
