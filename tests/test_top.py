@@ -34,19 +34,10 @@ import pytest
 from rich.console import Console
 from test_runtime_pods import Pod, call, script, start_pod, until
 
+from luftpause.monitor_client import NetworkPoller, parse_url, runtime_base_url
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port
-from luftpause.top import (
-    COLUMNS,
-    NetworkPoller,
-    column_widths,
-    counts_line,
-    fit,
-    frame,
-    parse_url,
-    runtime_base_url,
-    short_scope,
-)
+from luftpause.top import COLUMNS, column_widths, counts_line, fit, frame, short_scope
 
 TOKEN = "top-test-token"
 integration = pytest.mark.integration
