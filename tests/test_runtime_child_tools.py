@@ -3,7 +3,7 @@ child a tool it lacks, and a run never has a tool executed that it was not offer
 
 Real processes: the runtime and the fake MCP server (``lookup``, ``deep_search``; it counts the
 calls it is sent), driven through the real ``mcp`` client. The runtime's dataplane is the scripted
-engine of the pods tests (:class:`test_runtime_pods.ScriptedEngine`, a JSON script in each run's
+engine of the pods tests (:class:`pods_helpers.ScriptedEngine`, a JSON script in each run's
 task says which tool the model calls at each step): the test kit's simulated engine picks among
 the offered tools itself, and a model calling a tool it was *not* offered is exactly what must be
 scripted here. The top-level run A is given ``tools=["lookup"]`` and ``orchestrate`` (the built-in
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from test_runtime_pods import ScriptedEngine, script
+from pods_helpers import ScriptedEngine, script
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.procs import ChildProcess, free_port

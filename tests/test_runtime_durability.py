@@ -2,7 +2,7 @@
 directory, and every run finishes without repeating a completed tool round.
 
 The kill test runs the real runtime with a scripted engine as its dataplane
-(tests/test_runtime_pods.py) that holds every run's third turn at a gate, so the kill happens
+(tests/pods_helpers.py) that holds every run's third turn at a gate, so the kill happens
 with exactly two rounds journaled per run and no run ended. The shutdown test runs the whole
 stack (simulated engines with three tool rounds per run, fake MCP server, scheduler, dataplane,
 runtime) and checks the runs end at the scheduler once.
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from mcp.types import CallToolResult, TextContent
-from test_runtime_pods import Pod, script, start_pod, until
+from pods_helpers import Pod, script, start_pod, until
 
 from luftpause.runtime.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.loadgen import runtime_client
@@ -75,7 +75,7 @@ HELD_AT_ROUND = 2
 
 @pytest.fixture()
 def pod(tmp_path: Path) -> Iterator[Pod]:
-    """The real runtime process with a scripted engine as its dataplane (tests/test_runtime_pods.py)."""
+    """The real runtime process with a scripted engine as its dataplane (tests/pods_helpers.py)."""
     yield from start_pod(tmp_path)
 
 

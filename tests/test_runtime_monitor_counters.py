@@ -4,7 +4,7 @@ long tool round, or a tool call still running, changed the counters without a ne
 monitor (and ``luftpause top``) showed ``0``/``0`` while ``status`` said ``1``/``1``.
 
 End to end: the real runtime process, the scripted engine of the pods tests
-(:mod:`test_runtime_pods`) holding the run's first turn at a gate, and an MCP tool server in this
+(:mod:`pods_helpers`) holding the run's first turn at a gate, and an MCP tool server in this
 process whose ``hold`` tool answers only when the test releases it, so the run is inside its tool
 round exactly as long as the test needs, without timing.
 """
@@ -22,8 +22,8 @@ import pytest
 import uvicorn
 from mcp.server import MCPServer
 from mcp.types import ToolAnnotations
+from pods_helpers import Pod, ScriptedEngine, call, get_json, script, until
 from pydantic import Field
-from test_runtime_pods import Pod, ScriptedEngine, _get_json, call, script, until
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.loadgen import runtime_client
@@ -131,7 +131,7 @@ url = "{tools.url}"
 
 
 def _network_row(pod: Pod, handle: str) -> dict[str, Any]:
-    runs = _get_json(f"{pod.url}/monitor/runs")["runs"]
+    runs = get_json(f"{pod.url}/monitor/runs")["runs"]
     row: dict[str, Any] = next(r for r in runs if r["handle"] == handle)
     return row
 

@@ -4,7 +4,7 @@ tree, type a message into the page's form, press Send, then press Stop, with rea
 keyboard input events. The run and its spawner must hear of both.
 
 Real processes: the runtime (with a bearer token, which the page takes from ``?token=``) and a
-scripted engine (:mod:`test_runtime_pods`). Chromium must be installed (``/usr/bin/chromium``);
+scripted engine (:mod:`pods_helpers`). Chromium must be installed (``/usr/bin/chromium``);
 without it the test fails, it is never skipped.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_runtime_pods import Pod, call, script, start_pod, until
+from pods_helpers import Pod, call, script, start_pod, until
 
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port

@@ -1,7 +1,7 @@
 """``luftpause top`` (issue 6): the run network in a terminal, read from the monitor's JSON.
 
 End to end: the real runtime process with the scripted engine of the pods tests
-(:mod:`test_runtime_pods`), a run ``a`` that spawns a child ``c`` held busy in its turn, and
+(:mod:`pods_helpers`), a run ``a`` that spawns a child ``c`` held busy in its turn, and
 ``python -m luftpause top`` as a subprocess (``--once``, and live in a pseudo-terminal ended by
 Ctrl-C). The fitting of a large network to the terminal is tested on data in the monitor's shape
 without a server.
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from pods_helpers import Pod, call, script, start_pod, until
 from rich.console import Console
-from test_runtime_pods import Pod, call, script, start_pod, until
 
 from luftpause.monitor_client import NetworkPoller, parse_url, runtime_base_url
 from luftpause.testkit.loadgen import runtime_client

@@ -1,0 +1,231 @@
+"""The harness of the pods tests, shared by every test that drives the real runtime process through
+the real ``mcp`` client with a scripted engine as its dataplane (``test_runtime_pods``,
+``test_runtime_durability``, ``test_runtime_child_tools``, ``test_runtime_monitor_*``, ``test_top``).
+
+:class:`ScriptedEngine` answers each run from a script in its task (``script:`` and a JSON list of
+steps, made by :func:`script`); the step taken is the number of assistant messages already in the
+conversation, so a run re-opened by ``send`` takes the next step. Steps: ``{"call": tool, "args":
+{...}}`` (one tool call), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with
+the system messages that arrived since the run's last assistant message, or ``none``), ``"sleep"``
+seconds to wait before answering, and ``"hold": gate`` to wait before answering until the test
+calls ``engine.release(gate)`` (so a run is busy exactly as long as a test needs, without timing).
+
+:func:`start_pod` starts the engine and a runtime with a temporary workspace (a :class:`Pod`);
+:func:`call` calls an MCP tool and gives its structured result, :func:`until` polls a condition
+with a fail-safe bound, :func:`get_json` reads the runtime's monitor JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from mcp import Client
+from mcp.types import CallToolResult, TextContent
+
+from luftpause.config import DEFAULT_MODEL
+from luftpause.runtime.journal import JOURNAL_NAME, read_records
+from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.threaded_app import ThreadedApp
+
+
+def script(*steps: dict[str, Any]) -> str:
+    """A run's task the :class:`ScriptedEngine` follows: ``script:`` and ``steps`` as JSON."""
+    return "script:" + json.dumps(list(steps))
+
+
+def _reply(content: str | None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "model": DEFAULT_MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2},
+    }
+
+
+class ScriptedEngine(ThreadedApp):
+    """The runtime's dataplane: an aiohttp app in its own thread and event loop."""
+
+    def __init__(self) -> None:
+        super().__init__("pods-engine")
+        self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.open: set[str] = set()
+        self.ends: list[tuple[str, int]] = []
+        self.hold_run_ends = False
+        self._gates: dict[str, asyncio.Event] = {}
+
+    def _gate(self, name: str) -> asyncio.Event:
+        return self._gates.setdefault(name, asyncio.Event())
+
+    def release(self, gate: str) -> None:
+        """Let every turn held at ``gate`` (and every later one) answer."""
+        self.call_soon(lambda: self._gate(gate).set())
+
+    def holding(self, run_id: str) -> bool:
+        """Whether the engine has a request of ``run_id`` it answered no reply to yet."""
+        return run_id in self.open
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        run_id = request.headers.get("x-luftpause-run-id", "")
+        self.requests[run_id].append(body)
+        messages = body["messages"]
+        task = next(m["content"] for m in messages if m["role"] == "user")
+        steps = json.loads(task.removeprefix("script:"))
+        done = sum(1 for m in messages if m["role"] == "assistant")
+        step = steps[min(done, len(steps) - 1)]
+        await asyncio.sleep(float(step.get("sleep", 0)))
+        if "hold" in step:
+            self.open.add(run_id)
+            try:
+                await self._gate(step["hold"]).wait()
+            finally:
+                self.open.discard(run_id)
+        if "call" in step:
+            call = {
+                "id": f"call_{done}",
+                "type": "function",
+                "function": {"name": step["call"], "arguments": json.dumps(step.get("args", {}))},
+            }
+            return web.json_response(_reply(None, [call]))
+        if "echo" in step:
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+            fresh = [m["content"] for m in messages[last + 1 :] if m["role"] == "system"]
+            return web.json_response(_reply("\n".join(fresh) or "none"))
+        return web.json_response(_reply(step["say"]))
+
+    async def _end(self, request: web.Request) -> web.Response:
+        # Each run ending notes how many turns of the run the engine had seen by then; held at the
+        # gate "ends" once a test calls hold_ends() (a slow dataplane ending a run).
+        handle = request.match_info["handle"]
+        self.ends.append((handle, len(self.requests.get(handle, ()))))
+        if self.hold_run_ends:
+            self.open.add(f"end:{handle}")
+            try:
+                await self._gate("ends").wait()
+            finally:
+                self.open.discard(f"end:{handle}")
+        return web.json_response({})
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_delete("/v1/runs/{handle}", self._end)
+
+    def stop(self) -> None:
+        for gate in ("ends", *self._gates):  # nothing held keeps the server from closing
+            self.release(gate)
+        super().stop()
+
+
+@dataclass
+class Pod:
+    workdir: Path
+    workspace: Path
+    engine: ScriptedEngine
+    config: Path
+    port: int
+    runtime: ChildProcess | None = None
+    token: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_runtime(self) -> None:
+        self.runtime = ChildProcess(
+            "runtime",
+            ["runtime", "--config", str(self.config)],
+            log_path=self.workdir / "runtime.log",
+            env={"LUFTPAUSE_TOKEN": self.token},
+            ready_url=f"{self.url}/health",
+        )
+        self.runtime.start()
+        self.runtime.wait_ready()
+
+    def journal(self) -> list[dict[str, Any]]:
+        return list(read_records(self.workdir / "state" / JOURNAL_NAME))
+
+
+def start_pod(tmp_path: Path, token: str = "") -> Iterator[Pod]:
+    """The scripted engine and a runtime with a workspace (``ws`` with ``b/d`` in it); stopped
+    when the generator is closed."""
+    workspace = tmp_path / "ws"
+    (workspace / "b" / "d").mkdir(parents=True)
+    engine = ScriptedEngine().start()
+    port = free_port()
+    config = tmp_path / "luftpause.toml"
+    config.write_text(
+        f"""
+[runtime]
+listen = "127.0.0.1:{port}"
+dataplane = "{engine.url}"
+state_dir = "{tmp_path / "state"}"
+workspace = "{workspace}"
+max_depth = 3
+max_children = 2
+
+[[replicas]]
+name = "scripted"
+url = "{engine.url}"
+models = ["{DEFAULT_MODEL}"]
+"""
+    )
+    running = Pod(tmp_path, workspace.resolve(), engine, config, port, token=token)
+    try:
+        running.start_runtime()
+        yield running
+    finally:
+        if running.runtime is not None:
+            running.runtime.stop()
+        engine.stop()
+
+
+def tool_text(result: CallToolResult) -> str:
+    """The text blocks of a tool's result, one per line."""
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+def _payload(result: CallToolResult) -> dict[str, Any]:
+    # Raised, not asserted: pytest rewrites the asserts of test modules only, and a bare
+    # ``assert`` here would fail without saying what the tool answered.
+    if result.is_error:
+        raise AssertionError(tool_text(result))
+    if not isinstance(result.structured_content, dict):
+        raise AssertionError(f"no structured content in the tool's result: {tool_text(result)!r}")
+    return result.structured_content
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """The structured result of ``tool`` called with ``arguments`` (60 s read timeout); raises
+    ``AssertionError`` with the tool's text when the call failed."""
+    return _payload(await client.call_tool(tool, arguments, read_timeout_seconds=60))
+
+
+async def until(check: Callable[[], Any], what: str, seconds: float = 30.0) -> Any:
+    """Poll ``check`` (awaitable result) until it gives something truthy; a fail-safe bound only."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def get_json(url: str) -> Any:
+    """``GET url`` (10 s timeout), its body parsed as JSON (the runtime's monitor)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
