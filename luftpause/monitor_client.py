@@ -136,7 +136,8 @@ _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    # A bad status line's text is the bytes the port sent (a gRPC frame: binary): not shown.
+    text = "" if isinstance(exc, http.client.BadStatusLine) else str(exc)
     return one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, MESSAGE_CHARS)
 
 

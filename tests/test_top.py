@@ -653,6 +653,7 @@ def test_a_bad_answer_is_one_line_and_exit_code_1(reply: bytes, says: str) -> No
     line = _one_error_line(shown, server.url)
     assert says in line, line
     assert "sekrit" not in shown.stderr and len(line) < 400, line
+    assert "\ufffd" not in line, line  # no bytes of a binary answer (the gRPC frame's) shown
     if reply.startswith(b"HTTP/1.1 302"):  # the redirect is not followed (the token would go along)
         assert len(server.requests) == 1
 
