@@ -143,6 +143,13 @@ SUMMARY_CHARS = 200
 """Characters of a last answer's first line shown by ``list`` and the monitor."""
 
 
+NO_WORKSPACE = (
+    "scope: no [runtime] workspace is configured, so there is no filesystem scope to hand out "
+    "(set [runtime] workspace to the directory runs may work in)"
+)
+"""The refusal of a scope asked for when the configuration has no workspace."""
+
+
 class PodRefused(BadToolInput):
     """A pod operation that cannot be done: a limit, a name taken, a run out of reach."""
 
@@ -638,6 +645,10 @@ class Pods:
             if ledger_parent is None:
                 return SpawnPlan(None, None, level)
             return SpawnPlan(ledger_parent, read_only(self.ledger.granted(ledger_parent)), level)
+        if ledger_parent is None:
+            # The ledger's root would be the whole filesystem: an MCP caller's runs get a scope
+            # only within the configured workspace, never one they name themselves.
+            raise PodRefused(NO_WORKSPACE)
         scope = self._real_rules(scope_json)
         excess = is_within(scope, self.ledger.effective(ledger_parent))
         if excess is not None:
@@ -686,6 +697,8 @@ class Pods:
         ]
         if withheld:
             scope = Scope.of(*scope.rules, *withheld)
+        if source is None:
+            raise PodRefused(NO_WORKSPACE)  # a journal from a configuration that had one
         excess = is_within(scope, self.ledger.effective(source))
         if excess is not None:
             raise PodRefused(f"run {run.handle} cannot continue: the scope it held is not free now: {excess}")
