@@ -11,7 +11,9 @@ through :func:`announce`: printed as plain text by default, a log record (logger
 ``luftpause.<command>``) in JSON mode, so every line a process writes in JSON mode is one JSON
 object. Text mode keeps the ``asctime`` of :mod:`logging` (local time), and ends the line of a
 record that carries a non-empty ``trace_id`` field with `` trace=<trace id>``, so that a turn's
-trace can be found from the default log as well.
+trace can be found from the default log as well. The HTTP client libraries' per-request lines
+(``HTTP Request: POST ... "HTTP/1.1 200 OK"`` from httpx and httpx2, one per MCP message) are
+kept out unless DEBUG is asked for: see :data:`PER_REQUEST_LOGGERS`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 LogFormat = Literal["text", "json"]
+
+# Loggers that write a line per HTTP request: httpx and httpx2 (the mcp SDK's client) at INFO,
+# httpcore and httpcore2 at DEBUG (`loadgen --spawn` printed one line per MCP message). aiohttp's and
+# uvicorn's access logs are not here: every luftpause server turns its access log off.
+PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 
 
 def current_format() -> LogFormat:
@@ -87,7 +94,8 @@ def configure(command: str, level: int = logging.INFO) -> None:
     """Route the root logger to stderr in the current format (see :func:`current_format`).
 
     ``command`` names the process in JSON records. Safe to call again (the worker process of a
-    granian server calls it once more): handlers are replaced, never added twice.
+    granian server calls it once more): handlers are replaced, never added twice. The
+    :data:`PER_REQUEST_LOGGERS` are set to WARNING unless ``level`` is DEBUG.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ProcessField(command))
@@ -97,6 +105,8 @@ def configure(command: str, level: int = logging.INFO) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in PER_REQUEST_LOGGERS:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
 
 
 class _TextFormatter(logging.Formatter):

@@ -7,15 +7,20 @@ included), with ``time`` in UTC ISO 8601 with milliseconds.
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import httpx
+import httpx2
 import pytest
 
+from luftpause import logs
 from luftpause.cli import main
 from luftpause.testkit.procs import ChildProcess, free_port, http_ok
 
@@ -165,3 +170,49 @@ def test_an_unknown_log_format_is_refused(capsys: pytest.CaptureFixture[str]) ->
         main(["--log-format", "xml", "scheduler"])
     assert exited.value.code == 2
     assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """Undo :func:`logs.configure` after the test: the root's handlers and level, and the levels
+    of the per-request loggers, as they were."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {name: logging.getLogger(name).level for name in ("httpx", "httpx2", "httpcore", "httpcore2")}
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, old in levels.items():
+            logging.getLogger(name).setLevel(old)
+
+
+def _post_with_httpx_and_httpx2() -> None:
+    """One POST with each client library (the mcp SDK's httpx2 and httpx), over a mock transport:
+    the libraries' own code writes their ``HTTP Request: POST ...`` line, no socket needed."""
+    with httpx2.Client(transport=httpx2.MockTransport(lambda request: httpx2.Response(200))) as client2:
+        client2.post("http://127.0.0.1:7000/mcp")
+    with httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200))) as client:
+        client.post("http://127.0.0.1:7000/mcp")
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_the_http_clients_per_request_lines_are_kept_out_at_info(capsys: pytest.CaptureFixture[str]) -> None:
+    # luftpause loadgen --spawn 10 wrote one such line per MCP message, burying the summary.
+    logs.configure("loadgen")
+    _post_with_httpx_and_httpx2()
+    logging.getLogger("luftpause.loadgen").info("our own line")
+    logging.getLogger("httpx2").warning("a client warning")
+    err = capsys.readouterr().err
+    assert "HTTP Request" not in err
+    assert "our own line" in err and "a client warning" in err
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_the_http_clients_per_request_lines_are_shown_at_debug(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure("loadgen", logging.DEBUG)
+    _post_with_httpx_and_httpx2()
+    err = capsys.readouterr().err
+    assert 'httpx2 INFO HTTP Request: POST http://127.0.0.1:7000/mcp "HTTP/1.1 200 OK"' in err
+    assert "httpx INFO HTTP Request: POST" in err
