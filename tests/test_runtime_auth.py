@@ -225,6 +225,7 @@ def test_the_dataplane_refuses_v1_routes_without_the_token_with_json_401(
     headers = {} if authorization is None else {"Authorization": authorization}
     code, answer_headers, answer = _http(method, f"{guarded.dataplane_url}{path}", headers=headers)
     assert code == 401
+    assert answer_headers["www-authenticate"] == 'Bearer realm="luftpause"'  # RFC 6750 section 3
     assert answer_headers["content-type"] == "application/json"
     assert "bearer token" in json.loads(answer)["error"]["message"]
 

@@ -226,6 +226,8 @@ class Dataplane:
             headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
             if isinstance(exc, MethodNotAllowed):
                 headers = [*headers, ("allow", exc.allow)]
+            elif isinstance(exc, Unauthorized):
+                headers = [*headers, ("www-authenticate", exc.challenge)]
             await exchange.respond(exc.status, headers, exc.body())
         except _ClientGone:
             pass

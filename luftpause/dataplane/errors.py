@@ -44,7 +44,10 @@ class BadRequest(DataplaneError):
 
 
 class Unauthorized(DataplaneError):
+    """401, sent with ``WWW-Authenticate: <challenge>`` (RFC 6750 section 3; the runtime's value)."""
+
     status = 401
+    challenge = 'Bearer realm="luftpause"'
 
 
 class NotFound(DataplaneError):
