@@ -55,7 +55,8 @@ Pods (:mod:`luftpause.runtime.pods`): every run result carries ``podState`` (``r
 ``idle``: completed or failed, ``send`` continues it; ``stopped``: cancelled or stopped) beside
 ``state``, which keeps its meaning (``await`` waits until a run is done, so an idle run is done
 there). ``name``, ``scope`` (allow/deny rules within the spawner's scope) and ``orchestrate``
-(offer the sub-agent spawn/send/read/stop/list on its own children) are ``spawn``'s pod options.
+(offer the sub-agent spawn/send/read/stop/list on its own children) are the pod options of
+``spawn`` and ``run``.
 ``await`` and ``status`` (without a handle) give the caller's pending notifications once, as
 ``events`` (present when there are some); an event about a run the ``await`` names is taken
 without being repeated, the run's result says it.
@@ -481,6 +482,9 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         budgetToolCalls: BudgetToolCalls = None,
         budgetSeconds: BudgetSeconds = None,
         approveTools: ApproveTools = None,
+        name: PodName = None,
+        scope: ScopeRules = None,
+        orchestrate: Orchestrate = False,
         timeout: Timeout = DEFAULT_AWAIT_SECONDS,  # noqa: ASYNC109 (the wire name; bounded below)
     ) -> dict[str, Any] | InputRequiredResult:
         if not math.isfinite(timeout):
@@ -509,6 +513,9 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
                 budgetSeconds=budgetSeconds,
                 parallelToolCalls=parallelToolCalls,
                 approveTools=approveTools,
+                name=name,
+                scope=scope,
+                orchestrate=orchestrate,
             )
             await confirm_start(runtime, run)
             if slot is not None:  # the client declared the Tasks extension: a task, not a wait
