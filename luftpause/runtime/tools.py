@@ -40,6 +40,8 @@ objects (``structuredContent``, and the same JSON as the text content)::
     tools(handle?)
         -> {"servers": [{"server", "transport", "reachable", "error"?, "tools": [{"name",
             "description", "inputSchema", "annotations"}]}]}      (UpstreamPool.catalog)
+           with handle: what that run is offered, its built-ins last as {"server": "luftpause",
+           "transport": "builtin", "reachable": true, "tools": [...]}       (offered_catalog)
 
     run result = {"handle", "state": running|AwaitingApproval|completed|failed|cancelled,
                   "pendingApprovals"?: [{"id", "tool", "arguments", "repeat"?}],
@@ -104,6 +106,7 @@ from luftpause.runtime.pods import Actor, inherited_approvals, inherited_tools
 from luftpause.runtime.runs import Run, new_handle
 from luftpause.runtime.scope import SCOPE_SCHEMA
 from luftpause.runtime.tasks import task_slot
+from luftpause.runtime.upstream import tool_listing
 
 if TYPE_CHECKING:
     from luftpause.runtime.server import Runtime
@@ -378,6 +381,41 @@ async def wait_for(
     if isinstance(outcome, InputRequiredResult):
         return outcome
     return {"runs": [runtime.registry.result(run) for run in runs], "timedOut": outcome}
+
+
+BUILTIN_SERVER = "luftpause"
+"""The ``server`` of the entry that lists a run's built-in tools in ``tools(handle)``; its
+``transport`` is ``"builtin"`` (they run inside the runtime)."""
+
+
+def offered_catalog(runtime: Runtime, run: Run) -> list[dict[str, Any]]:
+    """What ``tools(handle)`` answers for ``run``: the tools its turns are offered, as the loop
+    builds them (:meth:`SubAgentLoop._turns`), by server::
+
+        [upstream entries (UpstreamPool.catalog of the run's allowed tools, less any tool a
+         built-in of the run hides)...,
+         {"server": "luftpause", "transport": "builtin", "reachable": true,
+          "tools": [tool_listing(tool)]}]     the run's built-ins (Pods.builtin_tools), maybe none
+
+    The built-ins are those of the run as it stands now: the workspace tools while it holds a
+    filesystem scope, the orchestration tools when it was spawned with ``orchestrate``. A run whose
+    tool budget is spent is offered nothing in its turns; this still lists what it may use. An
+    unreachable server's entry (``reachable: false``) shows what the run is offered once it is
+    back, as :meth:`UpstreamPool.catalog` says."""
+    builtin = runtime.pods.builtin_tools(run)
+    hidden = {tool.name for tool in builtin}  # a built-in wins a name clash, as in the loop
+    servers = runtime.upstream.catalog(run.allowed_tools)
+    for server in servers:
+        server["tools"] = [tool for tool in server["tools"] if tool["name"] not in hidden]
+    servers.append(
+        {
+            "server": BUILTIN_SERVER,
+            "transport": "builtin",
+            "reachable": True,
+            "tools": [tool_listing(tool) for tool in builtin],
+        }
+    )
+    return servers
 
 
 def build_mcp_server(runtime: Runtime) -> MCPServer:
@@ -760,20 +798,26 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         description=(
             "The tools a sub-agent may use, by upstream MCP server: each tool's name, description, "
             "input schema and annotations (readOnlyHint, destructiveHint, ...), and whether its "
-            "server is reachable now. With `handle`, only the tools that run may use."
+            "server is reachable now. With `handle`: what that run is offered in its turns as it "
+            "stands now (its turns offer none once its tool budget is spent): the upstream tools it "
+            "may use, and a last entry, "
+            "server 'luftpause' with transport 'builtin', holding the runtime's own tools it is "
+            "offered (read_file, write_file, edit_file, list_directory while it holds a filesystem "
+            "scope; spawn, send, read, stop, list with `orchestrate`; a built-in hides an upstream "
+            "tool of the same name). Without `handle`, only the upstream servers' tools: the "
+            "built-ins depend on the run."
         ),
     )
     async def tools_(
         handle: Annotated[str | None, Field(description="a run's handle; default: any run")] = None,
     ) -> dict[str, Any]:
-        # {"servers": UpstreamPool.catalog()}; its shape is documented there.
-        allowed: frozenset[str] | None = None
-        if handle is not None:
-            try:
-                allowed = runtime.registry.get(handle).allowed_tools
-            except RuntimeFault as exc:
-                raise ToolError(str(exc)) from None
-        return {"servers": runtime.upstream.catalog(allowed)}
+        if handle is None:
+            return {"servers": runtime.upstream.catalog(None)}
+        try:
+            run = runtime.registry.get(handle)
+        except RuntimeFault as exc:
+            raise ToolError(str(exc)) from None
+        return {"servers": offered_catalog(runtime, run)}
 
     refuse_unknown_arguments(mcp)
     return mcp
