@@ -367,3 +367,12 @@ def split_host_port(address: str) -> tuple[str, int]:
     """``"127.0.0.1:8080"`` -> ``("127.0.0.1", 8080)``."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def listen_url(listen: str) -> str:
+    """``http://host:port`` to reach, from this machine, a server listening on ``listen``
+    (``host:port``, e.g. ``[runtime] listen``); an all-addresses listen (``0.0.0.0``, ``::``) is
+    reached on loopback."""
+    host, port = split_host_port(listen)
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -3,8 +3,8 @@ the checks of what it answers.
 
 * Where: :func:`parse_url` turns what a person passes as ``--url`` into a base URL and the token
   in its query (the page's ``/monitor?token=...``), refusing a URL that cannot work with a
-  :class:`TopError` that never shows the token; :func:`runtime_base_url` reaches a runtime from
-  its configured ``[runtime] listen``.
+  :class:`TopError` that never shows the token (a runtime's configured ``[runtime] listen`` is
+  reached with :func:`luftpause.config.listen_url`).
 * The poll: :class:`NetworkPoller` reads ``GET {base}/monitor/runs?version=V``
   (:mod:`luftpause.runtime.monitor`) with the bearer token, never following a redirect (the
   token would go along), and keeps the last network so that an ``unchanged`` answer costs a
@@ -29,7 +29,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from luftpause.config import split_host_port
 from luftpause.runtime.auth import TOKEN_ENV
 
 RUNS_PATH = "/monitor/runs"
@@ -67,14 +66,6 @@ def one_line(text: str, limit: int | None = None) -> str:
 
 
 # --- the runtime ----------------------------------------------------------------------------------
-
-
-def runtime_base_url(listen: str) -> str:
-    """``http://host:port`` to reach a runtime listening on ``listen`` (``host:port``); an
-    all-addresses listen (``0.0.0.0``, ``::``) is reached on loopback."""
-    host, port = split_host_port(listen)
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _shown_url(text: str) -> str:

@@ -60,7 +60,8 @@ from rich.table import Table
 from rich.text import Text
 
 from luftpause.cli import add_config_argument, config_from_args
-from luftpause.monitor_client import NetworkPoller, TopError, one_line, parse_url, runtime_base_url
+from luftpause.config import listen_url
+from luftpause.monitor_client import NetworkPoller, TopError, one_line, parse_url
 from luftpause.runtime.auth import TOKEN_ENV
 
 DEFAULT_INTERVAL_SECONDS = 1.0
@@ -422,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"luftpause top: {exc}", file=sys.stderr)
             return USAGE_EXIT
     else:
-        base = runtime_base_url(config_from_args(args).runtime.listen)
+        base = listen_url(config_from_args(args).runtime.listen)
     if not args.once and not sys.stdout.isatty():
         print(
             "luftpause top: standard output is not a terminal: live mode draws on a terminal; "

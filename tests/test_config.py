@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.config import CONFIG_ENV, ConfigError, load_config, parse_config
+from luftpause.config import CONFIG_ENV, ConfigError, listen_url, load_config, parse_config
 
 
 def test_embedded_default_is_two_simulated_replicas_of_one_model_and_the_fake_mcp_server(
@@ -202,3 +202,10 @@ def test_strict_types_still_take_what_toml_writes_naturally() -> None:
 
 def test_the_startup_hold_defaults_to_two_seconds() -> None:
     assert parse_config(REPLICA, "f.toml").scheduler.resync_hold_s == 2.0
+
+
+def test_a_listen_address_is_reached_on_its_host_or_on_loopback_for_all_addresses() -> None:
+    assert listen_url("0.0.0.0:7000") == "http://127.0.0.1:7000"
+    assert listen_url("[::]:7000") == "http://[::1]:7000"
+    assert listen_url("[::1]:7000") == "http://[::1]:7000"
+    assert listen_url("10.0.0.5:7001") == "http://10.0.0.5:7001"

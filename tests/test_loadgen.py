@@ -17,6 +17,7 @@ import pytest
 
 from luftpause.cli import main
 from luftpause.testkit.agents import _merge_tool_call_delta
+from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,3 +153,43 @@ def test_streamed_tool_call_deltas_are_folded_by_index() -> None:
         _merge_tool_call_delta(calls, delta)
     assert [c["id"] for c in calls] == ["call_0", "call_1"]
     assert [c["function"]["arguments"] for c in calls] == ['{"query": "x"}', '{"q": 1}']
+
+
+def _config_naming(tmp_path: Path, dataplane: str, runtime: str) -> Path:
+    """A configuration file whose ``[dataplane] listen`` and ``[runtime] listen`` are the given
+    ``host:port`` addresses (the rest is never read by loadgen)."""
+    path = tmp_path / "loadgen.toml"
+    path.write_text(
+        f'[dataplane]\nlisten = "{dataplane}"\n[runtime]\nlisten = "{runtime}"\n'
+        '[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
+    )
+    return path
+
+
+def test_the_proxy_and_the_runtime_come_from_the_config_s_listen_addresses(stack: Stack) -> None:
+    config = str(stack.config_path)
+    agents = _loadgen(
+        "--config", config, "--agents", "1", "--duration-s", "1", "--tool-rounds", "0", "--json"
+    )
+    assert agents.returncode == 0, agents.stdout + agents.stderr
+    assert json.loads(agents.stdout)["groups"][0]["completed"] >= 1
+    spawned = _loadgen("--config", config, "--spawn", "1", "--timeout", "120", "--json")
+    assert spawned.returncode == 0, spawned.stdout + spawned.stderr
+    assert json.loads(spawned.stdout)["completed"] == 1
+    # The MCP client's per-request lines (httpx2, one per MCP message) stay out of the way.
+    assert "HTTP Request" not in spawned.stderr, spawned.stderr
+
+
+def test_an_explicit_proxy_or_runtime_wins_over_the_config(stack: Stack, tmp_path: Path) -> None:
+    nowhere = f"127.0.0.1:{free_port()}"
+    config = str(_config_naming(tmp_path, nowhere, nowhere))
+    agents = _loadgen(
+        "--config", config, "--proxy", stack.dataplane_url,
+        "--agents", "1", "--duration-s", "1", "--tool-rounds", "0", "--json",
+    )  # fmt: skip
+    assert agents.returncode == 0, agents.stdout + agents.stderr
+    spawned = _loadgen("--config", config, "--runtime", stack.runtime_url, "--spawn", "1", "--json")
+    assert spawned.returncode == 0, spawned.stdout + spawned.stderr
+    refused = _loadgen("--config", config, "--spawn", "1")  # the config's runtime: nobody listens
+    assert refused.returncode == 1
+    assert f"runtime http://{nowhere}/mcp:" in refused.stderr, refused.stderr

@@ -34,7 +34,7 @@ import pytest
 from pods_helpers import Pod, call, script, start_pod, until
 from rich.console import Console
 
-from luftpause.monitor_client import NetworkPoller, parse_url, runtime_base_url
+from luftpause.monitor_client import NetworkPoller, parse_url
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port
 from luftpause.top import COLUMNS, column_widths, counts_line, fit, frame, short_scope
@@ -450,9 +450,6 @@ def test_counts_scope_and_urls() -> None:
     assert short_scope(None) == "-"
     assert short_scope({"granted": [rule], "heldByChildren": []}) == "rw /ws/b"
     assert short_scope({"granted": [rule, rule], "heldByChildren": [held]}) == "rw /ws/b +1 (1 lent)"
-    assert runtime_base_url("0.0.0.0:7000") == "http://127.0.0.1:7000"
-    assert runtime_base_url("[::1]:7000") == "http://[::1]:7000"
-    assert runtime_base_url("10.0.0.5:7001") == "http://10.0.0.5:7001"
     assert parse_url("127.0.0.1:7000/mcp/") == ("http://127.0.0.1:7000", None)
     assert parse_url("http://h:1/monitor") == ("http://h:1", None)
     assert parse_url("https://h:1/monitor/?token=sekrit#x") == ("https://h:1", "sekrit")

@@ -33,6 +33,11 @@ Two modes, one per invocation:
   The exit status is 0 when no run failed. A failed run makes its agent pause before the next
   (1 s doubling to 10 s, at least a 429's ``Retry-After``; see :mod:`luftpause.testkit.agents`).
 
+``--runtime`` (the MCP endpoint) and ``--proxy`` (the dataplane's base URL) default to the
+configuration's ``[runtime] listen`` and ``[dataplane] listen`` (``--config FILE``, else
+``LUFTPAUSE_CONFIG``, else the embedded default: ``http://127.0.0.1:7000/mcp`` and
+``http://127.0.0.1:8080``); given, they win.
+
 Times are seconds. With ``LUFTPAUSE_TOKEN`` set (or ``--token``), every request carries
 ``Authorization: Bearer <token>``; :func:`runtime_client` is the MCP connection, for tests too.
 """
@@ -62,10 +67,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from luftpause import __version__
+from luftpause.cli import add_config_argument, config_from_args
+from luftpause.config import listen_url
 from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
 
-DEFAULT_RUNTIME = "http://127.0.0.1:7000/mcp"
-DEFAULT_PROXY = "http://127.0.0.1:8080"
 DEFAULT_TASK = (
     "Find out when the first transatlantic telegraph cable went into service and why it failed "
     "within weeks. Look it up, check one detail with a deeper search, and answer in three sentences."
@@ -140,6 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--agents drives the proxy with own-loop agents; repeat it for a mix, e.g. "
         "--agents 48 --class batch --caller bulk --agents 4 --class interactive --caller ide."
     )
+    add_config_argument(parser)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--spawn", type=int, metavar="N", help="sub-agents to spawn over MCP")
     mode.add_argument(
@@ -178,9 +184,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spawn = parser.add_argument_group("--spawn (MCP runtime)")
     spawn.add_argument(
         "--runtime",
-        default=DEFAULT_RUNTIME,
+        default=None,
         metavar="URL",
-        help=f"the runtime's MCP endpoint (default {DEFAULT_RUNTIME})",
+        help="the runtime's MCP endpoint (default: from the configuration's [runtime] listen, "
+        "http://127.0.0.1:7000/mcp in the embedded default)",
     )
     spawn.add_argument("--sequential", action="store_true", help="spawn and await one run at a time")
     spawn.add_argument(
@@ -193,9 +200,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     agents = parser.add_argument_group("--agents (proxy)")
     agents.add_argument(
         "--proxy",
-        default=DEFAULT_PROXY,
+        default=None,
         metavar="URL",
-        help=f"the dataplane's base URL (default {DEFAULT_PROXY})",
+        help="the dataplane's base URL (default: from the configuration's [dataplane] listen, "
+        "http://127.0.0.1:8080 in the embedded default)",
     )
     agents.add_argument(
         "--model", metavar="NAME", help="model of every turn (default: the proxy's first model)"
@@ -528,6 +536,16 @@ async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> di
     return summarize_agents(groups, outcomes, args.duration_s)
 
 
+def _default_url(args: argparse.Namespace) -> None:
+    """Fill the URL this pass needs (``--proxy`` for ``--agents``, ``--runtime`` for ``--spawn``)
+    from the configuration's listen address when it was not given. Only then is the configuration
+    read: a bad one ends the command (exit 2, see :func:`luftpause.cli.config_from_args`)."""
+    if args.groups and args.proxy is None:
+        args.proxy = listen_url(config_from_args(args).dataplane.listen)
+    elif not args.groups and args.runtime is None:
+        args.runtime = f"{listen_url(config_from_args(args).runtime.listen)}/mcp"
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one pass. ``--spawn``: 0 only if every run completed; ``--agents``: 0 if none failed."""
     if args.groups:
@@ -542,6 +560,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    _default_url(args)
     drive_spawn = drive_sequential if args.sequential else drive
     try:
         summary = asyncio.run(
@@ -570,6 +589,7 @@ def _run_agents(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    _default_url(args)
     groups = [
         AgentGroup(g["agents"], g.get("service_class", "interactive"), g.get("caller", ""))
         for g in args.groups
