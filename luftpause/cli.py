@@ -20,7 +20,10 @@ from luftpause.config import Config, ConfigError, load_config
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("luftpause.up", "run scheduler, dataplane and runtime (and, with no config, the simulated pool)"),
+    "up": (
+        "luftpause.up",
+        "run scheduler, dataplane and runtime (and, with no config or with --simulate, the simulated pool)",
+    ),
     "scheduler": ("luftpause.scheduler.server", "run the scheduler (gRPC admission, HTTP status)"),
     "dataplane": ("luftpause.dataplane.server", "run the OpenAI-compatible proxy"),
     "runtime": ("luftpause.runtime.server", "run the MCP server that drives sub-agents"),

@@ -2,10 +2,13 @@
 
 With no configuration file (the embedded default) it also starts the simulated pool: one
 ``luftpause fake-engine`` per configured replica and one ``luftpause fake-mcp`` per configured MCP
-server, on the ports their URLs name. With ``--config FILE`` it starts only scheduler, dataplane and
-runtime. It prints the URLs once everything answers, and stops every child on Ctrl-C / SIGTERM or as
-soon as one of them dies, printing that child's last log lines. Exit status: 0 after Ctrl-C, 1 when a
-child died, 2 for a bad configuration.
+server with a URL, on the ports their URLs name. With ``--config FILE`` it starts only scheduler,
+dataplane and runtime, unless ``--simulate`` asks for the simulated pool too: to move the default
+stack's ports, ``luftpause up --print-config > FILE``, edit the addresses, then
+``luftpause up --config FILE --simulate``. It prints the URLs once everything answers, and stops
+every child on Ctrl-C / SIGTERM or as soon as one of them dies, printing that child's last log
+lines. Exit status: 0 after Ctrl-C, 1 when a port it needs is taken or a child died, 2 for a bad
+configuration.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from types import FrameType
 from urllib.parse import urlsplit
 
 from luftpause.cli import add_config_argument, config_from_args
-from luftpause.config import Config, split_host_port
+from luftpause.config import EMBEDDED_DEFAULT, Config, split_host_port
 from luftpause.ports import address_in_use
 from luftpause.testkit.procs import ChildProcess
 
@@ -34,13 +37,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where each process writes its log (default: <runtime state_dir>/logs)",
     )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="with --config, also start a simulated engine per replica and a fake MCP server per "
+        "MCP server URL, on the ports the file names (always so without --config)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the embedded default configuration (a starting point for --config) and exit",
+    )
 
 
-def plan(config: Config, logs: Path) -> list[ChildProcess]:
-    """The child processes to start, in start order (the simulated pool first)."""
+def plan(config: Config, logs: Path, simulate: bool = False) -> list[ChildProcess]:
+    """The child processes to start, in start order (the simulated pool first).
+
+    The simulated pool is started for the embedded default, and for a file when ``simulate``.
+    """
     config_args = ["--config", str(Path(config.source).resolve())] if config.source else []
     children: list[ChildProcess] = []
-    if config.is_embedded_default:
+    if config.is_embedded_default or simulate:
         for replica in config.replicas:
             url = urlsplit(replica.url)
             models = [arg for m in replica.models for arg in ("--model", m)]
@@ -90,13 +107,13 @@ def plan(config: Config, logs: Path) -> list[ChildProcess]:
     return children
 
 
-def busy_ports(config: Config) -> list[str]:
+def busy_ports(config: Config, simulate: bool = False) -> list[str]:
     """The ``host:port`` addresses ``up`` would listen on that something already listens on.
 
     Checked before starting anything: a readiness probe cannot tell our child from a stranger.
     """
     addresses = [config.scheduler.grpc, config.scheduler.http, config.dataplane.listen, config.runtime.listen]
-    if config.is_embedded_default:
+    if config.is_embedded_default or simulate:
         for url in [r.url for r in config.replicas] + [s.url for s in config.mcp_servers if s.url]:
             parts = urlsplit(url)
             addresses.append(f"{parts.hostname}:{parts.port}")
@@ -110,13 +127,30 @@ def busy_ports(config: Config) -> list[str]:
     return busy
 
 
-def banner(config: Config, logs: Path) -> str:
+def busy_message(busy: list[str], config: Config) -> str:
+    """Why ``up`` refuses to start, and how to move its ports instead of stopping the other."""
+    if config.is_embedded_default:
+        move = (
+            "or move luftpause: luftpause up --print-config > luftpause.toml, change the addresses "
+            "there, then luftpause up --config luftpause.toml --simulate"
+        )
+    else:
+        move = f"or change these addresses in {config.source}"
+    return (
+        f"luftpause up: already in use: {', '.join(busy)}; stop what listens there first, {move} "
+        "(README: Configuration, Moving the ports)"
+    )
+
+
+def banner(config: Config, logs: Path, simulate: bool = False) -> str:
     dp_host, dp_port = split_host_port(config.dataplane.listen)
     rt_host, rt_port = split_host_port(config.runtime.listen)
     st_host, st_port = split_host_port(config.scheduler.http)
     pool = ", ".join(f"{r.name} ({r.url})" for r in config.replicas)
     lines = [
-        "luftpause is up" + (" (embedded default: simulated engines)" if config.is_embedded_default else ""),
+        "luftpause is up"
+        + (" (embedded default: simulated engines)" if config.is_embedded_default else "")
+        + (" (simulated engines)" if simulate and not config.is_embedded_default else ""),
         f"  OpenAI base_url   http://{dp_host}:{dp_port}/v1   models: {', '.join(config.models)}",
         f"  MCP endpoint      http://{rt_host}:{rt_port}/mcp",
         f"  scheduler status  http://{st_host}:{st_port}/status",
@@ -136,16 +170,17 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_config:
+        print(EMBEDDED_DEFAULT.strip())
+        return 0
     config = config_from_args(args)
-    busy = busy_ports(config)
+    busy = busy_ports(config, args.simulate)
     if busy:
-        print(
-            f"luftpause up: already in use, stop what listens there first: {', '.join(busy)}", file=sys.stderr
-        )
+        print(busy_message(busy, config), file=sys.stderr)
         return 1
     logs = Path(args.logs) if args.logs else Path(config.runtime.state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    children = plan(config, logs)
+    children = plan(config, logs, args.simulate)
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     started: list[ChildProcess] = []
@@ -154,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"starting {child.name} ...", flush=True)
             started.append(child.start())
             child.wait_ready(READY_TIMEOUT_S)
-        print(banner(config, logs), flush=True)
+        print(banner(config, logs, args.simulate), flush=True)
         while True:
             for child in started:
                 code = child.poll()

@@ -10,12 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
-from luftpause.config import load_config
+from luftpause.cli import main
+from luftpause.config import EMBEDDED_DEFAULT, load_config, parse_config
 from luftpause.testkit.procs import ChildProcess, free_port, port_open
-from luftpause.up import plan
+from luftpause.up import busy_message, plan
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +45,43 @@ def test_with_a_file_only_the_three_processes_start(tmp_path: Path) -> None:
     children = plan(load_config(path), tmp_path)
     assert [c.name for c in children] == ["scheduler", "dataplane", "runtime"]
     assert all(["--config", str(path.resolve())] == c.argv[-2:] for c in children)
+
+
+def test_with_a_file_and_simulate_the_simulated_pool_starts_on_the_file_s_ports(tmp_path: Path) -> None:
+    path = tmp_path / "lp.toml"
+    path.write_text(
+        '[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:41001"\nmodels = ["m1", "m2"]\n'
+        '[[mcp_servers]]\nname = "tools"\nurl = "http://127.0.0.1:41002/mcp"\n'
+        '[[mcp_servers]]\nname = "local"\ncommand = ["some-mcp-server"]\n'
+    )
+    children = plan(load_config(path), tmp_path, simulate=True)
+    assert [c.name for c in children] == ["engine a", "mcp tools", "scheduler", "dataplane", "runtime"]
+    assert children[0].argv[-6:] == ["--port", "41001", "--model", "m1", "--model", "m2"]
+    assert children[1].argv[-2:] == ["--port", "41002"]
+
+
+def test_print_config_prints_the_embedded_default_and_starts_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["up", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() == EMBEDDED_DEFAULT.strip()
+    assert parse_config(printed, "printed.toml").model_dump(exclude={"source"}) == parse_config(
+        EMBEDDED_DEFAULT
+    ).model_dump(exclude={"source"})
+
+
+def test_a_taken_port_says_how_to_move_the_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
+    embedded = busy_message(["127.0.0.1:8080"], load_config(None))
+    assert "already in use: 127.0.0.1:8080" in embedded
+    assert "luftpause up --print-config > luftpause.toml" in embedded
+    assert "luftpause up --config luftpause.toml --simulate" in embedded
+    assert "README: Configuration, Moving the ports" in embedded
+    path = tmp_path / "mine.toml"
+    path.write_text('[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n')
+    from_file = busy_message(["127.0.0.1:8080"], load_config(path))
+    assert f"change these addresses in {path}" in from_file
 
 
 def _pids_with(fragment: str) -> list[int]:
@@ -147,6 +186,46 @@ def test_up_prints_the_urls_once_ready_and_ctrl_c_stops_every_child(
     assert _pids_with(str(path)) == []
 
 
+def test_the_readme_recipe_moves_every_port_and_keeps_the_simulated_pool(tmp_path: Path) -> None:
+    """``up --print-config``, every address moved, ``up --config FILE --simulate``."""
+    text = subprocess.run(
+        [sys.executable, "-m", "luftpause", "up", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for default in ("5000", "5001", "8080", "7000", "30001", "30002", "7100"):
+        assert f":{default}" in text, default
+        text = text.replace(f":{default}", f":{free_port()}")
+    text = text.replace('state_dir = "state"', f'state_dir = "{tmp_path / "state"}"')
+    path = tmp_path / "moved.toml"
+    path.write_text(text)
+    config = load_config(path)
+    urls = [*(r.url for r in config.replicas), *(s.url for s in config.mcp_servers if s.url)]
+    pool = [urlsplit(url).port or 0 for url in urls]  # two simulated engines and the fake MCP server
+    up = subprocess.Popen(
+        [sys.executable, "-m", "luftpause", "up", "--config", str(path), "--simulate"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        printed = _read_until(up, b"Ctrl-C stops everything")
+        assert b"luftpause is up (simulated engines)" in printed
+        assert f"OpenAI base_url   http://{config.dataplane.listen}/v1".encode() in printed
+        assert len(pool) == 3 and all(port_open("127.0.0.1", port) for port in pool)
+        up.send_signal(signal.SIGINT)
+        assert _wait_exit(up) == 0
+        assert not any(port_open("127.0.0.1", port) for port in pool)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        if up.stdout is not None:
+            up.stdout.close()
+        for pid in _pids_with(str(path)):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
 
@@ -191,3 +270,4 @@ def test_up_refuses_to_start_when_a_port_it_needs_is_taken(tmp_path: Path) -> No
     assert done.returncode == 1
     assert f"127.0.0.1:{taken}".encode() in done.stderr
     assert b"already in use" in done.stderr
+    assert f"or change these addresses in {path}".encode() in done.stderr
