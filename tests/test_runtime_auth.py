@@ -237,3 +237,32 @@ def test_the_dataplane_serves_v1_routes_with_the_token_and_health_without(guarde
     assert code == 200 and json.loads(answer)["data"]
     code, _, _ = _http("GET", f"{guarded.dataplane_url}/health")
     assert code == 200
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_python_block(marker: str) -> str:
+    """The README's one ```python block that contains ``marker``."""
+    blocks = [b.split("```", 1)[0] for b in README.read_text().split("```python\n")[1:]]
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
+def test_the_readme_s_mcp_client_snippet_spawns_and_awaits_a_run_with_the_token(
+    guarded: Stack, tmp_path: Path
+) -> None:
+    snippet = _readme_python_block("from mcp import Client")
+    assert 'URL = "http://localhost:7000/mcp"' in snippet
+    script = tmp_path / "mcp_snippet.py"
+    script.write_text(snippet.replace("http://localhost:7000/mcp", guarded.runtime_url))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "LUFTPAUSE_TOKEN": TOKEN},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    state, _, answer = done.stdout.partition(" ")
+    assert state == "completed" and answer.strip(), done.stdout
