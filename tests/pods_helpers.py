@@ -1,6 +1,7 @@
 """The harness of the pods tests, shared by every test that drives the real runtime process through
 the real ``mcp`` client with a scripted engine as its dataplane (``test_runtime_pods``,
-``test_runtime_durability``, ``test_runtime_child_tools``, ``test_runtime_monitor_*``, ``test_top``).
+``test_runtime_durability``, ``test_runtime_child_tools``, ``test_runtime_tool_surface``,
+``test_runtime_no_workspace``, ``test_runtime_monitor_*``, ``test_top``).
 
 :class:`ScriptedEngine` answers each run from a script in its task (``script:`` and a JSON list of
 steps, made by :func:`script`); the step taken is the number of assistant messages already in the
@@ -10,9 +11,11 @@ the system messages that arrived since the run's last assistant message, or ``no
 seconds to wait before answering, and ``"hold": gate`` to wait before answering until the test
 calls ``engine.release(gate)`` (so a run is busy exactly as long as a test needs, without timing).
 
-:func:`start_pod` starts the engine and a runtime with a temporary workspace (a :class:`Pod`);
-:func:`call` calls an MCP tool and gives its structured result, :func:`until` polls a condition
-with a fail-safe bound, :func:`get_json` reads the runtime's monitor JSON.
+:func:`start_pod` starts the engine and a runtime over it (a :class:`Pod`), with or without a
+workspace, and whatever else a test's configuration adds (``[[mcp_servers]]``, limits);
+:func:`call` calls an MCP tool and gives its structured result (:func:`payload`, of a result in
+hand), :func:`until` polls a condition with a fail-safe bound, :func:`get_json` reads the
+runtime's monitor JSON.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import json
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +135,19 @@ class ScriptedEngine(ThreadedApp):
 
 @dataclass
 class Pod:
+    """A runtime over the scripted engine: its folder (``workdir``: configuration, ``state``,
+    ``runtime.log``), its workspace (resolved; ``None`` when none is configured), the TOML file it
+    reads, its port, and the token and environment it is started with (:meth:`start_runtime`, which
+    a test calls again to restart it on the same state)."""
+
     workdir: Path
-    workspace: Path
+    workspace: Path | None
     engine: ScriptedEngine
     config: Path
     port: int
     runtime: ChildProcess | None = None
     token: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -148,7 +158,7 @@ class Pod:
             "runtime",
             ["runtime", "--config", str(self.config)],
             log_path=self.workdir / "runtime.log",
-            env={"LUFTPAUSE_TOKEN": self.token},
+            env={"LUFTPAUSE_TOKEN": self.token, **self.env},
             ready_url=f"{self.url}/health",
         )
         self.runtime.start()
@@ -158,36 +168,62 @@ class Pod:
         return list(read_records(self.workdir / "state" / JOURNAL_NAME))
 
 
-def start_pod(tmp_path: Path, token: str = "") -> Iterator[Pod]:
-    """The scripted engine and a runtime with a workspace (``ws`` with ``b/d`` in it); stopped
-    when the generator is closed."""
-    workspace = tmp_path / "ws"
-    (workspace / "b" / "d").mkdir(parents=True)
+@contextmanager
+def start_pod(
+    workdir: Path,
+    *,
+    workspace: Sequence[str] | None = ("b/d",),
+    token: str = "",
+    max_depth: int | None = 3,
+    max_children: int | None = 2,
+    extra_toml: str = "",
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Pod]:
+    """The scripted engine and a runtime over it (its dataplane and only replica), ready; both
+    stopped when the ``with`` block ends, on failure too.
+
+    ``workspace``: the folders (relative paths) made in the workspace ``workdir/ws``, or ``None``
+    for a runtime with no ``[runtime] workspace`` (its runs hold no filesystem scope). ``token``:
+    the runtime's ``LUFTPAUSE_TOKEN`` (``""``: none). ``max_depth``/``max_children``: the
+    ``[runtime]`` limits, left out when ``None``. ``extra_toml``: appended to the file as it is
+    (``[[mcp_servers]]`` tables). ``env``: more environment for the runtime process.
+    """
+    folder: Path | None = None
+    settings = ""
+    if workspace is not None:
+        folder = workdir / "ws"
+        folder.mkdir()
+        for sub in workspace:
+            (folder / sub).mkdir(parents=True)
+        settings += f'workspace = "{folder}"\n'
+    if max_depth is not None:
+        settings += f"max_depth = {max_depth}\n"
+    if max_children is not None:
+        settings += f"max_children = {max_children}\n"
     engine = ScriptedEngine().start()
-    port = free_port()
-    config = tmp_path / "luftpause.toml"
-    config.write_text(
-        f"""
+    running: Pod | None = None
+    try:
+        port = free_port()
+        config = workdir / "luftpause.toml"
+        config.write_text(
+            f"""
 [runtime]
 listen = "127.0.0.1:{port}"
 dataplane = "{engine.url}"
-state_dir = "{tmp_path / "state"}"
-workspace = "{workspace}"
-max_depth = 3
-max_children = 2
-
+state_dir = "{workdir / "state"}"
+{settings}
 [[replicas]]
 name = "scripted"
 url = "{engine.url}"
 models = ["{DEFAULT_MODEL}"]
-"""
-    )
-    running = Pod(tmp_path, workspace.resolve(), engine, config, port, token=token)
-    try:
+{extra_toml}"""
+        )
+        resolved = folder.resolve() if folder is not None else None
+        running = Pod(workdir, resolved, engine, config, port, token=token, env=dict(env or {}))
         running.start_runtime()
         yield running
     finally:
-        if running.runtime is not None:
+        if running is not None and running.runtime is not None:
             running.runtime.stop()
         engine.stop()
 
@@ -197,7 +233,9 @@ def tool_text(result: CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
 
 
-def _payload(result: CallToolResult) -> dict[str, Any]:
+def payload(result: CallToolResult) -> dict[str, Any]:
+    """The structured result of a tool's call; ``AssertionError`` with the tool's text when the
+    call failed or gave no structured result."""
     # Raised, not asserted: pytest rewrites the asserts of test modules only, and a bare
     # ``assert`` here would fail without saying what the tool answered.
     if result.is_error:
@@ -210,7 +248,7 @@ def _payload(result: CallToolResult) -> dict[str, Any]:
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     """The structured result of ``tool`` called with ``arguments`` (60 s read timeout); raises
     ``AssertionError`` with the tool's text when the call failed."""
-    return _payload(await client.call_tool(tool, arguments, read_timeout_seconds=60))
+    return payload(await client.call_tool(tool, arguments, read_timeout_seconds=60))
 
 
 async def until(check: Callable[[], Any], what: str, seconds: float = 30.0) -> Any:

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp.types import CallToolResult, TextContent
-from pods_helpers import Pod, script, start_pod, until
+from pods_helpers import Pod, payload, script, start_pod, until
 
 from luftpause.runtime.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.loadgen import runtime_client
@@ -47,16 +46,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         running.stop()
 
 
-def _text(result: CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
-
-
-def _payload(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, _text(result)
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
-
-
 def _journal(stack: Stack) -> list[dict[str, Any]]:
     return list(read_records(stack.workdir / "state" / JOURNAL_NAME))
 
@@ -76,7 +65,8 @@ HELD_AT_ROUND = 2
 @pytest.fixture()
 def pod(tmp_path: Path) -> Iterator[Pod]:
     """The real runtime process with a scripted engine as its dataplane (tests/pods_helpers.py)."""
-    yield from start_pod(tmp_path)
+    with start_pod(tmp_path) as running:
+        yield running
 
 
 def test_sigkilled_runtime_resumes_every_run_without_repeating_completed_rounds(pod: Pod) -> None:
@@ -89,7 +79,7 @@ def test_sigkilled_runtime_resumes_every_run_without_repeating_completed_rounds(
     async def spawn() -> list[str]:
         async with runtime_client(f"{pod.url}/mcp") as client:
             return [
-                _payload(await client.call_tool("spawn", {"task": script(*steps)}))["handle"]
+                payload(await client.call_tool("spawn", {"task": script(*steps)}))["handle"]
                 for _ in range(RUNS)
             ]
 
@@ -115,7 +105,7 @@ def test_sigkilled_runtime_resumes_every_run_without_repeating_completed_rounds(
 
     async def await_all() -> dict[str, Any]:
         async with runtime_client(f"{pod.url}/mcp") as client:  # a new client, old handles
-            return _payload(
+            return payload(
                 await client.call_tool(
                     "await", {"handles": handles, "timeout": 120}, read_timeout_seconds=180
                 )
@@ -145,7 +135,7 @@ def test_runs_interrupted_by_shutdown_resume_after_restart_and_end_at_the_schedu
     async def spawn() -> list[str]:
         async with runtime_client(stack.runtime_url) as client:
             return [
-                _payload(await client.call_tool("spawn", {"task": f"giraffe{i}", "maxTokens": 64}))["handle"]
+                payload(await client.call_tool("spawn", {"task": f"giraffe{i}", "maxTokens": 64}))["handle"]
                 for i in range(3)
             ]
 
@@ -166,7 +156,7 @@ def test_runs_interrupted_by_shutdown_resume_after_restart_and_end_at_the_schedu
 
     async def await_all() -> dict[str, Any]:
         async with runtime_client(stack.runtime_url) as client:
-            return _payload(
+            return payload(
                 await client.call_tool(
                     "await", {"handles": handles, "timeout": 120}, read_timeout_seconds=180
                 )

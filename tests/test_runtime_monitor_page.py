@@ -55,7 +55,8 @@ def chromium() -> str:
 
 @pytest.fixture()
 def pod(tmp_path: Path) -> Iterator[Pod]:
-    yield from start_pod(tmp_path, token=TOKEN)
+    with start_pod(tmp_path, token=TOKEN) as running:
+        yield running
 
 
 @pytest.fixture()
@@ -314,7 +315,8 @@ def test_an_older_answer_arriving_late_never_replaces_a_newer_conversation(pod: 
 
 @pytest.fixture()
 def open_pod(tmp_path: Path) -> Iterator[Pod]:
-    yield from start_pod(tmp_path)
+    with start_pod(tmp_path) as running:
+        yield running
 
 
 def test_cross_site_requests_cannot_message_stop_or_read_runs(open_pod: Pod) -> None:

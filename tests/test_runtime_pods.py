@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture()
 def pod(tmp_path: Path) -> Iterator[Pod]:
-    yield from start_pod(tmp_path)
+    with start_pod(tmp_path) as running:
+        yield running
 
 
 def _tool_results(pod: Pod, handle: str) -> list[str]:
@@ -33,6 +34,7 @@ def _tool_results(pod: Pod, handle: str) -> list[str]:
 
 def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) -> None:
     ws = pod.workspace
+    assert ws is not None  # start_pod's default: a workspace with b/d in it
     d_task = script(
         {"call": "spawn", "args": {"task": script({"say": "x"}), "name": "too-deep"}},
         {"call": "write_file", "args": {"path": str(ws / "b" / "d" / "d.txt"), "content": "from d"}},
@@ -187,6 +189,7 @@ async def _idle_read(client: Client, handle: str, at_least: int) -> dict[str, An
 
 def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
     ws = pod.workspace
+    assert ws is not None  # start_pod's default: a workspace with b/d in it
     # Busy at a gate, not for a second: on a loaded machine the send could come after a sleep.
     slow = script(
         {"hold": "slow", "call": "list_directory", "args": {"path": str(ws)}},

@@ -26,7 +26,6 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +74,7 @@ class Network:
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
     """A runtime with a token and two runs: ``a`` (answered, idle) and its child ``c``, busy in a
     turn the engine holds until the end of the module."""
-    with contextmanager(start_pod)(tmp_path_factory.mktemp("top"), token=TOKEN) as pod:
+    with start_pod(tmp_path_factory.mktemp("top"), token=TOKEN) as pod:
         child = script({"hold": "c", "say": "c done"})
         a_task = script(
             {"call": "spawn", "args": {"task": child, "name": "c"}}, {"say": "A is waiting\nfor c"}
