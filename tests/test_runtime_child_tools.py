@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.types import CallToolResult, TextContent
-from pods_helpers import ScriptedEngine, script
+from mcp.types import CallToolResult
+from pods_helpers import ScriptedEngine, call, script, start_pod, tool_text
 
-from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -42,74 +41,33 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     workdir = tmp_path_factory.mktemp("child-tools")
-    mcp_port, port = free_port(), free_port()
-    engine = ScriptedEngine().start()
-    children: list[ChildProcess] = []
+    mcp_port = free_port()
+    tools = ChildProcess(
+        "mcp",
+        ["fake-mcp", "--port", str(mcp_port)],
+        workdir / "mcp.log",
+        ready_port=("127.0.0.1", mcp_port),
+    )
     try:
-        tools = ChildProcess(
-            "mcp",
-            ["fake-mcp", "--port", str(mcp_port)],
-            workdir / "mcp.log",
-            ready_port=("127.0.0.1", mcp_port),
-        )
-        children.append(tools.start())
+        tools.start()
         tools.wait_ready()
-        config = workdir / "luftpause.toml"
-        config.write_text(
-            f"""
-[runtime]
-listen = "127.0.0.1:{port}"
-dataplane = "{engine.url}"
-state_dir = "{workdir / "state"}"
-max_depth = 3
-
-[[replicas]]
-name = "scripted"
-url = "{engine.url}"
-models = ["{DEFAULT_MODEL}"]
-
-[[mcp_servers]]
-name = "fake"
-url = "http://127.0.0.1:{mcp_port}/mcp"
-"""
-        )
-        runtime = ChildProcess(
-            "runtime",
-            ["runtime", "--config", str(config)],
-            workdir / "runtime.log",
-            env={"LUFTPAUSE_TOKEN": ""},
-            ready_url=f"http://127.0.0.1:{port}/health",
-        )
-        children.append(runtime.start())
-        runtime.wait_ready()
-        yield Rig(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mcp_port}", engine)
+        fake = f'[[mcp_servers]]\nname = "fake"\nurl = "http://127.0.0.1:{mcp_port}/mcp"\n'
+        with start_pod(workdir, workspace=None, max_children=None, extra_toml=fake) as pod:
+            yield Rig(pod.url, f"http://127.0.0.1:{mcp_port}", pod.engine)
     finally:
-        for child in reversed(children):
-            child.stop()
-        engine.stop()
-
-
-def _text(result: CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
-
-
-async def _call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments, read_timeout_seconds=60)
-    assert not result.is_error, _text(result)
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
+        tools.stop()
 
 
 async def _spawn_a(client: Client, task: str) -> str:
     """A top-level run allowed ``lookup`` only, with the orchestration tools; run to its answer."""
-    a = (await _call(client, "spawn", task=task, tools=["lookup"], orchestrate=True))["handle"]
+    a = (await call(client, "spawn", task=task, tools=["lookup"], orchestrate=True))["handle"]
     assert isinstance(a, str)
     await _await(client, [a])
     return a
 
 
 async def _await(client: Client, handles: list[str]) -> list[dict[str, Any]]:
-    done = await _call(client, "await", handles=handles, timeout=60)
+    done = await call(client, "await", handles=handles, timeout=60)
     assert done["timedOut"] is False, done
     runs: list[dict[str, Any]] = done["runs"]
     return runs
@@ -143,7 +101,7 @@ def test_a_sub_agent_asking_for_a_tool_it_lacks_for_its_child_is_refused_naming_
     async def go() -> tuple[str, list[dict[str, Any]]]:
         async with Client(f"{rig.url}/mcp") as client:
             a = await _spawn_a(client, a_task)
-            return a, (await _call(client, "list", handle=a))["runs"]
+            return a, (await call(client, "list", handle=a))["runs"]
 
     a, children = asyncio.run(go())
     (refusal,) = _tool_results(rig.engine, a)
@@ -159,10 +117,10 @@ def test_a_child_spawned_without_tools_gets_its_spawners_tools_not_the_servers(r
     async def go() -> tuple[str, dict[str, Any], dict[str, Any]]:
         async with Client(f"{rig.url}/mcp") as client:
             a = await _spawn_a(client, a_task)
-            (b,) = (await _call(client, "list", handle=a))["runs"]
+            (b,) = (await call(client, "list", handle=a))["runs"]
             await _await(client, [b["handle"]])
-            everything = await _call(client, "tools")
-            return b["handle"], await _call(client, "tools", handle=b["handle"]), everything
+            everything = await call(client, "tools")
+            return b["handle"], await call(client, "tools", handle=b["handle"]), everything
 
     b, b_tools, everything = asyncio.run(go())
     names = [tool["name"] for server in b_tools["servers"] for tool in server["tools"]]
@@ -187,9 +145,9 @@ def test_a_tool_call_for_a_tool_not_offered_is_a_failed_call_never_executed(rig:
     async def go() -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
         async with Client(f"{rig.url}/mcp") as client:
             a = await _spawn_a(client, a_task)
-            (b,) = (await _call(client, "list", handle=a))["runs"]
+            (b,) = (await call(client, "list", handle=a))["runs"]
             (b_run,) = await _await(client, [b["handle"]])
-            return b["handle"], b_run, (await _call(client, "list", handle=b["handle"]))["runs"]
+            return b["handle"], b_run, (await call(client, "list", handle=b["handle"]))["runs"]
 
     b, b_run, b_children = asyncio.run(go())
     not_offered, no_spawn, looked_up = _tool_results(rig.engine, b)
@@ -209,18 +167,18 @@ def test_an_mcp_callers_spawn_under_a_parent_is_narrowed_to_the_parents_tools(ri
     async def go() -> tuple[str, dict[str, Any], CallToolResult, dict[str, Any]]:
         async with Client(f"{rig.url}/mcp") as client:
             a = await _spawn_a(client, script({"say": "A done"}))
-            inherit = (await _call(client, "spawn", task=script({"say": "C done"}), parent=a))["handle"]
+            inherit = (await call(client, "spawn", task=script({"say": "C done"}), parent=a))["handle"]
             wider = await client.call_tool(
                 "spawn", {"task": script({"say": "never"}), "parent": a, "tools": ["deep_search"]}
             )
             await _await(client, [inherit])
-            c_tools = await _call(client, "tools", handle=inherit)
-            return a, c_tools, wider, await _call(client, "list", handle=a)
+            c_tools = await call(client, "tools", handle=inherit)
+            return a, c_tools, wider, await call(client, "list", handle=a)
 
     a, c_tools, wider, a_children = asyncio.run(go())
     assert [tool["name"] for server in c_tools["servers"] for tool in server["tools"]] == ["lookup"]
     assert wider.is_error
-    assert _text(wider).endswith(f"tools: deep_search not among the tools the parent run {a!r} may use")
+    assert tool_text(wider).endswith(f"tools: deep_search not among the tools the parent run {a!r} may use")
     assert len(a_children["runs"]) == 1  # the refused spawn started nothing
 
 
@@ -231,22 +189,22 @@ def test_an_mcp_callers_spawn_under_a_parent_keeps_the_parents_approvals(rig: Ri
     async def go() -> tuple[dict[str, Any], dict[str, Any]]:
         async with Client(f"{rig.url}/mcp") as client:
             a = (
-                await _call(
+                await call(
                     client, "spawn", task=script({"say": "A done"}), tools=["lookup"], approveTools=["lookup"]
                 )
             )["handle"]
             await _await(client, [a])
-            c = (await _call(client, "spawn", task=child, parent=a))["handle"]
+            c = (await call(client, "spawn", task=child, parent=a))["handle"]
 
             async def waiting() -> dict[str, Any] | None:
-                status: dict[str, Any] = (await _call(client, "status", handle=c))["run"]
+                status: dict[str, Any] = (await call(client, "status", handle=c))["run"]
                 return status if status["state"] == "AwaitingApproval" else None
 
             deadline = asyncio.get_running_loop().time() + 30
             while (pending := await waiting()) is None:
-                assert asyncio.get_running_loop().time() < deadline, await _call(client, "status", handle=c)
+                assert asyncio.get_running_loop().time() < deadline, await call(client, "status", handle=c)
                 await asyncio.sleep(0.1)
-            await _call(client, "approve", handle=c, allow=True)
+            await call(client, "approve", handle=c, allow=True)
             (done,) = await _await(client, [c])
             return pending, done
 

@@ -22,10 +22,9 @@ import pytest
 import uvicorn
 from mcp.server import MCPServer
 from mcp.types import ToolAnnotations
-from pods_helpers import Pod, ScriptedEngine, call, get_json, script, until
+from pods_helpers import Pod, call, get_json, script, start_pod, until
 from pydantic import Field
 
-from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port
 
@@ -100,34 +99,11 @@ class HoldingToolServer:
 def pod(tmp_path: Path) -> Iterator[tuple[Pod, HoldingToolServer]]:
     """The runtime with the scripted engine as its dataplane and the holding tool server."""
     with HoldingToolServer() as tools:
-        engine = ScriptedEngine().start()
-        port = free_port()
-        config = tmp_path / "luftpause.toml"
-        config.write_text(
-            f"""
-[runtime]
-listen = "127.0.0.1:{port}"
-dataplane = "{engine.url}"
-state_dir = "{tmp_path / "state"}"
-
-[[replicas]]
-name = "scripted"
-url = "{engine.url}"
-models = ["{DEFAULT_MODEL}"]
-
-[[mcp_servers]]
-name = "holding"
-url = "{tools.url}"
-"""
-        )
-        running = Pod(tmp_path, tmp_path, engine, config, port)
-        try:
-            running.start_runtime()
+        holding = f'[[mcp_servers]]\nname = "holding"\nurl = "{tools.url}"\n'
+        with start_pod(
+            tmp_path, workspace=None, max_depth=None, max_children=None, extra_toml=holding
+        ) as running:
             yield running, tools
-        finally:
-            if running.runtime is not None:
-                running.runtime.stop()
-            engine.stop()
 
 
 def _network_row(pod: Pod, handle: str) -> dict[str, Any]:

@@ -16,11 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 from mcp import Client
-from pods_helpers import Pod, ScriptedEngine, call, script, tool_text
+from pods_helpers import Pod, call, script, start_pod, tool_text
 
-from luftpause.config import DEFAULT_MODEL
 from luftpause.runtime.pods import NO_WORKSPACE
-from luftpause.testkit.procs import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -29,31 +27,10 @@ FILE_TOOLS = {"read_file", "write_file", "edit_file", "list_directory"}
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    workdir = tmp_path_factory.mktemp("no-workspace")
-    engine = ScriptedEngine().start()
-    port = free_port()
-    config = workdir / "luftpause.toml"
-    config.write_text(
-        f"""
-[runtime]
-listen = "127.0.0.1:{port}"
-dataplane = "{engine.url}"
-state_dir = "{workdir / "state"}"
-
-[[replicas]]
-name = "scripted"
-url = "{engine.url}"
-models = ["{DEFAULT_MODEL}"]
-"""
-    )
-    running = Pod(workdir, workdir, engine, config, port)
-    try:
-        running.start_runtime()
+    with start_pod(
+        tmp_path_factory.mktemp("no-workspace"), workspace=None, max_depth=None, max_children=None
+    ) as running:
         yield running
-    finally:
-        if running.runtime is not None:
-            running.runtime.stop()
-        engine.stop()
 
 
 @pytest.mark.parametrize("path", ["/", "/etc", "/tmp", "src"])

@@ -30,11 +30,9 @@ from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.types import CallToolResult
 from mcp_types import Result
-from pods_helpers import ScriptedEngine, call, script, until
+from pods_helpers import ScriptedEngine, call, script, start_pod, until
 
-from luftpause.config import DEFAULT_MODEL
 from luftpause.runtime.tasks import TASKS_EXTENSION
-from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -74,48 +72,16 @@ class Rig:
 @contextmanager
 def _rig(workdir: Path, with_workspace: bool) -> Iterator[Rig]:
     """The scripted engine, the upstream stdio server and a runtime; all stopped on exit."""
-    workspace = workdir / "ws"
-    (workspace / "sub").mkdir(parents=True)
     upstream = workdir / "upstream_server.py"
     upstream.write_text(UPSTREAM_SERVER)
-    port = free_port()
-    engine = ScriptedEngine().start()
-    try:
-        config = workdir / "luftpause.toml"
-        config.write_text(
-            f"""
-[runtime]
-listen = "127.0.0.1:{port}"
-dataplane = "{engine.url}"
-state_dir = "{workdir / "state"}"
-{f'workspace = "{workspace}"' if with_workspace else ""}
-max_depth = 3
-
-[[replicas]]
-name = "scripted"
-url = "{engine.url}"
-models = ["{DEFAULT_MODEL}"]
-
+    server = f"""
 [[mcp_servers]]
 name = "upstream"
 command = [{json.dumps(sys.executable)}, {json.dumps(str(upstream))}]
 """
-        )
-        runtime = ChildProcess(
-            "runtime",
-            ["runtime", "--config", str(config)],
-            workdir / "runtime.log",
-            env={"LUFTPAUSE_TOKEN": ""},
-            ready_url=f"http://127.0.0.1:{port}/health",
-        )
-        try:
-            runtime.start()
-            runtime.wait_ready()
-            yield Rig(f"http://127.0.0.1:{port}/mcp", engine, workspace.resolve() if with_workspace else None)
-        finally:
-            runtime.stop()
-    finally:
-        engine.stop()
+    workspace = ("sub",) if with_workspace else None
+    with start_pod(workdir, workspace=workspace, max_children=None, extra_toml=server) as pod:
+        yield Rig(f"{pod.url}/mcp", pod.engine, pod.workspace)
 
 
 @pytest.fixture(scope="module")
