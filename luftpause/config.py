@@ -25,6 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 CONFIG_ENV = "LUFTPAUSE_CONFIG"
 
+EnginePriority = Literal["lower_first", "higher_first"]
+"""How an engine orders its waiting queue by the request's ``priority`` field (``[[replicas]]
+priority``): lower value first (vLLM) or higher value first (SGLang's default)."""
+
 DEFAULT_MODEL = "llama-3.2-1b"
 
 EMBEDDED_DEFAULT = f"""
@@ -156,11 +160,31 @@ class ReplicaConfig(_Section):
     """For a router: the engines (``http://`` or ``https://`` URLs) whose ``/metrics`` give its load."""
     max_inflight: int = Field(default=32, ge=1)
     """Cap on turns in flight at this replica; the scheduler holds the rest."""
+    priority: EnginePriority | None = None
+    """How the engine orders its waiting queue by a request's ``priority`` field, so that the
+    dataplane tags each turn with its service class: ``"lower_first"`` (vLLM with
+    ``--scheduling-policy priority``; SGLang with ``--enable-priority-scheduling
+    --schedule-low-priority-values-first``) or ``"higher_first"`` (SGLang with
+    ``--enable-priority-scheduling``), the words of ``luftpause fake-engine --priority``. Unset
+    (the default): no ``priority`` is sent. Set it only when the engine was started so: vLLM
+    without its priority policy refuses a ``priority`` other than 0 with 400, and SGLang without
+    priority scheduling ignores the field or aborts the request. The values sent, and why, are in
+    :func:`luftpause.dataplane.relay.with_priority`. Generative replicas only: single-pass turns
+    are sent unchanged."""
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
         return _http_url(value)
+
+    @model_validator(mode="after")
+    def _priority_generative(self) -> ReplicaConfig:
+        if self.priority is not None and self.kind != "generative":
+            raise ValueError(
+                "priority: expected only on a generative replica (single-pass turns are sent "
+                f"unchanged), got {self.priority!r} with kind {self.kind!r}"
+            )
+        return self
 
     @field_validator("load_from")
     @classmethod

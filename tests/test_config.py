@@ -135,6 +135,16 @@ REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
             "runtime.max_depth: expected an integer, got '3'",
         ),
         (REPLICA + "api_key_env = 5\n", "replicas[0].api_key_env: expected a string, got 5"),
+        (
+            REPLICA + 'priority = "fcfs"\n',
+            "replicas[0].priority: expected 'lower_first' or 'higher_first', got 'fcfs'",
+        ),
+        (REPLICA + "priority = 1\n", "replicas[0].priority: expected 'lower_first' or 'higher_first', got 1"),
+        (
+            REPLICA + 'kind = "single_pass"\npriority = "lower_first"\n',
+            "replicas[0]: priority: expected only on a generative replica (single-pass turns are sent "
+            "unchanged), got 'lower_first' with kind 'single_pass'",
+        ),
         (REPLICA + 'models = "m"\n', "not valid TOML"),
         (
             '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = "m"\n',
@@ -209,3 +219,9 @@ def test_a_listen_address_is_reached_on_its_host_or_on_loopback_for_all_addresse
     assert listen_url("[::]:7000") == "http://[::1]:7000"
     assert listen_url("[::1]:7000") == "http://[::1]:7000"
     assert listen_url("10.0.0.5:7001") == "http://10.0.0.5:7001"
+
+
+def test_a_replica_sends_no_priority_unless_its_engine_order_is_named() -> None:
+    assert parse_config(REPLICA).replicas[0].priority is None
+    for order in ("lower_first", "higher_first"):
+        assert parse_config(REPLICA + f'priority = "{order}"\n').replicas[0].priority == order

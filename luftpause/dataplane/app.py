@@ -360,6 +360,7 @@ class Dataplane:
             tracestate=exchange.header("tracestate"),
             arrived=now,
             new_run=new_run,
+            client_priority="priority" in payload,
         )
 
     def _parse_single_pass(self, exchange: Exchange, body: bytes) -> Turn:

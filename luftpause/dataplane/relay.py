@@ -22,7 +22,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from luftpause import tracing
-from luftpause.config import ReplicaConfig
+from luftpause.config import EnginePriority, ReplicaConfig
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.asgi import Exchange, StreamBroken
@@ -101,6 +101,42 @@ def _decoder(encoding: str | None) -> Any:
     return False
 
 
+PRIORITY_VALUES: dict[str, dict[int, int]] = {
+    "lower_first": {pb.INTERACTIVE: 0, pb.BATCH: 1},
+    "higher_first": {pb.INTERACTIVE: 1, pb.BATCH: 0},
+}
+"""The ``priority`` a turn carries to a replica with ``[[replicas]] priority`` set, by that order
+and the turn's service class: the interactive class gets the value the engine serves first.
+
+Why these values: vLLM (lower first) gives a request without the field priority 0, so an untagged
+request from another client ranks with interactive turns, ahead of batch ones, never behind them
+(0 is also the one value vLLM takes without its priority policy, so a replica set up wrongly still
+serves interactive turns). SGLang gives an untagged request the value it serves last, whichever
+order it uses, so no choice of ours can move it ahead; 0 and 1 differ by less than its
+``--priority-scheduling-preemption-threshold`` (default 10), so an interactive turn reorders the
+waiting queue but never preempts a running batch turn (whose decode would be thrown away)."""
+
+# The same, as the bytes spliced in: the opening brace and the member that follows it.
+_PRIORITY_HEADS: dict[str, dict[int, bytes]] = {
+    order: {cls: b'{"priority":%d,' % value for cls, value in values.items()}
+    for order, values in PRIORITY_VALUES.items()
+}
+
+
+def with_priority(body: bytes, order: EnginePriority, service_class: int) -> bytes:
+    """``body`` with ``"priority":N,`` spliced in right after its opening brace, ``N`` from
+    :data:`PRIORITY_VALUES` for ``order`` and ``service_class`` (a ``ServiceClass``).
+
+    ``body`` must be what the front door took: a JSON object (``_json_with_model`` in ``app.py``:
+    only JSON whitespace may precede its brace, and orjson refuses a byte order mark) with at least
+    one member (``model``), so the comma is followed by one, and without a ``priority`` member of
+    its own (a client's explicit choice is sent as it came; the caller checks). Nothing else is
+    parsed or re-encoded: the client's bytes follow unchanged, copied once.
+    """
+    start = body.index(b"{")
+    return b"".join((body[:start], _PRIORITY_HEADS[order][service_class], memoryview(body)[start + 1 :]))
+
+
 _ID_PREFIX = secrets.token_hex(8)
 """64 random bits per process: ids made here never meet another process's (dataplanes, restarts)."""
 _ID_COUNTER = itertools.count()
@@ -141,6 +177,8 @@ class Turn:
     new_run: bool = False
     """The run was made up for this turn (no header, no known tool call): forgotten again if the
     turn never reaches a replica."""
+    client_priority: bool = False
+    """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
 
     @staticmethod
     def new_id() -> str:
@@ -247,7 +285,9 @@ class Relay:
         """Send ``turn`` to ``replica`` and relay the answer to the client of ``exchange``.
 
         A chat turn goes to ``/v1/chat/completions``, a single-pass turn to ``/classify`` (vLLM's
-        classification route), its body unchanged either way. Raises :class:`EngineUnreachable`
+        classification route), its body unchanged either way, except that a chat turn to a
+        replica with ``priority`` set carries its class as the engine's ``priority`` field
+        (:func:`with_priority`) unless the client set one. Raises :class:`EngineUnreachable`
         (nothing sent to the client yet) when the engine cannot be connected to or breaks off
         before its answer has begun, and :class:`~luftpause.dataplane.asgi.StreamBroken` when the engine
         fails after the answer began (the client's connection is then aborted, never ended cleanly).
@@ -273,10 +313,12 @@ class Relay:
             headers["traceparent"] = turn.traceparent
             if turn.tracestate:  # W3C Trace Context: tracestate travels only with its traceparent
                 headers["tracestate"] = turn.tracestate
+        body = turn.body
+        if replica.priority is not None and not turn.single_pass and not turn.client_priority:
+            # Local to this send: turn.body stays the client's bytes.
+            body = with_priority(body, replica.priority, turn.service_class)
         # aiohttp writes a bytes body in one call; past 1 MiB a file-like payload is streamed.
-        data: bytes | io.BytesIO = (
-            turn.body if len(turn.body) <= _INLINE_BODY_BYTES else io.BytesIO(turn.body)
-        )
+        data: bytes | io.BytesIO = body if len(body) <= _INLINE_BODY_BYTES else io.BytesIO(body)
         try:
             path = CLASSIFY_PATH if turn.single_pass else CHAT_PATH
             # Never decoded by aiohttp (which would fail on br/zstd without their libraries and drop
