@@ -11,6 +11,9 @@ Routes, as SGLang and vLLM serve them:
   by a fault is not kept);
 * ``GET /testkit/received/{id}``: the request headers that completion ``id`` arrived with, as a
   JSON object of lower-cased names, so a test can check what a proxy sent upstream;
+* ``GET /testkit/request/{id}``: the exact request body bytes completion ``id`` arrived with;
+* ``GET /testkit/started``: the ids of the last ``SENT_KEPT`` chat completions in the order they
+  got a running slot (a JSON array), so a test can see how the waiting queue was served;
 * ``GET /testkit/cost/{id}``: what completion ``id`` cost in simulated time, computed rather
   than measured: ``{"prompt_tokens", "cached_tokens", "completion_tokens", "prefill_s",
   "decode_s"}`` (seconds, after ``time_scale``; ``decode_s`` is the sum of the decode steps of its
@@ -35,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
@@ -122,6 +125,8 @@ class SimulatedEngine:
         self._load = {model: ModelLoad() for model in settings.models}
         self._sent: OrderedDict[str, bytes] = OrderedDict()
         self._received: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._requests: OrderedDict[str, bytes] = OrderedDict()
+        self._started: deque[str] = deque(maxlen=SENT_KEPT)
         self._costs_kept: OrderedDict[str, dict[str, float]] = OrderedDict()
         # Queue rank of a request's priority: 0 for all (FIFO), or lower/higher value first.
         self._rank_sign = {"fcfs": 0, "lower_first": 1, "higher_first": -1}[settings.priority_order]
@@ -137,6 +142,8 @@ class SimulatedEngine:
         app.router.add_get("/health", self.health)
         app.router.add_get("/testkit/sent/{id}", self.sent)
         app.router.add_get("/testkit/received/{id}", self.received)
+        app.router.add_get("/testkit/request/{id}", self.request_body)
+        app.router.add_get("/testkit/started", self.started_order)
         app.router.add_get("/testkit/cost/{id}", self.cost)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
@@ -167,6 +174,15 @@ class SimulatedEngine:
         if headers is None:
             return web.json_response({"error": {"message": "not recorded"}}, status=404)
         return web.json_response(headers)
+
+    async def request_body(self, request: web.Request) -> web.Response:
+        body = self._requests.get(request.match_info["id"])
+        if body is None:
+            return web.json_response({"error": {"message": "not recorded"}}, status=404)
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    async def started_order(self, request: web.Request) -> web.Response:
+        return web.json_response(list(self._started))
 
     async def cost(self, request: web.Request) -> web.Response:
         cost = self._costs_kept.get(request.match_info["id"])
@@ -251,8 +267,9 @@ class SimulatedEngine:
         With a fault (the body's ``luftpause_fault``, else the configured one; see :mod:`.faults`)
         the engine misbehaves as that fault says instead of answering normally.
         """
+        raw = await request.read()
         try:
-            chat = wire.parse_chat_request(await request.read(), self.settings.models)
+            chat = wire.parse_chat_request(raw, self.settings.models)
         except wire.RequestError as exc:
             return web.json_response(exc.body(), status=exc.status)
         self.stats.requests += 1
@@ -280,6 +297,7 @@ class SimulatedEngine:
         )
         ids = wire.ResponseIds(chat.model)
         _keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
+        _keep(self._requests, ids.id, raw)
         if chat.stream:
             return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, path, fault)
         if isinstance(fault, ErrorMidStream):
@@ -298,7 +316,7 @@ class SimulatedEngine:
     ) -> web.StreamResponse:
         """A non-streamed answer: decode unseen, then one ``chat.completion`` object."""
         try:
-            async with self._running(chat.model, prompt_tokens, path, chat.priority) as held:
+            async with self._running(chat.model, prompt_tokens, path, chat.priority, ids.id) as held:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
                 await self._decode_unseen(reply, held)
@@ -348,7 +366,7 @@ class SimulatedEngine:
         try:
             if not isinstance(fault, Stall):
                 await response.prepare(request)
-            async with self._running(chat.model, prompt_tokens, path, chat.priority) as held:
+            async with self._running(chat.model, prompt_tokens, path, chat.priority, ids.id) as held:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
                     await response.prepare(request)
@@ -383,15 +401,23 @@ class SimulatedEngine:
 
     @asynccontextmanager
     async def _running(
-        self, model: str, prompt_tokens: int, path: PrefixPath | None, priority: int
+        self,
+        model: str,
+        prompt_tokens: int,
+        path: PrefixPath | None,
+        priority: int,
+        completion_id: str | None = None,
     ) -> AsyncIterator[_HeldTokens]:
         """Wait for a slot, look ``path`` up in the prefix cache (``None``: a single pass, not
-        cached), prefill the rest and cache ``path``; the block decodes. Counts go to ``/metrics``."""
+        cached), prefill the rest and cache ``path``; the block decodes. Counts go to ``/metrics``;
+        ``completion_id``, when given, to ``/testkit/started`` once the slot is taken."""
         load = self._load[model]
         load.waiting += 1
         queued = True
         try:
             async with self._pool.slot(self._rank_sign * priority):
+                if completion_id is not None:
+                    self._started.append(completion_id)
                 load.waiting -= 1
                 queued = False
                 load.running += 1
