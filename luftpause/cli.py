@@ -80,6 +80,13 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         default=None,
         help=f"text, or one JSON object per line (default: ${logs.LOG_FORMAT_ENV}, else text)",
     )
+    parser.add_argument(
+        "--log-level",
+        choices=tuple(logs.LEVELS),
+        default=None,
+        help=f"the lowest level logged; debug adds the HTTP clients' per-request lines "
+        f"(default: ${logs.LOG_LEVEL_ENV}, else info)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -90,12 +97,15 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
-    # The first word naming a command (an option's value, such as --log-format's, names none).
+    # The first word naming a command (an option's value, such as --log-format's or --log-level's,
+    # names none).
     command = next((a for a in args_in if a in COMMANDS), None)
     parser = build_parser(command)
     args = parser.parse_args(args_in)
     if args.log_format is not None:
         os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
+    if args.log_level is not None:
+        os.environ[logs.LOG_LEVEL_ENV] = args.log_level  # the same
     logs.configure(args.command)
     module = importlib.import_module(COMMANDS[args.command][0])
     result: int = module.run(args)

@@ -14,6 +14,10 @@ record that carries a non-empty ``trace_id`` field with `` trace=<trace id>``, s
 trace can be found from the default log as well. The HTTP client libraries' per-request lines
 (``HTTP Request: POST ... "HTTP/1.1 200 OK"`` from httpx and httpx2, one per MCP message) are
 kept out unless DEBUG is asked for: see :data:`PER_REQUEST_LOGGERS`.
+
+``luftpause --log-level debug|info|warning|error COMMAND ...`` (or ``LUFTPAUSE_LOG_LEVEL``; default
+``info``) sets the level the same way: it travels in the environment to ``luftpause up``'s children
+and to granian's workers, and ``debug`` lets the HTTP clients' per-request lines through.
 """
 
 from __future__ import annotations
@@ -32,6 +36,15 @@ TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 LogFormat = Literal["text", "json"]
 
+LOG_LEVEL_ENV = "LUFTPAUSE_LOG_LEVEL"
+# The words --log-level and LUFTPAUSE_LOG_LEVEL take, and the logging level each names.
+LEVELS: dict[str, int] = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
 # Loggers that write a line per HTTP request: httpx and httpx2 (the mcp SDK's client) at INFO,
 # httpcore and httpcore2 at DEBUG (`loadgen --spawn` printed one line per MCP message). aiohttp's and
 # uvicorn's access logs are not here: every luftpause server turns its access log off.
@@ -41,6 +54,12 @@ PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 def current_format() -> LogFormat:
     """The format ``LUFTPAUSE_LOG_FORMAT`` asks for; ``text`` when unset or unknown."""
     return "json" if os.environ.get(LOG_FORMAT_ENV, "").strip().lower() == "json" else "text"
+
+
+def current_level() -> int:
+    """The :mod:`logging` level ``LUFTPAUSE_LOG_LEVEL`` asks for (a word of :data:`LEVELS`);
+    ``logging.INFO`` when unset or unknown."""
+    return LEVELS.get(os.environ.get(LOG_LEVEL_ENV, "").strip().lower(), logging.INFO)
 
 
 class _ProcessField(logging.Filter):
@@ -90,13 +109,16 @@ def announce(command: str, message: str, *, level: int = logging.INFO, stream: I
     logger.handle(logger.makeRecord(logger.name, level, __file__, 0, message, (), None))
 
 
-def configure(command: str, level: int = logging.INFO) -> None:
-    """Route the root logger to stderr in the current format (see :func:`current_format`).
+def configure(command: str, level: int | None = None) -> None:
+    """Route the root logger to stderr in the current format (see :func:`current_format`), at
+    ``level`` (default: :func:`current_level`).
 
     ``command`` names the process in JSON records. Safe to call again (the worker process of a
     granian server calls it once more): handlers are replaced, never added twice. The
     :data:`PER_REQUEST_LOGGERS` are set to WARNING unless ``level`` is DEBUG.
     """
+    if level is None:
+        level = current_level()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ProcessField(command))
     handler.setFormatter(json_formatter() if current_format() == "json" else _text_formatter())
@@ -122,9 +144,12 @@ def _text_formatter() -> logging.Formatter:
     return _TextFormatter(TEXT_FORMAT)
 
 
-def granian_log_config(command: str, level: int = logging.INFO) -> dict[str, Any]:
+def granian_log_config(command: str, level: int | None = None) -> dict[str, Any]:
     """``Granian(log_dictconfig=...)``: granian applies it in its main process and in every worker,
-    so granian's own records and luftpause's in the worker (the root logger) share the format."""
+    so granian's own records and luftpause's in the worker (the root logger) share the format and
+    the root's ``level`` (default: :func:`current_level`)."""
+    if level is None:
+        level = current_level()
     formatter = json_formatter if current_format() == "json" else _text_formatter
     handler = {"filters": ["process"], "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
     return {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from luftpause.cli import main
 from luftpause.testkit.procs import ChildProcess, free_port, http_ok
 
 KEYS = {"time", "level", "logger", "process", "message"}
+LEVEL_ENV = "LUFTPAUSE_LOG_LEVEL"
 
 
 def _records(log: Path, process: str) -> list[dict[str, object]]:
@@ -216,3 +218,65 @@ def test_the_http_clients_per_request_lines_are_shown_at_debug(capsys: pytest.Ca
     err = capsys.readouterr().err
     assert 'httpx2 INFO HTTP Request: POST http://127.0.0.1:7000/mcp "HTTP/1.1 200 OK"' in err
     assert "httpx INFO HTTP Request: POST" in err
+
+
+@pytest.fixture
+def posting_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``luftpause top`` runs one POST with each HTTP client library instead of watching a runtime,
+    so :func:`main` (argument parsing, ``logs.configure``) is what decides which lines show.
+    ``LUFTPAUSE_LOG_LEVEL`` is unset for the test and put back after it (``main`` writes it)."""
+    import luftpause.top
+
+    def run(args: object) -> int:
+        _post_with_httpx_and_httpx2()
+        logging.getLogger("luftpause.top").info("our own line")
+        return 0
+
+    monkeypatch.setattr(luftpause.top, "run", run)
+    monkeypatch.setenv(LEVEL_ENV, "")
+    monkeypatch.delenv(LEVEL_ENV)
+    monkeypatch.delenv(logs.LOG_FORMAT_ENV, raising=False)
+
+
+@pytest.mark.usefixtures("restored_logging", "posting_command")
+def test_log_level_debug_lets_the_per_request_lines_through(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-level", "debug", "top"]) == 0
+    err = capsys.readouterr().err
+    assert 'httpx2 INFO HTTP Request: POST http://127.0.0.1:7000/mcp "HTTP/1.1 200 OK"' in err
+    assert "httpx INFO HTTP Request: POST" in err
+    # luftpause up's children and granian's workers read it from the environment.
+    assert os.environ[LEVEL_ENV] == "debug"
+
+
+@pytest.mark.usefixtures("restored_logging", "posting_command")
+def test_the_default_log_level_is_info(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["top"]) == 0
+    err = capsys.readouterr().err
+    assert "HTTP Request" not in err
+    assert "our own line" in err
+
+
+@pytest.mark.usefixtures("restored_logging", "posting_command")
+def test_log_level_warning_hides_info_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-level", "warning", "top"]) == 0
+    assert "our own line" not in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("restored_logging", "posting_command")
+def test_the_log_level_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a child of luftpause up (started without --log-level) sees.
+    monkeypatch.setenv(LEVEL_ENV, "debug")
+    assert main(["top"]) == 0
+    assert "httpx INFO HTTP Request: POST" in capsys.readouterr().err
+    assert logs.granian_log_config("dataplane")["root"]["level"] == "DEBUG"
+    monkeypatch.setenv(LEVEL_ENV, "error")
+    assert logs.granian_log_config("dataplane")["root"]["level"] == "ERROR"
+
+
+def test_an_unknown_log_level_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--log-level", "verbose", "scheduler"])
+    assert exited.value.code == 2
+    assert "argument --log-level: invalid choice: 'verbose'" in capsys.readouterr().err

@@ -376,9 +376,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     # Our own INFO lines (upstream connections, failed runs); the libraries' per-request INFO
-    # lines (httpx, the SDK) would bury them.
-    logging.getLogger().setLevel(logging.WARNING)
-    logging.getLogger("luftpause").setLevel(logging.INFO)
+    # lines (httpx, the SDK) would bury them. Another --log-level (debug: those lines too) is kept.
+    level = logs.current_level()
+    root_level = logging.WARNING if level == logging.INFO else level
+    logging.getLogger().setLevel(root_level)
+    logging.getLogger("luftpause").setLevel(level)
     from granian import Granian
     from granian.constants import Interfaces, Loops
     from granian.log import LogLevels
@@ -393,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
         workers=1,
         log_level=LogLevels.warning,
         process_name=process_title(),
-        log_dictconfig=logs.granian_log_config("runtime", logging.WARNING),
+        log_dictconfig=logs.granian_log_config("runtime", root_level),
     )
     server.serve(target_loader=partial(create_app, config), wrap_loader=False)
     return 0
