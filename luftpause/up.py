@@ -8,12 +8,13 @@ stack's ports, ``luftpause up --print-config > FILE``, edit the addresses, then
 ``luftpause up --config FILE --simulate``. It prints the URLs once everything answers, and stops
 every child on Ctrl-C / SIGTERM or as soon as one of them dies, printing that child's last log
 lines. Exit status: 0 after Ctrl-C, 1 when a port it needs is taken or a child died, 2 for a bad
-configuration.
+configuration (also when two addresses that must name the same place name different ports).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import sys
 import time
@@ -107,6 +108,67 @@ def plan(config: Config, logs: Path, simulate: bool = False) -> list[ChildProces
     return children
 
 
+def _reaches(host: str, port: int | None, listen: str) -> bool | None:
+    """Whether a client connecting to ``host:port`` reaches a server listening on ``listen``
+    (``host:port``): False when it certainly does not, None when it may.
+
+    Certain only when ``host`` is this machine (a loopback or all-addresses literal, ``localhost``,
+    or the listen's own host) and the port differs. Another name on another port may be a proxy
+    forwarding here; another name on the same port may be this machine: both may reach it.
+    """
+    listen_host, listen_port = split_host_port(listen)
+    if port is None or port == listen_port:
+        return None
+    name = host.lower()
+    if name in ("localhost", listen_host.lower()):
+        return False
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return None
+    return False if address.is_loopback or address.is_unspecified else None
+
+
+def address_mismatches(config: Config) -> list[str]:
+    """One line per pair of addresses that must name the same place and certainly do not.
+
+    ``[runtime] dataplane`` (a URL) must reach ``[dataplane] listen``, and ``[dataplane]
+    scheduler`` must reach ``[scheduler] grpc``: ``up`` starts both ends of each, and a mismatch
+    would leave every sub-agent turn failing (or sent to a stranger) and every chat turn waiting
+    on a scheduler that is not there. Empty when every pair may match (:func:`_reaches`).
+    """
+    lines = []
+    try:
+        url = urlsplit(config.runtime.dataplane)
+        url_port = url.port or {"http": 80, "https": 443}.get(url.scheme)
+    except ValueError:  # a port that is not a number: the runtime names it when it starts
+        url, url_port = None, None
+    if url is not None and _reaches(url.hostname or "", url_port, config.dataplane.listen) is False:
+        lines.append(
+            f'[runtime] dataplane = "{config.runtime.dataplane}" does not reach [dataplane] listen = '
+            f'"{config.dataplane.listen}" (another port): the sub-agents\' turns would not go through '
+            "this dataplane"
+        )
+    sched_host, sched_port = split_host_port(config.dataplane.scheduler)
+    if _reaches(sched_host, sched_port, config.scheduler.grpc) is False:
+        lines.append(
+            f'[dataplane] scheduler = "{config.dataplane.scheduler}" does not reach [scheduler] grpc = '
+            f'"{config.scheduler.grpc}" (another port): the dataplane would never connect and chat '
+            "turns would wait"
+        )
+    return lines
+
+
+def mismatch_message(mismatches: list[str], config: Config) -> str:
+    """Why ``up`` refuses to start: one line per mismatch, naming both keys, their values and
+    the README section on changing addresses in pairs."""
+    where = config.source or "embedded default"
+    return "\n".join(
+        f"luftpause up: {where}: {line}; give both the same port (README: Configuration, Moving the ports)"
+        for line in mismatches
+    )
+
+
 def busy_ports(config: Config, simulate: bool = False) -> list[str]:
     """The ``host:port`` addresses ``up`` would listen on that something already listens on.
 
@@ -174,6 +236,10 @@ def run(args: argparse.Namespace) -> int:
         print(EMBEDDED_DEFAULT.strip())
         return 0
     config = config_from_args(args)
+    mismatches = address_mismatches(config)
+    if mismatches:  # before starting anything: a warning would scroll away under the logs
+        print(mismatch_message(mismatches, config), file=sys.stderr)
+        return 2
     busy = busy_ports(config, args.simulate)
     if busy:
         print(busy_message(busy, config), file=sys.stderr)

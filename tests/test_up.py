@@ -17,7 +17,7 @@ import pytest
 from luftpause.cli import main
 from luftpause.config import EMBEDDED_DEFAULT, load_config, parse_config
 from luftpause.testkit.procs import ChildProcess, free_port, port_open
-from luftpause.up import busy_message, plan
+from luftpause.up import address_mismatches, busy_message, plan
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +260,7 @@ def test_up_refuses_to_start_when_a_port_it_needs_is_taken(tmp_path: Path) -> No
         path = tmp_path / "busy.toml"
         path.write_text(
             f'[dataplane]\nlisten = "127.0.0.1:{taken}"\n'
+            f'[runtime]\ndataplane = "http://127.0.0.1:{taken}"\n'
             '[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
         )
         done = subprocess.run(
@@ -271,3 +272,155 @@ def test_up_refuses_to_start_when_a_port_it_needs_is_taken(tmp_path: Path) -> No
     assert f"127.0.0.1:{taken}".encode() in done.stderr
     assert b"already in use" in done.stderr
     assert f"or change these addresses in {path}".encode() in done.stderr
+
+
+def _with(**sections: dict[str, str]) -> str:
+    """A configuration file's text: the given ``[section] key = "value"`` lines, one replica."""
+    text = "".join(
+        f"[{name}]\n" + "".join(f'{key} = "{value}"\n' for key, value in keys.items())
+        for name, keys in sections.items()
+    )
+    return text + '[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
+
+
+@pytest.mark.parametrize(
+    ("sections", "keys"),
+    [
+        (
+            {"runtime": {"dataplane": "http://127.0.0.1:41599"}, "dataplane": {"listen": "127.0.0.1:41580"}},
+            ('[runtime] dataplane = "http://127.0.0.1:41599"', '[dataplane] listen = "127.0.0.1:41580"'),
+        ),
+        (
+            {"scheduler": {"grpc": "127.0.0.1:41580"}, "dataplane": {"scheduler": "127.0.0.1:41598"}},
+            ('[dataplane] scheduler = "127.0.0.1:41598"', '[scheduler] grpc = "127.0.0.1:41580"'),
+        ),
+        (  # the same machine by other names, but another port
+            {"runtime": {"dataplane": "http://localhost:41599"}, "dataplane": {"listen": "0.0.0.0:41580"}},
+            ("[runtime] dataplane", "[dataplane] listen"),
+        ),
+        (
+            {"scheduler": {"grpc": "[::]:41580"}, "dataplane": {"scheduler": "[::1]:41598"}},
+            ("[dataplane] scheduler", "[scheduler] grpc"),
+        ),
+        (  # a URL without a port is on port 80
+            {"runtime": {"dataplane": "http://127.0.0.1"}, "dataplane": {"listen": "127.0.0.1:41580"}},
+            ("[runtime] dataplane", "[dataplane] listen"),
+        ),
+    ],
+)
+def test_addresses_that_must_match_and_name_another_port_are_found(
+    sections: dict[str, dict[str, str]], keys: tuple[str, str]
+) -> None:
+    (line,) = address_mismatches(parse_config(_with(**sections), "lp.toml"))
+    assert all(key in line for key in keys), line
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"runtime": {"dataplane": "http://localhost:41580"}, "dataplane": {"listen": "127.0.0.1:41580"}},
+        {"runtime": {"dataplane": "http://127.0.0.1:41580"}, "dataplane": {"listen": "0.0.0.0:41580"}},
+        {"runtime": {"dataplane": "http://[::1]:41580/"}, "dataplane": {"listen": "[::]:41580"}},
+        {"runtime": {"dataplane": "http://127.0.0.1"}, "dataplane": {"listen": "127.0.0.1:80"}},
+        # another name on another port may be a proxy forwarding to the dataplane
+        {"runtime": {"dataplane": "https://gateway.example"}, "dataplane": {"listen": "127.0.0.1:41580"}},
+        {"scheduler": {"grpc": "0.0.0.0:41580"}, "dataplane": {"scheduler": "localhost:41580"}},
+        {"scheduler": {"grpc": "127.0.0.1:41580"}, "dataplane": {"scheduler": "sched.internal:5000"}},
+    ],
+)
+def test_addresses_that_may_name_the_same_place_pass(sections: dict[str, dict[str, str]]) -> None:
+    assert address_mismatches(parse_config(_with(**sections), "lp.toml")) == []
+
+
+def _exit_before_ready(argv: list[str], path: Path) -> subprocess.CompletedProcess[bytes]:
+    """Run ``luftpause up`` and return once it exits; a failure (after stopping it) when it
+    prints its ready banner instead."""
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert up.stdout is not None and up.stderr is not None
+        out = b""
+        for line in up.stdout:
+            out += line
+            assert b"Ctrl-C stops everything" not in line, out.decode()
+        return subprocess.CompletedProcess(argv, up.wait(60), out, up.stderr.read())
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
+        for stream in (up.stdout, up.stderr):
+            if stream is not None:
+                stream.close()
+        for pid in _pids_with(str(path)):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("simulate", [False, True])
+def test_up_refuses_to_start_when_the_runtime_s_dataplane_is_another_port(
+    tmp_path: Path, simulate: bool
+) -> None:
+    ports = {name: free_port() for name in ("grpc", "status", "dataplane", "elsewhere", "runtime", "engine")}
+    path = tmp_path / "mismatch.toml"
+    path.write_text(
+        f"""
+[scheduler]
+grpc = "127.0.0.1:{ports["grpc"]}"
+http = "127.0.0.1:{ports["status"]}"
+[dataplane]
+listen = "127.0.0.1:{ports["dataplane"]}"
+scheduler = "127.0.0.1:{ports["grpc"]}"
+[runtime]
+listen = "127.0.0.1:{ports["runtime"]}"
+dataplane = "http://127.0.0.1:{ports["elsewhere"]}"
+state_dir = "{tmp_path / "state"}"
+[[replicas]]
+name = "a"
+url = "http://127.0.0.1:{ports["engine"]}"
+models = ["m"]
+"""
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "luftpause",
+        "up",
+        "--config",
+        str(path),
+        *(["--simulate"] if simulate else []),
+    ]
+    done = _exit_before_ready(argv, path)
+    assert done.returncode == 2
+    (line,) = done.stderr.decode().splitlines()
+    assert f'[runtime] dataplane = "http://127.0.0.1:{ports["elsewhere"]}"' in line
+    assert f'[dataplane] listen = "127.0.0.1:{ports["dataplane"]}"' in line
+    assert "README: Configuration, Moving the ports" in line
+    assert b"starting" not in done.stdout
+    assert not any(port_open("127.0.0.1", p) for p in ports.values())
+
+
+def test_up_refuses_to_start_when_the_dataplane_s_scheduler_is_another_port(tmp_path: Path) -> None:
+    ports = {name: free_port() for name in ("grpc", "elsewhere", "status", "dataplane", "runtime")}
+    path = tmp_path / "mismatch.toml"
+    path.write_text(
+        _with(
+            scheduler={"grpc": f"127.0.0.1:{ports['grpc']}", "http": f"127.0.0.1:{ports['status']}"},
+            dataplane={
+                "listen": f"127.0.0.1:{ports['dataplane']}",
+                "scheduler": f"localhost:{ports['elsewhere']}",
+            },
+            runtime={
+                "listen": f"127.0.0.1:{ports['runtime']}",
+                "dataplane": f"http://127.0.0.1:{ports['dataplane']}",
+                "state_dir": str(tmp_path / "state"),
+            },
+        )
+    )
+    done = _exit_before_ready([sys.executable, "-m", "luftpause", "up", "--config", str(path)], path)
+    assert done.returncode == 2
+    (line,) = done.stderr.decode().splitlines()
+    assert f'[dataplane] scheduler = "localhost:{ports["elsewhere"]}"' in line
+    assert f'[scheduler] grpc = "127.0.0.1:{ports["grpc"]}"' in line
+    assert not any(port_open("127.0.0.1", p) for p in ports.values())
