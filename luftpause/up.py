@@ -62,10 +62,21 @@ def plan(config: Config, logs: Path, simulate: bool = False) -> list[ChildProces
         for replica in config.replicas:
             url = urlsplit(replica.url)
             models = [arg for m in replica.models for arg in ("--model", m)]
+            # The dataplane tags turns for the order the replica says its engine keeps; the
+            # simulated engine must keep it too (unset: FIFO, fake-engine's default).
+            priority = ["--priority", replica.priority] if replica.priority else []
             children.append(
                 ChildProcess(
                     f"engine {replica.name}",
-                    ["fake-engine", "--host", url.hostname or "127.0.0.1", "--port", str(url.port), *models],
+                    [
+                        "fake-engine",
+                        "--host",
+                        url.hostname or "127.0.0.1",
+                        "--port",
+                        str(url.port),
+                        *models,
+                        *priority,
+                    ],
                     logs / f"engine-{replica.name}.log",
                     ready_url=f"{replica.url}{replica.health_path}",
                 )

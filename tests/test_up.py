@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -58,6 +60,33 @@ def test_with_a_file_and_simulate_the_simulated_pool_starts_on_the_file_s_ports(
     assert [c.name for c in children] == ["engine a", "mcp tools", "scheduler", "dataplane", "runtime"]
     assert children[0].argv[-6:] == ["--port", "41001", "--model", "m1", "--model", "m2"]
     assert children[1].argv[-2:] == ["--port", "41002"]
+
+
+def test_simulate_starts_each_engine_with_its_replica_s_priority_order(tmp_path: Path) -> None:
+    """The engines ``plan`` starts report the queue order their replica names (unset: FIFO)."""
+    orders = {"low": "lower_first", "high": "higher_first", "plain": None}
+    ports = {name: free_port() for name in orders}
+    path = tmp_path / "lp.toml"
+    path.write_text(
+        "".join(
+            f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:{ports[name]}"\nmodels = ["m"]\n'
+            + (f'priority = "{order}"\n' if order else "")
+            for name, order in orders.items()
+        )
+    )
+    engines = [c for c in plan(load_config(path), tmp_path, simulate=True) if c.name.startswith("engine ")]
+    try:
+        for engine in engines:
+            engine.start()
+        reported = {}
+        for engine, name in zip(engines, orders, strict=True):
+            engine.wait_ready()
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[name]}/server_info", timeout=10) as reply:
+                reported[name] = json.load(reply)["schedule_policy"]
+    finally:
+        for engine in engines:
+            engine.stop()
+    assert reported == {"low": "lower_first", "high": "higher_first", "plain": "fcfs"}
 
 
 def test_print_config_prints_the_embedded_default_and_starts_nothing(
