@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from luftpause.cli import main as cli_main
 from luftpause.testkit.engine.faults import KINDS as FAULT_KINDS
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
+from luftpause.testkit.engine.server import REQUEST_BYTES_KEPT, KeptRequestBodies
 from luftpause.testkit.engine.toolargs import ArgumentMaker
 from luftpause.testkit.fake_engine import RunningEngine
 from luftpause.testkit.fake_engine import add_arguments as add_engine_arguments
@@ -236,6 +237,49 @@ async def test_the_bytes_sent_are_kept_for_a_relay_to_be_checked_against(engine:
                 assert await resp.read() == received
         async with session.get(f"{engine.url}/testkit/sent/chatcmpl-never") as resp:
             assert resp.status == 404
+
+
+async def test_request_bodies_are_kept_within_a_byte_bound(engine: RunningEngine) -> None:
+    # The simulator kept 256 whole bodies, up to 8 GiB at the dataplane's 32 MiB limit.
+    assert engine.engine.request_bodies.limit_bytes == REQUEST_BYTES_KEPT
+    engine.engine.request_bodies = KeptRequestBodies(limit_bytes=10_000)
+
+    def body(size: int) -> bytes:
+        """A chat request of exactly ``size`` bytes."""
+        head = b'{"model": "%s", "max_tokens": 1, "messages": [{"role": "user", "content": "' % MODEL.encode()
+        tail = b'"}]}'
+        return head + b"x" * (size - len(head) - len(tail)) + tail
+
+    async with aiohttp.ClientSession() as session:
+
+        async def send(raw: bytes) -> str:
+            async with session.post(
+                engine.url + "/v1/chat/completions", data=raw, headers={"content-type": "application/json"}
+            ) as resp:
+                assert resp.status == 200
+                completion_id: str = (await resp.json())["id"]
+                return completion_id
+
+        async def kept(completion_id: str) -> tuple[int, bytes]:
+            async with session.get(f"{engine.url}/testkit/request/{completion_id}") as resp:
+                return resp.status, await resp.read()
+
+        bodies = [body(3_000) for _ in range(4)]
+        ids = [await send(raw) for raw in bodies]
+        # 12,000 bytes sent, 10,000 kept: the oldest body was dropped, the newest three are exact.
+        assert (await kept(ids[0]))[0] == 404
+        for completion_id, raw in zip(ids[1:], bodies[1:], strict=True):
+            assert await kept(completion_id) == (200, raw)
+        assert engine.engine.request_bodies.total_bytes == 9_000
+
+        too_large = await send(body(10_001))
+        status, answer = await kept(too_large)
+        assert status == 404
+        message = json.loads(answer)["error"]["message"]
+        assert message.startswith(f"request body of {too_large} not kept: 10001 bytes")
+        # What was kept before is still there.
+        assert await kept(ids[3]) == (200, bodies[3])
+        assert (await kept("chatcmpl-never"))[0] == 404
 
 
 async def test_usage_chunk_only_when_asked(engine: RunningEngine) -> None:

@@ -11,7 +11,9 @@ Routes, as SGLang and vLLM serve them:
   by a fault is not kept);
 * ``GET /testkit/received/{id}``: the request headers that completion ``id`` arrived with, as a
   JSON object of lower-cased names, so a test can check what a proxy sent upstream;
-* ``GET /testkit/request/{id}``: the exact request body bytes completion ``id`` arrived with;
+* ``GET /testkit/request/{id}``: the exact request body bytes completion ``id`` arrived with
+  (one of the last ``SENT_KEPT``, at most ``REQUEST_BYTES_KEPT`` bytes in all, oldest dropped
+  first; a body larger than that is not kept, and its id answers 404 saying so);
 * ``GET /testkit/started``: the ids of the last ``SENT_KEPT`` chat completions in the order they
   got a running slot (a JSON array), so a test can see how the waiting queue was served;
 * ``GET /testkit/cost/{id}``: what completion ``id`` cost in simulated time, computed rather
@@ -82,6 +84,10 @@ _T = TypeVar("_T")
 # How many completed responses GET /testkit/sent/{id} (and .../received/{id}) can still show.
 SENT_KEPT = 256
 
+# At most this many bytes of request bodies are kept for GET /testkit/request/{id}: SENT_KEPT whole
+# bodies at the dataplane's 32 MiB request limit would be 8 GiB per engine (the benchmarks run it).
+REQUEST_BYTES_KEPT = 64 * 1024 * 1024
+
 # Set to "1" on every response of the simulator.
 SIMULATED_HEADER = "x-luftpause-simulated"
 
@@ -125,7 +131,7 @@ class SimulatedEngine:
         self._load = {model: ModelLoad() for model in settings.models}
         self._sent: OrderedDict[str, bytes] = OrderedDict()
         self._received: OrderedDict[str, dict[str, str]] = OrderedDict()
-        self._requests: OrderedDict[str, bytes] = OrderedDict()
+        self.request_bodies = KeptRequestBodies()
         self._started: deque[str] = deque(maxlen=SENT_KEPT)
         self._costs_kept: OrderedDict[str, dict[str, float]] = OrderedDict()
         # Queue rank of a request's priority: 0 for all (FIFO), or lower/higher value first.
@@ -176,10 +182,18 @@ class SimulatedEngine:
         return web.json_response(headers)
 
     async def request_body(self, request: web.Request) -> web.Response:
-        body = self._requests.get(request.match_info["id"])
-        if body is None:
+        completion_id = request.match_info["id"]
+        body = self.request_bodies.get(completion_id)
+        if body is not None:
+            return web.Response(body=body, content_type="application/octet-stream")
+        size = self.request_bodies.too_large(completion_id)
+        if size is None:
             return web.json_response({"error": {"message": "not recorded"}}, status=404)
-        return web.Response(body=body, content_type="application/octet-stream")
+        message = (
+            f"request body of {completion_id} not kept: {size} bytes, more than the "
+            f"{self.request_bodies.limit_bytes} bytes of request bodies the simulator keeps"
+        )
+        return web.json_response({"error": {"message": message}}, status=404)
 
     async def started_order(self, request: web.Request) -> web.Response:
         return web.json_response(list(self._started))
@@ -297,7 +311,7 @@ class SimulatedEngine:
         )
         ids = wire.ResponseIds(chat.model)
         _keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
-        _keep(self._requests, ids.id, raw)
+        self.request_bodies.keep(ids.id, raw)
         if chat.stream:
             return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, path, fault)
         if isinstance(fault, ErrorMidStream):
@@ -600,6 +614,38 @@ def _keep(kept: OrderedDict[str, _T], key: str, value: _T) -> None:
     kept[key] = value
     while len(kept) > SENT_KEPT:
         kept.popitem(last=False)
+
+
+class KeptRequestBodies:
+    """The request bodies of the last ``SENT_KEPT`` completions, ``limit_bytes`` bytes at most in
+    all: keeping one drops the oldest until it fits. A body longer than ``limit_bytes`` is not kept;
+    its id and length (bytes) are remembered instead (the last ``SENT_KEPT`` such), so that a
+    lookup can say why it finds nothing."""
+
+    def __init__(self, limit_bytes: int = REQUEST_BYTES_KEPT) -> None:
+        self.limit_bytes = limit_bytes
+        self.total_bytes = 0
+        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._too_large: OrderedDict[str, int] = OrderedDict()
+
+    def keep(self, completion_id: str, body: bytes) -> None:
+        """Keep ``body`` as completion ``completion_id``'s (see the class)."""
+        if len(body) > self.limit_bytes:
+            _keep(self._too_large, completion_id, len(body))
+            return
+        self._bodies[completion_id] = body
+        self.total_bytes += len(body)
+        while self.total_bytes > self.limit_bytes or len(self._bodies) > SENT_KEPT:
+            self.total_bytes -= len(self._bodies.popitem(last=False)[1])
+
+    def get(self, completion_id: str) -> bytes | None:
+        """The body kept for ``completion_id``; ``None`` when none is (unknown, dropped, too large)."""
+        return self._bodies.get(completion_id)
+
+    def too_large(self, completion_id: str) -> int | None:
+        """The length in bytes of ``completion_id``'s body when it was not kept for being longer
+        than ``limit_bytes``; ``None`` otherwise."""
+        return self._too_large.get(completion_id)
 
 
 @dataclass(slots=True)
