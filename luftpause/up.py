@@ -23,7 +23,7 @@ from types import FrameType
 from urllib.parse import urlsplit
 
 from luftpause.cli import add_config_argument, config_from_args
-from luftpause.config import EMBEDDED_DEFAULT, Config, split_host_port
+from luftpause.config import EMBEDDED_DEFAULT, Config, listen_url, split_host_port
 from luftpause.ports import address_in_use
 from luftpause.testkit.procs import ChildProcess
 
@@ -93,27 +93,24 @@ def plan(config: Config, logs: Path, simulate: bool = False) -> list[ChildProces
                     ready_port=(url.hostname or "127.0.0.1", url.port or 80),
                 )
             )
-    status_host, status_port = split_host_port(config.scheduler.http)
-    dp_host, dp_port = split_host_port(config.dataplane.listen)
-    rt_host, rt_port = split_host_port(config.runtime.listen)
     children += [
         ChildProcess(
             "scheduler",
             ["scheduler", *config_args],
             logs / "scheduler.log",
-            ready_url=f"http://{status_host}:{status_port}/health",
+            ready_url=f"{listen_url(config.scheduler.http)}/health",
         ),
         ChildProcess(
             "dataplane",
             ["dataplane", *config_args],
             logs / "dataplane.log",
-            ready_url=f"http://{dp_host}:{dp_port}/health",
+            ready_url=f"{listen_url(config.dataplane.listen)}/health",
         ),
         ChildProcess(
             "runtime",
             ["runtime", *config_args],
             logs / "runtime.log",
-            ready_url=f"http://{rt_host}:{rt_port}/health",
+            ready_url=f"{listen_url(config.runtime.listen)}/health",
         ),
     ]
     return children
@@ -216,17 +213,16 @@ def busy_message(busy: list[str], config: Config) -> str:
 
 
 def banner(config: Config, logs: Path, simulate: bool = False) -> str:
-    dp_host, dp_port = split_host_port(config.dataplane.listen)
-    rt_host, rt_port = split_host_port(config.runtime.listen)
-    st_host, st_port = split_host_port(config.scheduler.http)
+    """The lines printed once every child answers: the URLs to reach each from this machine
+    (:func:`luftpause.config.listen_url`: IPv6 in brackets, an all-addresses listen on loopback)."""
     pool = ", ".join(f"{r.name} ({r.url})" for r in config.replicas)
     lines = [
         "luftpause is up"
         + (" (embedded default: simulated engines)" if config.is_embedded_default else "")
         + (" (simulated engines)" if simulate and not config.is_embedded_default else ""),
-        f"  OpenAI base_url   http://{dp_host}:{dp_port}/v1   models: {', '.join(config.models)}",
-        f"  MCP endpoint      http://{rt_host}:{rt_port}/mcp",
-        f"  scheduler status  http://{st_host}:{st_port}/status",
+        f"  OpenAI base_url   {listen_url(config.dataplane.listen)}/v1   models: {', '.join(config.models)}",
+        f"  MCP endpoint      {listen_url(config.runtime.listen)}/mcp",
+        f"  scheduler status  {listen_url(config.scheduler.http)}/status",
         f"  replicas          {pool}",
         f"  logs              {logs}/",
         "Ctrl-C stops everything.",

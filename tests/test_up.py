@@ -19,7 +19,7 @@ import pytest
 from luftpause.cli import main
 from luftpause.config import EMBEDDED_DEFAULT, load_config, parse_config
 from luftpause.testkit.procs import ChildProcess, free_port, port_open
-from luftpause.up import address_mismatches, busy_message, plan
+from luftpause.up import address_mismatches, banner, busy_message, plan
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +87,29 @@ def test_simulate_starts_each_engine_with_its_replica_s_priority_order(tmp_path:
         for engine in engines:
             engine.stop()
     assert reported == {"low": "lower_first", "high": "higher_first", "plain": "fcfs"}
+
+
+def test_the_banner_and_readiness_probes_use_urls_that_reach_each_listen(tmp_path: Path) -> None:
+    """IPv6 hosts in brackets, an all-addresses listen reached on loopback."""
+    path = tmp_path / "v6.toml"
+    path.write_text(
+        _with(
+            scheduler={"grpc": "[::1]:41570", "http": "0.0.0.0:41571"},
+            dataplane={"listen": "[::1]:41580", "scheduler": "[::1]:41570"},
+            runtime={"listen": "[::]:41590", "dataplane": "http://[::1]:41580"},
+        )
+    )
+    config = load_config(path)
+    printed = banner(config, tmp_path)
+    assert "OpenAI base_url   http://[::1]:41580/v1" in printed
+    assert "MCP endpoint      http://[::1]:41590/mcp" in printed
+    assert "scheduler status  http://127.0.0.1:41571/status" in printed
+    probes = {c.name: c.ready_url for c in plan(config, tmp_path)}
+    assert probes == {
+        "scheduler": "http://127.0.0.1:41571/health",
+        "dataplane": "http://[::1]:41580/health",
+        "runtime": "http://[::1]:41590/health",
+    }
 
 
 def test_print_config_prints_the_embedded_default_and_starts_nothing(
