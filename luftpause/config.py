@@ -21,7 +21,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 CONFIG_ENV = "LUFTPAUSE_CONFIG"
 
@@ -177,14 +185,20 @@ class ReplicaConfig(_Section):
     def _url(cls, value: str) -> str:
         return _http_url(value)
 
-    @model_validator(mode="after")
-    def _priority_generative(self) -> ReplicaConfig:
-        if self.priority is not None and self.kind != "generative":
+    # A field validator (``kind`` is validated before it), not a model one, so that the error names
+    # ``replicas[N].priority`` as every other key's does.
+    @field_validator("priority")
+    @classmethod
+    def _priority_generative(
+        cls, value: EnginePriority | None, info: ValidationInfo
+    ) -> EnginePriority | None:
+        kind = info.data.get("kind")  # absent when kind itself failed (that error is reported)
+        if value is not None and kind is not None and kind != "generative":
             raise ValueError(
-                "priority: expected only on a generative replica (single-pass turns are sent "
-                f"unchanged), got {self.priority!r} with kind {self.kind!r}"
+                "expected only on a generative replica (single-pass turns are sent "
+                f"unchanged), got {value!r} with kind {kind!r}"
             )
-        return self
+        return value
 
     @field_validator("load_from")
     @classmethod

@@ -142,7 +142,7 @@ REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
         (REPLICA + "priority = 1\n", "replicas[0].priority: expected 'lower_first' or 'higher_first', got 1"),
         (
             REPLICA + 'kind = "single_pass"\npriority = "lower_first"\n',
-            "replicas[0]: priority: expected only on a generative replica (single-pass turns are sent "
+            "replicas[0].priority: expected only on a generative replica (single-pass turns are sent "
             "unchanged), got 'lower_first' with kind 'single_pass'",
         ),
         (REPLICA + 'models = "m"\n', "not valid TOML"),
@@ -176,6 +176,24 @@ def test_values_of_the_wrong_type_or_shape_are_refused_not_coerced(text: str, ex
         parse_config(text, "bad.toml")
     assert str(caught.value).startswith("bad.toml: ")
     assert expected in str(caught.value)
+
+
+def test_priority_on_a_single_pass_replica_is_named_like_every_other_key() -> None:
+    # It read "replicas[3]: priority: expected ..." while every other error reads "replicas[1].key: ...".
+    replicas = "".join(f'[[replicas]]\nname = "r{i}"\nurl = "http://x"\nmodels = ["m"]\n' for i in range(3))
+    text = replicas + '[[replicas]]\nname = "c"\nurl = "http://y"\nmodels = ["c"]\nkind = "single_pass"\n'
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text + 'priority = "higher_first"\n', "bad.toml")
+    assert str(caught.value) == (
+        "bad.toml: replicas[3].priority: expected only on a generative replica (single-pass turns are "
+        "sent unchanged), got 'higher_first' with kind 'single_pass'"
+    )
+    # Its kind wrong as well: that error alone, no second one about priority.
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text.replace("single_pass", "one_pass") + 'priority = "higher_first"\n', "bad.toml")
+    assert str(caught.value) == (
+        "bad.toml: replicas[3].kind: expected 'generative' or 'single_pass', got 'one_pass'"
+    )
 
 
 @pytest.mark.parametrize("line", ['source = "elsewhere.toml"\n', "colour = 1\n"])
