@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -337,6 +338,51 @@ def test_an_encoding_the_relay_does_not_decode_passes_with_its_header_untouched(
     assert status == 200  # br and zstd were a 502 when aiohttp tried to decode them
     assert headers.get_all("content-encoding") == [coding]
     assert body == OPAQUE_BODY
+
+
+# --- an encoded request body ------------------------------------------------------------------------
+
+
+def _body_of(route: str, model: str) -> dict[str, Any]:
+    return chat(model) if route == "/v1/chat/completions" else {"model": CLASSIFIER, "input": "hi"}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/decide"])
+async def test_a_gzip_request_body_is_refused_415_naming_the_encoding(front: FrontDoor, route: str) -> None:
+    # It was a 400 "request body is not valid JSON: str is not valid UTF-8: surrogates not allowed".
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            front.stack.dataplane_url + route, json=_body_of(route, front.stack.model), compress="gzip"
+        ) as resp,
+    ):
+        assert resp.request_info.headers["Content-Encoding"] == "gzip"
+        status, body = resp.status, await resp.read()
+    assert status == 415
+    assert list(orjson.loads(body)) == ["error"] and list(orjson.loads(body)["error"]) == ["message"]
+    message = orjson.loads(body)["error"]["message"]
+    assert message.startswith("request body has Content-Encoding: gzip;")
+    assert "send the body unencoded (Content-Encoding: identity, or no Content-Encoding header)" in message
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/decide"])
+@pytest.mark.parametrize("coding", ["deflate", "br", "identity, gzip"])
+def test_any_coding_but_identity_is_refused_415(front: FrontDoor, route: str, coding: str) -> None:
+    status, _, body = request(
+        front.stack, "POST", route, _body_of(route, front.stack.model), {"content-encoding": coding}
+    )
+    assert status == 415
+    assert f"Content-Encoding: {coding};" in orjson.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/decide"])
+@pytest.mark.parametrize("coding", ["identity", "Identity"])
+def test_an_identity_content_encoding_is_served(front: FrontDoor, route: str, coding: str) -> None:
+    status, _, body = request(
+        front.stack, "POST", route, _body_of(route, front.stack.model), {"content-encoding": coding}
+    )
+    assert status == 200, body
 
 
 def test_a_stream_says_no_cache_and_no_proxy_buffering(front: FrontDoor) -> None:

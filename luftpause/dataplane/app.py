@@ -23,7 +23,7 @@ with its ``tracestate`` (both sent on to the engine).
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
-answer to a request refused before it became a turn (401, 413, malformed body or headers) carries
+answer to a request refused before it became a turn (401, 413, 415, malformed body or headers) carries
 the client's own when it sent one. Answers from ``/v1/decide`` never carry it: a single-pass turn
 belongs to no run, and its ``x-luftpause-run-id`` request header is ignored.
 """
@@ -53,6 +53,7 @@ from luftpause.dataplane.errors import (
     NotFound,
     PayloadTooLarge,
     Unauthorized,
+    UnsupportedMediaType,
     error_body,
 )
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -298,7 +299,9 @@ class Dataplane:
     # --- chat completions ------------------------------------------------------------------------
 
     async def _read_body(self, exchange: Exchange) -> bytes:
-        """The request body, refused with 413 as soon as it passes ``MAX_BODY_BYTES``."""
+        """The request body, refused with 413 as soon as it passes ``MAX_BODY_BYTES``, and with 415
+        before it is read when it comes encoded (see :func:`_refuse_encoded_body`)."""
+        _refuse_encoded_body(exchange)
         declared = exchange.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise PayloadTooLarge(f"request body is {declared.decode()} bytes; the limit is {MAX_BODY_BYTES}")
@@ -494,6 +497,23 @@ class Dataplane:
                 "which this dataplane's configuration does not name"
             ) from None
         await self._relay.forward(turn, replica, exchange)
+
+
+def _refuse_encoded_body(exchange: Exchange) -> None:
+    """Raise :class:`UnsupportedMediaType` (415) when the request's ``Content-Encoding`` (RFC 9110
+    section 8.4) names a coding other than ``identity``: the dataplane reads the body as JSON and
+    sends the engine its bytes, and decodes no coding (a gzip body was refused as not UTF-8)."""
+    value = exchange.headers.get("content-encoding")
+    if value is None:
+        return
+    codings = [coding.strip().lower() for coding in value.split(b",")]
+    if all(coding in (b"", b"identity") for coding in codings):
+        return
+    named = value.decode("ascii", "backslashreplace").strip()
+    raise UnsupportedMediaType(
+        f"request body has Content-Encoding: {named}; the dataplane does not decode request bodies: "
+        "send the body unencoded (Content-Encoding: identity, or no Content-Encoding header)"
+    )
 
 
 def _json_with_model(body: bytes) -> tuple[dict[str, Any], str]:

@@ -11,6 +11,7 @@ The body is always ``{"error": {"message": "..."}}`` (DESIGN.md, "Failure contra
     ├── NotFound (404)            unknown route, or no replica serves the model
     ├── MethodNotAllowed (405)
     ├── PayloadTooLarge (413)     request body over MAX_BODY_BYTES
+    ├── UnsupportedMediaType (415) a request body with a Content-Encoding other than identity
     └── EngineUnreachable (502)   the engine could not be connected to, broke off or stayed silent
                                   for the read timeout before answering: "engine <replica>: <error>"
 
@@ -66,6 +67,10 @@ class MethodNotAllowed(DataplaneError):
 
 class PayloadTooLarge(DataplaneError):
     status = 413
+
+
+class UnsupportedMediaType(DataplaneError):
+    status = 415
 
 
 class EngineUnreachable(DataplaneError):
