@@ -231,10 +231,20 @@ def banner(config: Config, logs: Path, simulate: bool = False) -> str:
 
 
 class _Stop(Exception):
-    pass
+    """Raised by the first SIGINT / SIGTERM, wherever ``run`` is, to begin the shutdown."""
 
 
-def _raise_stop(signum: int, frame: FrameType | None) -> None:
+def _ignore_ending_signals() -> None:
+    """From here on SIGINT and SIGTERM do nothing: the shutdown has begun and a second Ctrl-C
+    must not cut it short (it used to escape as a traceback, exit 1, mid-way through stopping)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _stop_once(signum: int, frame: FrameType | None) -> None:
+    # Ignore first: a signal already caught at C level but not yet handled is then dropped too
+    # (CPython skips a pending signal whose handler is SIG_IGN by the time it runs).
+    _ignore_ending_signals()
     raise _Stop
 
 
@@ -254,10 +264,10 @@ def run(args: argparse.Namespace) -> int:
     logs = Path(args.logs) if args.logs else Path(config.runtime.state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     children = plan(config, logs, args.simulate)
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGINT, _raise_stop)
     started: list[ChildProcess] = []
     try:
+        signal.signal(signal.SIGTERM, _stop_once)
+        signal.signal(signal.SIGINT, _stop_once)
         for child in children:
             print(f"starting {child.name} ...", flush=True)
             started.append(child.start())
@@ -267,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
             for child in started:
                 code = child.poll()
                 if code is not None:
+                    _ignore_ending_signals()
                     print(
                         f"luftpause up: {child.name} exited with {code}; stopping the rest", file=sys.stderr
                     )
@@ -277,10 +288,10 @@ def run(args: argparse.Namespace) -> int:
         print("stopping ...", flush=True)
         return 0
     except RuntimeError as exc:  # a child failed to become ready
+        _ignore_ending_signals()
         print(f"luftpause up: {exc}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _ignore_ending_signals()
         for child in reversed(started):
             child.stop()

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 import pytest
@@ -151,7 +154,18 @@ def _pids_with(fragment: str) -> list[int]:
 
 @pytest.fixture
 def up_with_file(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int], Path]]:
-    """``luftpause up --config FILE`` against a simulated engine and MCP server the test starts."""
+    """``luftpause up --config FILE`` against a simulated engine and MCP server the test starts,
+    its stdout and stderr in one pipe."""
+    with _up_against_pool(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as started:
+        yield started
+
+
+@contextmanager
+def _up_against_pool(
+    tmp_path: Path, stdout: int, stderr: int | IO[bytes]
+) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int], Path]]:
+    """``luftpause up --config FILE`` (its output to ``stdout``/``stderr``) against a simulated
+    engine and MCP server started here; (up, its four ports by name, FILE). Stops all on exit."""
     engine_port, mcp_port = free_port(), free_port()
     ports = {name: free_port() for name in ("grpc", "status", "dataplane", "runtime")}
     path = tmp_path / "up.toml"
@@ -186,9 +200,7 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
         "mcp", ["fake-mcp", "--port", str(mcp_port)], tmp_path / "mcp.log", ready_port=("127.0.0.1", mcp_port)
     ).start()
     up = subprocess.Popen(
-        [sys.executable, "-m", "luftpause", "up", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "luftpause", "up", "--config", str(path)], stdout=stdout, stderr=stderr
     )
     try:
         engine.wait_ready()
@@ -276,6 +288,75 @@ def test_the_readme_recipe_moves_every_port_and_keeps_the_simulated_pool(tmp_pat
             up.stdout.close()
         for pid in _pids_with(str(path)):
             os.kill(pid, signal.SIGKILL)
+
+
+def _read_fd_until(fd: int, up: subprocess.Popen[bytes], marker: bytes, timeout: float = 60.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        if up.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no {marker!r} from luftpause up; it printed:\n{seen.decode()}")
+        if select.select([fd], [], [], 0.5)[0]:
+            seen += os.read(fd, 65536)
+    return seen
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+def _blocked_writing_to_a_pipe(pid: int) -> bool:
+    return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
+
+
+def _sigint_pending(pid: int) -> bool:
+    """SIGINT sent to ``pid`` and not yet delivered (bit 1 of its pending masks, proc(5))."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & (1 << (signal.SIGINT - 1)) for mask in masks)
+
+
+def test_a_second_ctrl_c_while_stopping_is_ignored_and_up_exits_0(tmp_path: Path) -> None:
+    """The second SIGINT arrives while up is still printing "stopping ...": it used to escape as
+    a traceback and exit 1. Up's stdout is a pipe this test fills, so that print waits (in
+    write) until the test drains it, the second signal arriving surely in between."""
+    read_end, write_end = os.pipe()
+    errors = tmp_path / "up.stderr"
+    try:
+        with errors.open("wb") as err, _up_against_pool(tmp_path, stdout=write_end, stderr=err) as started:
+            up, ports, path = started
+            _read_fd_until(read_end, up, b"Ctrl-C stops everything")
+            # A description of its own, non-blocking, so that up's end stays blocking.
+            filler = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                while True:
+                    os.write(filler, b"x" * 4096)
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(filler)
+            up.send_signal(signal.SIGINT)
+            _wait_for(lambda: _blocked_writing_to_a_pipe(up.pid), "blocked printing")
+            up.send_signal(signal.SIGINT)
+            _wait_for(lambda: not _sigint_pending(up.pid), "given the second SIGINT")
+            os.close(write_end)
+            write_end = -1
+            printed = b""
+            while chunk := os.read(read_end, 65536):  # EOF once up has exited
+                printed += chunk
+            assert _wait_exit(up) == 0, errors.read_text()
+            assert b"stopping ..." in printed
+            assert "Traceback" not in errors.read_text()
+            assert not any(port_open("127.0.0.1", p) for p in ports.values())
+            assert _pids_with(str(path)) == []
+    finally:
+        os.close(read_end)
+        if write_end != -1:
+            os.close(write_end)
 
 
 def _parent(pid: int) -> int:
