@@ -557,3 +557,22 @@ def test_up_refuses_to_start_when_the_dataplane_s_scheduler_is_another_port(tmp_
     assert f'[dataplane] scheduler = "localhost:{ports["elsewhere"]}"' in line
     assert f'[scheduler] grpc = "127.0.0.1:{ports["grpc"]}"' in line
     assert not any(port_open("127.0.0.1", p) for p in ports.values())
+
+
+def test_what_make_up_and_the_moving_the_ports_recipe_write_is_ignored_by_git() -> None:
+    """``state/`` (logs, journal) and ``luftpause.toml`` from ``up --print-config > luftpause.toml``."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = ["luftpause.toml", "state/logs/runtime.log", "state/runs.jsonl"]
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True, timeout=30
+    )
+    assert done.stdout.split() == names
+    kept = subprocess.run(
+        ["git", "check-ignore", "--no-index", "tests/luftpause.toml"],
+        cwd=root,
+        capture_output=True,
+        timeout=30,
+    )
+    assert kept.returncode == 1  # only the root's: a fixture of that name elsewhere stays tracked
