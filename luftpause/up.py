@@ -5,7 +5,8 @@ With no configuration file (the embedded default) it also starts the simulated p
 server with a URL, on the ports their URLs name. With ``--config FILE`` it starts only scheduler,
 dataplane and runtime, unless ``--simulate`` asks for the simulated pool too: to move the default
 stack's ports, ``luftpause up --print-config > FILE``, edit the addresses, then
-``luftpause up --config FILE --simulate``. It prints the URLs once everything answers, and stops
+``luftpause up --config FILE --simulate`` (``--print-config`` prints the configuration ``up``
+would use: with ``--config FILE``, that file). It prints the URLs once everything answers, and stops
 every child on Ctrl-C / SIGTERM or as soon as one of them dies, printing that child's last log
 lines. Exit status: 0 after Ctrl-C, 1 when a port it needs is taken or a child died, 2 for a bad
 configuration (also when two addresses that must name the same place name different ports).
@@ -47,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the embedded default configuration (a starting point for --config) and exit",
+        help="print the configuration up would use and exit: the --config file (else $LUFTPAUSE_CONFIG) "
+        "as written, else the embedded default (a starting point for --config)",
     )
 
 
@@ -230,6 +232,15 @@ def banner(config: Config, logs: Path, simulate: bool = False) -> str:
     return "\n".join(lines)
 
 
+def config_text(config: Config) -> str:
+    """The TOML text ``config`` was read from, as written (comments kept, stripped of leading
+    and trailing blank lines): its file's, or the embedded default's. ``OSError`` when the file
+    can no longer be read."""
+    if config.source is None:
+        return EMBEDDED_DEFAULT.strip()
+    return Path(config.source).read_text(encoding="utf-8").strip()
+
+
 class _Stop(Exception):
     """Raised by the first SIGINT / SIGTERM, wherever ``run`` is, to begin the shutdown."""
 
@@ -249,10 +260,10 @@ def _stop_once(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # a bad file is refused (exit 2), with --print-config too
     if args.print_config:
-        print(EMBEDDED_DEFAULT.strip())
+        print(config_text(config))
         return 0
-    config = config_from_args(args)
     mismatches = address_mismatches(config)
     if mismatches:  # before starting anything: a warning would scroll away under the logs
         print(mismatch_message(mismatches, config), file=sys.stderr)

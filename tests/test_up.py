@@ -116,14 +116,42 @@ def test_the_banner_and_readiness_probes_use_urls_that_reach_each_listen(tmp_pat
 
 
 def test_print_config_prints_the_embedded_default_and_starts_nothing(
-    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
     assert main(["up", "--print-config"]) == 0
     printed = capsys.readouterr().out
     assert printed.strip() == EMBEDDED_DEFAULT.strip()
     assert parse_config(printed, "printed.toml").model_dump(exclude={"source"}) == parse_config(
         EMBEDDED_DEFAULT
     ).model_dump(exclude={"source"})
+
+
+@pytest.mark.parametrize("given", ["--config", "LUFTPAUSE_CONFIG"])
+def test_print_config_prints_the_file_up_would_use_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, given: str
+) -> None:
+    path = tmp_path / "X.toml"
+    text = '# mine, comments kept\n[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]'
+    path.write_text(text + "\n")
+    monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
+    if given == "LUFTPAUSE_CONFIG":
+        monkeypatch.setenv("LUFTPAUSE_CONFIG", str(path))
+    assert main(["up", *(["--config", str(path)] if given == "--config" else []), "--print-config"]) == 0
+    assert capsys.readouterr().out == text + "\n"
+
+
+def test_print_config_refuses_a_bad_file_as_up_would(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[[replicas]]\nname = "a"\nurl = "127.0.0.1:1"\nmodels = ["m"]\n')
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--config", str(path), "--print-config"])
+    assert exited.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert f"{path}: replicas[0].url" in printed.err
 
 
 def test_a_taken_port_says_how_to_move_the_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
