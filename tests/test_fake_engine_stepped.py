@@ -236,3 +236,18 @@ def test_flags_that_size_the_step_model_need_a_profile() -> None:
     )
     assert done.returncode == 2
     assert "pool_tokens needs a profile" in done.stderr + done.stdout
+
+
+async def test_classify_is_a_single_pass_on_the_step_model_and_too_large_an_input_is_400(
+    make_engine: Factory,
+) -> None:
+    engine = await make_engine(profile=VLLM, pool_tokens=1000, time_scale=0.01)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine.url + "/classify", json={"model": MODEL, "input": ["fine"]}) as resp:
+            assert resp.status == 200
+            assert len((await resp.json())["data"]) == 1
+        huge = "x" * 4 * 2000  # 2,000 tokens in a 1,000-token pool
+        async with session.post(engine.url + "/classify", json={"model": MODEL, "input": [huge]}) as resp:
+            assert resp.status == 400
+            assert "tokens of KV" in (await resp.json())["error"]["message"]
+    assert engine.stats.completed == 1

@@ -236,6 +236,9 @@ class SimulatedEngine:
             return web.json_response(exc.body(), status=exc.status)
         self.stats.requests += 1
         prompt_tokens = sum(text_tokens(text) for text in job.inputs)
+        refusal = self.backend.refusal(prompt_tokens, 1, 1)
+        if refusal is not None:
+            return web.json_response(refusal.body(), status=refusal.status)
         try:
             async with self.backend.running(job.model, prompt_tokens, None, job.priority, None, None, None):
                 pass

@@ -286,7 +286,9 @@ def _prompt(request_id: str, path: PrefixPath | None, prompt_tokens: int) -> Pre
     """The prompt's path; a single pass (``path`` ``None``) gets one node of its own, never
     shared; a path of fewer tokens than ``prompt_tokens`` (empty messages) gets a tail node."""
     if path is None:
-        return PrefixPath(((hashlib.blake2b(request_id.encode(), digest_size=16).digest(), prompt_tokens),))
+        return PrefixPath(
+            ((hashlib.blake2b(request_id.encode(), digest_size=16).digest(), max(prompt_tokens, 1)),)
+        )
     missing = prompt_tokens - path.tokens
     if missing <= 0:
         return path
