@@ -7,7 +7,9 @@
   is pointed at (``LUFTPAUSE_CONFIG`` -> a compose ``configs`` entry) loads with
   :func:`luftpause.config.parse_config` and names the project's own services as hosts.
 * ``deploy/compose.toml`` is the embedded default with service names for hosts.
-* The Dockerfile's stages, user, volume, entrypoint and extension check.
+* The Dockerfile's stages (and their ``BASE_IMAGE``), user, volume, entrypoint, extension check and
+  otel extra; ``tools/image.sh`` naming what it needs.
+* Jaeger pinned to a 1.x release, and the Compose release the files need named in the README.
 
 Interpolation and merging are done here, after the Compose specification ("Interpolation" and
 "Merge and override"), only as far as these files use them: ``${VAR}``, ``${VAR:-default}``,
@@ -22,6 +24,8 @@ import ast
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -462,3 +466,23 @@ def test_dockerfile_builds_the_extensions_in_a_build_stage_and_runs_as_a_user() 
     )
     copied = [args.split()[-1] for op, args in runtime if op == "COPY"]
     assert env["LUFTPAUSE_CONFIG"] in copied
+
+
+def test_the_image_script_names_what_it_needs_when_it_is_missing(tmp_path: Path) -> None:
+    """tools/image.sh (the Podman build from a debootstrapped base) on a machine without podman or
+    debootstrap: exit 2 saying what to install, before it builds anything."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+    done = subprocess.run(
+        [str(bin_dir / "bash"), str(ROOT / "tools" / "image.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir)},
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "podman is not installed (apt-get install podman debootstrap)" in done.stderr
