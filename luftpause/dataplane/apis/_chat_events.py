@@ -144,8 +144,6 @@ def usage_of(usage: dict[str, Any] | None) -> tuple[int, int, int]:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return (
-        prompt if type(prompt) is int and prompt >= 0 else 0,
-        completion if type(completion) is int and completion >= 0 else 0,
-        cached if type(cached) is int and cached >= 0 else 0,
-    )
+    prompt = prompt if type(prompt) is int and prompt >= 0 else 0
+    cached = cached if type(cached) is int and 0 <= cached <= prompt else 0
+    return prompt, completion if type(completion) is int and completion >= 0 else 0, cached

@@ -22,8 +22,8 @@ engine's ``text/event-stream`` of ``chat.completion.chunk`` s into Anthropic's e
   ``stop_sequence`` set, when the engine named the stop string that matched: vLLM's
   ``stop_reason``, SGLang's ``matched_stop``), ``length`` -> ``max_tokens``, ``tool_calls`` (or any
   tool call seen) -> ``tool_use``, ``content_filter`` -> ``refusal``; and ``usage``
-  (``input_tokens``, ``output_tokens``, ``cache_read_input_tokens`` from
-  ``prompt_tokens_details.cached_tokens``).
+  (``cache_read_input_tokens`` from ``prompt_tokens_details.cached_tokens``, and
+  ``input_tokens`` the prompt tokens less those, as Anthropic counts them; ``output_tokens``).
 * An engine error event (vLLM's and SGLang's ``{"error": ...}`` in place of a chunk) becomes
   Anthropic's ``error`` event (``api_error``), after which nothing more is sent: the route ends the
   body as the engine ended it (failure contract). An engine whose body breaks, or ends with neither
@@ -196,7 +196,7 @@ class MessagesStream:
         reason = "tool_calls" if self._calls else self._finish_reason
         kind, sequence = stop_reason(reason, self._matched, self._stops)
         prompt, completion, cached = usage_of(self._usage)
-        usage: dict[str, Any] = {"input_tokens": prompt, "output_tokens": completion}
+        usage: dict[str, Any] = {"input_tokens": prompt - cached, "output_tokens": completion}
         if cached:
             usage["cache_read_input_tokens"] = cached
         out.append(
@@ -330,7 +330,7 @@ def completion_to_message(
     )
     usage = completion.get("usage")
     prompt, completion_tokens, cached = usage_of(usage if isinstance(usage, dict) else None)
-    answer_usage: dict[str, Any] = {"input_tokens": prompt, "output_tokens": completion_tokens}
+    answer_usage: dict[str, Any] = {"input_tokens": prompt - cached, "output_tokens": completion_tokens}
     if cached:
         answer_usage["cache_read_input_tokens"] = cached
     return {
