@@ -42,11 +42,11 @@ from typing import Any
 
 from aiohttp import web
 
-from luftpause.dataplane.apis.errors import TranslationError, error_body
+from luftpause.dataplane.apis.errors import Api, TranslationError, error_body
 from luftpause.dataplane.apis.messages_request import messages_to_chat
-from luftpause.dataplane.apis.messages_stream import MessagesStream
+from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
 from luftpause.dataplane.apis.responses_request import responses_to_chat
-from luftpause.dataplane.apis.responses_stream import ResponsesStream
+from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
 from luftpause.testkit.threaded_app import ThreadedApp
 
 MODEL = "capture-model"
@@ -59,10 +59,17 @@ class CaptureServer(ThreadedApp):
     read after the harness exited); ``tool``/``tool_input`` script the tool call answer."""
 
     def __init__(
-        self, tool: str | None = None, tool_input: dict[str, Any] | None = None, translate: bool = False
+        self,
+        tool: str | None = None,
+        tool_input: dict[str, Any] | None = None,
+        translate: bool = False,
+        fault: str | None = None,
+        faults: int = 1,
     ) -> None:
         super().__init__("harness-capture")
         self.translate = translate
+        self.fault = fault
+        self.faults = faults
         self.tool = tool
         self.tool_input = tool_input if tool_input is not None else {}
         self.requests: list[dict[str, Any]] = []
@@ -347,11 +354,60 @@ class CaptureServer(ThreadedApp):
                 body=error_body("messages", 400, str(exc), exc.param),
                 content_type="application/json",
             )
-        chunks = chat_stream(*self._chat_answer(turn.body))
         stream = MessagesStream(
             turn.model, f"msg_capture{next(self._ids):04d}", turn.thinking, turn.stop_sequences
         )
+        fault = self._take_fault()
+        if fault is not None:
+            return await self._faulty(request, "messages", fault, stream)
+        if not turn.stream:
+            completion = chat_completion(*self._chat_answer(turn.body))
+            message = completion_to_message(
+                completion,
+                turn.model,
+                f"msg_capture{next(self._ids):04d}",
+                turn.thinking,
+                turn.stop_sequences,
+            )
+            return web.json_response(message)
+        chunks = chat_stream(*self._chat_answer(turn.body))
         return await _translated(request, [stream.feed(c) for c in chunks] + [stream.finish()])
+
+    def _take_fault(self) -> str | None:
+        """The fault to answer this turn with (``fault``, for the first ``faults`` turns), else None."""
+        with self._lock:
+            if self.fault is None or self.faults <= 0:
+                return None
+            self.faults -= 1
+            return self.fault
+
+    async def _faulty(self, request: web.Request, api: Api, fault: str, stream: Any) -> web.StreamResponse:
+        """Answer with ``fault``: ``status:<n>`` (that status and the API's error body, with
+        ``Retry-After: 1`` for 429), ``error`` (an engine error event after some text: the API's
+        error event), ``length`` (some text, then the engine's ``finish_reason: length``) or
+        ``abort`` (some text, then the connection cut without the stream's end)."""
+        if fault.startswith("status:"):
+            status = int(fault.partition(":")[2])
+            headers = {"retry-after": "1"} if status == 429 else {}
+            return web.Response(
+                status=status,
+                body=error_body(api, status, "capture fault"),
+                headers=headers,
+                content_type="application/json",
+            )
+        start = b'data: {"choices": [{"index": 0, "delta": {"content": "par"}, "finish_reason": null}]}\n\n'
+        if fault == "length":
+            cut = b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}\n\n'
+            return await _translated(request, [stream.feed(start), stream.feed(cut), stream.finish()])
+        if fault == "error":
+            error = b'data: {"error": {"message": "capture fault", "code": 500}}\n\n'
+            return await _translated(request, [stream.feed(start), stream.feed(error), stream.finish()])
+        answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await answer.prepare(request)
+        await answer.write(stream.feed(start))
+        assert request.transport is not None
+        request.transport.abort()
+        return answer
 
     async def _responses_translated(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         try:
@@ -362,11 +418,44 @@ class CaptureServer(ThreadedApp):
                 body=error_body("responses", 400, str(exc), exc.param),
                 content_type="application/json",
             )
-        chunks = chat_stream(*self._chat_answer(turn.body))
         stream = ResponsesStream(
             f"resp_capture{next(self._ids):04d}", turn.model, 1, turn.echo, turn.tool_names
         )
+        fault = self._take_fault()
+        if fault is not None:
+            return await self._faulty(request, "responses", fault, stream)
+        if not turn.stream:
+            completion = chat_completion(*self._chat_answer(turn.body))
+            response_id = f"resp_capture{next(self._ids):04d}"
+            return web.json_response(
+                completion_to_response(completion, response_id, turn.model, 1, turn.echo, turn.tool_names)
+            )
+        chunks = chat_stream(*self._chat_answer(turn.body))
         return await _translated(request, [stream.feed(c) for c in chunks] + [stream.finish()])
+
+
+def chat_completion(kind: str, value: Any) -> dict[str, Any]:
+    """The whole ``chat.completion`` answering ``("text", str)`` or ``("tool", (id, name, input))``."""
+    message: dict[str, Any] = {"role": "assistant", "content": value if kind == "text" else None}
+    if kind == "tool":
+        call_id, name, arguments = value
+        message["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ]
+    return {
+        "id": "chatcmpl-capture",
+        "object": "chat.completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "stop" if kind == "text" else "tool_calls"}
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+    }
 
 
 def chat_stream(kind: str, value: Any) -> list[bytes]:
@@ -604,10 +693,13 @@ SESSIONS: dict[str, dict[str, Any]] = {
 ``tool`` is the capture server's script (a namespace member written ``<namespace>/<name>``)."""
 
 
-def record(session: str, translate: bool = False) -> tuple[HarnessRun, list[dict[str, Any]]]:
-    """Run one of :data:`SESSIONS` against a fresh capture server; its result and the requests."""
+def record(
+    session: str, translate: bool = False, fault: str | None = None, faults: int = 1
+) -> tuple[HarnessRun, list[dict[str, Any]]]:
+    """Run one of :data:`SESSIONS` against a fresh capture server; its result and the requests.
+    ``fault`` (with ``translate``): see :meth:`CaptureServer._faulty`, for the first ``faults`` turns."""
     spec = SESSIONS[session]
-    server = CaptureServer(spec.get("tool"), spec.get("tool_input"), translate).start()
+    server = CaptureServer(spec.get("tool"), spec.get("tool_input"), translate, fault, faults).start()
     try:
         with tempfile.TemporaryDirectory(
             prefix="harness-", dir=os.path.expanduser("~/.cache/luftpause")

@@ -29,6 +29,7 @@ from luftpause.dataplane.apis.messages_stream import (
     TranslationBroken,
     completion_to_message,
 )
+from luftpause.dataplane.apis.models import ANTHROPIC_VERSION_HEADER, model_body, models_body, wants_anthropic
 
 BASE = {"model": "m", "max_tokens": 64}
 
@@ -546,3 +547,22 @@ def test_an_engines_refusal_is_reshaped_keeping_its_message() -> None:
     assert (
         orjson.loads(engine_refusal_body("messages", 500, b""))["error"]["message"] == "engine answered 500"
     )
+
+
+# --- GET /v1/models ------------------------------------------------------------------------------
+
+
+def test_the_anthropic_sdk_lists_and_retrieves_models_in_its_shape() -> None:
+    seen: list[Any] = []
+    client = anthropic_client(models_body(["a", "b"], anthropic=True), "application/json", seen)
+    assert [(m.id, m.type, m.display_name) for m in client.models.list()] == [
+        ("a", "model", "a"),
+        ("b", "model", "b"),
+    ]
+    assert len(seen) == 1  # one page: has_more is false
+    assert wants_anthropic(seen[0].headers.get(ANTHROPIC_VERSION_HEADER))
+    body = model_body(["a", "b"], "b", anthropic=True)
+    assert body is not None
+    model = anthropic_client(body, "application/json").models.retrieve("b")
+    assert (model.id, model.created_at.year) == ("b", 1970)
+    assert model_body(["a"], "zzz", anthropic=True) is None

@@ -21,6 +21,7 @@ from api_helpers import (
 )
 
 from luftpause.dataplane.apis.errors import TranslationError, engine_refusal_body, error_body
+from luftpause.dataplane.apis.models import ANTHROPIC_VERSION_HEADER, model_body, models_body, wants_anthropic
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat
 from luftpause.dataplane.apis.responses_stream import (
     ResponsesStream,
@@ -489,3 +490,15 @@ def test_errors_in_openais_shape() -> None:
         orjson.loads(engine_refusal_body("responses", 429, b'{"error": "busy"}'))["error"]["message"]
         == "busy"
     )
+
+
+def test_the_openai_sdk_lists_models_in_its_shape() -> None:
+    seen: list[Any] = []
+    client = openai_client(models_body(["a", "b"], anthropic=False), "application/json", seen)
+    assert [(m.id, m.object, m.owned_by) for m in client.models.list()] == [
+        ("a", "model", "luftpause"),
+        ("b", "model", "luftpause"),
+    ]
+    assert not wants_anthropic(seen[0].headers.get(ANTHROPIC_VERSION_HEADER))
+    body = model_body(["a"], "a", anthropic=False)
+    assert body is not None and openai_client(body, "application/json").models.retrieve("a").id == "a"
