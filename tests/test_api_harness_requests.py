@@ -1,5 +1,5 @@
 """What Claude Code and Codex CLI really send, translated: recorded sessions (``tests/data/harnesses``,
-made with ``tests/harness_capture.py``; ``docs/harnesses.md`` tells what they show), and the
+made with ``tests/harness_runs.py``; ``docs/harnesses.md`` tells what they show), and the
 harnesses themselves run against answers made by the translators when they are installed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness_capture import SESSIONS, harness_bin, record
+from harness_runs import SESSIONS, harness_bin, record
 
 from luftpause.dataplane.apis.messages_request import messages_to_chat, tool_result_ids
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat

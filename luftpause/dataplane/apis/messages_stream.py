@@ -283,8 +283,10 @@ def completion_to_message(
 ) -> dict[str, Any]:
     """A whole ``chat.completion`` (parsed JSON) as an Anthropic Message (the rules of the stream).
 
-    Tool arguments that are not a JSON object are given as ``{}`` plus nothing lost: the raw text
-    goes into the ``input`` under ``"_raw_arguments"``, so the harness sees what the model wrote.
+    Tool arguments that are not a JSON object cannot be an ``input``: they are given as
+    ``{"_raw_arguments": <the text>}``, so the harness (and the model, in the tool error it gets
+    back) sees what the model wrote rather than an empty call. (Streamed, the fragments go out as
+    they came, and the client's own JSON parsing reports them.)
     ``tool_call_ids`` of the answer are the ``id`` s of its ``tool_use`` blocks."""
     choices = completion.get("choices")
     choice: dict[str, Any] = {}
