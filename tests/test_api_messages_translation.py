@@ -176,9 +176,12 @@ def test_an_assistant_turn_of_only_thinking_is_kept_as_an_empty_turn() -> None:
     ],
 )
 def test_tool_choice(choice: dict[str, Any], expected: Any, parallel: bool | None) -> None:
-    body = chat(messages=[], tool_choice=choice)
+    tools = [{"name": "count", "input_schema": {"type": "object"}}]
+    body = chat(messages=[], tool_choice=choice, tools=tools)
     assert body["tool_choice"] == expected
     assert body.get("parallel_tool_calls") == parallel
+    without = chat(messages=[], tool_choice=choice)  # vLLM refuses a tool choice without tools
+    assert "tool_choice" not in without and "parallel_tool_calls" not in without
 
 
 def test_tools_sampling_stops_metadata_and_stream() -> None:

@@ -270,6 +270,11 @@ def test_what_cannot_be_translated_is_refused_naming_the_field(fields: dict[str,
     }
 
 
+def test_no_tool_choice_once_only_dropped_tools_remain() -> None:
+    body = chat(tools=[{"type": "web_search"}], tool_choice="auto", parallel_tool_calls=True)
+    assert "tools" not in body and "tool_choice" not in body and "parallel_tool_calls" not in body
+
+
 def test_previous_response_id_says_why() -> None:
     with pytest.raises(TranslationError, match="stores no responses"):
         responses_to_chat({"model": "m", "input": "x", "previous_response_id": "resp_1"})

@@ -64,3 +64,12 @@ def known_keys(value: Mapping[str, Any], allowed: Iterable[str], path: str, what
 def json_text(value: Any) -> str:
     """``value`` as compact JSON text (tool arguments in Chat Completions are a JSON string)."""
     return orjson.dumps(value).decode()
+
+
+def no_tool_choice_without_tools(body: dict[str, Any]) -> None:
+    """Without tools (none given, or only dropped ones), a tool choice means nothing and vLLM
+    refuses one ("When using `tool_choice`, `tools` must be set"): drop it, and
+    ``parallel_tool_calls``, from the Chat Completions ``body``."""
+    if "tools" not in body:
+        body.pop("tool_choice", None)
+        body.pop("parallel_tool_calls", None)

@@ -154,6 +154,7 @@ def messages_to_chat(payload: dict[str, Any]) -> MessagesTurn:
         _tool_choice(shape.obj(payload["tool_choice"], "tool_choice"), body)
     if payload.get("output_config") is not None:
         _output_config(shape.obj(payload["output_config"], "output_config"), body)
+    shape.no_tool_choice_without_tools(body)
     return MessagesTurn(body, model, stream, _thinking(payload.get("thinking")), stops)
 
 

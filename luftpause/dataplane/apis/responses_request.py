@@ -181,6 +181,7 @@ def responses_to_chat(payload: dict[str, Any]) -> ResponsesTurn:
         shape.known_keys(reasoning, ("effort", "summary", "generate_summary"), "reasoning", "Responses")
         if reasoning.get("effort") is not None:
             body["reasoning_effort"] = shape.string(reasoning["effort"], "reasoning.effort")
+    shape.no_tool_choice_without_tools(body)
     echo = {key: payload[key] for key in _ECHOED if key in payload}
     return ResponsesTurn(body, model, stream, tool_names, echo)
 
