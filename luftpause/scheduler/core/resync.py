@@ -171,7 +171,7 @@ def _settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) 
     """After many runs and slots changed at once: headroom, re-filing, then every replica filled."""
     runs = list(changed)
     for run in runs:
-        _reserve(state, run)  # every replica is filled below
+        _reserve(state, run, at)  # every replica is filled below
     for run in runs:
         _refile(state, run.turns, at, out)
     _fill_least_loaded(state, state.replicas.values(), at, out)

@@ -5,6 +5,7 @@
 * :mod:`.affinity` - whether a run is pinned to its last replica (run phase, last replica, health);
 * :mod:`.engine_load` - a replica's effective capacity (engine running / waiting, ``max_inflight``);
 * :mod:`.headroom` - slots kept from batch turns for interactive runs paused on a tool there;
+* :mod:`.pause_hold` - how long a paused run keeps its slot (a TTL learned from its pauses);
 * :mod:`.capacity` - whether a replica has room for a turn of a class (the three above, in-flight);
 * :mod:`.least_loaded` - which of the replicas with room takes a free turn (in-flight turns);
 * :mod:`.ordering` - which held turn gets a freed slot first (class, caller's in-flight, arrival);
