@@ -210,7 +210,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [
             (r.run_id, r.phase, r.last_replica, r.service_class, r.caller, r.last_activity,
              sorted(r.turns), r.latest_turn, r.reserved_on, r.paused_at, r.hold_until, r.hold_expired,
-             r.returned, list(r.pauses))
+             r.returned, list(r.pauses), r.order, r.attained_s)
             for r in self.state.runs.values()
         ]  # fmt: skip
 

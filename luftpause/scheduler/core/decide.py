@@ -29,7 +29,12 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    model). An ``idle`` or new run may go anywhere: to the replica with the fewest placed turns among
    those with room for its class, ties in configuration order.
 5. Held turns wait filed under their pinned replica or under their model, in order: interactive
-   first, then the caller with the fewest placed turns, then arrival. When a slot frees (or a
+   first, then the caller with the fewest placed turns, then the turn's rank, then arrival. The
+   rank (:mod:`.policies.run_order`, fixed when the turn arrives) is by default its run's start:
+   among a caller's turns of one class, the run the scheduler saw first goes first, so a run in
+   progress never waits for a run that started after it, a replica serves a few runs at a time and
+   their prefixes stay in its cache (served turn by turn in arrival order, every run in progress
+   interleaves with every other and a flood thrashes the prefix cache). When a slot frees (or a
    probe raises capacity, or headroom is released), the first held turn that may use it takes it;
    a turn pinned to a full replica never blocks turns that may go elsewhere. There is no deadline
    and no limit: a held turn leaves only when placed or abandoned. Hence the invariants: a held turn

@@ -39,7 +39,9 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
     """The run of an arriving generative turn, created or brought up to date; it now has the turn."""
     run = state.runs.get(event.run_id)
     if run is None:
-        run = Run(event.run_id, "idle", None, event.service_class, event.caller, event.at)
+        run = Run(
+            event.run_id, "idle", None, event.service_class, event.caller, event.at, order=state.next_seq
+        )
         state.runs[event.run_id] = run
     else:
         if run.phase == "tool_paused" and run.paused_at is not None and not run.returned:
@@ -113,7 +115,9 @@ def _place(
     run = state.runs.get(turn.run_id)
     if run is None:
         # the run ended (RunEnded) while this turn was held: it starts afresh
-        run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at)
+        run = Run(
+            turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at, order=state.next_seq
+        )
         state.runs[turn.run_id] = run
     else:
         run.phase = "generating"

@@ -15,6 +15,7 @@ from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
 from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
+from luftpause.scheduler.core.policies.run_order import RunOrder
 
 if TYPE_CHECKING:
     from luftpause.config import Config
@@ -104,6 +105,11 @@ class Run:
     """A turn of it arrived since its pause began (the pause's length is already recorded)."""
     pauses: list[float] = field(default_factory=list)
     """Its last tool pauses (seconds from a pause's start to its next turn's arrival)."""
+    order: int = 0
+    """Its start number: the state's arrival counter when the scheduler first saw it (the run
+    order's rank, :mod:`.policies.run_order`)."""
+    attained_s: float = 0.0
+    """Seconds its turns were placed, summed as they ended (its attained service)."""
 
 
 @dataclass(slots=True)
@@ -233,6 +239,8 @@ class State:
     ``resync_hold_s``; ``None`` before the first event."""
     holding: bool = False
     """The startup hold is in force: held turns are not placed, leases not granted."""
+    run_order: RunOrder = "run"
+    """Which of a caller's held turns of one class goes first (:mod:`.policies.run_order`)."""
     pause_hold: PauseHold = field(default_factory=PauseHold)
     """How long a tool-paused interactive run keeps its headroom slot (:mod:`.policies.pause_hold`)."""
     caller_pauses: dict[str, list[float]] = field(default_factory=dict)
@@ -264,6 +272,7 @@ def state_from_replicas(
     leasing: bool = False,
     resync_hold_s: float = 0.0,
     pause_hold: PauseHold | None = None,
+    run_order: RunOrder = "run",
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
@@ -272,6 +281,7 @@ def state_from_replicas(
     (rule 14 of :mod:`.decide`) are granted to the dataplanes that take them. ``resync_hold_s``:
     the startup hold after a restart (rule 15), 0 for none. ``pause_hold``: how long tool-paused
     interactive runs keep headroom (:mod:`.policies.pause_hold`; ``None``: its defaults).
+    ``run_order``: which held turn of a caller and class goes first (:mod:`.policies.run_order`).
     """
     replicas: dict[str, Replica] = {}
     by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
@@ -289,6 +299,7 @@ def state_from_replicas(
         leasing=leasing,
         resync_hold_s=resync_hold_s,
         pause_hold=pause_hold or PauseHold(),
+        run_order=run_order,
     )
 
 

@@ -37,6 +37,7 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
     run = state.runs.get(placed.run_id)
     # not a turn of a run that ended meanwhile, nor a single-pass turn (never one of a run's turns)
     if run is not None and turn_id in run.turns:
+        run.attained_s += max(0.0, at - placed.placed_at)
         run.turns.discard(turn_id)
         _touch(state, run, at)
         if run.latest_turn in (None, turn_id):
@@ -92,7 +93,7 @@ def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
     if held:
         # its held turns still have clients waiting: they start the run afresh, without affinity
         state.runs[run.run_id] = Run(
-            run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held)
+            run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held), order=state.next_seq
         )
         _refile(state, held, event.at, out)
 
