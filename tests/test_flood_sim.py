@@ -100,10 +100,12 @@ def test_under_light_load_every_arrangement_performs_alike() -> None:
 def test_under_a_flood_luftpause_is_ahead_of_the_router_on_interactive(slots: int) -> None:
     spec = FloodSpec(_small_flood(), PROFILE, slots=slots)
     router, luftpause = simulate(spec, "router"), simulate(spec, "luftpause")
-    interactive = (by_class(luftpause, "interactive", "runsPerMinute") or 0) / (
-        by_class(router, "interactive", "runsPerMinute") or 1
-    )
-    batch = (by_class(luftpause, "batch", "runsPerMinute") or 0) / (by_class(router, "batch", "runsPerMinute") or 1)
+
+    def ratio(service_class: str) -> float:
+        ours = by_class(luftpause, service_class, "runsPerMinute") or 0.0
+        return ours / (by_class(router, service_class, "runsPerMinute") or 1.0)
+
+    interactive, batch = ratio("interactive"), ratio("batch")
     assert interactive >= 2.0, f"interactive {interactive:.2f}x the router's"
     assert batch >= 0.9, f"batch {batch:.2f}x the router's"
 
