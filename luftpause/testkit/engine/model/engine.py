@@ -81,7 +81,7 @@ class EngineModel:
         self._check_time(now)
         if request.request_id in self._state.requests:
             raise ValueError(f"request {request.request_id!r} is already held by the engine")
-        self._check_fits(request)
+        self.check(request)
         held = RequestState(request, now, arrival=next(self._arrivals))
         self._state.requests[request.request_id] = held
         self._state.enqueue(held)
@@ -160,7 +160,9 @@ class EngineModel:
         if self._step is not None and self._step.end < now:
             raise ValueError(f"advance({now}) first: a step ended at {self._step.end}")
 
-    def _check_fits(self, request: EngineRequest) -> None:
+    def check(self, request: EngineRequest) -> None:
+        """Raise ``ValueError`` as :meth:`submit` would for a request that can never fit this
+        engine (see there), without submitting it."""
         profile = self.profile
         prompt = request.prompt_tokens
         if profile.style == "sglang":

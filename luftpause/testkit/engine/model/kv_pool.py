@@ -120,8 +120,8 @@ class KVPool:
     def unlock(self, keys: Sequence[bytes]) -> None:
         """Undo one :meth:`lock` of each of ``keys``; an unpinned leaf becomes evictable."""
         for key in keys:
-            node = self._nodes[key]
-            if node.lock_ref < 1:
+            node = self._nodes.get(key)
+            if node is None or node.lock_ref < 1:
                 raise ValueError("unlocking a prefix node that is not locked")
             node.lock_ref -= 1
             if node.lock_ref == 0:

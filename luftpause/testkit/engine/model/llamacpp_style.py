@@ -1,31 +1,59 @@
-"""llama.cpp's ``llama-server``: a fixed number of slots, each with its own context and a prompt
-cache of the last request it served.
+"""llama.cpp's ``llama-server``: a fixed number of slots, each with its own context and the KV of
+the last request it served, and a prompt cache in host memory that saves and restores slots.
 
-Followed from llama.cpp's ``tools/server/server.cpp`` (``get_available_slot``,
-``update_slots``), as vendored by llama-cpp-python 0.3.36 (REFERENCES.md):
+Followed from llama.cpp as vendored by llama-cpp-python 0.3.36 (REFERENCES.md), files
+``tools/server/server-context.cpp`` (``get_available_slot``, the task loop, ``update_slots``),
+``tools/server/server-task.cpp`` (``server_prompt_cache::alloc``, ``load``, ``update``) and
+``common/common.h`` (defaults):
 
-* ``-c`` context tokens are split evenly over ``-np`` slots; a request runs in one slot and
-  nothing is shared between slots, so a slot's context is a pool of its own here, holding the
-  tokens of the last request it served (prompt and reply) as its prompt cache;
-* a waiting request takes the idle slot whose cached tokens share the largest fraction of its
-  prompt (longest common prefix / prompt length), if that fraction exceeds
-  ``--slot-prompt-similarity``, else the least recently used idle slot; the common prefix is
-  reused and the rest of that slot's cache is overwritten;
+* ``-c`` context tokens are split evenly over ``-np`` slots (``kv_unified`` is off with an
+  explicit ``-np``); a request runs in one slot, a slot's context is a pool of its own here;
+* a waiting request takes the idle, non-empty slot whose tokens share the largest fraction of its
+  prompt (longest common prefix / prompt length), if above ``--slot-prompt-similarity`` (0.1),
+  else the least recently used idle slot;
+* the prompt cache (``--cache-ram``, 8192 MiB): when the slot was taken by recency, or keeps
+  less than half of its tokens for this prompt, its tokens are saved to the cache (unless an
+  entry holds them all; entries they hold all are dropped; the oldest entries go when the cache
+  is over its limit), then the cached entry that keeps at least a quarter of its own tokens and
+  beats the slot's own on both fractions (kept and shared) is restored into the slot and leaves
+  the cache; after a request is launched, every idle slot is saved too (``--cache-idle-slots``);
+* the request reuses the common prefix of the slot's tokens and recomputes the rest;
 * each ``update_slots`` pass builds one batch of at most ``--batch-size`` tokens: first one token
   per generating slot, then prompt tokens of slots still processing their prompt;
 * a request that does not fit a slot's context is refused when it arrives (there is no
-  retraction, preemption or cross-slot cache).
+  retraction or preemption).
+
+Not modelled: the time a restore takes (a copy of the slot's state, ~23 KB per token here).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
+from luftpause.testkit.engine.model.kv_pool import KVPool
 from luftpause.testkit.engine.model.profiles import EngineProfile
+from luftpause.testkit.engine.model.requests import PrefixNode
 from luftpause.testkit.engine.model.state import EngineState, RequestState
 from luftpause.testkit.engine.model.steps import Planned
 
 __all__ = ["LlamaCppScheduler"]
+
+Tokens = tuple[PrefixNode, ...]
+
+
+def _tokens(nodes: Tokens) -> int:
+    return sum(tokens for _, tokens in nodes)
+
+
+def _common(a: Tokens, b: Tokens) -> int:
+    """Tokens of the longest common prefix (whole nodes) of ``a`` and ``b``."""
+    common = 0
+    for (key_a, tokens), (key_b, _) in zip(a, b, strict=False):
+        if key_a != key_b:
+            break
+        common += tokens
+    return common
 
 
 class LlamaCppScheduler:
@@ -37,28 +65,91 @@ class LlamaCppScheduler:
         self._busy: list[RequestState | None] = [None] * len(state.pools)
         self._clock = itertools.count(1)
         self._last_used = [0] * len(state.pools)
+        # What each idle slot holds (its last request's prompt and reply), and the prompt cache.
+        self._held: list[Tokens] = [() for _ in state.pools]
+        self._saved: deque[Tokens] = deque()
+        self.restored = 0
 
     @property
     def new_token_ratio(self) -> float:
         return 1.0
 
+    @property
+    def saved_tokens(self) -> int:
+        """Tokens in the prompt cache (host memory)."""
+        return sum(_tokens(entry) for entry in self._saved)
+
     def released(self, request: RequestState) -> None:
         slot = request.slot
-        if slot is not None and self._busy[slot] is request:
-            self._busy[slot] = None
-            self._last_used[slot] = next(self._clock)
+        if slot is None or self._busy[slot] is not request:
+            return
+        self._busy[slot] = None
+        self._last_used[slot] = next(self._clock)
         request.slot = None
+        pool = self._state.pools[slot]
+        nodes = request.spec.prompt.nodes
+        held = nodes[: pool.match(nodes, touch=False)]
+        reply = request.spec.reply
+        if reply is not None and len(held) == len(nodes) and reply[0] in pool:
+            held = (*held, reply)
+        self._held[slot] = held
 
-    def _choose(self, request: RequestState, idle: list[int]) -> int:
-        best, best_share = None, self._profile.slot_prompt_similarity
+    def _choose(self, prompt: Tokens, idle: list[int]) -> tuple[int, bool]:
+        """The slot for ``prompt`` and whether the prompt cache is updated (server-context.cpp,
+        ``get_available_slot``)."""
+        best, best_share = None, 0.0
+        total = _tokens(prompt)
         for slot in idle:
-            _, tokens = self._state.lookup(request, self._state.pools[slot], touch=False)
-            share = tokens / request.spec.prompt_tokens
-            if share > best_share:
+            if not self._held[slot]:
+                continue
+            share = _common(self._held[slot], prompt) / total
+            if share > best_share and share > self._profile.slot_prompt_similarity:
                 best, best_share = slot, share
         if best is not None:
-            return best
-        return min(idle, key=lambda slot: self._last_used[slot])
+            kept = best_share * total / max(_tokens(self._held[best]), 1)
+            return best, kept < 0.5
+        return min(idle, key=lambda slot: self._last_used[slot]), True
+
+    def _save(self, held: Tokens) -> None:
+        """``server_prompt_cache::alloc`` and ``update``."""
+        if not held or self._profile.ram_cache_tokens <= 0:
+            return
+        size = _tokens(held)
+        if any(_common(entry, held) == size for entry in self._saved):
+            return  # held whole already
+        self._saved = deque(entry for entry in self._saved if _common(entry, held) != _tokens(entry))
+        self._saved.append(held)
+        while self._saved and self.saved_tokens > self._profile.ram_cache_tokens:
+            self._saved.popleft()
+
+    def _restore(self, slot: int, prompt: Tokens) -> None:
+        """``server_prompt_cache::load``: the saved entry that beats the slot's own, if any."""
+        held = self._held[slot]
+        common = _common(held, prompt)
+        best_keep = common / _tokens(held) if held and _tokens(held) else -1.0
+        best_share = common / _tokens(prompt)
+        best = None
+        for entry in self._saved:
+            size = _tokens(entry)
+            if size == 0:
+                continue
+            shared = _common(entry, prompt)
+            keep, share = shared / size, shared / _tokens(prompt)
+            if keep < 0.25:
+                continue
+            if best_keep < keep and best_share < share:
+                best, best_keep, best_share = entry, keep, share
+        if best is None:
+            return
+        self._saved.remove(best)
+        self._held[slot] = best
+        self.restored += 1
+        pool = self._state.pools[slot]
+        pool.evict(pool.capacity)
+        parent = None
+        for node in best:
+            pool.insert(parent, node, from_private=False)
+            parent = node[0]
 
     def plan(self, now: float) -> list[Planned]:
         state = self._state
@@ -66,14 +157,22 @@ class LlamaCppScheduler:
             idle = [slot for slot, holder in enumerate(self._busy) if holder is None]
             if not idle:
                 break
-            slot = self._choose(request, idle)
-            pool = state.pools[slot]
+            prompt = request.spec.prompt.nodes
+            slot, update = self._choose(prompt, idle)
+            if update and self._profile.ram_cache_tokens > 0:
+                self._save(self._held[slot])
+                self._restore(slot, prompt)
+            pool: KVPool = state.pools[slot]
             nodes, cached = state.lookup(request, pool)
             state.pin(request, pool, nodes)
-            pool.evict(pool.capacity)  # the rest of the slot's cache is overwritten
+            pool.evict(pool.capacity)  # the rest of the slot's tokens are overwritten
             state.admit(request, now, cached)
             self._busy[slot] = request
+            self._held[slot] = ()
             request.slot = slot
+            for other, holder in enumerate(self._busy):
+                if holder is None:
+                    self._save(self._held[other])
         budget = self._profile.step_tokens
         planned: list[Planned] = []
         for request in state.running:

@@ -186,7 +186,8 @@ class EngineProfile:
       and ``clip_max_new_tokens`` as SGLang's.
     * ``slot_prompt_similarity``: llama.cpp's ``--slot-prompt-similarity``: a waiting request
       takes the idle slot whose cached prompt shares the largest fraction of its prompt, if above
-      this, else the least recently used idle slot.
+      this, else the least recently used idle slot; ``ram_cache_tokens``: tokens its prompt cache
+      in host memory (``--cache-ram``) holds, 0 for none (see :mod:`.llamacpp_style`).
     * ``sources``: where each figure comes from, by parameter name.
     """
 
@@ -202,7 +203,8 @@ class EngineProfile:
     new_token_ratio_decay_steps: int = 600
     retract_decode_steps: int = 20
     clip_max_new_tokens: int = 4096
-    slot_prompt_similarity: float = 0.5
+    slot_prompt_similarity: float = 0.1
+    ram_cache_tokens: int = 0
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
@@ -326,9 +328,11 @@ def llamacpp_smollm2_135m_cpu() -> EngineProfile:
     """llama.cpp's ``llama-server`` with SmolLM2-135M on this machine's CPU (2 threads).
 
     * ``llama-server -m model.gguf -c 8192 -np 4 -t 2`` (REFERENCES.md): 4 slots, the 8192
-      context tokens split among them (2048 each), each slot keeping the KV of the last prompt
-      it served as its prompt cache; ``--batch-size`` 2048 and ``--slot-prompt-similarity`` 0.5
-      are llama-server's defaults.
+      context tokens split among them (2048 each; ``kv_unified`` is off with an explicit ``-np``);
+      ``--batch-size`` 2048, ``--slot-prompt-similarity`` 0.1 and ``--cache-ram`` 8192 MiB are
+      llama-server's defaults in the llama.cpp that llama-cpp-python 0.3.36 vendors
+      (``common/common.h``); 8192 MiB of 23,040-byte tokens (F16 KV) is 372,827 tokens, which
+      the cache takes as its token limit (``server_prompt_cache::update``).
     * Measured here (REFERENCES.md): ~150 prompt tokens/s and ~60 generated tokens/s for one
       request. On a CPU a token costs about the same compute in prefill and decode, so
       compute = 1/150 s per token and a step's fixed part is what one decoded token costs
@@ -353,6 +357,8 @@ def llamacpp_smollm2_135m_cpu() -> EngineProfile:
         step_tokens=2048,
         mixed=True,
         costs=costs,
+        slot_prompt_similarity=0.1,
+        ram_cache_tokens=int(8192 * 1024 * 1024 // shape.kv_bytes_per_token),
         sources=MappingProxyType(
             {
                 "pool_tokens": "llama-server -c 8192 (REFERENCES.md), split over -np 4 slots",
@@ -361,7 +367,8 @@ def llamacpp_smollm2_135m_cpu() -> EngineProfile:
                 "compute_s_per_token": "measured ~150 prompt tokens/s on 2 threads (REFERENCES.md)",
                 "fixed_s": "measured ~60 generated tokens/s for one request: 1/60 - 1/150 s",
                 "context_s_per_token": "attention FLOPs per context token / projection FLOPs per token",
-                "slot_prompt_similarity": "llama-server default --slot-prompt-similarity 0.5",
+                "slot_prompt_similarity": "llama-server default 0.1 (common.h, llama-cpp-python 0.3.36)",
+                "ram_cache_tokens": "llama-server default --cache-ram 8192 MiB / 23,040 bytes per token",
             }
         ),
     )
