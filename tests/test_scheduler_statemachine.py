@@ -38,6 +38,9 @@ otherwise):
   last tick (a session cut off in a tool call gives its slot back once its pause outlives its TTL);
 * no interactive turn is held while a batch turn is placed on a replica it could use (checked at
   each ``Place`` of a batch turn, that being the moment it could happen);
+* the run order: a held turn placed goes before every turn still held of its class and caller that
+  could use the same replica (by the rank the core gave each, its run's start by default, then
+  arrival; checked at each ``Place`` of a held turn);
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
   long as its tombstone lives (120 s, dropped by the next tick);
 * after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight;
@@ -245,6 +248,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         placed_at = {turn_id: placed.placed_at for turn_id, placed in self.state.placed.items()}
         before = list(placed_at)
         runs_before = self.runs_in_full() if self.about_single_pass(event) else None
+        held_keys = {t.turn_id: (t.rank, t.seq) for t in self.state.held}
         if self.brings_a_turn_back(event):
             self.came_back(event.run_id, event.at)  # type: ignore[union-attr]
         if isinstance(event, Resynced | DataplaneLost):
@@ -293,6 +297,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert action.turn_id in {turn.turn_id for turn in event.turns}
             if isinstance(action, Place):
                 self.on_place(action)
+                if action.turn_id in held_keys and not isinstance(event, Resynced):
+                    self.placed_in_run_order(action, held_keys[action.turn_id])
                 replica = self.state.replicas[action.replica]
                 assert replica.inflight <= self.capacity(replica.name), f"{replica.name} over capacity"
                 if action.turn_id in self.batch:
@@ -439,6 +445,19 @@ class SchedulerMachine(RuleBasedStateMachine):
     def room(self, name: str, batch: bool) -> bool:
         replica = self.state.replicas[name]
         return replica.inflight < self.capacity(name) - (self.kept(name) if batch else 0)
+
+    def placed_in_run_order(self, action: Place, key: tuple[float, int]) -> None:
+        """The run order: a held turn placed on a replica goes before every turn still held of its
+        class and caller that could use that replica (their rank, then arrival, is larger)."""
+        cls = "batch" if action.turn_id in self.batch else "interactive"
+        for turn in self.state.held:
+            if (
+                ("batch" if turn.turn_id in self.batch else "interactive") == cls
+                and self.callers[turn.turn_id] == self.callers[action.turn_id]
+                and (turn.turn_id in self.single) == (action.turn_id in self.single)
+                and action.replica in self.usable(turn.turn_id)
+            ):
+                assert key < (turn.rank, turn.seq), f"{action.turn_id} placed before {turn.turn_id}"
 
     def batch_took_no_kept_slot(self, action: Place, later: list[Action]) -> None:
         """Headroom: placing a batch turn left its replica within its capacity less the kept slots.
