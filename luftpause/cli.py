@@ -82,7 +82,7 @@ def add_setting_arguments(parser: argparse.ArgumentParser, command: str) -> None
             help=f"[{table}] {key}, over ${settings.env_name((table, key))} and the file "
             f"(default: {settings.default_text(info).removeprefix('= ')})".replace("%", "%%"),
         )
-    width = min(shutil.get_terminal_size().columns - 2, 100)
+    width = max(40, min(shutil.get_terminal_size().columns - 2, 100))
     parser.epilog = settings.help_text(Config, READ_BY[command], flags, width)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 

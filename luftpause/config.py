@@ -115,7 +115,7 @@ class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
     http: str = "127.0.0.1:5001"
-    """HTTP listen address for ``GET /status``."""
+    """HTTP listen address (``host:port``) for ``GET /status``, the live page ``/`` and ``/health``."""
     dataplane_grace_s: float = Field(default=60.0, gt=0)
     """Seconds a dataplane may be without a Connect stream before the turns placed for it are
     released (it is taken as gone for good); a reconnect or restart under the same id fits inside."""
