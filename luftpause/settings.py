@@ -25,6 +25,7 @@ field's description) with no other change.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import textwrap
@@ -35,7 +36,6 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "LUFTPAUSE_"
 ENV_DELIMITER = "__"
@@ -195,15 +195,29 @@ def _get(values: Mapping[str, Any], path: KeyPath) -> Any:
     return values
 
 
-class _EnvSettings(BaseSettings):
-    """The variables' rule, for :class:`EnvSettingsSource`; the tables are added per model."""
+@functools.cache
+def _environment_shape(model: type[BaseModel]) -> type[Any]:
+    """A pydantic-settings class with the variables' rule and ``model``'s tables, for its
+    :class:`~pydantic_settings.EnvSettingsSource`. Each table is optional, so that a table no
+    variable names stays out of the values, and a whole-table variable that is not a JSON object
+    is kept as text, for the check to name. (Imported here: commands that read no configuration,
+    ``fake-engine``, start without pydantic-settings.)"""
+    from pydantic_settings import BaseSettings, SettingsConfigDict
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_DELIMITER,
-        case_sensitive=False,
-        env_ignore_empty=True,
+    class Rule(BaseSettings):
+        model_config = SettingsConfigDict(
+            env_prefix=ENV_PREFIX,
+            env_nested_delimiter=ENV_DELIMITER,
+            case_sensitive=False,
+            env_ignore_empty=True,
+        )
+
+    shape: type[Any] = create_model(  # type: ignore[call-overload]
+        f"{model.__name__}Environment",
+        __base__=Rule,
+        **{name: (table | None, None) for name, table in tables(model).items()},
     )
+    return shape
 
 
 def from_environment(model: type[BaseModel]) -> Layer:
@@ -230,14 +244,9 @@ def from_environment(model: type[BaseModel]) -> Layer:
                 f"{name}: no table {head!r} to override; expected {ENV_PREFIX}<TABLE>{ENV_DELIMITER}<KEY> "
                 f"with TABLE one of {', '.join(t.upper() for t in table_classes)}"
             )
-    # Each table optional, so that a table no variable names stays out of the values (and a
-    # whole-table variable that is not a JSON object is kept as text, for the check to name).
-    shape = create_model(  # type: ignore[call-overload]
-        "EnvironmentLayer",
-        __base__=_EnvSettings,
-        **{name: (table | None, None) for name, table in table_classes.items()},
-    )
-    raw: dict[str, Any] = EnvSettingsSource(shape)()
+    from pydantic_settings import EnvSettingsSource
+
+    raw: dict[str, Any] = EnvSettingsSource(_environment_shape(model))()
     for path in _leaves(raw):
         _set(layer.values, path, _read_as_typed(model, path, _get(raw, path)))
         for end in range(len(path), 0, -1):  # the per-key variable, else the whole table's
