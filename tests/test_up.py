@@ -357,9 +357,13 @@ def test_the_readme_recipe_moves_every_port_and_keeps_the_simulated_pool(
         assert _wait_exit(up) == 0
         assert not any(port_open("127.0.0.1", port) for port in pool)
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+        if up.poll() is None:  # a failed check: up stops the pool it started (a kill would orphan it)
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
         if up.stdout is not None:
             up.stdout.close()
         for pid in _pids_with(str(path)):
