@@ -51,6 +51,34 @@ cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py
     return i
 
 
+cdef extern from "string.h":
+    # GNU and BSD libc (Python.h defines _GNU_SOURCE first); a two-way search, vectorised in glibc
+    const void* memmem(const void* haystack, size_t haystacklen, const void* needle, size_t needlelen) nogil
+
+
+cdef inline bint _null_follows(const unsigned char* s, Py_ssize_t j, Py_ssize_t n) noexcept:
+    """Whether JSON space, a colon, JSON space and ``null`` begin at offset ``j``."""
+    j = _skip_json_space(s, j, n)
+    if j >= n or s[j] != b':':
+        return False
+    j = _skip_json_space(s, j + 1, n)
+    return n - j >= 4 and memcmp(s + j, b"null", 4) == 0
+
+
+cdef inline bint _every_run_null(
+    const unsigned char* s, Py_ssize_t n, const char* run, Py_ssize_t size
+) noexcept:
+    """Whether every occurrence of the ``size`` bytes at ``run`` in ``s`` is followed by ``: null``."""
+    cdef const unsigned char* q = <const unsigned char*>memmem(s, n, run, size)
+    cdef Py_ssize_t i
+    while q != NULL:
+        i = q - s + size
+        if not _null_follows(s, i, n):
+            return False
+        q = <const unsigned char*>memmem(s + i, n - i, run, size)
+    return True
+
+
 cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     """Whether a payload provably changes nothing once the first token has been seen.
 
@@ -63,40 +91,20 @@ cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     ``"object": "chat.completion.chunk"``, on every chunk, stays inert. Most chunks of a stream are
     content deltas like that. Anything else, including what is not JSON at all, is left to orjson
     and the full reading.
+
+    Each byte run is looked for with ``memmem`` over the whole payload (the pure twin's regular
+    expression finds the same runs: no run can begin inside another run or inside the ``: null``
+    after one, as neither holds a quote where a run could begin, so the decisions are the same);
+    walking every quote with ``memchr`` cost about three times as much on a content delta.
     """
-    cdef const unsigned char* q
-    cdef Py_ssize_t i, j, key_len
-    q = <const unsigned char*>memchr(s, b'\\', n)
-    while q != NULL:
-        i = q - s + 1
-        if i < n and s[i] == b'u':
-            return False
-        q = <const unsigned char*>memchr(s + i, b'\\', n - i)
-    q = <const unsigned char*>memchr(s, b'"', n)
-    while q != NULL:
-        i = q - s + 1
-        key_len = 0
-        if i < n:
-            if s[i] == b'u' and n - i >= 6 and memcmp(s + i, b'usage"', 6) == 0:
-                key_len = 6
-            elif s[i] == b't' and n - i >= 11 and memcmp(s + i, b'tool_calls"', 11) == 0:
-                key_len = 11
-            elif s[i] == b'f' and n - i >= 14 and memcmp(s + i, b'finish_reason"', 14) == 0:
-                key_len = 14
-            elif s[i] == b'e' and n - i >= 6 and memcmp(s + i, b'error"', 6) == 0:
-                key_len = 6
-        if key_len:
-            j = _skip_json_space(s, i + key_len, n)
-            if j >= n or s[j] != b':':
-                return False
-            j = _skip_json_space(s, j + 1, n)
-            if n - j < 4 or memcmp(s + j, b"null", 4) != 0:
-                return False
-            i = j + 4
-        if i >= n:
-            break
-        q = <const unsigned char*>memchr(s + i, b'"', n - i)
-    return True
+    if memmem(s, n, b"\\u", 2) != NULL:
+        return False
+    return (
+        _every_run_null(s, n, b'"finish_reason"', 15)
+        and _every_run_null(s, n, b'"usage"', 7)
+        and _every_run_null(s, n, b'"tool_calls"', 12)
+        and _every_run_null(s, n, b'"error"', 7)
+    )
 
 
 cdef object _error_message(dict d):

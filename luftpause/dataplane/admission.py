@@ -25,9 +25,11 @@ broken one (every ``RETRY_S``, with its resync), and its held turns stay held me
 Everything queued on a stream is written by one writer task, and whatever is queued when it gets
 to write goes out as one ``DataplaneMessage``. Admissions, cancels and pings go out as soon as the
 writer is free (a lone admission at once, never behind a timer); facts (turn events, turns placed
-under a lease) wait up to ``COALESCE_S`` for company, so that at one stream several turns share a
-message rather than each costing two (measured in bench/README.md, "End to end"). Answers come
-batched the same way.
+under a lease) wait for company, so that several turns share a message rather than each costing
+two (measured in bench/README.md, "End to end"): up to ``LEASED_COALESCE_S`` when the turn's
+replica is leased to this dataplane (then no turn is held for that replica anywhere: rule 14
+withdraws a lease as soon as one is, so nobody waits for the fact), else up to ``COALESCE_S``.
+Answers come batched the same way.
 
 Capacity leases (rule 14 of ``luftpause.scheduler.core.decide``): every resync says the link takes
 them, and the scheduler may then grant slots of replicas (``lease`` items). The link keeps, per
@@ -77,11 +79,15 @@ PONG_TIMEOUT_S = 6.0
 pings make an idle scheduler answer: three of them unanswered)."""
 MAX_QUEUED_EVENTS = 100_000
 """Turn events waiting to be written; past it the stream is ended and a resync heals."""
-COALESCE_S = 0.005
+COALESCE_S = 0.002
 """Seconds a fact (a turn event, a turn placed under a lease) may wait for others to share its
 gRPC message. They are facts the scheduler applies, not requests it answers: a turn ended is
-acted on (its slot given again) up to this much later. Measured: one message per turn event cost
-the scheduler and the dataplane about 0.2 ms of CPU each at one stream (bench/README.md)."""
+acted on (its slot given to a held turn) up to this much later. Measured: one message per turn
+event cost the scheduler and the dataplane about 0.2 ms of CPU each at one stream
+(bench/README.md, "End to end")."""
+LEASED_COALESCE_S = 0.02
+"""The same for a fact about a turn on a replica this dataplane holds a lease on: no turn waits for
+that replica, so the fact can wait longer for company."""
 COALESCE_ITEMS = 512
 """Facts queued that go out at once, without waiting for ``COALESCE_S``."""
 
@@ -103,7 +109,7 @@ class _Outbox:
     in it (what ``MAX_QUEUED_EVENTS`` bounds); :meth:`end` ends the stream after what is queued.
     """
 
-    __slots__ = ("_due", "_loop", "_timer", "_wake", "ending", "events", "items")
+    __slots__ = ("_deadline", "_due", "_loop", "_timer", "_wake", "ending", "events", "items")
 
     def __init__(self) -> None:
         self.items: list[pb.DataplaneItem] = []
@@ -111,6 +117,7 @@ class _Outbox:
         self.ending = False
         self._due = False  # something queued must go out as soon as the writer is free
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # loop.time() the armed timer fires
         self._wake: asyncio.Future[None] | None = None  # set while the writer waits for items
         self._loop = asyncio.get_running_loop()
 
@@ -118,13 +125,20 @@ class _Outbox:
         self.items.append(item)
         self._flush()
 
-    def fact(self, item: pb.DataplaneItem) -> None:
+    def fact(self, item: pb.DataplaneItem, wait: float = COALESCE_S) -> None:
+        """Queue a fact that may wait up to ``wait`` seconds for company."""
         items = self.items
         items.append(item)
         if len(items) >= COALESCE_ITEMS:
             self._flush()
-        elif self._timer is None and not self._due:
-            self._timer = self._loop.call_later(COALESCE_S, self._flush)
+        elif not self._due:
+            deadline = self._loop.time() + wait
+            timer = self._timer
+            if timer is None or deadline < self._deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._deadline = deadline
+                self._timer = self._loop.call_at(deadline, self._flush)
 
     def end(self) -> None:
         self.ending = True
@@ -321,7 +335,7 @@ class SchedulerLink:
         leased.epoch = lease.epoch
         if traceparent:
             leased.traceparent = traceparent
-        outbox.fact(item)
+        outbox.fact(item, LEASED_COALESCE_S if lease.count else COALESCE_S)
         return replica
 
     def _place_leased(self, request: pb.AdmitRequest) -> pb.AdmitReply | None:
@@ -351,8 +365,9 @@ class SchedulerLink:
         else:
             lease.count += message.grant
 
-    def report(self, event: pb.TurnEvent) -> None:
-        """Queue a turn event for the stream; never blocks the relay.
+    def report(self, event: pb.TurnEvent, replica: str | None = None) -> None:
+        """Queue a turn event for the stream; never blocks the relay. ``replica``: where the turn
+        ran, if it did (a fact about a leased replica may wait longer, ``LEASED_COALESCE_S``).
 
         Between streams events are dropped: the next resync carries their effect.
         """
@@ -367,7 +382,8 @@ class SchedulerLink:
             outbox.end()
             return
         outbox.events += 1
-        outbox.fact(pb.DataplaneItem(event=event))
+        lease = self._leases.get(replica) if replica else None
+        outbox.fact(pb.DataplaneItem(event=event), LEASED_COALESCE_S if lease and lease.count else COALESCE_S)
 
     def _send(self, item: pb.DataplaneItem) -> None:
         """Queue an admit or cancel on the current stream; between streams (or once the stream is

@@ -162,7 +162,7 @@ class Relay:
         if turn.traceparent:
             fields["trace_id"] = tracing.trace_id_of(turn.traceparent)
         event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields)  # type: ignore[arg-type]
-        self.link.report(event)
+        self.link.report(event, turn.replica)
 
     def _ended_event(self, turn: Turn, kind: int, **fields: Any) -> None:
         """FINISHED or FAILED, carrying how long ago the first token came when one did."""
@@ -226,6 +226,7 @@ class Relay:
         began (the client's connection is then aborted, never ended cleanly). Cancellation (the
         client left) closes the engine request at once.
         """
+        turn.replica = replica.name
         if turn.single_pass:
             self.single_pass_in_flight.add(turn.turn_id)
         else:

@@ -151,6 +151,8 @@ class Turn:
     """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
     upstream_path: str = ""
     translation: Translation | None = None
+    replica: str = ""
+    """Where the turn was sent, once it was."""
 
     @staticmethod
     def new_id() -> str:
