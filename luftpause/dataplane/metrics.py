@@ -109,7 +109,7 @@ class DataplaneMetrics:
         self._ttft_by_class = {value: self._ttft[name] for value, name in CLASS_NAMES.items()}
         self._held_by_class = {value: self._held[name] for value, name in CLASS_NAMES.items()}
         self._relayed_bytes = 0
-        self.registry.register(self)  # type: ignore[arg-type]  # a collector: collect() below
+        self.registry.register(self)  # a collector: collect() below
 
     def turn_ended(self, outcome: str, service_class: int) -> None:
         """Count one turn of ``service_class`` (``ServiceClass`` value) ended with ``outcome``.
