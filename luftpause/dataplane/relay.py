@@ -322,14 +322,26 @@ class Relay:
                         data = decoder.decompress(data)
                         if ended:
                             data += decoder.flush()
+                    if feed is not None and data and feed(data):
+                        self._first_token(turn)
+                    if not ended and decoder is None and (scanner.done or scanner.finish_reason):
+                        # The answer is over but its HTTP body has not ended yet (an engine writes
+                        # the end after its last event): one turn of the loop lets the end be read,
+                        # so the last events and the end go out in one send (a send costs ~0.04 ms
+                        # of CPU, a turn of the loop a few us). Never before the answer is over:
+                        # events go out as they come, the first token first of all.
+                        await asyncio.sleep(0)
+                        if upstream.error is None and (more := upstream.take()):
+                            if feed is not None and feed(more):
+                                self._first_token(turn)
+                            data += more
+                        ended = upstream.complete
                 except (EngineError, zlib.error) as exc:
                     # The client has had 200 and the chunks so far; its connection is aborted (no
                     # final chunk, no [DONE]), so it sees the stream broken rather than ended.
                     message = f"engine failed mid-stream: {exc}"
                     self.failed(turn, message)
                     raise StreamBroken(message) from None
-                if feed is not None and data and feed(data):
-                    self._first_token(turn)
                 if translation is not None and data:
                     data = translation.stream(data)
                 if not ended:
