@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from luftpause import __version__, logs
 from luftpause.config import Config, ConfigError, load_config
+from luftpause.extras import MissingExtra
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -95,20 +96,34 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+TRACED = ("up", "scheduler", "dataplane", "runtime")
+"""The commands that export spans when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``up`` by its children)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A missing extra (:class:`~luftpause.extras.MissingExtra`)
+    is one line on stderr naming the extra to install, and exit 2."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     # The first word naming a command (an option's value, such as --log-format's or --log-level's,
     # names none).
     command = next((a for a in args_in if a in COMMANDS), None)
-    parser = build_parser(command)
-    args = parser.parse_args(args_in)
-    if args.log_format is not None:
-        os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
-    if args.log_level is not None:
-        os.environ[logs.LOG_LEVEL_ENV] = args.log_level  # the same
-    logs.configure(args.command)
-    module = importlib.import_module(COMMANDS[args.command][0])
-    result: int = module.run(args)
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(args_in)
+        if args.command in TRACED and not getattr(args, "print_config", False):
+            from luftpause import tracing
+
+            tracing.require_sdk()  # here, before a granian worker would fail on it
+        if args.log_format is not None:
+            os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
+        if args.log_level is not None:
+            os.environ[logs.LOG_LEVEL_ENV] = args.log_level  # the same
+        logs.configure(args.command)
+        module = importlib.import_module(COMMANDS[args.command][0])
+        result: int = module.run(args)
+    except MissingExtra as exc:
+        print(f"luftpause {command}: {exc}" if command else f"luftpause: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -115,6 +115,10 @@ class SchedulerConfig(_Section):
     shows a restart (it hands over runs or in-flight turns), no held turn is placed and no lease
     granted, so that the other dataplanes can resync their in-flight turns first and no replica
     is filled past its capacity; ``0``: none."""
+    trace: str = ""
+    """Record the arrivals, tool pauses and run ends the scheduler sees as JSON lines appended to
+    this file (relative paths from the working directory), to replay them offline under another
+    policy (``bench/flood_sim.py --replay``); ``""`` (the default): no trace."""
 
     _check = field_validator("grpc", "http")(_host_port)
 
