@@ -30,7 +30,7 @@ from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.sse import SSEScanner
 from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_ids
-from luftpause.dataplane.turn import RUN_ID_HEADER, Translation, Turn, new_id, with_priority
+from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id, with_priority
 from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -303,14 +303,32 @@ class Relay:
         """Relay an SSE stream as it comes. With an encoding the relay does not decode
         (``decoder is False``) the bytes pass untouched and the side parser cannot read them: the
         turn is then reported finished when the engine's body ends cleanly (no first token, usage
-        or finish reason known) and failed when it breaks."""
+        or finish reason known) and failed when it breaks. A turn with a translation gets its
+        stream translated (:class:`~luftpause.dataplane.turn.StreamTranslation`), whose scanner
+        then gives the facts."""
+        translation = turn.translation.stream() if turn.translation is not None else None
+        if translation is not None and decoder is False:
+            raise EngineError("its stream is in an encoding the relay cannot read to translate")
+        scanner = translation.scanner if translation is not None else SSEScanner()
+        scan = scanner.feed if decoder is not False and translation is None else None
+
+        def take_in(data: bytes) -> bytes:
+            """Read the facts of ``data`` (the engine's bytes) and return what the client gets."""
+            if translation is None:
+                if scan is not None and data and scan(data):
+                    self._first_token(turn)
+                return data
+            seen = scanner.first_token_seen
+            out = translation.feed(data)
+            if not seen and scanner.first_token_seen:
+                self._first_token(turn)
+            return out
+
         headers.extend(_STREAM_HEAD)
         await exchange.start(200, headers)
         send = exchange.send
-        translation: Translation | None = turn.translation
-        scanner = SSEScanner()
-        feed = scanner.feed if decoder is not False else None
         relayed = 0  # summed here, added to the counter once per turn
+        readable = decoder is not False
         try:
             while True:
                 try:
@@ -322,8 +340,7 @@ class Relay:
                         data = decoder.decompress(data)
                         if ended:
                             data += decoder.flush()
-                    if feed is not None and data and feed(data):
-                        self._first_token(turn)
+                    out = take_in(data)
                     if not ended and decoder is None and (scanner.done or scanner.finish_reason):
                         # The answer is over but its HTTP body has not ended yet (an engine writes
                         # the end after its last event): one turn of the loop lets the end be read,
@@ -332,39 +349,44 @@ class Relay:
                         # events go out as they come, the first token first of all.
                         await asyncio.sleep(0)
                         if upstream.error is None and (more := upstream.take()):
-                            if feed is not None and feed(more):
-                                self._first_token(turn)
-                            data += more
+                            out += take_in(more)
                         ended = upstream.complete
+                    if ended and readable and not (scanner.done or scanner.finish_reason or scanner.error):
+                        # The engine ended its body before the answer was complete: to the client
+                        # that is a broken stream too, so its connection is aborted, not ended.
+                        if out:
+                            await send({"type": "http.response.body", "body": out, "more_body": True})
+                            relayed += len(out)
+                        raise StreamBroken("engine closed the stream before it finished")
+                    if ended and translation is not None:
+                        out += translation.finish()
                 except (EngineError, zlib.error) as exc:
                     # The client has had 200 and the chunks so far; its connection is aborted (no
                     # final chunk, no [DONE]), so it sees the stream broken rather than ended.
                     message = f"engine failed mid-stream: {exc}"
                     self.failed(turn, message)
                     raise StreamBroken(message) from None
-                if translation is not None and data:
-                    data = translation.stream(data)
+                except StreamBroken as exc:
+                    self.failed(turn, str(exc))
+                    raise
+                except Exception as exc:
+                    if translation is None:
+                        raise
+                    # The translation gave up (an event it could not translate faithfully): the
+                    # client's stream is aborted like a broken one.
+                    message = f"the answer could not be translated: {type(exc).__name__}: {exc}"
+                    self.failed(turn, message)
+                    raise StreamBroken(message) from None
                 if not ended:
-                    if data:
+                    if out:
                         # Waits while the client is not reading (granian's send is bounded), and the
                         # engine connection stops reading meanwhile: memory stays bounded.
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
-                        relayed += len(data)
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        relayed += len(out)
                     continue
-                if feed is not None and not (scanner.done or scanner.finish_reason or scanner.error):
-                    # The engine ended its body before the answer was complete: to the client that
-                    # is a broken stream too, so its connection is aborted rather than ended.
-                    if data:
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
-                        relayed += len(data)
-                    message = "engine closed the stream before it finished"
-                    self.failed(turn, message)
-                    raise StreamBroken(message)
-                if translation is not None and scanner.error is None:
-                    data += translation.stream_end()
                 # The last of the answer and its end in one send.
-                await send({"type": "http.response.body", "body": data, "more_body": False})
-                relayed += len(data)
+                await send({"type": "http.response.body", "body": out, "more_body": False})
+                relayed += len(out)
                 break
         finally:
             self.metrics.relayed(relayed)
@@ -375,20 +397,23 @@ class Relay:
                     scanner.oversized_events,
                     scanner.max_event_bytes,
                 )
-        if feed is None:
+        if not readable:
             self._finished(turn, "", False, -1, -1)  # unread: only that it ended cleanly is known
         elif scanner.error is not None:
             # vLLM and SGLang report a failure inside the stream as an error event, then [DONE]:
             # the stream is the engine's whole answer, ended as the engine ended it.
             self.failed(turn, f"engine error mid-stream: {scanner.error}")
         else:
+            ids = scanner.tool_call_ids
+            if translation is not None:  # the ids the client was sent, too (it echoes those)
+                ids = list(dict.fromkeys([*ids, *translation.tool_call_ids]))
             self._finished(
                 turn,
                 scanner.finish_reason or "",
                 scanner.saw_tool_calls,
                 scanner.prompt_tokens,
                 scanner.completion_tokens,
-                scanner.tool_call_ids,
+                ids,
             )
 
     async def _relay_whole(

@@ -2,16 +2,18 @@
 shaped on the way (an engine's ``priority``; a front door API other than Chat Completions).
 
 Front doors: a turn carries what goes to the engine (``upstream_path``, ``body``) and, when its
-client speaks another API than the engine's, a :class:`Translation` of the engine's answer. The
-relay reads every fact (first token, usage, finish reason, tool-call ids) from the engine's own
-Chat Completions answer, then hands the bytes to the translation, so a translator only shapes what
-the client sees. A Chat Completions turn has no translation: its answer is relayed unchanged.
+client speaks another API than the engine's, a :class:`Translation` of the engine's answer (the
+translators of ``luftpause.dataplane.apis`` fit it). Every fact (first token, usage, finish reason,
+tool-call ids) is still read from the engine's own Chat Completions answer, so a translator only
+shapes what the client sees. A Chat Completions turn has no translation: its answer is relayed
+unchanged.
 """
 
 from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,11 +23,14 @@ from luftpause.v1 import scheduler_pb2 as pb
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from luftpause.dataplane.sse import SSEScanner
+
 __all__ = [
     "CHAT_PATH",
     "CLASSIFY_PATH",
     "PRIORITY_VALUES",
     "RUN_ID_HEADER",
+    "StreamTranslation",
     "Translation",
     "Turn",
     "new_id",
@@ -39,32 +44,50 @@ CLASSIFY_PATH = "/classify"
 """Where a single-pass turn goes on its replica: vLLM's classification route."""
 
 
-class Translation(Protocol):
-    """How the answer to one turn reaches a client that speaks another API than the engine.
+class StreamTranslation(Protocol):
+    """One streamed answer's translation, as ``luftpause.dataplane.apis`` makes them
+    (``MessagesStream``, ``ResponsesStream``): the engine's Chat Completions SSE in, the client's
+    API's SSE out.
 
-    The engine answers in Chat Completions (OpenAI API reference, "Create chat completion"); the
-    relay calls, in order and on one task:
-
-    * :meth:`stream` with every piece of an SSE answer as it was read (events may be split across
-      pieces), returning the bytes to send the client now (``b""``: nothing yet);
-    * :meth:`stream_end` once the engine's stream ended cleanly (``[DONE]`` or a finish reason),
-      returning the client's closing bytes (its API's last events); never called for a stream that
-      broke, whose client connection is aborted instead;
-    * :meth:`whole` with a whole (non-streamed) 200 answer, returning the client's body;
-    * :meth:`refusal` with the status and body of an engine's refusal (429, 5xx), returning the
-      client's body in its API's error shape.
-
-    Each returns ``bytes``; none may block or raise (a fault of the translation is a fault of the
-    turn, which the dataplane answers 500 before the answer began and aborts after).
+    ``feed(read) -> bytes`` takes every read of the engine's body as it came (cut anywhere) and
+    returns what to send the client now (maybe ``b""``; the API's opening events come with the
+    first); ``finish() -> bytes`` at the end of the engine's body returns the closing events. Either
+    raises when the answer cannot be translated faithfully or ended early: the relay then aborts the
+    client's connection, as for a chat stream that broke. ``scanner`` is the
+    :class:`~luftpause.dataplane.sse.SSEScanner` that read the engine's bytes inside ``feed``: the
+    turn's facts (first token, usage, finish reason, error), so the relay scans nothing twice;
+    ``tool_call_ids`` the ids of the tool calls the client was sent.
     """
 
-    def stream(self, piece: bytes) -> bytes: ...
+    tool_call_ids: list[str]
 
-    def stream_end(self) -> bytes: ...
+    @property
+    def scanner(self) -> SSEScanner: ...
 
-    def whole(self, body: bytes) -> bytes: ...
+    def feed(self, chunk: bytes | bytearray) -> bytes: ...
 
-    def refusal(self, status: int, body: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """How the answer to one turn reaches a client that speaks another API than the engine.
+
+    The engine answers in Chat Completions (OpenAI API reference, "Create chat completion");
+    the relay reads every fact from that answer and gives the client:
+
+    * for a streamed 200 answer, what ``stream()`` (a new :class:`StreamTranslation`, made when the
+      engine's head came) makes of it;
+    * for a whole 200 answer, ``whole(body)`` (the engine's JSON bytes in, the client's out);
+    * for an engine's refusal (429, 5xx), ``refusal(status, body)``, the client's body in its API's
+      error shape (status and ``Retry-After`` unchanged).
+
+    ``whole`` and ``refusal`` must not raise (a fault there is a fault of the turn: 500).
+    """
+
+    stream: Callable[[], StreamTranslation]
+    whole: Callable[[bytes], bytes]
+    refusal: Callable[[int, bytes], bytes]
 
 
 PRIORITY_VALUES: dict[str, dict[int, int]] = {
