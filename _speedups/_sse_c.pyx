@@ -51,32 +51,15 @@ cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py
     return i
 
 
-cdef extern from "string.h":
-    # GNU and BSD libc (Python.h defines _GNU_SOURCE first); a two-way search, vectorised in glibc
-    const void* memmem(const void* haystack, size_t haystacklen, const void* needle, size_t needlelen) nogil
-
-
-cdef inline bint _null_follows(const unsigned char* s, Py_ssize_t j, Py_ssize_t n) noexcept:
-    """Whether JSON space, a colon, JSON space and ``null`` begin at offset ``j``."""
+cdef inline Py_ssize_t _null_after(const unsigned char* s, Py_ssize_t j, Py_ssize_t n) noexcept:
+    """The offset after ``: null`` (JSON space allowed around the colon) at ``j``, else -1."""
     j = _skip_json_space(s, j, n)
     if j >= n or s[j] != b':':
-        return False
+        return -1
     j = _skip_json_space(s, j + 1, n)
-    return n - j >= 4 and memcmp(s + j, b"null", 4) == 0
-
-
-cdef inline bint _every_run_null(
-    const unsigned char* s, Py_ssize_t n, const char* run, Py_ssize_t size
-) noexcept:
-    """Whether every occurrence of the ``size`` bytes at ``run`` in ``s`` is followed by ``: null``."""
-    cdef const unsigned char* q = <const unsigned char*>memmem(s, n, run, size)
-    cdef Py_ssize_t i
-    while q != NULL:
-        i = q - s + size
-        if not _null_follows(s, i, n):
-            return False
-        q = <const unsigned char*>memmem(s + i, n - i, run, size)
-    return True
+    if n - j >= 4 and memcmp(s + j, b"null", 4) == 0:
+        return j + 4
+    return -1
 
 
 cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
@@ -92,19 +75,47 @@ cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     content deltas like that. Anything else, including what is not JSON at all, is left to orjson
     and the full reading.
 
-    Each byte run is looked for with ``memmem`` over the whole payload (the pure twin's regular
-    expression finds the same runs: no run can begin inside another run or inside the ``: null``
-    after one, as neither holds a quote where a run could begin, so the decisions are the same);
-    walking every quote with ``memchr`` cost about three times as much on a content delta.
+    First ``memchr`` from backslash to backslash for a ``\\u`` (none in most payloads), then one
+    pass over the bytes in a plain loop, comparing the bytes after each quote with the four runs
+    (the pure twin's regular expression finds the same runs, left to right, each resuming after
+    the last, so the decisions are the same). Calling ``memchr`` from quote to quote (about 40 in a
+    content delta's 260 bytes), or glibc's ``memmem`` once per run, cost two to three times as
+    much: on the bench's 19-event answer the scanner took 24 us, then 18 (``memmem``), now 9.
     """
-    if memmem(s, n, b"\\u", 2) != NULL:
-        return False
-    return (
-        _every_run_null(s, n, b'"finish_reason"', 15)
-        and _every_run_null(s, n, b'"usage"', 7)
-        and _every_run_null(s, n, b'"tool_calls"', 12)
-        and _every_run_null(s, n, b'"error"', 7)
-    )
+    cdef Py_ssize_t i
+    cdef Py_ssize_t key_len
+    cdef unsigned char c
+    cdef const unsigned char* q = <const unsigned char*>memchr(s, b'\\', n)
+    while q != NULL:  # backslashes are rare outside escaped text: memchr skips to each at once
+        i = q - s + 1
+        if i < n and s[i] == b'u':
+            return False
+        q = <const unsigned char*>memchr(s + i, b'\\', n - i)
+    i = 0
+    while i < n:
+        c = s[i]
+        if c == b'"' and i + 1 < n:
+            c = s[i + 1]
+            key_len = 0
+            if c == b'f':
+                if n - i >= 15 and memcmp(s + i + 1, b'finish_reason"', 14) == 0:
+                    key_len = 15
+            elif c == b'u':
+                if n - i >= 7 and memcmp(s + i + 1, b'usage"', 6) == 0:
+                    key_len = 7
+            elif c == b't':
+                if n - i >= 12 and memcmp(s + i + 1, b'tool_calls"', 11) == 0:
+                    key_len = 12
+            elif c == b'e':
+                if n - i >= 7 and memcmp(s + i + 1, b'error"', 6) == 0:
+                    key_len = 7
+            if key_len:
+                i = _null_after(s, i + key_len, n)
+                if i < 0:
+                    return False
+                continue
+        i += 1
+    return True
 
 
 cdef object _error_message(dict d):
