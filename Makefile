@@ -41,7 +41,7 @@ bench-e2e: $(STAMP)
 # dataplane against direct and nginx, recorded as ratios; fails when a median ratio grew past
 # REGRESS_FAIL against the saved baseline REGRESS_BASELINE (bench/baselines/). Needs nginx
 # (apt-get install -y nginx-light). bench-regress-save records a new baseline there.
-REGRESS_BASELINE ?= 0001
+REGRESS_BASELINE ?= 0002
 REGRESS_FAIL ?= median:35%
 REGRESS_ARGS = bench/test_bench_e2e_ratio.py --benchmark-only --benchmark-storage=bench/baselines -p no:cacheprovider
 
