@@ -26,10 +26,10 @@ import httpx
 from starlette.applications import Starlette
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.monitor import monitor_routes
-from luftpause.runtime.pods import Pods
-from luftpause.runtime.run_record import Run
-from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.pods.operations import Pods
+from luftpause.runtime.runs.record import Run
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.web.monitor import monitor_routes
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
 

@@ -228,7 +228,7 @@ class McpServerConfig(_Section):
         default_factory=dict
     )
     """Per tool, its arguments that are paths: a list (each needs write) or ``{arg = "read" |
-    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.workspace`)."""
+    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.pods.workspace`)."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

@@ -36,7 +36,7 @@ from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.runtime.journal import JOURNAL_NAME, read_records
+from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.threaded_app import ThreadedApp
 

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from luftpause.config import DEFAULT_MODEL, Config
-from luftpause.runtime.runs import Run
+from luftpause.runtime.runs.registry import Run
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
 

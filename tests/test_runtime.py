@@ -25,9 +25,9 @@ from runtime_helpers import make_run
 
 from luftpause.cli import main
 from luftpause.config import DEFAULT_MODEL, McpServerConfig
-from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.runs import Run, RunRegistry
-from luftpause.runtime.upstream import UpstreamPool
+from luftpause.runtime.agent.loop import DataplaneClient, SubAgentLoop, new_http_session
+from luftpause.runtime.agent.upstream import UpstreamPool
+from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration

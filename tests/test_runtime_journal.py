@@ -10,8 +10,8 @@ from typing import Any
 
 from runtime_helpers import make_run
 
-from luftpause.runtime.journal import JOURNAL_NAME, Journal, read_records
-from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal, read_records
+from luftpause.runtime.runs.registry import Run, RunRegistry
 
 ROUND = [
     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
@@ -155,7 +155,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     written (it is marked not durable)."""
     import os
 
-    from luftpause.runtime.journal import JournalWriteError
+    from luftpause.runtime.runs.journal import JournalWriteError
 
     turns: list[str] = []
 

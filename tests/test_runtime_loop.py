@@ -30,7 +30,7 @@ from mcp.types import CallToolResult, Implementation, TextContent
 
 import luftpause
 from luftpause.config import DEFAULT_MODEL
-from luftpause.runtime.loop import TURN_TIMEOUT_SECONDS, new_http_session, retry_after_seconds
+from luftpause.runtime.agent.loop import TURN_TIMEOUT_SECONDS, new_http_session, retry_after_seconds
 from luftpause.testkit.fake_mcp_stdio import CALLS_LOG_ENV, read_calls
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.threaded_app import ThreadedApp

@@ -347,7 +347,7 @@ def test_cross_site_requests_cannot_message_stop_or_read_runs(open_pod: Pod) -> 
 
 
 def test_text_that_is_not_unicode_never_breaks_the_json() -> None:
-    from luftpause.runtime.monitor import _json
+    from luftpause.runtime.web.monitor import _json
 
     response = _json({"runs": [{"name": "ok"}, {"task": "bad \ud800 text"}]})
     assert response.status_code == 200

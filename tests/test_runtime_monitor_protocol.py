@@ -2,7 +2,7 @@
 ``unchanged`` while the run network stands and builds the network once per version however many
 pages poll; ``GET /monitor/runs/{handle}?since=`` sends only the messages the page does not have.
 
-In-process: the monitor's routes in a Starlette app over :class:`~luftpause.runtime.pods.Pods`
+In-process: the monitor's routes in a Starlette app over :class:`~luftpause.runtime.pods.operations.Pods`
 and a registry without a journal, driven through httpx's ASGI transport.
 """
 
@@ -15,10 +15,10 @@ import httpx
 from starlette.applications import Starlette
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.monitor import monitor_routes
-from luftpause.runtime.pods import PERSON, Pods
-from luftpause.runtime.run_record import Run
-from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.pods.operations import PERSON, Pods
+from luftpause.runtime.runs.record import Run
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.web.monitor import monitor_routes
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
 

@@ -285,8 +285,8 @@ async def _engine_holds(pod: Pod, what: str) -> bool:
 
 def _pods(tmp_path: Path) -> Any:
     from luftpause.config import load_config
-    from luftpause.runtime.pods import Pods
-    from luftpause.runtime.runs import RunRegistry
+    from luftpause.runtime.pods.operations import Pods
+    from luftpause.runtime.runs.registry import RunRegistry
 
     (tmp_path / "ws").mkdir()
     path = tmp_path / "pods.toml"
@@ -298,7 +298,7 @@ def _pods(tmp_path: Path) -> Any:
 
 
 def _run(pods: Any, handle: str, parent: str | None = None, **fields: Any) -> Any:
-    from luftpause.runtime.runs import Run
+    from luftpause.runtime.runs.registry import Run
 
     run = Run(
         handle=handle,
@@ -318,7 +318,7 @@ def _run(pods: Any, handle: str, parent: str | None = None, **fields: Any) -> An
 
 
 def test_a_sub_agents_child_inherits_and_may_only_narrow_its_limits(tmp_path: Path) -> None:
-    from luftpause.runtime.pods import PodRefused
+    from luftpause.runtime.pods.operations import PodRefused
 
     pods = _pods(tmp_path)
     a = _run(
@@ -342,7 +342,7 @@ def test_a_sub_agents_child_inherits_and_may_only_narrow_its_limits(tmp_path: Pa
 
 
 def test_names_are_checked_and_depth_is_kept_from_spawn(tmp_path: Path) -> None:
-    from luftpause.runtime.pods import PodRefused
+    from luftpause.runtime.pods.operations import PodRefused
 
     pods = _pods(tmp_path)
     for bad in ("run-0123456789abcdef", "a\ud800", "x" * 65, "tab\there", " padded"):
@@ -359,7 +359,7 @@ def test_names_are_checked_and_depth_is_kept_from_spawn(tmp_path: Path) -> None:
 
 
 def test_builtin_tools_never_raise_and_path_arguments_go_upstream_real(tmp_path: Path) -> None:
-    from luftpause.runtime.scope import Rule, Scope
+    from luftpause.runtime.pods.scope import Rule, Scope
 
     pods = _pods(tmp_path)
     ws = tmp_path.resolve() / "ws"

@@ -19,9 +19,9 @@ from runtime_helpers import asgi_request, make_run
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
-from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.mcp.server import build_mcp_server
+from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.server import Runtime, create_app, json_bytes
-from luftpause.runtime.tools import build_mcp_server
 
 
 class FakeClock:

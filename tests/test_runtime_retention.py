@@ -2,7 +2,7 @@
 cursors stay stable across compaction and restart (issue 5/6 review).
 
 In-process: a run registry with a real journal in a temporary state directory, runs finished by
-hand (no engine), and :class:`~luftpause.runtime.pods.Pods` for ``read`` and ``send``. The byte
+hand (no engine), and :class:`~luftpause.runtime.pods.operations.Pods` for ``read`` and ``send``. The byte
 counts checked are the registry's own (:attr:`RunRegistry.retained_total`), never the process's
 RSS.
 """
@@ -17,10 +17,10 @@ import pytest
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun
-from luftpause.runtime.journal import Journal
-from luftpause.runtime.pods import Actor, PodRefused, Pods
-from luftpause.runtime.run_record import KEPT_OUTPUT_CHARS, Run
-from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.pods.operations import Actor, PodRefused, Pods
+from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.record import KEPT_OUTPUT_CHARS, Run
+from luftpause.runtime.runs.registry import RunRegistry
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
 CALLER = Actor.of_caller("c")

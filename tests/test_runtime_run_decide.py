@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.runtime.decide import label_prompt, score_labels
-from luftpause.runtime.run_waiting import PROGRESS_INTERVAL_ENV
+from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_ENV
 from luftpause.testkit.engine.replies import words_of
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack

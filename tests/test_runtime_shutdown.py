@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from mcp.types import CallToolResult, TextContent
 
-from luftpause.runtime.loop import DataplaneClient, new_http_session
+from luftpause.runtime.agent.loop import DataplaneClient, new_http_session
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
 

@@ -17,10 +17,10 @@ from mcp.types import CallToolResult, TextContent
 from runtime_helpers import asgi_request, make_run, with_state_dir
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.runs import TASK_SUMMARY_CHARS, summarize
+from luftpause.runtime.agent.loop import DataplaneClient, SubAgentLoop, new_http_session
+from luftpause.runtime.mcp.server import MAX_TEXT_BYTES, build_mcp_server
+from luftpause.runtime.runs.registry import TASK_SUMMARY_CHARS, summarize
 from luftpause.runtime.server import Runtime, create_app
-from luftpause.runtime.tools import MAX_TEXT_BYTES, build_mcp_server
 from luftpause.testkit.procs import free_port
 
 CONFIG = parse_config(

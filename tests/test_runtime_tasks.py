@@ -35,17 +35,17 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CA
 from pydantic import TypeAdapter
 from runtime_helpers import stack_with_destructive_tools
 
-from luftpause.runtime.approvals import Approvals
-from luftpause.runtime.journal import read_records
-from luftpause.runtime.runs import RunRegistry
-from luftpause.runtime.tasks import (
+from luftpause.runtime.agent.approvals import Approvals
+from luftpause.runtime.agent.upstream import UpstreamPool
+from luftpause.runtime.mcp.tasks import (
     TASKS_EXTENSION,
     TASKS_JOURNAL_NAME,
     TaskIdParams,
     TaskRegistry,
     TaskUpdateParams,
 )
-from luftpause.runtime.upstream import UpstreamPool
+from luftpause.runtime.runs.journal import read_records
+from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration

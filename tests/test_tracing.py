@@ -26,8 +26,8 @@ from runtime_helpers import make_run
 
 from luftpause import tracing
 from luftpause.config import parse_config
-from luftpause.runtime import run_spans
-from luftpause.runtime.upstream import _traceparent_header
+from luftpause.runtime.agent import spans as run_spans
+from luftpause.runtime.agent.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.testkit.procs import free_port

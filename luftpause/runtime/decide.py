@@ -41,8 +41,8 @@ from typing import Any
 
 import aiohttp
 
+from luftpause.runtime.agent.loop import header_safe, retry_after_seconds
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.loop import header_safe, retry_after_seconds
 
 MIN_LABELS = 2
 MAX_LABELS = 20
@@ -107,7 +107,7 @@ class Decider:
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """POST ``body`` to ``path``; the reply as a JSON object. A 429 is waited out after its
-        ``Retry-After`` (else 1 s: :func:`~luftpause.runtime.loop.retry_after_seconds`, as a
+        ``Retry-After`` (else 1 s: :func:`~luftpause.runtime.agent.loop.retry_after_seconds`, as a
         run's turn is) and retried, all within :data:`DECIDE_TIMEOUT_SECONDS`. Raises
         :class:`DecideFailed`."""
         url = f"{self.base_url}/{path.lstrip('/')}"

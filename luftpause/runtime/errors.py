@@ -1,5 +1,5 @@
 """Errors of the runtime, each with the HTTP status it would map to (``status``); only the
-monitor's routes answer HTTP with it today (:mod:`luftpause.runtime.monitor`).
+monitor's routes answer HTTP with it today (:mod:`luftpause.runtime.web.monitor`).
 
 MCP tools report them to the harness as tool errors (``isError: true`` with the message as text);
 errors inside a sub-agent's loop end the run ``failed`` with the message as its ``error``, or, for a

@@ -3,7 +3,7 @@
 Serves, on ``[runtime] listen``:
 
 * ``/mcp``: streamable HTTP MCP (the official ``mcp`` SDK; both protocol eras it serves) with the
-  tools of :mod:`luftpause.runtime.tools`;
+  tools of :mod:`luftpause.runtime.mcp.server`;
 * ``GET /status``: JSON ``{"runs": [run], "upstream": [server]}``, the run tree: every run this
   process holds, oldest first, as ``{"id", "state", "parent", "children": [ids], "task" (the first
   200 characters and ``…``; never the whole task), "taskChars", "model", "serviceClass", "caller",
@@ -14,10 +14,10 @@ Serves, on ``[runtime] listen``:
   (``Access-Control-Allow-Origin: *``) for the scheduler's live page;
 * ``GET /health``: ``{"ok": true}``, always open (no token);
 * ``GET /monitor`` (the page, open: it holds no data) and its JSON and action routes
-  ``/monitor/runs...`` (token like ``/status``): the pods monitor (:mod:`luftpause.runtime.monitor`).
+  ``/monitor/runs...`` (token like ``/status``): the pods monitor (:mod:`luftpause.runtime.web.monitor`).
 
 With ``LUFTPAUSE_TOKEN`` set, everything but ``/health`` needs ``Authorization: Bearer <token>``
-(:mod:`luftpause.runtime.auth`) and the runtime sends the same token to the dataplane. Every HTTP
+(:mod:`luftpause.runtime.web.auth`) and the runtime sends the same token to the dataplane. Every HTTP
 error the runtime itself answers (401, 404 for an unknown path, 405 with ``Allow``, 500) has the
 JSON error body ``{"error": {"message": "..."}}``; ``/mcp``'s own protocol errors are the SDK's
 JSON-RPC error objects, which have the same ``error.message``.
@@ -25,8 +25,8 @@ JSON-RPC error objects, which have the same ``error.message``.
 The ASGI app runs on granian (one worker process, uvloop). Its lifespan owns everything that
 outlives a request, in this order: the shared aiohttp session to the dataplane, the upstream MCP
 clients, the run registry (which replays the journal ``<state_dir>/runs.jsonl`` and resumes the
-unfinished runs, :mod:`luftpause.runtime.journal`), the task registry (``<state_dir>/tasks.jsonl``,
-:mod:`luftpause.runtime.tasks`; tasks open at the last stop are failed), and the SDK's session
+unfinished runs, :mod:`luftpause.runtime.runs.journal`), the task registry (``<state_dir>/tasks.jsonl``,
+:mod:`luftpause.runtime.mcp.tasks`; tasks open at the last stop are failed), and the SDK's session
 manager (which, with the SDK app mounted inside ours, only runs if our lifespan enters it). On
 shutdown they are left in reverse: the registry cancels the runs still going without journaling
 an end for them, so they resume on the next start. They are deliberately *not* ended at the
@@ -60,17 +60,17 @@ from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, split_host_port
 from luftpause.orphans import exit_with_parent
 from luftpause.ports import refuse_if_in_use
-from luftpause.runtime.approvals import Approvals
-from luftpause.runtime.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
+from luftpause.runtime.agent.approvals import Approvals
+from luftpause.runtime.agent.loop import DataplaneClient, SubAgentLoop, new_http_session
+from luftpause.runtime.agent.upstream import UpstreamPool
 from luftpause.runtime.decide import Decider
-from luftpause.runtime.journal import Journal, encode
-from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.monitor import host_allowed, monitor_routes
-from luftpause.runtime.pods import Pods
-from luftpause.runtime.runs import RunRegistry
-from luftpause.runtime.tasks import TaskRegistry, TasksExtension
-from luftpause.runtime.tools import build_mcp_server
-from luftpause.runtime.upstream import UpstreamPool
+from luftpause.runtime.mcp.server import build_mcp_server
+from luftpause.runtime.mcp.tasks import TaskRegistry, TasksExtension
+from luftpause.runtime.pods.operations import Pods
+from luftpause.runtime.runs.journal import Journal, encode
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.web.auth import TOKEN_ENV, BearerTokenGate, error_body, token_from_env
+from luftpause.runtime.web.monitor import host_allowed, monitor_routes
 
 log = logging.getLogger("luftpause.runtime")
 
@@ -79,7 +79,7 @@ class Runtime:
     """The state of one runtime process: configuration, runs, upstream tools and the loop.
 
     ``loop`` and ``decider`` exist only inside the lifespan (they need the HTTP session the
-    lifespan opens). ``approvals`` is the loop's approval gate (:mod:`luftpause.runtime.approvals`).
+    lifespan opens). ``approvals`` is the loop's approval gate (:mod:`luftpause.runtime.agent.approvals`).
     """
 
     def __init__(self, config: Config, token: str | None = None) -> None:
@@ -96,7 +96,7 @@ class Runtime:
 
     def mcp_extensions(self) -> list[Any]:
         """The MCP extensions the runtime's server offers (SDK ``Extension`` instances): Tasks
-        (:mod:`luftpause.runtime.tasks`)."""
+        (:mod:`luftpause.runtime.mcp.tasks`)."""
         return [TasksExtension(self.tasks)]
 
     @property
@@ -119,7 +119,7 @@ class Runtime:
 
     def status(self) -> dict[str, Any]:
         """``GET /status``: ``{"runs": RunRegistry.tree(), "upstream": [UpstreamPool.describe()
-        item]}``; each run's task is summarized (:func:`luftpause.runtime.runs.summarize`)."""
+        item]}``; each run's task is summarized (:func:`luftpause.runtime.runs.registry.summarize`)."""
         return {
             "runs": self.registry.tree(),
             "upstream": self.upstream.describe(),

@@ -1,5 +1,5 @@
 """The run record: one sub-agent's arguments, conversation, counters and outcome, and the journal
-records that describe it (shapes: :mod:`luftpause.runtime.journal`).
+records that describe it (shapes: :mod:`luftpause.runtime.runs.journal`).
 
 A *run* is one sub-agent: its task, its conversation, its counters and, once finished, its answer
 or error. Its state moves one way only::
@@ -8,7 +8,7 @@ or error. Its state moves one way only::
             ├─▶ failed      a turn failed (dataplane error, bad reply) or the loop broke
             └─▶ cancelled   ``cancel`` on it or an ancestor, or a budget of its subtree ran out
 
-Pods (DESIGN.md "Pods", :mod:`luftpause.runtime.pods`): a finished run is not closed for good. A
+Pods (DESIGN.md "Pods", :mod:`luftpause.runtime.pods.operations`): a finished run is not closed for good. A
 ``message`` record (``send``) re-opens a completed or failed run (``running`` again, its answer
 kept in its conversation, the message a new user turn) or, while it runs, waits in its
 ``inbox`` for its next turn; ``stop`` (a ``stop`` record) lets the current turn finish and then
@@ -16,18 +16,18 @@ ends it as ``cancelled`` with ``stopped by ...``. :attr:`Run.pod_state` is the t
 pods use: ``running``, ``idle`` (completed or failed, takes ``send``), ``stopped`` (cancelled or
 stopped, takes nothing more).
 
-A running run whose next tool calls wait for a person (:mod:`luftpause.runtime.approvals`) is
+A running run whose next tool calls wait for a person (:mod:`luftpause.runtime.agent.approvals`) is
 reported as ``AwaitingApproval`` with ``pendingApprovals [{id, tool, arguments}]``; it is still
 running.
 
-Retention (:mod:`luftpause.runtime.runs`, ``[runtime] retained_bytes``): a finished run may
+Retention (:mod:`luftpause.runtime.runs.registry`, ``[runtime] retained_bytes``): a finished run may
 have its conversation dropped to keep memory and the journal bounded by bytes. It then keeps its
 state, answer, error, counters, the summary of its task (``task_chars`` its whole length) and the
 newest of its *output entries* (the texts of its assistant messages, which ``read`` serves by
 absolute index: ``outputs_base`` is the index of the first one kept), and takes no ``send``.
 
-The registry that owns runs is :mod:`luftpause.runtime.runs`; what ``await``/``status`` show of a
-run is :mod:`luftpause.runtime.run_views`.
+The registry that owns runs is :mod:`luftpause.runtime.runs.registry`; what ``await``/``status`` show of a
+run is :mod:`luftpause.runtime.runs.views`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from luftpause.runtime.journal import encode
+from luftpause.runtime.runs.journal import encode
 
 RunState = Literal["running", "completed", "failed", "cancelled"]
 ServiceClass = Literal["interactive", "batch"]
@@ -124,13 +124,13 @@ class Run:
     approve_tools: frozenset[str] = frozenset()
     """Tools that wait for a person's approval in this run, whatever their annotations."""
     decisions: dict[str, bool] = field(default_factory=dict)
-    """Approval decisions not yet used, by call key (:func:`luftpause.runtime.approvals.call_key`),
+    """Approval decisions not yet used, by call key (:func:`luftpause.runtime.agent.approvals.call_key`),
     journaled; an allowed call uses its decision up when it starts."""
     started_calls: set[str] = field(default_factory=set)
     """Keys of approved calls that had started before a restart (asked again, never repeated
     silently)."""
     pending_approvals: list[Any] = field(default_factory=list)
-    """The :class:`~luftpause.runtime.approvals.PendingApproval` questions the run waits on."""
+    """The :class:`~luftpause.runtime.agent.approvals.PendingApproval` questions the run waits on."""
     journal_error: str | None = None
     """Set when a journal record of this run could not be written: the run is not durable (a
     restart resumes it from its last record written); its later records are not written."""
@@ -288,23 +288,23 @@ class Run:
         """Check the budgets of this run and its ancestors now; one that ran out, or that
         ``ahead`` (what is about to be used: ``{"toolCalls": 1}`` before a tool call,
         ``{"tokens": 1}`` before a turn) would pass, cancels its subtree, this run included
-        (:func:`luftpause.runtime.budgets.first_exceeded`)."""
+        (:func:`luftpause.runtime.runs.budgets.first_exceeded`)."""
         if self._on_budget_check is not None:
             self._on_budget_check(self, ahead)
 
     def result(self) -> dict[str, Any]:
-        """The run as ``await`` reports it (:func:`luftpause.runtime.run_views.run_result`)."""
-        from luftpause.runtime.run_views import run_result
+        """The run as ``await`` reports it (:func:`luftpause.runtime.runs.views.run_result`)."""
+        from luftpause.runtime.runs.views import run_result
 
         return run_result(self)
 
     def status(self, *, full_task: bool = False) -> dict[str, Any]:
-        """The run as ``status`` reports it (:func:`luftpause.runtime.run_views.run_status`)."""
-        from luftpause.runtime.run_views import run_status
+        """The run as ``status`` reports it (:func:`luftpause.runtime.runs.views.run_status`)."""
+        from luftpause.runtime.runs.views import run_status
 
         return run_status(self, full_task=full_task)
 
-    # The journal's records of this run (shapes: :mod:`luftpause.runtime.journal`).
+    # The journal's records of this run (shapes: :mod:`luftpause.runtime.runs.journal`).
 
     def start_record(self) -> dict[str, Any]:
         """Every spawn argument, so that a restart can rebuild the run."""

@@ -27,7 +27,7 @@ Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`lu
   ``MCP send tools/call`` (a child of ``execute_tool``, once :func:`luftpause.tracing.setup` made
   the SDK's provider the global one) and writes *that* span into ``_meta.traceparent``, replacing
   the one :func:`current_meta` passed; over HTTP the same value becomes the ``traceparent`` header
-  (:mod:`luftpause.runtime.upstream`). So the tool server's span is a grandchild of
+  (:mod:`luftpause.runtime.agent.upstream`). So the tool server's span is a grandchild of
   ``execute_tool``, in the run's trace. With only an in-process provider (tests, :func:`luftpause.
   tracing.install`) the SDK's span is a no-op and the tool server sees ``execute_tool`` itself.
 """
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanContext
 
-    from luftpause.runtime.run_record import Run
+    from luftpause.runtime.runs.record import Run
 
 PROVIDER = tracing.PROVIDER
 """``gen_ai.provider.name`` of the chat spans: the turns go to luftpause's dataplane."""

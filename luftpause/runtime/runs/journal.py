@@ -71,7 +71,7 @@ from typing import Any
 
 import orjson
 
-log = logging.getLogger("luftpause.runtime.journal")
+log = logging.getLogger("luftpause.runtime.runs.journal")
 
 JOURNAL_NAME = "runs.jsonl"
 

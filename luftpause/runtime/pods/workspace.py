@@ -52,7 +52,7 @@ the path as asked). A path argument must be a filesystem path: ``~...`` and URIs
 runtime's filesystem, so this is meaningful for
 servers that share it (a stdio server it starts, a server on the same volume).
 
-Errors: :class:`~luftpause.runtime.scope.ScopeDenied` (403) with the real path and the rule (and
+Errors: :class:`~luftpause.runtime.pods.scope.ScopeDenied` (403) with the real path and the rule (and
 the path as asked, when it resolved elsewhere); :class:`WorkspaceError` (400) for anything else
 (missing file, ``old`` missing or not unique, too large, not a regular file, bad arguments).
 """
@@ -67,7 +67,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from luftpause.runtime.errors import BadToolInput
-from luftpause.runtime.scope import MODES, Decision, Mode, normalize_path
+from luftpause.runtime.pods.scope import MODES, Decision, Mode, normalize_path
 
 Check = Callable[[str, Mode], Decision]
 """``(real path, mode) -> Decision``: the scope the tool runs under."""

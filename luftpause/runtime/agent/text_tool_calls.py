@@ -56,7 +56,8 @@ _ALLOWED_KEYS: Final = frozenset({"name", "arguments", "parameters", "type"})
 
 class RecoveredCall(NamedTuple):
     """One call recovered from text: the tool's ``name`` and its ``arguments`` as written, an
-    object or JSON text (both accepted by :func:`~luftpause.runtime.tool_arguments.prepare_arguments`)."""
+    object or JSON text (both accepted by
+    :func:`~luftpause.runtime.agent.tool_arguments.prepare_arguments`)."""
 
     name: str
     arguments: dict[str, Any] | str

@@ -1,9 +1,9 @@
 """The registry that owns every run's task: adding, starting, finishing, cancelling, budgets,
 messages and stops, lookup and eviction.
 
-The run record itself is :mod:`luftpause.runtime.run_record`, what ``await``/``status`` show
-:mod:`luftpause.runtime.run_views`, the journal's replay and compaction
-:mod:`luftpause.runtime.run_replay`, waiting :mod:`luftpause.runtime.run_waiting`; their public
+The run record itself is :mod:`luftpause.runtime.runs.record`, what ``await``/``status`` show
+:mod:`luftpause.runtime.runs.views`, the journal's replay and compaction
+:mod:`luftpause.runtime.runs.replay`, waiting :mod:`luftpause.runtime.runs.waiting`; their public
 names are re-exported here.
 
 Runs form trees: ``spawn(parent=handle)`` makes a child. Cancelling a run cancels its running
@@ -12,7 +12,7 @@ started) that bound it and all its descendants, children spawned later included;
 before every turn and every tool call, after every turn and tool round, and the seconds by a
 timer; on excess the whole subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
 
-With a :class:`~luftpause.runtime.journal.Journal` the registry records every run's start, tool
+With a :class:`~luftpause.runtime.runs.journal.Journal` the registry records every run's start, tool
 rounds and end, and replays the journal after a restart. A run the runtime's shutdown interrupts
 is not recorded as ended: it resumes on the next start.
 
@@ -28,9 +28,9 @@ that it never existed.
 
 It is bounded by bytes too (``[runtime] retained_bytes``, default 256 MiB): each finished run is
 counted for the bytes of the record compaction writes for it
-(:func:`~luftpause.runtime.run_record.retained_size`: task, system prompt, conversation, answer).
+(:func:`~luftpause.runtime.runs.record.retained_size`: task, system prompt, conversation, answer).
 Past the budget, the least recently finished runs first drop their conversation
-(:func:`~luftpause.runtime.run_record.drop_conversation`: they keep state, answer, counters and
+(:func:`~luftpause.runtime.runs.record.drop_conversation`: they keep state, answer, counters and
 their newest output entries with their ``read`` indices; ``send`` to them is refused), then, if
 that is not enough, the least recently finished are forgotten. Compaction writes only what is
 retained, so the compacted journal is about the retained bytes plus the running runs.
@@ -47,10 +47,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from luftpause.runtime.budgets import ancestors, budget_used, first_exceeded, subtree
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
-from luftpause.runtime.journal import Journal, JournalWriteError
-from luftpause.runtime.run_record import (
+from luftpause.runtime.runs.budgets import ancestors, budget_used, first_exceeded, subtree
+from luftpause.runtime.runs.journal import Journal, JournalWriteError
+from luftpause.runtime.runs.record import (
     BUDGET_KEYS,
     CONVERSATION_DROPPED,
     COUNTER_KEYS,
@@ -65,9 +65,9 @@ from luftpause.runtime.run_record import (
     retained_size,
     summarize,
 )
-from luftpause.runtime.run_replay import journal_snapshot, replay_journal
-from luftpause.runtime.run_views import run_tree
-from luftpause.runtime.run_waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
+from luftpause.runtime.runs.replay import journal_snapshot, replay_journal
+from luftpause.runtime.runs.views import run_tree
+from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
 
 __all__ = [
     "BUDGET_KEYS",
@@ -85,7 +85,7 @@ __all__ = [
     "summarize",
 ]
 
-log = logging.getLogger("luftpause.runtime.runs")
+log = logging.getLogger("luftpause.runtime.runs.registry")
 
 DEFAULT_RETENTION_SECONDS = 3600.0
 """How long a finished run stays in the registry after it ended (seconds)."""
@@ -140,7 +140,7 @@ class RunRegistry:
         self._full: dict[str, None] = {}
         # Bumped on every change to the run network: a record journaled (or that would be), a run
         # added, finished, re-opened, dropped or forgotten, an approval asked or answered, an event
-        # queued (luftpause.runtime.pods). The monitor answers "unchanged" while it stands.
+        # queued (luftpause.runtime.pods.operations). The monitor answers "unchanged" while it stands.
         self.version = 0
         self.retention_seconds = retention_seconds
         self.max_finished = max_finished
@@ -163,7 +163,7 @@ class RunRegistry:
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
-        # Pods (luftpause.runtime.pods) listen here: every finish (not replayed ones), every
+        # Pods (luftpause.runtime.pods.operations) listen here: every finish (not replayed ones), every
         # dropped handle, every journal record replayed (theirs included: ``foreign_records``
         # names the types this registry leaves to them), and add records to a compaction.
         self.on_finish: list[Callable[[Run], None]] = []
@@ -377,7 +377,7 @@ class RunRegistry:
         self.version += 1
         self._check_budgets(run)
 
-    # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
+    # Pods: messages to a run and graceful stops (luftpause.runtime.pods.operations decides who may).
 
     def deliver(self, run: Run, content: str, sender: str, message_id: str) -> bool:
         """Give ``run`` a user message (journaled first as a ``message`` record): an idle run is
@@ -467,13 +467,13 @@ class RunRegistry:
         return [run for run in self.all() if run.caller == caller]
 
     def tree(self) -> list[dict[str, Any]]:
-        """Every held run with its own and subtree costs (:func:`~luftpause.runtime.run_views.run_tree`)."""
+        """Every held run with its own and subtree costs (:func:`~luftpause.runtime.runs.views.run_tree`)."""
         return run_tree(self)
 
     # The journal.
 
     def journal_snapshot(self) -> Iterator[dict[str, Any]]:
-        """Records that rebuild every held run (:func:`~luftpause.runtime.run_replay.journal_snapshot`)."""
+        """Records that rebuild every held run (:func:`~luftpause.runtime.runs.replay.journal_snapshot`)."""
         return journal_snapshot(self)
 
     def _replay(self, journal: Journal) -> list[Run]:
@@ -587,6 +587,6 @@ class RunRegistry:
         progress_interval: float = PROGRESS_INTERVAL_SECONDS,
         interrupt: Callable[[], bool] | None = None,
     ) -> bool:
-        """Wait for ``runs`` (:func:`~luftpause.runtime.run_waiting.wait_for_runs`): ``True`` when
+        """Wait for ``runs`` (:func:`~luftpause.runtime.runs.waiting.wait_for_runs`): ``True`` when
         the timeout passed first."""
         return await wait_for_runs(self, runs, mode, seconds, on_progress, progress_interval, interrupt)

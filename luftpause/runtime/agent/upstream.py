@@ -47,10 +47,10 @@ from mcp.types import CallToolResult, Implementation, TextContent, Tool
 
 from luftpause import __version__, tracing
 from luftpause.config import McpServerConfig
-from luftpause.runtime import run_spans
+from luftpause.runtime.agent import spans as run_spans
 from luftpause.runtime.errors import UpstreamUnavailable
 
-log = logging.getLogger("luftpause.runtime.upstream")
+log = logging.getLogger("luftpause.runtime.agent.upstream")
 
 RETRY_SECONDS = 5.0
 """A run asking for a server that is down wakes its keeper only when the last attempt is at least
@@ -196,7 +196,7 @@ async def _first_of(*waits: Awaitable[Any]) -> None:
 
 async def _traceparent_header(request: httpx2.Request) -> None:
     """Send a JSON-RPC request's ``params._meta.traceparent`` (W3C, put there by the SDK and by
-    :func:`luftpause.runtime.run_spans.current_meta`) as the HTTP ``traceparent`` header too, so
+    :func:`luftpause.runtime.agent.spans.current_meta`) as the HTTP ``traceparent`` header too, so
     HTTP-level tracing at the tool server sees the tool call's span. Only while tracing."""
     if not tracing.active or request.method != "POST":
         return

@@ -53,13 +53,13 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field
 
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.journal import JournalWriteError
-from luftpause.runtime.runs import Run, RunRegistry, WaitMode
+from luftpause.runtime.runs.journal import JournalWriteError
+from luftpause.runtime.runs.registry import Run, RunRegistry, WaitMode
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from luftpause.runtime.upstream import UpstreamPool
+    from luftpause.runtime.agent.upstream import UpstreamPool
 
 DECLINED = "Error: the user declined this tool call"
 """The tool result a refused call gives the sub-agent (it counts as a failed tool call)."""
@@ -155,7 +155,7 @@ def allow_of(answer: Any) -> bool | None:
 
 class Approvals:
     """The runtime's approvals: :meth:`gate` is the loop's approval gate
-    (:attr:`luftpause.runtime.loop.SubAgentLoop.approval_gate`)."""
+    (:attr:`luftpause.runtime.agent.loop.SubAgentLoop.approval_gate`)."""
 
     def __init__(self, registry: RunRegistry, upstream: UpstreamPool) -> None:
         self.registry = registry

@@ -32,12 +32,12 @@ Timestamps are ISO 8601 UTC; ``ttlMs`` (integer milliseconds from ``createdAt``)
 the task is open, since a task is never discarded while its run goes on, and once it ended says
 when it will be dropped (:data:`DEFAULT_RETENTION_SECONDS` after its end).
 
-Task states follow the run (:mod:`luftpause.runtime.runs`):
+Task states follow the run (:mod:`luftpause.runtime.runs.registry`):
 
 * ``working``: the run is running. A run that waits for approval while the client that created
   the task did not declare form elicitation also shows ``working``, with a ``statusMessage`` that
   says so: that client can answer only with the ``approve`` tool.
-* ``input_required``: the run waits for approval of a tool call (:mod:`luftpause.runtime.approvals`)
+* ``input_required``: the run waits for approval of a tool call (:mod:`luftpause.runtime.agent.approvals`)
   and the creating request declared form elicitation; ``inputRequests`` holds the question (one
   boolean field ``allow``), keyed ``approve:<approval id>``, a key never reused within the task.
   ``tasks/update`` answers it (``accept`` with ``allow``, or ``decline`` = refused); the task goes
@@ -56,7 +56,7 @@ Errors (JSON-RPC): ``-32602`` for an unknown or dropped ``taskId``; ``-32021`` (
 client capability) when the request does not declare the extension. Other clients, and
 2025-era connections, get the blocking ``run``.
 
-Journal: ``<state_dir>/tasks.jsonl``, written like ``runs.jsonl`` (:mod:`luftpause.runtime.journal`:
+Journal: ``<state_dir>/tasks.jsonl``, written like ``runs.jsonl`` (:mod:`luftpause.runtime.runs.journal`:
 one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning)::
 
     {"type": "task", "taskId", "handle", "at", "elicits"}    created, written before the
@@ -98,12 +98,12 @@ from mcp_types import (
 )
 from pydantic import Field
 
-from luftpause.runtime.approvals import INPUT_KEY_PREFIX, Approvals, PendingApproval, allow_of
+from luftpause.runtime.agent.approvals import INPUT_KEY_PREFIX, Approvals, PendingApproval, allow_of
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.journal import Journal, Record
-from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.runs.journal import Journal, Record
+from luftpause.runtime.runs.registry import Run, RunRegistry
 
-log = logging.getLogger("luftpause.runtime.tasks")
+log = logging.getLogger("luftpause.runtime.mcp.tasks")
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 """The extension's identifier (client and server capabilities ``extensions``)."""
@@ -253,7 +253,7 @@ class TaskRegistry:
     entered (so that it is left before the runs are stopped: a task open at shutdown stays open in
     the journal and is failed on the next start). ``render_result`` turns ``run``'s answer
     (``{"runs": [...], "timedOut": false}``) into its CallToolResult exactly as the SDK does for the
-    tool (set by :func:`luftpause.runtime.tools.build_mcp_server`).
+    tool (set by :func:`luftpause.runtime.mcp.server.build_mcp_server`).
     """
 
     def __init__(
@@ -312,7 +312,7 @@ class TaskRegistry:
     async def create(self, run: Run, *, elicits: bool) -> Task:
         """A new task for ``run`` (already started), journaled durably (written and fsynced, as
         SEP-2663 asks) before it is returned, and watched until the run ends. Raises
-        ``RuntimeError`` outside the lifespan, :class:`~luftpause.runtime.journal.JournalWriteError`
+        ``RuntimeError`` outside the lifespan, :class:`~luftpause.runtime.runs.journal.JournalWriteError`
         when the task could not be journaled (it is then not kept)."""
         if self._group is None:
             raise RuntimeError("the task registry is not open (outside the server's lifespan)")

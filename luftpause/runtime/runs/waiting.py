@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from luftpause.runtime.run_record import Run
-    from luftpause.runtime.runs import RunRegistry
+    from luftpause.runtime.runs.record import Run
+    from luftpause.runtime.runs.registry import RunRegistry
 
 WaitMode = Literal["all", "any"]
 

@@ -1,7 +1,7 @@
 """Pods: runs that other runs and people direct (DESIGN.md "Pods", issue 6).
 
-One :class:`Pods` per runtime. It wires the pure scope ledger (:mod:`luftpause.runtime.scope`)
-and the built-in workspace tools (:mod:`luftpause.runtime.workspace`) to the run registry, and
+One :class:`Pods` per runtime. It wires the pure scope ledger (:mod:`luftpause.runtime.pods.scope`)
+and the built-in workspace tools (:mod:`luftpause.runtime.pods.workspace`) to the run registry, and
 does ``send`` / ``read`` / ``stop`` / ``list`` for three kinds of actor (:class:`Actor`): an MCP
 caller, a sub-agent through its built-in tools, and a person on the monitor page.
 
@@ -102,9 +102,7 @@ from mcp.types import Tool
 
 from luftpause.config import Config
 from luftpause.runtime.errors import BadToolInput, RuntimeFault, UnknownRun
-from luftpause.runtime.run_record import CONVERSATION_DROPPED, last_output, output_entries
-from luftpause.runtime.runs import Run, RunRegistry, summarize
-from luftpause.runtime.scope import (
+from luftpause.runtime.pods.scope import (
     END,
     GRANT,
     SCOPE_SCHEMA,
@@ -118,9 +116,11 @@ from luftpause.runtime.scope import (
     normalize_path,
     workspace_scope,
 )
-from luftpause.runtime.workspace import TOOL_SCHEMAS, TOOLS, check_path_arguments, path_arguments
+from luftpause.runtime.pods.workspace import TOOL_SCHEMAS, TOOLS, check_path_arguments, path_arguments
+from luftpause.runtime.runs.record import CONVERSATION_DROPPED, last_output, output_entries
+from luftpause.runtime.runs.registry import Run, RunRegistry, summarize
 
-log = logging.getLogger("luftpause.runtime.pods")
+log = logging.getLogger("luftpause.runtime.pods.operations")
 
 WORKSPACE = "workspace"
 """The ledger principal holding the configured workspace; MCP callers' runs are carved from it."""
@@ -207,7 +207,7 @@ def spawner_key(run: Run) -> str:
 
 
 def outputs(run: Run) -> list[str]:
-    """The run's output entries still held (:func:`~luftpause.runtime.run_record.output_entries`
+    """The run's output entries still held (:func:`~luftpause.runtime.runs.record.output_entries`
     gives them with the absolute index of the first; ``read`` cursors count from there)."""
     return output_entries(run)[1]
 
@@ -342,7 +342,7 @@ class SpawnPlan:
 class Pods:
     """The runtime's pods: scope ledger, notifications, and the operations on runs.
 
-    ``launch`` (set by :func:`luftpause.runtime.tools.build_mcp_server`) spawns a run like the
+    ``launch`` (set by :func:`luftpause.runtime.mcp.server.build_mcp_server`) spawns a run like the
     ``spawn`` tool does; ``start_loop`` (set in the server's lifespan) starts a re-opened run's
     loop. Call :meth:`after_replay` once the registry has replayed its journal.
     """
@@ -886,7 +886,7 @@ class Pods:
             out["conversationDropped"] = True
         return out
 
-    # --- the loop's hooks (luftpause.runtime.loop.PodHooks) --------------------------------------
+    # --- the loop's hooks (luftpause.runtime.agent.loop.PodHooks) --------------------------------------
 
     def builtin_tools(self, run: Run) -> list[Tool]:
         tools: list[Tool] = []
@@ -968,7 +968,7 @@ class Pods:
         """Check an upstream call's declared path arguments against ``run``'s scope: the refusal
         text, or ``None`` once each declared argument in ``arguments`` has been replaced, in
         place, by the real path that was checked (so the server gets exactly what was allowed;
-        ``~`` and URIs are refused, :func:`~luftpause.runtime.workspace.check_path_arguments`)."""
+        ``~`` and URIs are refused, :func:`~luftpause.runtime.pods.workspace.check_path_arguments`)."""
         declared = self.path_arguments.get(name)
         if not declared:
             return None

@@ -1,6 +1,6 @@
 """Filesystem scopes of runs (pods) and the ledger that delegates them (DESIGN.md, "Pods").
 
-Pure: no IO, no clock. The built-in workspace tools (:mod:`luftpause.runtime.workspace`) resolve
+Pure: no IO, no clock. The built-in workspace tools (:mod:`luftpause.runtime.pods.workspace`) resolve
 real paths and call :meth:`Scope.check` / :meth:`EffectiveScope.check`; the runtime keeps one
 :class:`ScopeLedger` and journals the records it returns.
 
@@ -154,7 +154,7 @@ def normalize_path(path: str) -> str:
     """``path`` made canonical for rules and checks: absolute, no ``.``/``..``/``//``/trailing ``/``.
 
     Purely lexical (``/ws/link/..`` becomes ``/ws``): callers that touch the filesystem resolve
-    real paths first (:func:`luftpause.runtime.workspace.resolve`). Raises :class:`BadScope` for a
+    real paths first (:func:`luftpause.runtime.pods.workspace.resolve`). Raises :class:`BadScope` for a
     relative or empty path, or one with a NUL byte.
     """
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:

@@ -1,7 +1,7 @@
 """The registry's runs to and from the journal: the records that rebuild every held run
 (compaction), and the rebuilding of runs from ``runs.jsonl`` after a restart (replay).
 
-Shapes of the records: :mod:`luftpause.runtime.journal`.
+Shapes of the records: :mod:`luftpause.runtime.runs.journal`.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from luftpause.runtime.run_record import Run, apply_outcome, summarize
+from luftpause.runtime.runs.record import Run, apply_outcome, summarize
 
 if TYPE_CHECKING:
-    from luftpause.runtime.journal import Journal
-    from luftpause.runtime.runs import RunRegistry
+    from luftpause.runtime.runs.journal import Journal
+    from luftpause.runtime.runs.registry import RunRegistry
 
-log = logging.getLogger("luftpause.runtime.runs")
+log = logging.getLogger("luftpause.runtime.runs.registry")
 
 
 def journal_snapshot(registry: RunRegistry) -> Iterator[dict[str, Any]]:

@@ -29,7 +29,7 @@ sends ``Origin: http://<host:port>``). Bodies are read up to :data:`MAX_MESSAGE_
 further (413). Responses are JSON even for text that is not valid Unicode (lone surrogates are
 written as ``\\udXXX`` escapes), so one bad string never breaks the page. A
 message or stop from here acts as ``a person (monitor)``: the run's spawner is told at its next
-turn (:mod:`luftpause.runtime.pods`). Errors are ``{"error": {"message"}}`` with 400 (bad body,
+turn (:mod:`luftpause.runtime.pods.operations`). Errors are ``{"error": {"message"}}`` with 400 (bad body,
 a stopped run), 404 (unknown handle) or 410 (expired).
 
 Cost: the version is the registry's change counter (:attr:`RunRegistry.version`, bumped on every
@@ -60,9 +60,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from luftpause.runtime.auth import error_body
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.pods import PERSON, Pods
+from luftpause.runtime.pods.operations import PERSON, Pods
+from luftpause.runtime.web.auth import error_body
 
 PAGE_RESOURCE = "monitor.html"
 MAX_MESSAGE_BYTES = 1024 * 1024

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from luftpause.runtime.budgets import all_subtree_counters
-from luftpause.runtime.run_record import Counters, summarize
+from luftpause.runtime.runs.budgets import all_subtree_counters
+from luftpause.runtime.runs.record import Counters, summarize
 
 if TYPE_CHECKING:
-    from luftpause.runtime.run_record import Run
-    from luftpause.runtime.runs import RunRegistry
+    from luftpause.runtime.runs.record import Run
+    from luftpause.runtime.runs.registry import RunRegistry
 
 
 def _rounded(counters: Counters) -> Counters:

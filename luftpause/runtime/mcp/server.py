@@ -15,7 +15,7 @@ objects (``structuredContent``, and the same JSON as the text content)::
     run(<spawn's arguments>, timeout = 60)                              spawn, then await it
         -> {"runs": [run result], "timedOut": bool}
         -> a task (resultType "task"), at once, to a 2026-07-28 request that declares the Tasks
-           extension; its result is the above (:mod:`luftpause.runtime.tasks`)
+           extension; its result is the above (:mod:`luftpause.runtime.mcp.tasks`)
     approve(handle, allow: bool, call?: approval id)          call: needed when several wait
         -> {"handle", "call", "tool", "arguments", "allow"}             the call it answered
     decide(input, labels?: [2..20 labels], model?)
@@ -53,7 +53,7 @@ objects (``structuredContent``, and the same JSON as the text content)::
     run status = run result + {"model", "serviceClass", "caller", "task", "taskChars",
                                "maxToolCalls", "startedAt", "parent", "children"}
 
-Pods (:mod:`luftpause.runtime.pods`): every run result carries ``podState`` (``running``,
+Pods (:mod:`luftpause.runtime.pods.operations`): every run result carries ``podState`` (``running``,
 ``idle``: completed or failed, ``send`` continues it; ``stopped``: cancelled or stopped) beside
 ``state``, which keeps its meaning (``await`` waits until a run is done, so an idle run is done
 there). ``name``, ``scope`` (allow/deny rules within the spawner's scope) and ``orchestrate``
@@ -63,14 +63,14 @@ there). ``name``, ``scope`` (allow/deny rules within the spawner's scope) and ``
 ``events`` (present when there are some); an event about a run the ``await`` names is taken
 without being repeated, the run's result says it.
 
-Budgets bound the run and all its descendants (:mod:`luftpause.runtime.budgets`): ``budgetTokens``
+Budgets bound the run and all its descendants (:mod:`luftpause.runtime.runs.budgets`): ``budgetTokens``
 (prompt + completion tokens), ``budgetToolCalls``, ``budgetSeconds`` (wall time since the run
 started); on excess the subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
 A cancelled run reports state ``cancelled`` and the reason as its ``error``.
 
 ``await`` and ``run`` send MCP progress notifications every few seconds while they wait (to a
 client that sent a ``progressToken``), so clients that reset their timeout on progress keep
-waiting. A run that waits for approval (:mod:`luftpause.runtime.approvals`) is asked about inside
+waiting. A run that waits for approval (:mod:`luftpause.runtime.agent.approvals`) is asked about inside
 ``await`` / ``run`` when the client declared form elicitation; otherwise the wait ends early with
 the run ``AwaitingApproval`` so the client can answer with ``approve``. ``decide`` is described in
 :mod:`luftpause.runtime.decide`.
@@ -98,15 +98,15 @@ from mcp_types import InputRequiredResult
 from pydantic import ConfigDict, Field
 
 from luftpause import __version__
-from luftpause.runtime import run_spans
-from luftpause.runtime.approvals import elicits_forms, request_state, wait_asking
+from luftpause.runtime.agent import spans as run_spans
+from luftpause.runtime.agent.approvals import elicits_forms, request_state, wait_asking
+from luftpause.runtime.agent.upstream import tool_listing
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
-from luftpause.runtime.pods import Actor, inherited_approvals, inherited_tools
-from luftpause.runtime.runs import Run, new_handle
-from luftpause.runtime.scope import SCOPE_SCHEMA
-from luftpause.runtime.tasks import task_slot
-from luftpause.runtime.upstream import tool_listing
+from luftpause.runtime.mcp.tasks import task_slot
+from luftpause.runtime.pods.operations import Actor, inherited_approvals, inherited_tools
+from luftpause.runtime.pods.scope import SCOPE_SCHEMA
+from luftpause.runtime.runs.registry import Run, new_handle
 
 if TYPE_CHECKING:
     from luftpause.runtime.server import Runtime
@@ -366,7 +366,7 @@ async def wait_for(
 ) -> dict[str, Any] | InputRequiredResult:
     """What ``await`` answers for ``runs``: ``{"runs": [run result], "timedOut"}`` after waiting
     at most ``timeout`` seconds (capped at 600) with progress notifications and approval
-    questions (:func:`luftpause.runtime.approvals.wait_asking`), or the ``InputRequiredResult``
+    questions (:func:`luftpause.runtime.agent.approvals.wait_asking`), or the ``InputRequiredResult``
     that asks a 2026-07-28 client for approvals (its ``requestState`` carries ``state``)."""
     if not math.isfinite(timeout):  # the schema refuses it already; never wait on NaN
         raise ToolError(f"timeout must be a finite number of seconds, got {timeout!r}")

@@ -1,7 +1,7 @@
 """Run trees and their budgets: subtree walks, subtree cost totals, and which budget ran out.
 
 Pure functions over the runs a registry holds (``runs``: handle -> run); no IO, no tasks. The
-registry (:mod:`luftpause.runtime.runs`) acts on what they find.
+registry (:mod:`luftpause.runtime.runs.registry`) acts on what they find.
 
 A budget set on a run bounds that run and all its descendants, children spawned later included::
 
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from luftpause.runtime.runs import Counters, Run
+    from luftpause.runtime.runs.registry import Counters, Run
 
 
 def subtree(root: Run, runs: Mapping[str, Run]) -> Iterator[Run]:
@@ -52,7 +52,7 @@ def ancestors(run: Run, runs: Mapping[str, Run]) -> Iterator[Run]:
 
 def subtree_counters(root: Run, runs: Mapping[str, Run]) -> Counters:
     """The costs of ``root`` and its held descendants, summed (:data:`~.runs.COUNTER_KEYS`)."""
-    from luftpause.runtime.runs import add_counters
+    from luftpause.runtime.runs.registry import add_counters
 
     total: Counters = {}
     for run in subtree(root, runs):
@@ -62,7 +62,7 @@ def subtree_counters(root: Run, runs: Mapping[str, Run]) -> Counters:
 
 def all_subtree_counters(runs: Mapping[str, Run]) -> dict[str, Counters]:
     """:func:`subtree_counters` of every run at once, in one pass over the forest (O(runs))."""
-    from luftpause.runtime.runs import add_counters
+    from luftpause.runtime.runs.registry import add_counters
 
     totals: dict[str, Counters] = {}
     for handle, run in runs.items():

@@ -17,7 +17,7 @@ One run, from its first turn to its answer::
 
 A tool call, in a round: the tool must be offered this turn and within the tool budget (each call
 the model makes takes one unit, refused or not); its arguments go through
-:func:`~luftpause.runtime.tool_arguments.prepare_arguments` against the tool's ``inputSchema``; a
+:func:`~luftpause.runtime.agent.tool_arguments.prepare_arguments` against the tool's ``inputSchema``; a
 refusal is the call's result (``Error: invalid arguments for <tool>: <what and the shape expected>``)
 and counts as a failed tool call, so the model can try again; then the approval gate; then the call
 on its upstream server. A call that fails (error result, server gone) is never sent again by the
@@ -33,7 +33,7 @@ Limits: ``max_tokens`` is the run's ``maxTokens`` (256 by default; 0 sends none,
 own default applies); once the run's tool budget (8 by default) is spent, no tools are offered
 and the model must answer.
 
-Pods (:mod:`luftpause.runtime.pods`, through :class:`PodHooks`): before every turn the run's
+Pods (:mod:`luftpause.runtime.pods.operations`, through :class:`PodHooks`): before every turn the run's
 inbox (messages sent while it ran) and its pending notifications go into its conversation; a
 run that was asked to stop ends before a new turn (as ``cancelled``, ``stopped by ...``); a reply
 without tool calls while messages wait in the inbox is not the end: the run takes them and goes
@@ -72,14 +72,14 @@ from typing import Any, Protocol
 import aiohttp
 from mcp.types import Tool
 
-from luftpause.runtime import run_spans
+from luftpause.runtime.agent import spans as run_spans
+from luftpause.runtime.agent.text_tool_calls import openai_tool_call, recover_tool_call
+from luftpause.runtime.agent.tool_arguments import ToolArgumentsError, prepare_arguments
+from luftpause.runtime.agent.upstream import UpstreamPool, openai_tool
 from luftpause.runtime.errors import TurnFailed
-from luftpause.runtime.runs import Run, RunRegistry
-from luftpause.runtime.text_tool_calls import openai_tool_call, recover_tool_call
-from luftpause.runtime.tool_arguments import ToolArgumentsError, prepare_arguments
-from luftpause.runtime.upstream import UpstreamPool, openai_tool
+from luftpause.runtime.runs.registry import Run, RunRegistry
 
-log = logging.getLogger("luftpause.runtime.loop")
+log = logging.getLogger("luftpause.runtime.agent.loop")
 
 TURN_TIMEOUT_SECONDS = 600.0
 """One turn, queue wait at the dataplane included (DESIGN.md constants: 10 min)."""
@@ -314,7 +314,7 @@ async def _no_approval_needed(run: Run, tool: str, arguments: dict[str, Any], in
 
 
 class PodHooks(Protocol):
-    """What the loop asks the pods (:class:`luftpause.runtime.pods.Pods`) at each turn."""
+    """What the loop asks the pods (:class:`luftpause.runtime.pods.operations.Pods`) at each turn."""
 
     registry: RunRegistry
     """The runs' registry: the loop tells it when a run's counters change
@@ -337,7 +337,7 @@ class PodHooks(Protocol):
 ApprovalGate = Callable[[Run, str, dict[str, Any], int], Awaitable[str | None]]
 """Awaited before every tool call (``run, tool, arguments, index of the call in its reply``):
 ``None`` lets the call go, a text refuses it (the text is the call's failed result). The
-runtime's gate waits for a person (:mod:`luftpause.runtime.approvals`)."""
+runtime's gate waits for a person (:mod:`luftpause.runtime.agent.approvals`)."""
 
 
 class SubAgentLoop:
