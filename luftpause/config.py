@@ -145,6 +145,11 @@ class RuntimeConfig(_Section):
     """Bytes (tasks, system prompts, conversations, outputs) that finished runs keep in memory
     and in the compacted journal; past it the least recently finished drop their conversation,
     then are forgotten."""
+    instructions_dir: str | None = None
+    """Folder of named system prompts: ``spawn(instruction="reviewer")`` gives the run the text of
+    ``<dir>/reviewer.md``, and ``default.md``, when there is one, is the system prompt of a run
+    spawned with neither ``instruction`` nor ``system``. Relative paths are taken from the working
+    directory (:mod:`luftpause.runtime.spawn.instructions`)."""
 
     _check = field_validator("listen")(_host_port)
 

@@ -1,5 +1,6 @@
 """Approval of tool calls by a person: the gate before each call, its answers, and asking by
-elicitation inside ``await`` / ``run``.
+elicitation inside ``await`` / ``run`` (the asking itself, an MCP matter, is
+:mod:`luftpause.runtime.mcp.elicitation`).
 
 Which calls wait (DESIGN.md, "The runtime", Approval): a tool whose upstream server marks it
 ``destructiveHint: true`` and not ``readOnlyHint: true`` (MCP tool annotations; a tool without
@@ -46,42 +47,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, render_elicitation_schema
-from mcp.server.mcpserver import Context
-from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
-from mcp_types.version import is_version_at_least
-from pydantic import BaseModel, Field
-
-from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.runs.journal import JournalWriteError
-from luftpause.runtime.runs.registry import Run, RunRegistry, WaitMode
+from luftpause.runtime.errors import JournalWriteError, NoPendingApproval, RuntimeFault
+from luftpause.runtime.runs.registry import Run, RunRegistry
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from luftpause.runtime.agent.upstream import UpstreamPool
 
 DECLINED = "Error: the user declined this tool call"
 """The tool result a refused call gives the sub-agent (it counts as a failed tool call)."""
-
-INPUT_KEY_PREFIX = "approve:"
-"""Prefix of the ``inputRequests`` keys of approval questions (2026-07-28)."""
-
-INPUT_REQUIRED_VERSION = "2026-07-28"
-"""First protocol revision that elicits through ``InputRequiredResult`` (no server-to-client
-requests)."""
-
-
-class ApprovalForm(BaseModel):
-    """The elicitation form: one boolean field (form mode allows flat primitive fields only)."""
-
-    allow: bool = Field(description="Allow this tool call?")
-
-
-class NoPendingApproval(RuntimeFault):
-    """``approve`` on a run that waits for no approval; the message says which run."""
-
-    status = 409
 
 
 def call_key(run: Run, index: int, tool: str, arguments: dict[str, Any]) -> str:
@@ -131,31 +104,11 @@ class PendingApproval:
             out["repeat"] = True
         return out
 
-    def input_request(self) -> ElicitRequest:
-        """This question as a form-mode ``elicitation/create`` request."""
-        schema = render_elicitation_schema(ApprovalForm)
-        return ElicitRequest(params=ElicitRequestFormParams(message=self.message, requested_schema=schema))
-
-
-def allow_of(answer: Any) -> bool | None:
-    """The decision in an elicitation answer (``ElicitResult`` or the SDK's typed result):
-    ``True`` / ``False``, or ``None`` for a cancelled or unusable one (left pending)."""
-    if isinstance(answer, AcceptedElicitation):
-        return bool(answer.data.allow)
-    if isinstance(answer, DeclinedElicitation):
-        return False
-    if isinstance(answer, ElicitResult):
-        if answer.action == "decline":
-            return False
-        if answer.action == "accept" and isinstance(answer.content, dict):
-            allow = answer.content.get("allow")
-            return allow if isinstance(allow, bool) else None
-    return None
-
 
 class Approvals:
-    """The runtime's approvals: :meth:`gate` is the loop's approval gate
-    (:attr:`luftpause.runtime.agent.loop.SubAgentLoop.approval_gate`)."""
+    """The runtime's approvals: :meth:`gate` is the loop's approval gate (given to
+    :class:`~luftpause.runtime.agent.loop.SubAgentLoop` when it is built), :meth:`decide` and
+    :meth:`answer` take a person's answers (the ``approve`` tool, elicitation, ``tasks/update``)."""
 
     def __init__(self, registry: RunRegistry, upstream: UpstreamPool) -> None:
         self.registry = registry
@@ -164,7 +117,7 @@ class Approvals:
 
     def needs_approval(self, run: Run, tool: str) -> bool:
         """Whether a call of ``tool`` in ``run`` waits for a person."""
-        if tool in run.approve_tools:
+        if tool in run.spec.approval_tools:
             return True
         listed = self.upstream.tool_named(tool)
         hints = listed.annotations if listed is not None else None
@@ -181,7 +134,7 @@ class Approvals:
         if not self.needs_approval(run, tool):
             return None
         key = call_key(run, index, tool, arguments)
-        allow = run.decisions.pop(key, None)
+        allow = run.approvals.decisions.pop(key, None)
         if allow is None:
             approval = PendingApproval(
                 id=f"{run.handle}.{next(self._ids)}",
@@ -190,9 +143,9 @@ class Approvals:
                 tool=tool,
                 arguments=arguments,
                 decided=asyncio.get_running_loop().create_future(),
-                repeat=key in run.started_calls,
+                repeat=key in run.approvals.started,
             )
-            run.pending_approvals.append(approval)
+            run.approvals.pending.append(approval)
             self.registry.notify_changed()
             try:
                 allow = await approval.decided
@@ -201,12 +154,12 @@ class Approvals:
             except JournalWriteError as exc:
                 return f"Error: the call was not made: its approval could not be recorded ({exc})"
             finally:
-                if approval in run.pending_approvals:
-                    run.pending_approvals.remove(approval)
+                if approval in run.approvals.pending:
+                    run.approvals.pending.remove(approval)
                 self.registry.notify_changed()
         if not allow:
             return DECLINED
-        run.started_calls.discard(key)
+        run.approvals.started.discard(key)
         started = {"type": "started", "handle": run.handle, "key": key, "tool": tool, "at": time.time()}
         written = self.registry.append(run, started)
         if written is not None:
@@ -224,7 +177,7 @@ class Approvals:
             run = self.registry.get(approval.handle)
         except RuntimeFault:
             return False
-        if approval not in run.pending_approvals or approval.decided.done():
+        if approval not in run.approvals.pending or approval.decided.done():
             return False
         record = {
             "type": "approval",
@@ -244,7 +197,7 @@ class Approvals:
         :class:`ExpiredRun`, or :class:`NoPendingApproval` (no such question; or several pending
         and no ``call``: the message lists their ids)."""
         run = self.registry.get(handle)
-        pending: list[PendingApproval] = run.open_approvals() if not run.done else []
+        pending: list[PendingApproval] = run.approvals.open() if not run.done else []
         if call is not None:
             chosen = [a for a in pending if a.id == call]
             if not chosen:
@@ -260,85 +213,3 @@ class Approvals:
         if not chosen or not self.decide(chosen[0], allow):
             raise NoPendingApproval(f"run {handle!r} is {run.display_state}; it waits for no approval")
         return chosen[0]
-
-
-def elicits_forms(ctx: Context) -> bool:
-    """Whether the client declared form elicitation (a bare ``elicitation: {}`` counts as form)."""
-    capabilities = ctx.client_capabilities
-    elicitation = capabilities.elicitation if capabilities is not None else None
-    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
-
-
-def uses_input_required(ctx: Context) -> bool:
-    """Whether the request's protocol elicits through ``InputRequiredResult`` (2026-07-28+)."""
-    version = ctx.protocol_version
-    return version is not None and is_version_at_least(version, INPUT_REQUIRED_VERSION)
-
-
-async def wait_asking(
-    approvals: Approvals,
-    ctx: Context,
-    runs: list[Run],
-    mode: WaitMode,
-    seconds: float,
-    on_progress: Callable[[float, int], Awaitable[None]] | None = None,
-    state: dict[str, Any] | None = None,
-) -> bool | InputRequiredResult:
-    """Wait like :meth:`RunRegistry.wait` (``True``: timed out) while asking the client about
-    the approvals ``runs`` wait for, as the module docstring says. Returns an
-    ``InputRequiredResult`` for the tool to answer with when a 2026-07-28 client must be asked;
-    ends the wait early (``False``) when a run waits for an approval this client cannot be asked,
-    so that it learns of it and can ``approve``. ``state`` goes into the ``requestState`` beside
-    the ids asked (the SDK seals it; :func:`request_state` reads it back on the retry)."""
-    can_ask = elicits_forms(ctx)
-    modern = uses_input_required(ctx)
-    asked: set[str] = set()
-    if modern and can_ask:
-        before = request_state(ctx).get("asked")
-        if isinstance(before, list):
-            asked.update(a for a in before if isinstance(a, str))
-        by_id = {a.id: a for r in runs for a in r.pending_approvals}
-        for key, response in (ctx.input_responses or {}).items():
-            approval = by_id.get(key[len(INPUT_KEY_PREFIX) :]) if key.startswith(INPUT_KEY_PREFIX) else None
-            allow = allow_of(response)
-            if approval is not None and allow is not None:
-                approvals.decide(approval, allow)
-
-    def unasked() -> list[PendingApproval]:
-        return [a for r in runs if not r.done for a in r.open_approvals() if a.id not in asked]
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        timed_out = await approvals.registry.wait(
-            runs, mode, max(0.0, deadline - loop.time()), on_progress, interrupt=lambda: bool(unasked())
-        )
-        pending = unasked()
-        if not pending:
-            return timed_out
-        if not can_ask:
-            return False
-        asked.update(a.id for a in pending)
-        if modern:
-            return InputRequiredResult(
-                input_requests={f"{INPUT_KEY_PREFIX}{a.id}": a.input_request() for a in pending},
-                request_state=json.dumps({**(state or {}), "asked": sorted(asked)}),
-            )
-        for approval in pending:
-            allow = allow_of(await ctx.elicit(approval.message, ApprovalForm))
-            if allow is not None:
-                approvals.decide(approval, allow)
-
-
-def request_state(ctx: Context) -> dict[str, Any]:
-    """The ``requestState`` a 2026-07-28 client echoed on its retry, as the object
-    :func:`wait_asking` wrote (``{"asked": [approval id], ...}``); ``{}`` on a first round. The SDK
-    seals the state it sends and verifies what comes back, so it is ours."""
-    raw = ctx.request_state
-    if not raw:
-        return {}
-    try:
-        state = json.loads(raw)
-    except ValueError:
-        return {}
-    return state if isinstance(state, dict) else {}

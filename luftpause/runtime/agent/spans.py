@@ -147,9 +147,9 @@ def invoke_agent(run: Run) -> Iterator[None]:
         "gen_ai.agent.id": run.handle,
         "gen_ai.agent.name": agent,
         "gen_ai.conversation.id": run.handle,
-        "gen_ai.request.model": run.model,
+        "gen_ai.request.model": run.spec.model,
         "luftpause.caller": run.caller,
-        "luftpause.service_class": run.service_class,
+        "luftpause.service_class": run.spec.service_class,
     }
     if run.parent is not None:
         attributes["luftpause.parent_run"] = run.parent
@@ -171,10 +171,10 @@ def invoke_agent(run: Run) -> Iterator[None]:
         if _open.get(run.handle) is span:
             del _open[run.handle]
         span.set_attribute("luftpause.state", run.state)
-        span.set_attribute("luftpause.turns", run.turns)
-        span.set_attribute("luftpause.tool_calls", run.tool_calls)
-        span.set_attribute("gen_ai.usage.input_tokens", run.prompt_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", run.completion_tokens)
+        span.set_attribute("luftpause.turns", run.costs.turns)
+        span.set_attribute("luftpause.tool_calls", run.costs.tool_calls)
+        span.set_attribute("gen_ai.usage.input_tokens", run.costs.prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", run.costs.completion_tokens)
         if run.state == "failed":
             span.set_status(StatusCode.ERROR, run.error or "failed")
         span.end()
@@ -194,13 +194,13 @@ def chat(run: Run) -> Iterator[Span | None]:
     attributes = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": run.model,
+        "gen_ai.request.model": run.spec.model,
         "gen_ai.conversation.id": run.handle,
     }
-    if run.max_tokens > 0:
-        attributes["gen_ai.request.max_tokens"] = run.max_tokens  # type: ignore[assignment]
+    if run.spec.max_tokens > 0:
+        attributes["gen_ai.request.max_tokens"] = run.spec.max_tokens  # type: ignore[assignment]
     with tracing.tracer().start_as_current_span(
-        f"chat {run.model}", kind=SpanKind.CLIENT, attributes=attributes
+        f"chat {run.spec.model}", kind=SpanKind.CLIENT, attributes=attributes
     ) as span:
         yield span
 

@@ -98,8 +98,9 @@ from mcp_types import (
 )
 from pydantic import Field
 
-from luftpause.runtime.agent.approvals import INPUT_KEY_PREFIX, Approvals, PendingApproval, allow_of
+from luftpause.runtime.agent.approvals import Approvals, PendingApproval
 from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
 from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
 
@@ -253,7 +254,7 @@ class TaskRegistry:
     entered (so that it is left before the runs are stopped: a task open at shutdown stays open in
     the journal and is failed on the next start). ``render_result`` turns ``run``'s answer
     (``{"runs": [...], "timedOut": false}``) into its CallToolResult exactly as the SDK does for the
-    tool (set by :func:`luftpause.runtime.mcp.server.build_mcp_server`).
+    tool (:func:`luftpause.runtime.mcp.spawn_tools.render_run_result`).
     """
 
     def __init__(
@@ -261,6 +262,7 @@ class TaskRegistry:
         state_dir: Path,
         runs: RunRegistry,
         approvals: Approvals,
+        render_result: Callable[[dict[str, Any]], CallToolResult | InputRequiredResult],
         *,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         max_ended: int = DEFAULT_MAX_ENDED,
@@ -270,15 +272,14 @@ class TaskRegistry:
         self.approvals = approvals
         self.retention_seconds = retention_seconds
         self.max_ended = max_ended
-        self.render_result: Callable[[dict[str, Any]], CallToolResult | InputRequiredResult] | None = None
+        self.render_result = render_result
         self._tasks: dict[str, Task] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
 
     async def __aenter__(self) -> TaskRegistry:
         had_records = self._replay()
-        self.journal.snapshot = self.snapshot
-        self.journal.open()
+        self.journal.open(snapshot=self.snapshot)
         for task in list(self._tasks.values()):
             if not task.ended:
                 message = (
@@ -410,11 +411,11 @@ class TaskRegistry:
         when it resumes, and an answered question must not be asked again meanwhile."""
         if run is None or run.done:
             return []
-        return [a for a in run.pending_approvals if not a.decided.done()]
+        return run.approvals.open()
 
     def _input_requests(self, task: Task) -> dict[str, Any]:
         return {
-            f"{INPUT_KEY_PREFIX}{approval.id}": approval.input_request().model_dump(
+            f"{INPUT_KEY_PREFIX}{approval.id}": input_request(approval).model_dump(
                 by_alias=True, mode="json", exclude_none=True
             )
             for approval in self._outstanding(self._run_of(task))
@@ -432,7 +433,10 @@ class TaskRegistry:
                 "working",
                 f"{what}: answer with the approve tool (your client did not declare form elicitation)",
             )
-        return "working", f"run {run.handle} is running: {run.turns} turns, {run.tool_calls} tool calls"
+        return (
+            "working",
+            f"run {run.handle} is running: {run.costs.turns} turns, {run.costs.tool_calls} tool calls",
+        )
 
     def _observe(self, task: Task) -> None:
         """Bring an open task up to date with its run: end it once the run ended, else follow
@@ -459,8 +463,6 @@ class TaskRegistry:
         task.status, task.status_message = status, message
 
     def _render(self, payload: dict[str, Any]) -> dict[str, Any]:
-        if self.render_result is None:
-            raise RuntimeError("TaskRegistry.render_result is not set (build_mcp_server sets it)")
         result = self.render_result(payload)
         if not isinstance(result, CallToolResult):  # run answers a dict, never an input request here
             raise TypeError(f"run's result rendered as {type(result).__name__}, not a CallToolResult")

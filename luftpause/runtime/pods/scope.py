@@ -68,14 +68,11 @@ has ended since: the holder is then named ``'d' (a descendant)`` rather than ``c
 :meth:`ScopeLedger.apply` replays one; :meth:`ScopeLedger.to_records` gives a compact set (one
 grant per live holder, parents first) that replays to the same ledger.
 
-Errors (see :mod:`luftpause.runtime.errors` for the tree they hang from)::
-
-    BadToolInput (400)
-    ├── BadScope          a rule that is not a rule (relative path, unknown access or effect)
-    └── ScopeExceeded     "scope exceeds the spawner's: write /etc"
-    RuntimeFault
-    └── ScopeDenied (403) "write /ws/x denied by rule deny write /ws (held by child 'b')"
-    UnknownRun (404)      the ledger holds no such handle
+Errors (defined in :mod:`luftpause.runtime.errors`, whose tree they hang from): ``BadScope``
+(400) for a rule that is not a rule (relative path, unknown access or effect), ``ScopeExceeded``
+(400) "scope exceeds the spawner's: write /etc", ``ScopeDenied`` (403) "write /ws/x denied by
+rule deny write /ws (held by child 'b')", ``UnknownRun`` (404) when the ledger holds no such
+handle.
 """
 
 from __future__ import annotations
@@ -85,7 +82,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from luftpause.runtime.errors import BadToolInput, RuntimeFault, UnknownRun
+from luftpause.runtime.errors import BadScope, ScopeDenied, ScopeExceeded, UnknownRun
 
 Mode = Literal["read", "write"]
 Effect = Literal["allow", "deny"]
@@ -96,58 +93,8 @@ GRANT = "scopeGrant"
 END = "scopeEnd"
 """The ``type`` of every record :meth:`ScopeLedger.apply` accepts."""
 
-RULE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "effect": {"type": "string", "enum": ["allow", "deny"]},
-        "access": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["read", "write"]},
-            "minItems": 1,
-            "uniqueItems": True,
-        },
-        "path": {"type": "string", "description": "absolute path; covers it and everything under it"},
-    },
-    "required": ["effect", "access", "path"],
-    "additionalProperties": False,
-}
-SCOPE_SCHEMA: dict[str, Any] = {
-    "type": "array",
-    "items": RULE_SCHEMA,
-    "description": (
-        "Filesystem scope: allow/deny rules on path prefixes; the most specific rule wins, "
-        "deny wins a tie, nothing matching is denied. Must be within the spawner's scope."
-    ),
-}
-"""JSON Schema of a scope as a tool argument (e.g. ``spawn(scope=...)``) and in journal records."""
-
-
-class BadScope(BadToolInput):
-    """A rule or scope that cannot be read: the message says which part and why."""
-
-
-class ScopeExceeded(BadToolInput):
-    """A grant asks for more than the parent's effective scope; ``excess`` lists what."""
-
-    def __init__(self, excess: Excess) -> None:
-        super().__init__(f"scope exceeds the spawner's: {excess}")
-        self.excess = excess
-
-
-class ScopeDenied(RuntimeFault):
-    """An access the scope does not allow; ``decision`` says which rule denied it. ``asked`` is the
-    path as the caller wrote it, named in the message when it resolved elsewhere (``..``, a
-    symlink): ``write /etc/x denied: no rule of the scope allows it (asked for /ws/link/x)``."""
-
-    status = 403
-
-    def __init__(self, decision: Decision, asked: str | None = None) -> None:
-        message = str(decision)
-        if asked is not None and asked != decision.path:
-            message += f" (asked for {asked})"
-        super().__init__(message)
-        self.decision = decision
-        self.asked = asked
+# The wire shape of rules and scopes (RULE_SCHEMA, SCOPE_SCHEMA) is part of spawn's contract:
+# luftpause.runtime.runs.spec. What they mean is here.
 
 
 def normalize_path(path: str) -> str:
@@ -197,7 +144,8 @@ class Rule:
 
     @classmethod
     def from_json(cls, value: Any) -> Rule:
-        """From ``{"effect", "access": [...], "path"}`` (:data:`RULE_SCHEMA`); raises :class:`BadScope`."""
+        """From ``{"effect", "access": [...], "path"}`` (``runs.spec.RULE_SCHEMA``); raises
+        :class:`BadScope`."""
         if not isinstance(value, Mapping) or set(value) != {"effect", "access", "path"}:
             raise BadScope(f"rule: expected {{'effect', 'access', 'path'}}, got {value!r}")
         access = value["access"]
@@ -271,7 +219,7 @@ class Scope:
 
     @classmethod
     def from_json(cls, value: Any) -> Scope:
-        """From a list of rule objects (:data:`SCOPE_SCHEMA`); raises :class:`BadScope`."""
+        """From a list of rule objects (``runs.spec.SCOPE_SCHEMA``); raises :class:`BadScope`."""
         if not isinstance(value, list):
             raise BadScope(f"scope: expected a list of rules, got {value!r}")
         return cls.of(*(Rule.from_json(v) for v in value))
@@ -453,6 +401,10 @@ class ScopeLedger:
 
     def granted(self, handle: str) -> Scope:
         return self._entry(handle).scope
+
+    def name(self, handle: str) -> str | None:
+        """The name ``handle`` was granted under (a run's pod name), if any."""
+        return self._entry(handle).name
 
     def effective(self, handle: str | None) -> EffectiveScope:
         """``handle``'s grant minus its live children's writes; ``None``: the top that roots come

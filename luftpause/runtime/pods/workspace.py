@@ -66,7 +66,7 @@ import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from luftpause.runtime.errors import BadToolInput
+from luftpause.runtime.errors import WorkspaceError
 from luftpause.runtime.pods.scope import MODES, Decision, Mode, normalize_path
 
 Check = Callable[[str, Mode], Decision]
@@ -81,10 +81,6 @@ MAX_LIST_ENTRIES = 1000
 MAX_SCAN_ENTRIES = 100 * MAX_LIST_ENTRIES
 """Directory entries one ``list_directory`` looks at before it stops counting."""
 _SKIP_CHUNK = 64 * 1024
-
-
-class WorkspaceError(BadToolInput):
-    """A workspace tool call that cannot be done; the message names the path and why."""
 
 
 # --- paths -----------------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from luftpause.runtime.runs.record import add_counters
+
 if TYPE_CHECKING:
-    from luftpause.runtime.runs.registry import Counters, Run
+    from luftpause.runtime.runs.record import Counters, Run
 
 
 def subtree(root: Run, runs: Mapping[str, Run]) -> Iterator[Run]:
@@ -51,19 +53,15 @@ def ancestors(run: Run, runs: Mapping[str, Run]) -> Iterator[Run]:
 
 
 def subtree_counters(root: Run, runs: Mapping[str, Run]) -> Counters:
-    """The costs of ``root`` and its held descendants, summed (:data:`~.runs.COUNTER_KEYS`)."""
-    from luftpause.runtime.runs.registry import add_counters
-
+    """The costs of ``root`` and its held descendants, summed (:data:`~.record.COUNTER_KEYS`)."""
     total: Counters = {}
     for run in subtree(root, runs):
-        add_counters(total, run.counters())
+        add_counters(total, run.costs.to_json())
     return total
 
 
 def all_subtree_counters(runs: Mapping[str, Run]) -> dict[str, Counters]:
     """:func:`subtree_counters` of every run at once, in one pass over the forest (O(runs))."""
-    from luftpause.runtime.runs.registry import add_counters
-
     totals: dict[str, Counters] = {}
     for handle, run in runs.items():
         if handle in totals:
@@ -73,7 +71,7 @@ def all_subtree_counters(runs: Mapping[str, Run]) -> dict[str, Counters]:
         for node in reversed(order):
             if node.handle in totals:
                 continue
-            total = add_counters({}, node.counters())
+            total = add_counters({}, node.costs.to_json())
             for child in node.children:
                 if child in totals:
                     add_counters(total, totals[child])
@@ -83,8 +81,8 @@ def all_subtree_counters(runs: Mapping[str, Run]) -> dict[str, Counters]:
 
 def budget_used(run: Run, runs: Mapping[str, Run], now: float) -> dict[str, float]:
     """What the subtree rooted at ``run`` has used of each budget ``run`` sets (same keys as
-    :attr:`Run.limits`); ``now`` is ``time.time()`` seconds."""
-    limits = run.limits
+    its spec's ``limits``); ``now`` is ``time.time()`` seconds."""
+    limits = run.spec.limits
     if not limits:
         return {}
     used: dict[str, float] = {}
@@ -113,7 +111,7 @@ def first_exceeded(
     counted in the message."""
     found: tuple[Run, str] | None = None
     for node in ancestors(run, runs):
-        limits = node.limits
+        limits = node.spec.limits
         if not limits:
             continue
         used = budget_used(node, runs, now)

@@ -39,8 +39,8 @@ returns a future that resolves once the record is durable, or fails with the ``O
 :meth:`write` awaits it. Callers await it where a record must be on disk before something is
 acknowledged or done (a spawn's ``start``, a task's creation, an approval and its ``started``
 record before the call executes, a round before the next turn). A record that could not be
-written is reported to :attr:`Journal.on_failure` (the registry marks its run as not durable) and
-logged as an error.
+written is reported to the ``on_failure`` its owner gave :meth:`Journal.open` (the registry marks
+its run as not durable) and logged as an error.
 
 A crash of the process or of the machine loses at most the records being written, the last of
 them possibly a torn last line; :func:`read_records` skips it with a warning (any line that does
@@ -71,6 +71,8 @@ from typing import Any
 
 import orjson
 
+from luftpause.runtime.errors import JournalWriteError
+
 log = logging.getLogger("luftpause.runtime.runs.journal")
 
 JOURNAL_NAME = "runs.jsonl"
@@ -83,10 +85,6 @@ Record = dict[str, Any]
 _TAIL_PROBE_BYTES = 64 * 1024
 """How much of the file's end :meth:`Journal.open` reads to find a torn last record (bytes); a
 longer torn record is found by reading further back."""
-
-
-class JournalWriteError(OSError):
-    """A record could not be written to the journal; the message names the file and the OS error."""
 
 
 def encode(record: Record) -> bytes:
@@ -153,11 +151,10 @@ _STOP = object()
 
 
 class Journal:
-    """The open journal of one runtime process.
-
-    ``snapshot`` gives the records that describe every run the registry holds, for compaction
-    (:meth:`RunRegistry.journal_snapshot`); it is called on the event loop and must return records
-    that later changes to the runs do not alter (lists copied). ``on_failure(record, error)`` is
+    """The journal of one runtime process, opened by its owner (:meth:`open`), which gives it
+    what it needs then: ``snapshot``, the records that describe everything the owner holds, for
+    compaction (:meth:`RunRegistry.journal_snapshot`; called on the event loop, it must return
+    records that later changes do not alter: lists copied), and ``on_failure(record, error)``,
     called on the event loop for each record that could not be written.
     """
 
@@ -165,8 +162,8 @@ class Journal:
         self.state_dir = state_dir
         self.path = state_dir / JOURNAL_NAME
         self.compact_bytes = compact_bytes
-        self.snapshot: Callable[[], Iterable[Record]] | None = None
-        self.on_failure: Callable[[Record, OSError], None] | None = None
+        self._snapshot: Callable[[], Iterable[Record]] | None = None
+        self._on_failure: Callable[[Record, OSError], None] | None = None
         self._fd: int | None = None
         self._size = 0
         self._queued_size = 0
@@ -193,10 +190,17 @@ class Journal:
         os.close(fd)
         probe.unlink()
 
-    def open(self) -> None:
-        """Open for appending and start the writer thread. A torn last line is cut off first, so
-        the next record starts on a line of its own. Creates the state directory if needed;
-        raises ``OSError``."""
+    def open(
+        self,
+        snapshot: Callable[[], Iterable[Record]] | None = None,
+        on_failure: Callable[[Record, OSError], None] | None = None,
+    ) -> None:
+        """Open for appending and start the writer thread; ``snapshot`` and ``on_failure`` as the
+        class docstring says (without a ``snapshot`` the journal is never compacted). A torn last
+        line is cut off first, so the next record starts on a line of its own. Creates the state
+        directory if needed; raises ``OSError``."""
+        self._snapshot = snapshot
+        self._on_failure = on_failure
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._cut_torn_tail()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -254,8 +258,8 @@ class Journal:
         done.add_done_callback(lambda f: self._settled(record, f))
         self._queue.put((line, done))
         self._queued_size += len(line)
-        if self._queued_size > self._compact_at and self.snapshot is not None:
-            self.compact_later(self.snapshot())
+        if self._queued_size > self._compact_at and self._snapshot is not None:
+            self.compact_later(self._snapshot())
         return done
 
     async def write(self, record: Record) -> None:
@@ -267,12 +271,12 @@ class Journal:
         if exc is None:
             return
         log.error("%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
-        if self.on_failure is None or not isinstance(exc, OSError):
+        if self._on_failure is None or not isinstance(exc, OSError):
             return
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.on_failure, record, exc)
+            self._loop.call_soon_threadsafe(self._on_failure, record, exc)
         else:
-            self.on_failure(record, exc)
+            self._on_failure(record, exc)
 
     def compact_later(self, records: Iterable[Record]) -> None:
         """Queue a compaction to ``records`` (taken now; written by the writer thread in order

@@ -26,22 +26,50 @@ state, answer, error, counters, the summary of its task (``task_chars`` its whol
 newest of its *output entries* (the texts of its assistant messages, which ``read`` serves by
 absolute index: ``outputs_base`` is the index of the first one kept), and takes no ``send``.
 
-The registry that owns runs is :mod:`luftpause.runtime.runs.registry`; what ``await``/``status`` show of a
-run is :mod:`luftpause.runtime.runs.views`.
+A run's fields are grouped by what they are for: :attr:`Run.spec` what it was asked (frozen; the
+journal's ``start`` record, :class:`~luftpause.runtime.runs.spec.RunSpec`), :attr:`Run.costs` its
+counters, :attr:`Run.approvals` the tool calls waiting for a person and the decisions taken,
+:attr:`Run.durability` how its journal records fare, :attr:`Run.retention` what is kept once its
+conversation is dropped; the conversation and the lifecycle (state, answer, error, ...) are the
+record's own fields.
+
+The record changes only through the registry (:mod:`luftpause.runtime.runs.registry`:
+``finish``, ``complete_round``, ``check_budgets``), which journals each change; what
+``await``/``status`` show of a run is :mod:`luftpause.runtime.runs.views`.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from luftpause.runtime.runs.journal import encode
+from luftpause.runtime.runs.spec import RunSpec, ServiceClass
+
+if TYPE_CHECKING:
+    import concurrent.futures
+
+__all__ = [
+    "BUDGET_KEYS",
+    "CONVERSATION_DROPPED",
+    "COUNTER_KEYS",
+    "TASK_SUMMARY_CHARS",
+    "ApprovalState",
+    "Costs",
+    "Counters",
+    "Durability",
+    "Retention",
+    "Run",
+    "RunState",
+    "ServiceClass",
+    "add_counters",
+    "new_handle",
+    "summarize",
+]
 
 RunState = Literal["running", "completed", "failed", "cancelled"]
-ServiceClass = Literal["interactive", "batch"]
 
 KEPT_OUTPUT_CHARS = 64 * 1024
 """Characters of output entries a run whose conversation was dropped keeps at most (the newest
@@ -80,6 +108,7 @@ turns, tool calls, failed tool calls, prompt and completion tokens, and the seco
 (waiting for the dataplane, queue included) and in tool rounds."""
 
 Counters = dict[str, float]
+"""Costs as JSON, keyed by :data:`COUNTER_KEYS` (a subtree's totals, a journal record's)."""
 
 BUDGET_KEYS = ("tokens", "toolCalls", "seconds")
 """The budgets a run may set for its subtree, in the order they are checked."""
@@ -92,58 +121,13 @@ def add_counters(total: Counters, more: Counters) -> Counters:
     return total
 
 
-@dataclass(eq=False)
-class Run:
-    """One sub-agent run.
+@dataclass(slots=True)
+class Costs:
+    """A run's own counters: ``turns`` (LLM turns answered), ``tool_calls`` / ``failed_tool_calls``
+    (calls the model made; failed = refused, raised, or an MCP ``isError`` result),
+    ``prompt_tokens`` / ``completion_tokens`` summed over the turns' ``usage``, ``turn_seconds`` /
+    ``tool_seconds`` spent in turns and tool rounds."""
 
-    ``messages`` is the OpenAI chat conversation so far (system?, user, then assistant and tool
-    messages of each completed tool round). Counters: ``turns`` (LLM turns answered),
-    ``tool_calls`` / ``failed_tool_calls`` (calls the model made; failed = refused, raised, or an
-    MCP ``isError`` result), ``prompt_tokens`` / ``completion_tokens`` summed over the turns'
-    ``usage``, ``turn_seconds`` / ``tool_seconds`` spent in turns and tool rounds. Times are
-    ``time.time()`` seconds. ``parent`` and ``children`` are handles; ``budget_*`` bound the
-    subtree rooted here (``None``: no bound).
-    """
-
-    handle: str
-    task: str
-    model: str
-    service_class: ServiceClass
-    caller: str
-    max_tool_calls: int
-    max_tokens: int
-    allowed_tools: frozenset[str] | None
-    messages: list[dict[str, Any]]
-    system: str | None = None
-    parallel_tool_calls: bool = False
-    """The model may ask for several tool calls in one reply, run concurrently (loop.py)."""
-    parent: str | None = None
-    budget_tokens: int | None = None
-    budget_tool_calls: int | None = None
-    budget_seconds: float | None = None
-    approve_tools: frozenset[str] = frozenset()
-    """Tools that wait for a person's approval in this run, whatever their annotations."""
-    decisions: dict[str, bool] = field(default_factory=dict)
-    """Approval decisions not yet used, by call key (:func:`luftpause.runtime.agent.approvals.call_key`),
-    journaled; an allowed call uses its decision up when it starts."""
-    started_calls: set[str] = field(default_factory=set)
-    """Keys of approved calls that had started before a restart (asked again, never repeated
-    silently)."""
-    pending_approvals: list[Any] = field(default_factory=list)
-    """The :class:`~luftpause.runtime.agent.approvals.PendingApproval` questions the run waits on."""
-    journal_error: str | None = None
-    """Set when a journal record of this run could not be written: the run is not durable (a
-    restart resumes it from its last record written); its later records are not written."""
-    start_written: Any = field(default=None, repr=False)
-    """The journal write of its ``start`` record (a ``concurrent.futures.Future``), if any."""
-    last_written: Any = field(default=None, repr=False)
-    """The journal write of its latest record (a ``concurrent.futures.Future``), if any."""
-    children: list[str] = field(default_factory=list)
-    state: RunState = "running"
-    answer: str | None = None
-    error: str | None = None
-    exceeded: str | None = None
-    """``budget exceeded: <which> <used>/<limit>`` once one of this run's own budgets ran out."""
     turns: int = 0
     tool_calls: int = 0
     failed_tool_calls: int = 0
@@ -151,36 +135,143 @@ class Run:
     completion_tokens: int = 0
     turn_seconds: float = 0.0
     tool_seconds: float = 0.0
+
+    def to_json(self) -> Counters:
+        """Keyed by :data:`COUNTER_KEYS`."""
+        return {
+            "turns": self.turns,
+            "toolCalls": self.tool_calls,
+            "failedToolCalls": self.failed_tool_calls,
+            "promptTokens": self.prompt_tokens,
+            "completionTokens": self.completion_tokens,
+            "turnSeconds": self.turn_seconds,
+            "toolSeconds": self.tool_seconds,
+        }
+
+    def take(self, counters: Counters) -> None:
+        """Take the counters of a journal record (missing keys stay as they are)."""
+        self.turns = int(counters.get("turns", self.turns))
+        self.tool_calls = int(counters.get("toolCalls", self.tool_calls))
+        self.failed_tool_calls = int(counters.get("failedToolCalls", self.failed_tool_calls))
+        self.prompt_tokens = int(counters.get("promptTokens", self.prompt_tokens))
+        self.completion_tokens = int(counters.get("completionTokens", self.completion_tokens))
+        self.turn_seconds = float(counters.get("turnSeconds", self.turn_seconds))
+        self.tool_seconds = float(counters.get("toolSeconds", self.tool_seconds))
+
+
+@dataclass(slots=True)
+class ApprovalState:
+    """The run's tool calls that wait for a person, and the decisions taken
+    (:mod:`luftpause.runtime.agent.approvals`)."""
+
+    decisions: dict[str, bool] = field(default_factory=dict)
+    """Decisions not yet used, by call key (:func:`luftpause.runtime.agent.approvals.call_key`),
+    journaled; an allowed call uses its decision up when it starts."""
+    started: set[str] = field(default_factory=set)
+    """Keys of approved calls that had started before a restart (asked again, never repeated
+    silently)."""
+    pending: list[Any] = field(default_factory=list)
+    """The :class:`~luftpause.runtime.agent.approvals.PendingApproval` questions the run waits on."""
+
+    def open(self) -> list[Any]:
+        """The questions still unanswered (an answered one stays in :attr:`pending` until its call
+        resumes, after its decision is journaled)."""
+        return [a for a in self.pending if not a.decided.done()]
+
+
+@dataclass(slots=True)
+class Durability:
+    """How the run's journal records fare."""
+
+    error: str | None = None
+    """Set when a record of this run could not be written: the run is not durable (a restart
+    resumes it from its last record written); its later records are not written."""
+    start_written: concurrent.futures.Future[None] | None = field(default=None, repr=False)
+    """The journal write of its ``start`` record, if any."""
+    last_written: concurrent.futures.Future[None] | None = field(default=None, repr=False)
+    """The journal write of its latest record, if any."""
+
+
+@dataclass(slots=True)
+class Retention:
+    """What a finished run keeps once its conversation was dropped for ``[runtime]
+    retained_bytes`` (:func:`drop_conversation`), and the bytes the registry counts for it."""
+
+    conversation_dropped: bool = False
+    """``messages`` is empty, the spec's ``task`` its summary, ``system`` gone; it takes no ``send``."""
+    kept_outputs: list[str] | None = None
+    """The output entries it kept (the newest ones)."""
+    outputs_base: int = 0
+    """The absolute index (``read`` cursor) of the first of :attr:`kept_outputs`."""
+    task_chars: int | None = None
+    """The whole task's length in characters once the task was cut to its summary."""
+    retained: int = 0
+    """Bytes the registry counts for this run while it is finished (:func:`retained_size`)."""
+
+
+@dataclass(eq=False)
+class Run:
+    """One sub-agent run: what it was asked (:attr:`spec`), its conversation, its lifecycle and
+    the groups of the module docstring.
+
+    ``messages`` is the OpenAI chat conversation so far (system?, user, then assistant and tool
+    messages of each completed tool round). Times are ``time.time()`` seconds. ``children`` are
+    handles; the spec's ``budget_*`` bound the subtree rooted here.
+    """
+
+    handle: str
+    spec: RunSpec
+    messages: list[dict[str, Any]]
     started_at: float = field(default_factory=time.time)
+    children: list[str] = field(default_factory=list)
+    state: RunState = "running"
+    answer: str | None = None
+    error: str | None = None
+    exceeded: str | None = None
+    """``budget exceeded: <which> <used>/<limit>`` once one of this run's own budgets ran out."""
     finished_at: float | None = None
-    resumed: bool = False
-    """Rebuilt from the journal after a restart (and, if running, resumed)."""
-    interrupted: bool = False
-    """Set when the runtime shuts down under a running run: it did not end, it was stopped."""
-    name: str | None = None
-    """The name its spawner gave it (unique among the spawner's live children), if any."""
-    orchestrate: bool = False
-    """Offered the orchestration tools (spawn, send, read, stop, list) in its turns."""
     stopped_by: str | None = None
     """Who asked for a graceful stop (``stop``), once someone did: no new turn starts."""
     inbox: list[dict[str, Any]] = field(default_factory=list)
     """Messages sent while it ran, ``{"id", "content", "from"}``, for its next turn."""
-    conversation_dropped: bool = False
-    """Its conversation was dropped for the byte budget (:func:`drop_conversation`): ``messages``
-    is empty, ``task`` its summary, ``system`` gone; it takes no ``send``."""
-    kept_outputs: list[str] | None = None
-    """Once its conversation is dropped: the output entries it kept (the newest ones)."""
-    outputs_base: int = 0
-    """The absolute index (``read`` cursor) of the first entry of ``kept_outputs``."""
-    task_chars: int | None = None
-    """The whole task's length in characters once ``task`` was cut to its summary."""
-    retained: int = 0
-    """Bytes the registry counts for this run while it is finished (:func:`retained_size`)."""
-    _on_finish: Callable[[Run], None] | None = field(default=None, repr=False)
-    _on_round: Callable[[Run, list[dict[str, Any]], dict[str, Any]], None] | None = field(
-        default=None, repr=False
-    )
-    _on_budget_check: Callable[[Run, dict[str, float] | None], None] | None = field(default=None, repr=False)
+    resumed: bool = False
+    """Rebuilt from the journal after a restart (and, if running, resumed)."""
+    interrupted: bool = False
+    """Set when the runtime shuts down under a running run: it did not end, it was stopped."""
+    costs: Costs = field(default_factory=Costs)
+    approvals: ApprovalState = field(default_factory=ApprovalState)
+    durability: Durability = field(default_factory=Durability)
+    retention: Retention = field(default_factory=Retention)
+
+    @classmethod
+    def new(cls, handle: str, spec: RunSpec, **lifecycle: Any) -> Run:
+        """A run at its first turn: its conversation is the spec's system prompt (if any) and
+        task. ``lifecycle`` sets other fields (``started_at``, ``resumed``)."""
+        messages: list[dict[str, Any]] = []
+        if spec.system:
+            messages.append({"role": "system", "content": spec.system})
+        messages.append({"role": "user", "content": spec.task})
+        return cls(handle=handle, spec=spec, messages=messages, **lifecycle)
+
+    # Who asked, in the words every part uses.
+
+    @property
+    def caller(self) -> str:
+        return self.spec.caller
+
+    @property
+    def parent(self) -> str | None:
+        return self.spec.parent
+
+    @property
+    def name(self) -> str | None:
+        return self.spec.name
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    # States.
 
     @property
     def done(self) -> bool:
@@ -197,17 +288,17 @@ class Run:
     @property
     def display_state(self) -> str:
         """:attr:`state`, or ``AwaitingApproval`` for a running run that waits for a person."""
-        return "AwaitingApproval" if self.open_approvals() and not self.done else self.state
+        return "AwaitingApproval" if self.approvals.open() and not self.done else self.state
 
-    def open_approvals(self) -> list[Any]:
-        """The questions still unanswered (an answered one stays in :attr:`pending_approvals`
-        until its call resumes, after its decision is journaled)."""
-        return [a for a in self.pending_approvals if not a.decided.done()]
+    @property
+    def conversation_dropped(self) -> bool:
+        return self.retention.conversation_dropped
 
     @property
     def task_length(self) -> int:
-        """The whole task's length in characters (also once ``task`` was cut to its summary)."""
-        return self.task_chars if self.task_chars is not None else len(self.task)
+        """The whole task's length in characters (also once the task was cut to its summary)."""
+        chars = self.retention.task_chars
+        return chars if chars is not None else len(self.spec.task)
 
     @property
     def seconds(self) -> float:
@@ -215,61 +306,21 @@ class Run:
         end = self.finished_at if self.finished_at is not None else time.time()
         return max(0.0, end - self.started_at)
 
-    @property
-    def limits(self) -> dict[str, float]:
-        """The budgets this run sets for its subtree, by :data:`BUDGET_KEYS` name (only those set)."""
-        values = {
-            "tokens": self.budget_tokens,
-            "toolCalls": self.budget_tool_calls,
-            "seconds": self.budget_seconds,
-        }
-        return {k: v for k, v in values.items() if v is not None}
+    # Transitions (the registry calls these and journals them).
 
-    def counters(self) -> Counters:
-        """This run's own costs, keyed by :data:`COUNTER_KEYS`."""
-        return {
-            "turns": self.turns,
-            "toolCalls": self.tool_calls,
-            "failedToolCalls": self.failed_tool_calls,
-            "promptTokens": self.prompt_tokens,
-            "completionTokens": self.completion_tokens,
-            "turnSeconds": self.turn_seconds,
-            "toolSeconds": self.tool_seconds,
-        }
-
-    def set_counters(self, counters: Counters) -> None:
-        """Take the counters of a journal record (missing keys stay as they are)."""
-        self.turns = int(counters.get("turns", self.turns))
-        self.tool_calls = int(counters.get("toolCalls", self.tool_calls))
-        self.failed_tool_calls = int(counters.get("failedToolCalls", self.failed_tool_calls))
-        self.prompt_tokens = int(counters.get("promptTokens", self.prompt_tokens))
-        self.completion_tokens = int(counters.get("completionTokens", self.completion_tokens))
-        self.turn_seconds = float(counters.get("turnSeconds", self.turn_seconds))
-        self.tool_seconds = float(counters.get("toolSeconds", self.tool_seconds))
-
-    def finish(self, state: RunState, *, answer: str | None = None, error: str | None = None) -> None:
-        """Move to a final state once; later calls are ignored (the first outcome stands)."""
+    def end(self, state: RunState, *, answer: str | None = None, error: str | None = None) -> bool:
+        """Move to a final state once; ``False`` (and nothing changed) when it had ended already:
+        the first outcome stands."""
         if self.done:
-            return
+            return False
         if state == "running":
-            raise ValueError("finish() needs a final state")
+            raise ValueError("end() needs a final state")
         self.state = state
         self.answer = answer
         self.error = error
         self.finished_at = time.time()
         keep_answer(self)
-        if self._on_finish is not None:
-            self._on_finish(self)
-
-    def complete_round(self, round_messages: list[dict[str, Any]], **extra: Any) -> None:
-        """Append a completed tool round (the assistant message and its tool messages) to the
-        conversation; it is journaled, with the counters as they stand now, as the point a
-        resumed run restarts from. ``extra`` goes into the ``round`` record as it is (pods put
-        the ids of the messages and events a round delivered there, so delivery and conversation
-        are one record)."""
-        self.messages.extend(round_messages)
-        if self._on_round is not None:
-            self._on_round(self, round_messages, extra)
+        return True
 
     def reopen(self, message: dict[str, Any]) -> None:
         """A finished (completed or failed) run takes ``message`` (a ``user`` message) as a new
@@ -283,14 +334,6 @@ class Run:
         self.answer = self.error = None
         self.finished_at = None
         self.messages.append(message)
-
-    def check_budgets(self, ahead: dict[str, float] | None = None) -> None:
-        """Check the budgets of this run and its ancestors now; one that ran out, or that
-        ``ahead`` (what is about to be used: ``{"toolCalls": 1}`` before a tool call,
-        ``{"tokens": 1}`` before a turn) would pass, cancels its subtree, this run included
-        (:func:`luftpause.runtime.runs.budgets.first_exceeded`)."""
-        if self._on_budget_check is not None:
-            self._on_budget_check(self, ahead)
 
     def result(self) -> dict[str, Any]:
         """The run as ``await`` reports it (:func:`luftpause.runtime.runs.views.run_result`)."""
@@ -307,28 +350,9 @@ class Run:
     # The journal's records of this run (shapes: :mod:`luftpause.runtime.runs.journal`).
 
     def start_record(self) -> dict[str, Any]:
-        """Every spawn argument, so that a restart can rebuild the run."""
-        return {
-            "type": "start",
-            "handle": self.handle,
-            "at": self.started_at,
-            "task": self.task,
-            "system": self.system,
-            "model": self.model,
-            "serviceClass": self.service_class,
-            "caller": self.caller,
-            "maxToolCalls": self.max_tool_calls,
-            "maxTokens": self.max_tokens,
-            "parallelToolCalls": self.parallel_tool_calls,
-            "tools": sorted(self.allowed_tools) if self.allowed_tools is not None else None,
-            "parent": self.parent,
-            "budgetTokens": self.budget_tokens,
-            "budgetToolCalls": self.budget_tool_calls,
-            "budgetSeconds": self.budget_seconds,
-            "approveTools": sorted(self.approve_tools),
-            "name": self.name,
-            "orchestrate": self.orchestrate,
-        }
+        """Every spawn argument as resolved (:meth:`RunSpec.start_record`), so that a restart can
+        rebuild the run."""
+        return self.spec.start_record(self.handle, self.started_at)
 
     def compacted_record(self) -> dict[str, Any]:
         """A finished run as compaction writes it: one ``run`` record with its start and outcome,
@@ -338,20 +362,21 @@ class Run:
         record = {**self.start_record(), "type": "run", **self.outcome_record()}
         if self.conversation_dropped:
             record["conversationDropped"] = True
-            record["outputs"] = list(self.kept_outputs or ())
-            record["outputsBase"] = self.outputs_base
+            record["outputs"] = list(self.retention.kept_outputs or ())
+            record["outputsBase"] = self.retention.outputs_base
             record["taskChars"] = self.task_length
         else:
-            record["messages"] = self.messages[2 if self.system else 1 :]
+            record["messages"] = self.messages[2 if self.spec.system else 1 :]
         return record
 
     def outcome_record(self) -> dict[str, Any]:
-        """How the run ended (``state``, ``answer``?, ``error``?, ``exceeded``?, ``finishedAt``,
-        ``counters``); the ``end`` record, and with :meth:`start_record` a compacted ``run``."""
+        """How the run ended (``state``, ``answer``?, ``error``?, ``exceeded``?, ``stoppedBy``?,
+        ``finishedAt``, ``counters``); the ``end`` record, and with :meth:`start_record` a
+        compacted ``run``."""
         out: dict[str, Any] = {
             "state": self.state,
             "finishedAt": self.finished_at,
-            "counters": self.counters(),
+            "counters": self.costs.to_json(),
         }
         pairs = (
             ("answer", self.answer),
@@ -368,35 +393,8 @@ class Run:
     def from_start_record(cls, record: dict[str, Any]) -> Run:
         """The run a ``start`` (or compacted ``run``) record describes, at its first turn.
         Raises ``KeyError`` / ``TypeError`` / ``ValueError`` for a record missing what a run needs."""
-        task = str(record["task"])
-        system = record.get("system")
-        messages: list[dict[str, Any]] = []
-        if system:
-            messages.append({"role": "system", "content": system})
-        messages.append({"role": "user", "content": task})
-        tools = record.get("tools")
-        service_class = record.get("serviceClass")
-        return cls(
-            handle=str(record["handle"]),
-            task=task,
-            model=str(record["model"]),
-            service_class="batch" if service_class == "batch" else "interactive",
-            caller=str(record.get("caller") or "anonymous"),
-            max_tool_calls=int(record["maxToolCalls"]),
-            max_tokens=int(record["maxTokens"]),
-            parallel_tool_calls=bool(record.get("parallelToolCalls", False)),
-            allowed_tools=frozenset(map(str, tools)) if tools is not None else None,
-            messages=messages,
-            system=system if isinstance(system, str) else None,
-            parent=record.get("parent") if isinstance(record.get("parent"), str) else None,
-            budget_tokens=_optional_int(record.get("budgetTokens")),
-            budget_tool_calls=_optional_int(record.get("budgetToolCalls")),
-            budget_seconds=_optional_float(record.get("budgetSeconds")),
-            approve_tools=frozenset(map(str, record.get("approveTools") or ())),
-            started_at=float(record["at"]),
-            name=record.get("name") if isinstance(record.get("name"), str) else None,
-            orchestrate=bool(record.get("orchestrate", False)),
-            resumed=True,
+        return cls.new(
+            str(record["handle"]), RunSpec.from_record(record), started_at=float(record["at"]), resumed=True
         )
 
 
@@ -412,7 +410,7 @@ def output_entries(run: Run) -> tuple[int, list[str]]:
     messages in order (its answers included), and the absolute index of the first of them
     (``0`` while the conversation is held; more once older entries were dropped)."""
     if run.conversation_dropped:
-        return run.outputs_base, list(run.kept_outputs or ())
+        return run.retention.outputs_base, list(run.retention.kept_outputs or ())
     return 0, [
         m["content"]
         for m in run.messages
@@ -423,7 +421,8 @@ def output_entries(run: Run) -> tuple[int, list[str]]:
 def last_output(run: Run) -> str | None:
     """The run's newest output entry, found from the end (cheap for a long conversation)."""
     if run.conversation_dropped:
-        return run.kept_outputs[-1] if run.kept_outputs else None
+        kept = run.retention.kept_outputs
+        return kept[-1] if kept else None
     for m in reversed(run.messages):
         if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]:
             return str(m["content"])
@@ -453,13 +452,13 @@ def drop_conversation(run: Run) -> None:
         kept.append(entry)
         chars += len(entry)
     kept.reverse()
-    run.task_chars = run.task_length
-    run.task = summarize(run.task)
-    run.system = None
+    retention = run.retention
+    retention.task_chars = run.task_length
+    run.spec = run.spec.model_copy(update={"task": summarize(run.spec.task), "system": None})
     run.messages = []
-    run.kept_outputs = kept
-    run.outputs_base = base + len(entries) - len(kept)
-    run.conversation_dropped = True
+    retention.kept_outputs = kept
+    retention.outputs_base = base + len(entries) - len(kept)
+    retention.conversation_dropped = True
 
 
 def keep_answer(run: Run) -> None:
@@ -473,21 +472,13 @@ def keep_answer(run: Run) -> None:
         run.messages.append({"role": "assistant", "content": run.answer})
 
 
-def _optional_int(value: Any) -> int | None:
-    return int(value) if value is not None else None
-
-
-def _optional_float(value: Any) -> float | None:
-    return float(value) if value is not None else None
-
-
 def apply_outcome(run: Run, record: dict[str, Any]) -> None:
     """Put a journaled outcome (``end`` or compacted ``run`` record) on a replayed run, without
-    the finish hooks (it is not news)."""
+    telling anyone (it is not news)."""
     state = record["state"]
     if state not in ("completed", "failed", "cancelled"):
         raise ValueError(f"not a final state: {state!r}")
-    run.set_counters(record.get("counters") or {})
+    run.costs.take(record.get("counters") or {})
     run.state = state
     run.answer = record.get("answer")
     run.error = record.get("error")
@@ -497,3 +488,14 @@ def apply_outcome(run: Run, record: dict[str, Any]) -> None:
     keep_answer(run)
     finished_at = record.get("finishedAt")
     run.finished_at = float(finished_at) if finished_at is not None else time.time()
+
+
+def take_message(run: Run, content: str, sender: str, message_id: str) -> bool:
+    """A ``message`` (``send``) for ``run``, journaled already: an idle run is re-opened with it as a
+    new user turn (``True``: its loop must be started again), a running one keeps it in its inbox
+    for its next turn (``False``)."""
+    if run.done:
+        run.reopen({"role": "user", "content": content})
+        return True
+    run.inbox.append({"id": message_id, "content": content, "from": sender})
+    return False

@@ -17,8 +17,17 @@ rounds and end, and replays the journal after a restart. A run the runtime's shu
 is not recorded as ended: it resumes on the next start.
 
 The :class:`RunRegistry` owns the asyncio task of every run in a task group entered in the
-server's lifespan, never in the MCP request that spawned it: a run outlives the ``spawn`` call,
-the client's session and a client crash. Waiting (``await``) is answered from the records.
+server's lifespan (:meth:`RunRegistry.serving`, which is given the function that drives a run:
+the sub-agent loop's), never in the MCP request that spawned it: a run outlives the ``spawn``
+call, the client's session and a client crash. Waiting (``await``) is answered from the records.
+
+Every change to a run goes through the registry, which journals it: :meth:`RunRegistry.add`,
+:meth:`~RunRegistry.finish`, :meth:`~RunRegistry.complete_round`,
+:meth:`~RunRegistry.check_budgets`, :meth:`~RunRegistry.deliver`,
+:meth:`~RunRegistry.request_stop`, :meth:`~RunRegistry.cancel`. The parts that keep state beside the
+runs (scopes, notifications, tree depths) are its :class:`RunListener` s, given when it is built:
+they hear of ends and evictions, own journal record types of their own (replayed to them) and add
+their records to a compaction.
 
 The registry is bounded: a finished run (completed, failed, cancelled) is kept for a retention time
 after it ends (default one hour) and at most a cap of finished runs is kept (default 10,000, the
@@ -43,13 +52,24 @@ import concurrent.futures
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-from luftpause.runtime.errors import ExpiredRun, UnknownRun
+from luftpause.runtime.errors import ExpiredRun, JournalWriteError, UnknownRun
 from luftpause.runtime.runs.budgets import ancestors, budget_used, first_exceeded, subtree
-from luftpause.runtime.runs.journal import Journal, JournalWriteError
+from luftpause.runtime.runs.changes import NetworkChanges
+from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.record import (
     BUDGET_KEYS,
     CONVERSATION_DROPPED,
@@ -64,6 +84,7 @@ from luftpause.runtime.runs.record import (
     new_handle,
     retained_size,
     summarize,
+    take_message,
 )
 from luftpause.runtime.runs.replay import journal_snapshot, replay_journal
 from luftpause.runtime.runs.views import run_tree
@@ -75,7 +96,9 @@ __all__ = [
     "PROGRESS_INTERVAL_SECONDS",
     "TASK_SUMMARY_CHARS",
     "Counters",
+    "Drive",
     "Run",
+    "RunListener",
     "RunRegistry",
     "RunState",
     "ServiceClass",
@@ -85,7 +108,7 @@ __all__ = [
     "summarize",
 ]
 
-log = logging.getLogger("luftpause.runtime.runs.registry")
+log = logging.getLogger("luftpause.runtime.runs")
 
 DEFAULT_RETENTION_SECONDS = 3600.0
 """How long a finished run stays in the registry after it ended (seconds)."""
@@ -101,22 +124,50 @@ DEFAULT_MAX_EXPIRED_HANDLES = 100_000
 """Most dropped handles remembered to answer "expired" (about 100 bytes each); a handle dropped
 longer ago than that is reported as unknown."""
 
+Drive = Callable[[Run], Coroutine[Any, Any, None]]
+"""What drives one run from where it stands to its end (the sub-agent loop's ``drive``)."""
+
+
+class RunListener(Protocol):
+    """A part that keeps state beside the runs and follows their lives (pods' scopes,
+    notifications, tree depths). Called on the event loop; must not raise."""
+
+    record_types: frozenset[str]
+    """The journal record types it owns: replayed to it, never read as a run's."""
+
+    def replay(self, record: Record) -> None:
+        """Every journal record at start, in order: its own and the runs' (it may read those too)."""
+
+    def replayed(self, runs: Mapping[str, Run]) -> None:
+        """The replay is over; ``runs`` are the runs held now, by handle."""
+
+    def run_ended(self, run: Run) -> None:
+        """``run`` finished (not one replayed, nor one the shutdown interrupted), or an idle run was
+        stopped."""
+
+    def run_dropped(self, handle: str) -> None:
+        """The finished run ``handle`` left the registry (retention)."""
+
+    def snapshot(self) -> Iterable[Record]:
+        """Its records that rebuild its state, for a compaction (lists copied)."""
+
 
 class RunRegistry:
     """Every run of this server, by handle, and the task group that owns their tasks.
 
-    Use as an async context manager inside the server's lifespan. Entering it with a ``journal``
-    replays the journal (:meth:`resume` then starts the unfinished runs). Leaving it cancels the
-    runs that are still going (marking them ``interrupted`` and listing them in
-    :attr:`interrupted`; with a journal they are not recorded as ended, so they resume on the next
-    start) and waits for their tasks to end.
+    Use :meth:`serving` (or ``async with`` for a registry whose runs are started with their own
+    bodies) inside the server's lifespan. Entering replays the journal, if there is one; serving
+    then resumes the unfinished runs. Leaving cancels the runs still going (marking them
+    ``interrupted`` and listing them in :attr:`interrupted`; with a journal they are not recorded
+    as ended, so they resume on the next start) and waits for their tasks to end.
 
     Finished runs are dropped ``retention_seconds`` after they end and beyond ``max_finished`` of
     them (oldest finished first); running runs never. Dropping is done lazily, whenever the
     registry is used (a run added, finished or looked up), so no timer is needed and memory stays
     bounded by the cap between uses. A dropped run no longer counts toward its ancestors' subtree
     totals and budgets. ``clock`` gives the time in seconds that retention is measured in
-    (monotonic by default; a test passes its own).
+    (monotonic by default; a test passes its own). ``changes`` is the network's change counter
+    (shared with the ``listeners``).
     """
 
     def __init__(
@@ -128,24 +179,25 @@ class RunRegistry:
         retained_bytes: int = DEFAULT_RETAINED_BYTES,
         clock: Callable[[], float] = time.monotonic,
         journal: Journal | None = None,
+        changes: NetworkChanges | None = None,
+        listeners: Sequence[RunListener] = (),
     ) -> None:
         if not (math.isfinite(retention_seconds) and retention_seconds >= 0):
             raise ValueError(f"retention_seconds must be finite and >= 0, got {retention_seconds!r}")
         if max_finished < 1 or max_expired_handles < 0 or retained_bytes < 1:
             raise ValueError("max_finished and retained_bytes must be >= 1 and max_expired_handles >= 0")
         self.retained_bytes = retained_bytes
-        # Bytes counted for the finished runs held (Run.retained summed), and the finished runs
-        # that still hold their conversation, in the order they finished (a dict as ordered set).
+        # Bytes counted for the finished runs held (Retention.retained summed), and the finished
+        # runs that still hold their conversation, in the order they finished (a dict as ordered set).
         self.retained_total = 0
         self._full: dict[str, None] = {}
-        # Bumped on every change to the run network: a record journaled (or that would be), a run
-        # added, finished, re-opened, dropped or forgotten, an approval asked or answered, an event
-        # queued (luftpause.runtime.pods.operations). The monitor answers "unchanged" while it stands.
-        self.version = 0
+        self.changes = changes if changes is not None else NetworkChanges()
         self.retention_seconds = retention_seconds
         self.max_finished = max_finished
         self.max_expired_handles = max_expired_handles
         self.journal = journal
+        self.listeners = tuple(listeners)
+        self._foreign = frozenset().union(*(listener.record_types for listener in self.listeners))
         self._clock = clock
         self._runs: dict[str, Run] = {}
         # Finished runs' handles -> when they ended (on ``clock``), in the order they ended, so the
@@ -155,6 +207,7 @@ class RunRegistry:
         self._expired: dict[str, None] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        self._drive: Drive | None = None
         # The counters of each running run at its last completed tool round: what a compaction
         # writes, so that a turn in flight is not counted twice after a crash.
         self._checkpoints: dict[str, Counters] = {}
@@ -163,24 +216,31 @@ class RunRegistry:
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
-        # Pods (luftpause.runtime.pods.operations) listen here: every finish (not replayed ones), every
-        # dropped handle, every journal record replayed (theirs included: ``foreign_records``
-        # names the types this registry leaves to them), and add records to a compaction.
-        self.on_finish: list[Callable[[Run], None]] = []
-        self.on_evict: list[Callable[[str], None]] = []
-        self.on_replay: list[Callable[[dict[str, Any]], None]] = []
-        self.foreign_records: set[str] = set()
-        self.extra_snapshot: list[Callable[[], Iterable[dict[str, Any]]]] = []
-        # Replaced on every finish: a waiter takes the current one, re-checks, then waits on it,
-        # so a finish between its check and its wait is never missed.
-        self._changed = asyncio.Event()
+
+    @property
+    def version(self) -> int:
+        """The network's change counter (:class:`~luftpause.runtime.runs.changes.NetworkChanges`):
+        bumped on every record journaled (or that would be), every run added, finished, re-opened,
+        dropped or forgotten, every approval asked or answered, every event queued."""
+        return self.changes.version
+
+    @asynccontextmanager
+    async def serving(self, drive: Drive) -> AsyncIterator[RunRegistry]:
+        """Open the registry (replaying the journal), resume its unfinished runs with ``drive``,
+        and start every run later :meth:`start` ed with ``drive(run)``; on leaving, as ``async
+        with`` does."""
+        async with self:
+            self._drive = drive
+            try:
+                self._resume()
+                yield self
+            finally:
+                self._drive = None
 
     async def __aenter__(self) -> RunRegistry:
         if self.journal is not None:
-            self._to_resume = self._replay(self.journal)
-            self.journal.snapshot = self.journal_snapshot
-            self.journal.on_failure = self._journal_failed
-            self.journal.open()
+            self._install(replay_journal(self.journal, self.listeners, self._foreign))
+            self.journal.open(snapshot=self.journal_snapshot, on_failure=self._journal_failed)
             if self.journal.size > self.journal.compact_bytes:
                 self.journal.compact_later(self.journal_snapshot())
         self._group = asyncio.TaskGroup()
@@ -218,55 +278,55 @@ class RunRegistry:
         journal, none with one): the server ends these at the dataplane."""
         return [] if self.journal is not None else list(self.interrupted)
 
-    def _hook(self, run: Run) -> None:
-        run._on_finish = self._finished
-        run._on_round = self._round
-        run._on_budget_check = self._check_budgets
-
     def add(self, run: Run) -> Run:
         """Record ``run`` (not yet started), link it under its parent and journal its start."""
         self.evict_expired()
-        self._hook(run)
         self._runs[run.handle] = run
         parent = self._runs.get(run.parent) if run.parent is not None else None
         if parent is not None:
             parent.children.append(run.handle)
-        run.start_written = self.append(run, run.start_record())
-        self.version += 1
+        run.durability.start_written = self.append(run, run.start_record())
+        self.changes.bump()
         return run
 
     def append(self, run: Run, record: dict[str, Any]) -> concurrent.futures.Future[None] | None:
         """Queue ``record`` of ``run`` for the journal; the write's future (also kept as
-        ``run.last_written``), or ``None`` without a journal or once a record of ``run`` could
-        not be written (its later records would replay into a conversation with a hole). Every
-        record is a change to the run network: :attr:`version` is bumped."""
-        self.version += 1
-        if self.journal is None or run.journal_error is not None:
+        ``run.durability.last_written``), or ``None`` without a journal or once a record of ``run``
+        could not be written (its later records would replay into a conversation with a hole).
+        Every record is a change to the run network: :attr:`version` is bumped."""
+        self.changes.bump()
+        if self.journal is None or run.durability.error is not None:
             return None
         written = self.journal.append(record)
-        run.last_written = written
+        run.durability.last_written = written
         return written
 
     def _journal_failed(self, record: dict[str, Any], error: OSError) -> None:
         run = self._runs.get(str(record.get("handle")))
-        if run is not None and run.journal_error is None:
-            run.journal_error = f"{record.get('type')} record not written: {error}"
-            log.error("run %s is no longer durable: %s", run.handle, run.journal_error)
+        if run is not None and run.durability.error is None:
+            run.durability.error = f"{record.get('type')} record not written: {error}"
+            log.error("run %s is no longer durable: %s", run.handle, run.durability.error)
             self.notify_changed()
 
     async def confirm_start(self, run: Run) -> None:
         """Wait until ``run``'s ``start`` record is durable. Raises :class:`JournalWriteError`
         (the run then fails without taking a turn: :meth:`start`)."""
-        if run.start_written is not None:
-            await asyncio.wrap_future(run.start_written)
+        if run.durability.start_written is not None:
+            await asyncio.wrap_future(run.durability.start_written)
 
-    def start(self, run: Run, body: Coroutine[Any, Any, None]) -> None:
-        """Run ``body`` (the run's loop) as a task owned by this registry, not by the caller.
+    def start(self, run: Run, body: Coroutine[Any, Any, None] | None = None) -> None:
+        """Run ``body`` (default: the drive :meth:`serving` was given, for ``run``) as a task owned
+        by this registry, not by the caller.
 
-        ``body`` must record the outcome on ``run`` itself; if it raises, the run fails with the
+        ``body`` must record the outcome (:meth:`finish`); if it raises, the run fails with the
         error text (so one broken run never takes the task group down). A run with a seconds
-        budget gets a timer that cancels its subtree when the time is up.
+        budget gets a timer that cancels its subtree when the time is up. Raises ``RuntimeError``
+        outside :meth:`serving` (and, without a ``body``, outside it even when entered).
         """
+        if body is None:
+            if self._drive is None:
+                raise RuntimeError("the run registry is not serving (outside the server's lifespan)")
+            body = self._drive(run)
         if self._group is None:
             body.close()
             raise RuntimeError("the run registry is not open (outside the server's lifespan)")
@@ -279,32 +339,34 @@ class RunRegistry:
         # Its own seconds budget, and those of its ancestors that no timer watches (a finished
         # ancestor replayed after a restart has none, yet its budget bounds this run).
         for holder in ancestors(run, self._runs):
-            if holder.budget_seconds is not None and holder.handle not in self._timers:
-                delay = max(0.0, holder.started_at + holder.budget_seconds - time.time())
+            seconds = holder.spec.budget_seconds
+            if seconds is not None and holder.handle not in self._timers:
+                delay = max(0.0, holder.started_at + seconds - time.time())
                 # A hair late on purpose: the check compares elapsed wall time with the limit.
                 self._timers[holder.handle] = asyncio.get_running_loop().call_later(
                     delay + 0.01, self._seconds_up, holder
                 )
+        closing = body
 
         def settled(_: asyncio.Task[None]) -> None:
             # A task cancelled before its first step (the runtime stopping right after a spawn)
             # never enters ``_own``: close its body so it is not left unawaited, and record the run
             # as cancelled rather than running for ever.
-            body.close()
+            closing.close()
             if self._tasks.get(run.handle) is not task:
                 return  # a newer loop owns the run (re-opened): its outcome is not this task's
             self._tasks.pop(run.handle, None)
             if not run.done:
-                run.finish("cancelled", error="runtime shut down" if run.interrupted else "cancelled")
+                self.finish(run, "cancelled", error="runtime shut down" if run.interrupted else "cancelled")
 
         task.add_done_callback(settled)
 
-    def resume(self, drive: Callable[[Run], Coroutine[Any, Any, None]]) -> int:
-        """Start the unfinished runs the journal held (``drive(run)`` is each one's loop), from
-        their last completed tool round; returns how many."""
+    def _resume(self) -> int:
+        """Start the unfinished runs the journal held, from their last completed tool round;
+        returns how many."""
         runs, self._to_resume = self._to_resume, []
         for run in runs:
-            self.start(run, drive(run))
+            self.start(run)
         if runs:
             log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.path)
         return len(runs)
@@ -319,43 +381,50 @@ class RunRegistry:
                 await self.confirm_start(run)
             except JournalWriteError as exc:  # not durable from the start: never takes a turn
                 body.close()
-                run.finish("failed", error=f"not started: its start could not be journaled: {exc}")
+                self.finish(run, "failed", error=f"not started: its start could not be journaled: {exc}")
                 return
             await body
         except asyncio.CancelledError:
-            run.finish("cancelled", error="runtime shut down" if run.interrupted else "cancelled")
+            self.finish(run, "cancelled", error="runtime shut down" if run.interrupted else "cancelled")
             raise
         except Exception as exc:  # a bug in the loop must fail this run, not the server
-            run.finish("failed", error=f"internal error: {exc!r}")
+            self.finish(run, "failed", error=f"internal error: {exc!r}")
         finally:
             # Only the run's newest loop task speaks for it: an older one ending after a ``send``
             # re-opened the run must neither unregister the new loop nor fail the run.
             if self._tasks.get(run.handle) is asyncio.current_task():
                 self._tasks.pop(run.handle, None)
                 if not run.done:
-                    run.finish("failed", error="internal error: the run loop ended without an outcome")
+                    self.finish(run, "failed", error="internal error: the run loop ended without an outcome")
 
     def notify_changed(self) -> None:
         """Wake every :meth:`wait` to look again (a run finished, or now waits for approval), and
         bump :attr:`version` (the network changed)."""
-        self.version += 1
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self.changes.notify()
 
     def _retain(self, run: Run) -> None:
         """Count finished ``run`` toward :attr:`retained_total` (once; its size is taken now)."""
         self._unretain(run)
-        run.retained = retained_size(run)
-        self.retained_total += run.retained
+        run.retention.retained = retained_size(run)
+        self.retained_total += run.retention.retained
         if not run.conversation_dropped:
             self._full[run.handle] = None
 
     def _unretain(self, run: Run) -> None:
-        self.retained_total -= run.retained
-        run.retained = 0
+        self.retained_total -= run.retention.retained
+        run.retention.retained = 0
         self._full.pop(run.handle, None)
 
-    def _finished(self, run: Run) -> None:
+    # The changes to a run, journaled.
+
+    def finish(
+        self, run: Run, state: RunState, *, answer: str | None = None, error: str | None = None
+    ) -> None:
+        """End ``run`` as ``state`` (``completed``, ``failed``, ``cancelled``) once, journaled as an
+        ``end`` record (but for a run the shutdown interrupted: it resumes); later calls are
+        ignored (the first outcome stands). Its listeners hear of it; waiters wake."""
+        if not run.end(state, answer=answer, error=error):
+            return
         self._checkpoints.pop(run.handle, None)
         if not run.interrupted:
             self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
@@ -364,20 +433,43 @@ class RunRegistry:
             self._retain(run)
             self.evict_expired()
         if not run.interrupted:  # a run the shutdown stopped resumes: not news
-            for listener in self.on_finish:
-                listener(run)
+            for listener in self.listeners:
+                listener.run_ended(run)
         self.notify_changed()
 
-    def _round(self, run: Run, messages: list[dict[str, Any]], extra: dict[str, Any]) -> None:
-        counters = run.counters()
+    def complete_round(self, run: Run, round_messages: list[dict[str, Any]], **extra: Any) -> None:
+        """Append a completed tool round (the assistant message and its tool messages) to the
+        conversation; it is journaled, with the counters as they stand now, as the point a
+        resumed run restarts from. ``extra`` goes into the ``round`` record as it is (pods put
+        the ids of the messages and events a round delivered there, so delivery and conversation
+        are one record). Then the budgets are checked."""
+        run.messages.extend(round_messages)
+        counters = run.costs.to_json()
         self._checkpoints[run.handle] = counters
         self.append(
-            run, {"type": "round", "handle": run.handle, "messages": messages, "counters": counters, **extra}
+            run,
+            {
+                "type": "round",
+                "handle": run.handle,
+                "messages": round_messages,
+                "counters": counters,
+                **extra,
+            },
         )
-        self.version += 1
-        self._check_budgets(run)
+        self.check_budgets(run)
 
-    # Pods: messages to a run and graceful stops (luftpause.runtime.pods.operations decides who may).
+    def check_budgets(self, run: Run, ahead: dict[str, float] | None = None) -> None:
+        """Check the budgets of ``run`` and its ancestors now; one that ran out, or that ``ahead``
+        (what is about to be used: ``{"toolCalls": 1}`` before a tool call, ``{"tokens": 1}``
+        before a turn) would pass, cancels its subtree, ``run`` included
+        (:func:`luftpause.runtime.runs.budgets.first_exceeded`)."""
+        found = first_exceeded(run, self._runs, time.time(), ahead)
+        if found is not None:
+            holder, message = found
+            holder.exceeded = holder.exceeded or message
+            self._cancel_subtree(holder, message)
+
+    # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
 
     def deliver(self, run: Run, content: str, sender: str, message_id: str) -> bool:
         """Give ``run`` a user message (journaled first as a ``message`` record): an idle run is
@@ -391,17 +483,10 @@ class RunRegistry:
             run,
             {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},
         )
-        return self._take_message(run, content, sender, message_id)
-
-    def _take_message(self, run: Run, content: str, sender: str, message_id: str) -> bool:
-        self.version += 1
         if run.done:
-            run.reopen({"role": "user", "content": content})
             self._ended_at.pop(run.handle, None)
             self._unretain(run)
-            return True
-        run.inbox.append({"id": message_id, "content": content, "from": sender})
-        return False
+        return take_message(run, content, sender, message_id)
 
     def request_stop(self, run: Run, by: str) -> None:
         """Mark ``run`` to stop after its current turn (journaled); an idle run is stopped at
@@ -410,10 +495,9 @@ class RunRegistry:
             return
         run.stopped_by = by
         self.append(run, {"type": "stop", "handle": run.handle, "by": by})
-        self.version += 1
         if run.done:
-            for listener in self.on_finish:
-                listener(run)
+            for listener in self.listeners:
+                listener.run_ended(run)
         self.notify_changed()
 
     # Trees, cancel and budgets.
@@ -428,31 +512,25 @@ class RunRegistry:
         stopped = [run for run in subtree(root, self._runs) if not run.done]
         current = asyncio.current_task()
         for run in stopped:
-            run.finish("cancelled", error=reason)
+            self.finish(run, "cancelled", error=reason)
             task = self._tasks.get(run.handle)
             # A run that checks its own budget stops itself at its next step (loop.py).
             if task is not None and task is not current:
                 task.cancel()
         return stopped
 
-    def _check_budgets(self, run: Run, ahead: dict[str, float] | None = None) -> None:
-        found = first_exceeded(run, self._runs, time.time(), ahead)
-        if found is not None:
-            holder, message = found
-            holder.exceeded = holder.exceeded or message
-            self._cancel_subtree(holder, message)
-
     def _seconds_up(self, run: Run) -> None:
         self._timers.pop(run.handle, None)
         if any(not r.done for r in subtree(run, self._runs)):
-            self._check_budgets(run)
+            self.check_budgets(run)
 
     def budget_report(self, run: Run) -> dict[str, Any]:
         """``{"limits", "used", "exceeded"}`` for a run that sets budgets, else ``{}``."""
-        if not run.limits:
+        limits = run.spec.limits
+        if not limits:
             return {}
         used = budget_used(run, self._runs, run.finished_at if run.done and run.finished_at else time.time())
-        return {"limits": run.limits, "used": used, "exceeded": run.exceeded}
+        return {"limits": limits, "used": used, "exceeded": run.exceeded}
 
     def result(self, run: Run) -> dict[str, Any]:
         """:meth:`Run.result` plus, for a run with budgets, :meth:`budget_report`."""
@@ -466,18 +544,40 @@ class RunRegistry:
         """The runs ``caller`` spawned that are still held, oldest first."""
         return [run for run in self.all() if run.caller == caller]
 
+    def children(self, run: Run) -> list[Run]:
+        """``run``'s children still held, oldest first."""
+        return [self._runs[h] for h in run.children if h in self._runs]
+
     def tree(self) -> list[dict[str, Any]]:
         """Every held run with its own and subtree costs (:func:`~luftpause.runtime.runs.views.run_tree`)."""
-        return run_tree(self)
+        runs = self.all()
+        return run_tree(runs, self._runs, self.budget_report)
 
     # The journal.
 
     def journal_snapshot(self) -> Iterator[dict[str, Any]]:
-        """Records that rebuild every held run (:func:`~luftpause.runtime.runs.replay.journal_snapshot`)."""
-        return journal_snapshot(self)
+        """Records that rebuild every held run (:func:`~luftpause.runtime.runs.replay.journal_snapshot`)
+        and the listeners' state."""
+        return journal_snapshot(
+            list(self._runs.values()),
+            dict(self._checkpoints),
+            [listener.snapshot for listener in self.listeners],
+        )
 
-    def _replay(self, journal: Journal) -> list[Run]:
-        return replay_journal(self, journal)
+    def _install(self, replayed: Any) -> None:
+        """Take the runs a replay rebuilt (:func:`~luftpause.runtime.runs.replay.replay_journal`):
+        hold them, date the finished ones for retention, then tell the listeners."""
+        now_wall, now = time.time(), self._clock()
+        self._runs.update(replayed.runs)
+        self._checkpoints.update(replayed.checkpoints)
+        finished = sorted((r for r in replayed.runs.values() if r.done), key=lambda r: r.finished_at or 0.0)
+        for run in finished:
+            self._ended_at[run.handle] = now - max(0.0, now_wall - (run.finished_at or now_wall))
+            self._retain(run)
+        self.evict_expired()
+        self._to_resume = [run for run in replayed.runs.values() if not run.done and run.handle in self._runs]
+        for listener in self.listeners:
+            listener.replayed(self._runs)
 
     def evict_expired(self) -> int:
         """Drop the finished runs whose retention time has passed, then the oldest finished ones
@@ -515,9 +615,9 @@ class RunRegistry:
         if run is not None:
             self._unretain(run)
         self._expired[handle] = None
-        self.version += 1
-        for listener in self.on_evict:
-            listener(handle)
+        self.changes.bump()
+        for listener in self.listeners:
+            listener.run_dropped(handle)
 
     def _within_bytes(self) -> int:
         """Bring :attr:`retained_total` within :attr:`retained_bytes`: drop the conversations of
@@ -528,7 +628,7 @@ class RunRegistry:
             run = self._runs[handle]
             drop_conversation(run)
             self._retain(run)
-            self.version += 1
+            self.changes.bump()
         if self.retained_total <= self.retained_bytes:
             return 0
         protected = {a.handle for r in self._runs.values() if not r.done for a in ancestors(r, self._runs)}
@@ -555,6 +655,13 @@ class RunRegistry:
         except KeyError:
             raise self._missing(handle) from None
 
+    def find(self, handle: str) -> Run | None:
+        """The run with ``handle``, or ``None`` when it is not held."""
+        try:
+            return self.get(handle)
+        except (UnknownRun, ExpiredRun):
+            return None
+
     def lookup(self, handles: Iterable[str]) -> list[Run]:
         """The runs for ``handles`` in order. Raises :class:`UnknownRun` naming every unknown
         handle, else :class:`ExpiredRun` for the first dropped one."""
@@ -576,7 +683,7 @@ class RunRegistry:
     @property
     def changed_event(self) -> asyncio.Event:
         """The event the next change sets (:meth:`notify_changed` replaces it)."""
-        return self._changed
+        return self.changes.event
 
     async def wait(
         self,
@@ -589,4 +696,6 @@ class RunRegistry:
     ) -> bool:
         """Wait for ``runs`` (:func:`~luftpause.runtime.runs.waiting.wait_for_runs`): ``True`` when
         the timeout passed first."""
-        return await wait_for_runs(self, runs, mode, seconds, on_progress, progress_interval, interrupt)
+        return await wait_for_runs(
+            self.changes, runs, mode, seconds, on_progress, progress_interval, interrupt
+        )

@@ -1,88 +1,112 @@
-"""The registry's runs to and from the journal: the records that rebuild every held run
-(compaction), and the rebuilding of runs from ``runs.jsonl`` after a restart (replay).
+"""Runs to and from the journal: the records that rebuild every held run (compaction), and the
+rebuilding of runs from ``runs.jsonl`` after a restart (replay).
 
-Shapes of the records: :mod:`luftpause.runtime.runs.journal`.
+Both are functions of records and runs only; the registry (:mod:`luftpause.runtime.runs.registry`)
+calls them and keeps what they give. Shapes of the records: :mod:`luftpause.runtime.runs.journal`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from luftpause.runtime.runs.record import Run, apply_outcome, summarize
+from luftpause.runtime.runs.record import Counters, Run, apply_outcome, summarize, take_message
 
 if TYPE_CHECKING:
-    from luftpause.runtime.runs.journal import Journal
-    from luftpause.runtime.runs.registry import RunRegistry
+    from luftpause.runtime.runs.journal import Journal, Record
+    from luftpause.runtime.runs.registry import RunListener
 
-log = logging.getLogger("luftpause.runtime.runs.registry")
+log = logging.getLogger("luftpause.runtime.runs")
 
 
-def journal_snapshot(registry: RunRegistry) -> Iterator[dict[str, Any]]:
-    """Records that rebuild every held run: a finished run as one ``run`` record
+def journal_snapshot(
+    runs: Iterable[Run],
+    checkpoints: Mapping[str, Counters],
+    extra: Iterable[Callable[[], Iterable[Record]]] = (),
+) -> Iterator[dict[str, Any]]:
+    """Records that rebuild every run of ``runs``: a finished run as one ``run`` record
     (:meth:`Run.compacted_record`: what it retains, its conversation or, once that was dropped
     for the byte budget, its kept output entries with their base index, so ``read`` cursors stay
     valid across compaction and restart), a running run as its ``start`` and one ``round`` with
-    all its completed rounds (compaction)."""
-    for run in list(registry._runs.values()):
-        start = run.start_record()
-        first = 2 if run.system else 1
+    all its completed rounds, counted as ``checkpoints`` says (its counters at its last completed
+    round); then each of ``extra``'s records (the registry's listeners)."""
+    for run in runs:
+        first = 2 if run.spec.system else 1
         if run.done and not run.interrupted:
             yield run.compacted_record()
             continue
-        yield start
-        for key in sorted(run.started_calls):
+        yield run.start_record()
+        for key in sorted(run.approvals.started):
             yield {"type": "started", "handle": run.handle, "key": key}
-        for key, allow in run.decisions.items():
+        for key, allow in run.approvals.decisions.items():
             yield {"type": "approval", "handle": run.handle, "key": key, "allow": allow}
         for message in run.inbox:
             yield {"type": "message", "handle": run.handle, **message}
         if run.stopped_by is not None:
             yield {"type": "stop", "handle": run.handle, "by": run.stopped_by}
         if len(run.messages) > first:
-            counters = registry._checkpoints.get(run.handle, run.counters())
             yield {
                 "type": "round",
                 "handle": run.handle,
                 "messages": run.messages[first:],
-                "counters": counters,
+                "counters": checkpoints.get(run.handle, run.costs.to_json()),
             }
-    for extra in registry.extra_snapshot:
-        yield from extra()
+    for snapshot in extra:
+        yield from snapshot()
 
 
-def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
-    """Rebuild the runs of ``journal``: finished ones into the registry as they ended, the
-    unfinished ones (returned, in start order) at their last completed tool round. A record
-    that does not fit (no start before it, a field missing) is skipped with a warning."""
-    runs: dict[str, Run] = {}
+@dataclass
+class Replayed:
+    """What a journal rebuilt: every run by handle (parents linked to their children), and each
+    unfinished run's counters at its last completed round."""
+
+    runs: dict[str, Run] = field(default_factory=dict)
+    checkpoints: dict[str, Counters] = field(default_factory=dict)
+
+
+def _conversation(run: Run, record: Record) -> None:
+    """A compacted ``run`` record's conversation (or, once dropped, its kept outputs) onto ``run``."""
+    if record.get("conversationDropped"):
+        outputs = record.get("outputs") or []
+        if not isinstance(outputs, list):
+            raise TypeError("outputs is not a list")
+        retention = run.retention
+        retention.conversation_dropped = True
+        retention.kept_outputs = [str(entry) for entry in outputs]
+        retention.outputs_base = int(record.get("outputsBase") or 0)
+        retention.task_chars = int(record.get("taskChars") or len(run.spec.task))
+        run.messages = []
+        run.spec = run.spec.model_copy(update={"task": summarize(run.spec.task)})
+        return
+    messages = record.get("messages") or []
+    if not isinstance(messages, list):
+        raise TypeError("messages is not a list")
+    run.messages.extend(messages)
+
+
+def replay_journal(
+    journal: Journal, listeners: Iterable[RunListener] = (), foreign: frozenset[str] = frozenset()
+) -> Replayed:
+    """Rebuild the runs of ``journal``: finished ones as they ended, unfinished ones at their last
+    completed tool round. Every record goes to each of ``listeners`` first; the types in
+    ``foreign`` are theirs and not read here. A record that does not fit (no start before it, a
+    field missing) is skipped with a warning."""
+    out = Replayed()
+    runs = out.runs
+    listeners = tuple(listeners)
     for record in journal.records():
         kind, handle = record.get("type"), record["handle"]
         try:
-            for listener in registry.on_replay:
-                listener(record)
-            if kind in registry.foreign_records:
+            for listener in listeners:
+                listener.replay(record)
+            if kind in foreign:
                 continue
             if kind in ("start", "run"):
                 run = Run.from_start_record(record)
                 if kind == "run":
-                    if record.get("conversationDropped"):
-                        outputs = record.get("outputs") or []
-                        if not isinstance(outputs, list):
-                            raise TypeError("outputs is not a list")
-                        run.conversation_dropped = True
-                        run.messages = []
-                        run.kept_outputs = [str(entry) for entry in outputs]
-                        run.outputs_base = int(record.get("outputsBase") or 0)
-                        run.task_chars = int(record.get("taskChars") or len(run.task))
-                        run.task = summarize(run.task)
-                    else:
-                        messages = record.get("messages") or []
-                        if not isinstance(messages, list):
-                            raise TypeError("messages is not a list")
-                        run.messages.extend(messages)
+                    _conversation(run, record)
                     apply_outcome(run, record)
                 runs[handle] = run
                 continue
@@ -90,7 +114,7 @@ def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
             if kind == "message":
                 if run.pod_state != "stopped":
                     content, sender = str(record["content"]), str(record.get("from") or "")
-                    registry._take_message(run, content, sender, str(record["id"]))
+                    take_message(run, content, sender, str(record["id"]))
                 continue
             if kind == "stop":
                 run.stopped_by = str(record.get("by") or "someone")
@@ -102,19 +126,19 @@ def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
                 if not isinstance(messages, list):
                     raise TypeError("messages is not a list")
                 run.messages.extend(messages)
-                run.set_counters(record["counters"])
-                registry._checkpoints[handle] = run.counters()
+                run.costs.take(record["counters"])
+                out.checkpoints[handle] = run.costs.to_json()
                 delivered = set(record.get("delivered") or ())
                 if delivered:
                     run.inbox = [m for m in run.inbox if m["id"] not in delivered]
             elif kind == "end":
                 apply_outcome(run, record)
             elif kind == "approval":
-                run.decisions[str(record["key"])] = bool(record["allow"])
+                run.approvals.decisions[str(record["key"])] = bool(record["allow"])
             elif kind == "started":  # the approval was used up: a resumed run asks again
                 key = str(record["key"])
-                run.decisions.pop(key, None)
-                run.started_calls.add(key)
+                run.approvals.decisions.pop(key, None)
+                run.approvals.started.add(key)
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (KeyError, TypeError, ValueError) as exc:
@@ -123,21 +147,13 @@ def replay_journal(registry: RunRegistry, journal: Journal) -> list[Run]:
         parent = runs.get(run.parent) if run.parent is not None else None
         if parent is not None:
             parent.children.append(run.handle)
-    now_wall, now = time.time(), registry._clock()
-    for run in runs.values():
-        registry._hook(run)
-        registry._runs[run.handle] = run
-    for run in sorted((r for r in runs.values() if r.done), key=lambda r: r.finished_at or 0.0):
-        registry._ended_at[run.handle] = now - max(0.0, now_wall - (run.finished_at or now_wall))
-        registry._retain(run)
-    registry.evict_expired()
-    unfinished = [run for run in runs.values() if not run.done]
+    unfinished = sum(1 for run in runs.values() if not run.done)
     if runs:
         log.info(
             "journal %s: %d runs, %d finished, %d to resume",
             journal.path,
             len(runs),
-            len(runs) - len(unfinished),
-            len(unfinished),
+            len(runs) - unfinished,
+            unfinished,
         )
-    return unfinished
+    return out

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from luftpause.runtime.runs.changes import NetworkChanges
     from luftpause.runtime.runs.record import Run
-    from luftpause.runtime.runs.registry import RunRegistry
 
 WaitMode = Literal["all", "any"]
 
@@ -36,7 +36,7 @@ PROGRESS_INTERVAL_SECONDS = progress_interval_seconds()
 
 
 async def wait_for_runs(
-    registry: RunRegistry,
+    changes: NetworkChanges,
     runs: list[Run],
     mode: WaitMode,
     seconds: float,
@@ -50,7 +50,7 @@ async def wait_for_runs(
     is awaited every ``progress_interval`` seconds. Returns ``True`` when the timeout passed
     first (the caller reports ``timedOut``), ``False`` when the condition holds. Raises
     ``ValueError`` for a non-finite ``seconds`` (NaN would otherwise end the wait at once).
-    ``interrupt()``, checked whenever something changed (:meth:`RunRegistry.notify_changed`), ends the
+    ``interrupt()``, checked whenever something changed (``changes.notify()``), ends the
     wait early (returning ``False``) when it returns true: the caller has something to do.
     """
     if not math.isfinite(seconds):
@@ -60,7 +60,7 @@ async def wait_for_runs(
     deadline = start + max(0.0, seconds)
     next_progress = start + progress_interval
     while True:
-        changed = registry.changed_event
+        changed = changes.event
         finished = sum(1 for run in runs if run.done)
         if (finished == len(runs)) if mode == "all" else (finished > 0 or not runs):
             return False

@@ -3,17 +3,17 @@
 
 Routes (added to the runtime's app by :func:`monitor_routes`)::
 
-    GET  /monitor                      the page (luftpause/runtime/monitor.html), open like /health:
+    GET  /monitor                      the page (luftpause/runtime/web/monitor.html), open like /health:
                                        it holds no data, its script fetches everything below
-    GET  /monitor/runs[?version=V]     {"version": V', "runs": [Pods.network]}, every held run,
+    GET  /monitor/runs[?version=V]     {"version": V', "runs": [PodOperations.network]}, every held run,
                                        oldest first; {"version": V, "unchanged": true} when the
                                        network is still at version V (the page sends the one it has)
     GET  /monitor/runs/{handle}[?since=K]
                                        {"run": describe, "messages": [conversation from K],
-                                        "from", "cursor", "pendingEvents"} (Pods.conversation):
+                                        "from", "cursor", "pendingEvents"} (PodOperations.conversation):
                                        only the messages the page does not have yet
-    POST /monitor/runs/{handle}/send   body {"message": str} -> Pods.send's answer
-    POST /monitor/runs/{handle}/stop   -> Pods.stop's answer
+    POST /monitor/runs/{handle}/send   body {"message": str} -> PodOperations.send's answer
+    POST /monitor/runs/{handle}/stop   -> PodOperations.stop's answer
 
 The JSON routes take the same bearer token as ``GET /status`` (the page sends the ``?token=`` of
 its own address, or one typed into the page and kept in ``sessionStorage``, as ``Authorization:
@@ -61,7 +61,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.pods.operations import PERSON, Pods
+from luftpause.runtime.pods.actors import PERSON
+from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.web.auth import error_body
 
 PAGE_RESOURCE = "monitor.html"
@@ -150,9 +151,9 @@ def _fault(exc: RuntimeFault) -> Response:
     return Response(error_body(str(exc)), status_code=status, media_type="application/json")
 
 
-def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> list[Route]:
-    """The monitor's routes; ``pods()`` gives the runtime's :class:`Pods`; ``listen_host`` the
-    address the runtime listens on (loopback: the ``Host`` check, :func:`host_allowed`)."""
+def monitor_routes(pods: PodOperations, listen_host: str | None = None) -> list[Route]:
+    """The monitor's routes over the runtime's pod operations; ``listen_host`` the address the
+    runtime listens on (loopback: the ``Host`` check, :func:`host_allowed`)."""
     page = page_html()
     csp = page_csp(page)
 
@@ -185,10 +186,9 @@ def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> 
     built: list[Any] = [None, b""]  # [version, the network's JSON at that version]
 
     def network_json() -> tuple[str, bytes]:
-        current = pods()
-        version = f"{boot}.{current.registry.version}"
+        version = f"{boot}.{pods.registry.version}"
         if built[0] != version:
-            built[0], built[1] = version, _json({"version": version, "runs": current.network()}).body
+            built[0], built[1] = version, _json({"version": version, "runs": pods.network()}).body
         return version, built[1]
 
     async def runs(request: Request) -> Any:
@@ -201,7 +201,7 @@ def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> 
         since = request.query_params.get("since")
         if since is not None and not since.isdigit():
             raise ValueError(f"since: expected a message index (0 or more), got {since!r}")
-        return pods().conversation(request.path_params["handle"], int(since) if since is not None else None)
+        return pods.conversation(request.path_params["handle"], int(since) if since is not None else None)
 
     async def send(request: Request) -> dict[str, Any]:
         raw = await _read_body(request, MAX_MESSAGE_BYTES)
@@ -212,10 +212,10 @@ def monitor_routes(pods: Callable[[], Pods], listen_host: str | None = None) -> 
         message = body.get("message") if isinstance(body, dict) else None
         if not isinstance(message, str) or not message.strip():
             raise ValueError("expected a JSON body {'message': non-empty text}")
-        return pods().send(PERSON, request.path_params["handle"], message)
+        return pods.send(PERSON, request.path_params["handle"], message)
 
     async def stop(request: Request) -> dict[str, Any]:
-        return pods().stop(PERSON, request.path_params["handle"])
+        return pods.stop(PERSON, request.path_params["handle"])
 
     return [
         Route("/monitor", monitor_page, methods=["GET"]),
