@@ -68,7 +68,8 @@ from luftpause.runtime.pods.scopes import RunScopes
 from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.changes import NetworkChanges
 from luftpause.runtime.runs.journal import Journal
-from luftpause.runtime.runs.registry import DEFAULT_RETENTION_SECONDS, RunRegistry
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.runs.retention import DEFAULT_RETENTION_SECONDS
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner

@@ -29,20 +29,8 @@ runs (scopes, notifications, tree depths) are its :class:`RunListener` s, given 
 they hear of ends and evictions, own journal record types of their own (replayed to them) and add
 their records to a compaction.
 
-The registry is bounded: a finished run (completed, failed, cancelled) is kept for a retention time
-after it ends (default one hour) and at most a cap of finished runs is kept (default 10,000, the
-oldest finished dropped first). A running run is never dropped. A dropped run's handle is
-remembered (a bounded number of them) so ``await`` / ``status`` can say it expired rather than
-that it never existed.
-
-It is bounded by bytes too (``[runtime] retained_bytes``, default 256 MiB): each finished run is
-counted for the bytes of the record compaction writes for it
-(:func:`~luftpause.runtime.runs.record.retained_size`: task, system prompt, conversation, answer).
-Past the budget, the least recently finished runs first drop their conversation
-(:func:`~luftpause.runtime.runs.record.drop_conversation`: they keep state, answer, counters and
-their newest output entries with their ``read`` indices; ``send`` to them is refused), then, if
-that is not enough, the least recently finished are forgotten. Compaction writes only what is
-retained, so the compacted journal is about the retained bytes plus the running runs.
+The registry is bounded: finished runs are kept for a retention time, up to a count and within
+``[runtime] retained_bytes`` (:mod:`luftpause.runtime.runs.retention`); running runs never leave.
 """
 
 from __future__ import annotations
@@ -50,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import time
 from collections.abc import (
     AsyncIterator,
@@ -80,13 +67,18 @@ from luftpause.runtime.runs.record import (
     RunState,
     ServiceClass,
     add_counters,
-    drop_conversation,
     new_handle,
-    retained_size,
     summarize,
     take_message,
 )
 from luftpause.runtime.runs.replay import journal_snapshot, replay_journal
+from luftpause.runtime.runs.retention import (
+    DEFAULT_MAX_EXPIRED_HANDLES,
+    DEFAULT_MAX_FINISHED,
+    DEFAULT_RETAINED_BYTES,
+    DEFAULT_RETENTION_SECONDS,
+    FinishedRuns,
+)
 from luftpause.runtime.runs.views import run_tree
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
 
@@ -109,20 +101,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("luftpause.runtime.runs")
-
-DEFAULT_RETENTION_SECONDS = 3600.0
-"""How long a finished run stays in the registry after it ended (seconds)."""
-
-DEFAULT_MAX_FINISHED = 10_000
-"""Most finished runs the registry keeps; past it the oldest finished are dropped first. A run
-holds its whole conversation, so this caps the memory that finished runs can take."""
-
-DEFAULT_RETAINED_BYTES = 256 * 1024 * 1024
-"""Bytes finished runs keep at most (``[runtime] retained_bytes``): see the module's docstring."""
-
-DEFAULT_MAX_EXPIRED_HANDLES = 100_000
-"""Most dropped handles remembered to answer "expired" (about 100 bytes each); a handle dropped
-longer ago than that is reported as unknown."""
 
 Drive = Callable[[Run], Coroutine[Any, Any, None]]
 """What drives one run from where it stands to its end (the sub-agent loop's ``drive``)."""
@@ -182,29 +160,19 @@ class RunRegistry:
         changes: NetworkChanges | None = None,
         listeners: Sequence[RunListener] = (),
     ) -> None:
-        if not (math.isfinite(retention_seconds) and retention_seconds >= 0):
-            raise ValueError(f"retention_seconds must be finite and >= 0, got {retention_seconds!r}")
-        if max_finished < 1 or max_expired_handles < 0 or retained_bytes < 1:
-            raise ValueError("max_finished and retained_bytes must be >= 1 and max_expired_handles >= 0")
-        self.retained_bytes = retained_bytes
-        # Bytes counted for the finished runs held (Retention.retained summed), and the finished
-        # runs that still hold their conversation, in the order they finished (a dict as ordered set).
-        self.retained_total = 0
-        self._full: dict[str, None] = {}
         self.changes = changes if changes is not None else NetworkChanges()
-        self.retention_seconds = retention_seconds
-        self.max_finished = max_finished
-        self.max_expired_handles = max_expired_handles
+        self.retention = FinishedRuns(
+            retention_seconds=retention_seconds,
+            max_finished=max_finished,
+            max_expired_handles=max_expired_handles,
+            retained_bytes=retained_bytes,
+            clock=clock,
+            changes=self.changes,
+        )
         self.journal = journal
         self.listeners = tuple(listeners)
         self._foreign = frozenset().union(*(listener.record_types for listener in self.listeners))
-        self._clock = clock
         self._runs: dict[str, Run] = {}
-        # Finished runs' handles -> when they ended (on ``clock``), in the order they ended, so the
-        # oldest finished is always first.
-        self._ended_at: dict[str, float] = {}
-        # Handles dropped from the registry, oldest first (a dict used as an ordered set).
-        self._expired: dict[str, None] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._drive: Drive | None = None
@@ -216,6 +184,20 @@ class RunRegistry:
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
+
+    @property
+    def retained_total(self) -> int:
+        """Bytes counted for the finished runs held (:mod:`~luftpause.runtime.runs.retention`)."""
+        return self.retention.retained_total
+
+    @property
+    def retained_bytes(self) -> int:
+        """The bytes finished runs may keep (``[runtime] retained_bytes``)."""
+        return self.retention.retained_bytes
+
+    @retained_bytes.setter
+    def retained_bytes(self, value: int) -> None:
+        self.retention.retained_bytes = value
 
     @property
     def version(self) -> int:
@@ -402,19 +384,6 @@ class RunRegistry:
         bump :attr:`version` (the network changed)."""
         self.changes.notify()
 
-    def _retain(self, run: Run) -> None:
-        """Count finished ``run`` toward :attr:`retained_total` (once; its size is taken now)."""
-        self._unretain(run)
-        run.retention.retained = retained_size(run)
-        self.retained_total += run.retention.retained
-        if not run.conversation_dropped:
-            self._full[run.handle] = None
-
-    def _unretain(self, run: Run) -> None:
-        self.retained_total -= run.retention.retained
-        run.retention.retained = 0
-        self._full.pop(run.handle, None)
-
     # The changes to a run, journaled.
 
     def finish(
@@ -429,8 +398,7 @@ class RunRegistry:
         if not run.interrupted:
             self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
         if self._runs.get(run.handle) is run:
-            self._ended_at[run.handle] = self._clock()
-            self._retain(run)
+            self.retention.finished(run)
             self.evict_expired()
         if not run.interrupted:  # a run the shutdown stopped resumes: not news
             for listener in self.listeners:
@@ -484,8 +452,7 @@ class RunRegistry:
             {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},
         )
         if run.done:
-            self._ended_at.pop(run.handle, None)
-            self._unretain(run)
+            self.retention.reopened(run)
         return take_message(run, content, sender, message_id)
 
     def request_stop(self, run: Run, by: str) -> None:
@@ -567,84 +534,25 @@ class RunRegistry:
     def _install(self, replayed: Any) -> None:
         """Take the runs a replay rebuilt (:func:`~luftpause.runtime.runs.replay.replay_journal`):
         hold them, date the finished ones for retention, then tell the listeners."""
-        now_wall, now = time.time(), self._clock()
+        now_wall = time.time()
         self._runs.update(replayed.runs)
         self._checkpoints.update(replayed.checkpoints)
         finished = sorted((r for r in replayed.runs.values() if r.done), key=lambda r: r.finished_at or 0.0)
         for run in finished:
-            self._ended_at[run.handle] = now - max(0.0, now_wall - (run.finished_at or now_wall))
-            self._retain(run)
+            self.retention.finished(run, ago=max(0.0, now_wall - (run.finished_at or now_wall)))
         self.evict_expired()
         self._to_resume = [run for run in replayed.runs.values() if not run.done and run.handle in self._runs]
         for listener in self.listeners:
             listener.replayed(self._runs)
 
     def evict_expired(self) -> int:
-        """Drop the finished runs whose retention time has passed, then the oldest finished ones
-        beyond ``max_finished``; returns how many were dropped. Running runs are never dropped,
-        nor the finished ancestors of a running run: their budgets still bound it (and the
-        chain of parents is how they are found)."""
-        cutoff = self._clock() - self.retention_seconds
-        dropped = 0
-        over = len(self._ended_at) - self.max_finished
-        protected: set[str] | None = None
-        oldest = next(iter(self._ended_at.values()), None)
-        # The usual case first, without copying: the oldest finished run is not due yet.
-        due = list(self._ended_at.items()) if oldest is not None and (oldest <= cutoff or over > 0) else []
-        for handle, ended in due:
-            if ended > cutoff and over <= 0:
-                break
-            if protected is None:
-                protected = {
-                    a.handle for r in self._runs.values() if not r.done for a in ancestors(r, self._runs)
-                }
-            if handle in protected:
-                continue
-            over -= 1
-            self._forget(handle)
-            dropped += 1
-        if self.retained_total > self.retained_bytes:
-            dropped += self._within_bytes()
-        while len(self._expired) > self.max_expired_handles:
-            del self._expired[next(iter(self._expired))]
-        return dropped
-
-    def _forget(self, handle: str) -> None:
-        del self._ended_at[handle]
-        run = self._runs.pop(handle, None)
-        if run is not None:
-            self._unretain(run)
-        self._expired[handle] = None
-        self.changes.bump()
-        for listener in self.listeners:
-            listener.run_dropped(handle)
-
-    def _within_bytes(self) -> int:
-        """Bring :attr:`retained_total` within :attr:`retained_bytes`: drop the conversations of
-        the least recently finished runs, then forget the least recently finished (never the
-        finished ancestors of a running run). Returns how many runs were forgotten."""
-        while self.retained_total > self.retained_bytes and self._full:
-            handle = next(iter(self._full))
-            run = self._runs[handle]
-            drop_conversation(run)
-            self._retain(run)
-            self.changes.bump()
-        if self.retained_total <= self.retained_bytes:
-            return 0
-        protected = {a.handle for r in self._runs.values() if not r.done for a in ancestors(r, self._runs)}
-        forgotten = 0
-        for handle in list(self._ended_at):
-            if self.retained_total <= self.retained_bytes:
-                break
-            if handle not in protected:
-                self._forget(handle)
-                forgotten += 1
-        return forgotten
-
-    def _missing(self, handle: str) -> ExpiredRun | UnknownRun:
-        if handle in self._expired:
-            return ExpiredRun(handle, self.retention_seconds, self.max_finished, self.retained_bytes)
-        return UnknownRun(handle)
+        """Drop what :mod:`~luftpause.runtime.runs.retention` says is due (listeners hear of each
+        run dropped); returns how many runs were dropped."""
+        dropped = self.retention.evict(self._runs)
+        for handle in dropped:
+            for listener in self.listeners:
+                listener.run_dropped(handle)
+        return len(dropped)
 
     def get(self, handle: str) -> Run:
         """The run with ``handle``; raises :class:`ExpiredRun` for a finished run that was dropped,
@@ -653,7 +561,7 @@ class RunRegistry:
         try:
             return self._runs[handle]
         except KeyError:
-            raise self._missing(handle) from None
+            raise self.retention.missing(handle) from None
 
     def find(self, handle: str) -> Run | None:
         """The run with ``handle``, or ``None`` when it is not held."""
@@ -668,11 +576,11 @@ class RunRegistry:
         self.evict_expired()
         handles = list(handles)
         missing = [h for h in handles if h not in self._runs]
-        unknown = [h for h in missing if h not in self._expired]
+        unknown = [h for h in missing if not self.retention.expired(h)]
         if unknown:
             raise UnknownRun(", ".join(unknown)) if len(unknown) > 1 else UnknownRun(unknown[0])
         if missing:
-            raise self._missing(missing[0])
+            raise self.retention.missing(missing[0])
         return [self._runs[h] for h in handles]
 
     def all(self) -> list[Run]:
