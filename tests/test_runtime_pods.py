@@ -141,9 +141,17 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
             again = await call(client, "read", handle=b, since=first["cursor"])
             assert again["entries"] == [] and again["cursor"] == 1
 
-            # B ends for good before D.
+            # B ends for good before D. It gave its scope back when it went idle; the part it
+            # handed on stays with D, which is still running, and stop says both.
             stopped = await call(client, "stop", handle=b)
             assert stopped["state"] == "stopped"
+            d_rule = {"effect": "allow", "access": ["read", "write"], "path": str(ws / "b" / "d")}
+            assert stopped["scope"] == {
+                "returns": [{"effect": "allow", "access": ["read", "write"], "path": str(ws / "b")}],
+                "to": None,
+                "when": "already: it went idle",
+                "staysWith": [{"handle": d, "name": "d", "scope": [d_rule]}],
+            }
 
         # A restart in the middle of the chain keeps it so.
         assert pod.runtime is not None
@@ -236,7 +244,17 @@ def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
             sleeper = script(first_turn, {"say": "never"})
             s = (await call(client, "spawn", task=sleeper))["handle"]
             await until(lambda: _engine_holds(pod, s), "the sleeper's first turn")
-            assert (await call(client, "stop", handle=s))["state"] == "running"
+            stopping = await call(client, "stop", handle=s)
+            assert stopping["state"] == "running"
+            # What it holds (the workspace, to read: spawned without a scope) goes back once its
+            # turn ends; nothing of it is below it.
+            read_ws = {"effect": "allow", "access": ["read"], "path": str(ws)}
+            assert stopping["scope"] == {
+                "returns": [read_ws],
+                "to": "workspace",
+                "when": "when its current turn ends",
+                "staysWith": [],
+            }
             pod.engine.release("sleeper")
             await until(lambda: _state(client, s, "stopped"), "the sleeper stopped")
             assert len(pod.engine.requests[s]) == 1
@@ -410,3 +428,52 @@ def test_builtin_tools_never_raise_and_path_arguments_go_upstream_real(tmp_path:
     assert arguments == {"path": f"{ws}/sub/n.txt", "title": "t"}
     refusal = scopes.upstream_refusal(run, "write_note", {"path": "file:///etc/passwd"})
     assert refusal is not None and "URI" in refusal
+
+
+def test_a_sub_agent_runs_its_child_on_another_model_with_shorter_replies_as_batch(tmp_path: Path) -> None:
+    # The seed ticket's per-child provider overlay, end to end: the research child on the pool's
+    # small model, replies of 64 tokens, batch; a child asking for more than its spawner has is
+    # refused as the spawn's tool result, and nothing of it runs.
+    small = '\n[[replicas]]\nname = "small"\nurl = "{engine_url}"\nmodels = ["small"]\n'
+    child = script({"say": "found it"})
+    spawner = script(
+        {
+            "call": "spawn",
+            "args": {
+                "task": child,
+                "name": "research",
+                "model": "small",
+                "maxTokens": 64,
+                "serviceClass": "batch",
+                "budgetTokens": 500,
+            },
+        },
+        {"call": "spawn", "args": {"task": child, "name": "greedy", "maxTokens": 4096}},
+        {"call": "spawn", "args": {"task": child, "name": "elsewhere", "model": "huge"}},
+        {"say": "delegated"},
+    )
+    with start_pod(tmp_path, workspace=None, extra_toml=small) as pod:
+
+        async def go() -> tuple[dict[str, Any], list[str]]:
+            async with Client(f"{pod.url}/mcp") as client:
+                handle = (await call(client, "spawn", task=spawner, orchestrate=True, maxTokens=256))[
+                    "handle"
+                ]
+                await call(client, "await", handles=[handle], timeout=60)
+
+                async def research() -> dict[str, Any] | None:
+                    runs = (await call(client, "list", handle=handle))["runs"]
+                    return runs[0] if len(runs) == 1 and runs[0]["state"] == "idle" else None
+
+                item = await until(research, "the research child to answer")
+                status = (await call(client, "status", handle=item["handle"]))["run"]
+                return status, _tool_results(pod, handle)
+
+        status, results = asyncio.run(go())
+    assert (status["model"], status["serviceClass"], status["maxTokens"]) == ("small", "batch", 64)
+    assert status["limits"] == {"tokens": 500}
+    (turn,) = pod.engine.requests[status["handle"]]
+    assert (turn["model"], turn["max_tokens"]) == ("small", 64)
+    assert json.loads(results[0])["name"] == "research"
+    assert "maxTokens: 4096 is more than your own (256)" in results[1]
+    assert "no generative replica serves model 'huge'" in results[2] and "'small'" in results[2]
