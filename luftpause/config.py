@@ -1,6 +1,6 @@
 """One typed configuration for all three processes.
 
-The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in DESIGN.md
+The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in docs/architecture.md
 ("Configuration"). With no file the embedded default below is used: two simulated replicas serving
 one model and the fake MCP tool server, all on loopback, which ``luftpause up`` starts itself.
 
@@ -109,7 +109,7 @@ class SchedulerConfig(_Section):
     ``false`` lets every turn go anywhere: only for measuring what affinity gains."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
-    admission round trip (DESIGN.md "Admission transport"); ``false``: every turn asks."""
+    admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""
     resync_hold_s: float = Field(default=2.0, ge=0)
     """Startup hold: for this many seconds after the scheduler starts, once a dataplane's resync
     shows a restart (it hands over runs or in-flight turns), no held turn is placed and no lease
@@ -136,7 +136,7 @@ class RuntimeConfig(_Section):
     default_model: str | None = None
     """Model for ``spawn`` without one; by default the first model of the first generative replica."""
     workspace: str | None = None
-    """Directory the MCP callers' runs work in (their root filesystem scope, DESIGN.md "Pods")."""
+    """Directory the MCP callers' runs work in (their root filesystem scope, docs/architecture.md "Pods")."""
     max_depth: int = Field(default=3, ge=1)
     """Deepest run tree (a caller's run is level 1) that orchestrating runs may grow."""
     max_children: int = Field(default=8, ge=1)

@@ -3,7 +3,7 @@
 The engine's response reaches the client unchanged: a stream is relayed event by event as each read
 returns (no buffering, no re-framing, no re-encoding), while :class:`~luftpause.dataplane.sse.SSEScanner`
 reads the same bytes on the side for first-token time, usage, finish reason and tool calls. What the
-client sees in each failure case is the table in DESIGN.md ("Failure contract").
+client sees in each failure case is the table in docs/architecture.md "Failure contract".
 """
 
 from __future__ import annotations

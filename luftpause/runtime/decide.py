@@ -1,6 +1,6 @@
 """The ``decide`` tool: a quick classification, through the dataplane like every turn.
 
-Two ways (DESIGN.md, "The runtime"):
+Two ways (docs/architecture.md "The MCP tools"):
 
 * **without labels**: one single pass on a single-pass replica, ``POST {dataplane}/v1/decide`` with
   vLLM's classification request ``{"model", "input"}``; the answer's first item gives
@@ -46,7 +46,8 @@ TOP_LOGPROBS = 20
 """OpenAI's (and vLLM's default) largest ``top_logprobs``."""
 
 DECIDE_TIMEOUT_SECONDS = 600.0
-"""One decision, queue wait at the dataplane included (the turn timeout of DESIGN.md)."""
+"""One decision, queue wait at the dataplane included (the turn timeout of docs/architecture.md
+"Constants")."""
 
 SYSTEM_PROMPT = (
     "Classify the input. The first line lists the labels. Reply with exactly one of those labels, "

@@ -2,7 +2,7 @@
 elicitation inside ``await`` / ``run`` (the asking itself, an MCP matter, is
 :mod:`luftpause.runtime.mcp.elicitation`).
 
-Which calls wait (DESIGN.md, "The runtime", Approval): a tool whose upstream server marks it
+Which calls wait (docs/architecture.md "Approvals"): a tool whose upstream server marks it
 ``destructiveHint: true`` and not ``readOnlyHint: true`` (MCP tool annotations; a tool without
 annotations is not gated, since the hints are optional and untrusted), or a tool the run's
 ``spawn(approveTools=[...])`` names. Such a call makes the run ``AwaitingApproval`` with

@@ -60,8 +60,8 @@ cannot hold the shutdown up.
 
 Request and reply shapes are the OpenAI chat completions API (non-streamed). Every turn carries
 ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller`` so the dataplane can schedule
-it as part of this run (DESIGN.md, "The dataplane"); with ``LUFTPAUSE_TOKEN`` set, every request to
-the dataplane (turns and run endings) also carries ``Authorization: Bearer <token>`` (DESIGN.md,
+it as part of this run (docs/architecture.md "The proxy"); with ``LUFTPAUSE_TOKEN`` set, every request to
+the dataplane (turns and run endings) also carries ``Authorization: Bearer <token>`` (docs/architecture.md
 "Auth").
 """
 

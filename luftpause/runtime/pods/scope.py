@@ -1,4 +1,4 @@
-"""Filesystem scopes of runs (pods) and the ledger that delegates them (DESIGN.md, "Pods").
+"""Filesystem scopes of runs (pods) and the ledger that delegates them (docs/architecture.md "Pods").
 
 Pure: no IO, no clock. The built-in workspace tools (:mod:`luftpause.runtime.pods.workspace`) resolve
 real paths and call :meth:`Scope.check` / :meth:`EffectiveScope.check`; the runtime keeps one

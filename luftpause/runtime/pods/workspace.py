@@ -1,4 +1,4 @@
-"""The runtime's built-in workspace tools, each behind a scope check (DESIGN.md, "Pods").
+"""The runtime's built-in workspace tools, each behind a scope check (docs/architecture.md "Pods").
 
 Four tools a sub-agent can be offered (MCP tool shapes in :data:`TOOL_SCHEMAS`)::
 

@@ -8,10 +8,10 @@ or error. Its state moves one way only::
             ├─▶ failed      a turn failed (dataplane error, bad reply) or the loop broke
             └─▶ cancelled   ``cancel`` on it or an ancestor, or a budget of its subtree ran out
 
-Pods (DESIGN.md "Pods", :mod:`luftpause.runtime.pods.operations`): a finished run is not closed for good. A
-``message`` record (``send``) re-opens a completed or failed run (``running`` again, its answer
-kept in its conversation, the message a new user turn) or, while it runs, waits in its
-``inbox`` for its next turn; ``stop`` (a ``stop`` record) lets the current turn finish and then
+Pods (docs/architecture.md "Pods", :mod:`luftpause.runtime.pods.operations`): a finished run is not
+closed for good. A ``message`` record (``send``) re-opens a completed or failed run (``running``
+again, its answer kept in its conversation, the message a new user turn) or, while it runs, waits
+in its ``inbox`` for its next turn; ``stop`` (a ``stop`` record) lets the current turn finish and then
 ends it as ``cancelled`` with ``stopped by ...``. :attr:`Run.pod_state` is the three-state view
 pods use: ``running``, ``idle`` (completed or failed, takes ``send``), ``stopped`` (cancelled or
 stopped, takes nothing more).

@@ -1,12 +1,12 @@
 """The runtime's HTTP edge: the shared bearer token and the JSON error body.
 
-Auth (DESIGN.md, "Auth"): when ``LUFTPAUSE_TOKEN`` is set, every HTTP request to the runtime except
+Auth (docs/architecture.md "Auth"): when ``LUFTPAUSE_TOKEN`` is set, every HTTP request to the runtime except
 ``GET /health`` (so ``/mcp``, ``GET /status`` and any other path) must carry
 ``Authorization: Bearer <token>``; the token is compared in constant time. Anything else is answered
 401 with ``WWW-Authenticate: Bearer`` and the JSON error body. Unset, every request is accepted
 (the server logs a warning at start).
 
-Error body, the one contract of every luftpause HTTP error (DESIGN.md, "The dataplane")::
+Error body, the one contract of every luftpause HTTP error (docs/architecture.md "Failure contract")::
 
     {"error": {"message": "<what was wrong>"}}    content-type: application/json
 

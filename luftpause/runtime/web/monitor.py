@@ -1,4 +1,4 @@
-"""The monitor: a page of the runtime where people watch and direct the run network (DESIGN.md
+"""The monitor: a page of the runtime where people watch and direct the run network (docs/architecture.md
 "Pods").
 
 Routes (added to the runtime's app by :func:`monitor_routes`)::
