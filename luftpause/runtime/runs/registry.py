@@ -71,7 +71,7 @@ from luftpause.runtime.runs.record import (
     summarize,
     take_message,
 )
-from luftpause.runtime.runs.replay import journal_snapshot, replay_journal
+from luftpause.runtime.runs.replay import Replayed, journal_snapshot, replay_journal
 from luftpause.runtime.runs.retention import (
     DEFAULT_MAX_EXPIRED_HANDLES,
     DEFAULT_MAX_FINISHED,
@@ -531,7 +531,7 @@ class RunRegistry:
             [listener.snapshot for listener in self.listeners],
         )
 
-    def _install(self, replayed: Any) -> None:
+    def _install(self, replayed: Replayed) -> None:
         """Take the runs a replay rebuilt (:func:`~luftpause.runtime.runs.replay.replay_journal`):
         hold them, date the finished ones for retention, then tell the listeners."""
         now_wall = time.time()
