@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test install browser bench bench-e2e bench-flood bench-fanout bench-all lint clean
+.PHONY: up test install browser bench bench-e2e bench-flood bench-flood-sim bench-fanout bench-all lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-e2e: $(STAMP)
 
 bench-flood: $(STAMP)
 	$(VENV)/bin/python bench/flood.py $(BENCH_ARGS)
+
+bench-flood-sim: $(STAMP)
+	$(VENV)/bin/python bench/flood_sim.py $(BENCH_ARGS)
 
 bench-fanout: $(STAMP)
 	$(VENV)/bin/python bench/fanout.py $(BENCH_ARGS)

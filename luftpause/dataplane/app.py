@@ -549,11 +549,12 @@ def _allow(path: str, method: str, *allowed: str) -> None:
         raise MethodNotAllowed(f"{path} takes {', '.join(allowed)}, not {method}", allow=", ".join(allowed))
 
 
-def create_app() -> Dataplane:
-    """Build the app from ``LUFTPAUSE_CONFIG`` (or the embedded default); granian's factory.
+def create_app(config: Config | None = None) -> Dataplane:
+    """Build the app from ``config``, else from ``LUFTPAUSE_CONFIG`` (or the embedded default) and
+    the environment (:func:`luftpause.config.load_config`); granian's loader.
 
     Runs in the worker process, so that is where spans are exported from when
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.tracing.setup`).
     """
     tracing.setup(tracing.DATAPLANE_SERVICE)
-    return Dataplane(load_config())
+    return Dataplane(config if config is not None else load_config())
