@@ -1,6 +1,6 @@
 """One typed configuration for all three processes.
 
-The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in DESIGN.md
+The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in docs/architecture.md
 ("Configuration"). With no file the embedded default below is used: two simulated replicas serving
 one model and the fake MCP tool server, all on loopback, which ``luftpause up`` starts itself.
 
@@ -124,7 +124,7 @@ class SchedulerConfig(_Section):
     ``false`` lets every turn go anywhere: only for measuring what affinity gains."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
-    admission round trip (DESIGN.md "Admission transport"); ``false``: every turn asks."""
+    admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""
     resync_hold_s: float = Field(default=2.0, ge=0)
     """Startup hold: for this many seconds after the scheduler starts, once a dataplane's resync
     shows a restart (it hands over runs or in-flight turns), no held turn is placed and no lease
@@ -157,7 +157,7 @@ class RuntimeConfig(_Section):
     default_model: str | None = None
     """Model for ``spawn`` without one; by default the first model of the first generative replica."""
     workspace: str | None = None
-    """Directory the MCP callers' runs work in (their root filesystem scope, DESIGN.md "Pods")."""
+    """Directory the MCP callers' runs work in (their root filesystem scope, docs/architecture.md "Pods")."""
     max_depth: int = Field(default=3, ge=1)
     """Deepest run tree (a caller's run is level 1) that orchestrating runs may grow."""
     max_children: int = Field(default=8, ge=1)
@@ -166,6 +166,11 @@ class RuntimeConfig(_Section):
     """Bytes (tasks, system prompts, conversations, outputs) that finished runs keep in memory
     and in the compacted journal; past it the least recently finished drop their conversation,
     then are forgotten."""
+    instructions_dir: str | None = None
+    """Folder of named system prompts: ``spawn(instruction="reviewer")`` gives the run the text of
+    ``<dir>/reviewer.md``, and ``default.md``, when there is one, is the system prompt of a run
+    spawned with neither ``instruction`` nor ``system``. Relative paths are taken from the working
+    directory (:mod:`luftpause.runtime.spawn.instructions`)."""
 
     _check = field_validator("listen")(_host_port)
 
@@ -255,7 +260,7 @@ class McpServerConfig(_Section):
         default_factory=dict
     )
     """Per tool, its arguments that are paths: a list (each needs write) or ``{arg = "read" |
-    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.workspace`)."""
+    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.pods.workspace`)."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

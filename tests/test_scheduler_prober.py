@@ -1,5 +1,5 @@
 """The probe loop's schedule, driven through its seams (the host's clock, ``sleep``, the session):
-every 2 s, each request bounded by 2 s (DESIGN.md "Constants"), one ``ReplicasProbed`` per round.
+every 2 s, each request bounded by 2 s (docs/architecture.md "Constants"), one ``ReplicasProbed`` per round.
 
 No wall time is measured: the clock is the fake host's, advanced only by the fake ``sleep`` and by
 the engine's handler (a round that took long); the engines are real HTTP servers on loopback.

@@ -1,7 +1,7 @@
 """The dataplane's link to the scheduler: one long-lived ``Connect`` stream (gRPC, bidirectional).
 
-Contract (``proto/luftpause/v1/scheduler.proto``, DESIGN.md "Admission transport", "Failure
-contract"):
+Contract (``proto/luftpause/v1/scheduler.proto``, docs/architecture.md "The Connect stream", "Admission
+transport", "Failure contract"):
 
 * every (re)connect opens a new stream whose first message is the resync (runs, in-flight turns,
   turn ids whose admit is out); the scheduler applies it before anything after it on the stream;

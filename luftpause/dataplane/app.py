@@ -1,6 +1,6 @@
 """The dataplane's ASGI application (served by granian on uvloop; why ASGI: ``asgi.py``).
 
-Routes (DESIGN.md, "The dataplane"):
+Routes (docs/architecture.md "The proxy"):
 
 =============================  ==================================================================
 ``POST /v1/chat/completions``  OpenAI Chat Completions, streamed or not, admitted by the scheduler

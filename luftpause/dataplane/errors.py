@@ -1,10 +1,12 @@
 """Errors the dataplane answers with, each knowing its HTTP status.
 
-The body is always ``{"error": {"message": "..."}}`` (DESIGN.md, "Failure contract")::
+The body is always ``{"error": {"message": "..."}}`` (docs/architecture.md "Failure contract")::
 
-    DataplaneError (500)          a fault of ours ("internal error: <type>"); with status=503 when
-    │                             the scheduler failed the stream ("scheduler failed: <code>: ...")
-    │                             or refused a turn without a status of its own
+    DataplaneError (500)          a fault of ours ("internal error: <type>"); with the status of a
+    │                             scheduler's refusal (404 no replica serves the model, 499 the turn
+    │                             was abandoned) and its reason as the message, or 503 when the
+    │                             scheduler failed the stream ("scheduler failed: <code>: ...") or
+    │                             refused a turn without a status of its own
     ├── BadRequest (400)          malformed JSON, missing model/messages, bad or empty
     │                             x-luftpause-class, a run id over 256 bytes (header or DELETE)
     ├── Unauthorized (401)        LUFTPAUSE_TOKEN set and the bearer token missing or wrong

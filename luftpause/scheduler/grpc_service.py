@@ -72,6 +72,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnStarted,
 )
+from luftpause.scheduler.errors import StreamOutOfOrder
 from luftpause.scheduler.host import Answer, LeaseChange, Outcome, SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
@@ -377,8 +378,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             if first is None:
                 return
             if not first.items or first.items[0].WhichOneof("item") != "resync":
-                refusal = "the first item of a Connect stream must be its resync"
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+                refusal = StreamOutOfOrder("the first item of a Connect stream must be its resync")
+                await context.abort(refusal.grpc_code, str(refusal))
             resync = first.items[0].resync
             rest = first.items[1:]
             while resync.more_follows:  # a resync in parts, one per message: join them
@@ -386,7 +387,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 if message is None:
                     return
                 if not message.items or message.items[0].WhichOneof("item") != "resync":
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a resync part is missing")
+                    missing = StreamOutOfOrder("a resync part is missing")
+                    await context.abort(missing.grpc_code, str(missing))
                 part = message.items[0].resync
                 resync.runs.extend(part.runs)
                 resync.turns.extend(part.turns)

@@ -1,7 +1,7 @@
 """Engine probing: every 2 s, each replica's health and load, fed to the core as one
 ``ReplicasProbed`` per round (applied whole before any held turn is placed).
 
-Per replica and round, at once and each with a 2 s timeout (DESIGN.md, "Probing"):
+Per replica and round, at once and each with a 2 s timeout (docs/architecture.md "Probing"):
 
 * ``GET <url><health_path>``: a 2xx answer is healthy; any other status, a refused connection or a
   timeout is unhealthy. An empty ``health_path`` means the replica has no health endpoint
@@ -181,9 +181,9 @@ class Prober:
     timing out) is followed by the next one at once, never by two at the same time. Each round is
     fed as one ``ReplicasProbed`` (the replicas whose probe did not fail), stamped when fed.
 
-    ``interval`` and ``timeout`` are seconds (DESIGN.md: 2 s each); the schedule reads the host's
-    clock (``host.now()``) and waits with ``sleep``, and ``session`` makes the HTTP session: the
-    three seams a test drives the schedule through without waiting.
+    ``interval`` and ``timeout`` are seconds (docs/architecture.md "Constants": 2 s each); the
+    schedule reads the host's clock (``host.now()``) and waits with ``sleep``, and ``session``
+    makes the HTTP session: the three seams a test drives the schedule through without waiting.
     """
 
     def __init__(

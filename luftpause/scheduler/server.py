@@ -24,6 +24,7 @@ from luftpause import logs, tracing
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, split_host_port
 from luftpause.ports import refuse_if_in_use
+from luftpause.scheduler.errors import CannotListen
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.probes import Prober
@@ -97,9 +98,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         try:
             bound = grpc_server.add_insecure_port(config.scheduler.grpc)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
+            raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
         if bound == 0:
-            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}")
+            raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}")
         await grpc_server.start()
         await web.TCPSite(runner, http_host, http_port).start()
         host.start_clock()

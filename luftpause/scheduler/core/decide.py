@@ -1,6 +1,6 @@
 """``decide(state, event) -> (state, actions)``: every placement decision of the scheduler.
 
-The rules, in the order they apply (DESIGN.md, "The scheduler"). Rules 1 to 12 are about generative
+The rules, in the order they apply (docs/architecture.md "Rules"). Rules 1 to 12 are about generative
 turns; single-pass turns follow rule 13, which says what of the others applies to them.
 
 1. Model routing. A turn may go only to generative replicas that declare its model. A model that
@@ -98,7 +98,7 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     an in-flight turn on a single-pass replica as a single-pass turn (the replica's kind tells),
     and a retried, abandoned or tombstoned single-pass turn is answered as in rules 7 and 11.
 
-14. Capacity leases (DESIGN.md, "Admission transport"; only with ``State.leasing``, the
+14. Capacity leases (docs/architecture.md "Admission transport"; only with ``State.leasing``, the
     configuration's ``[scheduler] leases``). A dataplane that says so in its resync
     (``Resynced.takes_leases``, and a non-empty id) is a *lessee*. After every event the scheduler
     may grant each lessee slots of a generative replica, ``GrantLease(dataplane, replica, count,
