@@ -38,7 +38,10 @@ Tracing (:mod:`luftpause.tracing`, only while it is active): one ``admit`` span 
 child of the item's ``traceparent``, from the admit's arrival to its answer, with
 ``luftpause.replica`` and ``luftpause.held_ms`` (milliseconds the turn waited here for its
 placement); a refusal sets the span's status to ERROR, an admission given up (cancel, stream end)
-ends it with ``luftpause.abandoned``. A ``leased`` turn gets its ``admit`` span when it is read,
+ends it with ``luftpause.abandoned``. The span is not an inference: it carries no ``gen_ai.*``
+attribute (the turn's model is ``luftpause.model``), so that LLM-observability backends, which type
+a span carrying ``gen_ai.request.model`` as an LLM call, count each turn once, at the dataplane's
+``chat`` span. A ``leased`` turn gets its ``admit`` span when it is read,
 with ``luftpause.leased`` and ``luftpause.held_ms`` 0 (the dataplane placed it with no wait).
 """
 
@@ -218,7 +221,7 @@ def _admit_attributes(
     return {
         "luftpause.turn_id": turn_id,
         "luftpause.run_id": run_id,
-        "gen_ai.request.model": model,
+        "luftpause.model": model,
         "luftpause.service_class": service_class(service_class_value),
         "luftpause.caller": caller,
     }

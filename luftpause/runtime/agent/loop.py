@@ -230,15 +230,15 @@ class SubAgentLoop:
                 body["max_tokens"] = spec.max_tokens
             began = time.monotonic()
             try:
-                with run_spans.chat(run) as span:
+                with run_spans.turn(run) as span:
                     reply = await self.dataplane.complete(
                         run.handle,
                         spec.service_class,
                         run.caller,
                         body,
-                        run_spans.traceparent_headers(),  # the turn's chat span, when tracing
+                        run_spans.traceparent_headers(),  # the run's turn span, when tracing
                     )
-                    run_spans.chat_reply(span, reply)
+                    run_spans.turn_reply(span, reply)
             finally:
                 run.costs.turn_seconds += time.monotonic() - began
             run.costs.turns += 1
