@@ -108,7 +108,7 @@ def create_app(
         routes=[
             Route("/status", status, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
-            *monitor_routes(runtime.pods, host),
+            *monitor_routes(runtime.pods, host, runtime.series),
             *mcp_routes(mcp_app),
         ],
         middleware=[

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from luftpause.config import Config
 from luftpause.scheduler.core import (
@@ -49,6 +50,7 @@ from luftpause.scheduler.core import (
     turns_on,
 )
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.series import SchedulerSeries
 from luftpause.scheduler.trace import TraceRecorder
 
 log = logging.getLogger("luftpause.scheduler")
@@ -86,6 +88,7 @@ class SchedulerHost:
         self.trace: TraceRecorder | None = None
         if config.scheduler.trace:
             self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
+        self.series = SchedulerSeries()  # the live page's last minutes, sampled on the clock's ticks
 
     def now(self) -> float:
         """The shell's clock in seconds (monotonic), the ``at`` of every event."""
@@ -113,6 +116,7 @@ class SchedulerHost:
             turn_id = getattr(event, "turn_id", "")
             self.trace.record(event, turn_id not in self.state.placed and turn_id not in self.state.held)
         self.state, actions = decide(self.state, event)
+        self.series.observe(event)
         for placed in expiring:
             log.warning(
                 "turn %s of run %s expired: no completion %.0f s after its placement on %s",
@@ -207,12 +211,18 @@ class SchedulerHost:
         """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time."""
         return snapshot(self.state, self.now())
 
+    def recent(self, after: int | None = None) -> dict[str, Any]:
+        """``GET /series``: the last minutes' samples (:mod:`luftpause.scheduler.series`), those
+        after seq ``after`` only when given."""
+        return self.series.ring.since(after)
+
     def start_clock(self) -> None:
         """Feed a ``Tick`` every second on the running loop, until :meth:`stop_clock`."""
         loop = asyncio.get_running_loop()
 
         def tick() -> None:
             self.feed(Tick(self.now()))
+            self.series.tick(self.state, self.now(), time.time())
             if self.trace is not None:
                 self.trace.flush()
             self._tick_handle = loop.call_later(TICK_INTERVAL_S, tick)

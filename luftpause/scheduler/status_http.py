@@ -1,9 +1,12 @@
-"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /health`` and
-``GET /``, the live page.
+"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /series[?after=SEQ]``
+(the last 10 minutes as samples), ``GET /health`` and ``GET /``, the live page.
 
-The JSON shape is documented in :mod:`luftpause.scheduler.core.snapshot`. The live page is
-``page.html`` beside this module (package data): one self-contained HTML file, no external assets,
-whose script polls ``status`` every 2 s and, with ``?runtime=URL`` (and ``?token=``), also that
+The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
+:mod:`luftpause.scheduler.series` (with :mod:`luftpause.series`); ``/series`` is guarded like
+``/status`` (it names no caller, but it is data: whatever check ``/status`` gets, it gets). A bad
+``after`` is 400. The live page is ``page.html`` beside this module (package data): one
+self-contained HTML file, no external assets, whose script polls ``status`` and ``series`` every
+2 s (drawing the series as inline SVG) and, with ``?runtime=URL`` (and ``?token=``), also that
 runtime's ``GET /status`` run tree. It puts data in the DOM only as text; its answer carries a
 Content-Security-Policy that runs only its own inline script (by hash), so markup that got into the
 DOM anyway could not run. Every error is answered with the JSON error body of the failure
@@ -26,6 +29,7 @@ from aiohttp.typedefs import Handler
 
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
+from luftpause.series import parse_after
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -96,7 +100,8 @@ def page_csp(page: bytes) -> str:
 
 
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status`` and ``/health`` from ``host``.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series`` and ``/health``
+    from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
@@ -114,11 +119,19 @@ def status_app(host: SchedulerHost) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(host.status()), content_type="application/json")
 
+    async def series(request: web.Request) -> web.Response:
+        try:
+            after = parse_after(request.query.get("after"))
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        return web.Response(body=orjson.dumps(host.recent(after)), content_type="application/json")
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
     app = web.Application(middlewares=[json_errors])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
+    app.router.add_get("/series", series)
     app.router.add_get("/health", health)
     return app
