@@ -180,7 +180,11 @@ from luftpause.scheduler.core.events import (
     Event,
     FirstToken,
     LeasedTurnPlaced,
+    ReplicaAdded,
+    ReplicaDrained,
     ReplicaProbed,
+    ReplicaRemoved,
+    ReplicaRestored,
     ReplicasProbed,
     Resynced,
     RunEnded,
@@ -193,8 +197,11 @@ from luftpause.scheduler.core.events import (
     TurnStarted,
 )
 from luftpause.scheduler.core.leasing import _lease, _leased
-from luftpause.scheduler.core.placement import _fill_least_loaded
+from luftpause.scheduler.core.limiting import spend, time_out
+from luftpause.scheduler.core.placement import _fill_least_loaded, _usability_changed
+from luftpause.scheduler.core.policies import breaker
 from luftpause.scheduler.core.probing import _probed
+from luftpause.scheduler.core.replica_set import _added, _drained, _removed, _restored, _retire_due
 from luftpause.scheduler.core.resync import _lost, _resynced
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.turn_ends import _abandon_reported, _abandoned, _end_placed, _run_ended, _tick
@@ -221,11 +228,24 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
                 placed.first_token_at = event.at
         case TurnFinished():
             phase: RunPhase = "tool_paused" if event.tool_calls else "idle"
+            placed = state.placed.get(event.turn_id)
+            if placed is not None:
+                breaker.finished(state.replicas[placed.replica])
+                spend(state, placed, event.prompt_tokens + event.completion_tokens, event.at)
             if _end_placed(state, event.turn_id, event.at, phase, out):
                 state.counters.finished += 1
         case TurnFailed():
+            placed = state.placed.get(event.turn_id)
+            tripped = None
+            if placed is not None:
+                replica = state.replicas[placed.replica]
+                if breaker.failed(replica, event.engine_fault, state.protection.breaker_failures):
+                    tripped = replica  # out of rotation before its slot is given to a held turn
+                    state.counters.breaker_trips += 1
             if _end_placed(state, event.turn_id, event.at, "idle", out):
                 state.counters.failed += 1
+            if tripped is not None:
+                _usability_changed(state, [tripped], event.at, out)
         case TurnAbandoned():
             _abandoned(state, event.turn_id, event.at, out)
         case AbandonReported():
@@ -238,14 +258,25 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             _probed(state, event.probes, event.at, out)
         case Tick():
             _tick(state, event.at, out)
+            time_out(state, event.at, out)
         case Resynced():
             _resynced(state, event, out)
         case DataplaneLost():
             _lost(state, event)
         case LeasedTurnPlaced():
             _leased(state, event, out)
+        case ReplicaAdded():
+            _added(state, event, out)
+        case ReplicaDrained():
+            _drained(state, event, out)
+        case ReplicaRestored():
+            _restored(state, event, out)
+        case ReplicaRemoved():
+            _removed(state, event, out)
     if released:
         _fill_least_loaded(state, state.replicas.values(), event.at, out)
     if state.lessees:
         _lease(state, event.at, out)
+    if state.removing:
+        _retire_due(state, event.at, out)
     return state, out
