@@ -241,6 +241,9 @@ class ReplicaConfig(_Section):
     """For a router: the engines (``http://`` or ``https://`` URLs) whose ``/metrics`` give its load."""
     max_inflight: int = Field(default=32, ge=1)
     """Cap on turns in flight at this replica; the scheduler holds the rest."""
+    draining: bool = False
+    """Take no new run (the runs already there finish there); the scheduler reads it at start and
+    on ``SIGHUP``, as the admin API's ``POST /admin/replicas/{name}/drain`` sets it."""
     priority: EnginePriority | None = None
     """How the engine orders its waiting queue by a request's ``priority`` field, so that the
     dataplane tags each turn with its service class: ``"lower_first"`` (vLLM with
@@ -450,6 +453,12 @@ def _describe(error: ValidationError, where: str, layer: Layer) -> str:
             in_file.append(f"{_key(loc) or '(top level)'}: {_explain(item)}")
     file_part = [f"{where}: {'; '.join(in_file)}"] if in_file else []
     return "; ".join(file_part + overridden)
+
+
+def describe_fields(error: ValidationError) -> str:
+    """A strict model's faults in this module's words, ``key: expected ..., got ...`` joined by
+    ``; `` (for a table that comes from elsewhere than the file: the admin API's replica)."""
+    return "; ".join(f"{_key(item['loc']) or '(top level)'}: {_explain(item)}" for item in error.errors())
 
 
 def _arrays_as_tuples(value: Any) -> Any:

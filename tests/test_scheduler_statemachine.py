@@ -408,7 +408,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert isinstance(event, TurnArrived)
             key = (event.caller, event.service_class)
             self.held_before = sum(1 for t in self.state.held if (t.caller, t.service_class) == key)
-            these = self.protection.of(*key)  # type: ignore[arg-type]
+            these = self.protection.of(*key)
             if self.protection.on and these.tokens_per_s is not None and key in self.buckets:
                 level = self.level(key, these.tokens_per_s, these.burst)
                 self.expect_rate_refusal = (event.turn_id, level < 1.0)
@@ -1354,7 +1354,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 # 400 sequences by default (about 10 s here); ``--hypothesis-profile=thorough`` (tests/conftest.py)
 # runs 2,000, about 45 s on this 2-core machine: too slow for every run, run before a release
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=max(400, settings.default.max_examples),
+    max_examples=max(400, settings.default.max_examples if settings.default is not None else 0),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -1397,7 +1397,12 @@ class LimitedSchedulerMachine(SchedulerMachine):
     config_text = LIMITED_CONFIG
 
 
-LimitedSchedulerMachine.TestCase.settings = SchedulerMachine.TestCase.settings
+LimitedSchedulerMachine.TestCase.settings = settings(
+    max_examples=max(400, settings.default.max_examples if settings.default is not None else 0),
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 TestLimitedScheduler = LimitedSchedulerMachine.TestCase
 
 

@@ -329,6 +329,7 @@ def state_from_replicas(
     replicas: dict[str, Replica] = {}
     for index, spec in enumerate(specs):
         replica = Replica(spec.name, tuple(spec.models), spec.kind, spec.max_inflight, index)
+        replica.draining = bool(getattr(spec, "draining", False))  # ``[[replicas]] draining = true``
         replicas[replica.name] = replica
     state = State(
         replicas,
