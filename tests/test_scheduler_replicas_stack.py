@@ -158,7 +158,10 @@ def test_sighup_with_an_edited_file_makes_the_set_what_the_file_says(stack: Stac
     text = config.read_text()
     start = text.index('[[replicas]]\nname = "sim-1"')
     end = text.index("[[mcp_servers]]")
-    kept = f'[[replicas]]\nname = "added"\nurl = "{added["url"]}"\nmodels = ["{DEFAULT_MODEL}"]\nmax_inflight = 1\n\n'
+    kept = (
+        f'[[replicas]]\nname = "added"\nurl = "{added["url"]}"\n'
+        f'models = ["{DEFAULT_MODEL}"]\nmax_inflight = 1\n\n'
+    )
     config.write_text(text[:start] + kept + text[end:])  # sim-1 out; the replica the API added, in
     scheduler = stack.children["scheduler"].proc
     assert scheduler is not None
