@@ -1,7 +1,7 @@
 """The scheduler's admin API: replicas added, drained, put back and removed without a restart.
 
 On the scheduler's HTTP listener (beside ``/status``), JSON in and out, every error in the JSON error
-body of DESIGN.md's failure contract (``{"error": {"message": "..."}}``):
+body of docs/architecture.md "Failure contract" (``{"error": {"message": "..."}}``):
 
 =====================================  ===========================================================
 ``GET /admin/replicas``                ``{"replicas": [{<the [[replicas]] keys>, "state": "in

@@ -1,8 +1,8 @@
 """Protection limits (opt-in): how many turns a caller may have held per class, how long one may
 wait, and how many tokens per second its turns may use; off, a held turn waits without bound.
 
-Per caller and service class (DESIGN.md: "Protection limits (held turns and a queue timeout per
-caller and class, a token rate) are opt-in"), from ``[scheduler.protection]``: per-class defaults,
+Per caller and service class (docs/architecture.md "Auth": protection limits are opt-in), from
+``[scheduler.protection]``: per-class defaults,
 and per-caller overrides that replace a default key by key for every class of that caller. The
 counts and buckets are always kept per ``(caller, class)``.
 
