@@ -61,10 +61,12 @@ class ToolServer:
 
 @pytest.fixture()
 def rig(tmp_path: Path) -> Iterator[tuple[Pod, ToolServer]]:
+    """The runtime over the scripted engine, and a fake MCP server (``--destructive``: it also
+    serves ``delete_note``, which waits for a person) as its only tool server."""
     port = free_port()
     tools = ChildProcess(
         "fake-mcp",
-        ["fake-mcp", "--port", str(port)],
+        ["fake-mcp", "--port", str(port), "--destructive"],
         tmp_path / "fake-mcp.log",
         ready_port=("127.0.0.1", port),
     )
@@ -144,3 +146,54 @@ def test_a_restart_repeats_only_the_call_in_flight_with_the_same_id(
     rounds = _of(final, handle, "round")
     assert len(rounds) == 1 and [m["role"] for m in rounds[0]["messages"]] == ["assistant", *["tool"] * 3]
     assert sorted(r["index"] for r in _of(final, handle, "call")) == [0, 1, 2]
+
+
+def test_an_approved_call_that_completed_before_a_crash_is_neither_asked_nor_made_again(
+    rig: tuple[Pod, ToolServer],
+) -> None:
+    """Approvals journaled stay what they were: the approved ``delete_note`` completed (its
+    ``call`` record) before the kill, the ``lookup`` after it in the same round was in flight. After
+    the restart nobody is asked again, ``delete_note`` is not made again, the lookup is."""
+    pod, tools = rig
+    task = script(
+        {
+            "calls": [
+                {"call": "delete_note", "args": {"title": "draft"}},
+                {"call": "lookup", "args": {"query": "slow"}},
+            ]
+        },
+        {"say": "done"},
+    )
+    tools.hold("slow")
+
+    async def spawn_and_approve() -> str:
+        async with Client(f"{pod.url}/mcp") as client:
+            handle: str = (await call(client, "spawn", task=task, tools=["delete_note", "lookup"]))["handle"]
+            waiting = await call(client, "await", handles=[handle], timeout=60)
+            assert waiting["runs"][0]["state"] == "AwaitingApproval", waiting
+            await call(client, "approve", handle=handle, allow=True)
+            return handle
+
+    handle = asyncio.run(spawn_and_approve())
+    ids = [call_id(handle, 1, index) for index in range(2)]
+
+    async def in_flight() -> bool:
+        done = {r["index"] for r in _of(pod.journal(), handle, "call")}
+        return done == {0} and tools.call_ids().get(ids[1]) == 1
+
+    asyncio.run(until(in_flight, "delete_note done and journaled, the lookup held at the tool server"))
+    assert pod.runtime is not None
+    pod.runtime.kill()
+    tools.release("slow")
+    pod.start_runtime()
+
+    async def finish() -> dict[str, Any]:
+        async with Client(f"{pod.url}/mcp") as client:  # no elicitation: a question would show
+            return await call(client, "await", handles=[handle], timeout=60)
+
+    result = asyncio.run(finish())["runs"][0]
+    assert result["state"] == "completed" and result["answer"] == "done", result
+    assert {i: tools.call_ids().get(i) for i in ids} == {ids[0]: 1, ids[1]: 2}
+    journal = pod.journal()
+    assert [r["allow"] for r in _of(journal, handle, "approval")] == [True]
+    assert len(_of(journal, handle, "started")) == 1
