@@ -100,11 +100,13 @@ def page_csp(page: bytes) -> str:
 
 
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series`` and ``/health``
-    from ``host``.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/health``
+    and the admin API (:mod:`.admin_http`) from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
+    from luftpause.scheduler.admin_http import add_admin_routes  # it imports error_response from here
+
     page = page_html()
     page_headers = {
         hdrs.CONTENT_SECURITY_POLICY: page_csp(page),
@@ -134,4 +136,5 @@ def status_app(host: SchedulerHost) -> web.Application:
     app.router.add_get("/status", status)
     app.router.add_get("/series", series)
     app.router.add_get("/health", health)
+    add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app
