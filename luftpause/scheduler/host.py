@@ -81,6 +81,7 @@ class SchedulerHost:
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._load_notes: dict[str, tuple[str | None, str | None]] = {}
 
     def now(self) -> float:
         """The shell's clock in seconds (monotonic), the ``at`` of every event."""
@@ -195,9 +196,22 @@ class SchedulerHost:
             return False
         return True
 
+    def note_load(self, replica: str, engine: str | None, unknown: str | None) -> None:
+        """What the last probe of ``replica`` read its load from (``engine``: ``"sglang"``,
+        ``"vllm"``, ``"llama.cpp"``) or why it read none (``unknown``), for :meth:`status`."""
+        self._load_notes[replica] = (engine, unknown)
+
     def status(self) -> dict[str, object]:
-        """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time."""
-        return snapshot(self.state, self.now())
+        """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time, each
+        replica with ``load_metrics`` (whose metrics its load was read from) and ``load_unknown``
+        (why none was, e.g. ``"GET http://.../metrics answered 404"``), both ``None`` before the
+        first probe and one of them after it (:meth:`note_load`)."""
+        status = snapshot(self.state, self.now())
+        for replica in status["replicas"]:
+            engine, unknown = self._load_notes.get(str(replica["name"]), (None, None))
+            replica["load_metrics"] = engine
+            replica["load_unknown"] = unknown
+        return status
 
     def start_clock(self) -> None:
         """Feed a ``Tick`` every second on the running loop, until :meth:`stop_clock`."""
