@@ -68,7 +68,11 @@ from luftpause import __version__
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
 from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, RunOutcome, closed_loop
-from luftpause.testkit.agents_summary import MAX_ERRORS_SHOWN, percentile, render_agents, summarize_agents
+
+# percentile and summarize_agents are re-exported: bench/fanout.py and bench/flood.py import them here
+from luftpause.testkit.agents_summary import MAX_ERRORS_SHOWN, render_agents
+from luftpause.testkit.agents_summary import percentile as percentile
+from luftpause.testkit.agents_summary import summarize_agents as summarize_agents
 
 DEFAULT_TASK = (
     "Find out when the first transatlantic telegraph cable went into service and why it failed "
