@@ -42,6 +42,7 @@ from luftpause.scheduler.core import (
     snapshot,
 )
 from luftpause.scheduler.core.policies import abandoned
+from luftpause.scheduler.core.policies.pause_hold import PauseHold
 
 # -- builders ---------------------------------------------------------------------------------------
 
@@ -1508,6 +1509,10 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
                 "reserved_headroom": 0,
                 "leased": 0,
                 "healthy": True,
+                "draining": False,
+                "removing": False,
+                "tripped": False,
+                "failures_in_a_row": 0,
                 "probed_s_ago": None,
                 "running": None,
                 "waiting": None,
@@ -1549,10 +1554,24 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
             "lease_crossings": 0,
             "leased_off_affinity": 0,
             "lease_revocations": 0,
+            "limited_held": 0,
+            "limited_token_rate": 0,
+            "held_timed_out": 0,
+            "breaker_trips": 0,
+            "replicas_added": 0,
+            "replicas_retired": 0,
         },
         "leases": {},
         "lost_dataplanes": {},
         "startup_hold_s": 0.0,
+        "limits": {
+            "on": False,
+            "breaker_failures": 0,
+            "refused": {"held": 0, "queue_timeout": 0, "token_rate": 0},
+            "refused_by_class": {},
+            "refused_by_caller": {},
+            "token_buckets": {},
+        },
     }
     feed(state, [finish("t1", at=12.0, tools=True)])
     after = snapshot(state, 12.0)
@@ -1605,6 +1624,7 @@ def _runs_in_full(state: State) -> list[tuple[object, ...]]:
 def test_single_pass_turns_never_change_any_run() -> None:
     """No field of any run moves, nor the runs' order, on any event about a single-pass turn."""
     state = make_state([("a", ["m"], 2), ("s", ["m"], 1, "single_pass")])
+    state.pause_hold = PauseHold(mode="pause")  # r2's slot outlives the 600 s tick (no TTL here)
     feed(
         state,
         [

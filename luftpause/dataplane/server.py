@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from functools import partial
 
 from luftpause import logs
 from luftpause.cli import add_config_argument, config_from_args, process_title
-from luftpause.config import CONFIG_ENV, split_host_port
+from luftpause.config import split_host_port
 from luftpause.ports import hold_listen_lock, refuse_if_in_use
 
 
@@ -22,11 +23,6 @@ def run(args: argparse.Namespace) -> int:
     # it (SO_REUSEPORT) and serve under one dataplane id, their leases fighting.
     hold_listen_lock("dataplane", config.dataplane.listen)
     refuse_if_in_use("dataplane", config.dataplane.listen)
-    # The granian worker builds the app from the same file (see app.create_app).
-    if config.source is not None:
-        os.environ[CONFIG_ENV] = os.path.abspath(config.source)
-    else:
-        os.environ.pop(CONFIG_ENV, None)
     if not os.environ.get("LUFTPAUSE_TOKEN"):
         logging.getLogger("luftpause.dataplane").warning(
             "LUFTPAUSE_TOKEN is not set: every request is accepted without authentication"
@@ -35,15 +31,16 @@ def run(args: argparse.Namespace) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
+    from luftpause.dataplane.app import create_app
+
     host, port = split_host_port(config.dataplane.listen)
     server = Granian(
-        "luftpause.dataplane.app:create_app",
+        "luftpause.dataplane.app:create_app",  # a label only: the loader below builds the app
         address=host,
         port=port,
         interface=Interfaces.ASGI,
         loop=Loops.uvloop,
         workers=1,
-        factory=True,
         log_access=False,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
@@ -53,5 +50,7 @@ def run(args: argparse.Namespace) -> int:
         f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "
         f"(scheduler {config.dataplane.scheduler})",
     )
-    server.serve()
+    # The worker builds the app from this configuration, the one checked here: file, environment
+    # variables and flags alike (the worker sees no flags, and the file may change meanwhile).
+    server.serve(target_loader=partial(create_app, config), wrap_loader=False)
     return 0

@@ -9,8 +9,13 @@ import io
 import math
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from luftpause.extras import MissingExtra
+
+try:
+    from rich.console import Console
+    from rich.table import Table
+except ImportError as exc:
+    raise MissingExtra("tui", "its summary table", exc) from None
 
 from luftpause.testkit.agents import AgentGroup, RunOutcome
 

@@ -9,6 +9,12 @@ SGLang's or vLLM's names. Every answer says it is simulated (``x-luftpause-simul
 ``"system_fingerprint": "luftpause-simulator"``). The pieces live in
 :mod:`luftpause.testkit.engine`.
 
+With ``--profile NAME`` it runs the step model instead (:mod:`luftpause.testkit.engine.stepped`):
+one KV pool shared by running requests and the prefix cache, engine steps shared by every running
+request, and SGLang's, vLLM's or llama.cpp's admission, retraction and preemption
+(:mod:`luftpause.testkit.engine.model`); ``--pool-tokens``, ``--step-tokens`` and
+``--max-running`` resize the profile.
+
 It misbehaves on demand (:mod:`luftpause.testkit.engine.faults`): per request through the body's
 ``"luftpause_fault"`` field, or for a random fraction of requests with ``--fault SPEC
 --fault-rate F --seed N``.
@@ -36,6 +42,7 @@ from luftpause import logs
 from luftpause.ports import port_number
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
 from luftpause.testkit.engine.faults import KINDS, parse_fault_option
+from luftpause.testkit.engine.model.profiles import PROFILES
 from luftpause.testkit.engine.settings import DEFAULT_MODEL, METRIC_NAMINGS, PRIORITY_ORDERS
 
 __all__ = [
@@ -146,6 +153,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: {', '.join(defaults.labels)})",
     )
     parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="run the step model of this engine profile instead of the slot model: one KV pool "
+        "shared by running requests and the prefix cache, engine steps shared by all running requests, "
+        "SGLang's, vLLM's or llama.cpp's scheduling (--slots, --prefill-ms-per-1k, --decode-ms, "
+        "--batch-slowdown and --cache-tokens then do not apply; default: the slot model)",
+    )
+    parser.add_argument(
+        "--pool-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --profile: the KV pool's size in tokens (default: the profile's)",
+    )
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --profile: tokens one engine step may compute, SGLang's chunked_prefill_size or "
+        "vLLM's max_num_batched_tokens (default: the profile's)",
+    )
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --profile: requests running at once at most (default: the profile's)",
+    )
+    parser.add_argument(
         "--fault",
         default=None,
         metavar="SPEC",
@@ -190,6 +228,10 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         fault=fault,
         fault_rate=1.0 if args.fault_rate is None else args.fault_rate,
         labels=tuple(args.label) if args.label else EngineSettings().labels,
+        profile=args.profile,
+        pool_tokens=args.pool_tokens,
+        step_tokens=args.step_tokens,
+        max_running=args.max_running,
     )
 
 

@@ -62,10 +62,12 @@ class Stack:
         env: dict[str, str] | None = None,
         extra_config: str = "",
         api_key_env: str | None = None,
+        scheduler_config: str = "",
     ) -> Stack:
         """Start everything; raises ``RuntimeError`` (with the failing child's log) if one fails.
 
         ``extra_config`` is TOML appended to the generated file, e.g. more ``[[replicas]]``;
+        ``scheduler_config`` is TOML lines added to its ``[scheduler]`` table (``trace = "..."``);
         ``api_key_env`` names the environment variable holding both replicas' upstream key.
         """
         workdir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +90,7 @@ max_inflight = {max_inflight}
 [scheduler]
 grpc = "127.0.0.1:{grpc_port}"
 http = "127.0.0.1:{status_port}"
+{scheduler_config}
 
 [dataplane]
 listen = "127.0.0.1:{dp_port}"

@@ -26,9 +26,11 @@ from luftpause.scheduler.core.held import (
 from luftpause.scheduler.core.policies import (
     affinity,
     capacity,
+    draining,
     headroom,
     health,
     ordering,
+    pause_hold,
     routing,
 )
 from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
@@ -38,13 +40,21 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
     """The run of an arriving generative turn, created or brought up to date; it now has the turn."""
     run = state.runs.get(event.run_id)
     if run is None:
-        run = Run(event.run_id, "idle", None, event.service_class, event.caller, event.at)
+        run = Run(
+            event.run_id, "idle", None, event.service_class, event.caller, event.at, order=state.next_seq
+        )
         state.runs[event.run_id] = run
     else:
+        if run.phase == "tool_paused" and run.paused_at is not None and not run.returned:
+            # it is back from its tool: how long that took teaches the hold of later pauses
+            run.returned = True
+            pause = event.at - run.paused_at
+            pause_hold.remember(run.pauses, pause)
+            pause_hold.remember(state.caller_pauses.setdefault(run.caller, []), pause)
         run.service_class = event.service_class
         run.caller = event.caller
         _touch(state, run, event.at)
-        released = _reserve(state, run)  # a paused run that comes back as batch keeps no slot
+        released = _reserve(state, run, event.at)  # a paused run that comes back as batch keeps no slot
         if released is not None:
             _fill(state, released, event.at, out)
     run.turns.add(event.turn_id)
@@ -58,14 +68,15 @@ def _where(
 
     A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4),
     unless the configuration turned strict affinity off (``State.strict_affinity``, for measuring
-    what it gains).
+    what it gains). A turn no affinity pins never goes to a draining replica (rule 16).
     """
+    fresh = tuple(replica for replica in serving if draining.takes_new_runs(replica))
     if turn.single_pass or not state.strict_affinity:
-        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), serving
+        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), fresh
     pinned = affinity.pinned_replica(run, serving)
     if pinned is not None:
         return pinned_to(pinned.name), (pinned,)
-    return any_replica_for(turn.model), serving
+    return any_replica_for(turn.model), fresh
 
 
 def _place(
@@ -106,13 +117,15 @@ def _place(
     run = state.runs.get(turn.run_id)
     if run is None:
         # the run ended (RunEnded) while this turn was held: it starts afresh
-        run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at)
+        run = Run(
+            turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at, order=state.next_seq
+        )
         state.runs[turn.run_id] = run
     else:
         run.phase = "generating"
         run.last_replica = replica.name
         _touch(state, run, at)
-        released = _reserve(state, run)
+        released = _reserve(state, run, at)
         if released is not None and released is not replica:
             # it came back elsewhere (its replica is unhealthy, or does not serve this model)
             _fill(state, released, at, out)
@@ -146,6 +159,23 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
         _fill_least_loaded(state, opened.values(), at, out)
 
 
+def _usability_changed(state: State, replicas: list[Replica], at: float, out: list[Action]) -> None:
+    """``replicas`` turned usable or unusable (a probe, the breaker, a removal): affinity to the
+    generative ones yields (or holds again), so the held turns they concern are re-filed. A scan
+    of the held turns, but only when a replica's usability flips. The caller fills them."""
+    flipped = [replica for replica in replicas if replica.kind == "generative"]
+    if not flipped or not state.held:
+        return
+    pinned = {pinned_to(replica.name) for replica in flipped}
+    models = {model for replica in flipped for model in replica.models}
+    concerned = [
+        turn.turn_id
+        for turn in state.held
+        if turn.queue in pinned or (turn.queue[0] == "model" and turn.model in models)
+    ]
+    _refile(state, concerned, at, out)
+
+
 def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
     """Give ``replica``'s free slots to the first held turns (in order) that may use it."""
     while _fill_one(state, replica, at, out):
@@ -161,7 +191,7 @@ def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> b
     """
     if state.holding or not state.held or not health.usable(replica) or not capacity.has_room(replica):
         return False
-    queues = queues_served_by(replica.name, replica.kind, replica.models)
+    queues = queues_of(replica)
     loads = state.single_pass_inflight if replica.kind == "single_pass" else state.caller_inflight
     turn = ordering.first((state.held.head(queue) for queue in queues), loads)
     if turn is None or not capacity.has_room(replica, turn.service_class):
@@ -209,9 +239,24 @@ def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> N
     state.held.load_changed(caller, single_pass)
 
 
-def _reserve(state: State, run: Run) -> Replica | None:
-    """Keep ``run``'s headroom slot where its class and phase say; the replica that lost one, if any."""
-    want = headroom.reserves(run.service_class, run.phase, run.last_replica)
+def _reserve(state: State, run: Run, at: float) -> Replica | None:
+    """Keep ``run``'s headroom slot where its class, phase and pause hold say; the replica that lost
+    one, if any. A run entering ``tool_paused`` at ``at`` begins a pause: its hold's end is set then
+    (:mod:`.policies.pause_hold`); a run leaving it ends the pause."""
+    if run.phase == "tool_paused":
+        if run.paused_at is None:
+            run.paused_at = at
+            run.returned = run.hold_expired = False
+            ttl = pause_hold.ttl(state.pause_hold, run.pauses, state.caller_pauses.get(run.caller, ()))
+            run.hold_until = None if ttl is None else at + ttl
+            if run.hold_until is not None:
+                heapq.heappush(state.hold_ends, (run.hold_until, run.run_id, at))
+    else:
+        run.paused_at = run.hold_until = None
+        run.returned = run.hold_expired = False
+    want = None
+    if pause_hold.holds(state.pause_hold) and not run.hold_expired:
+        want = headroom.reserves(run.service_class, run.phase, run.last_replica)
     if want is not None and want not in state.replicas:
         want = None
     if want == run.reserved_on:
@@ -239,9 +284,14 @@ def _touch(state: State, run: Run, at: float) -> None:
     state.runs.move_to_end(run.run_id)
 
 
+def queues_of(replica: Replica) -> list[QueueKey]:
+    """The held queues ``replica`` takes turns from now: a draining one only its pinned runs'
+    (rule 16: a single-pass one, none), any other every queue it serves."""
+    if replica.draining:
+        return [] if replica.kind == "single_pass" else [pinned_to(replica.name)]
+    return queues_served_by(replica.name, replica.kind, replica.models)
+
+
 def _takes_held(state: State, replica: Replica) -> bool:
-    """True when some held turn may go to ``replica`` (the head of a queue it serves)."""
-    return any(
-        state.held.head(queue) is not None
-        for queue in queues_served_by(replica.name, replica.kind, replica.models)
-    )
+    """True when some held turn may go to ``replica`` (the head of a queue it takes from)."""
+    return any(state.held.head(queue) is not None for queue in queues_of(replica))

@@ -1,12 +1,19 @@
 """The engine simulator behind ``luftpause fake-engine`` (entry point: :mod:`luftpause.testkit.fake_engine`).
 
 * :mod:`.settings`: what an engine serves and how fast it is (``EngineSettings``);
+* :mod:`.backend`: the seam between the routes and engine time, with two models behind it:
+  :mod:`.slotted` (the default: running slots and a waiting queue, each request sleeping its own
+  prefill and decode) and :mod:`.stepped` (``--profile``: the step model of :mod:`.model` in real
+  time: one KV pool shared by running requests and the prefix cache, steps shared by all);
+* :mod:`.model`: the sans-IO, virtual-time engine model (SGLang's, vLLM's and llama.cpp's
+  scheduling, the KV pool and its prefix tree, named profiles);
 * :mod:`.scheduling`: running slots and the waiting queue (FIFO or by priority), with the counters
   (``EngineStats``);
-* :mod:`.prefix_cache`: the per-replica prefix cache, bounded in tokens with LRU eviction, keyed by
-  the request's message prefix;
+* :mod:`.prefix_cache`: the slot model's prefix cache, bounded in tokens with LRU eviction, keyed
+  by the request's message prefix (the step model keys its nodes the same way);
 * :mod:`.costs`: prompt tokens, and prefill time of the tokens the prefix cache did not hold plus
   decode time that grows with the running batch;
+* :mod:`.recording`: what ``/testkit/*`` can still show of the requests answered;
 * :mod:`.replies`: what the simulated model says (tool rounds, then a final answer);
 * :mod:`.toolargs`: tool-call arguments valid against a JSON Schema;
 * :mod:`.wire`: the OpenAI chat completions wire format (requests, chunks, errors);

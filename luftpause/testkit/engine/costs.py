@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from luftpause.testkit.engine.settings import EngineSettings
+if TYPE_CHECKING:
+    # Not at run time: settings imports the engine model, whose prefix paths import this module.
+    from luftpause.testkit.engine.settings import EngineSettings
 
 # Characters per token: the usual rule of thumb for English text with BPE tokenizers.
 CHARS_PER_TOKEN = 4

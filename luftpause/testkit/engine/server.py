@@ -41,16 +41,16 @@ import asyncio
 import json
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager, aclosing
 from dataclasses import dataclass
-from typing import TypeVar
 
 from aiohttp import web
 
 from luftpause.testkit.engine import wire
+from luftpause.testkit.engine.backend import EngineBackend, Held
 from luftpause.testkit.engine.classify import classification_response, parse_classify_request, text_tokens
-from luftpause.testkit.engine.costs import CostModel, estimate_prompt_tokens
+from luftpause.testkit.engine.costs import estimate_prompt_tokens
 from luftpause.testkit.engine.faults import (
     SLOW_PIECE_BYTES,
     CloseConnection,
@@ -62,31 +62,27 @@ from luftpause.testkit.engine.faults import (
     Stall,
     StatusFault,
 )
-from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics, ModelLoad
+from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST
+from luftpause.testkit.engine.model import EngineModel
 from luftpause.testkit.engine.prefix_cache import PrefixCache, PrefixPath, prefix_path
+from luftpause.testkit.engine.recording import REQUEST_BYTES_KEPT, SENT_KEPT, KeptRequestBodies, keep
 from luftpause.testkit.engine.replies import Reply, plan_reply
-from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
-from luftpause.testkit.engine.settings import CONTEXT_TOKENS_PER_SLOT, EngineSettings
+from luftpause.testkit.engine.scheduling import EngineStats
+from luftpause.testkit.engine.settings import EngineSettings
+from luftpause.testkit.engine.slotted import MIN_SLEEP_S, SlottedBackend
+from luftpause.testkit.engine.stepped import SteppedBackend
 
-# Shortest sleep between streamed tokens: below it, tokens that are due go out together in one
-# write, so a tiny decode_ms keeps the total time of the model without a timer per token.
-MIN_SLEEP_S = 0.001
-
-# Most tokens sent in one write: with decode_ms 0 a huge max_tokens must not build one huge
-# write nor hold the event loop from other requests.
-MAX_TOKENS_PER_STEP = 64
+__all__ = [
+    "REQUEST_BYTES_KEPT",
+    "SENT_KEPT",
+    "KeptRequestBodies",
+    "RunningEngine",
+    "SimulatedEngine",
+    "start_engine",
+]
 
 # Seconds that close() gives streams still running before aiohttp cancels them.
 SHUTDOWN_GRACE_S = 0.5
-
-_T = TypeVar("_T")
-
-# How many completed responses GET /testkit/sent/{id} (and .../received/{id}) can still show.
-SENT_KEPT = 256
-
-# At most this many bytes of request bodies are kept for GET /testkit/request/{id}: SENT_KEPT whole
-# bodies at the dataplane's 32 MiB request limit would be 8 GiB per engine (the benchmarks run it).
-REQUEST_BYTES_KEPT = 64 * 1024 * 1024
 
 # Set to "1" on every response of the simulator.
 SIMULATED_HEADER = "x-luftpause-simulated"
@@ -94,49 +90,37 @@ SIMULATED_HEADER = "x-luftpause-simulated"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-class _HeldTokens:
-    """One running request: the KV-cache tokens it holds (prompt, then each decoded token), its
-    prefix path and cached tokens, and its simulated prefill and decode seconds."""
-
-    __slots__ = ("_load", "cached_tokens", "decode_s", "path", "prefill_s", "tokens")
-
-    def __init__(self, load: ModelLoad, path: PrefixPath | None) -> None:
-        self._load = load
-        self.path = path
-        self.tokens = 0
-        self.cached_tokens = 0
-        self.prefill_s = 0.0
-        self.decode_s = 0.0
-
-    def add(self, tokens: int) -> None:
-        self.tokens += tokens
-        self._load.kv_tokens += tokens
-
-    def release(self) -> None:
-        self._load.kv_tokens -= self.tokens
-        self.tokens = 0
-
-
 class SimulatedEngine:
-    """One engine replica: its settings, slots, counters and routes (:meth:`app`)."""
+    """One engine replica: its settings, counters, engine-time backend (:mod:`.slotted`, or
+    :mod:`.stepped` with a profile) and routes (:meth:`app`)."""
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.stats = EngineStats()
         self.started = int(time.time())
-        self._pool = SlotPool(settings.slots, self.stats)
-        self._costs = CostModel(settings)
-        self.cache = PrefixCache(settings.prefix_cache_tokens)
-        self._metrics = EngineMetrics(settings.models, settings.kv_tokens, settings.metrics)
-        self._load = {model: ModelLoad() for model in settings.models}
         self._sent: OrderedDict[str, bytes] = OrderedDict()
         self._received: OrderedDict[str, dict[str, str]] = OrderedDict()
         self.request_bodies = KeptRequestBodies()
         self._started: deque[str] = deque(maxlen=SENT_KEPT)
         self._costs_kept: OrderedDict[str, dict[str, float]] = OrderedDict()
-        # Queue rank of a request's priority: 0 for all (FIFO), or lower/higher value first.
-        self._rank_sign = {"fcfs": 0, "lower_first": 1, "higher_first": -1}[settings.priority_order]
+        self.backend: EngineBackend
+        if settings.profile is None:
+            self.backend = SlottedBackend(settings, self.stats, self._started)
+        else:
+            self.backend = SteppedBackend(settings, self.stats, self._started)
         self._dice = FaultDice(settings.fault, settings.fault_rate, settings.seed)
+
+    @property
+    def cache(self) -> PrefixCache:
+        """The slot model's prefix cache (the step model's lives in its KV pool)."""
+        if not isinstance(self.backend, SlottedBackend):
+            raise AttributeError("the step model keeps its prefix cache in its KV pool: see backend.model")
+        return self.backend.cache
+
+    @property
+    def engine_model(self) -> EngineModel | None:
+        """The step model's :class:`~.model.EngineModel` (``None`` on the slot model)."""
+        return self.backend.model if isinstance(self.backend, SteppedBackend) else None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -204,11 +188,9 @@ class SimulatedEngine:
             return web.json_response({"error": {"message": "not recorded"}}, status=404)
         return web.json_response(cost)
 
-    def _record(
-        self, completion_id: str, body: bytes, held: _HeldTokens, prompt_tokens: int, count: int
-    ) -> None:
-        _keep(self._sent, completion_id, body)
-        _keep(
+    def _record(self, completion_id: str, body: bytes, held: Held, prompt_tokens: int, count: int) -> None:
+        keep(self._sent, completion_id, body)
+        keep(
             self._costs_kept,
             completion_id,
             {
@@ -221,9 +203,7 @@ class SimulatedEngine:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self._metrics.render(self._load), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return web.Response(body=self.backend.render_metrics(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def server_info(self, request: web.Request) -> web.Response:
         model = self.settings.models[0]
@@ -234,20 +214,10 @@ class SimulatedEngine:
                 "tokenizer_path": model,
                 "tp_size": 1,
                 "dp_size": 1,
-                "max_running_requests": self.settings.slots,
-                "max_total_num_tokens": self.settings.kv_tokens,
-                "context_length": CONTEXT_TOKENS_PER_SLOT,
                 "schedule_policy": self.settings.priority_order,
                 "version": "luftpause-simulator",
                 "simulated": True,
-                "simulator": {
-                    "prefill_ms_per_1k": self.settings.prefill_ms_per_1k,
-                    "decode_ms": self.settings.decode_ms,
-                    "batch_slowdown": self.settings.batch_slowdown,
-                    "prefix_cache_tokens": self.settings.prefix_cache_tokens,
-                    "time_scale": self.settings.time_scale,
-                    "metrics": self.settings.metrics,
-                },
+                **self.backend.server_info(),
             }
         )
 
@@ -266,8 +236,11 @@ class SimulatedEngine:
             return web.json_response(exc.body(), status=exc.status)
         self.stats.requests += 1
         prompt_tokens = sum(text_tokens(text) for text in job.inputs)
+        refusal = self.backend.refusal(prompt_tokens, 1, 1)
+        if refusal is not None:
+            return web.json_response(refusal.body(), status=refusal.status)
         try:
-            async with self._running(job.model, prompt_tokens, None, job.priority):
+            async with self.backend.running(job.model, prompt_tokens, None, job.priority, None, None, None):
                 pass
         except asyncio.CancelledError:
             self.stats.disconnected += 1
@@ -309,8 +282,11 @@ class SimulatedEngine:
             tool_rounds=self.settings.tool_rounds,
             seed=self.settings.seed,
         )
+        refusal = self.backend.refusal(prompt_tokens, reply.count, self._max_tokens(chat))
+        if refusal is not None:
+            return web.json_response(refusal.body(), status=refusal.status)
         ids = wire.ResponseIds(chat.model)
-        _keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
+        keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
         self.request_bodies.keep(ids.id, raw)
         if chat.stream:
             return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, path, fault)
@@ -330,10 +306,11 @@ class SimulatedEngine:
     ) -> web.StreamResponse:
         """A non-streamed answer: decode unseen, then one ``chat.completion`` object."""
         try:
-            async with self._running(chat.model, prompt_tokens, path, chat.priority, ids.id) as held:
+            async with self._running(chat, prompt_tokens, path, ids, reply) as held:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
-                await self._decode_unseen(reply, held)
+                async for _ in self.backend.decode(held):
+                    pass  # nobody sees the tokens until the end
         except asyncio.CancelledError:
             # The client went away: its queue place or slot is already given back.
             self.stats.disconnected += 1
@@ -380,7 +357,7 @@ class SimulatedEngine:
         try:
             if not isinstance(fault, Stall):
                 await response.prepare(request)
-            async with self._running(chat.model, prompt_tokens, path, chat.priority, ids.id) as held:
+            async with self._running(chat, prompt_tokens, path, ids, reply) as held:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
                     await response.prepare(request)
@@ -413,47 +390,22 @@ class SimulatedEngine:
         self.stats.cached_tokens += cached_tokens
         self.stats.completion_tokens += completion_tokens
 
-    @asynccontextmanager
-    async def _running(
+    def _max_tokens(self, chat: wire.ChatRequest) -> int:
+        """The request's limit on output tokens (the engine's default when it sets none)."""
+        return chat.max_tokens or self.settings.max_tokens
+
+    def _running(
         self,
-        model: str,
+        chat: wire.ChatRequest,
         prompt_tokens: int,
-        path: PrefixPath | None,
-        priority: int,
-        completion_id: str | None = None,
-    ) -> AsyncIterator[_HeldTokens]:
-        """Wait for a slot, look ``path`` up in the prefix cache (``None``: a single pass, not
-        cached), prefill the rest and cache ``path``; the block decodes. Counts go to ``/metrics``;
-        ``completion_id``, when given, to ``/testkit/started`` once the slot is taken."""
-        load = self._load[model]
-        load.waiting += 1
-        queued = True
-        try:
-            async with self._pool.slot(self._rank_sign * priority):
-                if completion_id is not None:
-                    self._started.append(completion_id)
-                load.waiting -= 1
-                queued = False
-                load.running += 1
-                held = _HeldTokens(load, path)
-                held.add(prompt_tokens)
-                try:
-                    if path is not None:
-                        # Looked up once running, as an engine does: a prefix cached while this
-                        # request waited counts.
-                        held.cached_tokens = self.cache.lookup(path, prompt_tokens)
-                        load.count_lookup(prompt_tokens, held.cached_tokens)
-                    held.prefill_s = self._costs.prefill_seconds(prompt_tokens - held.cached_tokens)
-                    await asyncio.sleep(held.prefill_s)
-                    if path is not None:
-                        self.cache.insert(path)
-                    yield held
-                finally:
-                    load.running -= 1
-                    held.release()
-        finally:
-            if queued:
-                load.waiting -= 1
+        path: PrefixPath,
+        ids: wire.ResponseIds,
+        reply: Reply,
+    ) -> AbstractAsyncContextManager[Held]:
+        """Engine time for a chat completion (see :meth:`.backend.EngineBackend.running`)."""
+        return self.backend.running(
+            chat.model, prompt_tokens, path, chat.priority, ids.id, reply, self._max_tokens(chat)
+        )
 
     async def _events(
         self,
@@ -461,20 +413,18 @@ class SimulatedEngine:
         ids: wire.ResponseIds,
         reply: Reply,
         prompt_tokens: int,
-        held: _HeldTokens,
+        held: Held,
     ) -> AsyncGenerator[list[bytes], None]:
         """The server-sent events of ``reply``, a list at a time as decode makes them due; the
         last list holds the finish chunk, the usage chunk when asked, and ``data: [DONE]``."""
         head = wire.chunk(ids, {"role": "assistant", "content": ""})
         emitted = 0
-        async for due in self._decode_schedule(reply.count, held):
+        async for due in self.backend.decode(held):
             batch = [wire.piece_chunk(ids, reply, piece, chat) for piece in reply.pieces(emitted, due)]
             if emitted == 0:
                 batch.insert(0, head)
-            held.add(due - emitted)
             emitted = due
             yield batch
-        self._cache_reply(held, reply)
         tail = [wire.chunk(ids, {}, None, reply.finish_reason)]
         if emitted == 0:
             tail.insert(0, head)
@@ -520,48 +470,6 @@ class SimulatedEngine:
         """Write the first ``after_chunks`` events, then the error event and ``[DONE]``."""
         await _send_first(response, events, fault.after_chunks)
         await response.write(wire.sse(fault.body()) + wire.SSE_DONE)
-
-    async def _decode_unseen(self, reply: Reply, held: _HeldTokens) -> None:
-        """Decode the tokens of ``reply`` that nobody sees until the end (a non-streamed answer)."""
-        done = 0
-        async for due in self._decode_schedule(reply.count, held):
-            held.add(due - done)
-            done = due
-        self._cache_reply(held, reply)
-
-    def _cache_reply(self, held: _HeldTokens, reply: Reply) -> None:
-        """Cache the finished reply after its prompt: the run's next turn starts with both."""
-        if held.path is not None:
-            self.cache.insert(held.path.extended(wire.reply_message(reply)))
-
-    async def _decode_schedule(self, count: int, held: _HeldTokens) -> AsyncIterator[int]:
-        """Yield how many of ``count`` tokens are decoded by now, each time more are.
-
-        Token ``i`` is due one decode step after token ``i - 1`` (token 0 one step after decode
-        starts); a step lasts :meth:`.CostModel.decode_seconds` of the requests running when it is
-        counted, and is added to ``held.decode_s``: the simulated decode time, whatever the event
-        loop's punctuality.
-        """
-        loop = asyncio.get_running_loop()
-        due_at = loop.time()  # when the last token counted was due
-        done = 0
-        while done < count:
-            now = loop.time()
-            step = self._costs.decode_seconds(self.stats.running)
-            ready = done
-            while ready < count and ready - done < MAX_TOKENS_PER_STEP and due_at + step <= now + 1e-9:
-                due_at += step
-                held.decode_s += step
-                ready += 1
-                step = self._costs.decode_seconds(self.stats.running)
-            if ready > done:
-                done = ready
-                yield done
-                if done < count and due_at + step <= loop.time():
-                    # Behind schedule (decode_ms 0, or a busy loop): let other requests run too.
-                    await asyncio.sleep(0)
-                continue
-            await asyncio.sleep(max(due_at + step - now, MIN_SLEEP_S))
 
 
 async def _mark_simulated(request: web.BaseRequest, response: web.StreamResponse) -> None:
@@ -609,45 +517,6 @@ async def _send_first(
             written += len(batch)
 
 
-def _keep(kept: OrderedDict[str, _T], key: str, value: _T) -> None:
-    """Remember ``value`` under ``key``, forgetting the oldest beyond ``SENT_KEPT`` entries."""
-    kept[key] = value
-    while len(kept) > SENT_KEPT:
-        kept.popitem(last=False)
-
-
-class KeptRequestBodies:
-    """The request bodies of the last ``SENT_KEPT`` completions, ``limit_bytes`` bytes at most in
-    all: keeping one drops the oldest until it fits. A body longer than ``limit_bytes`` is not kept;
-    its id and length (bytes) are remembered instead (the last ``SENT_KEPT`` such), so that a
-    lookup can say why it finds nothing."""
-
-    def __init__(self, limit_bytes: int = REQUEST_BYTES_KEPT) -> None:
-        self.limit_bytes = limit_bytes
-        self.total_bytes = 0
-        self._bodies: OrderedDict[str, bytes] = OrderedDict()
-        self._too_large: OrderedDict[str, int] = OrderedDict()
-
-    def keep(self, completion_id: str, body: bytes) -> None:
-        """Keep ``body`` as completion ``completion_id``'s (see the class)."""
-        if len(body) > self.limit_bytes:
-            _keep(self._too_large, completion_id, len(body))
-            return
-        self._bodies[completion_id] = body
-        self.total_bytes += len(body)
-        while self.total_bytes > self.limit_bytes or len(self._bodies) > SENT_KEPT:
-            self.total_bytes -= len(self._bodies.popitem(last=False)[1])
-
-    def get(self, completion_id: str) -> bytes | None:
-        """The body kept for ``completion_id``; ``None`` when none is (unknown, dropped, too large)."""
-        return self._bodies.get(completion_id)
-
-    def too_large(self, completion_id: str) -> int | None:
-        """The length in bytes of ``completion_id``'s body when it was not kept for being longer
-        than ``limit_bytes``; ``None`` otherwise."""
-        return self._too_large.get(completion_id)
-
-
 @dataclass(slots=True)
 class RunningEngine:
     """A simulated engine serving on loopback; ``url`` is ``http://host:port`` (no ``/v1``)."""
@@ -676,6 +545,8 @@ class RunningEngine:
     async def close(self) -> None:
         """Stop listening and end every request in flight (their clients see the stream cut)."""
         await self.runner.cleanup()
+        if isinstance(self.engine.backend, SteppedBackend):
+            self.engine.backend.close()
 
 
 async def start_engine(settings: EngineSettings, host: str = "127.0.0.1", port: int = 0) -> RunningEngine:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from luftpause.testkit.engine.faults import Fault
+from luftpause.testkit.engine.model.profiles import EngineProfile, profile
 
 DEFAULT_MODEL = "llama-3.2-1b"
 
@@ -53,6 +54,13 @@ class EngineSettings:
       from ``seed``; read only when ``fault`` is set.
     * ``labels``: the classes of the simulated single-pass model behind ``POST /classify`` (at
       least 2, distinct), in the order of its ``probs``.
+    * ``profile``: the name of an engine profile (:data:`.model.profiles.PROFILES`) to run the
+      step model (:mod:`.stepped`) instead of today's slot model: one KV pool shared by running
+      requests and the prefix cache, steps shared by every running request, SGLang's, vLLM's or
+      llama.cpp's scheduling. ``None`` (the default): the slot model, where ``slots``,
+      ``prefill_ms_per_1k``, ``decode_ms``, ``batch_slowdown`` and ``cache_tokens`` apply; with a
+      profile they do not, and ``pool_tokens``, ``step_tokens`` and ``max_running`` override the
+      profile's figures (``None``: the profile's).
     """
 
     models: tuple[str, ...] = (DEFAULT_MODEL,)
@@ -70,6 +78,10 @@ class EngineSettings:
     fault: Fault | None = None
     fault_rate: float = 1.0
     labels: tuple[str, ...] = ("negative", "positive")
+    profile: str | None = None
+    pool_tokens: int | None = None
+    step_tokens: int | None = None
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -96,11 +108,34 @@ class EngineSettings:
             raise ValueError(f"labels must be at least 2 distinct names, got {self.labels}")
         if not (math.isfinite(self.fault_rate) and 0.0 <= self.fault_rate <= 1.0):
             raise ValueError(f"fault_rate must be from 0 to 1, got {self.fault_rate}")
+        for name in ("pool_tokens", "step_tokens", "max_running"):
+            value = getattr(self, name)
+            if value is not None and self.profile is None:
+                raise ValueError(f"{name} needs a profile (it sizes the step model)")
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        # Raises ValueError naming the known profiles, or for overrides the profile cannot take.
+        self.engine_profile  # noqa: B018
+
+    @property
+    def engine_profile(self) -> EngineProfile | None:
+        """The named profile with this engine's overrides, or ``None`` for the slot model."""
+        if self.profile is None:
+            return None
+        changes = {
+            name: getattr(self, name)
+            for name in ("pool_tokens", "step_tokens", "max_running")
+            if getattr(self, name) is not None
+        }
+        base = profile(self.profile)
+        return base.with_changes(**changes) if changes else base
 
     @property
     def kv_tokens(self) -> int:
-        """Tokens the simulated KV pool holds: ``slots * CONTEXT_TOKENS_PER_SLOT``."""
-        return self.slots * CONTEXT_TOKENS_PER_SLOT
+        """Tokens the simulated KV pool holds: the profile's pool, else ``slots *
+        CONTEXT_TOKENS_PER_SLOT``."""
+        engine = self.engine_profile
+        return engine.pool_tokens if engine is not None else self.slots * CONTEXT_TOKENS_PER_SLOT
 
     @property
     def prefix_cache_tokens(self) -> int:
