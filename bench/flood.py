@@ -278,15 +278,18 @@ def main(argv: list[str] | None = None) -> int:
         llama = LlamaEngines(args.replicas, options)
     skipped = {a: why for a in wanted if (why := unavailable(a))}
     arrangements = [a for a in wanted if a not in skipped]
+    tool_rounds_by = args.tool_rounds_by or ("agent" if real else "model")
+    # agent-made tool rounds stand for a model that never calls tools: the simulated one makes none
+    model_rounds = str(0 if tool_rounds_by == "agent" else args.tool_rounds)
     engine_args = [
         "--slots", str(args.slots), "--prefill-ms-per-1k", "40", "--decode-ms", "8",
         "--batch-slowdown", "0.05",
-        "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
+        "--tool-rounds", model_rounds, "--time-scale", str(args.time_scale),
     ]  # fmt: skip
     if args.profile:
         engine_args = [
             "--profile", args.profile, "--max-running", str(args.slots),
-            "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
+            "--tool-rounds", model_rounds, "--time-scale", str(args.time_scale),
         ]  # fmt: skip
     if args.cache_tokens is not None:
         engine_args += ["--cache-tokens", str(args.cache_tokens)]
@@ -296,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         "context_tokens": args.context_tokens,
         "tool_seconds": args.tool_seconds,
         "max_tokens": args.max_tokens,
-        "tool_rounds_by": args.tool_rounds_by or ("agent" if real else "model"),
+        "tool_rounds_by": tool_rounds_by,
     }
     flood = Load(args.batch, args.interactive, **common)
     engines = "SIMULATED engines"
