@@ -108,7 +108,7 @@ def _wanted_lines(text: str) -> str:
 
 
 def parse_load(text: str) -> EngineLoad:
-    """Read an engine's load from Prometheus text: SGLang, vLLM or llama.cpp names (the table in the
+    """Read an engine's load from Prometheus text: SGLang, vLLM or llama.cpp names (the list in the
     module docstring), counts summed over label sets, fractions averaged over them and capped at 1.
 
     Load counts as known only when both a running and a waiting count are present (engine-load

@@ -24,10 +24,11 @@ Who decides a tool round (``AgentSettings.tool_rounds_by``):
   model said, for models that never call tools (SmolLM2-135M on llama.cpp answers every turn in
   text, with ``tool_choice: "required"`` too): the turns stay real inference, only the decision is
   the agent's. A reply that carries tool calls is used as it is; one that does not is recorded as
-  the assistant message it was plus one ``lookup`` call of the agent's own (id
-  ``call-<run>-<round>``, the reply's first 80 characters as its query), answered by a ``tool``
-  message, so the conversation stays the well-formed OpenAI shape a real tool round has (llama.cpp's
-  ``--jinja`` renders it with SmolLM2's template, which drops the call and keeps the result). The
+  the assistant message it was plus one ``lookup`` call of the agent's own (id ``call-<the run
+  id's last 12 characters>-<round>``, the reply's first 80 characters as its query), answered by
+  a ``tool`` message, so the conversation stays the well-formed OpenAI shape a real tool round has
+  (llama.cpp's ``--jinja`` renders it with SmolLM2's template, which drops the call and keeps the
+  result). The
   engine and the proxy saw a reply without a tool call, so to luftpause that run is ``idle``, not
   ``tool_paused``, between its turns (no affinity, no headroom held for it).
 
