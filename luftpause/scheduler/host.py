@@ -94,6 +94,7 @@ class SchedulerHost:
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._load_notes: dict[str, tuple[str | None, str | None]] = {}
         self.trace: TraceRecorder | None = None
         if config.scheduler.trace:
             self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
@@ -296,6 +297,11 @@ class SchedulerHost:
             return False
         return True
 
+    def note_load(self, replica: str, engine: str | None, unknown: str | None) -> None:
+        """What the last probe of ``replica`` read its load from (``engine``: ``"sglang"``,
+        ``"vllm"``, ``"llama.cpp"``) or why it read none (``unknown``), for :meth:`status`."""
+        self._load_notes[replica] = (engine, unknown)
+
     def replica_list(self) -> list[dict[str, object]]:
         """``GET /admin/replicas``: each replica's settings and where it stands, in order."""
         listed = []
@@ -316,8 +322,16 @@ class SchedulerHost:
         return listed
 
     def status(self) -> dict[str, object]:
-        """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time."""
-        return snapshot(self.state, self.now())
+        """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time, each
+        replica with ``load_metrics`` (whose metrics its load was read from) and ``load_unknown``
+        (why none was, e.g. ``"GET http://.../metrics answered 404"``), both ``None`` before the
+        first probe and one of them after it (:meth:`note_load`)."""
+        status = snapshot(self.state, self.now())
+        for replica in status["replicas"]:
+            engine, unknown = self._load_notes.get(str(replica["name"]), (None, None))
+            replica["load_metrics"] = engine
+            replica["load_unknown"] = unknown
+        return status
 
     def recent(self, after: int | None = None) -> dict[str, Any]:
         """``GET /series``: the last minutes' samples (:mod:`luftpause.scheduler.series`), those
