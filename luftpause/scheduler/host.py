@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from luftpause.config import Config
 from luftpause.scheduler.core import (
@@ -49,6 +50,7 @@ from luftpause.scheduler.core import (
     turns_on,
 )
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.metrics import AdmissionCounts
 from luftpause.scheduler.trace import TraceRecorder
 
 log = logging.getLogger("luftpause.scheduler")
@@ -83,6 +85,8 @@ class SchedulerHost:
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
+        self.counts = AdmissionCounts(self.state.replicas)
+        """What ``/metrics`` shows besides the snapshot (:mod:`luftpause.scheduler.metrics`)."""
         self.trace: TraceRecorder | None = None
         if config.scheduler.trace:
             self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
@@ -109,10 +113,13 @@ class SchedulerHost:
             released = [(placed, why) for placed in resync_gone_turns(self.state, event)]
         elif type(event) is TurnAbandoned or type(event) is AbandonReported:
             abandoned = self.state.held.get(event.turn_id) or self.state.placed.get(event.turn_id)
+        elif type(event) is TurnArrived:
+            self.counts.arriving(event, self.state)
         if self.trace is not None:
             turn_id = getattr(event, "turn_id", "")
             self.trace.record(event, turn_id not in self.state.placed and turn_id not in self.state.held)
         self.state, actions = decide(self.state, event)
+        self.counts.decided(event, actions, self.state)
         for placed in expiring:
             log.warning(
                 "turn %s of run %s expired: no completion %.0f s after its placement on %s",
@@ -203,9 +210,18 @@ class SchedulerHost:
             return False
         return True
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time."""
         return snapshot(self.state, self.now())
+
+    def healthy_replicas(self) -> int:
+        """Replicas counted healthy now (a replica never probed counts as healthy)."""
+        return sum(1 for replica in self.state.replicas.values() if replica.healthy)
+
+    @property
+    def probed(self) -> bool:
+        """Whether a probe round has been fed: before it, replica health is assumed, not seen."""
+        return self.counts.probe_rounds > 0
 
     def start_clock(self) -> None:
         """Feed a ``Tick`` every second on the running loop, until :meth:`stop_clock`."""
