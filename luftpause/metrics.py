@@ -1,7 +1,7 @@
 """What the three processes share of their Prometheus metrics (``GET /metrics`` on each).
 
-Exposition is ``prometheus_client``'s text format ("Exposition formats" in the Prometheus docs,
-version 0.0.4: :data:`CONTENT_TYPE`). Each process keeps its metrics in a private
+Exposition is ``prometheus_client``'s text format ("Exposition formats" in the Prometheus docs;
+:data:`CONTENT_TYPE` names its version). Each process keeps its metrics in a private
 :class:`~prometheus_client.CollectorRegistry` made by :func:`new_registry`, so several processes'
 worth in one interpreter (tests) never collide; besides its own collector, a registry carries the
 defaults ``prometheus_client`` puts in its global one: the process collector (``process_*``: CPU
