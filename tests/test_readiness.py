@@ -22,11 +22,12 @@ import pytest
 from dataplane_procs import MODEL, scheduler_and_dataplane, wait_until
 from runtime_helpers import asgi_request, make_run, with_state_dir
 
-from luftpause.config import DEFAULT_MODEL, parse_config
+from luftpause.config import DEFAULT_MODEL, load_config, parse_config
 from luftpause.runtime.runs.journal import JOURNAL_NAME
 from luftpause.runtime.server import create_app
 from luftpause.runtime.wiring import Runtime
 from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.up import not_ready
 
 
 def probe(url: str) -> tuple[int, dict[str, Any]]:
@@ -75,6 +76,15 @@ def test_the_dataplane_is_ready_only_with_its_scheduler_and_a_healthy_replica(tm
             assert probe(f"{scheduler}/readyz")[0] == 200  # the scheduler itself still works: it holds turns
             assert probe(f"{pair.dataplane_url}/livez")[0] == 200
             assert pair.health()["status"] == "ok"  # /health: as before, 200 while serving
+            # what up's banner says then (its runtime here: a port where nothing listens)
+            path = tmp_path / "up.toml"
+            path.write_text(
+                (tmp_path / "luftpause.toml").read_text()
+                + f'\n[runtime]\nlisten = "127.0.0.1:{free_port()}"\ndataplane = "{pair.dataplane_url}"\n'
+            )
+            lines = not_ready(load_config(path))
+            assert lines[0] == "dataplane: replicas: 0 healthy, as the scheduler last said"
+            assert lines[1].startswith("runtime: http://127.0.0.1:") and len(lines) == 2, lines
 
             pair.children["scheduler"].stop()
             assert wait_until(lambda: not probe(readyz)[1]["checks"]["scheduler"]["ok"], 30), pair.logs()
