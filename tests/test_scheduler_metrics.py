@@ -21,9 +21,11 @@ from luftpause.scheduler.core import (
     AbandonReported,
     LeasedTurnPlaced,
     Place,
+    Reject,
     ReplicaProbed,
     ReplicasProbed,
     TurnArrived,
+    TurnFailed,
     TurnFinished,
 )
 from luftpause.scheduler.host import Outcome, SchedulerHost
@@ -294,3 +296,50 @@ def test_readyz_waits_for_the_first_probe_round_and_livez_and_health_answer_thro
     assert after["/readyz"][0] == 200
     assert orjson.loads(after["/readyz"][1])["checks"]["probed"]["ok"] is True
     assert host.healthy_replicas() == 0
+
+
+LIMITED = parse_config(
+    """
+[[replicas]]
+name = "a"
+url = "http://127.0.0.1:1"
+models = ["m"]
+max_inflight = 1
+
+[scheduler.protection]
+breaker_failures = 2
+
+[scheduler.protection.interactive]
+max_held = 1
+""",
+    "limits.toml",
+)
+
+
+def test_limit_refusals_by_class_and_limit_and_the_circuit_breaker() -> None:
+    clock = Clock()
+    host = SchedulerHost(LIMITED, clock=clock)
+    admit(host, "placed")
+    admit(host, "held")
+    refused = admit(host, "over")  # a second held turn of the same caller and class: 429
+    assert len(refused) == 1 and isinstance(refused[0], Reject) and refused[0].http_status == 429
+    for n in range(2):  # two engine faults in a row on a: its breaker opens
+        admit(host, f"f{n}", caller=f"other-{n}")
+        host.feed(TurnFailed("placed" if n == 0 else "held", clock.now, "engine answered 500"))
+    samples = scrape(host)
+    interactive_held = (("limit", "held"), ("service_class", "interactive"))
+    assert samples[("luftpause_scheduler_limit_refusals_total", interactive_held)] == 1
+    assert (
+        samples[
+            (
+                "luftpause_scheduler_limit_refusals_total",
+                (("limit", "token_rate"), ("service_class", "batch")),
+            )
+        ]
+        == 0
+    )
+    assert samples[("luftpause_scheduler_rejections_total", (("reason", "limit"),))] == 1
+    assert samples[("luftpause_scheduler_breaker_trips_total", ())] == 1
+    assert samples[("luftpause_scheduler_replica_breaker_open", (("replica", "a"),))] == 1
+    assert samples[("luftpause_scheduler_replica_draining", (("replica", "a"),))] == 0
+    assert host.healthy_replicas() == 0  # out of rotation: the dataplanes are told none is healthy

@@ -204,6 +204,9 @@ class SchedulerLink:
         """Replicas the scheduler counts healthy, as its last resync answer or pong said; ``None``
         until one did (or from a scheduler that does not say). Kept while the link is down."""
         self.on_placed: Callable[[int, float], None] | None = None
+        self.on_replicas: Callable[[pb.ReplicaSet], None] | None = None
+        """Called with the scheduler's replica set (the ``replicas`` item: after the resync, and
+        whenever the admin API or SIGHUP changes it)."""
         """Called with (``ServiceClass`` value, seconds from the admit to its answer) for each turn
         the scheduler placed after an admit; never for a turn placed under a lease, which waited
         for nobody (the dataplane's held-time histogram)."""
@@ -464,6 +467,9 @@ class SchedulerLink:
                             self._answer(item.admitted)
                         elif kind == "lease":
                             self._on_lease(item.lease)
+                        elif kind == "replicas":
+                            if self.on_replicas is not None:
+                                self.on_replicas(item.replicas)
                         elif kind == "resynced":
                             deadline.reschedule(None)
                             if item.resynced.HasField("healthy_replicas"):

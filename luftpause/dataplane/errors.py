@@ -14,6 +14,7 @@ The body is always ``{"error": {"message": "..."}}`` (docs/architecture.md "Fail
     ├── MethodNotAllowed (405)
     ├── PayloadTooLarge (413)     request body over MAX_BODY_BYTES
     ├── UnsupportedMediaType (415) a request body with a Content-Encoding other than identity
+    ├── TooManyRequests (429)     a protection limit of the scheduler (with Retry-After)
     └── EngineUnreachable (502)   the engine could not be connected to, broke off or stayed silent
                                   for the read timeout before answering: "engine <replica>: <error>"
 
@@ -65,6 +66,16 @@ class MethodNotAllowed(DataplaneError):
     def __init__(self, message: str, allow: str) -> None:
         super().__init__(message)
         self.allow = allow
+
+
+class TooManyRequests(DataplaneError):
+    """429 from a protection limit of the scheduler, sent with ``Retry-After: <retry_after_s>``."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
 
 
 class PayloadTooLarge(DataplaneError):

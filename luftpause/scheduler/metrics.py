@@ -36,10 +36,19 @@ refusals by reason, the admission latency and probe outcomes.
 ``luftpause_scheduler_admission_latency_seconds{service_class}``       from a turn's first admit to its
                                                                        placement (0 when placed at once);
                                                                        leased turns are not observed
+``luftpause_scheduler_limit_refusals_total{service_class, limit}``     turns refused by a protection
+                                                                       limit: ``held``, ``queue_timeout``,
+                                                                       ``token_rate``
+``luftpause_scheduler_breaker_trips_total``                            times a replica's circuit breaker
+                                                                       took it out of rotation
 ``luftpause_scheduler_lease_revocations_total``                        leases withdrawn
 ``luftpause_scheduler_lost_dataplanes``                                dataplanes whose stream ended and
                                                                        that have not come back
 ``luftpause_scheduler_replica_healthy{replica}``                       1 healthy, 0 not (never probed: 1)
+``luftpause_scheduler_replica_draining{replica}``                      1 while it takes only runs pinned
+                                                                       there (or is being removed)
+``luftpause_scheduler_replica_breaker_open{replica}``                  1 while its circuit breaker keeps
+                                                                       it out of rotation
 ``luftpause_scheduler_replica_turns_in_flight{replica}``               turns placed there, not ended
 ``luftpause_scheduler_replica_capacity{replica}``                      configured ``max_inflight``
 ``luftpause_scheduler_replica_effective_capacity{replica}``            after engine load
@@ -59,7 +68,9 @@ refusals by reason, the admission latency and probe outcomes.
 
 Callers are the one label whose values come from clients: only the
 :data:`~luftpause.metrics.TOP_CALLERS` with the most held turns are named (ties by name), the
-anonymous caller as ``anonymous``, every other one summed under ``other``.
+anonymous caller as ``anonymous``, every other one summed under ``other``. Limit refusals are not
+counted by caller here: a counter whose caller may fall out of the top ten would go backwards
+(``GET /status`` has them by caller).
 """
 
 from __future__ import annotations
@@ -96,6 +107,9 @@ VIAS = ("admit", "lease")
 
 REJECTION_REASONS = ("unknown_model", "abandoned", "limit", "other")
 """Values of the ``reason`` label of refusals."""
+
+LIMITS = ("held", "queue_timeout", "token_rate")
+"""Values of the ``limit`` label: the protection limit that refused a turn (rule 18 of the core)."""
 
 TURN_ENDS = {
     "finished": ("finished",),
@@ -252,6 +266,21 @@ class SchedulerMetrics:
         for name, histogram in counts.latency.items():
             latency.add_metric([name], histogram.buckets(), histogram.total)
         yield latency
+        limited = CounterMetricFamily(
+            "luftpause_scheduler_limit_refusals",
+            "Turns refused by a protection limit, by class and limit (held, queue_timeout, token_rate).",
+            labels=["service_class", "limit"],
+        )
+        by_class = status["limits"]["refused_by_class"]
+        for name in SERVICE_CLASSES:
+            for limit in LIMITS:
+                limited.add_metric([name, limit], by_class.get(name, {}).get(limit, 0))
+        yield limited
+        trips = CounterMetricFamily(
+            "luftpause_scheduler_breaker_trips", "Times a replica's circuit breaker took it out of rotation."
+        )
+        trips.add_metric([], counters["breaker_trips"])
+        yield trips
         revocations = CounterMetricFamily(
             "luftpause_scheduler_lease_revocations", "Capacity leases withdrawn."
         )
@@ -300,6 +329,8 @@ class SchedulerMetrics:
     def _replicas(self, replicas: list[dict[str, Any]], failures: dict[str, int]) -> Iterator[Metric]:
         per_replica = [  # (name suffix, help, snapshot key)
             ("healthy", "1 while the replica is healthy (never probed: 1), else 0.", "healthy"),
+            ("draining", "1 while it takes only runs pinned there, or is being removed.", "draining"),
+            ("breaker_open", "1 while its circuit breaker keeps it out of rotation.", "tripped"),
             ("turns_in_flight", "Turns placed on the replica and not ended.", "inflight"),
             ("capacity", "The replica's configured max_inflight.", "capacity"),
             ("effective_capacity", "Turns it takes at once, after its engine's load.", "effective_capacity"),
@@ -315,6 +346,8 @@ class SchedulerMetrics:
             family = _gauge(f"luftpause_scheduler_replica_{suffix}", documentation, ["replica"])
             for replica in replicas:
                 value = replica[key]
+                if key == "draining":
+                    value = replica["draining"] or replica["removing"]
                 if value is not None:
                     family.add_metric([replica["name"]], float(value))
             yield family

@@ -175,7 +175,8 @@ def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
 
 
 class Prober:
-    """Probes every configured replica every ``interval`` seconds and feeds ``host`` the results.
+    """Probes every replica of ``host.replicas`` (the set as it stands) every ``interval`` seconds
+    and feeds ``host`` the results.
 
     The first round runs at :meth:`start`; a round that takes longer than ``interval`` (every probe
     timing out) is followed by the next one at once, never by two at the same time. Each round is
@@ -195,7 +196,6 @@ class Prober:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         session: SessionFactory = _session,
     ) -> None:
-        self.replicas = config.replicas
         self.host = host
         self.interval = interval
         self.timeout = timeout
@@ -230,13 +230,14 @@ class Prober:
 
     async def _round(self, session: aiohttp.ClientSession) -> float:
         """Probe every replica once and feed the results; returns when they were stamped."""
+        replicas = list(self.host.replicas.values())  # the set as it stands (the admin API, SIGHUP)
         results = await asyncio.gather(
-            *(probe_replica(session, replica) for replica in self.replicas),
+            *(probe_replica(session, replica) for replica in replicas),
             return_exceptions=True,
         )
         now = self.host.now()  # stamped when fed: event times must not go backwards
         probed: list[ReplicaProbed] = []
-        for replica, result in zip(self.replicas, results, strict=True):
+        for replica, result in zip(replicas, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("probe of %s failed: %r", replica.name, result)
                 continue

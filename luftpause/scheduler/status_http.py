@@ -113,10 +113,12 @@ def readiness(host: SchedulerHost) -> dict[str, probes.Check]:
 
 def status_app(host: SchedulerHost) -> web.Application:
     """An aiohttp application serving ``/`` (the live page), ``/status``, ``/metrics``, ``/livez``,
-    ``/readyz`` and ``/health`` from ``host``.
+    ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
+    from luftpause.scheduler.admin_http import add_admin_routes  # it imports error_response from here
+
     page = page_html()
     page_headers = {
         hdrs.CONTENT_SECURITY_POLICY: page_csp(page),
@@ -158,4 +160,5 @@ def status_app(host: SchedulerHost) -> web.Application:
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/health", health)
+    add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app
