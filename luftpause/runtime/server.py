@@ -77,11 +77,13 @@ __all__ = ["Runtime", "add_arguments", "create_app", "run"]
 def create_app(
     config: Config, token: str | None = None, *, transport: httpx2.AsyncBaseTransport | None = None
 ) -> Starlette:
-    """The runtime's ASGI app for ``config``: ``/mcp``, ``GET /status``, ``GET /health``, the
-    monitor; its :class:`~luftpause.runtime.wiring.Runtime` is ``app.state.runtime``.
+    """The runtime's ASGI app for ``config``: ``/mcp``, ``GET /status``, ``GET /metrics``,
+    ``/livez``, ``/readyz``, ``GET /health``, the monitor; its
+    :class:`~luftpause.runtime.wiring.Runtime` is ``app.state.runtime``.
 
     ``token`` is the shared ``LUFTPAUSE_TOKEN`` (default: read from the environment); with one,
-    every path but ``/health`` requires it and turns sent to the dataplane carry it. ``transport``
+    every path but the open ones (``/health``, ``/livez``, ``/readyz``, ``/metrics``, the monitor
+    page) requires it and turns sent to the dataplane carry it. ``transport``
     replaces the network to the dataplane (tests).
     """
     token = (token if token is not None else token_from_env()) or None
