@@ -1,5 +1,8 @@
-"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /series[?after=SEQ]``
-(the last 10 minutes as samples), ``GET /health`` and ``GET /``, the live page.
+"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /`` (the live
+page), ``GET /series[?after=SEQ]`` (the last 10 minutes as samples), ``GET /metrics`` (Prometheus text, :mod:`luftpause.scheduler.metrics`), ``GET /livez`` and
+``GET /readyz`` (:mod:`luftpause.health`: ready once the first probe round of every replica is in,
+so that no dataplane is told every replica is healthy before one was seen), and ``GET /health``
+(``{"status": "ok"}`` while the process serves, as before ``/livez`` existed).
 
 The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
 :mod:`luftpause.scheduler.series` (with :mod:`luftpause.series`); ``/series`` is guarded like
@@ -27,9 +30,12 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from luftpause import health as probes
+from luftpause import metrics
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.series import parse_after
+from luftpause.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -99,9 +105,19 @@ def page_csp(page: bytes) -> str:
     )
 
 
+def readiness(host: SchedulerHost) -> dict[str, probes.Check]:
+    """``/readyz``'s checks: ``probed``, the first probe round is in."""
+    rounds = host.counts.probe_rounds
+    return {
+        "probed": probes.Check(
+            host.probed, f"{rounds} probe rounds of the replicas" if rounds else "no probe round yet"
+        )
+    }
+
+
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/health``
-    and the admin API (:mod:`.admin_http`) from ``host``.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/metrics``, ``/livez``,
+    ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
@@ -131,10 +147,30 @@ def status_app(host: SchedulerHost) -> web.Application:
     async def health(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
+    def probe_answer(answer: tuple[int, bytes]) -> web.Response:
+        code, body = answer
+        return web.Response(status=code, body=body, content_type=probes.CONTENT_TYPE)
+
+    async def livez(request: web.Request) -> web.Response:
+        return probe_answer(probes.LIVE)
+
+    async def readyz(request: web.Request) -> web.Response:
+        return probe_answer(probes.report(readiness(host)))
+
+    registry = metrics.new_registry([SchedulerMetrics(host)])
+
+    async def exposition(request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(registry), headers={hdrs.CONTENT_TYPE: metrics.CONTENT_TYPE}
+        )
+
     app = web.Application(middlewares=[json_errors])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
     app.router.add_get("/series", series)
+    app.router.add_get("/metrics", exposition)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/health", health)
     add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app
