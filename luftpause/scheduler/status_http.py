@@ -1,7 +1,8 @@
 """The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /`` (the live
-page), ``GET /series[?after=SEQ]`` (the last 10 minutes as samples), ``GET /metrics`` (Prometheus text, :mod:`luftpause.scheduler.metrics`), ``GET /livez`` and
-``GET /readyz`` (:mod:`luftpause.health`: ready once the first probe round of every replica is in,
-so that no dataplane is told every replica is healthy before one was seen), and ``GET /health``
+page), ``GET /series[?after=SEQ]`` (the last 10 minutes as samples), ``GET /metrics`` (Prometheus
+text, :mod:`luftpause.scheduler.metrics`), ``GET /livez`` and ``GET /readyz``
+(:mod:`luftpause.health`: ready once the first probe round of every replica is in, so that no
+dataplane is told every replica is healthy before one was seen), and ``GET /health``
 (``{"status": "ok"}`` while the process serves, as before ``/livez`` existed).
 
 The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
@@ -34,8 +35,8 @@ from luftpause import health as probes
 from luftpause import metrics
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
-from luftpause.series import parse_after
 from luftpause.scheduler.metrics import SchedulerMetrics
+from luftpause.series import parse_after
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -116,8 +117,8 @@ def readiness(host: SchedulerHost) -> dict[str, probes.Check]:
 
 
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/metrics``, ``/livez``,
-    ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/metrics``,
+    ``/livez``, ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
