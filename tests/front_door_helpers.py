@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from dataplane_procs import SchedulerAndDataplane, fake_engine, scheduler_and_dataplane
+from dataplane_procs import SchedulerAndDataplane, fake_engine, scheduler_and_dataplane, wait_until
 
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.procs import ChildProcess, free_port
 
 TOKEN = "front-door-token"
 TRANSLATED = "chat-only-model"
@@ -83,6 +83,23 @@ class FrontDoorStack:
                 for line in response.read().decode().splitlines()
                 if line.startswith("sglang:num_running_reqs{")
             )
+
+    def kill_scheduler(self) -> None:
+        """Kill the scheduler and wait until the dataplane has noticed (its next turns are held)."""
+        self.pair.children["scheduler"].kill()
+        if not wait_until(lambda: self.pair.health()["scheduler"] != "connected", 30):
+            raise AssertionError(f"the dataplane never noticed the scheduler's death\n{self.pair.logs()}")
+
+    def start_scheduler(self) -> None:
+        """Start the scheduler again as before; wait until the dataplane is connected to it."""
+        old = self.pair.children["scheduler"]
+        again = ChildProcess(
+            old.name, old.args, old.log_path, env=old.env, ready_url=old.ready_url, replace_env=True
+        )
+        self.pair.children["scheduler"] = again.start()
+        again.wait_ready()
+        if not wait_until(lambda: self.pair.health()["scheduler"] == "connected", 30):
+            raise AssertionError(f"the dataplane did not reconnect\n{self.pair.logs()}")
 
     def sent(self, name: str, answer_id: str) -> bytes:
         """The exact bytes engine ``name`` sent for answer ``answer_id`` (``/testkit/sent``)."""
