@@ -160,11 +160,14 @@ class Endpoints:
     caller: str
 
 
-def run_claude_code(at: Endpoints, home: str, prompt: str, timeout: float = 300) -> HarnessRun:
+def run_claude_code(
+    at: Endpoints, home: str, prompt: str, model: str = HARNESS_MODEL, mcp: bool = True, timeout: float = 300
+) -> HarnessRun:
     """``claude -p`` with its turns on the dataplane (``ANTHROPIC_BASE_URL``, the token as
     ``ANTHROPIC_AUTH_TOKEN``, the luftpause headers in ``ANTHROPIC_CUSTOM_HEADERS``), the runtime as
-    its only MCP server (``--mcp-config``, the token in its headers), its built-in tools off
-    (``--tools ""``) and the runtime's allowed (``--allowedTools "mcp__luftpause__*"``)."""
+    its only MCP server (``--mcp-config``, the token in its headers; ``mcp=False``: none), its
+    built-in tools off (``--tools ""``) and the runtime's allowed (``--allowedTools
+    "mcp__luftpause__*"``)."""
     exe = harness_bin("claude")
     assert exe is not None, "Claude Code is not installed"
     config = os.path.join(home, "mcp.json")
@@ -193,22 +196,11 @@ def run_claude_code(at: Endpoints, home: str, prompt: str, timeout: float = 300)
         "DISABLE_TELEMETRY": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
-    cmd = [
-        exe,
-        "-p",
-        "--tools",
-        "",
-        "--model",
-        HARNESS_MODEL,
-        "--mcp-config",
-        config,
-        "--strict-mcp-config",
-        "--allowedTools",
-        "mcp__luftpause__*",
-        "--output-format",  # --allowedTools takes several values: an option ends them
-        "json",
-        prompt,
-    ]
+    cmd = [exe, "-p", "--tools", "", "--model", model, "--strict-mcp-config"]
+    if mcp:
+        # --allowedTools takes several values: the option after it ends them
+        cmd += ["--mcp-config", config, "--allowedTools", "mcp__luftpause__*"]
+    cmd += ["--output-format", "json", prompt]
     done = subprocess.run(cmd, env=env, cwd=home, capture_output=True, text=True, timeout=timeout)
     return HarnessRun(done.returncode, done.stdout, done.stderr)
 
@@ -248,17 +240,19 @@ Codex asks before an MCP tool not annotated read-only, and with ``approval_polic
 refuses it instead ("requires approval"); ``spawn`` is no read-only tool."""
 
 
-def run_codex(at: Endpoints, home: str, prompt: str, timeout: float = 300) -> HarnessRun:
-    """``codex exec`` with :data:`CODEX_CONFIG` in ``CODEX_HOME`` (under ``home``)."""
+def run_codex(
+    at: Endpoints, home: str, prompt: str, model: str = HARNESS_MODEL, mcp: bool = True, timeout: float = 300
+) -> HarnessRun:
+    """``codex exec`` with :data:`CODEX_CONFIG` in ``CODEX_HOME`` (under ``home``; ``mcp=False``:
+    without its ``[mcp_servers.luftpause]`` tables)."""
     exe = harness_bin("codex")
     assert exe is not None, "Codex CLI is not installed"
     codex_home, work = os.path.join(home, ".codex"), os.path.join(home, "work")
     os.makedirs(codex_home, exist_ok=True)
     os.makedirs(work, exist_ok=True)
+    config = CODEX_CONFIG.format(model=model, dataplane=at.dataplane, mcp=at.mcp, caller=at.caller)
     with open(os.path.join(codex_home, "config.toml"), "w") as f:
-        f.write(
-            CODEX_CONFIG.format(model=HARNESS_MODEL, dataplane=at.dataplane, mcp=at.mcp, caller=at.caller)
-        )
+        f.write(config if mcp else config.split("\n[mcp_servers.luftpause]")[0])
     env = {
         "PATH": os.environ["PATH"],
         "HOME": home,

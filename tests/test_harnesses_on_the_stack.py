@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dataplane_procs import fake_engine
 from harness_runs import HARNESSES_ENV, harness_bin
 from harness_stack import (
     HARNESS_MODEL,
@@ -31,6 +32,8 @@ from luftpause.testkit.stack import Stack
 pytestmark = pytest.mark.integration
 
 TOKEN = "harness-token"
+NATIVE_MODEL = "native-sim"
+"""Served by a simulated engine that speaks Messages and Responses itself: relayed unchanged."""
 
 
 def _require(name: str) -> None:
@@ -52,20 +55,27 @@ def engine() -> Iterator[OrchestratingEngine]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, engine: OrchestratingEngine) -> Iterator[Stack]:
-    extra = f"""
+    workdir = tmp_path_factory.mktemp("harnesses")
+    native_args = ("--model", NATIVE_MODEL, "--apis", "messages,responses", "--tool-rounds", "0")
+    with fake_engine(workdir, args=native_args, name="native") as native:
+        extra = f"""
 [[replicas]]
 name = "orchestrator"
 url = "{engine.url}"
 models = ["{HARNESS_MODEL}"]
 health_path = ""
+
+[[replicas]]
+name = "native"
+url = "{native}"
+models = ["{NATIVE_MODEL}"]
+apis = ["chat", "messages", "responses"]
 """
-    running = Stack.start(
-        tmp_path_factory.mktemp("harnesses"), extra_config=extra, env={"LUFTPAUSE_TOKEN": TOKEN}
-    )
-    try:
-        yield running
-    finally:
-        running.stop()
+        running = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": TOKEN})
+        try:
+            yield running
+        finally:
+            running.stop()
 
 
 @pytest.fixture
@@ -150,3 +160,23 @@ def test_codex_orchestrates_a_sub_agent_through_luftpause(
     assert _orchestrated(engine, since) == ["mcp__luftpause__spawn", "mcp__luftpause__await"]
     status = _status(stack)
     assert status["runs_by_caller"].get(caller) == 1, status["runs_by_caller"]
+
+
+def test_both_harnesses_take_a_natively_served_answer_relayed_unchanged(stack: Stack, home: str) -> None:
+    """A replica that serves Messages and Responses itself: the harnesses' turns reach it as they
+    sent them, and its answers reach them unchanged (a simulated engine's text)."""
+    for name in ("claude", "codex"):
+        _require(name)
+    at = Endpoints(stack.dataplane_url, stack.runtime_url, TOKEN, "native")
+    claude = run_claude_code(at, home, "Say hello", model=NATIVE_MODEL, mcp=False)
+    assert claude.returncode == 0, claude.stdout[-3000:] + claude.stderr[-3000:]
+    assert json.loads(claude.stdout)["result"].startswith("I saw 0 tool results.")
+    codex = run_codex(at, home, "Say hello", model=NATIVE_MODEL, mcp=False)
+    assert codex.returncode == 0, codex.stdout[-3000:] + codex.stderr[-3000:]
+    events = [json.loads(line) for line in codex.stdout.splitlines() if line.startswith("{")]
+    said = [
+        e["item"]["text"]
+        for e in events
+        if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"
+    ]
+    assert said and said[-1].startswith("I saw 0 tool results."), codex.stdout[-3000:]
