@@ -231,13 +231,11 @@ required = true
 
 [mcp_servers.luftpause.tools.spawn]
 approval_mode = "approve"
-
-[mcp_servers.luftpause.tools.await]
-approval_mode = "approve"
 """
 """Codex's ``config.toml`` for luftpause (``docs/harnesses.md``). ``approval_mode = "approve"``:
 Codex asks before an MCP tool not annotated read-only, and with ``approval_policy = "never"`` it
-refuses it instead ("requires approval"); ``spawn`` is no read-only tool."""
+refuses it instead ("requires approval"). ``spawn`` is no read-only tool; ``await`` is annotated
+``readOnlyHint`` by the runtime, so Codex calls it without one."""
 
 
 def run_codex(

@@ -10,8 +10,8 @@ from typing import Any
 
 from runtime_helpers import make_run
 
-from luftpause.runtime.journal import JOURNAL_NAME, Journal, read_records
-from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal, read_records
+from luftpause.runtime.runs.registry import Run, RunRegistry
 
 ROUND = [
     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
@@ -42,8 +42,7 @@ async def _replay(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Ru
         await asyncio.Event().wait()
 
     registry = RunRegistry(journal=Journal(state_dir, **journal))
-    async with registry:
-        registry.resume(idle)
+    async with registry.serving(idle):
         await asyncio.sleep(0)
     return registry, resumed
 
@@ -73,7 +72,7 @@ def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line
     (a,) = resumed
     assert a.handle == "run-a" and a.resumed
     assert a.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "t"}, *ROUND]
-    assert (a.tool_calls, a.prompt_tokens, a.turn_seconds) == (1, 10, 0.5)
+    assert (a.costs.tool_calls, a.costs.prompt_tokens, a.costs.turn_seconds) == (1, 10, 0.5)
     assert a.children == ["run-b"]
     b = registry.get("run-b")
     assert (b.state, b.answer, b.parent) == ("completed", "42", "run-a")
@@ -120,7 +119,7 @@ def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp
 
     registry, resumed = asyncio.run(_replay(tmp_path))
     assert [run.handle for run in resumed] == ["run-live"] and resumed[0].messages[2:] == ROUND
-    assert resumed[0].tool_calls == 1
+    assert resumed[0].costs.tool_calls == 1
     assert registry.get("run-7").state == "failed" and registry.get("run-7").error == "e"
 
 
@@ -155,7 +154,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     written (it is marked not durable)."""
     import os
 
-    from luftpause.runtime.journal import JournalWriteError
+    from luftpause.runtime.runs.journal import JournalWriteError
 
     turns: list[str] = []
 
@@ -178,7 +177,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
             else:
                 raise AssertionError("the start record was acknowledged on a full disk")
             for _ in range(100):
-                if run.done and run.journal_error is not None:
+                if run.done and run.durability.error is not None:
                     break
                 await asyncio.sleep(0.01)
             return run
@@ -186,7 +185,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     run = asyncio.run(scenario())
     assert turns == []
     assert run.state == "failed" and "could not be journaled" in (run.error or ""), run.error
-    assert run.journal_error is not None and run.result()["durable"] is False
+    assert run.durability.error is not None and run.result()["durable"] is False
 
 
 def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path: Path) -> None:
@@ -209,13 +208,11 @@ def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path
     )
 
     async def scenario() -> Run:
+        async def idle(run: Run) -> None:
+            await asyncio.Event().wait()
+
         registry = RunRegistry(journal=Journal(tmp_path))
-        async with registry:
-
-            async def idle(run: Run) -> None:
-                await asyncio.Event().wait()
-
-            registry.resume(idle)
+        async with registry.serving(idle):
             child = registry.get("run-child")
             for _ in range(500):  # the timer fires at once (the budget ran out long ago)
                 if child.done:

@@ -236,6 +236,38 @@ def test_a_person_sends_a_message_and_stops_a_run_from_the_page(pod: Pod, browse
     asyncio.run(go())
 
 
+def test_a_failed_child_is_shown_failed_not_idle(pod: Pod, browser: int) -> None:
+    # It was shown "idle", like a child that answered: a failure looked like a rest.
+    child = script({"refuse": 503, "error": "engine sim-a: overloaded"})
+    parent = script({"call": "spawn", "args": {"task": child, "name": "broken"}}, {"say": "A waits"})
+
+    async def go() -> tuple[str, str, str]:
+        async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:
+            a = (await call(client, "spawn", task=parent, name="a", orchestrate=True))["handle"]
+
+            async def child_failed() -> Any:
+                runs = (await call(client, "list", handle=a))["runs"]
+                return runs[0] if runs and runs[0]["runState"] == "failed" else None
+
+            failed = await until(child_failed, "the child to fail")
+            assert failed["state"] == "idle"  # list keeps the pod state, and says runState beside it
+            page = await open_page(browser, f"{pod.url}/monitor?token={TOKEN}", session)
+            try:
+                node = f'li[data-handle="{a}"] li[data-handle="{failed["handle"]}"] .run'
+                await until(lambda: _state_shown(page, node, "failed"), "the child shown failed")
+                badge = await page.text(node + " .state")
+                title = await page.evaluate(f"document.querySelector({json.dumps(node + ' .state')}).title")
+                await page.click(node)
+                await until(lambda: _state_shown(page, "#detail", "failed"), "the detail shown failed")
+                return badge, str(title), await page.text("#detail-state")
+            finally:
+                await page.ws.close()
+
+    badge, title, detail = asyncio.run(go())
+    assert badge == detail == "failed"
+    assert "engine sim-a: overloaded" in title
+
+
 async def _action_says(page: Page, text: str) -> bool:
     return text in await page.text("#action-result")
 
@@ -347,7 +379,7 @@ def test_cross_site_requests_cannot_message_stop_or_read_runs(open_pod: Pod) -> 
 
 
 def test_text_that_is_not_unicode_never_breaks_the_json() -> None:
-    from luftpause.runtime.monitor import _json
+    from luftpause.runtime.web.monitor import _json
 
     response = _json({"runs": [{"name": "ok"}, {"task": "bad \ud800 text"}]})
     assert response.status_code == 200

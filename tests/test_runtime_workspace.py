@@ -1,4 +1,4 @@
-"""The built-in workspace tools (luftpause.runtime.workspace) on real files under ``tmp_path``:
+"""The built-in workspace tools (luftpause.runtime.pods.workspace) on real files under ``tmp_path``:
 scope checks on real paths (``..``, symlinks), bounds, edit uniqueness, upstream path arguments."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from luftpause.runtime import workspace
-from luftpause.runtime.scope import Rule, Scope, ScopeDenied, ScopeLedger, workspace_scope
-from luftpause.runtime.workspace import (
+from luftpause.runtime.pods import workspace
+from luftpause.runtime.pods.scope import Rule, Scope, ScopeDenied, ScopeLedger, workspace_scope
+from luftpause.runtime.pods.workspace import (
     TOOL_SCHEMAS,
     TOOLS,
     WorkspaceError,

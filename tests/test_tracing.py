@@ -26,8 +26,8 @@ from runtime_helpers import make_run
 
 from luftpause import tracing
 from luftpause.config import parse_config
-from luftpause.runtime import run_spans
-from luftpause.runtime.upstream import _traceparent_header
+from luftpause.runtime.agent import spans as run_spans
+from luftpause.runtime.agent.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.testkit.procs import free_port
@@ -428,7 +428,7 @@ def test_chat_and_execute_tool_spans_are_children_of_invoke_agent_with_genai_att
             meta = run_spans.current_meta()
             run_spans.tool_outcome(tool_span, True, "Error: no such page")
     (agent,) = named(spans, "invoke_agent sub-agent")
-    (chat,) = named(spans, f"chat {run.model}")
+    (chat,) = named(spans, f"chat {run.spec.model}")
     (tool,) = named(spans, "execute_tool lookup")
     assert chat.kind is SpanKind.CLIENT
     for span in (chat, tool):
@@ -456,7 +456,7 @@ def test_a_reply_without_usage_records_no_token_counts(spans: InMemorySpanExport
     run = make_run("run-2")
     with run_spans.invoke_agent(run), run_spans.chat(run) as chat_span:
         run_spans.chat_reply(chat_span, {"choices": [{"finish_reason": "stop"}]})
-    (chat,) = named(spans, f"chat {run.model}")
+    (chat,) = named(spans, f"chat {run.spec.model}")
     attributes = chat.attributes or {}
     assert "gen_ai.usage.input_tokens" not in attributes and "gen_ai.usage.output_tokens" not in attributes
     assert attributes["gen_ai.response.finish_reasons"] == ("stop",)

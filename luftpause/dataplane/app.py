@@ -1,6 +1,6 @@
 """The dataplane's ASGI application (served by granian on uvloop; why ASGI: ``asgi.py``).
 
-Routes (DESIGN.md, "The dataplane"):
+Routes (docs/architecture.md "The proxy"):
 
 =============================  ==================================================================
 ``POST /v1/chat/completions``  OpenAI Chat Completions, streamed or not, admitted by the scheduler
@@ -47,9 +47,10 @@ from typing import Any
 
 import grpc.aio
 import orjson
+from pydantic import ValidationError
 
 from luftpause import tracing
-from luftpause.config import Config, load_config
+from luftpause.config import Config, ReplicaConfig, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.apis.errors import Api
@@ -70,6 +71,7 @@ from luftpause.dataplane.errors import (
     DataplaneError,
     MethodNotAllowed,
     NotFound,
+    TooManyRequests,
     Unauthorized,
 )
 from luftpause.dataplane.front_doors import MESSAGES_PATH, RESPONSES_PATH, FrontDoors, api_of
@@ -137,18 +139,13 @@ class Dataplane:
         dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
         self.link = SchedulerLink(config.dataplane.scheduler, self.runs, dataplane_id)
         self.token = os.environ.get(TOKEN_ENV) or None
-        self.models_body = orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in config.models
-                ],
-            }
-        )
-        self.anthropic_models_body = models_body(config.models, anthropic=True)
+        self._models = config.models
+        self.models_body = models_body(self._models, anthropic=False)
+        self.anthropic_models_body = models_body(self._models, anthropic=True)
         self.front_doors = FrontDoors(config.replicas)
         self._upstream: Upstream | None = None
         self._replicas = {replica.name: replica for replica in config.replicas}
+        self.link.on_replicas = self._learn_replicas  # the scheduler's set replaces the file's
         self._relay: Relay | None = None
         self._held = 0  # turns whose Admit is out
         self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, taken once in startup()
@@ -225,6 +222,36 @@ class Dataplane:
         if self._upstream is not None:
             await self._upstream.close()
 
+    def _learn_replicas(self, replicas: pb.ReplicaSet) -> None:
+        """The scheduler's replica set (the source of truth: the admin API and SIGHUP change it):
+        turns go to these replicas and ``/v1/models`` lists their models from now on. A spec
+        this dataplane cannot read is kept as it was, logged."""
+        learned: dict[str, ReplicaConfig] = {}
+        for spec in replicas.replicas:
+            try:
+                learned[spec.name] = ReplicaConfig.model_validate(
+                    {
+                        "name": spec.name,
+                        "url": spec.url,
+                        "models": tuple(spec.models),
+                        "kind": spec.kind or "generative",
+                        "api_key_env": spec.api_key_env or None,
+                        "priority": spec.priority or None,
+                        "apis": tuple(spec.apis) or ("chat",),
+                    }
+                )
+            except ValidationError as exc:
+                log.error("replica %r from the scheduler refused: %s", spec.name, exc)
+                if spec.name in self._replicas:
+                    learned[spec.name] = self._replicas[spec.name]
+        if learned.keys() != self._replicas.keys():
+            log.info("replicas from the scheduler: %s", ", ".join(learned) or "none")
+        self._replicas = learned
+        self._models = list(dict.fromkeys(m for r in learned.values() for m in r.models))
+        self.models_body = models_body(self._models, anthropic=False)
+        self.anthropic_models_body = models_body(self._models, anthropic=True)
+        self.front_doors = FrontDoors(list(learned.values()))
+
     # --- routing ---------------------------------------------------------------------------------
 
     async def _http(self, exchange: Exchange) -> None:
@@ -240,6 +267,8 @@ class Dataplane:
                 headers = [*headers, (b"allow", exc.allow.encode())]
             elif isinstance(exc, Unauthorized):
                 headers = [*headers, (b"www-authenticate", exc.challenge.encode())]
+            elif isinstance(exc, TooManyRequests):
+                headers = [*headers, (b"retry-after", str(exc.retry_after_s).encode())]
             api = api_of(exchange.path, exchange.headers.get(_ANTHROPIC_VERSION))
             await exchange.respond(
                 exc.status, headers, exc.body() if api is None else api_error_body(api, exc)
@@ -297,9 +326,7 @@ class Dataplane:
         elif path.startswith(_MODELS_PREFIX) and len(path) > len(_MODELS_PREFIX):
             allow(path, method, "GET", "HEAD")
             model = path[len(_MODELS_PREFIX) :]
-            found = model_body(
-                self.config.models, model, wants_anthropic(exchange.header(_ANTHROPIC_VERSION))
-            )
+            found = model_body(self._models, model, wants_anthropic(exchange.header(_ANTHROPIC_VERSION)))
             if found is None:
                 raise NotFound(f"no replica serves model {model!r}")
             await exchange.respond(200, _JSON, found)
@@ -575,6 +602,8 @@ class Dataplane:
             if turn.new_run:
                 self.runs.forget_unplaced(turn.run_id)  # unknown model and the like: nothing recorded
             self.metrics.turn_ended("refused", turn.service_class)
+            if reply.refused.http_status == 429:  # a protection limit: Retry-After with it
+                raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         return reply.placed.replica
 

@@ -1,10 +1,11 @@
 """``luftpause scheduler``: the gRPC admission service and the HTTP status endpoint, one process.
 
 Both servers, the 1 s clock tick and the 2 s engine probes (:mod:`.probes`) share one uvloop event
-loop and one :class:`SchedulerHost`.
-SIGINT or SIGTERM stops them (dataplanes' ``Connect`` streams end with UNAVAILABLE, which abandons
-the admissions still held on them; the dataplanes hold those turns and re-send them to whichever
-scheduler comes back) and the process exits 0. A bad configuration prints the
+loop and one :class:`SchedulerHost`. SIGHUP re-reads the configuration file and applies its
+``[[replicas]]`` (added, removed, drained: :meth:`SchedulerHost.reload`). SIGINT or SIGTERM stops
+them (dataplanes' ``Connect`` streams end with UNAVAILABLE, which abandons the admissions still
+held on them; the dataplanes hold those turns and re-send them to whichever scheduler comes back)
+and the process exits 0. A bad configuration prints the
 :class:`~luftpause.config.ConfigError` and exits 2.
 """
 
@@ -22,13 +23,16 @@ from aiohttp import web
 
 from luftpause import logs, tracing
 from luftpause.cli import add_config_argument, config_from_args
-from luftpause.config import Config, split_host_port
+from luftpause.config import Config, ConfigError, load_config, split_host_port
 from luftpause.ports import refuse_if_in_use
+from luftpause.scheduler.errors import CannotListen
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.probes import Prober
 from luftpause.scheduler.status_http import status_app
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
+
+log = logging.getLogger("luftpause.scheduler")
 
 STOP_GRACE_S = 1.0
 
@@ -88,6 +92,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
 
     host = SchedulerHost(config)
     prober = Prober(config, host)
+    if config.source is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_replicas, host, config.source)
     grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
     runner = web.AppRunner(status_app(host), access_log=None)
@@ -97,9 +103,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         try:
             bound = grpc_server.add_insecure_port(config.scheduler.grpc)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
+            raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
         if bound == 0:
-            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}")
+            raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}")
         await grpc_server.start()
         await web.TCPSite(runner, http_host, http_port).start()
         host.start_clock()
@@ -116,5 +122,20 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         host.stop_clock()
         await grpc_server.stop(STOP_GRACE_S)
         await runner.cleanup()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+
+
+def reload_replicas(host: SchedulerHost, path: str) -> None:
+    """``SIGHUP``: re-read ``path`` and apply its ``[[replicas]]`` (:meth:`SchedulerHost.reload`).
+
+    A file that cannot be read or is refused changes nothing (the error is logged); other settings
+    are read at start only.
+    """
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        log.error("SIGHUP: configuration not reloaded: %s", exc)
+        return
+    done = host.reload(config)
+    log.warning("SIGHUP: replicas reloaded from %s: %s", path, "; ".join(done) or "no change")

@@ -6,9 +6,10 @@ The JSON shape is documented in :mod:`luftpause.scheduler.core.snapshot`. The li
 whose script polls ``status`` every 2 s and, with ``?runtime=URL`` (and ``?token=``), also that
 runtime's ``GET /status`` run tree. It puts data in the DOM only as text; its answer carries a
 Content-Security-Policy that runs only its own inline script (by hash), so markup that got into the
-DOM anyway could not run. Every error is answered
-with the JSON error body of DESIGN.md's failure contract, ``{"error": {"message": "..."}}``: an
-unknown path 404, a known path with another method 405 (with ``Allow``), a fault of ours 500.
+DOM anyway could not run. Every error is answered with the JSON error body of the failure
+contract (docs/architecture.md "Failure contract"), ``{"error": {"message": "..."}}``, and the
+status of its class in :mod:`luftpause.scheduler.errors`: an unknown path 404, a known path with
+another method 405 (with ``Allow``), a fault of ours 500.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
 
 log = logging.getLogger("luftpause.scheduler")
@@ -44,19 +46,18 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except web.HTTPMethodNotAllowed as exc:
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        return error_response(
-            405, f"{request.path} takes {allowed}, not {request.method}", {hdrs.ALLOW: allowed}
-        )
+        refused = MethodNotAllowed(request.method, request.path, list(exc.allowed_methods))
+        return error_response(refused.http_status, str(refused), {hdrs.ALLOW: refused.allow})
     except web.HTTPNotFound:
-        return error_response(404, f"no route {request.method} {request.path}")
+        missing = RouteNotFound(request.method, request.path)
+        return error_response(missing.http_status, str(missing))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like are answers, not errors
         return error_response(exc.status, exc.reason)
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {type(exc).__name__}")
+        return error_response(SchedulerError.http_status, f"internal error: {type(exc).__name__}")
 
 
 PAGE_RESOURCE = "page.html"
@@ -95,10 +96,13 @@ def page_csp(page: bytes) -> str:
 
 
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status`` and ``/health`` from ``host``.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/health`` and the admin
+    API (:mod:`.admin_http`) from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
+    from luftpause.scheduler.admin_http import add_admin_routes  # it imports error_response from here
+
     page = page_html()
     page_headers = {
         hdrs.CONTENT_SECURITY_POLICY: page_csp(page),
@@ -120,4 +124,5 @@ def status_app(host: SchedulerHost) -> web.Application:
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
     app.router.add_get("/health", health)
+    add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app
