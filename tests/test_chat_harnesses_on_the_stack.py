@@ -1,11 +1,12 @@
 """Harnesses that speak Chat Completions, run for real against a stack with ``LUFTPAUSE_TOKEN`` set,
-configured as ``docs/harnesses.md`` says: ``llm`` (PyPI) and opencode (npm). Each sends its turns
+configured as ``docs/harnesses.md`` says: ``llm`` and aider (PyPI), opencode (npm). Each sends its turns
 to ``/v1/chat/completions`` with the token and the ``x-luftpause-*`` headers from its configuration,
 which the scheduler sees as the turns' class and caller.
 
-Skipped, saying why, where a harness is not installed: ``llm`` in the venv
-``~/.cache/luftpause/pyharnesses/llm`` (``python3 -m venv ... && .../bin/pip install llm``, or
-``LUFTPAUSE_LLM``: its executable), opencode with the npm harnesses (``npm install --prefix
+Skipped, saying why, where a harness is not installed: ``llm`` and aider each in a venv of its own
+under ``~/.cache/luftpause/pyharnesses`` (``python3 -m venv .../llm && .../llm/bin/pip install
+llm``, ``aider-chat`` in ``.../aider``; or ``LUFTPAUSE_LLM``, ``LUFTPAUSE_AIDER``: the
+executable), opencode with the npm harnesses (``npm install --prefix
 ~/.cache/luftpause/harnesses opencode-ai``, or ``LUFTPAUSE_HARNESSES_DIR``).
 """
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "chat-harness-token"
 LLM_ENV = "LUFTPAUSE_LLM"
+AIDER_ENV = "LUFTPAUSE_AIDER"
 
 
 def _llm() -> str:
@@ -146,3 +148,58 @@ def test_opencode_sends_its_turns_with_the_luftpause_headers(stack: Stack, home:
     status = _status(stack)
     # its agent loop's turns are joined by tool-call ids; its side requests (a title) are runs of their own
     assert status["runs_by_caller"].get(caller, 0) >= 1
+
+
+def _aider() -> str:
+    path = os.environ.get(AIDER_ENV) or os.path.expanduser("~/.cache/luftpause/pyharnesses/aider/bin/aider")
+    if not os.access(path, os.X_OK):
+        pytest.skip(
+            "aider is not installed: python3 -m venv ~/.cache/luftpause/pyharnesses/aider && "
+            f"~/.cache/luftpause/pyharnesses/aider/bin/pip install aider-chat (or set {AIDER_ENV})"
+        )
+    return path
+
+
+def test_aider_sends_its_turns_with_the_luftpause_headers(stack: Stack, home: str) -> None:
+    exe = _aider()
+    caller = f"aider-{uuid.uuid4().hex[:8]}"
+    work = Path(home, "work")
+    work.mkdir()
+    # litellm's extra_headers, per model: how aider sends the luftpause headers
+    (work / ".aider.model.settings.yml").write_text(
+        f"""- name: openai/{stack.model}
+  extra_params:
+    max_tokens: 64
+    extra_headers:
+      x-luftpause-class: batch
+      x-luftpause-caller: {caller}
+"""
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": home,
+        "OPENAI_API_BASE": f"{stack.dataplane_url}/v1",
+        "OPENAI_API_KEY": TOKEN,
+        "HF_HUB_OFFLINE": "1",
+    }
+    cmd = [
+        exe,
+        "--model",
+        f"openai/{stack.model}",
+        "--no-git",
+        "--yes-always",
+        "--no-check-update",
+        "--no-show-model-warnings",
+        "--no-analytics",
+        "--no-pretty",
+        "--no-stream",
+        "--message",
+        "Say hello",
+    ]
+    done = subprocess.run(
+        cmd, env=env, cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "I saw 0 tool results." in done.stdout, done.stdout[-3000:]
+    status = _status(stack)
+    assert status["runs_by_caller"].get(caller, 0) >= 1, status["runs_by_caller"]
