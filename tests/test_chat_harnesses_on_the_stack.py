@@ -1,13 +1,14 @@
 """Harnesses that speak Chat Completions, run for real against a stack with ``LUFTPAUSE_TOKEN`` set,
-configured as ``docs/harnesses.md`` says: ``llm`` and aider (PyPI), opencode (npm). Each sends its turns
-to ``/v1/chat/completions`` with the token and the ``x-luftpause-*`` headers from its configuration,
-which the scheduler sees as the turns' class and caller.
+configured as ``docs/harnesses.md`` says: ``llm``, aider and fast-agent (PyPI), opencode (npm).
+Each sends its turns to ``/v1/chat/completions`` with the token and the ``x-luftpause-*`` headers
+from its configuration, which the scheduler sees as the turns' class and caller.
 
-Skipped, saying why, where a harness is not installed: ``llm`` and aider each in a venv of its own
-under ``~/.cache/luftpause/pyharnesses`` (``python3 -m venv .../llm && .../llm/bin/pip install
-llm``, ``aider-chat`` in ``.../aider``; or ``LUFTPAUSE_LLM``, ``LUFTPAUSE_AIDER``: the
-executable), opencode with the npm harnesses (``npm install --prefix
-~/.cache/luftpause/harnesses opencode-ai``, or ``LUFTPAUSE_HARNESSES_DIR``).
+Skipped, saying why, where a harness is not installed: ``llm``, aider and fast-agent each in a venv
+of its own under ``~/.cache/luftpause/pyharnesses`` (``python3 -m venv .../llm &&
+.../llm/bin/pip install llm``; ``aider-chat`` in ``.../aider``; ``fast-agent-mcp`` in
+``.../fastagent``, with Python 3.12 or later), or the executable in ``LUFTPAUSE_LLM``,
+``LUFTPAUSE_AIDER``, ``LUFTPAUSE_FAST_AGENT``; opencode with the npm harnesses (``npm install
+--prefix ~/.cache/luftpause/harnesses opencode-ai``, or ``LUFTPAUSE_HARNESSES_DIR``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "chat-harness-token"
 LLM_ENV = "LUFTPAUSE_LLM"
 AIDER_ENV = "LUFTPAUSE_AIDER"
+FAST_AGENT_ENV = "LUFTPAUSE_FAST_AGENT"
 
 
 def _llm() -> str:
@@ -203,3 +205,44 @@ def test_aider_sends_its_turns_with_the_luftpause_headers(stack: Stack, home: st
     assert "I saw 0 tool results." in done.stdout, done.stdout[-3000:]
     status = _status(stack)
     assert status["runs_by_caller"].get(caller, 0) >= 1, status["runs_by_caller"]
+
+
+def _fast_agent() -> str:
+    path = os.environ.get(FAST_AGENT_ENV) or os.path.expanduser(
+        "~/.cache/luftpause/pyharnesses/fastagent/bin/fast-agent"
+    )
+    if not os.access(path, os.X_OK):
+        pytest.skip(
+            "fast-agent is not installed (it needs Python 3.12 or later): python3.12 -m venv "
+            "~/.cache/luftpause/pyharnesses/fastagent && ~/.cache/luftpause/pyharnesses/fastagent/bin/pip "
+            f"install fast-agent-mcp (or set {FAST_AGENT_ENV})"
+        )
+    return path
+
+
+def test_fast_agent_sends_its_turns_with_the_luftpause_headers(stack: Stack, home: str) -> None:
+    exe = _fast_agent()
+    caller = f"fast-agent-{uuid.uuid4().hex[:8]}"
+    work = Path(home, "work")
+    work.mkdir()
+    (work / "fastagent.config.yaml").write_text(
+        f"""generic:
+  api_key: {TOKEN}
+  base_url: {stack.dataplane_url}/v1
+  default_headers:
+    x-luftpause-class: batch
+    x-luftpause-caller: {caller}
+"""
+    )
+    done = subprocess.run(
+        [exe, "go", "--model", f"generic.{stack.model}", "--message", "Say hello", "--quiet"],
+        env={"PATH": os.environ["PATH"], "HOME": home},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("I saw 0 tool results."), done.stdout[-3000:]
+    assert _status(stack)["runs_by_caller"].get(caller) == 1
