@@ -11,6 +11,8 @@ request, by :meth:`FrontDoors.plan`:
   API's own fact scanner (``apis.facts``). The turn carries that option as a
   :class:`~luftpause.dataplane.turn.Native`; the relay takes it when the scheduler placed the turn
   on such a replica.
+  The client's headers are not passed on (no ``anthropic-version`` or ``anthropic-beta``), as on
+  the chat route: the engine gets the replica's key and the ``traceparent``.
 * **Translated**: a replica that does not serve the API gets the request translated to Chat
   Completions (``apis.messages_request`` / ``apis.responses_request``) and its answer translated
   back, event by event (a :class:`~luftpause.dataplane.turn.Translation`).
