@@ -2,7 +2,8 @@
 stack with ``LUFTPAUSE_TOKEN`` set, configured as ``docs/harnesses.md`` says: each harness's model
 turns go through the dataplane (Claude Code's to ``/v1/messages``, Codex's to ``/v1/responses``,
 translated to the scripted engine's Chat Completions), it calls the runtime's ``spawn`` and
-``await`` over MCP, and the whole session is one run at the scheduler.
+``await`` over MCP, and the whole session is one run at the scheduler. opencode and fast-agent
+likewise over Chat Completions.
 
 Skipped, saying why, where npm's harnesses are not installed.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -180,3 +182,119 @@ def test_both_harnesses_take_a_natively_served_answer_relayed_unchanged(stack: S
         if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"
     ]
     assert said and said[-1].startswith("I saw 0 tool results."), codex.stdout[-3000:]
+
+
+def test_opencode_orchestrates_a_sub_agent_through_luftpause(
+    stack: Stack, engine: OrchestratingEngine, home: str
+) -> None:
+    """opencode both ways: its turns to ``/v1/chat/completions`` (no translation), the runtime as its
+    remote MCP server."""
+    exe = harness_bin("opencode")
+    if exe is None:
+        pytest.skip(
+            "opencode is not installed: npm install --prefix ~/.cache/luftpause/harnesses opencode-ai "
+            f"(or set {HARNESSES_ENV})"
+        )
+    caller = f"opencode-{uuid.uuid4().hex[:8]}"
+    work = os.path.join(home, "work")
+    os.makedirs(work)
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "luftpause": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "luftpause",
+                "options": {
+                    "baseURL": f"{stack.dataplane_url}/v1",
+                    "apiKey": "{env:LUFTPAUSE_TOKEN}",
+                    "headers": {"x-luftpause-class": "interactive", "x-luftpause-caller": caller},
+                },
+                "models": {HARNESS_MODEL: {"name": HARNESS_MODEL, "limit": {"context": 8192, "output": 256}}},
+            }
+        },
+        "mcp": {
+            "luftpause": {
+                "type": "remote",
+                "url": stack.runtime_url,
+                "headers": {"Authorization": "Bearer {env:LUFTPAUSE_TOKEN}"},
+                "enabled": True,
+            }
+        },
+    }
+    with open(os.path.join(work, "opencode.json"), "w") as f:
+        json.dump(config, f)
+    since = len(engine.recorded())
+    done = subprocess.run(
+        [exe, "run", "-m", f"luftpause/{HARNESS_MODEL}", "Have a sub-agent say hello"],
+        env={"PATH": os.environ["PATH"], "HOME": home, "LUFTPAUSE_TOKEN": TOKEN},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the sub-agent answered: I saw " in done.stdout, done.stdout[-3000:]
+    called = _orchestrated(engine, since)
+    assert [name.rsplit("_", 1)[-1] for name in called] == ["spawn", "await"], called
+
+
+def test_fast_agent_orchestrates_a_sub_agent_through_luftpause(
+    stack: Stack, engine: OrchestratingEngine, home: str
+) -> None:
+    """fast-agent both ways: its turns to ``/v1/chat/completions``, the runtime as its HTTP MCP
+    server (``fastagent.config.yaml``)."""
+    exe = os.environ.get("LUFTPAUSE_FAST_AGENT") or os.path.expanduser(
+        "~/.cache/luftpause/pyharnesses/fastagent/bin/fast-agent"
+    )
+    if not os.access(exe, os.X_OK):
+        pytest.skip(
+            "fast-agent is not installed (Python 3.12 or later): python3.12 -m venv "
+            "~/.cache/luftpause/pyharnesses/fastagent && .../bin/pip install fast-agent-mcp "
+            "(or set LUFTPAUSE_FAST_AGENT)"
+        )
+    caller = f"fast-agent-{uuid.uuid4().hex[:8]}"
+    work = os.path.join(home, "work")
+    os.makedirs(work)
+    with open(os.path.join(work, "fastagent.config.yaml"), "w") as f:
+        f.write(
+            f"""generic:
+  api_key: {TOKEN}
+  base_url: {stack.dataplane_url}/v1
+  default_headers:
+    x-luftpause-class: interactive
+    x-luftpause-caller: {caller}
+mcp:
+  servers:
+    luftpause:
+      transport: http
+      url: {stack.runtime_url}
+      headers:
+        Authorization: Bearer {TOKEN}
+"""
+        )
+    since = len(engine.recorded())
+    done = subprocess.run(
+        [
+            exe,
+            "go",
+            "--model",
+            f"generic.{HARNESS_MODEL}",
+            "--servers",
+            "luftpause",
+            "--message",
+            "Have a sub-agent say hello",
+            "--quiet",
+        ],
+        env={"PATH": os.environ["PATH"], "HOME": home},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the sub-agent answered: I saw " in done.stdout, done.stdout[-3000:]
+    called = _orchestrated(engine, since)
+    assert [name.rsplit("_", 1)[-1] for name in called] == ["spawn", "await"], called
+    assert _status(stack)["runs_by_caller"].get(caller) == 1  # one agent loop, joined by tool-call ids
