@@ -6,7 +6,8 @@ the real ``mcp`` client with a scripted engine as its dataplane (``test_runtime_
 :class:`ScriptedEngine` answers each run from a script in its task (``script:`` and a JSON list of
 steps, made by :func:`script`); the step taken is the number of assistant messages already in the
 conversation, so a run re-opened by ``send`` takes the next step. Steps: ``{"call": tool, "args":
-{...}}`` (one tool call), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with
+{...}}`` (one tool call), ``{"calls": [{"call": tool, "args": {...}}, ...]}`` (several in one
+reply, ids ``call_<step>_<index>``), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with
 the system messages that arrived since the run's last assistant message, or ``none``),
 ``{"refuse": 503, "error": text}`` (answer that status: the turn, and so the run, fails), ``"sleep"``
 seconds to wait before answering, and ``"hold": gate`` to wait before answering until the test
@@ -108,6 +109,16 @@ class ScriptedEngine(ThreadedApp):
                 "function": {"name": step["call"], "arguments": json.dumps(step.get("args", {}))},
             }
             return web.json_response(_reply(None, [call]))
+        if "calls" in step:
+            calls = [
+                {
+                    "id": f"call_{done}_{index}",
+                    "type": "function",
+                    "function": {"name": one["call"], "arguments": json.dumps(one.get("args", {}))},
+                }
+                for index, one in enumerate(step["calls"])
+            ]
+            return web.json_response(_reply(None, calls))
         if "echo" in step:
             last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
             fresh = [m["content"] for m in messages[last + 1 :] if m["role"] == "system"]

@@ -223,3 +223,74 @@ def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path
     child = asyncio.run(scenario())
     assert child.state == "cancelled", child.state
     assert (child.error or "").startswith("budget exceeded: seconds"), child.error
+
+
+# A tool round journaled call by call (issue 17, item 5).
+
+REPLY = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "lookup"}} for i in range(3)],
+}
+
+
+def _call(index: int, turn: int = 2, failed: bool = False) -> dict[str, Any]:
+    message = {"role": "tool", "tool_call_id": f"c{index}", "content": f"result {index}"}
+    return {
+        "type": "call",
+        "handle": "run-a",
+        "turn": turn,
+        "index": index,
+        "message": message,
+        "failed": failed,
+    }
+
+
+def test_a_round_begun_is_replayed_with_the_calls_it_completed_and_kept_by_compaction(tmp_path: Path) -> None:
+    at_reply = {**_counters(1), "turns": 2, "promptTokens": 20}
+    _write(
+        tmp_path / JOURNAL_NAME,
+        [
+            _start("run-a"),
+            {"type": "round", "handle": "run-a", "messages": ROUND, "counters": _counters(1)},
+            {"type": "turn", "handle": "run-a", "turn": 2, "message": REPLY, "counters": at_reply},
+            _call(0),
+            _call(2, failed=True),
+            _call(1, turn=1),  # of another turn: it does not fit this round, skipped
+            _call(7),  # past the reply's calls: skipped
+        ],
+    )
+
+    def check(run: Run) -> None:
+        pending = run.pending_round
+        assert pending is not None and pending.turn == 2 and pending.message == REPLY
+        assert sorted(pending.done) == [0, 2] and pending.done[2][1] is True
+        assert run.messages[2:] == ROUND  # the round is not in the conversation until it completes
+        # Counted as the loop counted them: the reply's counters, then one call each (one failed).
+        assert (run.costs.turns, run.costs.tool_calls, run.costs.failed_tool_calls) == (2, 3, 1)
+        assert run.costs.prompt_tokens == 20
+
+    _, resumed = asyncio.run(_replay(tmp_path))
+    check(resumed[0])
+    size = (tmp_path / JOURNAL_NAME).stat().st_size
+    asyncio.run(_replay(tmp_path, compact_bytes=size // 2))  # compacted at start
+    kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
+    assert kinds == ["start", "round", "turn", "call", "call"], kinds
+    _, resumed = asyncio.run(_replay(tmp_path))
+    check(resumed[0])
+
+
+def test_a_completed_round_closes_the_round_its_turn_began(tmp_path: Path) -> None:
+    whole = [REPLY, *(_call(i)["message"] for i in range(3))]
+    _write(
+        tmp_path / JOURNAL_NAME,
+        [
+            _start("run-a"),
+            {"type": "turn", "handle": "run-a", "turn": 1, "message": REPLY, "counters": _counters(0)},
+            *(_call(i, turn=1) for i in range(3)),
+            {"type": "round", "handle": "run-a", "messages": whole, "counters": _counters(3)},
+        ],
+    )
+    _, resumed = asyncio.run(_replay(tmp_path))
+    (run,) = resumed
+    assert run.pending_round is None and run.messages[2:] == whole and run.costs.tool_calls == 3

@@ -19,6 +19,9 @@ Routes (docs/architecture.md "The proxy"):
                                (runs: in the run table; leased_turns: placed under a lease since
                                start, with no round trip to the scheduler)
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
+``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
+                               ready while the scheduler link is resynced and the scheduler counts
+                               a replica healthy
 =============================  ==================================================================
 
 Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool_call`` id the
@@ -49,6 +52,7 @@ import grpc.aio
 import orjson
 from pydantic import ValidationError
 
+from luftpause import health as probes
 from luftpause import tracing
 from luftpause.config import Config, ReplicaConfig, load_config
 from luftpause.dataplane import turn_spans
@@ -152,6 +156,9 @@ class Dataplane:
         self.metrics = DataplaneMetrics(
             in_flight=lambda: 0 if self._relay is None else self._relay.in_flight(),
             held=lambda: self._held,
+            connected=lambda: self.link.connected,
+            healthy_replicas=lambda: self.link.healthy_replicas,
+            replicas=self._replicas,
         )
         self.link.on_placed = self.metrics.placed  # turns that waited for a decision, not leased ones
 
@@ -304,6 +311,11 @@ class Dataplane:
             allow(path, method, "GET", "HEAD")
             await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition())
             return
+        if path == "/livez" or path == "/readyz":
+            allow(path, method, "GET", "HEAD")
+            status, body = probes.LIVE if path == "/livez" else probes.report(self.readiness())
+            await exchange.respond(status, _JSON, body)
+            return
         if not path.startswith("/v1/"):
             raise NotFound(f"no route {method} {path}")
         self._authorize(exchange)
@@ -346,6 +358,22 @@ class Dataplane:
             await exchange.respond(204, [(_RUN_ID, run_id.encode())])
         else:
             raise NotFound(f"no route {method} {path}")
+
+    def readiness(self) -> dict[str, probes.Check]:
+        """``/readyz``'s checks: ``scheduler``, the link is resynced; ``replicas``, the scheduler
+        counts one healthy (as its last answer said; a scheduler that does not say passes)."""
+        link = self.link
+        healthy = link.healthy_replicas
+        if healthy is None:
+            replicas = probes.Check(True, "the scheduler has not said how many replicas are healthy")
+        else:
+            replicas = probes.Check(healthy > 0, f"{healthy} healthy, as the scheduler last said")
+        return {
+            "scheduler": probes.Check(
+                link.connected, f"{'connected to' if link.connected else 'connecting to'} {link.target}"
+            ),
+            "replicas": replicas,
+        }
 
     def _authorize(self, exchange: Exchange) -> None:
         if self.token is None:

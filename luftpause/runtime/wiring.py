@@ -20,6 +20,7 @@ above it::
     decider        ``decide``              (dataplane)
     tasks          the Tasks extension's tasks   (registry, approvals, run's result renderer)
     mcp            the MCP server and its tools  (all of the above that a tool uses)
+    series         the monitor's runs by state over the last minutes  (registry)  runs/series.py
 
 A sub-agent's own ``spawn`` is then a path the imports show: the loop calls its built-in tools,
 which call the spawner, which adds the run to the registry and starts it; the registry drives
@@ -27,15 +28,16 @@ every run with the loop's ``drive``, which it is given when it starts serving
 (:meth:`Runtime.serving`).
 
 :meth:`Runtime.serving` is the lifespan of everything that outlives a request, in this order: the
-upstream MCP clients, the dataplane client, the run registry (which replays the journal and
-resumes the unfinished runs), the task registry (``tasks.jsonl``; tasks open at the last stop are
-failed) and the SDK's session manager. On shutdown they are left in reverse: the registry cancels
-the runs still going without journaling an end for them, so they resume on the next start. They
-are deliberately *not* ended at the dataplane: the scheduler keeps their affinity (last replica,
-prefix cache) and, for a run paused on a tool, its headroom slot until the runtime is back (or its
-30 min run idle expiry, if it never comes back). A run the shutdown interrupts is therefore
-treated exactly like one a crash interrupts. Only a registry without a journal (none is built so
-here) would end its interrupted runs at the dataplane, in one bounded step.
+upstream MCP clients, the dataplane client, the run registry (which replays the journal and resumes
+the unfinished runs), the sampling of the monitor's series, the task registry (``tasks.jsonl``;
+tasks open at the last stop are failed) and the SDK's session manager. On shutdown they are left in
+reverse: the registry cancels the runs still going without journaling an end for them, so they
+resume on the next start. They are deliberately *not* ended at the dataplane: the scheduler keeps
+their affinity (last replica, prefix cache) and, for a run paused on a tool, its headroom slot
+until the runtime is back (or its 30 min run idle expiry, if it never comes back). A run the
+shutdown interrupts is therefore treated exactly like one a crash interrupts. Only a registry
+without a journal (none is built so here) would end its interrupted runs at the dataplane, in one
+bounded step.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from luftpause.runtime.runs.changes import NetworkChanges
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.retention import DEFAULT_RETENTION_SECONDS
+from luftpause.runtime.runs.series import RunSeries
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner
@@ -105,6 +108,7 @@ class Runtime:
     decider: Decider
     tasks: TaskRegistry
     mcp: MCPServer
+    series: RunSeries
 
     @property
     def mcp_url(self) -> str:
@@ -137,6 +141,7 @@ class Runtime:
             # Pushed before the registry is entered, so it is called after the registry is left.
             stack.push_async_callback(end_interrupted_runs)
             await stack.enter_async_context(self.registry.serving(self.loop.drive))
+            await stack.enter_async_context(self.series.sampling())  # the monitor's last minutes
             # Entered after the runs, so left before them: a task open at shutdown stays open.
             await stack.enter_async_context(self.tasks)
             if with_mcp_sessions:
@@ -234,4 +239,5 @@ def build_runtime(
         decider=decider,
         tasks=tasks,
         mcp=mcp,
+        series=RunSeries(registry),
     )

@@ -19,7 +19,8 @@ actions. Answers queued while the stream's writer was busy, or in one loop itera
   ``GrantLease`` / ``RevokeLease`` for its dataplane as ``lease`` items, in decision order with the
   answers; the newest resynced stream of a dataplane gets them.
 * ``ping`` -> ``pong`` with its ``seq``, at once (the dataplane's heartbeat; every ``resynced``
-  says ``pongs``).
+  says ``pongs``). ``resynced`` and every ``pong`` carry ``healthy_replicas``
+  (:meth:`SchedulerHost.healthy_replicas`), the dataplane's readiness.
 * ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
   queue, a placement that crossed the cancel frees its slot).
 * ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
@@ -38,7 +39,10 @@ Tracing (:mod:`luftpause.tracing`, only while it is active): one ``admit`` span 
 child of the item's ``traceparent``, from the admit's arrival to its answer, with
 ``luftpause.replica`` and ``luftpause.held_ms`` (milliseconds the turn waited here for its
 placement); a refusal sets the span's status to ERROR, an admission given up (cancel, stream end)
-ends it with ``luftpause.abandoned``. A ``leased`` turn gets its ``admit`` span when it is read,
+ends it with ``luftpause.abandoned``. The span is not an inference: it carries no ``gen_ai.*``
+attribute (the turn's model is ``luftpause.model``), so that LLM-observability backends, which type
+a span carrying ``gen_ai.request.model`` as an LLM call, count each turn once, at the dataplane's
+``chat`` span. A ``leased`` turn gets its ``admit`` span when it is read,
 with ``luftpause.leased`` and ``luftpause.held_ms`` 0 (the dataplane placed it with no wait).
 """
 
@@ -247,7 +251,7 @@ def _admit_attributes(
     return {
         "luftpause.turn_id": turn_id,
         "luftpause.run_id": run_id,
-        "gen_ai.request.model": model,
+        "luftpause.model": model,
         "luftpause.service_class": service_class(service_class_value),
         "luftpause.caller": caller,
     }
@@ -432,7 +436,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 if isinstance(action, AckResync):
                     stream.put(
                         pb.SchedulerItem(
-                            resynced=pb.ResyncReply(runs=action.runs, turns=action.turns, pongs=True)
+                            resynced=pb.ResyncReply(
+                                runs=action.runs,
+                                turns=action.turns,
+                                pongs=True,
+                                healthy_replicas=self.host.healthy_replicas(),
+                            )
                         )
                     )
             # the scheduler's replica set, now and whenever it changes (the admin API, SIGHUP)
@@ -493,7 +502,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
         elif kind == "ping":
             # The dataplane's heartbeat: answered at once, so a scheduler that stops answering
             # (stopped, hung) is taken as lost within seconds.
-            stream.put(pb.SchedulerItem(pong=pb.Pong(seq=item.ping.seq)))
+            pong = pb.Pong(seq=item.ping.seq, healthy_replicas=self.host.healthy_replicas())
+            stream.put(pb.SchedulerItem(pong=pong))
         elif kind == "resync":
             log.warning("a second resync on one stream of %s is ignored", item.resync.dataplane_id)
         # None: a kind from a newer dataplane, which this scheduler does not know

@@ -1,9 +1,16 @@
-"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /health`` and
-``GET /``, the live page.
+"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /`` (the live
+page), ``GET /series[?after=SEQ]`` (the last 10 minutes as samples), ``GET /metrics`` (Prometheus
+text, :mod:`luftpause.scheduler.metrics`), ``GET /livez`` and ``GET /readyz``
+(:mod:`luftpause.health`: ready once the first probe round of every replica is in, so that no
+dataplane is told every replica is healthy before one was seen), and ``GET /health``
+(``{"status": "ok"}`` while the process serves, as before ``/livez`` existed).
 
-The JSON shape is documented in :mod:`luftpause.scheduler.core.snapshot`. The live page is
-``page.html`` beside this module (package data): one self-contained HTML file, no external assets,
-whose script polls ``status`` every 2 s and, with ``?runtime=URL`` (and ``?token=``), also that
+The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
+:mod:`luftpause.scheduler.series` (with :mod:`luftpause.series`); ``/series`` is guarded like
+``/status`` (it names no caller, but it is data: whatever check ``/status`` gets, it gets). A bad
+``after`` is 400. The live page is ``page.html`` beside this module (package data): one
+self-contained HTML file, no external assets, whose script polls ``status`` and ``series`` every
+2 s (drawing the series as inline SVG) and, with ``?runtime=URL`` (and ``?token=``), also that
 runtime's ``GET /status`` run tree. It puts data in the DOM only as text; its answer carries a
 Content-Security-Policy that runs only its own inline script (by hash), so markup that got into the
 DOM anyway could not run. Every error is answered with the JSON error body of the failure
@@ -24,8 +31,12 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from luftpause import health as probes
+from luftpause import metrics
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.metrics import SchedulerMetrics
+from luftpause.series import parse_after
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -95,9 +106,19 @@ def page_csp(page: bytes) -> str:
     )
 
 
+def readiness(host: SchedulerHost) -> dict[str, probes.Check]:
+    """``/readyz``'s checks: ``probed``, the first probe round is in."""
+    rounds = host.counts.probe_rounds
+    return {
+        "probed": probes.Check(
+            host.probed, f"{rounds} probe rounds of the replicas" if rounds else "no probe round yet"
+        )
+    }
+
+
 def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/health`` and the admin
-    API (:mod:`.admin_http`) from ``host``.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/metrics``,
+    ``/livez``, ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
@@ -117,12 +138,40 @@ def status_app(host: SchedulerHost) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(host.status()), content_type="application/json")
 
+    async def series(request: web.Request) -> web.Response:
+        try:
+            after = parse_after(request.query.get("after"))
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        return web.Response(body=orjson.dumps(host.recent(after)), content_type="application/json")
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+    def probe_answer(answer: tuple[int, bytes]) -> web.Response:
+        code, body = answer
+        return web.Response(status=code, body=body, content_type=probes.CONTENT_TYPE)
+
+    async def livez(request: web.Request) -> web.Response:
+        return probe_answer(probes.LIVE)
+
+    async def readyz(request: web.Request) -> web.Response:
+        return probe_answer(probes.report(readiness(host)))
+
+    registry = metrics.new_registry([SchedulerMetrics(host)])
+
+    async def exposition(request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(registry), headers={hdrs.CONTENT_TYPE: metrics.CONTENT_TYPE}
+        )
 
     app = web.Application(middlewares=[json_errors])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
+    app.router.add_get("/series", series)
+    app.router.add_get("/metrics", exposition)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/health", health)
     add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app

@@ -28,12 +28,15 @@ dismissed) leaves it pending and it is not asked again in that same ``await``.
 An approval covers exactly one execution of one call. Decisions are journaled (``{"type":
 "approval", "handle", "key", "tool", "allow", "at"}`` in ``runs.jsonl``) before the call goes on,
 and an allowed call journals ``{"type": "started", "handle", "key", "tool", "at"}`` before it
-executes, which uses the approval up. After a restart the run redoes the turn after its last
-completed tool round; a call with the same :func:`call_key` (same place in the conversation, same
-position in the reply, same tool, same arguments) takes a journaled refusal, or an approval that
-was never used, without asking again. A call that had started before the restart may have run:
-it is asked again (the question says so), so the person decides whether it is repeated; it is
-never repeated silently. A call that was never answered is simply asked again.
+executes, which uses the approval up. After a restart the run goes on where its journal ends:
+it redoes the turn after its last completed tool round, or resumes the round whose reply was
+journaled (:mod:`luftpause.runtime.agent.loop`), where a call whose completion was journaled is
+neither made nor asked about again. A call with the same :func:`call_key` (same place in the
+conversation, same position in the reply, same tool, same arguments) takes a journaled refusal,
+or an approval that was never used, without asking again. A call that had started before the
+restart but whose completion was not journaled may have run: it is asked again (the question says
+so), so the person decides whether it is repeated; it is never repeated silently. A call that was
+never answered is simply asked again.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ One run, from its first turn to its answer::
         no tool_calls in the reply  -> if the whole text is a call of an offered tool written as
                                        text (text_tool_calls.py), it is that call; else the text
                                        is the answer and the run is completed
-        tool_calls                  -> one tool round: execute each call, append the assistant
-                                       message and one ``role: tool`` message per call (journaled
-                                       as one record, then the budgets are checked)
+        tool_calls                  -> one tool round: the reply journaled (``turn``) before any
+                                       call runs; execute each call (each completion journaled,
+                                       ``call``); append the assistant message and one ``role:
+                                       tool`` message per call (journaled as one ``round``
+                                       record, then the budgets are checked)
     finally: DELETE {dataplane}/v1/runs/{handle}   (best effort)
 
 A tool call, in a round: the tool must be offered this turn and within the tool budget (each call
@@ -49,7 +51,11 @@ not the end: the run takes them and goes on. Built-in tools are offered beside t
 gates them); an upstream tool's declared path arguments are checked against the run's scope first.
 
 A run resumed after a restart starts the same loop on its rebuilt conversation, so the turn that
-was in flight at the crash is simply asked again.
+was in flight at the crash is simply asked again. A run resumed inside a tool round (its reply
+journaled, the round not) is not asked again: it runs the calls of that round whose completion was
+not journaled, each with the id it had (:func:`~luftpause.runtime.agent.upstream.call_id`, in the
+MCP request's ``_meta``), takes the others' journaled results, and goes on. At least once: a call
+in flight at the crash runs again.
 
 A run the runtime's shutdown interrupts skips that last step: with a journal it resumes on the
 next start and keeps its place at the scheduler (affinity, headroom) meanwhile; without one the
@@ -72,17 +78,21 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp.types import Tool
 
 from luftpause.runtime.agent import spans as run_spans
 from luftpause.runtime.agent.text_tool_calls import openai_tool_call, recover_tool_call
 from luftpause.runtime.agent.tool_arguments import ToolArgumentsError, prepare_arguments
-from luftpause.runtime.agent.upstream import UpstreamPool, openai_tool
+from luftpause.runtime.agent.upstream import UpstreamPool, call_id, openai_tool
 from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.runtime.errors import TurnFailed
+from luftpause.runtime.runs.record import PendingRound
 from luftpause.runtime.runs.registry import Run, RunRegistry
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 log = logging.getLogger("luftpause.runtime.loop")
 
@@ -150,8 +160,41 @@ class PathCheck(Protocol):
         else the refusal text."""
 
 
+BUILTIN_SERVER = "builtin"
+"""The ``server`` a call of one of the runtime's built-in tools is counted under."""
+
+NO_SERVER = "none"
+"""The ``server`` a call is counted under when it reached none: refused before it went out (not
+offered, invalid arguments, the tool budget spent, out of the run's scope, approval refused) or
+no server offers the tool."""
+
+TURN_OUTCOMES = ("answered", "failed")
+
+
+class LoopCounts:
+    """What the loop counts since the process started (``GET /metrics``): LLM turns by outcome
+    (``answered``; ``failed``: the dataplane refused or failed it), and tool calls the models made
+    and those that failed, by the upstream MCP server they went to (:data:`BUILTIN_SERVER`,
+    :data:`NO_SERVER` otherwise). Summed over servers, the tool counts are the runs' own
+    ``toolCalls`` and ``failedToolCalls`` of those calls."""
+
+    __slots__ = ("tool_calls", "tool_errors", "turns")
+
+    def __init__(self, servers: list[str]) -> None:
+        names = [*servers, BUILTIN_SERVER, NO_SERVER]
+        self.turns = dict.fromkeys(TURN_OUTCOMES, 0)
+        self.tool_calls = dict.fromkeys(names, 0)
+        self.tool_errors = dict.fromkeys(names, 0)
+
+    def tool_call(self, server: str, failed: bool) -> None:
+        self.tool_calls[server] = self.tool_calls.get(server, 0) + 1
+        if failed:
+            self.tool_errors[server] = self.tool_errors.get(server, 0) + 1
+
+
 class SubAgentLoop:
-    """Drives runs, with what every run shares (module docstring: its collaborators)."""
+    """Drives runs, with what every run shares (module docstring: its collaborators); what it
+    counts is :attr:`counts`."""
 
     def __init__(
         self,
@@ -171,6 +214,7 @@ class SubAgentLoop:
         self.arrivals = arrivals
         self.builtins = builtins
         self.path_check = path_check
+        self.counts = LoopCounts([server.name for server in upstream.servers])
 
     async def drive(self, run: Run) -> None:
         """Run ``run`` to its end and record the outcome (``completed`` with its answer, or
@@ -203,9 +247,55 @@ class SubAgentLoop:
         # tool round, a call still running) would be shown stale until the round is recorded.
         self.registry.notify_changed()
 
+    async def _offered(self, run: Run, spent: int) -> list[Tool]:
+        """The tools ``run`` is offered with ``spent`` tool calls made: upstream and built-in (a
+        built-in wins a name clash), none once the budget is spent."""
+        if run.spec.max_tool_calls - spent <= 0:
+            return []
+        tools = await self.upstream.offered_tools(run.spec.allowed_tools)
+        builtin = self.builtins.offered(run) if self.builtins is not None else []
+        if builtin:
+            names = {tool.name for tool in builtin}
+            tools = [tool for tool in tools if tool.name not in names] + builtin
+        return tools
+
     async def _turns(self, run: Run) -> str:
-        spec = run.spec
         toolless_tool_turns = 0
+        while True:
+            pending = run.pending_round
+            if pending is None:
+                asked = await self._turn(run, toolless_tool_turns)
+                if isinstance(asked, str):
+                    return asked
+                pending, tools, toolless_tool_turns = asked
+            else:  # resumed inside a tool round: its reply is journaled, not asked for again
+                tools = await self._offered(run, pending.spent)
+            began = time.monotonic()
+            try:
+                round_messages = await self._tool_round(run, pending, {tool.name: tool for tool in tools})
+            finally:
+                run.costs.tool_seconds += time.monotonic() - began
+            if run.done:  # a budget of its subtree stopped a call of this round
+                raise _Stopped
+            # Recorded only once the whole round is done: a round is the unit the journal replays;
+            # durable before the next turn, so a restart never repeats a completed round.
+            self.registry.complete_round(run, round_messages)
+            await self._durable(run.durability.last_written)
+
+    async def _durable(self, written: concurrent.futures.Future[None] | None) -> None:
+        """Wait until the journal write ``written`` (a future, or ``None``) is done; a failed one
+        was logged and its run marked not durable (registry.py): the run goes on."""
+        if written is not None:
+            try:
+                await asyncio.wrap_future(written)
+            except OSError:
+                pass
+
+    async def _turn(self, run: Run, toolless_tool_turns: int) -> str | tuple[PendingRound, list[Tool], int]:
+        """One LLM turn: the answer (the run is done), or the tool round its reply begins, with the
+        tools offered and the count of turns in a row that called tools none were offered for.
+        The round's ``turn`` record is durable before this returns (its calls may run)."""
+        spec = run.spec
         while True:
             self._check(run, {"tokens": 1})  # a subtree whose tokens are used up sends no more turns
             if run.stopped_by is not None:
@@ -215,12 +305,7 @@ class SubAgentLoop:
                 arrived, extra = self.arrivals.before_turn(run)
                 if arrived:
                     self.registry.complete_round(run, arrived, **extra)
-            budget_left = spec.max_tool_calls - run.costs.tool_calls
-            tools = await self.upstream.offered_tools(spec.allowed_tools) if budget_left > 0 else []
-            builtin = self.builtins.offered(run) if self.builtins is not None and budget_left > 0 else []
-            if builtin:
-                names = {tool.name for tool in builtin}
-                tools = [tool for tool in tools if tool.name not in names] + builtin
+            tools = await self._offered(run, run.costs.tool_calls)
             body: dict[str, Any] = {"model": spec.model, "messages": run.messages}
             if tools:
                 body["tools"] = [openai_tool(tool) for tool in tools]
@@ -230,17 +315,21 @@ class SubAgentLoop:
                 body["max_tokens"] = spec.max_tokens
             began = time.monotonic()
             try:
-                with run_spans.chat(run) as span:
+                with run_spans.turn(run) as span:
                     reply = await self.dataplane.complete(
                         run.handle,
                         spec.service_class,
                         run.caller,
                         body,
-                        run_spans.traceparent_headers(),  # the turn's chat span, when tracing
+                        run_spans.traceparent_headers(),  # the run's turn span, when tracing
                     )
-                    run_spans.chat_reply(span, reply)
+                    run_spans.turn_reply(span, reply)
+            except TurnFailed:
+                self.counts.turns["failed"] += 1
+                raise
             finally:
                 run.costs.turn_seconds += time.monotonic() - began
+            self.counts.turns["answered"] += 1
             run.costs.turns += 1
             _count_usage(run, reply)
             self._counted()
@@ -266,43 +355,39 @@ class SubAgentLoop:
                 raise TurnFailed(
                     f"the model kept calling tools after its tool budget ({spec.max_tool_calls}) was spent"
                 )
-            began = time.monotonic()
-            try:
-                round_messages = await self._tool_round(run, message, calls, offered)
-            finally:
-                run.costs.tool_seconds += time.monotonic() - began
-            if run.done:  # a budget of its subtree stopped a call of this round
+            assistant: dict[str, Any] = {
+                "role": "assistant",
+                "content": message.get("content"),
+                "tool_calls": calls,
+            }
+            # No call runs before the reply is durable: a call that ran is then always one a restart
+            # finds again, under the same id (never a call of a reply the engine is asked anew for).
+            await self._durable(self.registry.begin_round(run, assistant))
+            pending = run.pending_round
+            if pending is None:  # ended meanwhile (cancelled while the record was written)
                 raise _Stopped
-            # Recorded only once the whole round is done: a round is the unit the journal replays;
-            # durable before the next turn, so a restart never repeats a completed round.
-            self.registry.complete_round(run, round_messages)
-            written = run.durability.last_written
-            if written is not None:
-                try:
-                    await asyncio.wrap_future(written)
-                except OSError:
-                    pass  # logged, and the run marked not durable (registry.py); it goes on
+            return pending, tools, toolless_tool_turns
 
     async def _tool_round(
-        self, run: Run, message: dict[str, Any], calls: list[Any], offered: dict[str, Tool]
+        self, run: Run, pending: PendingRound, offered: dict[str, Tool]
     ) -> list[dict[str, Any]]:
-        """Execute the reply's tool calls, concurrently with ``parallel_tool_calls`` on, else in
-        order; the round's messages (the assistant message, then one tool message per call, in
-        call order).
+        """Execute the pending round's tool calls, concurrently with ``parallel_tool_calls`` on,
+        else in order; the round's messages (the assistant message, then one tool message per
+        call, in call order). A call whose completion is journaled already (a round resumed after
+        a restart) is not made again: its result is taken as it was.
 
         Each call takes one unit of the tool budget in call order, decided before any runs, so a
         concurrent round spends exactly what a sequential one would. The assistant message keeps
         the reply's ``tool_calls`` as they came and every tool message repeats its call's ``id``
-        byte for byte: the dataplane and engines match them.
+        byte for byte: the dataplane and engines match them. Each completed call is journaled
+        (:meth:`RunRegistry.complete_call`).
         """
-        assistant: dict[str, Any] = {
-            "role": "assistant",
-            "content": message.get("content"),
-            "tool_calls": calls,
-        }
-        spent = run.costs.tool_calls
+        spent = pending.spent
 
         async def one(index: int, call: Any) -> dict[str, Any]:
+            done = pending.done.get(index)
+            if done is not None:
+                return done[0]
             call_id = call.get("id", "") if isinstance(call, dict) else ""
             within_budget = spent + index < run.spec.max_tool_calls
             # Counted before it runs (in call order, before the first await, also when the
@@ -315,49 +400,61 @@ class SubAgentLoop:
             run.costs.tool_calls += 1
             self._counted()
             with run_spans.execute_tool(call) as span:
-                text, failed = await self._execute(run, call, offered, within_budget, index)
+                text, failed, server = await self._execute(
+                    run, call, offered, within_budget, index, pending.turn
+                )
                 run_spans.tool_outcome(span, failed, text)
+            self.counts.tool_call(server, failed)
             if failed:
                 run.costs.failed_tool_calls += 1
-            return {"role": "tool", "tool_call_id": call_id, "content": text}
+            result = {"role": "tool", "tool_call_id": call_id, "content": text}
+            self.registry.complete_call(run, index, result, failed)
+            return result
 
+        calls = pending.calls
         if run.spec.parallel_tool_calls:
             results = list(await asyncio.gather(*(one(i, call) for i, call in enumerate(calls))))
         else:
             results = [await one(i, call) for i, call in enumerate(calls)]
-        return [assistant, *results]
+        return [pending.message, *results]
 
     async def _execute(
-        self, run: Run, call: Any, offered: dict[str, Tool], within_budget: bool, index: int = 0
-    ) -> tuple[str, bool]:
-        """One tool call: ``(text for the model, failed)``. Never raises but for cancellation."""
+        self,
+        run: Run,
+        call: Any,
+        offered: dict[str, Tool],
+        within_budget: bool,
+        index: int = 0,
+        turn: int = 0,
+    ) -> tuple[str, bool, str]:
+        """One tool call, the ``index``-th of the reply to turn ``turn``: ``(text for the model,
+        failed, server)``, ``server`` being the one it went to (:data:`BUILTIN_SERVER`,
+        :data:`NO_SERVER`, else an upstream server's name). Never raises but for cancellation."""
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(function, dict) or not isinstance(name, str) or not name:
-            return "Error: the tool call names no function", True
+            return "Error: the tool call names no function", True, NO_SERVER
         spent = f"Error: the tool budget ({run.spec.max_tool_calls} calls) is spent; answer now"
         tool = offered.get(name)
         if tool is None:
-            return (
-                (spent, True)
-                if not within_budget
-                else (f"Error: the tool {name!r} is not offered to you", True)
-            )
+            refused = spent if not within_budget else f"Error: the tool {name!r} is not offered to you"
+            return refused, True, NO_SERVER
         if not within_budget:
-            return spent, True
+            return spent, True, NO_SERVER
         try:
             arguments = prepare_arguments(function.get("arguments"), tool.input_schema or {})
         except ToolArgumentsError as exc:
-            return f"Error: invalid arguments for {name}: {exc}", True
+            return f"Error: invalid arguments for {name}: {exc}", True, NO_SERVER
         if self.builtins is not None and name in {t.name for t in self.builtins.offered(run)}:
             # The run's scope gates the built-in tools, not a person (pods/).
-            return await self.builtins.call(run, name, arguments)
+            text, failed = await self.builtins.call(run, name, arguments)
+            return text, failed, BUILTIN_SERVER
         if self.path_check is not None:
             refusal = self.path_check.upstream_refusal(run, name, arguments)
             if refusal is not None:
-                return refusal, True
+                return refusal, True, NO_SERVER
         refusal = await self.approve(run, name, arguments, index)
         if refusal is not None:
-            return refusal, True
-        outcome = await self.upstream.call_tool(name, arguments)
-        return outcome.text, outcome.failed
+            return refusal, True, NO_SERVER
+        outcome = await self.upstream.call_tool(name, arguments, call_id(run.handle, turn, index))
+        return outcome.text, outcome.failed, outcome.server or NO_SERVER

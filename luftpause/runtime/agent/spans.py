@@ -1,4 +1,5 @@
-"""The runtime's spans: ``invoke_agent`` per run, ``chat`` per model turn, ``execute_tool`` per tool call.
+"""The runtime's spans: ``invoke_agent`` per run, ``turn`` per model turn, ``execute_tool`` per tool
+call, and ``await`` / ``read`` per MCP call that waits on or reads runs.
 
 Only while :data:`luftpause.tracing.active`; otherwise every helper here returns at its first line.
 Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`luftpause.tracing`):
@@ -14,11 +15,15 @@ Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`lu
   Its parent: the parent run's ``invoke_agent`` span while that is open; else the trace context of
   the MCP request that spawned the run (its ``_meta.traceparent``, through the SDK's own
   ``tools/call spawn`` span, else its HTTP ``traceparent`` header); else a new trace.
-* ``chat {model}`` (CLIENT), child of ``invoke_agent``: one per model turn, retries included, with
-  ``gen_ai.provider.name`` and, when the reply has them, ``gen_ai.usage.input_tokens`` /
-  ``output_tokens`` and ``gen_ai.response.finish_reasons`` (:func:`luftpause.tracing.usage_attributes`,
-  shared with the dataplane's span), ``gen_ai.response.id`` and ``gen_ai.response.model``. Its
-  ``traceparent`` and ``tracestate`` go to the dataplane.
+* ``turn {model}`` (CLIENT), child of ``invoke_agent``: one per model turn, retries included (a 429
+  waited out is inside it). It is *not* typed as an inference: the inference is the dataplane's
+  ``chat {model}`` span, its child, which carries the GenAI attributes and the usage the engine
+  reported. LLM-observability backends type a span as an LLM call by ``gen_ai.operation.name``
+  ``chat`` or by ``gen_ai.request.model`` (Arize Phoenix does both), so a second span with them
+  counted every turn twice; this one has only luftpause's attributes: ``luftpause.run_id``,
+  ``luftpause.model``, ``luftpause.max_tokens`` (when set) and, from the reply,
+  ``luftpause.finish_reasons``, ``luftpause.prompt_tokens`` and ``luftpause.completion_tokens``
+  (when reported). Its ``traceparent`` and ``tracestate`` go to the dataplane.
 * ``execute_tool {tool}`` (INTERNAL), child of ``invoke_agent``: one per tool call, with
   ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` and ``gen_ai.tool.type`` ``extension`` (the
   conventions' "tool executed on the agent-side to directly call external APIs": the runtime, not a
@@ -30,14 +35,22 @@ Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`lu
   (:mod:`luftpause.runtime.agent.upstream`). So the tool server's span is a grandchild of
   ``execute_tool``, in the run's trace. With only an in-process provider (tests, :func:`luftpause.
   tracing.install`) the SDK's span is a no-op and the tool server sees ``execute_tool`` itself.
+* ``await`` and ``read`` (INTERNAL): one per MCP ``await`` or ``read`` call, in the trace of its
+  request (found as a spawn's, :func:`_request_context`), with ``luftpause.run_ids``; a span link
+  to each run it touches (``luftpause.link`` ``awaits`` or ``reads``, ``luftpause.run_id``), to that
+  run's ``invoke_agent`` span: the open one while the run is driven, else its last ended one (see
+  :data:`PREVIOUS_KEPT`), else the trace context its first drive will start in. A run the runtime
+  has no span of (finished before a restart, or past :data:`PREVIOUS_KEPT`) gets no link, as the
+  journal keeps no trace context. So a wait and the runs it waited on, usually separate traces,
+  are one click apart in a trace viewer.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, StatusCode
@@ -52,7 +65,7 @@ if TYPE_CHECKING:
     from luftpause.runtime.runs.record import Run
 
 PROVIDER = tracing.PROVIDER
-"""``gen_ai.provider.name`` of the chat spans: the turns go to luftpause's dataplane."""
+"""``gen_ai.provider.name`` of the ``invoke_agent`` spans: the turns go to luftpause's dataplane."""
 
 _parents: dict[str, Context] = {}
 """Run handle -> the trace context its next ``invoke_agent`` starts in (from its spawn)."""
@@ -184,29 +197,25 @@ def invoke_agent(run: Run) -> Iterator[None]:
 
 
 @contextmanager
-def chat(run: Run) -> Iterator[Span | None]:
-    """A ``chat`` span around one model turn of ``run`` (current inside: the dataplane request
+def turn(run: Run) -> Iterator[Span | None]:
+    """A ``turn`` span around one model turn of ``run`` (current inside: the dataplane request
     carries it, :func:`traceparent_headers`); None when tracing is off. Record the reply with
-    :func:`chat_reply`."""
+    :func:`turn_reply`."""
     if not tracing.active:
         yield None
         return
-    attributes = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": run.spec.model,
-        "gen_ai.conversation.id": run.handle,
-    }
+    attributes: dict[str, str | int] = {"luftpause.run_id": run.handle, "luftpause.model": run.spec.model}
     if run.spec.max_tokens > 0:
-        attributes["gen_ai.request.max_tokens"] = run.spec.max_tokens  # type: ignore[assignment]
+        attributes["luftpause.max_tokens"] = run.spec.max_tokens
     with tracing.tracer().start_as_current_span(
-        f"chat {run.spec.model}", kind=SpanKind.CLIENT, attributes=attributes
+        f"turn {run.spec.model}", kind=SpanKind.CLIENT, attributes=attributes
     ) as span:
         yield span
 
 
-def chat_reply(span: Span | None, reply: dict[str, Any]) -> None:
-    """Record an OpenAI ``chat.completion`` reply (usage, finish reasons, id, model) on ``span``."""
+def turn_reply(span: Span | None, reply: dict[str, Any]) -> None:
+    """Record an OpenAI ``chat.completion`` reply's finish reasons and token counts (each only when
+    reported) on ``span``, as ``luftpause.*`` attributes."""
     if span is None:
         return
     usage = reply.get("usage")
@@ -216,16 +225,18 @@ def chat_reply(span: Span | None, reply: dict[str, Any]) -> None:
         for choice in reply.get("choices") or ()
         if isinstance(choice, dict) and choice.get("finish_reason")
     ]
-    span.set_attributes(
-        tracing.usage_attributes(usage.get("prompt_tokens"), usage.get("completion_tokens"), reasons)
-    )
-    for key, attribute in (("id", "gen_ai.response.id"), ("model", "gen_ai.response.model")):
-        if isinstance(reply.get(key), str):
-            span.set_attribute(attribute, reply[key])
+    if reasons:
+        span.set_attribute("luftpause.finish_reasons", reasons)
+    for key, attribute in (
+        ("prompt_tokens", "luftpause.prompt_tokens"),
+        ("completion_tokens", "luftpause.completion_tokens"),
+    ):
+        if type(usage.get(key)) is int:
+            span.set_attribute(attribute, usage[key])
 
 
 def traceparent_headers() -> dict[str, str]:
-    """The W3C headers naming the current span (the turn's ``chat`` span) as parent; empty when
+    """The W3C headers naming the current span (the run's ``turn`` span) as parent; empty when
     tracing is off."""
     if not tracing.active:
         return {}
@@ -271,3 +282,43 @@ def current_meta() -> RequestParamsMeta | None:
         return None
     headers = tracing.headers_of(trace.get_current_span())
     return cast("RequestParamsMeta", dict(headers)) if headers else None
+
+
+def _run_context(handle: str) -> SpanContext | None:
+    """The span context a link to run ``handle`` points at: its open ``invoke_agent`` span, else
+    its last ended one, else the span its next drive starts under; None when none is known."""
+    span = _open.get(handle)
+    if span is not None:
+        return span.get_span_context()
+    previous = _previous.get(handle)
+    if previous is not None:
+        return previous
+    pending = _parents.get(handle)
+    if pending is not None:
+        context = trace.get_current_span(pending).get_span_context()
+        return context if context.is_valid else None
+    return None
+
+
+@contextmanager
+def touching(operation: Literal["await", "read"], handles: Sequence[str], ctx: Any) -> Iterator[None]:
+    """An ``await`` or ``read`` span around one MCP call (``ctx``: its SDK ``Context``) that touches
+    the runs ``handles``, linked to each of them (module docstring)."""
+    if not tracing.active:
+        yield
+        return
+    kind = "awaits" if operation == "await" else "reads"
+    links = []
+    for handle in dict.fromkeys(handles):
+        context = _run_context(handle)
+        if context is not None:
+            links.append(Link(context, {"luftpause.link": kind, "luftpause.run_id": handle}))
+    span = tracing.tracer().start_span(
+        operation,
+        context=_request_context(ctx),
+        kind=SpanKind.INTERNAL,
+        attributes={"luftpause.run_ids": list(dict.fromkeys(handles))},
+        links=links,
+    )
+    with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+        yield

@@ -6,6 +6,13 @@ SDK's safe default environment plus the entry's ``env``). The client is entered 
 long-lived *keeper* task per server, because the SDK's clients hold anyio task groups that must be
 left by the task that entered them; runs only borrow the connected client.
 
+Call ids: every call carries ``io.luftpause/call-id`` in its request's ``_meta`` (:func:`call_id`:
+the run's handle, the turn that asked for it and its index in that reply), the same when a restart
+makes the call again. Delivery is at least once: a call whose completion the journal holds is never
+made again, but a call in flight at a crash (its completion not journaled) is made again after the
+restart, with the same id, so a server whose tools must not run twice can deduplicate on it
+(docs/architecture.md "Runs and their journal").
+
 A server that cannot be reached, or whose connection ends (a stdio server that exits), is tried
 again by its keeper with backoff (:data:`BACKOFF_FIRST_SECONDS` doubling to
 :data:`BACKOFF_MAX_SECONDS`, back to the first delay after a connection that lasted
@@ -34,7 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -43,7 +50,7 @@ from mcp.client._transport import TransportStreams
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_TIMEOUT, create_mcp_http_client
-from mcp.types import CallToolResult, Implementation, TextContent, Tool
+from mcp.types import CallToolResult, Implementation, RequestParamsMeta, TextContent, Tool
 
 from luftpause import __version__, tracing
 from luftpause.config import McpServerConfig
@@ -74,13 +81,27 @@ TOOL_CALL_TIMEOUT_SECONDS = 600.0
 
 _CLIENT_INFO = Implementation(name="luftpause-runtime", version=__version__)
 
+CALL_ID_META = "io.luftpause/call-id"
+"""The ``_meta`` key of a tool call's request that carries its id (:func:`call_id`)."""
+
+
+def call_id(handle: str, turn: int, index: int) -> str:
+    """The id of the ``index``-th call (0-based) of the reply to turn ``turn`` (1-based: the run's
+    turn count) of run ``handle``: ``<handle>:<turn>:<index>``, e.g. ``run-0f3a9c2e4b1d6a7e:3:0``.
+    Stable across a restart: a resumed round keeps its turn
+    (:class:`~luftpause.runtime.runs.record.PendingRound`), so a call made again carries the id it
+    had. A server should treat it as an opaque string."""
+    return f"{handle}:{turn}:{index}"
+
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What one tool call gave back: the text for the model and whether it failed."""
+    """What one tool call gave back: the text for the model, whether it failed, and the name of
+    the server it went to (``""``: none offers the tool)."""
 
     text: str
     failed: bool
+    server: str = ""
 
 
 def openai_tool(tool: Tool) -> dict[str, Any]:
@@ -429,29 +450,32 @@ class UpstreamPool:
         await self._reconnect_missing()
         return [tool for name, (_, tool) in self._index().items() if allowed is None or name in allowed]
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
-        """Call ``name`` on the server that lists it. Never raises for a failed call: an MCP
+    async def call_tool(self, name: str, arguments: dict[str, Any], call: str | None = None) -> ToolOutcome:
+        """Call ``name`` on the server that lists it, with ``call`` (:func:`call_id`) as the
+        request's ``_meta`` :data:`CALL_ID_META`. Never raises for a failed call: an MCP
         ``isError`` result, an unreachable server or a transport error come back as a failed
         :class:`ToolOutcome` whose text begins ``Error``."""
         entry = self._index().get(name)
         if entry is None:
             return ToolOutcome(f"Error: no MCP server offers the tool {name!r}", failed=True)
         server, _ = entry
+        meta = run_spans.current_meta()  # the execute_tool span, when tracing
+        if call is not None:
+            meta = cast("RequestParamsMeta", {**(meta or {}), CALL_ID_META: call})
         try:
             client = await server.ensure_connected()
             result = await client.call_tool(
-                name,
-                arguments,
-                read_timeout_seconds=TOOL_CALL_TIMEOUT_SECONDS,
-                meta=run_spans.current_meta(),  # the execute_tool span, when tracing
+                name, arguments, read_timeout_seconds=TOOL_CALL_TIMEOUT_SECONDS, meta=meta
             )
         except Exception as exc:
             where = f"tool {name} on MCP server {server.name}"
-            return ToolOutcome(f"Error: {where}: {_describe(exc)}", failed=True)
+            return ToolOutcome(f"Error: {where}: {_describe(exc)}", failed=True, server=server.name)
         text = result_text(result)
         if result.is_error:
-            return ToolOutcome(_as_error(text or "the tool reported an error"), failed=True)
-        return ToolOutcome(text, failed=False)
+            return ToolOutcome(
+                _as_error(text or "the tool reported an error"), failed=True, server=server.name
+            )
+        return ToolOutcome(text, failed=False, server=server.name)
 
     def catalog(self, allowed: frozenset[str] | None) -> list[dict[str, Any]]:
         """The tools a sub-agent allowed ``allowed`` (``None``: every tool) may use, by server, in

@@ -22,6 +22,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
+from luftpause import tracing
 from luftpause.runtime.agent import spans
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
@@ -75,7 +76,15 @@ class PodTools:
         ctx: Context,
         since: Annotated[int | None, Field(ge=0, description="cursor from an earlier read")] = None,
     ) -> dict[str, Any]:
-        return _pod_call(self.pods.read, Actor.of_caller(caller_of(ctx)), handle, since)
+        actor = Actor.of_caller(caller_of(ctx))
+        if not tracing.active:
+            return _pod_call(self.pods.read, actor, handle, since)
+        try:
+            touched = [self.pods.resolve(actor, handle).handle]  # a name: linked to the run it names
+        except RuntimeFault:
+            touched = []  # refused below, with its message
+        with spans.touching("read", touched, ctx):
+            return _pod_call(self.pods.read, actor, handle, since)
 
     async def stop(self, handle: Handle, ctx: Context) -> dict[str, Any]:
         return _pod_call(self.pods.stop, Actor.of_caller(caller_of(ctx)), handle)

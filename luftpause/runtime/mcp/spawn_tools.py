@@ -37,6 +37,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import Field
 
+from luftpause.runtime.agent import spans
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
@@ -221,7 +222,8 @@ class SpawnTools:
             runs = self.registry.lookup(handles)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
-        answer = await self.wait_for(ctx, runs, mode, timeout)
+        with spans.touching("await", [run.handle for run in runs], ctx):  # linked to each run's trace
+            answer = await self.wait_for(ctx, runs, mode, timeout)
         if isinstance(answer, dict):
             named = set(handles)
             pending = self.notifications.take_caller_events(caller_of(ctx))

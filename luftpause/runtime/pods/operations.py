@@ -37,7 +37,13 @@ from luftpause.runtime.pods.actors import PERSON, Actor, one_line, spawner_key
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.pods.scopes import RunScopes, descends
 from luftpause.runtime.pods.tree import TreeLimits
-from luftpause.runtime.runs.record import CONVERSATION_DROPPED, last_output, output_entries, summarize
+from luftpause.runtime.runs.record import (
+    CONVERSATION_DROPPED,
+    START_LOST,
+    last_output,
+    output_entries,
+    summarize,
+)
 from luftpause.runtime.runs.registry import Run, RunRegistry
 
 MAX_INBOX = 100
@@ -87,6 +93,8 @@ class PodOperations:
             raise PodRefused(f"run {run.handle} is stopped; it takes no messages")
         if run.conversation_dropped:
             raise PodRefused(CONVERSATION_DROPPED.format(handle=run.handle))
+        if run.durability.start_lost:
+            raise PodRefused(START_LOST.format(handle=run.handle, damage=run.durability.damaged))
         # A message from anyone but the spawner says who sent it (the run may answer to its spawner).
         own = actor.key == spawner_key(run)
         text = message if own else f"[message from {actor.label}] {message}"
@@ -156,7 +164,8 @@ class PodOperations:
 
         {"handle", "name", "state": running|idle|stopped, "runState", "parent", "caller",
          "task" (summary), "scope": {"granted", "heldByChildren"} | null, "lastAnswer" (first
-         line, 200 chars) | null, "error"?, "children": [handles], "pendingEvents": n}
+         line, 200 chars) | null, "error"?, "journalError"? (a restart found its journal
+         damaged: what and where), "children": [handles], "pendingEvents": n}
         """
         effective = self.scopes.effective(run)
         item: dict[str, Any] = {
@@ -174,6 +183,8 @@ class PodOperations:
         }
         if run.error is not None:
             item["error"] = run.error
+        if run.durability.damaged is not None:
+            item["journalError"] = run.durability.damaged
         if run.conversation_dropped:
             item["conversationDropped"] = True
         return item

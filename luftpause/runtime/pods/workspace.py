@@ -20,16 +20,23 @@ in place of the file itself between check and open makes the call fail rather th
 directory swapped for a symlink in that instant is not caught: that needs ``openat2``'s
 ``RESOLVE_BENEATH``, which Python does not expose; sub-agents have no shell to race with.)
 
-Hard links: ``realpath`` cannot tell that a file inside the scope is also a name outside it, and
-writing the inode in place would change both. ``write_file`` and ``edit_file`` therefore refuse a
-file with more than one link (``st_nlink > 1``, checked on the open descriptor before anything is
-written). A temporary file renamed over the name was the other choice; it was not taken because
-the temporary name would be written in the directory, which a scope of single files does not
-allow, and a rename drops the file's owner, extended attributes and other metadata. Residual
-limits: a hard link made to the file after that check and before the write (by another process:
-sub-agents cannot make links) is written through; reads of a hard-linked file are allowed (a read
-grant of the name is a read grant of its content); a path is judged when it is checked, not for
-as long as an upstream server holds it.
+Hard links: ``realpath`` cannot tell that a file inside the scope is also a name outside it (a
+hard link is not a symlink: both names are the file), so reading it would read a file outside the
+scope, and writing the inode in place would change both. Every tool therefore refuses a regular
+file with more than one link (``st_nlink > 1``, :func:`refuse_hard_links`): ``read_file``,
+``write_file`` and ``edit_file`` check it on the open descriptor before anything is read or
+written; ``list_directory`` shows such a file without its size (``name  (N hard links: not
+read)``); an upstream tool's declared path argument naming one is refused before the call goes
+upstream. Proving instead that every other name lies inside the scope would mean finding them, a
+walk of the whole file system (a link may be anywhere on the same device); it is not done. (So a
+file hard-linked on purpose inside the workspace, as ``git clone`` of a local repository and
+``pnpm`` stores do, is refused too: copy it to read it.) For writes, a temporary file renamed over
+the name was the other choice; it was not taken because the temporary name would be written in
+the directory, which a scope of single files does not allow, and a rename drops the file's owner,
+extended attributes and other metadata. Residual limits: a hard link made to the file after that
+check (by another process: sub-agents cannot make links) is read or written through; a path is
+judged when it is checked, not for as long as an upstream server holds it, and a directory given
+to an upstream tool is not searched for hard-linked files inside it.
 
 Text: ``content``, ``old`` and ``new`` must be valid Unicode (a lone surrogate is refused, saying
 where); file names that are not UTF-8 are listed with ``\\xNN`` escapes (:func:`shown`).
@@ -146,6 +153,7 @@ def read_file(check: Check, arguments: Mapping[str, Any], *, base: str | None = 
     real = checked(check, _argument(arguments, "path"), "read", base)
     fd = _open_regular(real, os.O_RDONLY)
     with os.fdopen(fd, "rb") as file:
+        refuse_hard_links(os.fstat(fd), real, "read")
         text, note = _read_lines(file, offset, limit)
     return text.decode("utf-8", errors="replace") + (f"\n[{note}]" if note else "")
 
@@ -164,7 +172,7 @@ def write_file(check: Check, arguments: Mapping[str, Any], *, base: str | None =
     try:
         fd = _open_regular(real, os.O_WRONLY | os.O_CREAT)
         try:
-            _refuse_hard_links(fd, real)
+            refuse_hard_links(os.fstat(fd), real, "write")
             os.ftruncate(fd, 0)
             _write_all(fd, data)
         finally:
@@ -196,7 +204,7 @@ def edit_file(check: Check, arguments: Mapping[str, Any], *, base: str | None = 
     check(real, "write").require(asked=path)
     fd = _open_regular(real, os.O_RDWR)
     try:
-        _refuse_hard_links(fd, real)
+        refuse_hard_links(os.fstat(fd), real, "write")
         size = os.fstat(fd).st_size
         if size > MAX_WRITE_BYTES:
             raise WorkspaceError(f"{real} is {size} bytes; edit_file edits files up to {MAX_WRITE_BYTES}")
@@ -228,8 +236,9 @@ def edit_file(check: Check, arguments: Mapping[str, Any], *, base: str | None = 
 
 def list_directory(check: Check, arguments: Mapping[str, Any], *, base: str | None = None) -> str:
     """The entries of directory ``path``, one per line: ``name/`` for a directory, ``name ->
-    target`` for a symlink, ``name  (N bytes)`` for a file (names that are not UTF-8 shown with
-    ``\\xNN``, :func:`shown`). The first line is the directory's real path.
+    target`` for a symlink, ``name  (N bytes)`` for a file, ``name  (N hard links: not read)`` for
+    a file with other names (module docstring; names that are not UTF-8 shown with ``\\xNN``,
+    :func:`shown`). The first line is the directory's real path.
 
     Bounded: the directory is read entry by entry (``os.scandir``), the first
     :data:`MAX_LIST_ENTRIES` readable entries in directory order are kept and shown sorted by
@@ -393,7 +402,8 @@ def check_path_arguments(
     one asked (a relative path, ``..``, or a symlink the server might resolve differently). An
     argument may be a path or a list of paths; absent or ``null`` ones are skipped. Raises
     ``ScopeDenied`` for the first one denied, and :class:`WorkspaceError` for a value that is not
-    a filesystem path (not a string, ``~...``, a URI such as ``file://...``, a lone surrogate)."""
+    a filesystem path (not a string, ``~...``, a URI such as ``file://...``, a lone surrogate) or
+    that names a regular file with more than one hard link (:func:`refuse_hard_links`)."""
     real: dict[str, str | list[str]] = {}
     for name, mode in declared.items():
         value = arguments.get(name)
@@ -403,6 +413,12 @@ def check_path_arguments(
         if any(not isinstance(path, str) for path in paths):
             raise WorkspaceError(f"argument {name!r}: expected a path or a list of paths, got {value!r}")
         checked_paths = [checked(check, path, mode, base) for path in paths]
+        for path in checked_paths:
+            try:
+                found = os.lstat(path)
+            except OSError:
+                continue  # not there (yet): nothing to read through
+            refuse_hard_links(found, path, mode)
         real[name] = checked_paths if isinstance(value, list) else checked_paths[0]
     return real
 
@@ -449,16 +465,23 @@ def _utf8(name: str, text: str) -> bytes:
         ) from None
 
 
-def _refuse_hard_links(fd: int, real: str) -> None:
-    """Refuse to write a file that has other names: writing its inode in place would change what
-    those names show too, and they may be outside the scope (a hard link is not a symlink:
-    ``realpath`` cannot see it)."""
-    links = os.fstat(fd).st_nlink
-    if links > 1:
+def refuse_hard_links(found: os.stat_result, real: str, mode: Mode) -> None:
+    """Raise :class:`WorkspaceError` when ``found`` (the ``stat`` of ``real``, from its open
+    descriptor where there is one) is a regular file with other names: they may be outside the
+    scope (a hard link is not a symlink: ``realpath`` cannot see it), so reading it may read a file
+    outside the scope, and writing it in place would change what those names show too."""
+    links = found.st_nlink
+    if links <= 1 or not stat.S_ISREG(found.st_mode):
+        return
+    if mode == "read":
         raise WorkspaceError(
-            f"{real} has {links} hard links: writing it would change the file under its other "
-            "names too, which may be outside your scope; write a new file instead"
+            f"{real} has {links} hard links: it is also a file under other names, which may be "
+            "outside your scope, so it is not read; ask for a copy of it"
         )
+    raise WorkspaceError(
+        f"{real} has {links} hard links: writing it would change the file under its other "
+        "names too, which may be outside your scope; write a new file instead"
+    )
 
 
 def _remove_made(made: list[str]) -> None:
@@ -561,6 +584,9 @@ def _describe(entry: os.DirEntry[str]) -> str:
             return f"{name} -> {shown(os.readlink(entry.path))}"
         if entry.is_dir(follow_symlinks=False):
             return f"{name}/"
-        return f"{name}  ({entry.stat(follow_symlinks=False).st_size} bytes)"
+        found = entry.stat(follow_symlinks=False)
+        if found.st_nlink > 1 and stat.S_ISREG(found.st_mode):  # its size is the other file's too
+            return f"{name}  ({found.st_nlink} hard links: not read)"
+        return f"{name}  ({found.st_size} bytes)"
     except OSError:
         return f"{shown(entry.name)}  (vanished)"

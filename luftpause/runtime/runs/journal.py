@@ -6,8 +6,14 @@ One JSON object per line (UTF-8, ``\\n``-terminated), appended in the order thin
      "maxToolCalls", "maxTokens", "parallelToolCalls", "tools", "parent", "budgetTokens",
      "budgetToolCalls", "budgetSeconds", "approveTools", "name", "orchestrate"}
                                                            every spawn argument, at spawn
+    {"type": "turn", "handle", "turn", "message": assistant, "counters": {...}}
+                                                           a reply that calls tools: the tool round
+                                                           it begins (durable before any call runs)
+    {"type": "call", "handle", "turn", "index", "message": tool message, "failed"}
+                                                           one call of that round completed
     {"type": "round", "handle", "messages": [assistant, tool...], "counters": {...},
-     "delivered"?: [message id]}                           one completed tool round
+     "delivered"?: [message id]}                           one completed tool round (whole: it
+                                                           repeats its turn and call records)
     {"type": "approval", "handle", "key", "tool", "allow", "at"}
                                                            a person's decision on one tool call
     {"type": "started", "handle", "key", "tool", "at"}     an approved call is about to execute:
@@ -29,7 +35,12 @@ One JSON object per line (UTF-8, ``\\n``-terminated), appended in the order thin
                 "turnSeconds", "toolSeconds"}              totals of the run itself at that point
 
 A ``round`` carries the counters as they stood when the round completed, so a run resumed after a
-crash counts from there: the turn that was in flight at the crash is redone and counted once.
+crash counts from there: the turn that was in flight at the crash is redone and counted once. A
+``turn`` carries them as they stood when its reply came; each ``call`` after it adds its one call
+(and its failure). A run whose journal ends inside a round (a ``turn``, some ``call`` s, no
+``round``) resumes that round: it is not asked for the reply again, and runs only the calls with no
+``call`` record, under the same ids (at least once: a call that started but whose ``call`` record
+was not written runs again; :func:`luftpause.runtime.agent.upstream.call_id`).
 
 Writing happens off the event loop, in one writer thread per journal fed by a queue, so records
 reach the file in the order they were appended. Each record is written whole (``os.write`` is
@@ -43,8 +54,16 @@ written is reported to the ``on_failure`` its owner gave :meth:`Journal.open` (t
 its run as not durable) and logged as an error.
 
 A crash of the process or of the machine loses at most the records being written, the last of
-them possibly a torn last line; :func:`read_records` skips it with a warning (any line that does
-not parse is skipped the same way, never fatal).
+them possibly a torn last line; :func:`read_records` skips it with a warning, never fatal.
+
+Torn or damaged: a *torn* line is the file's last one with no ``\n`` after it (a write the crash
+cut short, whose ``fsync`` never returned, so nothing it records was acknowledged: skipping it
+loses nothing anyone was told). Any other line that is not a journal record (it does not parse,
+or is not an object with a ``handle``) is *damaged*: it was written whole, may have been
+acknowledged, and is reported (:class:`DamagedLine`, with what the line still shows,
+:func:`salvage`) so the replay keeps its run visible, as failed with the reason, never gone
+(:mod:`luftpause.runtime.runs.replay`). A damage that still parses as a valid record (a flipped
+digit) is not detected: lines carry no checksum.
 
 Compaction: when the file passes :data:`COMPACT_BYTES` (or twice its size after the last
 compaction, whichever is larger, so a journal of many large finished runs is not rewritten on
@@ -64,8 +83,10 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +128,71 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def read_records(path: Path) -> Iterator[Record]:
+@dataclass(frozen=True, slots=True)
+class DamagedLine:
+    """A line of the journal that is not a record and is not its torn last line (module
+    docstring): its ``number`` (1-based), why it is not a record, and what it still shows
+    (:func:`salvage`: ``type``, ``handle``, ...)."""
+
+    number: int
+    reason: str
+    salvaged: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def handle(self) -> str | None:
+        """The run the line names, when that could still be read."""
+        handle = self.salvaged.get("handle")
+        return handle if isinstance(handle, str) and handle else None
+
+    def describe(self, path: Path | str = JOURNAL_NAME) -> str:
+        """``<file> line N (<type> record) is damaged: <reason>``."""
+        kind = self.salvaged.get("type")
+        what = f" ({kind} record)" if isinstance(kind, str) and kind.isidentifier() else ""
+        return f"{Path(path).name} line {self.number}{what} is damaged: {self.reason}"
+
+
+SALVAGED_FIELDS = ("type", "handle", "caller", "parent", "name", "task", "model", "serviceClass")
+"""The string fields :func:`salvage` looks for in a damaged line (those that rebuild a run's
+place: which run, whose, under which parent, asked what)."""
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
+
+
+def salvage(line: bytes | dict[str, Any]) -> dict[str, Any]:
+    """What a damaged line still shows: each of :data:`SALVAGED_FIELDS` whose ``"key": "string"``
+    is still intact (the first occurrence: records are written with their own fields first), and
+    ``at`` (a number). A line that parsed as an object (but is no record) gives those of its keys
+    that are strings. Best effort: nothing here is trusted beyond being shown."""
+    if isinstance(line, dict):
+        out: dict[str, Any] = {k: line[k] for k in SALVAGED_FIELDS if isinstance(line.get(k), str)}
+        if isinstance(line.get("at"), int | float) and not isinstance(line.get("at"), bool):
+            out["at"] = float(line["at"])
+        return out
+    text = line.decode("utf-8", errors="replace")
+    out = {}
+    for key in SALVAGED_FIELDS:
+        found = re.search(rf'"{key}"\s*:\s*("(?:[^"\\\x00-\x1f]|\\.)*")', text)
+        if found is None:
+            continue
+        try:
+            value = json.loads(found.group(1))
+        except ValueError:
+            continue
+        if isinstance(value, str):
+            out[key] = value
+    at = re.search(rf'"at"\s*:\s*({_NUMBER})', text)
+    if at is not None:
+        out["at"] = float(at.group(1))
+    return out
+
+
+def read_records(path: Path, on_damaged: Callable[[DamagedLine], None] | None = None) -> Iterator[Record]:
     """Every record of the journal at ``path`` in order (nothing if it does not exist); the file is
     read once and parsed with orjson.
 
-    A line that is not a JSON object (a torn last line after a crash, or damage) is skipped with a
-    warning naming its line number; it is never fatal.
+    A torn last line (module docstring) is skipped with a warning. A damaged line is skipped with
+    an error naming its line number and given to ``on_damaged`` (called in order, between the
+    records around it). Neither is ever fatal.
     """
     try:
         data = path.read_bytes()
@@ -122,24 +202,27 @@ def read_records(path: Path) -> Iterator[Record]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        problem = ""
         try:
             record = orjson.loads(line)
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError as exc:
             try:  # lines the standard library wrote (ASCII-escaped lone surrogates: see encode)
                 record = json.loads(line)
             except ValueError:
-                record = None
-        if not isinstance(record, dict) or not isinstance(record.get("handle"), str):
-            torn = number == len(lines) and not data.endswith(b"\n")
-            log.warning(
-                "%s line %d: %s (%d bytes), skipped",
-                path,
-                number,
-                "torn last record" if torn else "not a journal record",
-                len(line),
-            )
+                record, problem = None, f"not JSON ({exc})"
+        if isinstance(record, dict) and isinstance(record.get("handle"), str):
+            yield record
             continue
-        yield record
+        if number == len(lines) and not data.endswith(b"\n"):
+            log.warning("%s line %d: torn last record (%d bytes), skipped", path, number, len(line))
+            continue
+        if not problem:
+            shape = "an object" if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+            problem = f"not a journal record ({shape} with no handle)"
+        damaged = DamagedLine(number, problem, salvage(record if isinstance(record, dict) else line))
+        log.error("%s, %d bytes, skipped", damaged.describe(path), len(line))
+        if on_damaged is not None:
+            on_damaged(damaged)
 
 
 class _Compaction:
@@ -177,9 +260,9 @@ class Journal:
         """Bytes in the journal file (as of the last open, write or compaction)."""
         return self._size
 
-    def records(self) -> Iterator[Record]:
+    def records(self, on_damaged: Callable[[DamagedLine], None] | None = None) -> Iterator[Record]:
         """The records on disk (see :func:`read_records`)."""
-        return read_records(self.path)
+        return read_records(self.path, on_damaged)
 
     def check_writable(self) -> None:
         """Create the state directory if needed and make sure a file can be created in it. Raises

@@ -60,6 +60,7 @@ __all__ = [
     "Costs",
     "Counters",
     "Durability",
+    "PendingRound",
     "Retention",
     "Run",
     "RunState",
@@ -180,12 +181,71 @@ class ApprovalState:
 
 
 @dataclass(slots=True)
+class PendingRound:
+    """A tool round begun and not yet completed: the reply that asked for it, journaled (a
+    ``turn`` record) before any of its calls runs, and the calls completed so far (a ``call``
+    record each). A run rebuilt from the journal with a pending round runs only the calls that had
+    not completed, under the same ids (:func:`luftpause.runtime.agent.upstream.call_id`), and is
+    not asked for the reply again."""
+
+    turn: int
+    """The run's turn count when the reply came (:attr:`Costs.turns`, this turn included): with
+    the handle and a call's index, the call's id."""
+    message: dict[str, Any]
+    """The assistant message: ``{"role": "assistant", "content", "tool_calls": [...]}``."""
+    counters: Counters
+    """The run's counters when the reply came, before any call of the round."""
+    done: dict[int, tuple[dict[str, Any], bool]] = field(default_factory=dict)
+    """Completed calls by index in the reply: ``(the role: tool message, failed)``."""
+
+    @property
+    def calls(self) -> list[Any]:
+        """The reply's tool calls, as the engine gave them."""
+        calls = self.message.get("tool_calls")
+        return calls if isinstance(calls, list) else []
+
+    @property
+    def spent(self) -> int:
+        """Tool calls the run had made before this round."""
+        return int(self.counters.get("toolCalls", 0))
+
+    def turn_record(self, handle: str) -> dict[str, Any]:
+        """The ``turn`` record that begins it (shape: :mod:`luftpause.runtime.runs.journal`)."""
+        return {
+            "type": "turn",
+            "handle": handle,
+            "turn": self.turn,
+            "message": self.message,
+            "counters": self.counters,
+        }
+
+    def call_record(self, handle: str, index: int) -> dict[str, Any]:
+        """The ``call`` record of its completed call ``index``."""
+        message, failed = self.done[index]
+        return {
+            "type": "call",
+            "handle": handle,
+            "turn": self.turn,
+            "index": index,
+            "message": message,
+            "failed": failed,
+        }
+
+
+@dataclass(slots=True)
 class Durability:
     """How the run's journal records fare."""
 
     error: str | None = None
     """Set when a record of this run could not be written: the run is not durable (a restart
     resumes it from its last record written); its later records are not written."""
+    damaged: str | None = None
+    """Set by a replay that found a line of this run's journal damaged (not the torn last line of
+    a crash, which held nothing acknowledged): what, and where. A run found so while unfinished is
+    not resumed but failed with it (it might otherwise repeat or lose what the line held)."""
+    start_lost: bool = False
+    """Its ``start`` record was damaged or missing: what it was asked (task, model, ...) is lost
+    beyond what the damaged line still shows, so it cannot take another turn (no ``send``)."""
     start_written: concurrent.futures.Future[None] | None = field(default=None, repr=False)
     """The journal write of its ``start`` record, if any."""
     last_written: concurrent.futures.Future[None] | None = field(default=None, repr=False)
@@ -239,6 +299,8 @@ class Run:
     interrupted: bool = False
     """Set when the runtime shuts down under a running run: it did not end, it was stopped."""
     costs: Costs = field(default_factory=Costs)
+    pending_round: PendingRound | None = None
+    """The tool round begun and not yet completed, if any (the registry's ``begin_round``)."""
     approvals: ApprovalState = field(default_factory=ApprovalState)
     durability: Durability = field(default_factory=Durability)
     retention: Retention = field(default_factory=Retention)
@@ -319,6 +381,8 @@ class Run:
         self.answer = answer
         self.error = error
         self.finished_at = time.time()
+        if not self.interrupted:  # a round cut short by an end is never resumed; by a shutdown, it is
+            self.pending_round = None
         keep_answer(self)
         return True
 
@@ -328,6 +392,8 @@ class Run:
         is not idle or whose conversation was dropped."""
         if self.pod_state != "idle":
             raise ValueError(f"run {self.handle} is {self.pod_state}, not idle")
+        if self.durability.start_lost:
+            raise ValueError(START_LOST.format(handle=self.handle, damage=self.durability.damaged))
         if self.conversation_dropped:
             raise ValueError(CONVERSATION_DROPPED.format(handle=self.handle))
         self.state = "running"
@@ -358,7 +424,8 @@ class Run:
         """A finished run as compaction writes it: one ``run`` record with its start and outcome,
         and either its conversation (``messages``, beyond the system and task messages) or, once
         dropped, ``conversationDropped``, ``outputs`` (the kept entries), ``outputsBase`` and
-        ``taskChars``. Lists are copies: later changes to the run do not alter it."""
+        ``taskChars``; and, for a run a replay found damaged, ``damaged`` (what was found) and
+        ``startLost``. Lists are copies: later changes to the run do not alter it."""
         record = {**self.start_record(), "type": "run", **self.outcome_record()}
         if self.conversation_dropped:
             record["conversationDropped"] = True
@@ -367,6 +434,10 @@ class Run:
             record["taskChars"] = self.task_length
         else:
             record["messages"] = self.messages[2 if self.spec.system else 1 :]
+        if self.durability.damaged is not None:  # what a replay found, kept past compaction
+            record["damaged"] = self.durability.damaged
+            if self.durability.start_lost:
+                record["startLost"] = True
         return record
 
     def outcome_record(self) -> dict[str, Any]:
@@ -397,6 +468,11 @@ class Run:
             str(record["handle"]), RunSpec.from_record(record), started_at=float(record["at"]), resumed=True
         )
 
+
+START_LOST = (
+    "run {handle} cannot take another turn: what it was asked is lost ({damage}); "
+    "its answer and output so far are still there (status, read); spawn a new run to go on"
+)
 
 CONVERSATION_DROPPED = (
     "run {handle} is finished and its conversation was dropped to keep the runtime within "
@@ -485,6 +561,7 @@ def apply_outcome(run: Run, record: dict[str, Any]) -> None:
     run.exceeded = record.get("exceeded")
     if record.get("stoppedBy") is not None:
         run.stopped_by = str(record["stoppedBy"])
+    run.pending_round = None
     keep_answer(run)
     finished_at = record.get("finishedAt")
     run.finished_at = float(finished_at) if finished_at is not None else time.time()

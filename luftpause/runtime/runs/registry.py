@@ -22,7 +22,8 @@ the sub-agent loop's), never in the MCP request that spawned it: a run outlives 
 call, the client's session and a client crash. Waiting (``await``) is answered from the records.
 
 Every change to a run goes through the registry, which journals it: :meth:`RunRegistry.add`,
-:meth:`~RunRegistry.finish`, :meth:`~RunRegistry.complete_round`,
+:meth:`~RunRegistry.finish`, :meth:`~RunRegistry.begin_round`, :meth:`~RunRegistry.complete_call`,
+:meth:`~RunRegistry.complete_round`,
 :meth:`~RunRegistry.check_budgets`, :meth:`~RunRegistry.deliver`,
 :meth:`~RunRegistry.request_stop`, :meth:`~RunRegistry.cancel`. The parts that keep state beside the
 runs (scopes, notifications, tree depths) are its :class:`RunListener` s, given when it is built:
@@ -50,6 +51,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -61,8 +63,10 @@ from luftpause.runtime.runs.record import (
     BUDGET_KEYS,
     CONVERSATION_DROPPED,
     COUNTER_KEYS,
+    START_LOST,
     TASK_SUMMARY_CHARS,
     Counters,
+    PendingRound,
     Run,
     RunState,
     ServiceClass,
@@ -90,6 +94,7 @@ __all__ = [
     "Counters",
     "Drive",
     "Run",
+    "RunCounts",
     "RunListener",
     "RunRegistry",
     "RunState",
@@ -104,6 +109,20 @@ log = logging.getLogger("luftpause.runtime.runs")
 
 Drive = Callable[[Run], Coroutine[Any, Any, None]]
 """What drives one run from where it stands to its end (the sub-agent loop's ``drive``)."""
+
+
+FINAL_STATES: tuple[RunState, ...] = ("completed", "failed", "cancelled")
+
+
+@dataclass(slots=True)
+class RunCounts:
+    """What the registry counts since the process started (``GET /metrics``): runs it recorded
+    (replayed ones are not new), runs that ended by final state (not those the shutdown
+    interrupted: they resume), and subtrees cancelled because a budget ran out, by budget."""
+
+    started: int = 0
+    ended: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINAL_STATES, 0))
+    budget_cancellations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUDGET_KEYS, 0))
 
 
 class RunListener(Protocol):
@@ -184,6 +203,10 @@ class RunRegistry:
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
+        self.counts = RunCounts()
+        self.ready = False
+        """True from when the journal is replayed and its unfinished runs resumed (:meth:`serving`)
+        until the registry is left: the runtime's readiness."""
 
     @property
     def retained_total(self) -> int:
@@ -215,14 +238,21 @@ class RunRegistry:
             self._drive = drive
             try:
                 self._resume()
+                self.ready = True
                 yield self
             finally:
+                self.ready = False
                 self._drive = None
 
     async def __aenter__(self) -> RunRegistry:
         if self.journal is not None:
-            self._install(replay_journal(self.journal, self.listeners, self._foreign))
+            replayed = replay_journal(self.journal, self.listeners, self._foreign)
+            self._install(replayed)
             self.journal.open(snapshot=self.journal_snapshot, on_failure=self._journal_failed)
+            for run in replayed.failed:  # failed for a damaged journal: now an outcome like any
+                self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
+                for listener in self.listeners:
+                    listener.run_ended(run)
             if self.journal.size > self.journal.compact_bytes:
                 self.journal.compact_later(self.journal_snapshot())
         self._group = asyncio.TaskGroup()
@@ -268,6 +298,7 @@ class RunRegistry:
         if parent is not None:
             parent.children.append(run.handle)
         run.durability.start_written = self.append(run, run.start_record())
+        self.counts.started += 1
         self.changes.bump()
         return run
 
@@ -397,6 +428,7 @@ class RunRegistry:
         self._checkpoints.pop(run.handle, None)
         if not run.interrupted:
             self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
+            self.counts.ended[state] = self.counts.ended.get(state, 0) + 1
         if self._runs.get(run.handle) is run:
             self.retention.finished(run)
             self.evict_expired()
@@ -412,6 +444,7 @@ class RunRegistry:
         the ids of the messages and events a round delivered there, so delivery and conversation
         are one record). Then the budgets are checked."""
         run.messages.extend(round_messages)
+        run.pending_round = None
         counters = run.costs.to_json()
         self._checkpoints[run.handle] = counters
         self.append(
@@ -426,6 +459,27 @@ class RunRegistry:
         )
         self.check_budgets(run)
 
+    def begin_round(self, run: Run, message: dict[str, Any]) -> concurrent.futures.Future[None] | None:
+        """``run``'s reply ``message`` (an assistant message with ``tool_calls``) begins a tool
+        round: it becomes the run's pending round, journaled as a ``turn`` record with the
+        counters as they stand now (this turn counted, no call of the round yet). The write's
+        future, as :meth:`append` gives it: the loop waits for it before any call runs, so a call
+        that ran is always one a restart finds again, under the same id."""
+        pending = PendingRound(run.costs.turns, message, run.costs.to_json())
+        run.pending_round = pending
+        return self.append(run, pending.turn_record(run.handle))
+
+    def complete_call(self, run: Run, index: int, message: dict[str, Any], failed: bool) -> None:
+        """Call ``index`` of ``run``'s pending round completed with ``message`` (its ``role:
+        tool`` message): journaled as a ``call`` record, so a restart does not run it again. Not
+        waited for (a record lost in a crash only makes the call run again). Nothing for a run
+        that ended meanwhile."""
+        pending = run.pending_round
+        if pending is None or run.done:
+            return
+        pending.done[index] = (message, failed)
+        self.append(run, pending.call_record(run.handle, index))
+
     def check_budgets(self, run: Run, ahead: dict[str, float] | None = None) -> None:
         """Check the budgets of ``run`` and its ancestors now; one that ran out, or that ``ahead``
         (what is about to be used: ``{"toolCalls": 1}`` before a tool call, ``{"tokens": 1}``
@@ -433,9 +487,10 @@ class RunRegistry:
         (:func:`luftpause.runtime.runs.budgets.first_exceeded`)."""
         found = first_exceeded(run, self._runs, time.time(), ahead)
         if found is not None:
-            holder, message = found
+            holder, which, message = found
             holder.exceeded = holder.exceeded or message
-            self._cancel_subtree(holder, message)
+            if self._cancel_subtree(holder, message):
+                self.counts.budget_cancellations[which] = self.counts.budget_cancellations.get(which, 0) + 1
 
     # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
 
@@ -447,6 +502,8 @@ class RunRegistry:
             raise ValueError(f"run {run.handle} is stopped; it takes no messages")
         if run.conversation_dropped:
             raise ValueError(CONVERSATION_DROPPED.format(handle=run.handle))
+        if run.durability.start_lost:
+            raise ValueError(START_LOST.format(handle=run.handle, damage=run.durability.damaged))
         self.append(
             run,
             {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},

@@ -27,7 +27,8 @@ def run_result(run: Run) -> dict[str, Any]:
      "error"? (failed, cancelled),
      "pendingApprovals"?: [{"id", "tool", "arguments", "repeat"?}] (state "AwaitingApproval"),
      "pendingApproval"?: the first of them (clients that expect one question at a time),
-     "durable"?: false, "journalError"? (a journal record of the run could not be written),
+     "durable"?: false, "journalError"? (a journal record of the run could not be written, or a
+     restart found one damaged: what and where),
      "conversationDropped"?: true (finished, its conversation dropped for [runtime] retained_bytes),
      "toolCalls", "failedToolCalls", "turns", "seconds",
      "usage": {"promptTokens", "completionTokens"}}
@@ -40,9 +41,10 @@ def run_result(run: Run) -> dict[str, Any]:
     if waiting and not run.done:
         out["pendingApprovals"] = [approval.shown() for approval in waiting]
         out["pendingApproval"] = out["pendingApprovals"][0]
-    if run.durability.error is not None:
+    problems = [p for p in (run.durability.error, run.durability.damaged) if p is not None]
+    if problems:
         out["durable"] = False
-        out["journalError"] = run.durability.error
+        out["journalError"] = "; ".join(problems)
     if run.conversation_dropped:  # for the byte budget: it takes no ``send`` any more
         out["conversationDropped"] = True
     if run.answer is not None:

@@ -12,6 +12,9 @@ Routes (added to the runtime's app by :func:`monitor_routes`)::
                                        {"run": describe, "messages": [conversation from K],
                                         "from", "cursor", "pendingEvents"} (PodOperations.conversation):
                                        only the messages the page does not have yet
+    GET  /monitor/series[?after=SEQ]   the last 10 minutes of runs by state, one sample per 2 s
+                                       (luftpause.runtime.runs.series, luftpause.series); after:
+                                       only the samples after that seq
     POST /monitor/runs/{handle}/send   body {"message": str} -> PodOperations.send's answer
     POST /monitor/runs/{handle}/stop   -> PodOperations.stop's answer
 
@@ -63,7 +66,9 @@ from starlette.routing import Route
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.pods.actors import PERSON
 from luftpause.runtime.pods.operations import PodOperations
+from luftpause.runtime.runs.series import RunSeries
 from luftpause.runtime.web.auth import error_body
+from luftpause.series import SeriesRing, parse_after
 
 PAGE_RESOURCE = "monitor.html"
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -151,9 +156,13 @@ def _fault(exc: RuntimeFault) -> Response:
     return Response(error_body(str(exc)), status_code=status, media_type="application/json")
 
 
-def monitor_routes(pods: PodOperations, listen_host: str | None = None) -> list[Route]:
-    """The monitor's routes over the runtime's pod operations; ``listen_host`` the address the
+def monitor_routes(
+    pods: PodOperations, listen_host: str | None = None, series: RunSeries | None = None
+) -> list[Route]:
+    """The monitor's routes over the runtime's pod operations and its ``series`` (none: a ring that
+    is never sampled, so ``/monitor/series`` answers no samples); ``listen_host`` the address the
     runtime listens on (loopback: the ``Host`` check, :func:`host_allowed`)."""
+    ring = series.ring if series is not None else SeriesRing()
     page = page_html()
     csp = page_csp(page)
 
@@ -203,6 +212,9 @@ def monitor_routes(pods: PodOperations, listen_host: str | None = None) -> list[
             raise ValueError(f"since: expected a message index (0 or more), got {since!r}")
         return pods.conversation(request.path_params["handle"], int(since) if since is not None else None)
 
+    async def recent(request: Request) -> dict[str, Any]:
+        return ring.since(parse_after(request.query_params.get("after")))
+
     async def send(request: Request) -> dict[str, Any]:
         raw = await _read_body(request, MAX_MESSAGE_BYTES)
         try:
@@ -220,6 +232,7 @@ def monitor_routes(pods: PodOperations, listen_host: str | None = None) -> list[
     return [
         Route("/monitor", monitor_page, methods=["GET"]),
         Route("/monitor/runs", guarded(runs), methods=["GET"]),
+        Route("/monitor/series", guarded(recent), methods=["GET"]),
         Route("/monitor/runs/{handle}", guarded(conversation), methods=["GET"]),
         Route("/monitor/runs/{handle}/send", guarded(send), methods=["POST"]),
         Route("/monitor/runs/{handle}/stop", guarded(stop), methods=["POST"]),
