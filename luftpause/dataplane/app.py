@@ -46,7 +46,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
 
 import grpc.aio
 import orjson
@@ -59,7 +58,6 @@ from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
-from luftpause.dataplane.apis.sessions import harness_session
 from luftpause.dataplane.asgi import (
     WATCH_AFTER_S,
     ClientGone,
@@ -93,9 +91,10 @@ from luftpause.dataplane.request_checks import (
     read_body,
     truncate_caller,
 )
+from luftpause.dataplane.run_identity import RunIdentity
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
-from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id
+from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
 from luftpause.dataplane.upstream import Upstream
 from luftpause.orphans import exit_with_parent
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
@@ -137,6 +136,7 @@ class Dataplane:
         no longer resolves to it. A set beside the table rather than a run -> ids index, which
         would cost on every remembered id: at most ``MAX_ENDED_RUNS`` entries, measured 151 bytes
         each for 40-byte ids (15 MB when full), 367 bytes at the 256-byte limit (37 MB)."""
+        self.identity = RunIdentity(self.runs, self.tool_calls, self.ended_runs)
         self._prune_task: asyncio.Task[None] | None = None
         # Stable across restarts on the same host and port: the Resync of a restarted dataplane
         # then releases what the crashed one held.
@@ -398,8 +398,8 @@ class Dataplane:
         assert self._loop is not None
         now = self._loop.time()
         caller = truncate_caller(exchange.header(_CALLER) or "")
-        run_id, new_run = self._run_of(
-            exchange, service_class, caller, now, lambda: request_tool_call_ids(messages)
+        run_id, new_run = self.identity.run_of(
+            header_of(exchange), service_class, caller, now, lambda: request_tool_call_ids(messages)
         )
         return Turn(
             turn_id=Turn.new_id(),
@@ -415,44 +415,6 @@ class Dataplane:
             client_priority="priority" in payload,
         )
 
-    def _run_of(
-        self,
-        exchange: Exchange,
-        service_class: int,
-        caller: str,
-        now: float,
-        echoed: Callable[[], list[str]],
-        payload: dict[str, Any] | None = None,
-    ) -> tuple[str, bool]:
-        """The run a turn belongs to, and whether it was made up for it: ``x-luftpause-run-id``;
-        with ``payload`` (a Messages or Responses request), the harness's session headers
-        (``apis.sessions``); the run that emitted one of the ``echoed()`` tool-call ids, on this
-        dataplane; with ``payload``, the session its body names; else a new run.
-
-        Raises :class:`BadRequest` for a run id over ``RUN_ID_MAX_BYTES``."""
-        run_id = exchange.header(_RUN_ID)
-        if run_id and not acceptable_run_id(run_id):
-            raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
-        if not run_id and payload is not None:
-            session = harness_session(header_of(exchange))
-            run_id = session.run_id if session is not None else None
-        if run_id:
-            if self.ended_runs and run_id in self.ended_runs:
-                del self.ended_runs[run_id]  # named again by its client: its tool-call ids count again
-            return run_id, False
-        # No name: the run that emitted a tool call answered here, else the body's session, else new.
-        found = self.tool_calls.lookup(echoed(), now)
-        if found and found not in self.ended_runs:  # a run that ended (DELETE) takes no more turns
-            return found, False
-        if payload is not None:
-            session = harness_session(header_of(exchange), payload)
-            if session is not None:
-                self.ended_runs.pop(session.run_id, None)
-                return session.run_id, False
-        run_id = f"run-{new_id()}"
-        self.runs.new_run(run_id, service_class, caller, now)  # so it may use a lease
-        return run_id, True
-
     async def _front_door(self, exchange: Exchange, api: Api) -> None:
         """``POST /v1/messages`` or ``POST /v1/responses``: planned (``front_doors``), then
         admitted and relayed as a chat turn is."""
@@ -463,8 +425,8 @@ class Dataplane:
         assert self._loop is not None
         now = self._loop.time()
         caller = truncate_caller(exchange.header(_CALLER) or "")
-        run_id, new_run = self._run_of(
-            exchange, service_class, caller, now, lambda: planned.echoed_ids, payload
+        run_id, new_run = self.identity.run_of(
+            header_of(exchange), service_class, caller, now, lambda: planned.echoed_ids, payload
         )
         turn = Turn(
             turn_id=Turn.new_id(),
