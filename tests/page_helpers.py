@@ -39,13 +39,16 @@ DUMP_TIMEOUT_S = 90.0  # a fail-safe against a hung browser, never a measured bo
 DASH = "\N{EN DASH}"  # what the page shows for a missing value
 
 
-# A streamed completion read to its end, with a caller and a service class; exits when killed.
+# A streamed completion read to its end, with a caller and a service class (and a bearer token,
+# when a sixth argument gives one); exits when killed.
 STREAM_CLIENT = """
 import sys, urllib.request
 url, body, run, caller, service_class = sys.argv[1:6]
-request = urllib.request.Request(url, data=body.encode(), method="POST", headers={
-    "content-type": "application/json", "x-luftpause-run-id": run,
-    "x-luftpause-caller": caller, "x-luftpause-class": service_class})
+headers = {"content-type": "application/json", "x-luftpause-run-id": run,
+    "x-luftpause-caller": caller, "x-luftpause-class": service_class}
+if len(sys.argv) > 6 and sys.argv[6]:
+    headers["authorization"] = "Bearer " + sys.argv[6]
+request = urllib.request.Request(url, data=body.encode(), method="POST", headers=headers)
 with urllib.request.urlopen(request, timeout=600) as response:
     while response.read(4096):
         pass
