@@ -13,7 +13,6 @@ fail, they are never skipped.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import subprocess
 import sys
@@ -487,11 +486,7 @@ def test_the_last_minutes_are_drawn_from_the_schedulers_series(saturated: Satura
                     batch = '#chart-held polyline[data-series="batch"]'
 
                     async def drawn() -> bool:
-                        points = await page.evaluate(
-                            f"(() => {{ const e = document.querySelector({json.dumps(batch)});"
-                            " return e ? Number(e.dataset.points) : 0; })()"
-                        )
-                        return bool(points >= 3)
+                        return await page.drawn_points(batch) >= 3
 
                     await until(drawn, "the batch line of the held-turns chart")
                     legend = (await page.text("#chart-held .legend")).replace(" ", "")
