@@ -63,9 +63,7 @@ from luftpause.runtime.runs.listeners import RunListener
 from luftpause.runtime.runs.loop_tasks import LoopTasks, confirm_start
 from luftpause.runtime.runs.record import (
     BUDGET_KEYS,
-    CONVERSATION_DROPPED,
     COUNTER_KEYS,
-    START_LOST,
     TASK_SUMMARY_CHARS,
     Counters,
     PendingRound,
@@ -418,13 +416,11 @@ class RunRegistry:
     def deliver(self, run: Run, content: str, sender: str, message_id: str) -> bool:
         """Give ``run`` a user message (journaled first as a ``message`` record): an idle run is
         re-opened with it (``True``: the caller starts its loop again), a running one gets it in
-        its inbox for its next turn (``False``). Raises ``ValueError`` for a stopped run."""
-        if run.pod_state == "stopped":
-            raise ValueError(f"run {run.handle} is stopped; it takes no messages")
-        if run.conversation_dropped:
-            raise ValueError(CONVERSATION_DROPPED.format(handle=run.handle))
-        if run.durability.start_lost:
-            raise ValueError(START_LOST.format(handle=run.handle, damage=run.durability.damaged))
+        its inbox for its next turn (``False``). Raises ``ValueError`` for a run that takes no
+        message (:attr:`Run.message_refusal`: stopped, its conversation dropped, its start lost)."""
+        refused = run.message_refusal
+        if refused is not None:
+            raise ValueError(refused)
         self.append(
             run,
             {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},
