@@ -24,11 +24,11 @@ families are built by ``prometheus_client`` at scrape time (:class:`Histogram` g
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from luftpause import __version__
@@ -38,6 +38,7 @@ __all__ = [
     "TOP_CALLERS",
     "Histogram",
     "build_info",
+    "counter_by",
     "exposition",
     "new_registry",
     "top_with_other",
@@ -103,6 +104,14 @@ def top_with_other(values: dict[str, float], limit: int = TOP_CALLERS) -> list[t
         (key, (key or ANONYMOUS_CALLER) if index < limit else OTHER_CALLERS)
         for index, key in enumerate(ranked)
     ]
+
+
+def counter_by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> CounterMetricFamily:
+    """A counter family with one label: a series per key of ``values`` (``{label value: count}``)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family
 
 
 def build_info(process: str) -> GaugeMetricFamily:

@@ -5,15 +5,21 @@ with the runtime's bearer token, and draws the runs as a tree (spawner above its
 line each: name, handle, state, service class, turns, tool calls, the scope it holds and the
 first line of its last answer. A header counts the runs by state and names the runtime.
 
+States are in the words both pages use (README "Run states"): the run's own state (the monitor's
+``runState``) as ``running``, ``awaiting approval``, ``completed``, ``failed`` or ``cancelled``,
+with ``(stopped)`` after a run stopped once it had completed or failed (it takes no more
+messages; the monitor's ``state``, the pod state, says so).
+
 It only watches. Sending a message to a run or stopping one is done on the page
 (``/monitor``), or over MCP.
 
 Fitting (live mode): the tree is cut to the terminal's height. Runs are taken active first
-(running, or spawners of running runs), then newest first, each with the ancestors it needs to
-hang from; siblings are shown in that order too, and what did not fit is counted on a last line
-(``… N more runs``). ``--once`` prints every run (for scripts; pipe it to ``head``). Every line is
-one terminal line: a narrow terminal drops columns (SCOPE, then CLASS, TOOLS, TURNS) to leave the
-last answer some room, then cuts names, and cuts handles and states only below about 50 columns.
+(running or awaiting approval, or spawners of such runs), then newest first, each with the
+ancestors it needs to hang from; siblings are shown in that order too, and what did not fit is
+counted on a last line (``… N more runs (2 running)``). ``--once`` prints every run (for
+scripts; pipe it to ``head``). Every line is one terminal line: a narrow terminal drops columns
+(SCOPE, then CLASS, TOOLS, TURNS) to leave the last answer some room, then cuts names, and cuts
+handles and states only below about 50 columns.
 
 What the runtime sends is shown, never obeyed: every string from it (answers, errors, names,
 handles, states, classes, scope paths) has its control characters (C0, DEL, C1: ESC, BEL, CSI,
@@ -78,7 +84,23 @@ enough that a script reading it gets whole names and handles."""
 HEADER_LINES = 2
 """Lines above the tree: the title with the URL, and the counts (or the error)."""
 TABLE_HEADER_LINES = 1
-STATE_STYLES = {"running": "green", "idle": "cyan", "stopped": "dim"}
+RUN_STATE_WORDS = {
+    "running": "running",
+    "AwaitingApproval": "awaiting approval",
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+"""A run state (``runState``) in the words of the pages' shared script (``WORDS`` in
+``luftpause/scheduler/page.html`` and ``luftpause/runtime/web/monitor.html``); another state is
+shown as it is sent, none as ``-``."""
+STATE_STYLES = {
+    "running": "green",
+    "awaiting approval": "yellow",
+    "completed": "cyan",
+    "failed": "red",
+    "cancelled": "dim",
+}
 USAGE_EXIT = 2
 """Exit code of a command line that cannot work (a bad ``--url``, live mode without a terminal),
 as argparse and a bad ``--config`` give."""
@@ -100,11 +122,12 @@ class Fitted:
     """What one frame shows: ``lines`` are ``(guide, run)`` in display order, ``guide`` the tree
     lines drawn before the run's name (``""`` for a root, ``├─ `` / ``└─ `` below a spawner,
     after ``│  `` or spaces for each level above); ``hidden`` the runs left out,
-    ``hidden_running`` how many of them are running."""
+    ``hidden_running`` and ``hidden_awaiting`` how many of them are running and awaiting approval."""
 
     lines: list[tuple[str, Mapping[str, Any]]]
     hidden: int = 0
     hidden_running: int = 0
+    hidden_awaiting: int = 0
 
 
 def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
@@ -113,7 +136,8 @@ def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
 
     A run whose parent is not in the list (evicted, or a caller's run) is a root. With ``limit``
     below the count, one line is kept for the count of the rest, and runs are chosen active
-    first (running, or a spawner of a running run), then newest first, each with the ancestors
+    first (running or awaiting approval: pod state ``running``; or a spawner of such a run), then
+    newest first, each with the ancestors
     it hangs from (a run whose missing ancestors do not fit is left out; a later one with fewer
     may still fit). Siblings are shown in the same order."""
     by_handle = {str(r.get("handle")): i for i, r in enumerate(runs)}
@@ -122,7 +146,7 @@ def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
         parent = runs[i].get("parent")
         return by_handle.get(str(parent)) if parent is not None else None
 
-    # Active: running, or the spawner of a running run at any level. Active runs come first,
+    # Active: in a turn or a tool round, or the spawner of such a run at any level. Active runs come first,
     # then the newest (the monitor lists runs oldest first).
     active: set[int] = set()
     for i, run in enumerate(runs):
@@ -168,24 +192,38 @@ def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
             last = n == len(kids) - 1
             stack.append((c, below + ("└─ " if last else "├─ "), below + ("   " if last else "│  ")))
     hidden = [r for i, r in enumerate(runs) if i not in seen]
-    return Fitted(lines, len(hidden), sum(1 for r in hidden if r.get("state") == "running"))
+    words = [state_word(r) for r in hidden]
+    return Fitted(lines, len(hidden), words.count("running"), words.count("awaiting approval"))
+
+
+def state_word(run: Mapping[str, Any]) -> str:
+    """The run's own state (``runState``) in :data:`RUN_STATE_WORDS`: ``awaiting approval`` for
+    ``AwaitingApproval``, an unknown state as it is, ``-`` for none."""
+    own = run.get("runState")
+    key = own if isinstance(own, str) else ""
+    return RUN_STATE_WORDS.get(key, key or "-")
+
+
+def stopped(run: Mapping[str, Any]) -> bool:
+    """Stopped after it had completed or failed (pod state ``stopped``, run state not
+    ``cancelled``): it keeps its word and takes no more messages."""
+    return run.get("state") == "stopped" and run.get("runState") != "cancelled"
 
 
 def counts_line(runs: Iterable[Mapping[str, Any]]) -> str:
-    """``12 runs: 3 running (1 awaiting approval), 8 idle, 1 stopped`` (states as the monitor's
-    ``state``; ``runState`` ``AwaitingApproval`` counted apart among the running)."""
-    by_state: dict[str, int] = {}
-    total = awaiting = 0
+    """``12 runs: 3 running, 1 awaiting approval, 7 completed, 1 failed`` (by
+    :func:`state_word`, in the order of :data:`RUN_STATE_WORDS`, other states after them, then
+    ``N with no state``)."""
+    by_word: dict[str, int] = {}
     for run in runs:
-        total += 1
-        state = str(run.get("state"))
-        by_state[state] = by_state.get(state, 0) + 1
-        awaiting += run.get("runState") == "AwaitingApproval"
-    parts = []
-    for state in ("running", "idle", "stopped", *sorted(set(by_state) - {"running", "idle", "stopped"})):
-        if by_state.get(state):
-            extra = f" ({awaiting} awaiting approval)" if state == "running" and awaiting else ""
-            parts.append(f"{by_state[state]:,} {state}{extra}")
+        word = state_word(run)
+        by_word[word] = by_word.get(word, 0) + 1
+    known = list(RUN_STATE_WORDS.values())
+    others = sorted(set(by_word) - {*known, "-"})
+    parts = [f"{by_word[w]:,} {w}" for w in (*known, *others) if w in by_word]
+    if "-" in by_word:
+        parts.append(f"{by_word['-']:,} with no state")
+    total = sum(by_word.values())
     noun = "run" if total == 1 else "runs"
     return f"{total:,} {noun}: " + ", ".join(parts) if parts else "no runs"
 
@@ -208,15 +246,13 @@ def short_scope(scope: Mapping[str, Any] | None) -> str:
 
 
 def state_text(run: Mapping[str, Any]) -> Text:
-    """The pod state (``running``, ``idle``, ``stopped``) and, where it says more, the run's own
-    state beside it: ``idle (failed)``, ``running (AwaitingApproval)``."""
-    state = str(run.get("state"))
-    own = run.get("runState")
-    shown = state if own in (None, state, "running", "completed") else f"{state} ({own})"
-    style = (
-        "red" if own == "failed" else "yellow" if own == "AwaitingApproval" else STATE_STYLES.get(state, "")
-    )
-    return _cell(shown, style)
+    """The run's state in the pages' words (:func:`state_word`), with `` (stopped)`` after it for a
+    run :func:`stopped` after it had completed or failed: ``failed (stopped)``."""
+    word = state_word(run)
+    text = Text(one_line(word), style=STATE_STYLES.get(word, ""), no_wrap=True, overflow="ellipsis")
+    if stopped(run):
+        text.append(" (stopped)", style="dim")
+    return text
 
 
 def _number(value: Any) -> str:
@@ -338,13 +374,15 @@ class Frame:
         fitted = fit(self.runs, limit)
         parts.append(_table([_row(guide, run) for guide, run in fitted.lines], width))
         if fitted.hidden:
-            running = f" ({fitted.hidden_running:,} running)" if fitted.hidden_running else ""
-            parts.append(
-                Text(
-                    f"… {fitted.hidden:,} more runs{running}", style="bold", no_wrap=True, overflow="ellipsis"
-                )
-            )
+            parts.append(Text(more_line(fitted), style="bold", no_wrap=True, overflow="ellipsis"))
         return Group(*parts)
+
+
+def more_line(fitted: Fitted) -> str:
+    """``… 9,961 more runs (2 running, 1 awaiting approval)``: the runs :func:`fit` left out."""
+    live = [(fitted.hidden_running, "running"), (fitted.hidden_awaiting, "awaiting approval")]
+    said = ", ".join(f"{n:,} {word}" for n, word in live if n)
+    return f"… {fitted.hidden:,} more runs" + (f" ({said})" if said else "")
 
 
 def _without_trailing_spaces(line: list[Segment]) -> Iterator[Segment]:

@@ -144,6 +144,15 @@ class Page:
         value = await self.evaluate(f"(() => {{ const e = {found}; return e ? e.textContent : ''; }})()")
         return str(value or "")
 
+    async def drawn_points(self, selector: str) -> int:
+        """How many samples the chart line ``selector`` (a ``polyline`` the pages' shared chart code
+        draws) has drawn: its ``data-points``, 0 while it is not on the page."""
+        points = await self.evaluate(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+            " return e ? Number(e.dataset.points) : 0; })()"
+        )
+        return int(points or 0)
+
     async def screenshot(self, path: Path, selector: str | None = None) -> Path:
         """A PNG of the whole page (``selector`` None) or of one element's box, written to ``path``."""
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": True}

@@ -1,9 +1,10 @@
-"""Shared helpers of the runtime's tests: a bare run record, a configuration with its own state
-directory, one ASGI request, and a whole stack with a second tool server serving a destructive
-tool."""
+"""Shared helpers of the runtime's tests: a bare run record, a minimal configuration and one with
+its own state directory, a registry entered on a journal, one ASGI request, and a whole stack with
+a second tool server serving a destructive tool."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,13 +14,14 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from luftpause.config import DEFAULT_MODEL, Config
+from luftpause.config import DEFAULT_MODEL, Config, parse_config
 from luftpause.runtime.agent.upstream import UpstreamPool
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.pods.scopes import RunScopes
 from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.changes import NetworkChanges
+from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.record import Costs, Run
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.spec import RunSpec
@@ -31,6 +33,21 @@ from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
 
 COST_FIELDS = frozenset(f.name for f in dataclasses.fields(Costs))
+
+MINIMAL_CONFIG = parse_config(
+    f"""
+[runtime]
+listen = "127.0.0.1:7999"
+dataplane = "http://127.0.0.1:9"
+
+[[replicas]]
+name = "sim"
+url = "http://127.0.0.1:9"
+models = ["{DEFAULT_MODEL}"]
+"""
+)
+"""A runtime's configuration with one replica, for tests that never reach the dataplane or the
+engine (both at 127.0.0.1:9, where nothing answers); its state directory is the default."""
 
 
 def make_run(handle: str, **overrides: Any) -> Run:
@@ -71,6 +88,22 @@ def with_state_dir(config: Config, state_dir: Path) -> Config:
     lands in the working directory."""
     runtime = config.runtime.model_copy(update={"state_dir": str(state_dir)})
     return config.model_copy(update={"runtime": runtime})
+
+
+async def replay_into_registry(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Run]]:
+    """Enter a registry on the journal in ``state_dir`` (``journal``: :class:`Journal` keywords)
+    and resume its runs with a loop that never finishes; the registry (left again) and the runs it
+    resumed."""
+    resumed: list[Run] = []
+
+    async def idle(run: Run) -> None:
+        resumed.append(run)
+        await asyncio.Event().wait()
+
+    registry = RunRegistry(journal=Journal(state_dir, **journal))
+    async with registry.serving(idle):
+        await asyncio.sleep(0)
+    return registry, resumed
 
 
 async def asgi_request(

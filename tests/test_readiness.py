@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 import pytest
 from dataplane_procs import MODEL, scheduler_and_dataplane, wait_until
-from runtime_helpers import asgi_request, make_run, with_state_dir
+from runtime_helpers import MINIMAL_CONFIG, asgi_request, make_run, with_state_dir
 
-from luftpause.config import DEFAULT_MODEL, load_config, parse_config
+from luftpause.config import load_config
 from luftpause.runtime.runs.journal import JOURNAL_NAME
 from luftpause.runtime.server import create_app
 from luftpause.runtime.wiring import Runtime
@@ -98,19 +98,7 @@ def test_the_dataplane_is_ready_only_with_its_scheduler_and_a_healthy_replica(tm
 
 
 def runtime_config(state_dir: Path) -> Any:
-    config = parse_config(
-        f"""
-[runtime]
-listen = "127.0.0.1:7999"
-dataplane = "http://127.0.0.1:9"
-
-[[replicas]]
-name = "sim"
-url = "http://127.0.0.1:9"
-models = ["{DEFAULT_MODEL}"]
-"""
-    )
-    return with_state_dir(config, state_dir)
+    return with_state_dir(MINIMAL_CONFIG, state_dir)
 
 
 def test_the_runtime_is_ready_once_its_journal_is_replayed_and_not_while_stopping(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime_helpers import make_run
+from runtime_helpers import make_run, replay_into_registry
 
 from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal, read_records
 from luftpause.runtime.runs.registry import Run, RunRegistry
@@ -32,21 +32,6 @@ def _write(path: Path, records: list[dict[str, Any]], tail: bytes = b"") -> None
     path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records) + tail)
 
 
-async def _replay(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Run]]:
-    """Enter a registry on the journal in ``state_dir`` and resume its runs with a loop that never
-    finishes; returns the registry (left again) and the runs it resumed."""
-    resumed: list[Run] = []
-
-    async def idle(run: Run) -> None:
-        resumed.append(run)
-        await asyncio.Event().wait()
-
-    registry = RunRegistry(journal=Journal(state_dir, **journal))
-    async with registry.serving(idle):
-        await asyncio.sleep(0)
-    return registry, resumed
-
-
 def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / JOURNAL_NAME
     torn = b'{"type": "round", "handle": "run-a", "messages": [{"role": "assis'
@@ -67,7 +52,7 @@ def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line
         ],
         tail=torn,
     )
-    registry, resumed = asyncio.run(_replay(tmp_path))
+    registry, resumed = asyncio.run(replay_into_registry(tmp_path))
 
     (a,) = resumed
     assert a.handle == "run-a" and a.resumed
@@ -84,9 +69,9 @@ def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line
 
 def test_shutdown_journals_no_end_for_the_runs_it_stops(tmp_path: Path) -> None:
     _write(tmp_path / JOURNAL_NAME, [_start("run-a")])
-    asyncio.run(_replay(tmp_path))  # leaving the registry cancels run-a: a shutdown
+    asyncio.run(replay_into_registry(tmp_path))  # leaving the registry cancels run-a: a shutdown
     assert [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)] == ["start"]
-    _, resumed = asyncio.run(_replay(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path))
     assert [run.handle for run in resumed] == ["run-a"]
 
 
@@ -110,14 +95,14 @@ def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp
         ]
     _write(tmp_path / JOURNAL_NAME, records)
     size = (tmp_path / JOURNAL_NAME).stat().st_size
-    asyncio.run(_replay(tmp_path, compact_bytes=size // 2))  # past the threshold: compacted at start
+    asyncio.run(replay_into_registry(tmp_path, compact_bytes=size // 2))  # past the threshold: compacted
 
     kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
     assert kinds.count("run") == 40 and kinds.count("end") == 0
     assert kinds.count("start") == 1 and kinds.count("round") == 1  # the running run, whole
     assert (tmp_path / JOURNAL_NAME).stat().st_size < size
 
-    registry, resumed = asyncio.run(_replay(tmp_path))
+    registry, resumed = asyncio.run(replay_into_registry(tmp_path))
     assert [run.handle for run in resumed] == ["run-live"] and resumed[0].messages[2:] == ROUND
     assert resumed[0].costs.tool_calls == 1
     assert registry.get("run-7").state == "failed" and registry.get("run-7").error == "e"
@@ -270,13 +255,13 @@ def test_a_round_begun_is_replayed_with_the_calls_it_completed_and_kept_by_compa
         assert (run.costs.turns, run.costs.tool_calls, run.costs.failed_tool_calls) == (2, 3, 1)
         assert run.costs.prompt_tokens == 20
 
-    _, resumed = asyncio.run(_replay(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path))
     check(resumed[0])
     size = (tmp_path / JOURNAL_NAME).stat().st_size
-    asyncio.run(_replay(tmp_path, compact_bytes=size // 2))  # compacted at start
+    asyncio.run(replay_into_registry(tmp_path, compact_bytes=size // 2))  # compacted at start
     kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
     assert kinds == ["start", "round", "turn", "call", "call"], kinds
-    _, resumed = asyncio.run(_replay(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path))
     check(resumed[0])
 
 
@@ -291,6 +276,6 @@ def test_a_completed_round_closes_the_round_its_turn_began(tmp_path: Path) -> No
             {"type": "round", "handle": "run-a", "messages": whole, "counters": _counters(3)},
         ],
     )
-    _, resumed = asyncio.run(_replay(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path))
     (run,) = resumed
     assert run.pending_round is None and run.messages[2:] == whole and run.costs.tool_calls == 3

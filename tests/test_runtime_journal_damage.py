@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from mcp import Client
 from pods_helpers import call, get_json, script, start_pod, tool_text, until
-from runtime_helpers import make_run
+from runtime_helpers import make_run, replay_into_registry
 
 from luftpause.runtime.errors import UnknownRun
-from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal, encode, read_records
+from luftpause.runtime.runs.journal import JOURNAL_NAME, encode, read_records
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.runs.replay import LOST_TASK
 
@@ -89,22 +89,8 @@ DAMAGES: dict[str, Callable[[bytes], bytes]] = {
 }
 
 
-async def _enter(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Run]]:
-    """A registry entered on the journal in ``state_dir`` and left again; the runs it resumed."""
-    resumed: list[Run] = []
-
-    async def idle(run: Run) -> None:
-        resumed.append(run)
-        await asyncio.Event().wait()
-
-    registry = RunRegistry(journal=Journal(state_dir, **journal))
-    async with registry.serving(idle):
-        await asyncio.sleep(0)
-    return registry, resumed
-
-
 def _replay(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Run]]:
-    return asyncio.run(_enter(state_dir, **journal))
+    return asyncio.run(replay_into_registry(state_dir, **journal))
 
 
 def _records(state_dir: Path) -> list[dict[str, Any]]:

@@ -331,11 +331,7 @@ def test_the_monitor_draws_the_last_minutes_and_says_completed_not_idle(
                 completed = '#chart-finished polyline[data-series="completed"]'
 
                 async def drawn() -> bool:
-                    points = await page.evaluate(
-                        f"(() => {{ const e = document.querySelector({json.dumps(completed)});"
-                        " return e ? Number(e.dataset.points) : 0; })()"
-                    )
-                    return bool(points >= 3)
+                    return await page.drawn_points(completed) >= 3
 
                 await until(drawn, "the completed runs' line with its samples")
                 for handle in handles[:2]:

@@ -15,9 +15,8 @@ import orjson
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from runtime_helpers import asgi_request, make_run
+from runtime_helpers import MINIMAL_CONFIG, asgi_request, make_run
 
-from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.server import create_app
@@ -162,18 +161,7 @@ def test_json_bytes_writes_what_orjson_refuses() -> None:
     assert json_bytes({"ok": [1, "a"]}) == orjson.dumps({"ok": [1, "a"]})  # the fast path otherwise
 
 
-CONFIG = parse_config(
-    f"""
-[runtime]
-listen = "127.0.0.1:7999"
-dataplane = "http://127.0.0.1:9"
-
-[[replicas]]
-name = "sim"
-url = "http://127.0.0.1:9"
-models = ["{DEFAULT_MODEL}"]
-"""
-)
+CONFIG = MINIMAL_CONFIG
 
 
 def test_http_status_answers_even_with_values_orjson_refuses() -> None:

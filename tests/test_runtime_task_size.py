@@ -14,27 +14,15 @@ from typing import Any
 
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from runtime_helpers import asgi_request, make_run, with_state_dir
+from runtime_helpers import MINIMAL_CONFIG, asgi_request, make_run, with_state_dir
 
-from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.runs.registry import TASK_SUMMARY_CHARS, summarize
 from luftpause.runtime.runs.spec import MAX_TEXT_BYTES
 from luftpause.runtime.server import create_app
 from luftpause.runtime.wiring import Runtime, build_runtime
 from luftpause.testkit.procs import free_port
 
-CONFIG = parse_config(
-    f"""
-[runtime]
-listen = "127.0.0.1:7999"
-dataplane = "http://127.0.0.1:9"
-
-[[replicas]]
-name = "sim"
-url = "http://127.0.0.1:9"
-models = ["{DEFAULT_MODEL}"]
-"""
-)
+CONFIG = MINIMAL_CONFIG
 
 LONG_TASK = "Summarise this report. " + "x" * 200_000 + " THE END"
 

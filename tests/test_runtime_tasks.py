@@ -38,13 +38,8 @@ from runtime_helpers import stack_with_destructive_tools
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.agent.upstream import UpstreamPool
 from luftpause.runtime.mcp.spawn_tools import render_run_result
-from luftpause.runtime.mcp.tasks import (
-    TASKS_EXTENSION,
-    TASKS_JOURNAL_NAME,
-    TaskIdParams,
-    TaskRegistry,
-    TaskUpdateParams,
-)
+from luftpause.runtime.mcp.tasks import TASKS_JOURNAL_NAME, TaskRegistry
+from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams, TaskUpdateParams
 from luftpause.runtime.runs.journal import read_records
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.testkit.stack import Stack

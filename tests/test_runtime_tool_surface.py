@@ -32,7 +32,7 @@ from mcp.types import CallToolResult
 from mcp_types import Result
 from pods_helpers import ScriptedEngine, call, script, start_pod, until
 
-from luftpause.runtime.mcp.tasks import TASKS_EXTENSION
+from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION
 
 pytestmark = pytest.mark.integration
 

@@ -13,27 +13,33 @@ fail, they are never skipped.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from html.parser import HTMLParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from mcp import Client
+from page_helpers import (
+    DASH,
+    EMPTY_STATUS,
+    PAGE_ROUTE,
+    STREAM_CLIENT,
+    Element,
+    Route,
+    RoutesServer,
+    by_id,
+    dump_dom,
+    json_route,
+    poll_state,
+    routes_servers,
+)
 
 from luftpause.scheduler.status_http import page_html
 from luftpause.testkit.procs import ChildProcess, free_port
@@ -41,150 +47,8 @@ from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
-DUMP_TIMEOUT_S = 90.0  # a fail-safe against a hung browser, never a measured bound
 HOSTILE_CALLER = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
 TOKEN = "page-test-token"
-DASH = "\N{EN DASH}"  # what the page shows for a missing value
-
-# A streamed completion read to its end, with a caller and a service class; exits when killed.
-_CLIENT = """
-import sys, urllib.request
-url, body, run, caller, service_class = sys.argv[1:6]
-request = urllib.request.Request(url, data=body.encode(), method="POST", headers={
-    "content-type": "application/json", "x-luftpause-run-id": run,
-    "x-luftpause-caller": caller, "x-luftpause-class": service_class})
-with urllib.request.urlopen(request, timeout=600) as response:
-    while response.read(4096):
-        pass
-"""
-
-
-# -- Chromium and the dumped DOM ---------------------------------------------------------------------
-
-
-def chromium() -> str:
-    """The Chromium binary; fails the test (never skips) when it is not installed."""
-    found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-    if found is None:
-        pytest.fail("chromium is not installed (Debian: apt-get install chromium; `make` installs it in CI)")
-    return found
-
-
-def run_chromium(args: list[str]) -> str:
-    """Run headless Chromium with a throwaway profile; its stdout. Its whole process group is
-    killed if it outlives :data:`DUMP_TIMEOUT_S`."""
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        process = subprocess.Popen(
-            [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            out, err = process.communicate(timeout=DUMP_TIMEOUT_S)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.communicate()
-        assert process.returncode == 0, (
-            f"chromium exited {process.returncode}: {err.decode(errors='replace')}"
-        )
-        return out.decode()
-
-
-def dump_dom(url: str, budget_ms: int = 3000) -> Element:
-    """Load ``url``, let its script run ``budget_ms`` of virtual time (network waits do not count),
-    and parse the DOM Chromium dumps."""
-    return parse(run_chromium([f"--virtual-time-budget={budget_ms}", "--dump-dom", url]))
-
-
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-
-
-@dataclass
-class Element:
-    tag: str
-    attrs: dict[str, str]
-    children: list[Element | str] = field(default_factory=list)
-
-    def text(self) -> str:
-        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
-
-    def iter(self) -> Iterator[Element]:
-        yield self
-        for child in self.children:
-            if isinstance(child, Element):
-                yield from child.iter()
-
-    def find_all(self, tag: str | None = None, **attrs: str) -> list[Element]:
-        """Descendants with this ``tag`` (any, if None) whose attributes have these values
-        (``data_caller="x"`` matches ``data-caller="x"``)."""
-        wanted = {k.replace("_", "-"): v for k, v in attrs.items()}
-        return [
-            e
-            for e in list(self.iter())[1:]
-            if (tag is None or e.tag == tag) and all(e.attrs.get(k) == v for k, v in wanted.items())
-        ]
-
-    def one(self, tag: str | None = None, **attrs: str) -> Element:
-        found = self.find_all(tag, **attrs)
-        assert len(found) == 1, f"expected one <{tag} {attrs}>, found {len(found)}"
-        return found[0]
-
-    def cell(self, cls: str) -> str:
-        """Text of the single descendant whose class list holds ``cls``."""
-        found = [e for e in self.iter() if cls in e.attrs.get("class", "").split()]
-        assert len(found) == 1, f"expected one .{cls} in {self.text()!r}, found {len(found)}"
-        return " ".join(found[0].text().split())
-
-
-class _TreeBuilder(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.root = Element("#document", {})
-        self.stack = [self.root]
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        element = Element(tag, {k: v or "" for k, v in attrs})
-        self.stack[-1].children.append(element)
-        if tag not in VOID:
-            self.stack.append(element)
-
-    def handle_endtag(self, tag: str) -> None:
-        for depth in range(len(self.stack) - 1, 0, -1):
-            if self.stack[depth].tag == tag:
-                del self.stack[depth:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        self.stack[-1].children.append(data)
-
-
-def parse(html: str) -> Element:
-    builder = _TreeBuilder()
-    builder.feed(html)
-    builder.close()
-    return builder.root
-
-
-def by_id(dom: Element, element_id: str) -> Element:
-    return dom.one(id=element_id)
-
-
-def poll_state(dom: Element) -> str:
-    return by_id(dom, "poll").attrs["data-state"]
-
 
 # -- a saturated stack -------------------------------------------------------------------------------
 
@@ -223,7 +87,7 @@ def saturated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saturated]:
         def send(run: str, caller: str, service_class: str) -> None:
             clients.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", _CLIENT, url, body, run, caller, service_class],
+                    [sys.executable, "-c", STREAM_CLIENT, url, body, run, caller, service_class],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -366,78 +230,11 @@ def test_with_runtime_the_page_shows_the_runtimes_runs(page: Element, saturated:
 # -- tests: run trees, tokens and failures, from small local servers ----------------------------------
 
 
-class Routes(BaseHTTPRequestHandler):
-    """Answers ``GET`` from the server's ``routes``: path -> ``(status, content_type, body)``, or a
-    callable taking the request's headers. CORS as the runtime answers it."""
-
-    server: RoutesServer
-
-    def do_GET(self) -> None:
-        route = self.server.routes.get(self.path.partition("?")[0])
-        if route is None:
-            status, content_type, body = 404, "application/json", b'{"error":{"message":"no route"}}'
-        elif callable(route):
-            status, content_type, body = route(dict(self.headers))
-        else:
-            status, content_type, body = route
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Access-Control-Allow-Origin", "*")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-Route = tuple[int, str, bytes] | Callable[[dict[str, str]], tuple[int, str, bytes]]
-
-
-class RoutesServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, routes: dict[str, Route]) -> None:
-        super().__init__(("127.0.0.1", free_port()), Routes)
-        self.routes = routes
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
 @pytest.fixture
 def serve() -> Iterator[Callable[[dict[str, Route]], RoutesServer]]:
-    servers: list[tuple[RoutesServer, threading.Thread]] = []
-
-    def start(routes: dict[str, Route]) -> RoutesServer:
-        server = RoutesServer(routes)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        return server
-
-    try:
+    with routes_servers() as start:
         yield start
-    finally:
-        for server, thread in servers:
-            server.shutdown()
-            server.server_close()
-            thread.join()
 
-
-def _json(data: Any) -> tuple[int, str, bytes]:
-    return 200, "application/json", json.dumps(data).encode()
-
-
-EMPTY_STATUS: dict[str, Any] = {
-    "replicas": [],
-    "held": {"count": 0, "by_class": {}, "by_caller": {}, "oldest_wait_s": 0.0},
-    "runs": {},
-    "runs_by_class": {},
-    "counters": {},
-    "lost_dataplanes": {},
-}
 
 TREE = {
     "runs": [
@@ -482,8 +279,8 @@ TREE = {
 def test_the_run_tree_nests_children_under_parents_with_own_and_subtree_costs(
     serve: Callable[[dict[str, Route]], RoutesServer],
 ) -> None:
-    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(EMPTY_STATUS)})
-    runtime = serve({"/status": _json(TREE)})
+    scheduler = serve({"/": PAGE_ROUTE, "/status": json_route(EMPTY_STATUS)})
+    runtime = serve({"/status": json_route(TREE)})
     dom = dump_dom(f"{scheduler.url}/?runtime={urllib.parse.quote(runtime.url)}")
     rows = [r for r in by_id(dom, "runtime-runs").iter() if r.tag == "tr" and "data-run" in r.attrs]
     order = [(r.attrs["data-run"], r.attrs["data-depth"]) for r in rows]
@@ -555,12 +352,12 @@ def test_a_runtime_that_refuses_the_token_is_named_on_the_page(tmp_path: Path) -
 def test_a_failed_poll_is_shown_with_when_data_was_last_good(
     serve: Callable[[dict[str, Route]], RoutesServer],
 ) -> None:
-    answers = iter([_json(EMPTY_STATUS)])
+    answers = iter([json_route(EMPTY_STATUS)])
 
     def status(headers: dict[str, str]) -> tuple[int, str, bytes]:
         return next(answers, (500, "application/json", b'{"error":{"message":"internal error: Boom"}}'))
 
-    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": status})
+    scheduler = serve({"/": PAGE_ROUTE, "/status": status})
     dom = dump_dom(f"{scheduler.url}/", budget_ms=5000)
     assert poll_state(dom) == "error"
     text = by_id(dom, "poll").text()
@@ -572,7 +369,7 @@ def test_a_failed_poll_is_shown_with_when_data_was_last_good(
 def test_a_page_that_never_reached_the_scheduler_says_so(
     serve: Callable[[dict[str, Route]], RoutesServer],
 ) -> None:
-    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html())})  # /status: 404
+    scheduler = serve({"/": PAGE_ROUTE})  # /status: 404
     dom = dump_dom(f"{scheduler.url}/")
     assert poll_state(dom) == "error"
     assert "no data yet" in by_id(dom, "poll").text()
@@ -606,7 +403,7 @@ CAPPED_STATUS: dict[str, Any] = {
 def test_in_flight_is_drawn_against_effective_capacity_with_leases_and_callers(
     serve: Callable[[dict[str, Route]], RoutesServer],
 ) -> None:
-    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(CAPPED_STATUS)})
+    scheduler = serve({"/": PAGE_ROUTE, "/status": json_route(CAPPED_STATUS)})
     dom = dump_dom(f"{scheduler.url}/")
     replicas = by_id(dom, "replicas")
     a, b = replicas.one("tr", data_replica="a"), replicas.one("tr", data_replica="b")
@@ -637,7 +434,7 @@ def test_a_replica_whose_load_is_unknown_says_so_and_why(
     unknown = {**CAPPED_STATUS["replicas"][1], "running": None, "waiting": None, "load_unknown": why}
     known = {**CAPPED_STATUS["replicas"][0], "load_metrics": "llama.cpp", "load_unknown": None}
     status = {**CAPPED_STATUS, "replicas": [known, unknown]}
-    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(status)})
+    scheduler = serve({"/": PAGE_ROUTE, "/status": json_route(status)})
     dom = dump_dom(f"{scheduler.url}/")
     replicas = by_id(dom, "replicas")
     a, b = replicas.one("tr", data_replica="a"), replicas.one("tr", data_replica="b")
@@ -650,7 +447,7 @@ def test_a_replica_whose_load_is_unknown_says_so_and_why(
 
 def test_the_startup_hold_is_shown_while_it_holds(serve: Callable[[dict[str, Route]], RoutesServer]) -> None:
     status = {**EMPTY_STATUS, "startup_hold_s": 1.5}
-    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(status)})
+    scheduler = serve({"/": PAGE_ROUTE, "/status": json_route(status)})
     dom = dump_dom(f"{scheduler.url}/")
     hold = by_id(dom, "startup-hold")
     assert "hidden" not in hold.attrs
@@ -689,11 +486,7 @@ def test_the_last_minutes_are_drawn_from_the_schedulers_series(saturated: Satura
                     batch = '#chart-held polyline[data-series="batch"]'
 
                     async def drawn() -> bool:
-                        points = await page.evaluate(
-                            f"(() => {{ const e = document.querySelector({json.dumps(batch)});"
-                            " return e ? Number(e.dataset.points) : 0; })()"
-                        )
-                        return bool(points >= 3)
+                        return await page.drawn_points(batch) >= 3
 
                     await until(drawn, "the batch line of the held-turns chart")
                     legend = (await page.text("#chart-held .legend")).replace(" ", "")

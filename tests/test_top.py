@@ -36,7 +36,7 @@ from rich.console import Console
 from luftpause.monitor_client import NetworkPoller, parse_url
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.procs import free_port
-from luftpause.top import COLUMNS, column_widths, counts_line, fit, frame, short_scope
+from luftpause.top import COLUMNS, column_widths, counts_line, fit, frame, more_line, short_scope, state_text
 
 TOKEN = "top-test-token"
 integration = pytest.mark.integration
@@ -72,8 +72,8 @@ class Network:
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    """A runtime with a token and two runs: ``a`` (answered, idle) and its child ``c``, busy in a
-    turn the engine holds until the end of the module."""
+    """A runtime with a token and two runs: ``a`` (answered: completed) and its child ``c``, busy
+    in a turn the engine holds until the end of the module."""
     with start_pod(tmp_path_factory.mktemp("top"), token=TOKEN) as pod:
         child = script({"hold": "c", "say": "c done"})
         a_task = script(
@@ -112,15 +112,15 @@ def test_once_prints_the_tree_with_states_counters_and_the_last_answer(network: 
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
     assert f"luftpause top  {network.pod.url}" in out
-    assert "2 runs: 1 running, 1 idle" in out
+    assert "2 runs: 1 running, 1 completed" in out  # the run states, in the pages' words
     a_row, c_row = _row(out, network.a), _row(out, network.c)
     # c hangs under a: a is a root line, c's line starts with the tree guide, right below a.
     lines = out.splitlines()
     assert lines.index(c_row) == lines.index(a_row) + 1
     assert re.match(r"^a\s", a_row) and re.match(r"^└─ c\s", c_row), (a_row, c_row)
-    # a: answered (idle), batch (as spawned; c inherits it), 2 turns, 1 tool call (the spawn),
-    # no scope, the first line of its answer; c: running, no turn answered, no answer yet.
-    assert re.search(r"\sidle\s+batch\s+2\s+1\s+-\s+A is waiting$", a_row), a_row
+    # a: answered (completed), batch (as spawned; c inherits it), 2 turns, 1 tool call (the
+    # spawn), no scope, the first line of its answer; c: running, no turn answered, no answer yet.
+    assert re.search(r"\scompleted\s+batch\s+2\s+1\s+-\s+A is waiting$", a_row), a_row
     # c reads what a's grant let it read (the workspace) and writes nothing; a, idle, holds none.
     assert re.search(rf"\srunning\s+batch\s+0\s+0\s+r {re.escape(str(network.pod.workspace))}\s*$", c_row), (
         c_row
@@ -240,7 +240,7 @@ def test_live_shows_the_network_and_ctrl_c_ends_it_with_exit_code_0(network: Net
     shown = _live(["--url", network.pod.url, "--token", TOKEN, "--interval", "0.2"], network.c)
     assert shown.code == 0, shown.err
     assert "Traceback" not in shown.err and network.a in shown.before
-    assert "2 runs: 1 running, 1 idle" in shown.before
+    assert "2 runs: 1 running, 1 completed" in shown.before
 
 
 @integration
@@ -305,6 +305,7 @@ def test_ten_thousand_runs_fit_the_terminal_height_with_a_more_line(height: int)
     assert len(shown) == height - 4
     fitted = fit(runs, height - 3)
     assert fitted.hidden == 10_000 - len(shown)
+    assert lines[-1] == more_line(fitted)
     running = f" ({fitted.hidden_running:,} running)" if fitted.hidden_running else ""
     assert lines[-1] == f"… {fitted.hidden:,} more runs{running}"
 
@@ -341,10 +342,10 @@ def test_a_run_whose_spawners_do_not_fit_gives_its_place_to_one_that_does() -> N
     chain = _network(6, fanout=1, running_every=1_000)  # six roots, run 0 running
     for i in range(1, 6):  # made a chain instead: each under the one before
         chain[i]["parent"] = chain[i - 1]["handle"]
-    chain[5]["state"] = "running"
+    chain[5]["state"], chain[5]["runState"] = "running", "running"
     lonely = _network(2, fanout=1, running_every=1_000)
     lonely[0]["handle"], lonely[1]["handle"] = "run-lonely-0", "run-lonely-1"
-    lonely[1]["state"] = "idle"
+    lonely[1]["state"], lonely[1]["runState"] = "idle", "completed"
     fitted = fit(chain + lonely, 3)
     shown = [r["handle"] for _, r in fitted.lines]
     # The deepest running run needs 6 lines with its spawners: it cannot be shown in the 2 there
@@ -377,7 +378,7 @@ def test_every_width_gives_exactly_height_lines_with_the_more_line(width: int) -
     rows = lines[3:-1]
     assert len(rows) == 16
     if width >= 60:  # handles and states whole, the answer shown
-        assert all(re.search(r"\srun-[0-9a-f]{16}\s+(running|idle)\s", row) for row in rows), rows
+        assert all(re.search(r"\srun-[0-9a-f]{16}\s+(running|completed)\s", row) for row in rows), rows
         assert lines[2].endswith("LAST ANSWER")
     if width >= 80:  # the answer gets a useful width: at least its first two words
         assert all(re.search(r"answer \d+ words", row) for row in rows), rows
@@ -435,15 +436,45 @@ def test_a_narrow_terminal_drops_scope_then_class_then_the_counters() -> None:
     assert column_widths(desired, 30)["HANDLE"] == 20  # the name is cut first
 
 
-def test_counts_scope_and_urls() -> None:
-    runs = [
-        {"state": "running", "runState": "AwaitingApproval"},
-        {"state": "running", "runState": "running"},
-        {"state": "idle", "runState": "failed"},
-        {"state": "stopped", "runState": "cancelled"},
-    ]
-    assert counts_line(runs) == "4 runs: 2 running (1 awaiting approval), 1 idle, 1 stopped"
+STATES = [
+    # (the monitor's pod state "state", its "runState") -> what top shows, as both pages do
+    (("running", "AwaitingApproval"), "awaiting approval"),
+    (("running", "running"), "running"),
+    (("idle", "failed"), "failed"),
+    (("idle", "completed"), "completed"),
+    (("stopped", "cancelled"), "cancelled"),
+    (("stopped", "completed"), "completed (stopped)"),
+    (("stopped", "failed"), "failed (stopped)"),
+    (("idle", "Suspended"), "Suspended"),  # a state of a newer runtime: shown as it is sent
+    (("idle", None), "-"),
+]
+
+
+@pytest.mark.parametrize(("sent", "shown"), STATES, ids=[shown for _, shown in STATES])
+def test_a_runs_state_is_shown_in_the_words_of_the_pages(sent: tuple[str, str | None], shown: str) -> None:
+    state, run_state = sent
+    run = {"state": state} if run_state is None else {"state": state, "runState": run_state}
+    assert state_text(run).plain == shown
+
+
+def test_the_counts_are_by_run_state_and_the_more_line_names_the_live_runs() -> None:
+    runs = [{"state": state, "runState": run_state} for (state, run_state), _ in STATES]
+    assert counts_line(runs) == (
+        "9 runs: 1 running, 1 awaiting approval, 2 completed, 2 failed, 1 cancelled, 1 Suspended, "
+        "1 with no state"
+    )
     assert counts_line([]) == "no runs"
+    live = [
+        {"handle": f"run-{i}", "state": "running", "runState": "AwaitingApproval" if i % 3 else "running"}
+        for i in range(9)
+    ]
+    fitted = fit([{"handle": "root", "state": "idle", "runState": "completed"}, *live], 2)
+    assert [r["handle"] for _, r in fitted.lines] == ["run-8"]  # the newest live run
+    assert (fitted.hidden, fitted.hidden_running, fitted.hidden_awaiting) == (9, 3, 5)
+    assert more_line(fitted) == "… 9 more runs (3 running, 5 awaiting approval)"
+
+
+def test_counts_scope_and_urls() -> None:
     rule = {"effect": "allow", "access": ["read", "write"], "path": "/ws/b"}
     held = {"handle": "run-x", "name": "d", "scope": [rule]}
     assert short_scope(None) == "-"

@@ -27,6 +27,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from test_tracing import llm_typed
 
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
@@ -178,16 +179,6 @@ def test_a_run_reopened_by_send_drives_in_the_send_requests_trace_linked_to_its_
     assert [(link["span_id"], link["attributes"]["luftpause.link"]) for link in read["links"]] == [
         (again["span_id"], "reads")
     ]
-
-
-def llm_typed(attributes: dict[str, Any]) -> bool:
-    """Whether an LLM-observability backend types a span with ``attributes`` as an LLM call: Arize
-    Phoenix's rule (``phoenix.trace.gen_ai.conversion._infer_span_kind``, 20.x), an operation named
-    ``chat``, ``text_completion`` or ``generate_content``, or no operation and a request model."""
-    operation = attributes.get("gen_ai.operation.name")
-    if operation is None:
-        return "gen_ai.request.model" in attributes or "gen_ai.input.messages" in attributes
-    return operation in ("chat", "text_completion", "generate_content")
 
 
 def check_one_trace(stack: Stack, receiver: str, trace_id: str, protocol: str) -> None:

@@ -63,7 +63,8 @@ from luftpause.runtime.mcp.pod_tools import PodTools
 from luftpause.runtime.mcp.run_tools import RunTools
 from luftpause.runtime.mcp.server import build_mcp_server
 from luftpause.runtime.mcp.spawn_tools import SpawnTools, render_run_result
-from luftpause.runtime.mcp.tasks import TaskRegistry, TasksExtension
+from luftpause.runtime.mcp.tasks import TaskRegistry
+from luftpause.runtime.mcp.tasks_extension import TasksExtension
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.pods.scopes import RunScopes

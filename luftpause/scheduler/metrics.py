@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.metrics import Histogram, build_info, top_with_other
+from luftpause.metrics import Histogram, build_info, counter_by, top_with_other
 from luftpause.scheduler.core import (
     AbandonReported,
     Action,
@@ -223,12 +223,11 @@ class SchedulerMetrics:
             runs.add_metric([phase], count)
         yield runs
         counters = status["counters"]
-        arrived = CounterMetricFamily(
+        yield CounterMetricFamily(
             "luftpause_scheduler_turns_arrived",
             "New turns for a served model, by admit or under a lease (retried admits, refusals not counted).",
+            value=counters["arrived"],
         )
-        arrived.add_metric([], counters["arrived"])
-        yield arrived
         placements = CounterMetricFamily(
             "luftpause_scheduler_placements",
             "Turns placed on a replica: by the scheduler after an admit, or by a dataplane under a lease.",
@@ -237,19 +236,17 @@ class SchedulerMetrics:
         for (replica, via), count in counts.placements.items():
             placements.add_metric([replica, via], count)
         yield placements
-        rejections = CounterMetricFamily(
+        yield counter_by(
             "luftpause_scheduler_rejections",
             "Turns refused, by reason (unknown_model, abandoned, limit, other).",
-            labels=["reason"],
+            "reason",
+            counts.rejections,
         )
-        for reason, count in counts.rejections.items():
-            rejections.add_metric([reason], count)
-        yield rejections
-        left = CounterMetricFamily(
-            "luftpause_scheduler_turns_abandoned_held", "Held turns whose client left before placement."
+        yield CounterMetricFamily(
+            "luftpause_scheduler_turns_abandoned_held",
+            "Held turns whose client left before placement.",
+            value=counters["abandoned_held"],
         )
-        left.add_metric([], counters["abandoned_held"])
-        yield left
         ended = CounterMetricFamily(
             "luftpause_scheduler_turns_ended",
             "Placed turns ended, by outcome (finished, failed, abandoned, expired, released).",
@@ -276,16 +273,16 @@ class SchedulerMetrics:
             for limit in LIMITS:
                 limited.add_metric([name, limit], by_class.get(name, {}).get(limit, 0))
         yield limited
-        trips = CounterMetricFamily(
-            "luftpause_scheduler_breaker_trips", "Times a replica's circuit breaker took it out of rotation."
+        yield CounterMetricFamily(
+            "luftpause_scheduler_breaker_trips",
+            "Times a replica's circuit breaker took it out of rotation.",
+            value=counters["breaker_trips"],
         )
-        trips.add_metric([], counters["breaker_trips"])
-        yield trips
-        revocations = CounterMetricFamily(
-            "luftpause_scheduler_lease_revocations", "Capacity leases withdrawn."
+        yield CounterMetricFamily(
+            "luftpause_scheduler_lease_revocations",
+            "Capacity leases withdrawn.",
+            value=counters["lease_revocations"],
         )
-        revocations.add_metric([], counters["lease_revocations"])
-        yield revocations
         yield GaugeMetricFamily(
             "luftpause_scheduler_lost_dataplanes",
             "Dataplanes whose last stream ended and that have not come back (within their grace).",

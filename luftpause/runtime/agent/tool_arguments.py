@@ -53,7 +53,6 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
-from urllib.parse import unquote
 
 import referencing
 import referencing.exceptions
@@ -61,6 +60,14 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
+
+from luftpause.runtime.agent.schema_shape import (
+    as_mapping,
+    declared_types,
+    expected_shape,
+    literal,
+    local_ref,
+)
 
 __all__ = [
     "MAX_NESTING",
@@ -88,9 +95,6 @@ CHECKER_CACHE_SIZE: Final = 256
 
 MAX_QUOTED_CHARS: Final = 80
 """Longest quotation of the offending value in a refusal, in characters."""
-
-MAX_SHAPE_DEPTH: Final = 6
-"""Nesting shown in an expected shape before it says ``…``."""
 
 
 class ToolArgumentsError(ValueError):
@@ -150,22 +154,6 @@ def prepare_arguments(raw: object, schema: Mapping[str, Any]) -> dict[str, Any]:
         assert isinstance(coerced, dict)  # the arguments were an object, coercion keeps the kind
         return coerced
     raise refuse(_problem(error), _render_path(error.absolute_path))
-
-
-def expected_shape(schema: object) -> str:
-    """A compact, one-line rendering of a JSON Schema for a model to read, e.g.
-    ``{"query": string, "limit"?: integer, "tags"?: string[], "mode"?: "fast" | "exact"}``.
-
-    Objects list their properties (``?`` marks the optional ones; ``{string: T}`` is a map whose
-    values are T), arrays read ``T[]`` (tuples ``[A, B]``), alternatives ``A | B``, enums and consts
-    as JSON, an unconstrained value ``any``. Local ``$ref`` is followed; nesting past
-    :data:`MAX_SHAPE_DEPTH` shows as ``…``. Never raises for any input.
-    """
-    root = schema if isinstance(schema, Mapping) else {}
-    try:
-        return _shape(schema, root, 0)
-    except RecursionError:  # a schema of pathological width times depth; the shape is a courtesy
-        return "…"
 
 
 # -- arguments as an object --------------------------------------------------------------------
@@ -289,7 +277,7 @@ class _Checker:
             return value
         ref = schema.get("$ref")
         if isinstance(ref, str):
-            target = _local_ref(self.root, ref)
+            target = local_ref(self.root, ref)
             if target is not None:
                 value = self.coerce(value, target, depth + 1)
         for keyword in ("anyOf", "oneOf"):
@@ -297,7 +285,7 @@ class _Checker:
             if isinstance(alternatives, list) and alternatives:
                 value = self._coerce_alternatives(value, alternatives, depth + 1)
         if isinstance(value, str):
-            value = _from_text(value, _declared_types(schema))
+            value = _from_text(value, declared_types(schema))
         if isinstance(value, dict):
             return self._coerce_object(value, schema, depth + 1)
         if isinstance(value, list):
@@ -314,8 +302,8 @@ class _Checker:
         return value
 
     def _coerce_object(self, value: dict[str, Any], schema: Mapping[str, Any], depth: int) -> dict[str, Any]:
-        properties = _mapping(schema.get("properties"))
-        patterns = _mapping(schema.get("patternProperties"))
+        properties = as_mapping(schema.get("properties"))
+        patterns = as_mapping(schema.get("patternProperties"))
         additional = schema.get("additionalProperties")
         coerced: dict[str, Any] = {}
         for key, item in value.items():
@@ -346,10 +334,6 @@ class _Checker:
         ]
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _search(pattern: object, key: str) -> bool:
     if not isinstance(pattern, str):
         return False
@@ -357,37 +341,6 @@ def _search(pattern: object, key: str) -> bool:
         return re.search(pattern, key) is not None
     except re.error:
         return False
-
-
-def _declared_types(schema: Mapping[str, Any]) -> list[str]:
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        return [declared]
-    if isinstance(declared, list):
-        return [name for name in declared if isinstance(name, str)]
-    return []
-
-
-def _local_ref(root: Mapping[str, Any], ref: str) -> object | None:
-    """The part of ``root`` a local JSON Pointer reference (RFC 6901 in a URI fragment) names, or
-    None when ``ref`` is not local or names nothing."""
-    if not ref.startswith("#"):
-        return None
-    node: object = root
-    pointer = unquote(ref[1:])
-    if not pointer:
-        return root
-    if not pointer.startswith("/"):
-        return None  # an anchor ("#name"): left to the validator
-    for token in pointer[1:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 # -- text to scalars ---------------------------------------------------------------------------
@@ -481,106 +434,8 @@ def _render_path(path: Iterable[object]) -> str:
         elif isinstance(part, str) and _IDENTIFIER.fullmatch(part):
             rendered += f".{part}"
         else:
-            rendered += f"[{_literal(part)}]"
+            rendered += f"[{literal(part)}]"
     return rendered
-
-
-def _shape(schema: object, root: Mapping[str, Any], depth: int) -> str:
-    if schema is True or schema == {}:
-        return "any"
-    if schema is False:
-        return "nothing"
-    if not isinstance(schema, Mapping):
-        return "any"
-    if depth > MAX_SHAPE_DEPTH:
-        return "…"
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = _local_ref(root, ref)
-        return _shape(target, root, depth + 1) if target is not None else "any"
-    if "const" in schema:
-        return _literal(schema["const"])
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        return " | ".join(_literal(item) for item in enum)
-    for keyword in ("anyOf", "oneOf"):
-        alternatives = schema.get(keyword)
-        if isinstance(alternatives, list) and alternatives:
-            return " | ".join(_grouped(_shape(item, root, depth + 1)) for item in alternatives)
-    every = schema.get("allOf")
-    if isinstance(every, list) and every:
-        # Every part must hold: shown as the parts joined by "&" (the schema's own keys too).
-        rest = {k: v for k, v in schema.items() if k != "allOf"}
-        parts = [_shape(item, root, depth + 1) for item in ([rest] if rest else []) + every]
-        shown = [p for p in parts if p != "any"]
-        return " & ".join(_grouped(p) for p in shown) if shown else "any"
-    types = _declared_types(schema)
-    if not types:
-        if "properties" in schema or "additionalProperties" in schema:
-            types = ["object"]
-        elif "items" in schema or "prefixItems" in schema:
-            types = ["array"]
-        else:
-            return "any"
-    return " | ".join(_typed_shape(name, schema, root, depth) for name in types)
-
-
-def _typed_shape(name: str, schema: Mapping[str, Any], root: Mapping[str, Any], depth: int) -> str:
-    if name == "object":
-        return _object_shape(schema, root, depth)
-    if name == "array":
-        return _array_shape(schema, root, depth)
-    return name
-
-
-def _object_shape(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int) -> str:
-    properties = _mapping(schema.get("properties"))
-    required = schema.get("required")
-    needed = (
-        set(required) if isinstance(required, list) and all(isinstance(r, str) for r in required) else set()
-    )
-    fields = [
-        f"{_literal(key)}{'' if key in needed else '?'}: {_shape(sub, root, depth + 1)}"
-        for key, sub in properties.items()
-    ]
-    additional = schema.get("additionalProperties")
-    if isinstance(additional, Mapping) or (additional is True and not properties):
-        fields.append(f"string: {_shape(additional, root, depth + 1)}")
-    if not fields:
-        return "object"
-    return "{" + ", ".join(fields) + "}"
-
-
-def _array_shape(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int) -> str:
-    items = schema.get("items")
-    prefix = schema.get("prefixItems")
-    if isinstance(items, list):
-        prefix = items
-    if isinstance(prefix, list) and prefix:
-        return "[" + ", ".join(_shape(item, root, depth + 1) for item in prefix) + "]"
-    if items is None:
-        return "array"
-    return _grouped(_shape(items, root, depth + 1)) + "[]"
-
-
-def _grouped(shape: str) -> str:
-    """``shape`` in parentheses when it is a union, so ``(integer | null)[]`` reads right."""
-    depth = 0
-    for char in shape:
-        if char in "{[(":
-            depth += 1
-        elif char in "}])":
-            depth -= 1
-        elif char == "|" and depth == 0:
-            return f"({shape})"
-    return shape
-
-
-def _literal(value: object) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(value)
 
 
 def _json_kind(value: object) -> str:

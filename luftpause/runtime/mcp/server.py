@@ -64,7 +64,7 @@ def build_mcp_server(
     *, spawn_tools: SpawnTools, run_tools: RunTools, pod_tools: PodTools, extensions: Sequence[Any] = ()
 ) -> MCPServer:
     """The ``MCPServer`` with the runtime's tools (each group bound to the parts it uses) and the
-    SDK ``Extension`` s given (the Tasks extension: :mod:`luftpause.runtime.mcp.tasks`)."""
+    SDK ``Extension`` s given (the Tasks extension: :mod:`luftpause.runtime.mcp.tasks_extension`)."""
     mcp: MCPServer = MCPServer(
         "luftpause", instructions=INSTRUCTIONS, version=__version__, extensions=list(extensions)
     )

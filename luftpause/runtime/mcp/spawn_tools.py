@@ -44,7 +44,8 @@ from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
 from luftpause.runtime.mcp.callers import caller_of
 from luftpause.runtime.mcp.elicitation import elicits_forms, request_state, wait_asking
 from luftpause.runtime.mcp.signatures import tool_function
-from luftpause.runtime.mcp.tasks import TaskRegistry, task_slot
+from luftpause.runtime.mcp.tasks import TaskRegistry
+from luftpause.runtime.mcp.tasks_extension import task_slot
 from luftpause.runtime.pods.actors import Actor
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.runs.registry import Run, RunRegistry

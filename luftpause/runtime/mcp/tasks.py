@@ -5,8 +5,9 @@ Spec followed: the Tasks extension document for protocol revision 2026-07-28
 (``modelcontextprotocol/ext-tasks``, ``specification/2026-07-28/tasks.md``, from SEP-2663), with
 input requests shaped as in the 2026-07-28 multi round-trip requests pattern. The ``mcp`` SDK
 2.3.0 has no Tasks support; this is built on its public extension API (``mcp.server.extension``:
-an :class:`Extension` with three ``MethodBinding`` s and a ``tools/call`` interceptor), not by
-patching it.
+an ``Extension`` with three ``MethodBinding`` s and a ``tools/call`` interceptor,
+:mod:`luftpause.runtime.mcp.tasks_extension`), not by patching it. This module is the tasks
+themselves: their states read from the runs, their journal and retention.
 
 Wire shapes (JSON, camelCase; all on 2026-07-28 only)::
 
@@ -72,11 +73,10 @@ record each) and the file is rewritten with the tasks still kept.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,19 +84,13 @@ from types import TracebackType
 from typing import Any, Literal
 
 from mcp import MCPError
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver import require_client_extension
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    CallToolRequestParams,
     CallToolResult,
     InputRequiredResult,
     InputResponses,
-    RequestParams,
 )
-from pydantic import Field
 
 from luftpause.runtime.agent.approvals import Approvals, PendingApproval
 from luftpause.runtime.errors import RuntimeFault
@@ -105,16 +99,6 @@ from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
 
 log = logging.getLogger("luftpause.runtime.mcp.tasks")
-
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-"""The extension's identifier (client and server capabilities ``extensions``)."""
-
-TASKS_PROTOCOL_VERSIONS = frozenset({"2026-07-28"})
-"""Protocol revisions whose requests may get tasks (the extension's spec is for 2026-07-28;
-2025-11-25 had a different, core Tasks feature that this runtime does not serve)."""
-
-TASK_TOOLS = frozenset({"run"})
-"""Tools that answer with a task to a client that declared the extension."""
 
 TASKS_JOURNAL_NAME = "tasks.jsonl"
 
@@ -133,19 +117,6 @@ WATCH_SECONDS = 3600.0
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
-
-
-class TaskIdParams(RequestParams):
-    """Params of ``tasks/get`` and ``tasks/cancel``: ``{"taskId"}`` (and the usual ``_meta``)."""
-
-    task_id: str = Field(min_length=1)
-
-
-class TaskUpdateParams(TaskIdParams):
-    """Params of ``tasks/update``: ``{"taskId", "inputResponses"}``, keyed like the task's
-    ``inputRequests`` (MRTR ``InputResponses``)."""
-
-    input_responses: InputResponses
 
 
 def iso8601(seconds: float) -> str:
@@ -207,35 +178,6 @@ class Task:
             if value is not None:
                 record[key] = value
         return record
-
-
-class TaskSlot:
-    """Where the ``run`` tool leaves the task it created, for the interceptor to answer with.
-
-    The interceptor opens one (a context variable) only for a request that may get a task; the
-    tool learns from :func:`task_slot` that it should create one instead of waiting.
-    """
-
-    def __init__(self) -> None:
-        self.task: Task | None = None
-
-
-_slot: contextvars.ContextVar[TaskSlot | None] = contextvars.ContextVar("luftpause_task_slot", default=None)
-
-
-def task_slot() -> TaskSlot | None:
-    """The slot of the current ``tools/call`` when it may be answered with a task, else ``None``."""
-    return _slot.get()
-
-
-def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
-    """Whether this request declared the extension in its client capabilities, on a protocol
-    revision the extension is defined for."""
-    if ctx.protocol_version not in TASKS_PROTOCOL_VERSIONS:
-        return False
-    capabilities = ctx.session.client_capabilities
-    extensions = capabilities.extensions if capabilities is not None else None
-    return extensions is not None and TASKS_EXTENSION in extensions
 
 
 class TaskJournal(Journal):
@@ -554,53 +496,3 @@ class TaskRegistry:
                 log.warning("%s: a %s record of %s skipped: %r", self.journal.path, kind, task_id, exc)
         self._evict()
         return seen
-
-
-class TasksExtension(Extension):
-    """The SDK extension: ``tasks/get``, ``tasks/update``, ``tasks/cancel`` on 2026-07-28, and a
-    ``tools/call`` interceptor that lets ``run`` answer with a task to a client that declared
-    the extension in that request (:func:`task_slot`)."""
-
-    identifier = TASKS_EXTENSION
-
-    def __init__(self, tasks: TaskRegistry) -> None:
-        self.tasks = tasks
-
-    def methods(self) -> Sequence[MethodBinding]:
-        return (
-            MethodBinding("tasks/get", TaskIdParams, self._get, TASKS_PROTOCOL_VERSIONS),
-            MethodBinding("tasks/update", TaskUpdateParams, self._update, TASKS_PROTOCOL_VERSIONS),
-            MethodBinding("tasks/cancel", TaskIdParams, self._cancel, TASKS_PROTOCOL_VERSIONS),
-        )
-
-    async def intercept_tool_call(
-        self,
-        params: CallToolRequestParams,
-        ctx: ServerRequestContext[Any, Any],
-        call_next: CallNext,
-    ) -> HandlerResult:
-        if params.name not in TASK_TOOLS or not declares_tasks(ctx):
-            return await call_next(ctx)
-        slot = TaskSlot()
-        token = _slot.set(slot)
-        try:
-            result = await call_next(ctx)
-        finally:
-            _slot.reset(token)
-        if slot.task is None:  # refused (bad arguments) or answered without a task: as it is
-            return result
-        return {"resultType": "task", **self.tasks.describe(slot.task)}
-
-    async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
-        require_client_extension(ctx, TASKS_EXTENSION)
-        return {"resultType": "complete", **self.tasks.describe(self.tasks.get(params.task_id))}
-
-    async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> HandlerResult:
-        require_client_extension(ctx, TASKS_EXTENSION)
-        self.tasks.update(params.task_id, params.input_responses)
-        return {"resultType": "complete"}
-
-    async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
-        require_client_extension(ctx, TASKS_EXTENSION)
-        self.tasks.cancel(params.task_id)
-        return {"resultType": "complete"}

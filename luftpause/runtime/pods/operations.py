@@ -38,8 +38,6 @@ from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.pods.scopes import RunScopes, descends
 from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.record import (
-    CONVERSATION_DROPPED,
-    START_LOST,
     last_output,
     output_entries,
     summarize,
@@ -89,12 +87,9 @@ class PodOperations:
         run = self.resolve(actor, target)
         if actor.run is run:
             raise PodRefused("a run cannot send a message to itself")
-        if run.pod_state == "stopped":
-            raise PodRefused(f"run {run.handle} is stopped; it takes no messages")
-        if run.conversation_dropped:
-            raise PodRefused(CONVERSATION_DROPPED.format(handle=run.handle))
-        if run.durability.start_lost:
-            raise PodRefused(START_LOST.format(handle=run.handle, damage=run.durability.damaged))
+        refused = run.message_refusal
+        if refused is not None:
+            raise PodRefused(refused)
         # A message from anyone but the spawner says who sent it (the run may answer to its spawner).
         own = actor.key == spawner_key(run)
         text = message if own else f"[message from {actor.label}] {message}"

@@ -2,11 +2,12 @@
 
 Owns: spawn's one contract (:mod:`.spec`: ``SpawnArguments``, and ``RunSpec``, the journal's start
 record), the run record (:mod:`.record`), the registry that owns every run's asyncio task and is
-the only way a run changes (:mod:`.registry`), the journal ``runs.jsonl`` (:mod:`.journal`) and its
-replay and compaction (:mod:`.replay`), budgets over run trees (:mod:`.budgets`), which finished
-runs are kept (:mod:`.retention`), what ``await``/``status`` show (:mod:`.views`), waiting
-(:mod:`.waiting`) and the network's change counter (:mod:`.changes`).
+the only way a run changes (:mod:`.registry`; the loop tasks themselves :mod:`.loop_tasks`), the
+journal ``runs.jsonl`` (:mod:`.journal`) and its replay and compaction (:mod:`.replay`), budgets
+over run trees (:mod:`.budgets`), which finished runs are kept (:mod:`.retention`), what
+``await``/``status`` show (:mod:`.views`), waiting (:mod:`.waiting`) and the network's change
+counter (:mod:`.changes`).
 
 May import: :mod:`luftpause.runtime.errors` only. The parts that keep state beside the runs (pods)
-reach the registry as its listeners (``RunListener``), given when it is built.
+reach the registry as its listeners (:mod:`.listeners`), given when it is built.
 """

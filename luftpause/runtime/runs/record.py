@@ -348,6 +348,18 @@ class Run:
         return "stopped" if self.state == "cancelled" or self.stopped_by is not None else "idle"
 
     @property
+    def message_refusal(self) -> str | None:
+        """Why the run takes no message (``send``), for the sender to read; ``None`` when it takes
+        one: not stopped, its conversation kept, its start record whole."""
+        if self.pod_state == "stopped":
+            return f"run {self.handle} is stopped; it takes no messages"
+        if self.conversation_dropped:
+            return CONVERSATION_DROPPED.format(handle=self.handle)
+        if self.durability.start_lost:
+            return START_LOST.format(handle=self.handle, damage=self.durability.damaged)
+        return None
+
+    @property
     def display_state(self) -> str:
         """:attr:`state`, or ``AwaitingApproval`` for a running run that waits for a person."""
         return "AwaitingApproval" if self.approvals.open() and not self.done else self.state

@@ -3,8 +3,9 @@ messages and stops, lookup and eviction.
 
 The run record itself is :mod:`luftpause.runtime.runs.record`, what ``await``/``status`` show
 :mod:`luftpause.runtime.runs.views`, the journal's replay and compaction
-:mod:`luftpause.runtime.runs.replay`, waiting :mod:`luftpause.runtime.runs.waiting`; their public
-names are re-exported here.
+:mod:`luftpause.runtime.runs.replay`, waiting :mod:`luftpause.runtime.runs.waiting`, the asyncio
+task of each run's loop :mod:`luftpause.runtime.runs.loop_tasks`; their public names are
+re-exported here.
 
 Runs form trees: ``spawn(parent=handle)`` makes a child. Cancelling a run cancels its running
 descendants. A run may carry budgets (tokens = prompt + completion, tool calls, seconds since it
@@ -47,23 +48,22 @@ from collections.abc import (
     Coroutine,
     Iterable,
     Iterator,
-    Mapping,
     Sequence,
 )
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
-from luftpause.runtime.errors import ExpiredRun, JournalWriteError, UnknownRun
+from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.runs.budgets import ancestors, budget_used, first_exceeded, subtree
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal, Record
+from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.listeners import RunListener
+from luftpause.runtime.runs.loop_tasks import LoopTasks, confirm_start
 from luftpause.runtime.runs.record import (
     BUDGET_KEYS,
-    CONVERSATION_DROPPED,
     COUNTER_KEYS,
-    START_LOST,
     TASK_SUMMARY_CHARS,
     Counters,
     PendingRound,
@@ -125,30 +125,6 @@ class RunCounts:
     budget_cancellations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUDGET_KEYS, 0))
 
 
-class RunListener(Protocol):
-    """A part that keeps state beside the runs and follows their lives (pods' scopes,
-    notifications, tree depths). Called on the event loop; must not raise."""
-
-    record_types: frozenset[str]
-    """The journal record types it owns: replayed to it, never read as a run's."""
-
-    def replay(self, record: Record) -> None:
-        """Every journal record at start, in order: its own and the runs' (it may read those too)."""
-
-    def replayed(self, runs: Mapping[str, Run]) -> None:
-        """The replay is over; ``runs`` are the runs held now, by handle."""
-
-    def run_ended(self, run: Run) -> None:
-        """``run`` finished (not one replayed, nor one the shutdown interrupted), or an idle run was
-        stopped."""
-
-    def run_dropped(self, handle: str) -> None:
-        """The finished run ``handle`` left the registry (retention)."""
-
-    def snapshot(self) -> Iterable[Record]:
-        """Its records that rebuild its state, for a compaction (lists copied)."""
-
-
 class RunRegistry:
     """Every run of this server, by handle, and the task group that owns their tasks.
 
@@ -192,8 +168,7 @@ class RunRegistry:
         self.listeners = tuple(listeners)
         self._foreign = frozenset().union(*(listener.record_types for listener in self.listeners))
         self._runs: dict[str, Run] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._group: asyncio.TaskGroup | None = None
+        self._loops = LoopTasks(lambda run, state, error: self.finish(run, state, error=error))
         self._drive: Drive | None = None
         # The counters of each running run at its last completed tool round: what a compaction
         # writes, so that a turn in flight is not counted twice after a crash.
@@ -255,8 +230,7 @@ class RunRegistry:
                     listener.run_ended(run)
             if self.journal.size > self.journal.compact_bytes:
                 self.journal.compact_later(self.journal_snapshot())
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+        await self._loops.__aenter__()
         return self
 
     async def __aexit__(
@@ -265,21 +239,14 @@ class RunRegistry:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        group, self._group = self._group, None
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        for handle, task in self._tasks.items():
-            run = self._runs[handle]
-            if not run.done:  # a finished run still ending itself at the dataplane was not stopped
-                run.interrupted = True
-                self.interrupted.append(run)
-            task.cancel()
+        self.interrupted.extend(self._loops.interrupt())
         for run in self._to_resume:  # replayed, never started: still resumable
             run.interrupted = True
         try:
-            if group is not None:
-                await group.__aexit__(exc_type, exc, tb)
+            await self._loops.__aexit__(exc_type, exc, tb)
         finally:
             if self.journal is not None:
                 self.journal.close()
@@ -322,14 +289,14 @@ class RunRegistry:
             self.notify_changed()
 
     async def confirm_start(self, run: Run) -> None:
-        """Wait until ``run``'s ``start`` record is durable. Raises :class:`JournalWriteError`
-        (the run then fails without taking a turn: :meth:`start`)."""
-        if run.durability.start_written is not None:
-            await asyncio.wrap_future(run.durability.start_written)
+        """Wait until ``run``'s ``start`` record is durable. Raises
+        :class:`~luftpause.runtime.errors.JournalWriteError` (the run then fails without taking a
+        turn: :meth:`start`)."""
+        await confirm_start(run)
 
     def start(self, run: Run, body: Coroutine[Any, Any, None] | None = None) -> None:
         """Run ``body`` (default: the drive :meth:`serving` was given, for ``run``) as a task owned
-        by this registry, not by the caller.
+        by this registry, not by the caller (:class:`~luftpause.runtime.runs.loop_tasks.LoopTasks`).
 
         ``body`` must record the outcome (:meth:`finish`); if it raises, the run fails with the
         error text (so one broken run never takes the task group down). A run with a seconds
@@ -340,15 +307,7 @@ class RunRegistry:
             if self._drive is None:
                 raise RuntimeError("the run registry is not serving (outside the server's lifespan)")
             body = self._drive(run)
-        if self._group is None:
-            body.close()
-            raise RuntimeError("the run registry is not open (outside the server's lifespan)")
-        # A run re-opened by ``send`` just after it finished may still have its old loop task in
-        # its last step (ending the run at the dataplane): the new loop waits for it, so one run
-        # never has two loops, and that ending comes before the new turns, not after them.
-        before = self._tasks.get(run.handle)
-        task = self._group.create_task(self._own(run, body, before), name=run.handle)
-        self._tasks[run.handle] = task
+        self._loops.start(run, body)
         # Its own seconds budget, and those of its ancestors that no timer watches (a finished
         # ancestor replayed after a restart has none, yet its budget bounds this run).
         for holder in ancestors(run, self._runs):
@@ -359,20 +318,6 @@ class RunRegistry:
                 self._timers[holder.handle] = asyncio.get_running_loop().call_later(
                     delay + 0.01, self._seconds_up, holder
                 )
-        closing = body
-
-        def settled(_: asyncio.Task[None]) -> None:
-            # A task cancelled before its first step (the runtime stopping right after a spawn)
-            # never enters ``_own``: close its body so it is not left unawaited, and record the run
-            # as cancelled rather than running for ever.
-            closing.close()
-            if self._tasks.get(run.handle) is not task:
-                return  # a newer loop owns the run (re-opened): its outcome is not this task's
-            self._tasks.pop(run.handle, None)
-            if not run.done:
-                self.finish(run, "cancelled", error="runtime shut down" if run.interrupted else "cancelled")
-
-        task.add_done_callback(settled)
 
     def _resume(self) -> int:
         """Start the unfinished runs the journal held, from their last completed tool round;
@@ -383,32 +328,6 @@ class RunRegistry:
         if runs:
             log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.path)
         return len(runs)
-
-    async def _own(
-        self, run: Run, body: Coroutine[Any, Any, None], before: asyncio.Task[None] | None = None
-    ) -> None:
-        try:
-            if before is not None:
-                await asyncio.wait([before])  # not ``await before``: cancelling us must not cancel it
-            try:
-                await self.confirm_start(run)
-            except JournalWriteError as exc:  # not durable from the start: never takes a turn
-                body.close()
-                self.finish(run, "failed", error=f"not started: its start could not be journaled: {exc}")
-                return
-            await body
-        except asyncio.CancelledError:
-            self.finish(run, "cancelled", error="runtime shut down" if run.interrupted else "cancelled")
-            raise
-        except Exception as exc:  # a bug in the loop must fail this run, not the server
-            self.finish(run, "failed", error=f"internal error: {exc!r}")
-        finally:
-            # Only the run's newest loop task speaks for it: an older one ending after a ``send``
-            # re-opened the run must neither unregister the new loop nor fail the run.
-            if self._tasks.get(run.handle) is asyncio.current_task():
-                self._tasks.pop(run.handle, None)
-                if not run.done:
-                    self.finish(run, "failed", error="internal error: the run loop ended without an outcome")
 
     def notify_changed(self) -> None:
         """Wake every :meth:`wait` to look again (a run finished, or now waits for approval), and
@@ -497,13 +416,11 @@ class RunRegistry:
     def deliver(self, run: Run, content: str, sender: str, message_id: str) -> bool:
         """Give ``run`` a user message (journaled first as a ``message`` record): an idle run is
         re-opened with it (``True``: the caller starts its loop again), a running one gets it in
-        its inbox for its next turn (``False``). Raises ``ValueError`` for a stopped run."""
-        if run.pod_state == "stopped":
-            raise ValueError(f"run {run.handle} is stopped; it takes no messages")
-        if run.conversation_dropped:
-            raise ValueError(CONVERSATION_DROPPED.format(handle=run.handle))
-        if run.durability.start_lost:
-            raise ValueError(START_LOST.format(handle=run.handle, damage=run.durability.damaged))
+        its inbox for its next turn (``False``). Raises ``ValueError`` for a run that takes no
+        message (:attr:`Run.message_refusal`: stopped, its conversation dropped, its start lost)."""
+        refused = run.message_refusal
+        if refused is not None:
+            raise ValueError(refused)
         self.append(
             run,
             {"type": "message", "handle": run.handle, "id": message_id, "content": content, "from": sender},
@@ -534,13 +451,9 @@ class RunRegistry:
 
     def _cancel_subtree(self, root: Run, reason: str) -> list[Run]:
         stopped = [run for run in subtree(root, self._runs) if not run.done]
-        current = asyncio.current_task()
         for run in stopped:
             self.finish(run, "cancelled", error=reason)
-            task = self._tasks.get(run.handle)
-            # A run that checks its own budget stops itself at its next step (loop.py).
-            if task is not None and task is not current:
-                task.cancel()
+            self._loops.cancel(run)
         return stopped
 
     def _seconds_up(self, run: Run) -> None:

@@ -42,7 +42,7 @@ from luftpause.runtime.runs.spec import RunSpec
 
 if TYPE_CHECKING:
     from luftpause.runtime.runs.journal import Journal, Record
-    from luftpause.runtime.runs.registry import RunListener
+    from luftpause.runtime.runs.listeners import RunListener
 
 log = logging.getLogger("luftpause.runtime.runs")
 

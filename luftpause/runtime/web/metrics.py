@@ -46,7 +46,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from luftpause.health import Check
-from luftpause.metrics import build_info
+from luftpause.metrics import build_info, counter_by
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import FINAL_STATES, RunRegistry
 
@@ -71,13 +71,6 @@ def readiness(registry: RunRegistry) -> dict[str, Check]:
     if registry.ready:
         return {"journal": Check(True, "replayed; unfinished runs resumed")}
     return {"journal": Check(False, "not replayed yet, or the runtime is stopping")}
-
-
-def _counter(name: str, documentation: str, labels: list[str], values: dict[str, int]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, documentation, labels=labels)
-    for label, value in values.items():
-        family.add_metric([label], value)
-    return family
 
 
 class RuntimeMetrics:
@@ -115,41 +108,40 @@ class RuntimeMetrics:
             runs.add_metric([state], count)
         yield runs
         counts = registry.counts
-        started = CounterMetricFamily(
+        yield CounterMetricFamily(
             "luftpause_runtime_runs_started",
             "Runs spawned since the runtime started (replayed ones not counted).",
+            value=counts.started,
         )
-        started.add_metric([], counts.started)
-        yield started
-        yield _counter(
+        yield counter_by(
             "luftpause_runtime_runs_ended",
             "Runs that ended, by final state (not those a shutdown interrupted: they resume).",
-            ["state"],
+            "state",
             counts.ended,
         )
-        yield _counter(
+        yield counter_by(
             "luftpause_runtime_turns",
             "Sub-agent LLM turns, by outcome (answered, failed).",
-            ["outcome"],
+            "outcome",
             self.loop.turns,
         )
-        yield _counter(
+        yield counter_by(
             "luftpause_runtime_tool_calls",
             "Tool calls the sub-agents' models made, by the MCP server they went to "
             "(builtin: the runtime's own tools; none: refused before reaching one).",
-            ["server"],
+            "server",
             self.loop.tool_calls,
         )
-        yield _counter(
+        yield counter_by(
             "luftpause_runtime_tool_errors",
             "Tool calls that failed, by the MCP server they went to (as tool_calls).",
-            ["server"],
+            "server",
             self.loop.tool_errors,
         )
-        yield _counter(
+        yield counter_by(
             "luftpause_runtime_budget_cancellations",
             "Run subtrees cancelled because a budget ran out, by budget.",
-            ["budget"],
+            "budget",
             counts.budget_cancellations,
         )
         yield GaugeMetricFamily(

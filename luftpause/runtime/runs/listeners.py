@@ -1,0 +1,36 @@
+"""What the parts that keep state beside the runs implement to follow their lives: the
+:class:`RunListener` protocol. The registry (:mod:`luftpause.runtime.runs.registry`) is given its
+listeners when it is built (pods' scopes, notifications, tree depths) and calls them; the journal's
+replay (:mod:`luftpause.runtime.runs.replay`) hands them their records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from luftpause.runtime.runs.journal import Record
+from luftpause.runtime.runs.record import Run
+
+
+class RunListener(Protocol):
+    """A part that keeps state beside the runs and follows their lives (pods' scopes,
+    notifications, tree depths). Called on the event loop; must not raise."""
+
+    record_types: frozenset[str]
+    """The journal record types it owns: replayed to it, never read as a run's."""
+
+    def replay(self, record: Record) -> None:
+        """Every journal record at start, in order: its own and the runs' (it may read those too)."""
+
+    def replayed(self, runs: Mapping[str, Run]) -> None:
+        """The replay is over; ``runs`` are the runs held now, by handle."""
+
+    def run_ended(self, run: Run) -> None:
+        """``run`` finished (not one replayed, nor one the shutdown interrupted), or an idle run was
+        stopped."""
+
+    def run_dropped(self, handle: str) -> None:
+        """The finished run ``handle`` left the registry (retention)."""
+
+    def snapshot(self) -> Iterable[Record]:
+        """Its records that rebuild its state, for a compaction (lists copied)."""
