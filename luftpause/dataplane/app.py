@@ -20,7 +20,9 @@ Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool
 messages answer, remembered 30 min; else a new run), ``x-luftpause-class``
 (``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``
 with its ``tracestate`` (both sent on to the engine).
-With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
+With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``; with
+caller keys, a configured key instead, which also decides the turn's caller and the service classes
+it may use (:mod:`luftpause.auth.callers`; 403 for another class).
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
 answer to a request refused before it became a turn (401, 413, 415, malformed body or headers) carries
@@ -31,7 +33,6 @@ belongs to no run, and its ``x-luftpause-run-id`` request header is ignored.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import socket
@@ -42,6 +43,8 @@ import grpc.aio
 import orjson
 
 from luftpause import tracing
+from luftpause.auth.callers import Access, CallerRefused
+from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.config import Config, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
@@ -49,6 +52,7 @@ from luftpause.dataplane.asgi import Exchange, Receive, Scope, Send, StreamBroke
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
+    Forbidden,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -77,7 +81,6 @@ PRUNE_EVERY_S = 60.0
 """How often expired runs, tool-call ids and ended runs are forgotten (one task for all three)."""
 MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
-TOKEN_ENV = "LUFTPAUSE_TOKEN"
 DECIDE_PATH = "/v1/decide"
 
 _CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
@@ -126,8 +129,14 @@ class Dataplane:
         # Stable across restarts on the same host and port: the Resync of a restarted dataplane
         # then releases what the crashed one held.
         dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
-        self.link = SchedulerLink(config.dataplane.scheduler, self.runs, dataplane_id)
-        self.token = os.environ.get(TOKEN_ENV) or None
+        self.link = SchedulerLink(
+            config.dataplane.scheduler,
+            self.runs,
+            dataplane_id,
+            credentials=LinkCredentials.from_config(config),
+        )
+        self.access = Access.from_config(config)
+        """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
         self.models_body = orjson.dumps(
             {
                 "object": "list",
@@ -289,12 +298,24 @@ class Dataplane:
             raise NotFound(f"no route {method} {path}")
 
     def _authorize(self, exchange: Exchange) -> None:
-        if self.token is None:
-            return
-        given = exchange.header("authorization") or ""
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token.encode()):
-            raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)")
+        if not self.access.allows(exchange.headers.get("authorization")):
+            raise Unauthorized(self.access.refusal())
+
+    def _who(self, exchange: Exchange) -> tuple[int, str]:
+        """A turn's ``ServiceClass`` and caller: ``x-luftpause-class`` (absent: interactive) and
+        ``x-luftpause-caller`` (cut to ``CALLER_MAX_BYTES``); with caller keys, the key's caller
+        narrowed by the header and a class the key may use (absent: its first), 403 otherwise
+        (:mod:`luftpause.auth.callers`). :class:`BadRequest` for a class that is neither."""
+        class_name = exchange.header("x-luftpause-class")
+        if class_name is not None and class_name not in _CLASSES:
+            raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
+        try:
+            class_name, caller = self.access.resolve(
+                exchange.headers.get("authorization"), class_name, exchange.header("x-luftpause-caller")
+            )
+        except CallerRefused as exc:
+            raise (Unauthorized if exc.status == 401 else Forbidden)(str(exc)) from None
+        return _CLASSES[class_name], truncate_caller(caller)
 
     # --- chat completions ------------------------------------------------------------------------
 
@@ -333,10 +354,9 @@ class Dataplane:
         messages = payload.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
-        service_class = _service_class(exchange)
+        service_class, caller = self._who(exchange)
         assert self._loop is not None
         now = self._loop.time()
-        caller = truncate_caller(exchange.header("x-luftpause-caller") or "")
         run_id = exchange.header(RUN_ID_HEADER)
         new_run = False
         if not run_id:
@@ -376,12 +396,13 @@ class Dataplane:
             or (isinstance(given, list) and given and all(isinstance(item, str) for item in given))
         ):
             raise BadRequest("'input' must be a string or a non-empty array of strings")
+        service_class, caller = self._who(exchange)
         return Turn(
             turn_id=Turn.new_id(),
             run_id="",
             model=model,
-            service_class=_service_class(exchange),
-            caller=truncate_caller(exchange.header("x-luftpause-caller") or ""),
+            service_class=service_class,
+            caller=caller,
             body=body,
             traceparent=exchange.header("traceparent"),
             tracestate=exchange.header("tracestate"),
@@ -528,20 +549,6 @@ def _json_with_model(body: bytes) -> tuple[dict[str, Any], str]:
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string")
     return payload, model
-
-
-def _service_class(exchange: Exchange) -> int:
-    """The ``x-luftpause-class`` header as a ``ServiceClass``; absent is interactive.
-
-    Raises :class:`BadRequest` naming the allowed values for anything else, an empty value too.
-    """
-    class_name = exchange.header("x-luftpause-class")
-    if class_name is None:
-        return pb.INTERACTIVE
-    service_class = _CLASSES.get(class_name)
-    if service_class is None:
-        raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
-    return service_class
 
 
 def _allow(path: str, method: str, *allowed: str) -> None:

@@ -1,14 +1,24 @@
-"""``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop."""
+"""``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop.
+
+The granian worker builds the app (:func:`create_guarded_app`): the proxy behind the listener
+guard (:mod:`luftpause.listeners`: body deadline, requests at once, stop). The caller keys and
+the TLS files are read here first, so that a bad one stops the command (exit 2, one line naming
+the file and the key) before any worker starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import sys
 
 from luftpause import logs
+from luftpause.auth.callers import Access
+from luftpause.auth.tls import check_listener, check_peer
 from luftpause.cli import add_config_argument, config_from_args, process_title
-from luftpause.config import CONFIG_ENV, split_host_port
+from luftpause.config import CONFIG_ENV, ConfigError, split_host_port
+from luftpause.listeners import ListenerGuard, granian_options
 from luftpause.ports import hold_listen_lock, refuse_if_in_use
 
 
@@ -16,8 +26,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
+def create_guarded_app() -> ListenerGuard:
+    """granian's factory (in the worker): :func:`luftpause.dataplane.app.create_app` behind the
+    :class:`~luftpause.listeners.ListenerGuard` of ``[dataplane.limits]``."""
+    from luftpause.dataplane.app import create_app
+
+    app = create_app()
+    return ListenerGuard(app, app.config.dataplane.limits, "dataplane")
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    try:
+        access = Access.from_config(config)
+        check_listener(config.dataplane.tls, "dataplane.tls")
+        check_peer(config.dataplane.scheduler_tls, "dataplane.scheduler_tls")
+    except ConfigError as exc:
+        print(f"luftpause dataplane: {exc}", file=sys.stderr)
+        return 2
     # The lock first: two dataplanes started at once would both find the port free, then both bind
     # it (SO_REUSEPORT) and serve under one dataplane id, their leases fighting.
     hold_listen_lock("dataplane", config.dataplane.listen)
@@ -27,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
         os.environ[CONFIG_ENV] = os.path.abspath(config.source)
     else:
         os.environ.pop(CONFIG_ENV, None)
-    if not os.environ.get("LUFTPAUSE_TOKEN"):
+    if access.mode == "open":
         logging.getLogger("luftpause.dataplane").warning(
             "LUFTPAUSE_TOKEN is not set: every request is accepted without authentication"
+        )
+    elif access.keys is not None:
+        logging.getLogger("luftpause.dataplane").info(
+            "caller keys: %d configured; the /v1 routes take only them", len(access.keys)
         )
 
     from granian import Granian
@@ -37,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     host, port = split_host_port(config.dataplane.listen)
     server = Granian(
-        "luftpause.dataplane.app:create_app",
+        "luftpause.dataplane.server:create_guarded_app",
         address=host,
         port=port,
         interface=Interfaces.ASGI,
@@ -47,10 +77,12 @@ def run(args: argparse.Namespace) -> int:
         log_access=False,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
+        **granian_options(config.dataplane.limits, config.dataplane.tls),
     )
+    scheme = "https" if config.dataplane.tls is not None else "http"
     logs.announce(
         "dataplane",
-        f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "
+        f"luftpause dataplane: OpenAI-compatible proxy on {scheme}://{host}:{port}/v1 "
         f"(scheduler {config.dataplane.scheduler})",
     )
     server.serve()

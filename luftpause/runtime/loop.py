@@ -63,6 +63,7 @@ import json
 import logging
 import math
 import secrets
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -102,8 +103,9 @@ long enough for a live dataplane to answer thousands of them, short enough that 
 noticeably delay the shutdown (a supervisor's grace period is often 5-10 s)."""
 
 
-def new_http_session() -> aiohttp.ClientSession:
-    """The one aiohttp session all runs share.
+def new_http_session(ssl_context: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
+    """The one aiohttp session all runs share (``ssl_context``: for an ``https://`` dataplane
+    signed by a private CA, or one that asks for a client certificate).
 
     A turn may take :data:`TURN_TIMEOUT_SECONDS` (600 s) in total, queue wait at the dataplane
     included, and nothing in aiohttp may cut it shorter: its default timeout (``total=300`` with
@@ -116,7 +118,7 @@ def new_http_session() -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(
             total=TURN_TIMEOUT_SECONDS, connect=None, sock_connect=None, sock_read=None
         ),
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ssl=ssl_context or True),
     )
 
 

@@ -56,8 +56,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from luftpause import logs, tracing
+from luftpause.auth.tls import check_listener, check_peer, client_context
 from luftpause.cli import add_config_argument, config_from_args, process_title
-from luftpause.config import Config, split_host_port
+from luftpause.config import Config, ConfigError, split_host_port
+from luftpause.listeners import granian_options, guarded
 from luftpause.orphans import exit_with_parent
 from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.approvals import Approvals
@@ -301,14 +303,19 @@ def create_app(config: Config, token: str | None = None) -> Starlette:
             # them; flushed last, after every run has stopped.
             if tracing.setup(tracing.RUNTIME_SERVICE):
                 stack.callback(tracing.shutdown)
-            session = await stack.enter_async_context(new_http_session())
+            peer = config.runtime.dataplane_tls
+            session = await stack.enter_async_context(
+                new_http_session(client_context(peer, "runtime.dataplane_tls") if peer else None)
+            )
             await stack.enter_async_context(runtime.upstream)
-            dataplane = DataplaneClient(config.runtime.dataplane, session, token)
+            # The runtime's own turns carry its caller key when it has one ([runtime] dataplane_key_env).
+            dataplane_token = config.runtime.dataplane_key() or token
+            dataplane = DataplaneClient(config.runtime.dataplane, session, dataplane_token)
             runtime._loop = SubAgentLoop(dataplane, runtime.upstream)
             runtime._loop.approval_gate = runtime.approvals.gate
             runtime._loop.pods = runtime.pods
             runtime.pods.start_loop = lambda run: runtime.registry.start(run, runtime.loop.drive(run))
-            runtime._decider = Decider(config.runtime.dataplane, session, token)
+            runtime._decider = Decider(config.runtime.dataplane, session, dataplane_token)
 
             async def end_interrupted_runs() -> None:
                 # Runs after the registry has stopped every run, while the session is still open.
@@ -364,6 +371,12 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; 0 then, 2 for a bad configuration (an unwritable
     ``[runtime] state_dir`` too: one line on stderr naming it and the OS error)."""
     config = config_from_args(args)
+    try:
+        check_listener(config.runtime.tls, "runtime.tls")
+        check_peer(config.runtime.dataplane_tls, "runtime.dataplane_tls")
+    except ConfigError as exc:
+        logs.announce("runtime", f"luftpause runtime: {exc}", level=logging.ERROR, stream=sys.stderr)
+        return 2
     refuse_if_in_use("runtime", config.runtime.listen)
     try:  # before granian's worker starts the stdio MCP servers: one line, not a traceback
         Journal(Path(config.runtime.state_dir)).check_writable()
@@ -396,6 +409,9 @@ def run(args: argparse.Namespace) -> int:
         log_level=LogLevels.warning,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("runtime", root_level),
+        **granian_options(config.runtime.limits, config.runtime.tls),
     )
-    server.serve(target_loader=partial(create_app, config), wrap_loader=False)
+    # The app behind the listener guard (luftpause.listeners: body deadline, requests at once, stop).
+    loader = partial(guarded, partial(create_app, config), config.runtime.limits, "runtime")
+    server.serve(target_loader=loader, wrap_loader=False)
     return 0

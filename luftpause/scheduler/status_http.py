@@ -9,6 +9,18 @@ Content-Security-Policy that runs only its own inline script (by hash), so marku
 DOM anyway could not run. Every error is answered
 with the JSON error body of DESIGN.md's failure contract, ``{"error": {"message": "..."}}``: an
 unknown path 404, a known path with another method 405 (with ``Allow``), a fault of ours 500.
+
+Access (:mod:`luftpause.auth`), checked before routing:
+
+* ``GET /health`` is open (liveness probes carry no token and may name the pod by any address);
+* every other path is answered only for a ``Host`` on the allow-list
+  (:class:`~luftpause.auth.hosts.HostAllowList`; 421 otherwise), so a DNS-rebinding page cannot
+  read ``/status``, which names callers;
+* with ``LUFTPAUSE_TOKEN`` set, ``GET /status`` (and any path but ``/`` and ``/health``) needs
+  ``Authorization: Bearer <token>`` (401 with ``WWW-Authenticate`` otherwise). The page itself
+  holds no data and stays open, like the runtime's monitor: its script takes the token from the
+  page's own ``?token=`` (then keeps it in ``sessionStorage`` for the tab and takes it out of the
+  address bar) and sends it with every poll of ``status`` and of ``?runtime=``.
 """
 
 from __future__ import annotations
@@ -18,11 +30,14 @@ import hashlib
 import logging
 import re
 from importlib import resources
+from typing import Any
 
 import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from luftpause.auth.hosts import HostAllowList
+from luftpause.auth.tokens import CHALLENGE, REFUSED, bearer_matches
 from luftpause.scheduler.host import SchedulerHost
 
 log = logging.getLogger("luftpause.scheduler")
@@ -57,6 +72,35 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
         return error_response(500, f"internal error: {type(exc).__name__}")
+
+
+OPEN_PATHS = frozenset({"/health"})
+"""Paths served to anyone: no token, no ``Host`` check."""
+PAGE_PATH = "/"
+"""The page: ``Host``-checked, but no token (it holds no data; its script sends the token)."""
+
+
+def access_middleware(token: str | None, hosts: HostAllowList) -> Any:
+    """aiohttp middleware: the ``Host`` check and the token of the module docstring."""
+    expected = token.encode() if token else None
+
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in OPEN_PATHS:
+            return await handler(request)
+        host = request.headers.get(hdrs.HOST)
+        if not hosts.allows(host):
+            return error_response(421, hosts.refusal(host))
+        if (
+            expected is not None
+            and path != PAGE_PATH
+            and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), expected)
+        ):
+            return error_response(401, REFUSED, {hdrs.WWW_AUTHENTICATE: CHALLENGE})
+        return await handler(request)
+
+    return access
 
 
 PAGE_RESOURCE = "page.html"
@@ -94,8 +138,12 @@ def page_csp(page: bytes) -> str:
     )
 
 
-def status_app(host: SchedulerHost) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status`` and ``/health`` from ``host``.
+def status_app(
+    host: SchedulerHost, token: str | None = None, hosts: HostAllowList | None = None
+) -> web.Application:
+    """An aiohttp application serving ``/`` (the live page), ``/status`` and ``/health`` from ``host``;
+    ``token`` (``LUFTPAUSE_TOKEN``, ``None``: none) and ``hosts`` (default: loopback and this
+    machine's names) as the module docstring says.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
@@ -116,7 +164,8 @@ def status_app(host: SchedulerHost) -> web.Application:
     async def health(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
-    app = web.Application(middlewares=[json_errors])
+    hosts = hosts if hosts is not None else HostAllowList("127.0.0.1")
+    app = web.Application(middlewares=[json_errors, access_middleware(token, hosts)])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
     app.router.add_get("/health", health)
