@@ -10,9 +10,13 @@ Routes (DESIGN.md, "The dataplane"):
 ``GET /v1/models``             the union of the models the configured replicas serve (both kinds)
 ``DELETE /v1/runs/{id}``       the run ended: the scheduler forgets it at once (204)
 ``GET /health``                ``{"status": "ok", "scheduler": "connected" | "connecting", "runs": int,
-                               "leases": {replica: unused leased slots}, "leased_turns": int}``
-                               (runs: in the run table; leased_turns: placed under a lease since
-                               start, with no round trip to the scheduler)
+                               "in_flight": int, "held": int, "leases": {replica: unused leased
+                               slots}, "leased_turns_total": int}`` (runs: in the run table;
+                               in_flight: turns at an engine now; held: turns waiting for the
+                               scheduler now; leased_turns_total: a counter, the turns placed
+                               under a lease since start, with no round trip to the scheduler;
+                               it was ``leased_turns``, which read as turns leased now: 12 on an
+                               idle pool)
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
 =============================  ==================================================================
 
@@ -259,8 +263,10 @@ class Dataplane:
                 "status": "ok",
                 "scheduler": "connected" if self.link.connected else "connecting",
                 "runs": len(self.runs.runs),
+                "in_flight": 0 if self._relay is None else self._relay.in_flight(),
+                "held": self._held,
                 "leases": self.link.leases(),
-                "leased_turns": self.link.leased_turns,
+                "leased_turns_total": self.link.leased_turns,
             }
             await exchange.respond(200, _JSON, orjson.dumps(health))
             return
