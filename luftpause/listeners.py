@@ -397,6 +397,7 @@ async def start_aiohttp_site(
     ``limits`` (see the module docstring) and, with ``ssl_context``, TLS. Returns the listening
     server; close it, then ``runner.cleanup()``. Raises ``OSError`` when the port is taken."""
     from aiohttp import web_protocol
+    from aiohttp.http_exceptions import HttpProcessingError
 
     loop = asyncio.get_running_loop()
     server = runner.server
@@ -416,7 +417,14 @@ async def start_aiohttp_site(
 
             if request.writer.output_size > 0:
                 return super().handle_error(request, status, exc, message)
-            text = str(exc) if exc is not None and status < 500 else (message or "internal error")
+            if isinstance(exc, HttpProcessingError) and exc.message and status < 500:
+                text = exc.message
+                if text.startswith("Too many headers"):
+                    status = 431  # what it is (RFC 6585 section 5); aiohttp says 400
+            elif exc is not None and status < 500:
+                text = str(exc)
+            else:
+                text = message or "internal error"
             response = web.Response(
                 status=status,
                 body=orjson.dumps({"error": {"message": text or f"HTTP {status}"}}),
