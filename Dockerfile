@@ -9,9 +9,14 @@
 # stage needs no compiler. setup.py keeps a failed extension build quiet (the pure twins serve);
 # an image must not ship without them, so the runtime stage imports both and fails the build if
 # either is missing.
+#
+# BASE_IMAGE replaces python:3.11-slim in both stages, for a machine that cannot pull it: any Debian
+# with python, pip and useradd will do (tools/image.sh builds one with debootstrap and builds this
+# file from it).
 ARG PYTHON_VERSION=3.11
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim
 
-FROM python:${PYTHON_VERSION}-slim AS build
+FROM ${BASE_IMAGE} AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -20,11 +25,13 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY _speedups/ _speedups/
 COPY luftpause/ luftpause/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# With the otel extra: compose.otel.yaml exports spans from this image (the tui extra, for top and
+# loadgen, stays out: they run on the operator's machine).
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
 
-FROM python:${PYTHON_VERSION}-slim AS runtime
+FROM ${BASE_IMAGE} AS runtime
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels luftpause \
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'luftpause[otel]' \
     && rm -rf /wheels \
     && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane._tool_calls_c"
 # A fixed uid, so a volume's owner is the same on every host; no login shell, no home to write.

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test install browser bench bench-e2e bench-flood bench-fanout bench-all lint clean
+.PHONY: up test install browser bench bench-e2e bench-regress bench-regress-save bench-flood bench-flood-sim bench-fanout bench-all lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -32,13 +32,30 @@ test: $(STAMP) browser
 # micro-benchmarks (a minute); the scripts take minutes each and load the machine: run them on a
 # quiet one. BENCH_ARGS passes options, e.g. make bench-flood BENCH_ARGS="--duration-s 30".
 bench: $(STAMP)
-	$(VENV)/bin/python -m pytest bench --benchmark-only
+	$(VENV)/bin/python -m pytest bench --benchmark-only --ignore=bench/test_bench_e2e_ratio.py
 
 bench-e2e: $(STAMP)
 	$(VENV)/bin/python bench/e2e_overhead.py $(BENCH_ARGS)
 
+# The latency regression suite (bench/test_bench_e2e_ratio.py): a streamed turn through the
+# dataplane against direct and nginx, recorded as ratios; fails when a median ratio grew past
+# REGRESS_FAIL against the saved baseline REGRESS_BASELINE (bench/baselines/). Needs nginx
+# (apt-get install -y nginx-light). bench-regress-save records a new baseline there.
+REGRESS_BASELINE ?= 0002
+REGRESS_FAIL ?= median:35%
+REGRESS_ARGS = bench/test_bench_e2e_ratio.py --benchmark-only --benchmark-storage=bench/baselines -p no:cacheprovider
+
+bench-regress: $(STAMP)
+	$(VENV)/bin/python -m pytest $(REGRESS_ARGS) --benchmark-compare=$(REGRESS_BASELINE) --benchmark-compare-fail=$(REGRESS_FAIL)
+
+bench-regress-save: $(STAMP)
+	$(VENV)/bin/python -m pytest $(REGRESS_ARGS) --benchmark-save=e2e_ratio
+
 bench-flood: $(STAMP)
 	$(VENV)/bin/python bench/flood.py $(BENCH_ARGS)
+
+bench-flood-sim: $(STAMP)
+	$(VENV)/bin/python bench/flood_sim.py $(BENCH_ARGS)
 
 bench-fanout: $(STAMP)
 	$(VENV)/bin/python bench/fanout.py $(BENCH_ARGS)

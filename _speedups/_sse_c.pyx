@@ -51,6 +51,17 @@ cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py
     return i
 
 
+cdef inline Py_ssize_t _null_after(const unsigned char* s, Py_ssize_t j, Py_ssize_t n) noexcept:
+    """The offset after ``: null`` (JSON space allowed around the colon) at ``j``, else -1."""
+    j = _skip_json_space(s, j, n)
+    if j >= n or s[j] != b':':
+        return -1
+    j = _skip_json_space(s, j + 1, n)
+    if n - j >= 4 and memcmp(s + j, b"null", 4) == 0:
+        return j + 4
+    return -1
+
+
 cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     """Whether a payload provably changes nothing once the first token has been seen.
 
@@ -63,39 +74,47 @@ cdef bint _is_inert(const unsigned char* s, Py_ssize_t n) noexcept:
     ``"object": "chat.completion.chunk"``, on every chunk, stays inert. Most chunks of a stream are
     content deltas like that. Anything else, including what is not JSON at all, is left to orjson
     and the full reading.
+
+    First ``memchr`` from backslash to backslash for a ``\\u`` (none in most payloads), then one
+    pass over the bytes in a plain loop, comparing the bytes after each quote with the four runs
+    (the pure twin's regular expression finds the same runs, left to right, each resuming after
+    the last, so the decisions are the same). Calling ``memchr`` from quote to quote (about 40 in a
+    content delta's 260 bytes), or glibc's ``memmem`` once per run, cost two to three times as
+    much: on the bench's 19-event answer the scanner took 24 us, then 18 (``memmem``), now 9.
     """
-    cdef const unsigned char* q
-    cdef Py_ssize_t i, j, key_len
-    q = <const unsigned char*>memchr(s, b'\\', n)
-    while q != NULL:
+    cdef Py_ssize_t i
+    cdef Py_ssize_t key_len
+    cdef unsigned char c
+    cdef const unsigned char* q = <const unsigned char*>memchr(s, b'\\', n)
+    while q != NULL:  # backslashes are rare outside escaped text: memchr skips to each at once
         i = q - s + 1
         if i < n and s[i] == b'u':
             return False
         q = <const unsigned char*>memchr(s + i, b'\\', n - i)
-    q = <const unsigned char*>memchr(s, b'"', n)
-    while q != NULL:
-        i = q - s + 1
-        key_len = 0
-        if i < n:
-            if s[i] == b'u' and n - i >= 6 and memcmp(s + i, b'usage"', 6) == 0:
-                key_len = 6
-            elif s[i] == b't' and n - i >= 11 and memcmp(s + i, b'tool_calls"', 11) == 0:
-                key_len = 11
-            elif s[i] == b'f' and n - i >= 14 and memcmp(s + i, b'finish_reason"', 14) == 0:
-                key_len = 14
-            elif s[i] == b'e' and n - i >= 6 and memcmp(s + i, b'error"', 6) == 0:
-                key_len = 6
-        if key_len:
-            j = _skip_json_space(s, i + key_len, n)
-            if j >= n or s[j] != b':':
-                return False
-            j = _skip_json_space(s, j + 1, n)
-            if n - j < 4 or memcmp(s + j, b"null", 4) != 0:
-                return False
-            i = j + 4
-        if i >= n:
-            break
-        q = <const unsigned char*>memchr(s + i, b'"', n - i)
+    i = 0
+    while i < n:
+        c = s[i]
+        if c == b'"' and i + 1 < n:
+            c = s[i + 1]
+            key_len = 0
+            if c == b'f':
+                if n - i >= 15 and memcmp(s + i + 1, b'finish_reason"', 14) == 0:
+                    key_len = 15
+            elif c == b'u':
+                if n - i >= 7 and memcmp(s + i + 1, b'usage"', 6) == 0:
+                    key_len = 7
+            elif c == b't':
+                if n - i >= 12 and memcmp(s + i + 1, b'tool_calls"', 11) == 0:
+                    key_len = 12
+            elif c == b'e':
+                if n - i >= 7 and memcmp(s + i + 1, b'error"', 6) == 0:
+                    key_len = 7
+            if key_len:
+                i = _null_after(s, i + key_len, n)
+                if i < 0:
+                    return False
+                continue
+        i += 1
     return True
 
 

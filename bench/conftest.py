@@ -8,6 +8,7 @@ ratio comes from one run on one machine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -37,3 +38,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{group}: py {py * 1e6:9.1f} us   c {c * 1e6:9.1f} us   c is {py / c:5.1f}x faster"
         )
+
+
+RATIO_GROUP = "e2e-ratio"
+"""pytest-benchmark group of ``test_bench_e2e_ratio.py``, whose "times" are ratios."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_benchmark_scale_unit(
+    config: pytest.Config, unit: str, benchmarks: list[dict[str, Any]], best: float, worst: float, sort: str
+) -> tuple[str, float] | None:
+    """Show the ratio benchmarks' values as they are (a ratio of 1.5 as 1.5, not 1,500 ms)."""
+    if unit == "seconds" and benchmarks and all(b.get("group") == RATIO_GROUP for b in benchmarks):
+        return "", 1.0
+    return None  # pytest-benchmark's own scaling

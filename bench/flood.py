@@ -49,7 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pools import ARRANGEMENTS, Pool, unavailable  # bench/ is on sys.path: this script's directory
+from pools import (
+    ARRANGEMENTS,
+    SMG_HEADERS,
+    Pool,
+    unavailable,
+)  # bench/ is on sys.path: this script's directory
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.agents import AgentGroup, AgentSettings, closed_loop
@@ -68,10 +73,15 @@ class Load:
     tool_seconds: float
     max_tokens: int
 
-    def groups(self) -> list[AgentGroup]:
-        groups = [AgentGroup(self.interactive_agents, "interactive", "ide")]
+    def groups(self, arrangement: str = "") -> list[AgentGroup]:
+        """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``."""
+
+        def extra(service_class: str) -> tuple[tuple[str, str], ...]:
+            return (("x-smg-priority", SMG_HEADERS[service_class]),) if arrangement == "smg" else ()
+
+        groups = [AgentGroup(self.interactive_agents, "interactive", "ide", extra("interactive"))]
         if self.batch_agents:
-            groups.append(AgentGroup(self.batch_agents, "batch", "bulk"))
+            groups.append(AgentGroup(self.batch_agents, "batch", "bulk", extra("batch")))
         return groups
 
 
@@ -79,7 +89,7 @@ def measure(arrangement: str, load: Load, engine_args: list[str], max_inflight: 
     """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary."""
     with (
         tempfile.TemporaryDirectory(prefix=f"flood-{arrangement}-") as tmp,
-        Pool(Path(tmp), arrangement, engine_args, max_inflight) as pool,
+        Pool(Path(tmp), arrangement, engine_args, max_inflight, load.interactive_agents) as pool,
     ):
         settings = AgentSettings(
             proxy=pool.url,
@@ -90,7 +100,7 @@ def measure(arrangement: str, load: Load, engine_args: list[str], max_inflight: 
             tool_seconds=load.tool_seconds,
             max_tokens=load.max_tokens,
         )
-        groups = load.groups()
+        groups = load.groups(arrangement)
         outcomes = asyncio.run(closed_loop(settings, groups, load.duration_s))
         summary = summarize_agents(groups, outcomes, load.duration_s)
         if any(group["failed"] for group in summary["groups"]):
@@ -205,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         "--time-scale", type=float, default=1.0, help="the simulator's time scale (default 1)"
     )
     parser.add_argument(
+        "--profile",
+        default=None,
+        help="run the engines' step model of this profile (fake-engine --profile), --slots as its "
+        "--max-running; default: the slot model",
+    )
+    parser.add_argument(
         "--arrangements",
         default=",".join(ARRANGEMENTS),
         help=f"comma-separated, of {', '.join(ARRANGEMENTS)}",
@@ -222,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-slowdown", "0.05",
         "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
     ]  # fmt: skip
+    if args.profile:
+        engine_args = [
+            "--profile", args.profile, "--max-running", str(args.slots),
+            "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
+        ]  # fmt: skip
     if args.cache_tokens is not None:
         engine_args += ["--cache-tokens", str(args.cache_tokens)]
     common = {

@@ -2,8 +2,10 @@
 shared by ``flood.py`` and ``fanout.py``.
 
 Arrangements: ``router`` (SGLang's router, ``--policy cache_aware``, its Prometheus exporter on a
-free port rather than its fixed default :29000), ``luftpause`` (scheduler + dataplane) and
-``luftpause-no-affinity`` (the same with ``[scheduler] strict_affinity = false``). Every process is
+free port rather than its fixed default :29000), ``smg`` (SGLang Model Gateway 1.13 at its best for
+a flood, see :data:`SMG_YAML`), ``luftpause`` (scheduler + dataplane) and
+``luftpause-no-affinity`` (the same with ``[scheduler] strict_affinity = false``: runs may move
+between replicas). Every process is
 a :class:`luftpause.testkit.procs.ChildProcess` in its own session, stopped with its whole process
 group when the pool closes.
 """
@@ -17,13 +19,37 @@ from pathlib import Path
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.procs import ChildProcess, free_port
 
-ARRANGEMENTS = ("router", "luftpause", "luftpause-no-affinity")
+ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity")
+
+SMG_HEADERS = {"interactive": "interactive", "batch": "bulk"}
+"""The ``x-smg-priority`` class each service class's agents send through SGLang Model Gateway."""
+
+
+def smg_yaml(interactive_agents: int) -> str:
+    """The gateway's ``--priority-scheduler-config``: its built-in class defaults
+    (``ClassConfig::default_for``, model_gateway/src/middleware/scheduler/config.rs) except the
+    reservation floors, sized for a pool of a few engine slots (the built-in system floor of 32 and
+    interactive floor of 128 exceed it, and the gateway then refuses its scheduler and falls back to
+    its legacy limiter): system none, interactive one slot per interactive agent (with the built-in
+    share of 0.25 of capacity, whichever is more)."""
+    return f"""classes:
+  system: {{reserved_floor: 0, reserved_per_slot: 0.0, queue_size: 64, queue_timeout_secs: 30,
+           starvation_threshold_secs: 5, can_preempt: true}}
+  interactive: {{reserved_floor: {interactive_agents}, reserved_per_slot: 0.25, queue_size: 256,
+                queue_timeout_secs: 30, starvation_threshold_secs: 5, can_preempt: true}}
+  default: {{reserved_floor: 0, reserved_per_slot: 0.10, queue_size: 512, queue_timeout_secs: 60,
+            starvation_threshold_secs: 30, can_preempt: false}}
+  bulk: {{reserved_floor: 0, reserved_per_slot: 0.0, queue_size: 1024, queue_timeout_secs: 300,
+         starvation_threshold_secs: 120, can_preempt: false}}
+"""
 
 
 def unavailable(arrangement: str) -> str | None:
     """Why ``arrangement`` cannot be measured here, or ``None``."""
     if arrangement == "router" and importlib.util.find_spec("sglang_router") is None:
-        return "sglang-router is not installed (pip install sglang-router)"
+        return "sglang-router is not installed (pip install sglang-router==0.3.2)"
+    if arrangement == "smg" and importlib.util.find_spec("smg") is None:
+        return "SGLang Model Gateway is not installed (pip install smg)"
     return None
 
 
@@ -34,10 +60,16 @@ class Pool:
     ``None`` leaves the configuration's default, so the scheduler admits by the engines' load."""
 
     def __init__(
-        self, workdir: Path, arrangement: str, engine_args: list[str], max_inflight: int | None = None
+        self,
+        workdir: Path,
+        arrangement: str,
+        engine_args: list[str],
+        max_inflight: int | None = None,
+        interactive_agents: int = 4,
     ) -> None:
         self.workdir = workdir
         self.arrangement = arrangement
+        self.interactive_agents = interactive_agents
         self.engine_args = engine_args
         self.max_inflight = max_inflight
         self.children: list[ChildProcess] = []
@@ -89,6 +121,9 @@ class Pool:
             self._child(router, timeout=60)
             self.url = f"http://127.0.0.1:{port}"
             return
+        if self.arrangement == "smg":
+            self._start_smg(engines)
+            return
         grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
         affinity = "strict_affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
         inflight = f"max_inflight = {self.max_inflight}\n" if self.max_inflight is not None else ""
@@ -112,3 +147,28 @@ class Pool:
                 )
             )
         self.url = f"http://127.0.0.1:{dp_port}"
+
+    def _start_smg(self, engines: list[str]) -> None:
+        """SGLang Model Gateway, configured as well as its documentation allows for this load:
+        cache-aware routing, sticky sessions keyed by ``x-luftpause-run-id`` (a run's turns stay on
+        the worker its first turn was routed to), and the priority-aware admission scheduler with
+        the interactive agents' turns in class ``interactive`` and the batch agents' in ``bulk``
+        (the agents send ``x-smg-priority``; tenants not listed may ask for up to ``interactive``).
+        Its slot pool is the workers' ``max_running_requests`` summed (their ``/server_info``)."""
+        config = self.workdir / "smg-priority.yaml"
+        config.write_text(smg_yaml(self.interactive_agents))
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engines, "--policy", "cache_aware",
+            "--sticky-sessions", "--routing-key-headers", "x-luftpause-run-id",
+            "--priority-scheduler-enabled", "--priority-scheduler-config", str(config),
+            "--priority-scheduler-default-max-class", "interactive",
+            "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+            "--log-level", "warn",
+        ]  # fmt: skip
+        gateway = ChildProcess(
+            "smg", argv, self.workdir / "smg.log", ready_url=f"http://127.0.0.1:{port}/health", program=()
+        )
+        self._child(gateway, timeout=60)
+        self.url = f"http://127.0.0.1:{port}"

@@ -5,6 +5,11 @@ each; ``top`` watches the runtime's run network in the terminal; ``fake-engine``
 ``loadgen`` come from the test kit. Every subcommand lives in
 its own module, which exposes ``add_arguments(parser)`` and ``run(args) -> int``; that module is
 imported only when its command runs, so ``luftpause dataplane`` never loads the MCP SDK.
+
+The three processes' ``--help`` end with every setting the process reads (:data:`luftpause.config.READ_BY`),
+its default, its environment variable and its flag (:data:`SETTING_FLAGS`), generated from the typed
+configuration (:func:`luftpause.settings.help_text`); those flags are added here, for every process
+alike, and read by :func:`config_from_args`.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 
-from luftpause import __version__, logs
-from luftpause.config import Config, ConfigError, load_config
+from luftpause import __version__, logs, settings
+from luftpause.config import READ_BY, Config, ConfigError, load_config
+from luftpause.extras import MissingExtra
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,14 +54,53 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The configuration ``--config`` names (or the default); a bad one ends the command.
+SETTING_FLAGS: dict[str, tuple[str, ...]] = {
+    "scheduler": ("scheduler.grpc", "scheduler.http"),
+    "dataplane": ("dataplane.listen", "dataplane.scheduler"),
+    "runtime": ("runtime.listen", "runtime.dataplane", "runtime.state_dir"),
+}
+"""The settings a process takes as a flag (each named after its key: ``--listen``,
+``--state-dir``): its listen addresses and the addresses of its peers. Every setting of a table
+also has its environment variable (:mod:`luftpause.settings`)."""
 
-    Prints ``luftpause <command>: <file>: <key>: <what was expected>`` to stderr and raises
-    ``SystemExit(2)``.
+_FLAG_DEST = "setting:"  # argparse dest of a setting's flag: "setting:dataplane.listen"
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """``command``'s setting flags (:data:`SETTING_FLAGS`), and the settings it reads
+    (:data:`~luftpause.config.READ_BY`) as the end of its ``--help``."""
+    flags: dict[settings.KeyPath, str] = {}
+    for dotted in SETTING_FLAGS.get(command, ()):
+        table, key = dotted.split(".")
+        info = settings.tables(Config)[table].model_fields[key]
+        flags[(table, key)] = flag = settings.flag_name(key)
+        parser.add_argument(
+            flag,
+            dest=_FLAG_DEST + dotted,
+            metavar=key.upper(),
+            default=None,
+            help=f"[{table}] {key}, over ${settings.env_name((table, key))} and the file "
+            f"(default: {settings.default_text(info).removeprefix('= ')})".replace("%", "%%"),
+        )
+    width = max(40, min(shutil.get_terminal_size().columns - 2, 100))
+    parser.epilog = settings.help_text(Config, READ_BY[command], flags, width)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The configuration ``--config`` names (or the default), with the ``LUFTPAUSE_<TABLE>__<KEY>``
+    environment variables and the setting flags given laid over it; a bad one ends the command.
+
+    Prints ``luftpause <command>: <file>: <key>: <what was expected>`` (or ``<variable>: ...``,
+    ``<flag>: ...``) to stderr and raises ``SystemExit(2)``.
     """
+    flags = {
+        tuple(dest.removeprefix(_FLAG_DEST).split(".")): (settings.flag_name(dest.rsplit(".", 1)[1]), value)
+        for dest, value in vars(args).items()
+        if dest.startswith(_FLAG_DEST) and value is not None
+    }
     try:
-        return load_config(args.config)
+        return load_config(args.config, flags)
     except ConfigError as exc:
         command = getattr(args, "command", None)
         print(f"luftpause {command}: {exc}" if command else f"luftpause: {exc}", file=sys.stderr)
@@ -92,23 +138,39 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
             importlib.import_module(module_name).add_arguments(sub_parser)
+            if name in READ_BY:
+                add_setting_arguments(sub_parser, name)
     return parser
 
 
+TRACED = ("up", "scheduler", "dataplane", "runtime")
+"""The commands that export spans when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``up`` by its children)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A missing extra (:class:`~luftpause.extras.MissingExtra`)
+    is one line on stderr naming the extra to install, and exit 2."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     # The first word naming a command (an option's value, such as --log-format's or --log-level's,
     # names none).
     command = next((a for a in args_in if a in COMMANDS), None)
-    parser = build_parser(command)
-    args = parser.parse_args(args_in)
-    if args.log_format is not None:
-        os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
-    if args.log_level is not None:
-        os.environ[logs.LOG_LEVEL_ENV] = args.log_level  # the same
-    logs.configure(args.command)
-    module = importlib.import_module(COMMANDS[args.command][0])
-    result: int = module.run(args)
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(args_in)
+        if args.command in TRACED and not getattr(args, "print_config", False):
+            from luftpause import tracing
+
+            tracing.require_sdk()  # here, before a granian worker would fail on it
+        if args.log_format is not None:
+            os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
+        if args.log_level is not None:
+            os.environ[logs.LOG_LEVEL_ENV] = args.log_level  # the same
+        logs.configure(args.command)
+        module = importlib.import_module(COMMANDS[args.command][0])
+        result: int = module.run(args)
+    except MissingExtra as exc:
+        print(f"luftpause {command}: {exc}" if command else f"luftpause: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -12,12 +12,24 @@ expected, in TOML's words (array, table, true or false), for example::
     luftpause.toml: colour: unknown key
 
 Unknown keys are refused at every level, the top level included.
+
+Every key of a table (``[scheduler]``, ``[dataplane]``, ``[runtime]``) can also be set by an
+environment variable, and a few by a flag: flag > environment variable > file > default
+(:mod:`luftpause.settings` has the naming rule, ``LUFTPAUSE_DATAPLANE__LISTEN``). Their bad values
+are refused the same way, naming the variable or the flag instead of the file's key::
+
+    LUFTPAUSE_SCHEDULER__STRICT_AFFINITY: expected true or false, got 'maybe'
+    --listen: expected 'host:port', got '8080'
+
+A key's attribute docstring is its description (pydantic's ``use_attribute_docstrings``): the
+processes' ``--help`` lists it, so every key has one.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +42,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from luftpause.settings import KeyPath, Layer, from_environment, from_flags, merge, toml_value
 
 CONFIG_ENV = "LUFTPAUSE_CONFIG"
 
@@ -79,8 +93,9 @@ class ConfigError(Exception):
 class _Section(BaseModel):
     # strict: a TOML string is never read as a boolean or a number ("no" is not false, "2" not 2);
     # an integer may still stand for a float (``dataplane_grace_s = 2``). TOML arrays arrive as
-    # tuples (:func:`_arrays_as_tuples`), which strict mode asks for.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # tuples (:func:`_arrays_as_tuples`), which strict mode asks for. The attribute docstrings
+    # are the keys' descriptions (the processes' --help, luftpause.settings.help_text).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
 
 def _host_port(value: str) -> str:
@@ -154,11 +169,11 @@ class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
     http: str = "127.0.0.1:5001"
-    """HTTP listen address for ``GET /status``."""
+    """HTTP listen address (``host:port``) for ``GET /status``, the live page ``/`` and ``/health``."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names (without port) the HTTP routes but ``/health`` answer for, besides the loopback
-    names and the ``http`` listen host (on a wildcard listen, this machine's host name): any
-    other ``Host`` is refused 421, so a DNS-rebinding page cannot read ``/status``. ``["*"]``:
+    names, IP addresses, this machine's host name and the ``http`` listen host: any other
+    ``Host`` is refused 421, so a DNS-rebinding page cannot read ``/status``. ``["*"]``:
     any host (:mod:`luftpause.auth.hosts`)."""
     tls: TlsListener | None = None
     """TLS (and mutual TLS) on the gRPC port and the HTTP port."""
@@ -178,12 +193,17 @@ class SchedulerConfig(_Section):
     shows a restart (it hands over runs or in-flight turns), no held turn is placed and no lease
     granted, so that the other dataplanes can resync their in-flight turns first and no replica
     is filled past its capacity; ``0``: none."""
+    trace: str = ""
+    """Record the arrivals, tool pauses and run ends the scheduler sees as JSON lines appended to
+    this file (relative paths from the working directory), to replay them offline under another
+    policy (``bench/flood_sim.py --replay``); ``""`` (the default): no trace."""
 
     _check = field_validator("grpc", "http")(_host_port)
 
 
 class DataplaneConfig(_Section):
     listen: str = "127.0.0.1:8080"
+    """HTTP listen address (``host:port``) of the proxy: ``/v1``, ``/health``, ``/metrics``."""
     scheduler: str = "127.0.0.1:5000"
     """Where the scheduler's gRPC endpoint is (``host:port``)."""
     caller_keys: str | None = None
@@ -202,6 +222,7 @@ class DataplaneConfig(_Section):
 
 class RuntimeConfig(_Section):
     listen: str = "127.0.0.1:7000"
+    """HTTP listen address (``host:port``) for ``/mcp``, ``/status``, ``/health`` and ``/monitor``."""
     dataplane: str = "http://127.0.0.1:8080"
     """Base URL of the dataplane the sub-agents' turns go through."""
     state_dir: str = "state"
@@ -243,10 +264,13 @@ class RuntimeConfig(_Section):
 
 class ReplicaConfig(_Section):
     name: str = Field(min_length=1)
+    """The replica's name in placements, the scheduler's status and the logs; unique."""
     url: str
     """Base URL of an OpenAI-compatible engine (``http://`` or ``https://``), without ``/v1``."""
     models: tuple[str, ...] = Field(min_length=1)
+    """The models it serves (a turn's ``model`` picks among the replicas serving it)."""
     kind: Literal["generative", "single_pass"] = "generative"
+    """``"generative"`` (chat turns) or ``"single_pass"`` (classifiers: ``/v1/decide``)."""
     api_key_env: str | None = None
     """Name of the environment variable holding the key sent upstream as ``Authorization: Bearer``."""
     health_path: str = "/health"
@@ -306,11 +330,14 @@ class ReplicaConfig(_Section):
 
 class McpServerConfig(_Section):
     name: str = Field(min_length=1)
+    """The server's name in the runtime's status, its errors and the logs; unique."""
     url: str | None = None
     """A streamable HTTP MCP endpoint, e.g. ``http://127.0.0.1:7100/mcp``."""
     command: tuple[str, ...] | None = None
     """A stdio MCP server's argv (instead of ``url``)."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables a stdio server's process gets besides the SDK's safe default ones
+    (with ``command``)."""
     path_arguments: dict[str, tuple[str, ...] | dict[str, Literal["read", "write"]]] = Field(
         default_factory=dict
     )
@@ -372,6 +399,16 @@ class Config(_Section):
         return self.replicas[0].models[0]
 
 
+READ_BY: dict[str, tuple[str, ...]] = {
+    "scheduler": ("scheduler", "replicas"),
+    "dataplane": ("dataplane", "replicas"),
+    "runtime": ("runtime", "scheduler.http", "replicas", "mcp_servers"),
+}
+"""What each process reads of the configuration: whole tables, arrays of tables, or one key
+(``"scheduler.http"``: the runtime lets the scheduler's page read its ``/status``). Its ``--help``
+lists these keys (:func:`luftpause.settings.help_text`); a new table belongs here too."""
+
+
 # What pydantic's strict type errors mean in TOML's words (a tuple is a TOML array).
 _EXPECTED_TYPE = {
     "bool_type": "true or false",
@@ -392,22 +429,11 @@ _EXPECTED_TYPE = {
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
-def _toml(value: Any) -> str:
-    """``value`` as a TOML user wrote it: ``true`` not ``True``, ``["a"]`` not ``('a',)``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple | list):
-        return "[" + ", ".join(_toml(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
-    return repr(value)
-
-
 def _explain(item: Any) -> str:
     """One pydantic error as ``expected ..., got ...`` (the form of the module docstring)."""
     kind: str = item["type"]
     ctx: dict[str, Any] = item.get("ctx") or {}
-    got = _toml(item["input"])
+    got = toml_value(item["input"])
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":
@@ -420,7 +446,7 @@ def _explain(item: Any) -> str:
         bound = next(iter(ctx.values()))
         if isinstance(bound, float) and bound.is_integer():
             bound = int(bound)  # 0, not 0.0 (pydantic reports a float field's bound as a float)
-        return f"expected a number {_BOUNDS[kind]} {_toml(bound)}, got {got}"
+        return f"expected a number {_BOUNDS[kind]} {toml_value(bound)}, got {got}"
     if kind == "too_short":
         count = ctx.get("min_length", 1)
         return f"expected an array of at least {count} item{'s' if count != 1 else ''}, got {got}"
@@ -431,28 +457,44 @@ def _explain(item: Any) -> str:
     return f"{item['msg']}, got {got}"
 
 
-def _describe(error: ValidationError) -> str:
-    parts = []
+def _key(loc: Sequence[str | int]) -> str:
+    """An error's location as the file's key: ``replicas[0].url``."""
+    key = ""
+    for part in loc:
+        if isinstance(part, str) and "[" in part:  # a union's branch (``tuple[str, ...]``), no key
+            continue
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key
+
+
+def _describe(error: ValidationError, where: str, layer: Layer) -> str:
+    """Every fault as ``key: expected ..., got ...``: the file's faults after ``where`` (the file
+    or ``embedded default``), then one per variable or flag, named by it (``--listen: ...``)."""
+    in_file, overridden = [], []
     items = error.errors()
     failed_inside = {item["loc"][0] for item in items if len(item["loc"]) > 1}
     for item in items:
+        loc = item["loc"]
         # pydantic also reports a list as too short when one of its items failed: noise.
-        if item["type"] == "too_short" and len(item["loc"]) == 1 and item["loc"][0] in failed_inside:
+        if item["type"] == "too_short" and len(loc) == 1 and loc[0] in failed_inside:
             continue
-        key = ""
-        for loc in item["loc"]:
-            if isinstance(loc, str) and "[" in loc:  # a union's branch (``tuple[str, ...]``), no key
-                continue
-            key += f"[{loc}]" if isinstance(loc, int) else (f".{loc}" if key else str(loc))
-        parts.append(f"{key or '(top level)'}: {_explain(item)}")
-    return "; ".join(parts)
+        source = layer.source_of(loc)
+        if source is not None:
+            label, rest = source
+            overridden.append(f"{label}: {_key(rest) + ': ' if rest else ''}{_explain(item)}")
+        elif within := layer.sources_within(loc):  # a check of a whole table they changed a key of
+            overridden.append(f"{_key(loc) or '(top level)'} (with {', '.join(within)}): {_explain(item)}")
+        else:
+            in_file.append(f"{_key(loc) or '(top level)'}: {_explain(item)}")
+    file_part = [f"{where}: {'; '.join(in_file)}"] if in_file else []
+    return "; ".join(file_part + overridden)
 
 
-def describe_error(error: ValidationError) -> str:
-    """A pydantic error of a strict model in the words of this module's messages (``key: expected
-    ..., got ...``, several joined by ``; ``), for other files read the same way (the caller keys
-    file, :mod:`luftpause.auth.callers`)."""
-    return _describe(error)
+def describe_error(error: ValidationError, where: str) -> str:
+    """A pydantic error of a strict model in the words of this module's messages (``where: key:
+    expected ..., got ...``, several joined by ``; ``), for other files read the same way (the
+    caller keys file, :mod:`luftpause.auth.callers`)."""
+    return _describe(error, where, Layer())
 
 
 def arrays_as_tuples(value: Any) -> Any:
@@ -469,9 +511,13 @@ def _arrays_as_tuples(value: Any) -> Any:
     return value
 
 
-def parse_config(text: str, source: str | None = None) -> Config:
-    """Parse TOML text into a :class:`Config`; raises :class:`ConfigError` naming ``source``."""
+def parse_config(text: str, source: str | None = None, layer: Layer | None = None) -> Config:
+    """Parse TOML text into a :class:`Config`, with ``layer`` (environment variables, flags) laid
+    over it; raises :class:`ConfigError` naming ``source`` and the key, or the variable or flag."""
     where = source or "embedded default"
+    layer = layer or Layer()
+    if layer.refused:
+        raise ConfigError("; ".join(layer.refused))
     try:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -479,25 +525,32 @@ def parse_config(text: str, source: str | None = None) -> Config:
     if "source" in data:  # a field of Config, set from where the file was read, never by the file
         raise ConfigError(f"{where}: source: unknown key")
     try:
-        return Config.model_validate({**_arrays_as_tuples(data), "source": source})
+        merged = _arrays_as_tuples(merge(data, layer.values))
+        return Config.model_validate({**merged, "source": source})
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_describe(exc)}") from None
+        raise ConfigError(_describe(exc, where, layer)) from None
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Load ``path``, else the file named by ``LUFTPAUSE_CONFIG``, else the embedded default.
+def load_config(
+    path: str | os.PathLike[str] | None = None, flags: Mapping[KeyPath, tuple[str, str]] | None = None
+) -> Config:
+    """Load ``path``, else the file named by ``LUFTPAUSE_CONFIG``, else the embedded default, with
+    the ``LUFTPAUSE_<TABLE>__<KEY>`` environment variables laid over it and ``flags`` over those
+    (``{("dataplane", "listen"): ("--listen", "0.0.0.0:8080")}``; :mod:`luftpause.settings`).
 
-    Raises :class:`ConfigError` when the file cannot be read or has the wrong shape.
+    Raises :class:`ConfigError` when the file cannot be read, or it, a variable or a flag has the
+    wrong shape.
     """
+    layer = from_environment(Config).under(from_flags(Config, flags or {}))
     chosen = path if path is not None else os.environ.get(CONFIG_ENV) or None
     if chosen is None:
-        return parse_config(EMBEDDED_DEFAULT)
+        return parse_config(EMBEDDED_DEFAULT, layer=layer)
     file = Path(chosen)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
-    return parse_config(text, str(file))
+    return parse_config(text, str(file), layer)
 
 
 def split_host_port(address: str) -> tuple[str, int]:

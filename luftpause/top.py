@@ -53,11 +53,16 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
-from rich.live import Live
-from rich.segment import Segment
-from rich.table import Table
-from rich.text import Text
+from luftpause.extras import MissingExtra
+
+try:
+    from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
+    from rich.live import Live
+    from rich.segment import Segment
+    from rich.table import Table
+    from rich.text import Text
+except ImportError as exc:
+    raise MissingExtra("tui", "its terminal view", exc) from None
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url

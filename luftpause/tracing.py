@@ -3,7 +3,9 @@
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set, :func:`setup`
 installs the SDK's ``TracerProvider`` with a ``BatchSpanProcessor`` and the OTLP/HTTP protobuf
 exporter (``opentelemetry-exporter-otlp-proto-http``; it reads the rest of the ``OTEL_EXPORTER_OTLP_*``
-and ``OTEL_BSP_*`` variables itself, e.g. ``OTEL_BSP_SCHEDULE_DELAY`` in milliseconds). Unset (or
+and ``OTEL_BSP_*`` variables itself, e.g. ``OTEL_BSP_SCHEDULE_DELAY`` in milliseconds). The SDK and
+the exporter come with the ``otel`` extra; without it :func:`setup` and :func:`require_sdk` raise
+:class:`~luftpause.extras.MissingExtra`, and only the API (core) is installed. Unset (or
 ``OTEL_SDK_DISABLED=true``, or ``OTEL_TRACES_EXPORTER=none``) nothing is installed: :func:`tracer`
 is the API's no-op tracer, the SDK is never imported, and hot paths test the one module attribute
 ``tracing.active`` before doing any tracing work at all. Only OTLP/HTTP with protobuf is exported:
@@ -44,6 +46,8 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from luftpause.extras import MissingExtra
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -90,12 +94,33 @@ def configured() -> bool:
     return any(os.environ.get(name) for name in ENDPOINT_ENVS)
 
 
+_WHAT_NEEDS_THE_SDK = "exporting spans (OTEL_EXPORTER_OTLP_ENDPOINT is set)"
+
+
+def require_sdk() -> None:
+    """Raise :class:`~luftpause.extras.MissingExtra` (extra ``otel``) when :func:`configured` but
+    the SDK or the OTLP/HTTP exporter is not installed; else nothing.
+
+    :func:`setup` raises the same, but runs in the granian worker of the dataplane and the runtime;
+    the CLI calls this first, in the main process, so a missing extra ends the command (exit 2)
+    before anything is served.
+    """
+    if not configured():
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtra("otel", _WHAT_NEEDS_THE_SDK, exc) from None
+
+
 def setup(service: str) -> bool:
     """Install OTLP/HTTP export for this process as ``service`` when :func:`configured`.
 
     Returns True when spans are exported from now on, False when nothing was installed (the
     environment does not ask, or a provider is installed already). Call it once, in the process
-    (or granian worker) that makes the spans, before any span is started.
+    (or granian worker) that makes the spans, before any span is started. Raises
+    :class:`~luftpause.extras.MissingExtra` when the ``otel`` extra is not installed.
     """
     if active or not configured():
         return False
@@ -111,11 +136,14 @@ def setup(service: str) -> bool:
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter not in ("", "otlp"):
         log.warning("OTEL_TRACES_EXPORTER=%s is not supported; exporting over OTLP/HTTP", exporter)
-    # Imported only here: with tracing off the SDK and the exporter are never loaded.
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    # Imported only here: with tracing off the SDK and the exporter are never loaded (nor needed).
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise MissingExtra("otel", _WHAT_NEEDS_THE_SDK, exc) from None
 
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
     provider = TracerProvider(resource=Resource.create(attributes))

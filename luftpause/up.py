@@ -6,7 +6,9 @@ server with a URL, on the ports their URLs name. With ``--config FILE`` it start
 dataplane and runtime, unless ``--simulate`` asks for the simulated pool too: to move the default
 stack's ports, ``luftpause up --print-config > FILE``, edit the addresses, then
 ``luftpause up --config FILE --simulate`` (``--print-config`` prints the configuration ``up``
-would use: with ``--config FILE``, that file). It prints the URLs once everything answers, and stops
+would use: with ``--config FILE``, that file). The ``LUFTPAUSE_<TABLE>__<KEY>`` environment
+variables (:mod:`luftpause.settings`) apply to ``up`` and, inherited, to every child alike. It prints
+every endpoint's and page's URL once everything answers (:func:`banner`), and stops
 every child on Ctrl-C / SIGTERM or as soon as one of them dies, printing that child's last log
 lines. Exit status: 0 after Ctrl-C, 1 when a port it needs is taken or a child died, 2 for a bad
 configuration (also when two addresses that must name the same place name different ports).
@@ -16,19 +18,23 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 from types import FrameType
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
+from luftpause import settings
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import EMBEDDED_DEFAULT, Config, listen_url, split_host_port
 from luftpause.ports import address_in_use
 from luftpause.testkit.procs import ChildProcess
 
 READY_TIMEOUT_S = 60.0
+
+TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -214,19 +220,45 @@ def busy_message(busy: list[str], config: Config) -> str:
     )
 
 
-def banner(config: Config, logs: Path, simulate: bool = False) -> str:
-    """The lines printed once every child answers: the URLs to reach each from this machine
-    (:func:`luftpause.config.listen_url`: IPv6 in brackets, an all-addresses listen on loopback)."""
+def pages(config: Config) -> list[tuple[str, str]]:
+    """Every endpoint and page of the three processes, as ``(what, URL)`` to reach it from this
+    machine (:func:`luftpause.config.listen_url`: IPv6 in brackets, an all-addresses listen on
+    loopback), in the order the banner prints them. The scheduler's page is given the runtime
+    (``?runtime=``), so that it shows the run tree too."""
+    scheduler = listen_url(config.scheduler.http)
+    dataplane = listen_url(config.dataplane.listen)
+    runtime = listen_url(config.runtime.listen)
+    return [
+        ("OpenAI base_url", f"{dataplane}/v1"),
+        ("MCP endpoint", f"{runtime}/mcp"),
+        ("scheduler page", f"{scheduler}/?{urlencode({'runtime': runtime}, safe=':/')}"),
+        ("scheduler status", f"{scheduler}/status"),
+        ("runtime monitor", f"{runtime}/monitor"),
+        ("runtime status", f"{runtime}/status"),
+        ("dataplane metrics", f"{dataplane}/metrics"),
+        ("health", "  ".join(f"{base}/health" for base in (scheduler, dataplane, runtime))),
+    ]
+
+
+def banner(config: Config, logs: Path, simulate: bool = False, token_set: bool = False) -> str:
+    """The lines printed once every child answers: every page's URL (:func:`pages`), the
+    replicas and the logs; with ``token_set`` (``LUFTPAUSE_TOKEN`` is set), where the token goes."""
     pool = ", ".join(f"{r.name} ({r.url})" for r in config.replicas)
+    urls = pages(config)
+    rows = [*urls, ("models", ", ".join(config.models)), ("replicas", pool), ("logs", f"{logs}/")]
+    if token_set:
+        page = dict(urls)
+        rows += [
+            ("token", f"{TOKEN_ENV} is set: /v1, /mcp and the runtime's /status need"),
+            ("", "'Authorization: Bearer <token>'; the pages take ?token=<token> in their address:"),
+            ("", f"{page['scheduler page']}&token=${TOKEN_ENV}"),
+            ("", f"{page['runtime monitor']}?token=${TOKEN_ENV}"),
+        ]
     lines = [
         "luftpause is up"
         + (" (embedded default: simulated engines)" if config.is_embedded_default else "")
         + (" (simulated engines)" if simulate and not config.is_embedded_default else ""),
-        f"  OpenAI base_url   {listen_url(config.dataplane.listen)}/v1   models: {', '.join(config.models)}",
-        f"  MCP endpoint      {listen_url(config.runtime.listen)}/mcp",
-        f"  scheduler status  {listen_url(config.scheduler.http)}/status",
-        f"  replicas          {pool}",
-        f"  logs              {logs}/",
+        *(f"  {what:<17} {url}".rstrip() for what, url in rows),
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)
@@ -263,6 +295,10 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # a bad file is refused (exit 2), with --print-config too
     if args.print_config:
         print(config_text(config))
+        overriding = settings.from_environment(Config).sources
+        if overriding:  # they apply to up and its children, but are not in the text above
+            names = ", ".join(sorted({name for name, _ in overriding.values()}))
+            print(f"luftpause up: the environment overrides this text: {names}", file=sys.stderr)
         return 0
     mismatches = address_mismatches(config)
     if mismatches:  # before starting anything: a warning would scroll away under the logs
@@ -283,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"starting {child.name} ...", flush=True)
             started.append(child.start())
             child.wait_ready(READY_TIMEOUT_S)
-        print(banner(config, logs, args.simulate), flush=True)
+        print(banner(config, logs, args.simulate, bool(os.environ.get(TOKEN_ENV))), flush=True)
         while True:
             for child in started:
                 code = child.poll()

@@ -7,7 +7,9 @@
   is pointed at (``LUFTPAUSE_CONFIG`` -> a compose ``configs`` entry) loads with
   :func:`luftpause.config.parse_config` and names the project's own services as hosts.
 * ``deploy/compose.toml`` is the embedded default with service names for hosts.
-* The Dockerfile's stages, user, volume, entrypoint and extension check.
+* The Dockerfile's stages (and their ``BASE_IMAGE``), user, volume, entrypoint, extension check and
+  otel extra; ``tools/image.sh`` naming what it needs.
+* Jaeger pinned to a 1.x release, and the Compose release the files need named in the README.
 
 Interpolation and merging are done here, after the Compose specification ("Interpolation" and
 "Merge and override"), only as far as these files use them: ``${VAR}``, ``${VAR:-default}``,
@@ -22,6 +24,8 @@ import ast
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -370,6 +374,26 @@ def test_testbed_overlay_fits_two_sglang_replicas_on_one_gpu() -> None:
     assert {m for r in config.replicas for m in r.models} == served
 
 
+def test_jaeger_is_pinned_to_a_release() -> None:
+    """``latest`` would move under the healthcheck (Jaeger 2 has no admin port 14269)."""
+    image = load(BASE, ROOT / "compose.otel.yaml")["services"]["jaeger"]["image"]
+    name, _, tag = image.rpartition(":")
+    assert name == "jaegertracing/all-in-one" and re.fullmatch(r"1\.\d+\.\d+", tag), image
+    pinned = load(BASE, ROOT / "compose.otel.yaml", env={**ENV, "JAEGER_VERSION": "1.60.0"})
+    assert pinned["services"]["jaeger"]["image"] == "jaegertracing/all-in-one:1.60.0"
+
+
+def test_the_readme_names_the_compose_release_the_files_need() -> None:
+    """Top-level ``configs.content`` came with Docker Compose 2.23.1 (its configs reference); the
+    overlays use it, so the README and compose.yaml say so."""
+    uses_content = [
+        p.name for p in OVERLAYS if any("content" in c for c in load(p).get("configs", {}).values())
+    ]
+    assert uses_content == ["compose.hosted.yaml", "compose.ollama.yaml"]
+    for text in ((ROOT / "README.md").read_text(), BASE.read_text()):
+        assert "Compose 2.23.1 or later" in text
+
+
 def test_otel_overlay_points_the_three_processes_at_a_healthy_jaeger() -> None:
     project = load(BASE, ROOT / "compose.otel.yaml")
     jaeger = project["services"]["jaeger"]
@@ -413,7 +437,11 @@ def test_dockerfile_advertises_only_commands_its_baked_configuration_serves() ->
 def test_dockerfile_builds_the_extensions_in_a_build_stage_and_runs_as_a_user() -> None:
     instructions = dockerfile_instructions((ROOT / "Dockerfile").read_text())
     stages = [args for op, args in instructions if op == "FROM"]
-    assert len(stages) == 2 and stages[0].endswith(" AS build") and "-slim" in stages[1]
+    assert len(stages) == 2 and stages[0].endswith(" AS build") and stages[1].endswith(" AS runtime")
+    # Both from python:X-slim unless BASE_IMAGE says otherwise (tools/image.sh, where none can be pulled).
+    arguments = dict(args.split("=", 1) for op, args in instructions if op == "ARG" and "=" in args)
+    assert {s.split()[0] for s in stages} == {"${BASE_IMAGE}"}
+    assert arguments["BASE_IMAGE"] == "python:${PYTHON_VERSION}-slim"
     runtime = instructions[[op for op, _ in instructions].index("FROM", 1) :]
     runtime_ops = dict(reversed(runtime))  # the first of each instruction in the runtime stage
 
@@ -431,8 +459,30 @@ def test_dockerfile_builds_the_extensions_in_a_build_stage_and_runs_as_a_user() 
     runs = " ".join(args for op, args in runtime if op == "RUN")
     for module in extensions.values():
         assert module in runs, f"the image does not check that {module} was built"
+    # compose.otel.yaml exports spans from this image: the SDK (the otel extra) must be in it.
+    assert "'luftpause[otel]'" in runs
     env = dict(
         item.split("=", 1) for op, args in runtime if op == "ENV" for item in shlex.split(args) if "=" in item
     )
     copied = [args.split()[-1] for op, args in runtime if op == "COPY"]
     assert env["LUFTPAUSE_CONFIG"] in copied
+
+
+def test_the_image_script_names_what_it_needs_when_it_is_missing(tmp_path: Path) -> None:
+    """tools/image.sh (the Podman build from a debootstrapped base) on a machine without podman or
+    debootstrap: exit 2 saying what to install, before it builds anything."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+    done = subprocess.run(
+        [str(bin_dir / "bash"), str(ROOT / "tools" / "image.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir)},
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "podman is not installed (apt-get install podman debootstrap)" in done.stderr

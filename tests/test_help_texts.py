@@ -37,3 +37,51 @@ def test_an_examples_help_shows_every_default_and_the_environment_it_reads(examp
     assert "x-luftpause-caller of every turn (default: examples)" in shown
     assert "the agent's task (default: 'Find out what luftpause does and answer in one sentence.')" in shown
     assert "$LUFTPAUSE_BASE_URL" in shown
+
+
+@pytest.mark.parametrize("process", ["scheduler", "dataplane", "runtime"])
+def test_a_process_help_lists_every_setting_it_reads_with_its_default_variable_and_flag(process: str) -> None:
+    """Generated from the typed configuration: a key another branch adds is checked here too."""
+    from luftpause import settings
+    from luftpause.cli import SETTING_FLAGS
+    from luftpause.config import READ_BY, Config
+
+    shown = help_of("-m", "luftpause", process)
+    assert (
+        "a flag beats its environment variable, which beats the --config file, which beats the default"
+        in shown
+    )
+    flags = {tuple(dotted.split(".")) for dotted in SETTING_FLAGS[process]}
+    tables, arrays = settings.tables(Config), settings.arrays_of_tables(Config)
+    for part in READ_BY[process]:
+        table, _, only = part.partition(".")
+        model = tables.get(table) or arrays[table]
+        assert (f"[{table}]" if table in tables else f"[[{table}]] (file only)") in shown
+        for key, info in model.model_fields.items():
+            if only and key != only:
+                continue
+            sub = settings.sub_table(info) if table in tables else None
+            if sub is not None:  # a sub-table ([dataplane.limits]): a head, then each of its keys
+                unset = " (unset)" if info.default is None else ""
+                assert f"[{table}.{key}]{unset} {settings.plain_description(info)}" in shown
+                for sub_key, sub_info in sub.model_fields.items():
+                    line = f"{key}.{sub_key} {settings.default_text(sub_info)}"
+                    line += f" ${settings.env_name((table, key, sub_key))}"
+                    assert f"{line} {settings.plain_description(sub_info)}" in shown
+                continue
+            line = f"{key} {settings.default_text(info)}"
+            if table in tables:
+                flag = f" {settings.flag_name(key)}" if (table, key) in flags else ""
+                line += f"{flag} ${settings.env_name((table, key))}"
+            assert f"{line} {settings.plain_description(info)}" in shown
+
+
+def test_the_setting_flags_say_what_they_override_and_their_default() -> None:
+    shown = help_of("-m", "luftpause", "dataplane")
+    assert (
+        "--listen LISTEN [dataplane] listen, over $LUFTPAUSE_DATAPLANE__LISTEN and the file "
+        "(default: '127.0.0.1:8080')"
+    ) in shown
+    shown = help_of("-m", "luftpause", "runtime")
+    assert "--state-dir STATE_DIR [runtime] state_dir, over $LUFTPAUSE_RUNTIME__STATE_DIR" in shown
+    assert "[[mcp_servers]] (file only)" in shown and "[scheduler] http = '127.0.0.1:5001'" in shown

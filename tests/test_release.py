@@ -1,10 +1,12 @@
 """``tools/release.sh`` in a throwaway git repository holding a copy of it, with a bare repository
-in a temporary directory as its ``origin`` and a recording ``docker`` on ``PATH``.
+in a temporary directory as its ``origin``, a recording ``docker`` on ``PATH`` and a recording
+``tools/dist.sh`` beside the script.
 
 A dry run prints the commands a release would run; the checks (version shape, clean tree, version
 matching ``pyproject.toml``, tag not yet taken here or on the remote) run as in a real release. A
-real release runs against the fake ``docker``, which appends each call to a file, so the order of
-git tag and image pushes is observed.
+real release runs against the fake ``docker`` and ``tools/dist.sh``, which append each call to one
+file, so the order of git tag, package build and image pushes is observed. The real
+``tools/dist.sh`` (sdist, manylinux wheel, twine check) is run by tests/test_packaging.py.
 """
 
 from __future__ import annotations
@@ -46,13 +48,29 @@ def remote(tmp_path: Path) -> Path:
     return path
 
 
+def recorder(path: Path, calls: Path, fail: Path, name: str) -> None:
+    """An executable at ``path`` appending ``name`` and its arguments (shell-quoted, one call a
+    line) to ``calls``; it fails when ``fail`` exists."""
+    path.write_text(
+        "#!/usr/bin/env bash\n"
+        f'printf "%q " {shlex.quote(name)} "$@" >> {shlex.quote(str(calls))}\n'
+        f"echo >> {shlex.quote(str(calls))}\n"
+        f"[[ ! -e {shlex.quote(str(fail))} ]]\n"
+    )
+    path.chmod(0o755)
+
+
 @pytest.fixture
 def repo(tmp_path: Path, remote: Path) -> Path:
-    """A git repository holding ``tools/release.sh`` and ``pyproject.toml`` at 1.2.3; clean tree,
-    ``origin`` is :func:`remote`."""
+    """A git repository holding ``tools/release.sh``, a fake ``tools/dist.sh`` (recording into
+    ``bin/calls`` beside the repository, failing when ``bin/dist-fail`` exists) and
+    ``pyproject.toml`` at 1.2.3; clean tree, ``origin`` is :func:`remote`."""
     path = tmp_path / "repo"
     (path / "tools").mkdir(parents=True)
     shutil.copy(SCRIPT, path / "tools" / "release.sh")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    recorder(path / "tools" / "dist.sh", bin_dir / "calls", bin_dir / "dist-fail", "tools/dist.sh")
     git(path, "init", "-q")
     git(path, "add", ".")
     git(path, "commit", "-q", "-m", "one")
@@ -67,15 +85,8 @@ def docker(tmp_path: Path) -> Path:
     """A directory with a fake ``docker`` that appends its arguments (one call a line, shell-quoted)
     to ``calls`` beside it; it fails when the file ``fail`` exists there."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "docker"
-    fake.write_text(
-        "#!/usr/bin/env bash\n"
-        f'printf "%q " docker "$@" >> {shlex.quote(str(bin_dir / "calls"))}\n'
-        f"echo >> {shlex.quote(str(bin_dir / 'calls'))}\n"
-        f"[[ ! -e {shlex.quote(str(bin_dir / 'fail'))} ]]\n"
-    )
-    fake.chmod(0o755)
+    bin_dir.mkdir(exist_ok=True)
+    recorder(bin_dir / "docker", bin_dir / "calls", bin_dir / "fail", "docker")
     return bin_dir
 
 
@@ -110,14 +121,15 @@ def test_dry_run_prints_tag_build_push_in_order(repo: Path) -> None:
     printed = commands(result.stdout)
     revision = git(repo, "rev-parse", "HEAD")
     assert printed[0] == ["git", "tag", "--annotate", "v1.2.3", "--message", "luftpause v1.2.3"]
-    build = printed[1]
+    assert printed[1] == ["tools/dist.sh", "dist/v1.2.3"]  # sdist and wheel, from the tagged tree
+    build = printed[2]
     assert build[:2] == ["docker", "build"] and build[-1] == "."
     assert f"org.opencontainers.image.revision={revision}" in build
     assert [build[i + 1] for i, arg in enumerate(build) if arg == "--tag"] == [
         f"{IMAGE}:v1.2.3",
         f"{IMAGE}:latest",
     ]
-    assert printed[2:] == [
+    assert printed[3:] == [
         ["git", "push", "origin", "refs/tags/v1.2.3"],
         ["docker", "push", f"{IMAGE}:v1.2.3"],
         ["docker", "push", f"{IMAGE}:latest"],
@@ -153,8 +165,11 @@ def test_a_real_release_pushes_the_git_tag_before_any_image(repo: Path, remote: 
     assert git(repo, "tag") == "v1.2.3" and remote_tags(remote) == ["v1.2.3"]
     assert git(remote, "rev-parse", "v1.2.3^{commit}") == git(repo, "rev-parse", "HEAD")
     calls = docker_calls(docker)
-    assert [c[:2] for c in calls] == [["docker", "build"], ["docker", "push"], ["docker", "push"]]
-    assert [c[2] for c in calls[1:]] == [f"{IMAGE}:v1.2.3", f"{IMAGE}:latest"]
+    assert calls[0] == ["tools/dist.sh", "dist/v1.2.3"]
+    assert [c[:2] for c in calls[1:]] == [["docker", "build"], ["docker", "push"], ["docker", "push"]]
+    assert [c[2] for c in calls[2:]] == [f"{IMAGE}:v1.2.3", f"{IMAGE}:latest"]
+    # Uploading to the package index is left to the person releasing, told how at the end.
+    assert result.stderr.splitlines()[-1].endswith("twine upload dist/v1.2.3/*")
 
 
 def test_a_failed_build_takes_the_local_tag_back_and_pushes_nothing(
@@ -166,7 +181,19 @@ def test_a_failed_build_takes_the_local_tag_back_and_pushes_nothing(
     assert result.returncode != 0
     assert "local tag v1.2.3 removed" in result.stderr
     assert git(repo, "tag") == "" and remote_tags(remote) == []
-    assert [c[:2] for c in docker_calls(docker)] == [["docker", "build"]]
+    assert [c[:2] for c in docker_calls(docker)] == [["tools/dist.sh", "dist/v1.2.3"], ["docker", "build"]]
+
+
+def test_a_failed_dist_build_takes_the_local_tag_back_and_builds_no_image(
+    repo: Path, remote: Path, docker: Path
+) -> None:
+    (docker / "dist-fail").touch()
+    path = f"{docker}{os.pathsep}{os.environ['PATH']}"
+    result = release(repo, "v1.2.3", DRY_RUN="0", PATH=path)
+    assert result.returncode != 0
+    assert "local tag v1.2.3 removed" in result.stderr
+    assert git(repo, "tag") == "" and remote_tags(remote) == []
+    assert docker_calls(docker) == [["tools/dist.sh", "dist/v1.2.3"]]
 
 
 def test_a_tag_only_on_the_remote_is_refused(repo: Path, remote: Path, docker: Path) -> None:

@@ -42,6 +42,7 @@ from luftpause.scheduler.core import (
     snapshot,
 )
 from luftpause.scheduler.core.policies import abandoned
+from luftpause.scheduler.core.policies.pause_hold import PauseHold
 
 # -- builders ---------------------------------------------------------------------------------------
 
@@ -1605,6 +1606,7 @@ def _runs_in_full(state: State) -> list[tuple[object, ...]]:
 def test_single_pass_turns_never_change_any_run() -> None:
     """No field of any run moves, nor the runs' order, on any event about a single-pass turn."""
     state = make_state([("a", ["m"], 2), ("s", ["m"], 1, "single_pass")])
+    state.pause_hold = PauseHold(mode="pause")  # r2's slot outlives the 600 s tick (no TTL here)
     feed(
         state,
         [

@@ -28,10 +28,19 @@ otherwise):
 * a turn of a run that is generating or tool-paused is placed only on the run's last replica
   while that replica is healthy (affinity never broken to a healthy replica);
 * a held turn never waits while a healthy replica it may use has room for its class (headroom:
-  one slot per interactive run tool-paused there is kept from batch turns), and no batch turn is
-  placed into a kept slot (checked at each ``Place`` of a batch turn);
+  one slot per interactive run tool-paused there is kept from batch turns while its pause is within
+  its hold), and no batch turn is placed into a kept slot (checked at each ``Place`` of a batch
+  turn);
+* the pause hold (:mod:`luftpause.scheduler.core.policies.pause_hold`): the machine keeps its own
+  record of when each run's pause began, of the pauses each run and each caller showed (a pause
+  ends with the arrival of the run's next turn), and so of each pause's TTL; after every step a
+  replica keeps a slot for exactly the interactive runs paused there whose hold has not ended at the
+  last tick (a session cut off in a tool call gives its slot back once its pause outlives its TTL);
 * no interactive turn is held while a batch turn is placed on a replica it could use (checked at
   each ``Place`` of a batch turn, that being the moment it could happen);
+* the run order: a held turn placed goes before every turn still held of its class and caller that
+  could use the same replica (by the rank the core gave each, its run's start by default, then
+  arrival; checked at each ``Place`` of a held turn);
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
   long as its tombstone lives (120 s, dropped by the next tick);
 * after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight;
@@ -90,7 +99,7 @@ from luftpause.scheduler.core import (
     snapshot,
 )
 from luftpause.scheduler.core.held import queues_served_by
-from luftpause.scheduler.core.policies import engine_load
+from luftpause.scheduler.core.policies import engine_load, pause_hold
 
 HOLD_S = 1.0  # the startup hold (rule 15), short enough that most sequences outlive it
 
@@ -189,6 +198,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.dp_leases: dict[str, dict[str, list[int]]] = {name: {} for name in DATAPLANES}
         self.crossing: set[str] = set()  # turns placed under a lease withdrawn before they were reported
         self.crossings = 0
+        # the pause hold, as the machine reads it: per run, when its pause began, when its hold
+        # ends (None: never), whether it ended or the run came back; the pauses seen per run/caller
+        self.pause: dict[str, tuple[float, float | None]] = {}
+        self.hold_over: set[str] = set()
+        self.returned: set[str] = set()
+        self.run_pauses: dict[str, list[float]] = {}
+        self.caller_pauses: dict[str, list[float]] = {}
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -196,7 +212,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Every field of every run, in the order of ``state.runs``."""
         return [
             (r.run_id, r.phase, r.last_replica, r.service_class, r.caller, r.last_activity,
-             sorted(r.turns), r.latest_turn, r.reserved_on)
+             sorted(r.turns), r.latest_turn, r.reserved_on, r.paused_at, r.hold_until, r.hold_expired,
+             r.returned, list(r.pauses), r.order, r.attained_s)
             for r in self.state.runs.values()
         ]  # fmt: skip
 
@@ -231,6 +248,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         placed_at = {turn_id: placed.placed_at for turn_id, placed in self.state.placed.items()}
         before = list(placed_at)
         runs_before = self.runs_in_full() if self.about_single_pass(event) else None
+        held_keys = {t.turn_id: (t.rank, t.seq) for t in self.state.held}
+        if self.brings_a_turn_back(event):
+            self.came_back(event.run_id, event.at)  # type: ignore[union-attr]
         if isinstance(event, Resynced | DataplaneLost):
             # the dataplane's old stream is gone, with the leases on it and what was on the wire
             dataplane = event.dataplane_id
@@ -241,6 +261,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             if isinstance(event, Resynced) and event.takes_leases:
                 self.lessees.add(dataplane)
         self.state, actions = decide(self.state, event)
+        if isinstance(event, Tick):
+            for run_id, (_, until) in self.pause.items():
+                if until is not None and event.at >= until:
+                    self.hold_over.add(run_id)
         assert self.hold_until is not None
         if isinstance(event, Resynced) and (event.runs or event.turns) and event.at < self.hold_until:
             self.holding = True  # a resync that shows a restart, inside the hold's window
@@ -273,6 +297,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert action.turn_id in {turn.turn_id for turn in event.turns}
             if isinstance(action, Place):
                 self.on_place(action)
+                if action.turn_id in held_keys and not isinstance(event, Resynced):
+                    self.placed_in_run_order(action, held_keys[action.turn_id])
                 replica = self.state.replicas[action.replica]
                 assert replica.inflight <= self.capacity(replica.name), f"{replica.name} over capacity"
                 if action.turn_id in self.batch:
@@ -307,6 +333,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                     holding[:] = [0, action.epoch]
                 self.wire[action.dataplane_id].append(action)
             elif isinstance(action, Forget):
+                self.end_pause(action.run_id)
+                self.run_pauses.pop(action.run_id, None)
                 self.shadow.pop(action.run_id, None)
                 self.latest.pop(action.run_id, None)
                 self.orphans.update(
@@ -331,6 +359,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if phase in ("generating", "tool_paused") and last in SERVING[model] and self.healthy[last]:
             assert action.replica == last, f"affinity broken: {run_id} on {last}, not {action.replica}"
         self.placed_on[turn_id] = action.replica
+        self.end_pause(run_id)
         self.shadow[run_id] = ("generating", action.replica)
         self.latest[run_id] = turn_id
 
@@ -355,16 +384,80 @@ class SchedulerMachine(RuleBasedStateMachine):
         return cap if learned is None else min(cap, learned)
 
     def kept(self, name: str) -> int:
-        """Slots of ``name`` kept from batch turns: interactive runs tool-paused there."""
-        return sum(
-            1
+        """Slots of ``name`` kept from batch turns: interactive runs tool-paused there, within their
+        hold."""
+        return len(self.expected_reserved(name))
+
+    def expected_reserved(self, name: str) -> set[str]:
+        """The interactive runs tool-paused at ``name`` whose pause hold has not ended."""
+        return {
+            run.run_id
             for run in self.state.runs.values()
-            if run.phase == "tool_paused" and run.last_replica == name and run.service_class == "interactive"
+            if run.phase == "tool_paused"
+            and run.last_replica == name
+            and run.service_class == "interactive"
+            and run.run_id not in self.hold_over
+        }
+
+    # -- the pause hold, as the machine reads it --------------------------------------------------------
+
+    def begin_pause(self, run_id: str) -> None:
+        """``run_id`` enters ``tool_paused`` now: its hold's TTL from the pauses seen so far."""
+        run = self.state.runs.get(run_id)
+        caller = run.caller if run is not None else ""
+        ttl = pause_hold.ttl(
+            self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, [])
         )
+        self.pause[run_id] = (self.now, None if ttl is None else self.now + ttl)
+
+    def end_pause(self, run_id: str) -> None:
+        self.pause.pop(run_id, None)
+        self.hold_over.discard(run_id)
+        self.returned.discard(run_id)
+
+    def brings_a_turn_back(self, event: Event) -> bool:
+        """``event`` is a new generative turn of a known model (a run's next turn, for the core)."""
+        if isinstance(event, LeasedTurnPlaced):
+            return event.turn_id not in self.state.placed and event.turn_id not in self.state.held
+        if not isinstance(event, TurnArrived) or event.single_pass or event.model not in SERVING:
+            return False
+        turn_id = event.turn_id
+        return (
+            turn_id not in self.state.placed
+            and turn_id not in self.state.held
+            and (turn_id not in self.state.tombstones)
+        )
+
+    def came_back(self, run_id: str, at: float) -> None:
+        """A turn of ``run_id`` arrived: the first since its pause began ends that pause's length."""
+        if run_id not in self.pause or run_id in self.returned:
+            return
+        self.returned.add(run_id)
+        started, _ = self.pause[run_id]
+        run = self.state.runs[run_id]
+        for history in (
+            self.run_pauses.setdefault(run_id, []),
+            self.caller_pauses.setdefault(run.caller, []),
+        ):
+            history.append(max(0.0, at - started))
+            del history[: max(0, len(history) - pause_hold.HISTORY)]
 
     def room(self, name: str, batch: bool) -> bool:
         replica = self.state.replicas[name]
         return replica.inflight < self.capacity(name) - (self.kept(name) if batch else 0)
+
+    def placed_in_run_order(self, action: Place, key: tuple[float, int]) -> None:
+        """The run order: a held turn placed on a replica goes before every turn still held of its
+        class and caller that could use that replica (their rank, then arrival, is larger)."""
+        cls = "batch" if action.turn_id in self.batch else "interactive"
+        for turn in self.state.held:
+            if (
+                ("batch" if turn.turn_id in self.batch else "interactive") == cls
+                and self.callers[turn.turn_id] == self.callers[action.turn_id]
+                and (turn.turn_id in self.single) == (action.turn_id in self.single)
+                and action.replica in self.usable(turn.turn_id)
+            ):
+                assert key < (turn.rank, turn.seq), f"{action.turn_id} placed before {turn.turn_id}"
 
     def batch_took_no_kept_slot(self, action: Place, later: list[Action]) -> None:
         """Headroom: placing a batch turn left its replica within its capacity less the kept slots.
@@ -391,6 +484,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if turn_id in self.orphans or turn_id in self.single:
             return
         if run_id in self.shadow and self.latest.get(run_id) in (None, turn_id):
+            self.end_pause(run_id)
+            if phase == "tool_paused":
+                self.begin_pause(run_id)
             self.shadow[run_id] = (phase, self.placed_on[turn_id])
             self.latest.pop(run_id, None)
 
@@ -733,6 +829,28 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.ended.add(turn_id)
                 assert answers(self.feed(TurnAbandoned(turn_id, self.now))) == []
 
+    @precondition(lambda self: any(p.service_class == "interactive" for p in self.state.placed.values()))
+    @rule(pick=st.integers(0, 1000), after=st.sampled_from([0.5, 1.0, 10.0, 30.0, 120.0]))
+    def session_cut_off_in_a_tool_call(self, pick: int, after: float) -> None:
+        """An interactive turn ends asking for a tool and its session never sends the next turn (a
+        harness's turn limit): ticks go on; once the pause outlives its hold the slot is back."""
+        interactive = sorted(t for t, p in self.state.placed.items() if p.service_class == "interactive")
+        turn_id = interactive[pick % len(interactive)]
+        run_id = self.turns[turn_id][0]
+        self.now += 1.0
+        self.end_placed(turn_id, "tool_paused")
+        self.feed(TurnFinished(turn_id, self.now, "tool_calls", True, 10, 5))
+        self.now += after
+        self.last_tick = self.now
+        self.feed(Tick(self.now))
+        pause = self.pause.get(run_id)
+        if pause is not None:
+            held = any(run_id in r.reserved_for for r in self.state.replicas.values())
+            over = pause[1] is not None and self.now >= pause[1]
+            event(f"cut-off session: hold {'over' if over else 'running'}, slot {'kept' if held else 'free'}")
+            if over:
+                assert not held, f"{run_id} still keeps a slot {self.now - pause[0]:.1f} s into its pause"
+
     @precondition(lambda self: len(self.lost) < len(DATAPLANES))
     @rule(pick=st.integers(0, 1))
     def lessee_connects(self, pick: int) -> None:
@@ -819,6 +937,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.crossings += 1
         else:
             scheduler_side[0] -= 1  # type: ignore[index]
+        self.came_back(run, self.now)  # before on_place ends its pause: the core sees it arrive first
         self.on_place(Place(turn_id, choice), crossed)
         cls: ServiceClass = "batch" if batch else "interactive"
         event(f"leased placement: {'crossed' if crossed else 'under its lease'}")
@@ -950,16 +1069,13 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert not self.room(name, batch), f"{turn.turn_id} held while {name} has room"
 
     @invariant()
-    def headroom_matches_paused_interactive_runs(self) -> None:
+    def headroom_matches_paused_interactive_runs_within_their_hold(self) -> None:
         for name, replica in self.state.replicas.items():
-            paused = {
-                run.run_id
-                for run in self.state.runs.values()
-                if run.phase == "tool_paused"
-                and run.last_replica == name
-                and run.service_class == "interactive"
-            }
-            assert replica.reserved_for == paused
+            assert replica.reserved_for == self.expected_reserved(name)
+        for run_id, (started, until) in self.pause.items():
+            run = self.state.runs[run_id]
+            assert (run.paused_at, run.hold_until) == (started, until), f"{run_id}'s pause and hold"
+            assert run.hold_expired == (run_id in self.hold_over)
 
 
 # 400 sequences by default (about 10 s here); ``--hypothesis-profile=thorough`` (tests/conftest.py)

@@ -22,7 +22,7 @@ import pytest
 from luftpause.cli import main
 from luftpause.config import EMBEDDED_DEFAULT, load_config, parse_config
 from luftpause.testkit.procs import ChildProcess, free_port, port_open
-from luftpause.up import address_mismatches, banner, busy_message, plan
+from luftpause.up import address_mismatches, banner, busy_message, pages, plan
 
 pytestmark = pytest.mark.integration
 
@@ -104,15 +104,32 @@ def test_the_banner_and_readiness_probes_use_urls_that_reach_each_listen(tmp_pat
     )
     config = load_config(path)
     printed = banner(config, tmp_path)
-    assert "OpenAI base_url   http://[::1]:41580/v1" in printed
-    assert "MCP endpoint      http://[::1]:41590/mcp" in printed
-    assert "scheduler status  http://127.0.0.1:41571/status" in printed
+    assert "OpenAI base_url   http://[::1]:41580/v1\n" in printed
+    assert "MCP endpoint      http://[::1]:41590/mcp\n" in printed
+    assert "scheduler page    http://127.0.0.1:41571/?runtime=http://%5B::1%5D:41590\n" in printed
+    assert "scheduler status  http://127.0.0.1:41571/status\n" in printed
+    assert "runtime monitor   http://[::1]:41590/monitor\n" in printed
+    assert "dataplane metrics http://[::1]:41580/metrics\n" in printed
     probes = {c.name: c.ready_url for c in plan(config, tmp_path)}
     assert probes == {
         "scheduler": "http://127.0.0.1:41571/health",
         "dataplane": "http://[::1]:41580/health",
         "runtime": "http://[::1]:41590/health",
     }
+
+
+def test_the_banner_names_every_page_and_where_the_token_goes_only_when_it_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
+    config = load_config(None)
+    assert "token" not in banner(config, tmp_path)
+    printed = banner(config, tmp_path, token_set=True)
+    for url in (dict(pages(config))[what] for what in ("scheduler page", "runtime monitor")):
+        assert url in printed
+    assert "LUFTPAUSE_TOKEN is set: /v1, /mcp and the runtime's /status need" in printed
+    assert "http://127.0.0.1:5001/?runtime=http://127.0.0.1:7000&token=$LUFTPAUSE_TOKEN\n" in printed
+    assert "http://127.0.0.1:7000/monitor?token=$LUFTPAUSE_TOKEN\n" in printed
 
 
 def test_print_config_prints_the_embedded_default_and_starts_nothing(
@@ -139,6 +156,17 @@ def test_print_config_prints_the_file_up_would_use_as_written(
         monkeypatch.setenv("LUFTPAUSE_CONFIG", str(path))
     assert main(["up", *(["--config", str(path)] if given == "--config" else []), "--print-config"]) == 0
     assert capsys.readouterr().out == text + "\n"
+
+
+def test_print_config_says_which_variables_override_the_text_it_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
+    monkeypatch.setenv("LUFTPAUSE_DATAPLANE__LISTEN", "127.0.0.1:18080")
+    assert main(["up", "--print-config"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.strip() == EMBEDDED_DEFAULT.strip()
+    assert printed.err == "luftpause up: the environment overrides this text: LUFTPAUSE_DATAPLANE__LISTEN\n"
 
 
 def test_print_config_refuses_a_bad_file_as_up_would(
@@ -271,6 +299,12 @@ def test_up_prints_the_urls_once_ready_and_ctrl_c_stops_every_child(
     printed = _read_until(up, b"Ctrl-C stops everything")
     assert f"http://127.0.0.1:{ports['dataplane']}/v1".encode() in printed
     assert f"http://127.0.0.1:{ports['runtime']}/mcp".encode() in printed
+    # Every page it prints answers (the API endpoints want a POST or a path below them).
+    urls = [url for what, url in pages(load_config(path)) if what not in ("OpenAI base_url", "MCP endpoint")]
+    for url in (u for line in urls for u in line.split()):
+        assert url.encode() in printed
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200, url
     assert all(port_open("127.0.0.1", p) for p in ports.values())
     up.send_signal(signal.SIGINT)
     assert _wait_exit(up) == 0
@@ -278,8 +312,13 @@ def test_up_prints_the_urls_once_ready_and_ctrl_c_stops_every_child(
     assert _pids_with(str(path)) == []
 
 
-def test_the_readme_recipe_moves_every_port_and_keeps_the_simulated_pool(tmp_path: Path) -> None:
-    """``up --print-config``, every address moved, ``up --config FILE --simulate``."""
+@pytest.mark.parametrize("variables", [False, True], ids=["file", "and-variables"])
+def test_the_readme_recipe_moves_every_port_and_keeps_the_simulated_pool(
+    tmp_path: Path, variables: bool
+) -> None:
+    """``up --print-config``, every address moved, ``up --config FILE --simulate``; ``and-variables``:
+    the dataplane's pair moved once more by its environment variables, which ``up`` and the
+    children it starts read alike."""
     text = subprocess.run(
         [sys.executable, "-m", "luftpause", "up", "--print-config"],
         capture_output=True,
@@ -295,23 +334,36 @@ def test_the_readme_recipe_moves_every_port_and_keeps_the_simulated_pool(tmp_pat
     config = load_config(path)
     urls = [*(r.url for r in config.replicas), *(s.url for s in config.mcp_servers if s.url)]
     pool = [urlsplit(url).port or 0 for url in urls]  # two simulated engines and the fake MCP server
+    listen, env = config.dataplane.listen, dict(os.environ)
+    if variables:
+        listen = f"127.0.0.1:{free_port()}"
+        env |= {"LUFTPAUSE_DATAPLANE__LISTEN": listen, "LUFTPAUSE_RUNTIME__DATAPLANE": f"http://{listen}"}
     up = subprocess.Popen(
         [sys.executable, "-m", "luftpause", "up", "--config", str(path), "--simulate"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env=env,
     )
     try:
         printed = _read_until(up, b"Ctrl-C stops everything")
         assert b"luftpause is up (simulated engines)" in printed
-        assert f"OpenAI base_url   http://{config.dataplane.listen}/v1".encode() in printed
+        assert f"OpenAI base_url   http://{listen}/v1".encode() in printed
+        with urllib.request.urlopen(f"http://{listen}/health", timeout=10) as response:
+            assert response.status == 200
+        assert port_open("127.0.0.1", int(listen.rsplit(":", 1)[1]))
+        assert port_open("127.0.0.1", int(config.dataplane.listen.rsplit(":", 1)[1])) is not variables
         assert len(pool) == 3 and all(port_open("127.0.0.1", port) for port in pool)
         up.send_signal(signal.SIGINT)
         assert _wait_exit(up) == 0
         assert not any(port_open("127.0.0.1", port) for port in pool)
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+        if up.poll() is None:  # a failed check: up stops the pool it started (a kill would orphan it)
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
         if up.stdout is not None:
             up.stdout.close()
         for pid in _pids_with(str(path)):

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Release luftpause: tag the commit in git, build the image from it, push the git tag, then push
-# the image tagged with the version (and `latest` when this is the newest release).
+# Release luftpause: tag the commit in git, build the sdist and the manylinux wheel from it and
+# check them (tools/dist.sh, into dist/vX.Y.Z/), build the image, push the git tag, then push the
+# image tagged with the version (and `latest` when this is the newest release). Uploading the sdist
+# and wheel to the package index stays a manual step: the last line printed says how
+# (twine upload dist/vX.Y.Z/*, with your own index token).
 #
 #   tools/release.sh vX.Y.Z
 #
@@ -14,10 +17,11 @@
 #              checks still run. Unset, empty, 0 (or false/no/off): a real release. Any other
 #              value is refused (exit 2), so a typo never publishes.
 #   REMOTE     the git remote the tag is pushed to and checked against (default origin)
+#   PYTHON     the interpreter tools/dist.sh builds the wheel with (default .venv/bin/python)
 #
 # Order, so that a failure never leaves an image without its tag: the local git tag is created
-# first (removed again if the build fails), the git tag is pushed before any image (the push
-# fails if someone else took the version meanwhile), then the images. `latest` moves only when
+# first (removed again if the dist or the image build fails), the git tag is pushed before any
+# image (the push fails if someone else took the version meanwhile), then the images. `latest` moves only when
 # the version is newer than every vX.Y.Z tag already on the remote or here.
 #
 # Refuses (exit 2) a version that is not vX.Y.Z or an unknown DRY_RUN, and (exit 1) a working tree
@@ -139,6 +143,7 @@ untag() {
     fi
 }
 trap untag ERR
+run tools/dist.sh "dist/$version"
 run docker build \
     --label "org.opencontainers.image.version=$version" \
     --label "org.opencontainers.image.revision=$revision" \
@@ -150,3 +155,5 @@ run docker push "$image:$version"
 if ((move_latest)); then
     run docker push "$image:latest"
 fi
+echo "release: $version is out; upload its sdist and wheel to the package index yourself:" \
+    "twine upload dist/$version/*" >&2

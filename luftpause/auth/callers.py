@@ -223,7 +223,7 @@ def parse_keys_file(text: str, source: str) -> list[tuple[bytes, Identity]]:
     try:
         parsed = _KeysFile.model_validate(arrays_as_tuples(data))
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_error(exc)}") from None
+        raise ConfigError(describe_error(exc, source)) from None
     return _entries(parsed.keys, source)
 
 
@@ -239,7 +239,7 @@ def parse_keys_env(text: str) -> list[tuple[bytes, Identity]]:
     try:
         parsed = _KeysFile.model_validate({"keys": arrays_as_tuples(data)})
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {describe_error(exc)}") from None
+        raise ConfigError(describe_error(exc, where)) from None
     return _entries(parsed.keys, where)
 
 

@@ -40,9 +40,9 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import grpc.aio
 import orjson
 
@@ -52,7 +52,16 @@ from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.config import Config, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
-from luftpause.dataplane.asgi import Exchange, Receive, Scope, Send, StreamBroken
+from luftpause.dataplane.asgi import (
+    WATCH_AFTER_S,
+    ClientGone,
+    Exchange,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    StreamBroken,
+)
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
@@ -66,9 +75,11 @@ from luftpause.dataplane.errors import (
 )
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import RUN_ID_HEADER, Relay, Turn, new_id
+from luftpause.dataplane.relay import Relay
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
+from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id
+from luftpause.dataplane.upstream import Upstream
 from luftpause.orphans import exit_with_parent
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
 from luftpause.v1 import scheduler_pb2 as pb
@@ -78,7 +89,6 @@ log = logging.getLogger("luftpause.dataplane")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 CALLER_MAX_BYTES = 128
 RUN_ID_MAX_BYTES = 256
-ENGINE_CONNECT_TIMEOUT_S = 2.0
 ENGINE_READ_TIMEOUT_ENV = "LUFTPAUSE_ENGINE_READ_TIMEOUT_S"
 """Overrides the engine read timeout (seconds), for tests; by default the scheduler's turn expiry."""
 PRUNE_EVERY_S = 60.0
@@ -88,11 +98,13 @@ MAX_ENDED_RUNS = 100_000
 DECIDE_PATH = "/v1/decide"
 
 _CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
-_JSON = [("content-type", "application/json")]
-
-
-class _ClientGone(Exception):
-    """The client went away before its answer began; there is nobody to answer."""
+_JSON: Headers = [(b"content-type", b"application/json")]
+_RUN_ID = RUN_ID_HEADER.encode()
+_METRICS_HEAD: Headers = [(b"content-type", METRICS_CONTENT_TYPE.encode())]
+_CALLER = b"x-luftpause-caller"
+_CLASS = b"x-luftpause-class"
+_TRACEPARENT = b"traceparent"
+_TRACESTATE = b"tracestate"
 
 
 def _acceptable_run_id(value: str | None) -> bool:
@@ -103,7 +115,7 @@ def _acceptable_run_id(value: str | None) -> bool:
 def _client_run_id(exchange: Exchange) -> str | None:
     """The client's own ``x-luftpause-run-id``, when it is one we would accept, for error answers."""
     try:
-        value = exchange.header(RUN_ID_HEADER)
+        value = exchange.header(_RUN_ID)
     except BadRequest:
         return None
     return value if _acceptable_run_id(value) else None
@@ -149,7 +161,8 @@ class Dataplane:
                 ],
             }
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
+        self._replicas = {replica.name: replica for replica in config.replicas}
         self._relay: Relay | None = None
         self._held = 0  # turns whose Admit is out
         self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, taken once in startup()
@@ -196,10 +209,9 @@ class Dataplane:
         # for as long as the scheduler keeps a placed turn (TURN_EXPIRY_S) has failed the turn:
         # the scheduler has dropped it by then, so it is answered 502 (or its stream is broken).
         read_timeout = float(os.environ.get(ENGINE_READ_TIMEOUT_ENV) or TURN_EXPIRY_S)
-        timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S, sock_read=read_timeout)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)  # engines close idle at 5 s
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        self._relay = Relay(self._session, self.link, self.runs, self.metrics, self.tool_calls)
+        self._upstream = Upstream(read_timeout)
+        self._upstream.start()
+        self._relay = Relay(self._upstream, self.link, self.runs, self.metrics, self.tool_calls)
         self._prune_task = self._loop.create_task(self._prune_forever())
         await self.link.start()
 
@@ -224,8 +236,8 @@ class Dataplane:
             except asyncio.CancelledError:
                 pass
         await self.link.close()
-        if self._session is not None:
-            await self._session.close()
+        if self._upstream is not None:
+            await self._upstream.close()
 
     # --- routing ---------------------------------------------------------------------------------
 
@@ -237,13 +249,13 @@ class Dataplane:
                 raise StreamBroken(str(exc)) from None  # cannot happen by design; never a clean end
             if exc.run_id is None and exchange.path != DECIDE_PATH:
                 exc.run_id = _client_run_id(exchange)
-            headers = _JSON if exc.run_id is None else [*_JSON, (RUN_ID_HEADER, exc.run_id)]
+            headers = _JSON if exc.run_id is None else [*_JSON, (_RUN_ID, exc.run_id.encode())]
             if isinstance(exc, MethodNotAllowed):
-                headers = [*headers, ("allow", exc.allow)]
+                headers = [*headers, (b"allow", exc.allow.encode())]
             elif isinstance(exc, Unauthorized):
-                headers = [*headers, ("www-authenticate", exc.challenge)]
+                headers = [*headers, (b"www-authenticate", exc.challenge.encode())]
             await exchange.respond(exc.status, headers, exc.body())
-        except _ClientGone:
+        except ClientGone:
             pass
         except StreamBroken:
             raise  # granian aborts the connection: the client sees its stream broken
@@ -272,7 +284,7 @@ class Dataplane:
             return
         if path == "/metrics":
             _allow(path, method, "GET", "HEAD")
-            await exchange.respond(200, [("content-type", METRICS_CONTENT_TYPE)], self.metrics.exposition())
+            await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition())
             return
         if not path.startswith("/v1/"):
             raise NotFound(f"no route {method} {path}")
@@ -299,12 +311,12 @@ class Dataplane:
             if len(ended) > MAX_ENDED_RUNS:
                 del ended[next(iter(ended))]
             self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
-            await exchange.respond(204, [(RUN_ID_HEADER, run_id)])
+            await exchange.respond(204, [(_RUN_ID, run_id.encode())])
         else:
             raise NotFound(f"no route {method} {path}")
 
     def _authorize(self, exchange: Exchange) -> None:
-        if not self.access.allows(exchange.headers.get("authorization")):
+        if not self.access.allows(exchange.headers.get(b"authorization")):
             raise Unauthorized(self.access.refusal())
 
     def _who(self, exchange: Exchange) -> tuple[int, str]:
@@ -312,12 +324,12 @@ class Dataplane:
         ``x-luftpause-caller`` (cut to ``CALLER_MAX_BYTES``); with caller keys, the key's caller
         narrowed by the header and a class the key may use (absent: its first), 403 otherwise
         (:mod:`luftpause.auth.callers`). :class:`BadRequest` for a class that is neither."""
-        class_name = exchange.header("x-luftpause-class")
+        class_name = exchange.header(_CLASS)
         if class_name is not None and class_name not in _CLASSES:
             raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
         try:
             class_name, caller = self.access.resolve(
-                exchange.headers.get("authorization"), class_name, exchange.header("x-luftpause-caller")
+                exchange.headers.get(b"authorization"), class_name, exchange.header(_CALLER)
             )
         except CallerRefused as exc:
             raise (Unauthorized if exc.status == 401 else Forbidden)(str(exc)) from None
@@ -329,31 +341,10 @@ class Dataplane:
         """The request body, refused with 413 as soon as it passes ``MAX_BODY_BYTES``, and with 415
         before it is read when it comes encoded (see :func:`_refuse_encoded_body`)."""
         _refuse_encoded_body(exchange)
-        declared = exchange.headers.get("content-length")
+        declared = exchange.headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise PayloadTooLarge(f"request body is {declared.decode()} bytes; the limit is {MAX_BODY_BYTES}")
-        receive = exchange.receive
-        message = await receive()
-        if not message.get("more_body"):  # the usual case: the whole body in one message
-            if message["type"] != "http.request":
-                raise _ClientGone
-            body: bytes = message.get("body", b"")
-            if len(body) > MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
-            return body
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            if message["type"] != "http.request":
-                raise _ClientGone
-            part = message.get("body", b"")
-            size += len(part)
-            if size > MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
-            parts.append(part)
-            if not message.get("more_body"):
-                return b"".join(parts)
-            message = await receive()
+        return await exchange.read_body(MAX_BODY_BYTES, _too_large)
 
     def _parse_turn(self, exchange: Exchange, body: bytes) -> Turn:
         payload, model = _json_with_model(body)
@@ -363,7 +354,7 @@ class Dataplane:
         service_class, caller = self._who(exchange)
         assert self._loop is not None
         now = self._loop.time()
-        run_id = exchange.header(RUN_ID_HEADER)
+        run_id = exchange.header(_RUN_ID)
         new_run = False
         if not run_id:
             # No header (or an empty one): the run that emitted a tool call answered here, else new.
@@ -385,8 +376,8 @@ class Dataplane:
             service_class=service_class,
             caller=caller,
             body=body,
-            traceparent=exchange.header("traceparent"),
-            tracestate=exchange.header("tracestate"),
+            traceparent=exchange.header(_TRACEPARENT),
+            tracestate=exchange.header(_TRACESTATE),
             arrived=now,
             new_run=new_run,
             client_priority="priority" in payload,
@@ -410,8 +401,8 @@ class Dataplane:
             service_class=service_class,
             caller=caller,
             body=body,
-            traceparent=exchange.header("traceparent"),
-            tracestate=exchange.header("tracestate"),
+            traceparent=exchange.header(_TRACEPARENT),
+            tracestate=exchange.header(_TRACESTATE),
             single_pass=True,
             arrived=self._loop.time() if self._loop is not None else 0.0,
         )
@@ -425,20 +416,26 @@ class Dataplane:
     async def _run_turn(self, turn: Turn, exchange: Exchange) -> None:
         """Admit ``turn``, forward it and relay its answer, racing the client leaving."""
         # Race the whole turn against the client leaving: a held turn must leave the queue at once
-        # and a streaming one must close its engine request at once. With the body read, granian's
-        # receive() returns only once the client has gone (http.disconnect); its done callback
-        # cancels this very task: no asyncio.wait, and send() is never relied on to notice (granian
-        # does not raise on a closed connection).
-        task = asyncio.current_task(self._loop)
+        # and a streaming one must close its engine request at once. The watch (granian's
+        # receive() returning http.disconnect) cancels this very task: no asyncio.wait, and send()
+        # is never relied on to notice (granian does not raise on a closed connection). It costs
+        # two crossings into granian, so it begins only once the turn has lasted WATCH_AFTER_S, or
+        # as soon as the turn must wait for the scheduler (_admit_and_forward).
+        loop = self._loop
+        assert loop is not None
+        task = asyncio.current_task(loop)
         assert task is not None
-        gone: asyncio.Future[Any] = asyncio.ensure_future(exchange.receive())
-        running = True
+        left = False
 
-        def left(_: object) -> None:
-            if running:
-                task.cancel()
+        def gone() -> None:
+            nonlocal left
+            left = True
+            task.cancel()
 
-        gone.add_done_callback(left)
+        def watch() -> None:
+            exchange.watch(gone)
+
+        later = loop.call_later(WATCH_AFTER_S, watch)
         span = None
         if tracing.active:
             # This turn's span parents what it sends on: the scheduler's admit and the engine request.
@@ -448,9 +445,9 @@ class Dataplane:
                 turn.traceparent = sent_on[tracing.TRACEPARENT]
                 turn.tracestate = sent_on.get(tracing.TRACESTATE)
         try:
-            await self._admit_and_forward(turn, exchange)
+            await self._admit_and_forward(turn, exchange, watch)
         except asyncio.CancelledError:
-            if not (gone.done() and not gone.cancelled()):
+            if not left:
                 raise  # cancelled from outside (the worker stopping), not by the client leaving
             task.uncancel()  # the client left: nobody to answer, nothing more to do
             if span is not None:
@@ -471,14 +468,38 @@ class Dataplane:
                 turn_spans.refused(span, error.status, str(error))
             raise error from None
         finally:
-            running = False
-            gone.remove_done_callback(left)
-            if not gone.cancel() and not gone.cancelled():
-                gone.exception()  # retrieved, so a failed receive() is not logged as unretrieved
+            later.cancel()
+            exchange.unwatch()
             if span is not None:
                 span.end()
 
-    async def _admit_and_forward(self, turn: Turn, exchange: Exchange) -> None:
+    async def _admit_and_forward(self, turn: Turn, exchange: Exchange, watch: Callable[[], None]) -> None:
+        assert self._relay is not None
+        name = None
+        if not turn.single_pass:
+            # Placed at once under a capacity lease when one allows it: no round trip, no protobuf
+            # request, the turn reported after (luftpause.dataplane.admission).
+            name = self.link.place_leased(
+                turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, turn.traceparent
+            )
+        if name is None:
+            watch()  # the turn may be held: its client leaving must take it out of the queue at once
+            name = await self._admit(turn)
+        replica = self._replicas.get(name)
+        if replica is None:
+            self._relay.abandoned(turn)
+            if turn.new_run:
+                self.runs.forget_unplaced(turn.run_id)
+            self.metrics.turn_ended("failed", turn.service_class)
+            raise DataplaneError(
+                f"the scheduler placed the turn on replica {name!r}, "
+                "which this dataplane's configuration does not name"
+            )
+        await self._relay.forward(turn, replica, exchange)
+
+    async def _admit(self, turn: Turn) -> str:
+        """Ask the scheduler to place ``turn``: the replica's name. Raises :class:`DataplaneError`
+        when it refuses the turn or fails the stream."""
         assert self._relay is not None
         request = pb.AdmitRequest(
             turn_id=turn.turn_id,
@@ -493,7 +514,7 @@ class Dataplane:
             request.traceparent = turn.traceparent
         self._held += 1
         try:
-            reply = await self.link.admit(request)
+            reply = await self.link.admit(request, leased_first=False)
         except BaseException as exc:
             # The client left (or the link failed) while the Admit was out: the placement may cross
             # the cancel on the wire, so tell the scheduler to undo whatever it did.
@@ -512,25 +533,18 @@ class Dataplane:
                 self.runs.forget_unplaced(turn.run_id)  # unknown model and the like: nothing recorded
             self.metrics.turn_ended("refused", turn.service_class)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
-        try:
-            replica = self.config.replica(reply.placed.replica)
-        except KeyError:
-            self._relay.abandoned(turn)
-            if turn.new_run:
-                self.runs.forget_unplaced(turn.run_id)
-            self.metrics.turn_ended("failed", turn.service_class)
-            raise DataplaneError(
-                f"the scheduler placed the turn on replica {reply.placed.replica!r}, "
-                "which this dataplane's configuration does not name"
-            ) from None
-        await self._relay.forward(turn, replica, exchange)
+        return reply.placed.replica
+
+
+def _too_large() -> Exception:
+    return PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
 
 
 def _refuse_encoded_body(exchange: Exchange) -> None:
     """Raise :class:`UnsupportedMediaType` (415) when the request's ``Content-Encoding`` (RFC 9110
     section 8.4) names a coding other than ``identity``: the dataplane reads the body as JSON and
     sends the engine its bytes, and decodes no coding (a gzip body was refused as not UTF-8)."""
-    value = exchange.headers.get("content-encoding")
+    value = exchange.headers.get(b"content-encoding")
     if value is None:
         return
     codings = [coding.strip().lower() for coding in value.split(b",")]
@@ -562,11 +576,12 @@ def _allow(path: str, method: str, *allowed: str) -> None:
         raise MethodNotAllowed(f"{path} takes {', '.join(allowed)}, not {method}", allow=", ".join(allowed))
 
 
-def create_app() -> Dataplane:
-    """Build the app from ``LUFTPAUSE_CONFIG`` (or the embedded default); granian's factory.
+def create_app(config: Config | None = None) -> Dataplane:
+    """Build the app from ``config``, else from ``LUFTPAUSE_CONFIG`` (or the embedded default) and
+    the environment (:func:`luftpause.config.load_config`); granian's loader.
 
     Runs in the worker process, so that is where spans are exported from when
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.tracing.setup`).
     """
     tracing.setup(tracing.DATAPLANE_SERVICE)
-    return Dataplane(load_config())
+    return Dataplane(config if config is not None else load_config())

@@ -1,38 +1,29 @@
 """``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop.
 
-The granian worker builds the app (:func:`create_guarded_app`): the proxy behind the listener
-guard (:mod:`luftpause.listeners`: body deadline, requests at once, stop). The caller keys and
-the TLS files are read here first, so that a bad one stops the command (exit 2, one line naming
-the file and the key) before any worker starts.
+The granian worker builds the app from the configuration checked here: the proxy behind the
+listener guard (:mod:`luftpause.listeners`: body deadline, requests at once, stop). The caller
+keys and the TLS files are read here first, so that a bad one stops the command (exit 2, one line
+naming the file and the key) before any worker starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
+from functools import partial
 
 from luftpause import logs
 from luftpause.auth.callers import Access
 from luftpause.auth.tls import check_listener, check_peer
 from luftpause.cli import add_config_argument, config_from_args, process_title
-from luftpause.config import CONFIG_ENV, ConfigError, split_host_port
-from luftpause.listeners import ListenerGuard, granian_options
+from luftpause.config import ConfigError, split_host_port
+from luftpause.listeners import granian_options, guarded
 from luftpause.ports import hold_listen_lock, refuse_if_in_use
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
-
-
-def create_guarded_app() -> ListenerGuard:
-    """granian's factory (in the worker): :func:`luftpause.dataplane.app.create_app` behind the
-    :class:`~luftpause.listeners.ListenerGuard` of ``[dataplane.limits]``."""
-    from luftpause.dataplane.app import create_app
-
-    app = create_app()
-    return ListenerGuard(app, app.config.dataplane.limits, "dataplane")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,11 +39,6 @@ def run(args: argparse.Namespace) -> int:
     # it (SO_REUSEPORT) and serve under one dataplane id, their leases fighting.
     hold_listen_lock("dataplane", config.dataplane.listen)
     refuse_if_in_use("dataplane", config.dataplane.listen)
-    # The granian worker builds the app from the same file (see app.create_app).
-    if config.source is not None:
-        os.environ[CONFIG_ENV] = os.path.abspath(config.source)
-    else:
-        os.environ.pop(CONFIG_ENV, None)
     if access.mode == "open":
         logging.getLogger("luftpause.dataplane").warning(
             "LUFTPAUSE_TOKEN is not set: every request is accepted without authentication"
@@ -65,15 +51,16 @@ def run(args: argparse.Namespace) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
+    from luftpause.dataplane.app import create_app
+
     host, port = split_host_port(config.dataplane.listen)
     server = Granian(
-        "luftpause.dataplane.server:create_guarded_app",
+        "luftpause.dataplane.app:create_app",  # a label only: the loader below builds the app
         address=host,
         port=port,
         interface=Interfaces.ASGI,
         loop=Loops.uvloop,
         workers=1,
-        factory=True,
         log_access=False,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
@@ -85,5 +72,9 @@ def run(args: argparse.Namespace) -> int:
         f"luftpause dataplane: OpenAI-compatible proxy on {scheme}://{host}:{port}/v1 "
         f"(scheduler {config.dataplane.scheduler})",
     )
-    server.serve()
+    # The worker builds the app from this configuration, the one checked here: file, environment
+    # variables and flags alike (the worker sees no flags, and the file may change meanwhile),
+    # behind the listener guard of [dataplane.limits].
+    loader = partial(guarded, partial(create_app, config), config.dataplane.limits, "dataplane")
+    server.serve(target_loader=loader, wrap_loader=False)
     return 0

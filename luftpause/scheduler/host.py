@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from luftpause.config import Config
 from luftpause.scheduler.core import (
@@ -48,6 +49,7 @@ from luftpause.scheduler.core import (
     turns_on,
 )
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.trace import TraceRecorder
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -81,6 +83,9 @@ class SchedulerHost:
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
+        self.trace: TraceRecorder | None = None
+        if config.scheduler.trace:
+            self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
 
     def now(self) -> float:
         """The shell's clock in seconds (monotonic), the ``at`` of every event."""
@@ -104,6 +109,9 @@ class SchedulerHost:
             released = [(placed, why) for placed in resync_gone_turns(self.state, event)]
         elif type(event) is TurnAbandoned or type(event) is AbandonReported:
             abandoned = self.state.held.get(event.turn_id) or self.state.placed.get(event.turn_id)
+        if self.trace is not None:
+            turn_id = getattr(event, "turn_id", "")
+            self.trace.record(event, turn_id not in self.state.placed and turn_id not in self.state.held)
         self.state, actions = decide(self.state, event)
         for placed in expiring:
             log.warning(
@@ -205,6 +213,8 @@ class SchedulerHost:
 
         def tick() -> None:
             self.feed(Tick(self.now()))
+            if self.trace is not None:
+                self.trace.flush()
             self._tick_handle = loop.call_later(TICK_INTERVAL_S, tick)
 
         self._tick_handle = loop.call_later(TICK_INTERVAL_S, tick)
@@ -213,3 +223,5 @@ class SchedulerHost:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
+        if self.trace is not None:
+            self.trace.close()

@@ -55,11 +55,13 @@ LOOKUP_TOOL: dict[str, Any] = {
 
 @dataclass(frozen=True, slots=True)
 class AgentGroup:
-    """``agents`` concurrent closed-loop agents of one service class and caller."""
+    """``agents`` concurrent closed-loop agents of one service class and caller; ``headers`` are
+    sent with every turn besides luftpause's (e.g. a gateway's own class header)."""
 
     agents: int
     service_class: str = "interactive"
     caller: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +231,7 @@ async def run_once(
     }
     if spec.caller:
         headers["x-luftpause-caller"] = spec.caller
+    headers.update(spec.headers)
     if settings.token:
         headers["authorization"] = f"Bearer {settings.token}"
     messages: list[dict[str, Any]] = [

@@ -62,11 +62,17 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Implementation, TextContent
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from luftpause import __version__
+from luftpause.extras import MissingExtra
+
+try:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+except ImportError as exc:
+    raise MissingExtra("tui", "its progress display", exc) from None
+
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
 from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop

@@ -112,15 +112,19 @@ class Stack:
         api_key_env: str | None = None,
         sections: dict[str, str] | None = None,
         tls: StackTls | None = None,
+        scheduler_config: str = "",
     ) -> Stack:
         """Start everything; raises ``RuntimeError`` (with the failing child's log) if one fails.
 
         ``extra_config`` is TOML appended to the generated file, e.g. more ``[[replicas]]``;
         ``sections`` adds lines to the ``scheduler``, ``dataplane`` or ``runtime`` table (keys,
-        or sub-tables such as ``[dataplane.limits]``); ``api_key_env`` names the environment
-        variable holding both replicas' upstream key; ``tls`` see :class:`StackTls`.
+        or sub-tables such as ``[dataplane.limits]``), ``scheduler_config`` to the ``[scheduler]``
+        one (``trace = "..."``); ``api_key_env`` names the environment variable holding both
+        replicas' upstream key; ``tls`` see :class:`StackTls`.
         """
         sections = dict(sections or {})
+        if scheduler_config:
+            sections["scheduler"] = f"{scheduler_config}\n{sections.get('scheduler', '')}"
         if tls is not None:
             for name, text in tls.config().items():
                 sections[name] = f"{sections.get(name, '')}\n{text}"

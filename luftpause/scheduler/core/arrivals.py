@@ -21,6 +21,7 @@ from luftpause.scheduler.core.policies import (
     capacity,
     least_loaded,
     routing,
+    run_order,
 )
 from luftpause.scheduler.core.state import State
 
@@ -57,6 +58,7 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         event.single_pass,
         event.trace_id,
     )
+    turn.rank = run_order.rank(state.run_order, run, turn.seq)
     state.next_seq += 1
     turn.queue, usable = _where(state, run, turn, serving)
     # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)

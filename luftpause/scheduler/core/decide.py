@@ -22,14 +22,19 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    withdrawn lease, a run re-filed). Placed by
    ``Place`` (or adopted on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned``,
    ``AbandonReported``, expiry or a resync that no longer lists it. Headroom: a batch turn may not
-   take the last free slots kept for interactive runs tool-paused on that replica, one per run. The
-   rest are held.
+   take the last free slots kept for interactive runs tool-paused on that replica, one per run
+   whose pause is within its hold (rule 6). The rest are held.
 4. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
    even when another has room (unless that replica is unhealthy or does not serve the turn's
    model). An ``idle`` or new run may go anywhere: to the replica with the fewest placed turns among
    those with room for its class, ties in configuration order.
 5. Held turns wait filed under their pinned replica or under their model, in order: interactive
-   first, then the caller with the fewest placed turns, then arrival. When a slot frees (or a
+   first, then the caller with the fewest placed turns, then the turn's rank, then arrival. The
+   rank (:mod:`.policies.run_order`, fixed when the turn arrives) is by default its run's start:
+   among a caller's turns of one class, the run the scheduler saw first goes first, so a run in
+   progress never waits for a run that started after it, a replica serves a few runs at a time and
+   their prefixes stay in its cache (served turn by turn in arrival order, every run in progress
+   interleaves with every other and a flood thrashes the prefix cache). When a slot frees (or a
    probe raises capacity, or headroom is released), the first held turn that may use it takes it;
    a turn pinned to a full replica never blocks turns that may go elsewhere. There is no deadline
    and no limit: a held turn leaves only when placed or abandoned. Hence the invariants: a held turn
@@ -41,7 +46,12 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    overlap, the end of an earlier one frees its slot and leaves the phase alone. Whenever a run
    changes, its held turns are re-filed under their new affinity (and placed at once if that lets
    them go somewhere with room). An interactive run entering ``tool_paused`` keeps one slot of its
-   replica from batch turns until it leaves that phase, ends or expires.
+   replica from batch turns until it leaves that phase, ends or expires, or its pause outlives its
+   hold (:mod:`.policies.pause_hold`): each pause's hold lasts a TTL fixed when the pause begins,
+   twice the longest of the run's last pauses (else its caller's), within 1 to 60 s, 10 s before
+   any was seen; a pause's length is the time from its start to the arrival of the run's next turn.
+   A pause that outlives its hold keeps no slot for the rest of that pause (the run keeps its
+   affinity), so a session cut off in the middle of a tool call gives its slot back.
 7. ``TurnAbandoned`` (an Admit call cancelled): a held turn leaves its queue (no action); a placed
    one frees its slot. ``AbandonReported`` (the dataplane's ``TurnEvent.ABANDONED``, final): the same,
    except that a held turn's waiting Admit is answered ``Reject(turn, "turn was abandoned by its
@@ -52,7 +62,8 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    run when they end, and its held turns (clients still wait for them) start it afresh, with no
    affinity.
 9. ``Tick``: a placed turn with no completion after 600 s is dropped and its slot freed; a run with
-   no held or placed turn and no activity for 1800 s is forgotten (``Forget``); tombstones older than
+   no held or placed turn and no activity for 1800 s is forgotten (``Forget``); pause holds due end
+   and their slots are given back (rule 6); tombstones older than
    120 s are dropped; a dataplane lost (rule 12) for ``dataplane_grace_s`` (60 s) or more is taken as
    gone for good: its placed turns are released as a resync that no longer lists them releases them
    (rule 10), counted in ``turns_released_lost_dataplane``, and it is no longer tracked.

@@ -9,7 +9,8 @@ replica never blocks turns that may go elsewhere, and the two kinds of turn neve
 
 The head of a queue is the first turn in the ordering policy's order
 (:mod:`luftpause.scheduler.core.policies.ordering`): interactive first, then the caller with the
-fewest in-flight turns, then arrival. A caller's in-flight turns are counted in the pool its turn
+fewest in-flight turns, then the turn's rank (:mod:`luftpause.scheduler.core.policies.run_order`:
+its run's start, by default), then arrival. A caller's in-flight turns are counted in the pool its turn
 waits for: generative turns on generative replicas for generative queues, single-pass turns on
 single-pass replicas for single-pass queues (two dicts, bound by :meth:`HeldTurns.bind_loads`), so a
 caller busy on one pool is not pushed back on the other. The caller term changes while turns wait,
@@ -96,18 +97,22 @@ class HeldTurn:
     single_pass: bool = False
     trace_id: str = ""
     """The turn's W3C trace id (32 hex digits), ``""`` when it came without a trace context."""
+    rank: float = 0.0
+    """Its place among its caller's held turns of its class, before arrival (smaller first;
+    :mod:`luftpause.scheduler.core.policies.run_order`); fixed when it is filed."""
 
 
 @dataclass(slots=True)
 class _Lane:
     """The held turns of one queue and one service class, by caller."""
 
-    turns: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
-    """Caller -> heap of (arrival number, turn id), with stale entries."""
+    turns: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
+    """Caller -> heap of (rank, arrival number, turn id), with stale entries."""
     live: dict[str, int] = field(default_factory=dict)
     """Caller -> its turns really filed here."""
-    callers: list[tuple[int, int, str]] = field(default_factory=list)
-    """Heap of (caller's in-flight turns, its first arrival number here, caller), lazily corrected."""
+    callers: list[tuple[int, float, int, str]] = field(default_factory=list)
+    """Heap of (caller's in-flight turns, its first turn's rank and arrival number here, caller),
+    lazily corrected."""
     loads: dict[str, int] = field(default_factory=dict)
     """Caller -> its in-flight turns in the pool this lane's turns wait for (shared, read only)."""
 
@@ -201,7 +206,7 @@ class HeldTurns:
             lane = self._lanes[(queue, rank)]
             turn = self._caller_head(queue, lane, caller)
             if turn is not None:
-                heapq.heappush(lane.callers, (lane.loads.get(caller, 0), turn.seq, caller))
+                heapq.heappush(lane.callers, (lane.loads.get(caller, 0), turn.rank, turn.seq, caller))
                 self._compact_callers(queue, lane)
 
     # -- inside ---------------------------------------------------------------------------------------
@@ -209,13 +214,13 @@ class HeldTurns:
     def _lane_head(self, queue: QueueKey, lane: _Lane) -> HeldTurn | None:
         heap = lane.callers
         while heap:
-            load, seq, caller = heap[0]
+            load, rank, seq, caller = heap[0]
             turn = self._caller_head(queue, lane, caller)
             if turn is None:
                 heapq.heappop(heap)
                 continue
-            current = (lane.loads.get(caller, 0), turn.seq)
-            if (load, seq) == current:
+            current = (lane.loads.get(caller, 0), turn.rank, turn.seq)
+            if (load, rank, seq) == current:
                 return turn
             heapq.heapreplace(heap, (*current, caller))  # out of date: sink it to its place
         return None
@@ -223,7 +228,7 @@ class HeldTurns:
     def _caller_head(self, queue: QueueKey, lane: _Lane, caller: str) -> HeldTurn | None:
         heap = lane.turns.get(caller)
         while heap:
-            seq, turn_id = heap[0]
+            _, seq, turn_id = heap[0]
             turn = self._by_id.get(turn_id)
             if turn is not None and turn.queue == queue and turn.seq == seq:
                 return turn
@@ -239,12 +244,13 @@ class HeldTurns:
         heap = lane.turns.get(turn.caller)
         if heap is None:
             heap = lane.turns[turn.caller] = []
-        entry = (turn.seq, turn.turn_id)
+        entry = (turn.rank, turn.seq, turn.turn_id)
         heapq.heappush(heap, entry)
         lane.live[turn.caller] = lane.live.get(turn.caller, 0) + 1
         self._caller_lanes.setdefault(turn.caller, set()).add(key)
         if heap[0] == entry:  # the caller's new first turn here: rank it by that
-            heapq.heappush(lane.callers, (lane.loads.get(turn.caller, 0), turn.seq, turn.caller))
+            load = lane.loads.get(turn.caller, 0)
+            heapq.heappush(lane.callers, (load, turn.rank, turn.seq, turn.caller))
             self._compact_callers(turn.queue, lane)
 
     def _unfile(self, turn: HeldTurn, queue: QueueKey) -> None:
@@ -271,7 +277,7 @@ class HeldTurns:
             kept = {
                 entry
                 for entry in heap
-                if (t := self._by_id.get(entry[1])) is not None and t.queue == queue and t.seq == entry[0]
+                if (t := self._by_id.get(entry[2])) is not None and t.queue == queue and t.seq == entry[1]
             }
             heap[:] = list(kept)
             heapq.heapify(heap)
@@ -283,6 +289,6 @@ class HeldTurns:
         for caller in lane.live:
             turn = self._caller_head(queue, lane, caller)
             if turn is not None:
-                fresh.append((lane.loads.get(caller, 0), turn.seq, caller))
+                fresh.append((lane.loads.get(caller, 0), turn.rank, turn.seq, caller))
         heapq.heapify(fresh)
         lane.callers[:] = fresh

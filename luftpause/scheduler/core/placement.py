@@ -29,6 +29,7 @@ from luftpause.scheduler.core.policies import (
     headroom,
     health,
     ordering,
+    pause_hold,
     routing,
 )
 from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
@@ -38,13 +39,21 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
     """The run of an arriving generative turn, created or brought up to date; it now has the turn."""
     run = state.runs.get(event.run_id)
     if run is None:
-        run = Run(event.run_id, "idle", None, event.service_class, event.caller, event.at)
+        run = Run(
+            event.run_id, "idle", None, event.service_class, event.caller, event.at, order=state.next_seq
+        )
         state.runs[event.run_id] = run
     else:
+        if run.phase == "tool_paused" and run.paused_at is not None and not run.returned:
+            # it is back from its tool: how long that took teaches the hold of later pauses
+            run.returned = True
+            pause = event.at - run.paused_at
+            pause_hold.remember(run.pauses, pause)
+            pause_hold.remember(state.caller_pauses.setdefault(run.caller, []), pause)
         run.service_class = event.service_class
         run.caller = event.caller
         _touch(state, run, event.at)
-        released = _reserve(state, run)  # a paused run that comes back as batch keeps no slot
+        released = _reserve(state, run, event.at)  # a paused run that comes back as batch keeps no slot
         if released is not None:
             _fill(state, released, event.at, out)
     run.turns.add(event.turn_id)
@@ -106,13 +115,15 @@ def _place(
     run = state.runs.get(turn.run_id)
     if run is None:
         # the run ended (RunEnded) while this turn was held: it starts afresh
-        run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at)
+        run = Run(
+            turn.run_id, "generating", replica.name, turn.service_class, turn.caller, at, order=state.next_seq
+        )
         state.runs[turn.run_id] = run
     else:
         run.phase = "generating"
         run.last_replica = replica.name
         _touch(state, run, at)
-        released = _reserve(state, run)
+        released = _reserve(state, run, at)
         if released is not None and released is not replica:
             # it came back elsewhere (its replica is unhealthy, or does not serve this model)
             _fill(state, released, at, out)
@@ -209,9 +220,24 @@ def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> N
     state.held.load_changed(caller, single_pass)
 
 
-def _reserve(state: State, run: Run) -> Replica | None:
-    """Keep ``run``'s headroom slot where its class and phase say; the replica that lost one, if any."""
-    want = headroom.reserves(run.service_class, run.phase, run.last_replica)
+def _reserve(state: State, run: Run, at: float) -> Replica | None:
+    """Keep ``run``'s headroom slot where its class, phase and pause hold say; the replica that lost
+    one, if any. A run entering ``tool_paused`` at ``at`` begins a pause: its hold's end is set then
+    (:mod:`.policies.pause_hold`); a run leaving it ends the pause."""
+    if run.phase == "tool_paused":
+        if run.paused_at is None:
+            run.paused_at = at
+            run.returned = run.hold_expired = False
+            ttl = pause_hold.ttl(state.pause_hold, run.pauses, state.caller_pauses.get(run.caller, ()))
+            run.hold_until = None if ttl is None else at + ttl
+            if run.hold_until is not None:
+                heapq.heappush(state.hold_ends, (run.hold_until, run.run_id, at))
+    else:
+        run.paused_at = run.hold_until = None
+        run.returned = run.hold_expired = False
+    want = None
+    if pause_hold.holds(state.pause_hold) and not run.hold_expired:
+        want = headroom.reserves(run.service_class, run.phase, run.last_replica)
     if want is not None and want not in state.replicas:
         want = None
     if want == run.reserved_on:

@@ -37,7 +37,13 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         run = state.runs.get(record.run_id)
         if run is None:
             run = Run(
-                record.run_id, record.phase, last_replica, record.service_class, record.caller, event.at
+                record.run_id,
+                record.phase,
+                last_replica,
+                record.service_class,
+                record.caller,
+                event.at,
+                order=state.next_seq,
             )
             state.runs[record.run_id] = run
         else:
@@ -100,7 +106,15 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             continue  # no run state
         run = state.runs.get(turn.run_id)
         if run is None:
-            run = Run(turn.run_id, "generating", replica.name, turn.service_class, turn.caller, event.at)
+            run = Run(
+                turn.run_id,
+                "generating",
+                replica.name,
+                turn.service_class,
+                turn.caller,
+                event.at,
+                order=state.next_seq,
+            )
             state.runs[turn.run_id] = run
         else:
             if run.run_id not in recorded:  # a turn in flight there means the run generates there
@@ -171,7 +185,7 @@ def _settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) 
     """After many runs and slots changed at once: headroom, re-filing, then every replica filled."""
     runs = list(changed)
     for run in runs:
-        _reserve(state, run)  # every replica is filled below
+        _reserve(state, run, at)  # every replica is filled below
     for run in runs:
         _refile(state, run.turns, at, out)
     _fill_least_loaded(state, state.replicas.values(), at, out)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
 from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
+from luftpause.scheduler.core.policies.pause_hold import PauseHold
+from luftpause.scheduler.core.policies.run_order import RunOrder
 
 if TYPE_CHECKING:
     from luftpause.config import Config
@@ -92,6 +94,22 @@ class Run:
     """Its most recently placed turn: only that turn's end changes the phase (``None``: any does)."""
     reserved_on: str | None = None
     """The replica holding a headroom slot for it (an interactive run tool-paused there), if any."""
+    paused_at: float | None = None
+    """When its current tool pause began (seconds, the shell's clock); ``None`` unless paused."""
+    hold_until: float | None = None
+    """When the current pause's headroom hold ends (:mod:`.policies.pause_hold`); ``None``: never,
+    or not paused."""
+    hold_expired: bool = False
+    """The current pause outlived its hold: it keeps no slot until the run leaves the pause."""
+    returned: bool = False
+    """A turn of it arrived since its pause began (the pause's length is already recorded)."""
+    pauses: list[float] = field(default_factory=list)
+    """Its last tool pauses (seconds from a pause's start to its next turn's arrival)."""
+    order: int = 0
+    """Its start number: the state's arrival counter when the scheduler first saw it (the run
+    order's rank, :mod:`.policies.run_order`)."""
+    attained_s: float = 0.0
+    """Seconds its turns were placed, summed as they ended (its attained service)."""
 
 
 @dataclass(slots=True)
@@ -221,6 +239,15 @@ class State:
     ``resync_hold_s``; ``None`` before the first event."""
     holding: bool = False
     """The startup hold is in force: held turns are not placed, leases not granted."""
+    run_order: RunOrder = "run"
+    """Which of a caller's held turns of one class goes first (:mod:`.policies.run_order`)."""
+    pause_hold: PauseHold = field(default_factory=PauseHold)
+    """How long a tool-paused interactive run keeps its headroom slot (:mod:`.policies.pause_hold`)."""
+    caller_pauses: dict[str, list[float]] = field(default_factory=dict)
+    """Caller -> the last tool pauses its runs showed (seconds), the hold's fallback signal."""
+    hold_ends: list[tuple[float, str, float]] = field(default_factory=list)
+    """Heap of ``(hold end, run id, pause start)`` of every pause hold begun (stale entries are
+    dropped when they come up on a tick)."""
 
     def balance(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """Both sides of the two balances of :class:`Counters`: ``((arrived, its fates), (turns that
@@ -244,13 +271,17 @@ def state_from_replicas(
     strict_affinity: bool = True,
     leasing: bool = False,
     resync_hold_s: float = 0.0,
+    pause_hold: PauseHold | None = None,
+    run_order: RunOrder = "run",
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
     ``dataplane_grace_s``: seconds a dataplane may be without a Connect stream before the turns
     placed for it are released (:mod:`.policies.lost_dataplane`). ``leasing``: capacity leases
     (rule 14 of :mod:`.decide`) are granted to the dataplanes that take them. ``resync_hold_s``:
-    the startup hold after a restart (rule 15), 0 for none.
+    the startup hold after a restart (rule 15), 0 for none. ``pause_hold``: how long tool-paused
+    interactive runs keep headroom (:mod:`.policies.pause_hold`; ``None``: its defaults).
+    ``run_order``: which held turn of a caller and class goes first (:mod:`.policies.run_order`).
     """
     replicas: dict[str, Replica] = {}
     by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
@@ -267,6 +298,8 @@ def state_from_replicas(
         strict_affinity=strict_affinity,
         leasing=leasing,
         resync_hold_s=resync_hold_s,
+        pause_hold=pause_hold or PauseHold(),
+        run_order=run_order,
     )
 
 

@@ -3,6 +3,8 @@ and the release of a lost dataplane's turns on a tick."""
 
 from __future__ import annotations
 
+import heapq
+
 from luftpause.scheduler.core.actions import (
     Action,
     Forget,
@@ -18,9 +20,10 @@ from luftpause.scheduler.core.policies import (
     abandoned,
     expiry,
     lost_dataplane,
+    pause_hold,
 )
 from luftpause.scheduler.core.resync import _release, _settle
-from luftpause.scheduler.core.state import PlacedTurn, Run, State
+from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
 
 
 def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: list[Action]) -> bool:
@@ -34,13 +37,14 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
     run = state.runs.get(placed.run_id)
     # not a turn of a run that ended meanwhile, nor a single-pass turn (never one of a run's turns)
     if run is not None and turn_id in run.turns:
+        run.attained_s += max(0.0, at - placed.placed_at)
         run.turns.discard(turn_id)
         _touch(state, run, at)
         if run.latest_turn in (None, turn_id):
             run.latest_turn = None
             run.phase = phase
             run.last_replica = placed.replica
-            released = _reserve(state, run)
+            released = _reserve(state, run, at)
             _refile(state, run.turns, at, out)
             if released is not None and released is not replica:
                 _fill(state, released, at, out)
@@ -89,7 +93,7 @@ def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
     if held:
         # its held turns still have clients waiting: they start the run afresh, without affinity
         state.runs[run.run_id] = Run(
-            run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held)
+            run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held), order=state.next_seq
         )
         _refile(state, held, event.at, out)
 
@@ -144,6 +148,7 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         released = _unreserve(state, run)
         if released is not None:
             _fill(state, released, now, out)
+    _end_expired_holds(state, now, out)
     while state.tombstones:
         turn_id, reported_at = next(iter(state.tombstones.items()))
         if not abandoned.tombstone_expired(reported_at, now):
@@ -161,3 +166,25 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
                 changed[changed_run.run_id] = changed_run
         state.counters.turns_released_lost_dataplane += len(lost_turns)
         _settle(state, changed.values(), now, out)
+
+
+def _end_expired_holds(state: State, now: float, out: list[Action]) -> None:
+    """End the pause holds due by ``now`` (:mod:`.policies.pause_hold`): their runs keep no slot
+    for the rest of the pause, and the slots of those that kept one are given back.
+
+    ``hold_ends`` is a heap of every hold begun, by its end; an entry of a pause that is over (the
+    run went on, or was forgotten) is dropped when it comes up.
+    """
+    freed: dict[str, Replica] = {}
+    heap = state.hold_ends
+    while heap and pause_hold.expired(heap[0][0], now):
+        _, run_id, paused_at = heapq.heappop(heap)
+        run = state.runs.get(run_id)
+        if run is None or run.paused_at != paused_at or run.hold_expired:
+            continue
+        run.hold_expired = True
+        released = _unreserve(state, run)
+        if released is not None:
+            freed[released.name] = released
+    for replica in freed.values():
+        _fill(state, replica, now, out)

@@ -5,9 +5,11 @@
 * :mod:`.affinity` - whether a run is pinned to its last replica (run phase, last replica, health);
 * :mod:`.engine_load` - a replica's effective capacity (engine running / waiting, ``max_inflight``);
 * :mod:`.headroom` - slots kept from batch turns for interactive runs paused on a tool there;
+* :mod:`.pause_hold` - how long a paused run keeps its slot (a TTL learned from its pauses);
 * :mod:`.capacity` - whether a replica has room for a turn of a class (the three above, in-flight);
 * :mod:`.least_loaded` - which of the replicas with room takes a free turn (in-flight turns);
-* :mod:`.ordering` - which held turn gets a freed slot first (class, caller's in-flight, arrival);
+* :mod:`.ordering` - which held turn gets a freed slot first (class, caller's in-flight, rank, arrival);
+* :mod:`.run_order` - the rank: whose run goes first among a caller's turns (run start, by default);
 * :mod:`.expiry` - when a placed turn or an idle run is given up (placement time, last activity);
 * :mod:`.abandoned` - how long an abandoned turn id is remembered and how its Admit is refused;
 * :mod:`.lost_dataplane` - when a dataplane without a Connect stream is gone for good (time of loss);

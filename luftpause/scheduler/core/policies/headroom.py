@@ -2,8 +2,9 @@
 
 An interactive run paused on a tool at a replica comes back soon and, by strict affinity, only to
 that replica; so one slot per such run is kept from batch turns there. Interactive turns may use
-those slots (a person waits either way). Reads: the service class of the turn and the number of
-interactive runs tool-paused at the replica (``Replica.reserved_for``, kept by
+those slots (a person waits either way). How long a pause keeps its slot is
+:mod:`.pause_hold`'s. Reads: the service class of the turn and the interactive runs tool-paused at
+the replica within their hold (``Replica.reserved_for``, kept by
 :mod:`luftpause.scheduler.core.decide`).
 """
 

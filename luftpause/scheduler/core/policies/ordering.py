@@ -1,8 +1,9 @@
 """Order of held turns: interactive first; then the caller with the fewest in-flight turns; then
-arrival order.
+the turn's rank among its caller's (:mod:`.run_order`: by default, its run's start: the run that
+started first goes first); then arrival order.
 
-Reads: the held turn's service class, its caller's placed turns right now and its arrival number
-``seq``. A caller's placed turns are counted in the pool the turn waits for: generative turns
+Reads: the held turn's service class, its caller's placed turns right now, its rank and its arrival
+number ``seq``. A caller's placed turns are counted in the pool the turn waits for: generative turns
 (``State.caller_inflight``) for a held generative turn, single-pass turns
 (``State.single_pass_inflight``) for a held single-pass one (absent = 0). The caller term changes
 while turns wait, so the held queues (:mod:`luftpause.scheduler.core.held`) file turns by class and
@@ -24,15 +25,15 @@ CLASS_RANK: dict[ServiceClass, int] = {"interactive": 0, "batch": 1}
 """Smaller goes first."""
 
 
-def order_key(turn: HeldTurn, caller_inflight: Mapping[str, int]) -> tuple[int, int, int]:
-    """``(class rank, caller's in-flight turns, arrival number)``: smaller goes first."""
-    return (CLASS_RANK[turn.service_class], caller_inflight.get(turn.caller, 0), turn.seq)
+def order_key(turn: HeldTurn, caller_inflight: Mapping[str, int]) -> tuple[int, int, float, int]:
+    """``(class rank, caller's in-flight turns, rank, arrival number)``: smaller goes first."""
+    return (CLASS_RANK[turn.service_class], caller_inflight.get(turn.caller, 0), turn.rank, turn.seq)
 
 
 def first(heads: Iterable[HeldTurn | None], caller_inflight: Mapping[str, int]) -> HeldTurn | None:
     """Which of several queue heads gets a freed slot: the smallest key, ``None`` if all are empty."""
     best: HeldTurn | None = None
-    best_key: tuple[int, int, int] = (0, 0, 0)
+    best_key: tuple[int, int, float, int] = (0, 0, 0.0, 0)
     for turn in heads:
         if turn is None:
             continue

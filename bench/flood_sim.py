@@ -1,0 +1,188 @@
+"""Floods in virtual time: every arrangement on the same engine models, seconds of wall time each.
+
+    .venv/bin/python bench/flood_sim.py                                  # the published table's shape
+    .venv/bin/python bench/flood_sim.py --slots 8 --via mcp --json /tmp/flood-sim.json
+    .venv/bin/python bench/flood_sim.py --replay trace.jsonl             # a recorded trace, replayed
+
+One discrete-event simulation per arrangement and seed (:mod:`luftpause.testkit.sim`): no process,
+no socket, deterministic for a seed. The engines are engine models (:mod:`luftpause.testkit.engine.
+model`, ``--profile``, default SGLang serving Llama-3.2-1B FP8 on an 8 GB GPU), two replicas, with
+``--slots`` running requests each at most (``none``: the profile's own bound, for SGLang its KV
+pool). The load is the published table's (:func:`luftpause.testkit.sim.workload.published_shape`:
+48 batch + 4 interactive closed-loop agents, Llama-3-counted 8,000-character contexts, 3 tool
+rounds of ``--tool-seconds``, 256 reply tokens, ``--duration-s``); ``--via mcp`` makes them
+sub-agents over MCP. Arrangements (``--arrangements``): ``router`` (SGLang's router 0.3.2,
+``cache_aware``, the baseline), ``smg`` (SGLang Model Gateway at its best: sticky by run id,
+priority classes), ``luftpause``, ``luftpause-moving`` (strict affinity off), ``direct``. Then a
+light-load control (the interactive agents alone), where every arrangement should perform alike.
+
+Each figure is the median over ``--seeds``; ratios are against the router. Every figure is
+SIMULATED. ``--json PATH`` writes ``{"simulated": true, "settings", "flood": [rows], "control":
+[rows]}``, a row ``{"arrangement", "interactiveRunsPerMinute", "interactiveRunTimeP50",
+"batchRunsPerMinute", "cacheHitRate", "failed", "movedRuns", "seeds": [reports]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from luftpause.scheduler.core.policies.pause_hold import PauseHold
+from luftpause.testkit.sim.flood import ARRANGEMENTS, FloodSpec, by_class, simulate
+from luftpause.testkit.sim.gateway import GatewaySettings
+from luftpause.testkit.sim.replay import load_trace, replay_shape
+from luftpause.testkit.sim.workload import LoadShape, published_shape
+
+PROFILE = "sglang-llama-3.2-1b-fp8-8gb"
+
+
+def row_of(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one simulated pass, as ``bench/flood.py`` reports a live one."""
+    groups = report["groups"]
+    prompt = sum(g["promptTokens"] for g in groups)
+    cached = sum((g["cacheHitRate"] or 0.0) * g["promptTokens"] for g in groups)
+    return {
+        "interactiveRunsPerMinute": by_class(report, "interactive", "runsPerMinute"),
+        "interactiveRunTimeP50": by_class(report, "interactive", "runTimeP50"),
+        "batchRunsPerMinute": by_class(report, "batch", "runsPerMinute"),
+        "cacheHitRate": round(cached / prompt, 4) if prompt else None,
+        "failed": sum(g["failed"] for g in groups),
+        "movedRuns": sum(g["movedRuns"] for g in groups),
+    }
+
+
+KEYS = ("interactiveRunsPerMinute", "interactiveRunTimeP50", "batchRunsPerMinute", "cacheHitRate")
+
+
+def series(shape: LoadShape, arrangements: list[str], seeds: list[int], **spec: Any) -> list[dict[str, Any]]:
+    """Every arrangement over every seed: one row per arrangement, medians over the seeds."""
+    rows = []
+    for arrangement in arrangements:
+        passes = []
+        for seed in seeds:
+            report = simulate(FloodSpec(shape, seed=seed, **spec), arrangement)
+            passes.append({**row_of(report), "report": report})
+        row: dict[str, Any] = {"arrangement": arrangement}
+        for key in KEYS:
+            values = [p[key] for p in passes if p[key] is not None]
+            row[key] = round(statistics.median(values), 4) if values else None
+        row["failed"] = sum(p["failed"] for p in passes)
+        row["movedRuns"] = sum(p["movedRuns"] for p in passes)
+        row["wallSeconds"] = round(sum(p["report"]["wallSeconds"] for p in passes), 2)
+        row["seeds"] = passes
+        rows.append(row)
+    return rows
+
+
+def render(title: str, rows: list[dict[str, Any]]) -> str:
+    base = next((r for r in rows if r["arrangement"] == "router"), None)
+
+    def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+        value = row[key]
+        if value is None:
+            return "-"
+        text = format(value, fmt)
+        if base is not None and row is not base and base[key]:
+            text += f" ({value / base[key]:.2f}x)"
+        return text
+
+    lines = [
+        f"{title} (SIMULATED; ratios against the router)",
+        f"{'arrangement':<20}{'interactive runs/min':>24}{'interactive p50 s':>22}"
+        f"{'batch runs/min':>22}{'cache hits':>18}{'moved':>7}{'failed':>7}{'wall s':>8}",
+    ]
+    for row in rows:
+        lines.append(
+            f"{row['arrangement']:<20}{cell(row, 'interactiveRunsPerMinute', '.1f'):>24}"
+            f"{cell(row, 'interactiveRunTimeP50', '.2f'):>22}{cell(row, 'batchRunsPerMinute', '.1f'):>22}"
+            f"{cell(row, 'cacheHitRate', '.1%'):>18}{row['movedRuns']:>7}{row['failed']:>7}"
+            f"{row['wallSeconds']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration-s", type=float, default=180.0, help="seconds per flood (default 180)")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--batch", type=int, default=48, help="batch agents (default 48)")
+    parser.add_argument("--interactive", type=int, default=4, help="interactive agents (default 4)")
+    parser.add_argument(
+        "--slots", default="none", help="running requests per engine at most, or none (default: none)"
+    )
+    parser.add_argument("--profile", default=PROFILE, help=f"engine model profile (default {PROFILE})")
+    parser.add_argument("--via", choices=("own_loop", "mcp"), default="own_loop")
+    parser.add_argument("--tool-seconds", type=float, default=0.5, help="seconds per tool call (default 0.5)")
+    parser.add_argument("--cutoff-every", type=int, default=0, help="cut every N-th run off in a tool call")
+    parser.add_argument(
+        "--hold", choices=("ttl", "pause", "off"), default="ttl", help="luftpause's pause hold (default ttl)"
+    )
+    parser.add_argument(
+        "--run-order",
+        choices=("run", "turn", "plas"),
+        default="run",
+        help="luftpause's run order (default run)",
+    )
+    parser.add_argument("--smg-interactive-floor", type=int, default=None, help="smg's interactive floor")
+    parser.add_argument("--smg-preempt", action="store_true", help="smg preempts bulk turns before TTFT")
+    parser.add_argument(
+        "--arrangements", default=",".join(ARRANGEMENTS), help=f"of {', '.join(ARRANGEMENTS)}"
+    )
+    parser.add_argument("--replay", metavar="TRACE", help="replay a trace the scheduler recorded")
+    parser.add_argument("--no-control", action="store_true", help="skip the light-load control")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    arrangements = [a for a in args.arrangements.split(",") if a]
+    if unknown := [a for a in arrangements if a not in ARRANGEMENTS]:
+        parser.error(f"unknown arrangements {unknown}; choose from {ARRANGEMENTS}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    slots = None if args.slots == "none" else int(args.slots)
+    spec: dict[str, Any] = {
+        "profile": args.profile,
+        "slots": slots,
+        "gateway": GatewaySettings(interactive_floor=args.smg_interactive_floor, preempt=args.smg_preempt),
+        "policy": {"pause_hold": PauseHold(mode=args.hold), "run_order": args.run_order},
+    }
+    if args.replay:
+        shape = replay_shape(load_trace(Path(args.replay)))
+    else:
+        shape = published_shape(
+            args.interactive,
+            args.batch,
+            args.duration_s,
+            via=args.via,
+            tool_seconds=args.tool_seconds,
+            cutoff_every=args.cutoff_every,
+        )
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "simulated": True,
+        "settings": {
+            "argv": sys.argv[1:] if argv is None else argv,
+            "profile": args.profile,
+            "slots": slots,
+            "seeds": seeds,
+            "shape": repr(shape),
+        },
+    }
+    result["flood"] = series(shape, arrangements, seeds, **spec)
+    print(render("Interactive under a batch flood", result["flood"]))
+    if not args.no_control and not args.replay:
+        control = published_shape(
+            args.interactive, 0, args.duration_s, via=args.via, tool_seconds=args.tool_seconds
+        )
+        result["control"] = series(control, arrangements, seeds, **spec)
+        print(render("Light-load control (interactive agents alone)", result["control"]))
+    print(f"({time.monotonic() - started:.1f} s of wall time)", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""One turn as the dataplane admits and forwards it, and the ways its request and answer may be
+shaped on the way (an engine's ``priority``; a front door API other than Chat Completions).
+
+Front doors: a turn carries what goes to the engine (``upstream_path``, ``body``) and, when its
+client speaks another API than the engine's, a :class:`Translation` of the engine's answer (the
+translators of ``luftpause.dataplane.apis`` fit it). Every fact (first token, usage, finish reason,
+tool-call ids) is still read from the engine's own Chat Completions answer, so a translator only
+shapes what the client sees. A Chat Completions turn has no translation: its answer is relayed
+unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from luftpause.config import EnginePriority
+from luftpause.v1 import scheduler_pb2 as pb
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from luftpause.dataplane.sse import SSEScanner
+
+__all__ = [
+    "CHAT_PATH",
+    "CLASSIFY_PATH",
+    "PRIORITY_VALUES",
+    "RUN_ID_HEADER",
+    "StreamTranslation",
+    "Translation",
+    "Turn",
+    "new_id",
+    "with_priority",
+]
+
+RUN_ID_HEADER = "x-luftpause-run-id"
+
+CHAT_PATH = "/v1/chat/completions"
+CLASSIFY_PATH = "/classify"
+"""Where a single-pass turn goes on its replica: vLLM's classification route."""
+
+
+class StreamTranslation(Protocol):
+    """One streamed answer's translation, as ``luftpause.dataplane.apis`` makes them
+    (``MessagesStream``, ``ResponsesStream``): the engine's Chat Completions SSE in, the client's
+    API's SSE out.
+
+    ``feed(read) -> bytes`` takes every read of the engine's body as it came (cut anywhere) and
+    returns what to send the client now (maybe ``b""``; the API's opening events come with the
+    first); ``finish() -> bytes`` at the end of the engine's body returns the closing events. Either
+    raises when the answer cannot be translated faithfully or ended early: the relay then aborts the
+    client's connection, as for a chat stream that broke. ``scanner`` is the
+    :class:`~luftpause.dataplane.sse.SSEScanner` that read the engine's bytes inside ``feed``: the
+    turn's facts (first token, usage, finish reason, error), so the relay scans nothing twice;
+    ``tool_call_ids`` the ids of the tool calls the client was sent.
+    """
+
+    tool_call_ids: list[str]
+
+    @property
+    def scanner(self) -> SSEScanner: ...
+
+    def feed(self, chunk: bytes | bytearray) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """How the answer to one turn reaches a client that speaks another API than the engine.
+
+    The engine answers in Chat Completions (OpenAI API reference, "Create chat completion");
+    the relay reads every fact from that answer and gives the client:
+
+    * for a streamed 200 answer, what ``stream()`` (a new :class:`StreamTranslation`, made when the
+      engine's head came) makes of it;
+    * for a whole 200 answer, ``whole(body)`` (the engine's JSON bytes in, the client's out);
+    * for an engine's refusal (429, 5xx), ``refusal(status, body)``, the client's body in its API's
+      error shape (status and ``Retry-After`` unchanged).
+
+    ``whole`` and ``refusal`` must not raise (a fault there is a fault of the turn: 500).
+    """
+
+    stream: Callable[[], StreamTranslation]
+    whole: Callable[[bytes], bytes]
+    refusal: Callable[[int, bytes], bytes]
+
+
+PRIORITY_VALUES: dict[str, dict[int, int]] = {
+    "lower_first": {pb.INTERACTIVE: 0, pb.BATCH: 1},
+    "higher_first": {pb.INTERACTIVE: 1, pb.BATCH: 0},
+}
+"""The ``priority`` a turn carries to a replica with ``[[replicas]] priority`` set, by that order
+and the turn's service class: the interactive class gets the value the engine serves first.
+
+Why these values: vLLM (lower first) gives a request without the field priority 0, so an untagged
+request from another client ranks with interactive turns, ahead of batch ones, never behind them
+(0 is also the one value vLLM takes without its priority policy, so a replica set up wrongly still
+serves interactive turns). SGLang gives an untagged request the value it serves last, whichever
+order it uses, so no choice of ours can move it ahead; 0 and 1 differ by less than its
+``--priority-scheduling-preemption-threshold`` (default 10), so an interactive turn reorders the
+waiting queue but never preempts a running batch turn (whose decode would be thrown away)."""
+
+# The same, as the bytes spliced in: the opening brace and the member that follows it.
+_PRIORITY_HEADS: dict[str, dict[int, bytes]] = {
+    order: {cls: b'{"priority":%d,' % value for cls, value in values.items()}
+    for order, values in PRIORITY_VALUES.items()
+}
+
+
+def with_priority(body: bytes, order: EnginePriority, service_class: int) -> bytes:
+    """``body`` with ``"priority":N,`` spliced in right after its opening brace, ``N`` from
+    :data:`PRIORITY_VALUES` for ``order`` and ``service_class`` (a ``ServiceClass``).
+
+    ``body`` must be what the front door took: a JSON object (``_json_with_model`` in ``app.py``:
+    only JSON whitespace may precede its brace, and orjson refuses a byte order mark) with at least
+    one member (``model``), so the comma is followed by one, and without a ``priority`` member of
+    its own (a client's explicit choice is sent as it came; the caller checks). Nothing else is
+    parsed or re-encoded: the client's bytes follow unchanged, copied once.
+    """
+    start = body.index(b"{")
+    return b"".join((body[:start], _PRIORITY_HEADS[order][service_class], memoryview(body)[start + 1 :]))
+
+
+_ID_PREFIX = secrets.token_hex(8)
+"""64 random bits per process: ids made here never meet another process's (dataplanes, restarts)."""
+_ID_COUNTER = itertools.count()
+
+
+def new_id() -> str:
+    """A fresh id, unique across processes: this process's random prefix and a counter (hex).
+
+    Cheaper than ``uuid4()``, which reads the kernel's random source on every call.
+    """
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
+
+
+@dataclass(slots=True)
+class Turn:
+    """One request as admitted: ids, class and caller, what goes to the engine.
+
+    ``run_id`` is ``""`` for a single-pass turn (``POST /v1/decide``), which belongs to no run.
+    ``body`` is what the engine is sent (the client's bytes for Chat Completions and
+    ``/v1/decide``), to ``upstream_path`` on the replica (``""``: :data:`CHAT_PATH`, or
+    :data:`CLASSIFY_PATH` for a single-pass turn); ``translation`` shapes the answer for a client of
+    another API (None: relayed unchanged). ``arrived`` is the ``loop.time()`` (seconds) at which the
+    request's body had been read; ``first_token_at`` the ``loop.time()`` of its first token, once it
+    came. ``traceparent`` is what goes on with the turn (to the scheduler and the engine): the
+    dataplane's own span of it (``span``) while tracing is active, else the client's header as it
+    came; ``tracestate`` (W3C Trace Context: forwarded with its ``traceparent``) goes on to the
+    engine with it, unchanged.
+    """
+
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: int
+    caller: str
+    body: bytes
+    traceparent: str | None
+    tracestate: str | None = None
+    single_pass: bool = False
+    arrived: float = 0.0
+    first_token_at: float | None = None
+    span: Span | None = None
+    new_run: bool = False
+    """The run was made up for this turn (no header, no known tool call): forgotten again if the
+    turn never reaches a replica."""
+    client_priority: bool = False
+    """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
+    upstream_path: str = ""
+    translation: Translation | None = None
+    replica: str = ""
+    """Where the turn was sent, once it was."""
+
+    @staticmethod
+    def new_id() -> str:
+        """A fresh turn id (:func:`new_id`)."""
+        return new_id()
+
+    @property
+    def path(self) -> str:
+        """Where the turn goes on its replica."""
+        return self.upstream_path or (CLASSIFY_PATH if self.single_pass else CHAT_PATH)

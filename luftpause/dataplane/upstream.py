@@ -1,0 +1,448 @@
+"""The dataplane's HTTP/1.1 client to engines: one keep-alive pool per replica.
+
+Why not aiohttp's client: a relay needs a small part of it (send one request, read a status, headers
+and a body as it arrives), and its full stack cost about twice the CPU per turn of this module,
+measured in one run through a bare granian relay (bench/README.md, "End to end": 0.39 against 0.23
+ms per turn at one stream; a Rust client, ``pyreqwest``, 0.28).
+
+What it is: an :class:`asyncio.Protocol` per connection with httptools' response parser (llhttp,
+the parser of Node.js), which undoes chunked framing; the body is handed to the relay as it
+arrives, everything one read brought joined into one piece.
+
+Contract:
+
+* :meth:`EnginePool.send` writes one request (``POST``, HTTP/1.1, ``Host``, ``Content-Length``,
+  the pool's fixed headers and the turn's own) on an idle kept-alive connection, or a new one
+  (``ENGINE_CONNECT_TIMEOUT_S`` to connect), and returns once the response's head has come:
+  ``status``, ``headers`` (lower-case names, raw values, in order).
+* :meth:`EngineExchange.read` returns the body as it comes: every byte received since the last call
+  in one ``bytes``, waiting when none is there; ``b""`` once the body has ended.
+  :meth:`EngineExchange.take` is its non-waiting half.
+* Bounded: at most ``HIGH_WATER_BYTES`` of body wait in the exchange; past that the connection stops
+  reading (TCP then stops the engine) until the relay has taken them. A relay that waits on a slow
+  client therefore holds the engine back, never memory.
+* Timeouts: ``read_timeout_s`` (seconds) bounds how long the relay waits for a head or a body byte
+  with nothing arriving (the time it spends sending to a slow client does not count); checked
+  every ``min(1, read_timeout_s / 4)`` seconds by one task per :class:`Upstream`.
+* Ends: :meth:`EngineExchange.release` after the body ended returns the connection to its pool
+  when the engine keeps it alive; :meth:`EngineExchange.abort` (the client left, the relay failed)
+  resets the connection, which the engine sees at once (SGLang and vLLM abort the request then).
+  An idle connection is closed after ``KEEPALIVE_S`` (engines built on uvicorn close theirs at 5 s).
+
+Errors: every failure is an :class:`EngineError` (the message says what happened):
+``EngineConnectError`` (no connection), ``EngineClosed`` (the engine closed or reset the connection
+before its answer ended), ``EngineTimeout`` (the read timeout passed), ``EngineProtocolError`` (not
+HTTP/1.1 as the parser reads it). A request is never re-sent: the engine may have begun it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = [
+    "ENGINE_CONNECT_TIMEOUT_S",
+    "HIGH_WATER_BYTES",
+    "KEEPALIVE_S",
+    "EngineClosed",
+    "EngineConnectError",
+    "EngineError",
+    "EngineExchange",
+    "EnginePool",
+    "EngineProtocolError",
+    "EngineTimeout",
+    "Upstream",
+]
+
+ENGINE_CONNECT_TIMEOUT_S = 2.0
+KEEPALIVE_S = 4.0
+"""Seconds an idle connection is kept for reuse; below the 5 s after which uvicorn closes one, so
+that a request is never sent on a connection the engine is closing."""
+HIGH_WATER_BYTES = 256 * 1024
+"""Body bytes an exchange holds before it stops reading from the engine."""
+
+
+class EngineError(Exception):
+    """The engine request failed; ``str(err)`` says how (it goes into the client's 502)."""
+
+
+class EngineConnectError(EngineError):
+    pass
+
+
+class EngineClosed(EngineError):
+    pass
+
+
+class EngineTimeout(EngineError):
+    pass
+
+
+class EngineProtocolError(EngineError):
+    pass
+
+
+_Headers = list[tuple[bytes, bytes]]
+
+
+class EngineExchange(asyncio.Protocol):
+    """One connection to an engine, and the exchange on it while one is going on.
+
+    Read ``status`` and ``headers`` once :meth:`EnginePool.send` returned it; then :meth:`read`
+    (or :meth:`take`) the body, and end with :meth:`release` or :meth:`abort`.
+    """
+
+    __slots__ = (
+        "_body",
+        "_buffered",
+        "_chunked",
+        "_has_length",
+        "_head_done",
+        "_keep_alive",
+        "_parser",
+        "_paused",
+        "_pool",
+        "_transport",
+        "_waiter",
+        "complete",
+        "error",
+        "headers",
+        "idle_since",
+        "quiet_since",
+        "status",
+    )
+
+    def __init__(self, pool: EnginePool) -> None:
+        self._pool = pool
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._head_done = False
+        self._has_length = False
+        self._chunked = False
+        self._keep_alive = False
+        self.status = 0
+        self.headers: _Headers = []
+        self.complete = False
+        """The response's body has ended (what :meth:`read` returns after it is the last of it)."""
+        self.error: EngineError | None = None
+        self.idle_since = 0.0
+        """``loop.time()`` the connection went idle in its pool."""
+        self.quiet_since = 0.0
+        """``loop.time()`` of the last byte received, or of the relay beginning to wait."""
+
+    # --- asyncio.Protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.quiet_since = self._pool.loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(EngineProtocolError("the engine answered with a protocol upgrade"))
+        except httptools.HttpParserError as exc:
+            self._fail(EngineProtocolError(f"the engine's answer is not HTTP/1.1: {exc}"))
+        if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._pool.lost(self)
+        if self.complete or self.error is not None:
+            self._wake()
+            return
+        if self._head_done and not self._has_length and not self._chunked:
+            self.complete = True  # a body delimited by the connection's end (RFC 9112 section 6.3)
+        else:
+            when = "mid-answer" if self._head_done else "before answering"
+            self.error = EngineClosed(f"the engine closed the connection {when} ({exc or 'end of stream'})")
+        self._wake()
+
+    # --- httptools callbacks ------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length":
+            self._has_length = True
+        elif name == b"transfer-encoding":
+            self._chunked = b"chunked" in value.lower()
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._keep_alive = self._parser.should_keep_alive()
+
+    # --- the relay's side ---------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fail(self, error: EngineError) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def _wait(self) -> None:
+        self.quiet_since = self._pool.loop.time()
+        waiter = self._waiter = self._pool.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def timed_out(self, read_timeout_s: float) -> None:
+        """Called by the pool's sweep for an exchange whose relay waits with nothing arriving."""
+        self._fail(EngineTimeout(f"no answer from the engine for {read_timeout_s:g} s"))
+        self._wake()
+
+    @property
+    def waiting(self) -> bool:
+        """The relay is waiting on this exchange for bytes."""
+        return self._waiter is not None
+
+    async def _head(self) -> None:
+        while not self._head_done:
+            if self.error is not None:
+                raise self.error
+            if self.complete:  # cannot be: a message completes after its head
+                raise EngineProtocolError("the engine's answer ended before its head")
+            await self._wait()
+
+    def take(self) -> bytes:
+        """The body bytes received since the last call, ``b""`` when none are.
+
+        Raises the exchange's :class:`EngineError` once the engine failed and nothing received
+        before the failure is left to take. Resumes reading when it had stopped for the high water.
+        """
+        body = self._body
+        if not body:
+            if self.error is not None:
+                raise self.error
+            return b""
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
+        return data
+
+    async def read(self) -> bytes:
+        """The body bytes received since the last call, waiting until there are some; ``b""`` once
+        the body has ended (``complete``). Raises :class:`EngineError`."""
+        while True:
+            data = self.take()
+            if data or self.complete:
+                return data
+            await self._wait()
+
+    async def read_all(self, limit: int) -> bytes:
+        """The whole body (at most ``limit`` bytes, else :class:`EngineProtocolError`)."""
+        parts: list[bytes] = []
+        size = 0
+        while data := await self.read():
+            size += len(data)
+            if size > limit:
+                raise EngineProtocolError(f"the engine's answer is over {limit} bytes")
+            parts.append(data)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """The relay is done with a complete answer: back to the pool, or closed."""
+        if self.complete and self._keep_alive and self.error is None and self._transport is not None:
+            self._pool.put(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        """Reset the connection (an exchange given up mid-way); idempotent."""
+        transport = self._transport
+        if transport is not None:
+            self._transport = None
+            transport.abort()
+        self._pool.lost(self)
+
+    def _reset_for_reuse(self) -> None:
+        # llhttp is ready for the next message once one completed: the parser is kept.
+        self._body.clear()
+        self._buffered = 0
+        self._head_done = self._has_length = self._chunked = self._keep_alive = False
+        self.status = 0
+        self.headers = []
+        self.complete = False
+
+    def _write(self, data: bytes, body: bytes) -> None:
+        assert self._transport is not None
+        if len(body) <= 16384:
+            self._transport.write(data + body)  # one copy of a small body, one write
+        else:
+            self._transport.writelines((data, body))
+
+
+class EnginePool:
+    """The kept-alive connections to one engine (``url``: ``http://`` or ``https://``, maybe with a
+    path prefix), and how a request to it is written.
+
+    ``fixed_headers``: ``(name, value)`` text pairs sent with every request (the replica's
+    ``Authorization``, ``Content-Type``, ``Accept-Encoding``). Build it in the running loop.
+    """
+
+    def __init__(self, url: str, fixed_headers: list[tuple[str, str]], read_timeout_s: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.loop = asyncio.get_running_loop()
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
+        self.prefix = parts.path.rstrip("/")
+        self.read_timeout_s = read_timeout_s
+        authority = parts.netloc.rpartition("@")[2]  # never the URL's userinfo
+        fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed_headers)
+        self._fixed = f"host: {authority}\r\n{fixed}".encode("latin-1")
+        self._idle: list[EngineExchange] = []
+        self.busy: set[EngineExchange] = set()
+
+    def head(self, path: str, extra: bytes, length: int) -> bytes:
+        """The request's head: ``POST`` of ``path`` (after the URL's own path), the fixed headers,
+        ``extra`` (whole header lines) and ``Content-Length``."""
+        return b"POST %s%s HTTP/1.1\r\n%s%scontent-length: %d\r\n\r\n" % (
+            self.prefix.encode(),
+            path.encode(),
+            self._fixed,
+            extra,
+            length,
+        )
+
+    async def send(self, path: str, extra: bytes, body: bytes) -> EngineExchange:
+        """Send ``POST path`` with ``body`` and return the exchange once its response's head came.
+
+        Raises :class:`EngineError`; cancellation aborts the connection.
+        """
+        exchange = await self._connection()
+        self.busy.add(exchange)
+        try:
+            exchange._write(self.head(path, extra, len(body)), body)
+            await exchange._head()
+        except BaseException:
+            exchange.abort()
+            raise
+        return exchange
+
+    async def _connection(self) -> EngineExchange:
+        idle = self._idle
+        now = self.loop.time()
+        while idle:
+            exchange = idle.pop()
+            if exchange._transport is not None and now - exchange.idle_since < KEEPALIVE_S:
+                return exchange
+            exchange.abort()
+        try:
+            async with asyncio.timeout(ENGINE_CONNECT_TIMEOUT_S):
+                _, exchange = await self.loop.create_connection(
+                    lambda: EngineExchange(self),
+                    self.host,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl is not None else None,
+                )
+        except TimeoutError:
+            raise EngineConnectError(f"connect timed out after {ENGINE_CONNECT_TIMEOUT_S:g} s") from None
+        except OSError as exc:
+            raise EngineConnectError(f"cannot connect: {exc.strerror or exc}") from None
+        return exchange
+
+    def put(self, exchange: EngineExchange) -> None:
+        self.busy.discard(exchange)
+        exchange._reset_for_reuse()
+        exchange.idle_since = self.loop.time()
+        self._idle.append(exchange)
+
+    def lost(self, exchange: EngineExchange) -> None:
+        self.busy.discard(exchange)
+        if exchange in self._idle:
+            self._idle.remove(exchange)
+
+    def sweep(self, now: float) -> None:
+        """Time out the exchanges whose relay has waited ``read_timeout_s`` with nothing arriving,
+        and close the connections idle for ``KEEPALIVE_S``."""
+        timeout = self.read_timeout_s
+        for exchange in list(self.busy):
+            if exchange.waiting and now - exchange.quiet_since >= timeout:
+                exchange.timed_out(timeout)
+        while self._idle and now - self._idle[0].idle_since >= KEEPALIVE_S:
+            self._idle.pop(0).abort()
+
+    def close(self) -> None:
+        for exchange in [*self._idle, *self.busy]:
+            exchange.abort()
+
+
+class Upstream:
+    """Every replica's :class:`EnginePool`, by replica name, and the one task that sweeps them.
+
+    ``Upstream(read_timeout_s)``; :meth:`pool` builds a replica's pool on first use (``headers``
+    gives its fixed headers); :meth:`start` and :meth:`close` in the running loop.
+    """
+
+    def __init__(self, read_timeout_s: float) -> None:
+        self.read_timeout_s = read_timeout_s
+        self.pools: dict[str, EnginePool] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def pool(self, name: str, url: str, headers: Callable[[], list[tuple[str, str]]]) -> EnginePool:
+        pool = self.pools.get(name)
+        if pool is None:
+            pool = self.pools[name] = EnginePool(url, headers(), self.read_timeout_s)
+        return pool
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._sweep_forever(), name="luftpause-upstream")
+
+    async def _sweep_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        every = min(1.0, self.read_timeout_s / 4)
+        while True:
+            await asyncio.sleep(every)
+            now = loop.time()
+            for pool in self.pools.values():
+                pool.sweep(now)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for pool in self.pools.values():
+            pool.close()

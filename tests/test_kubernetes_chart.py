@@ -1,0 +1,329 @@
+"""The Helm chart in ``deploy/helm/luftpause``, rendered and checked offline (no cluster).
+
+Rendered by Helm's own template engine (``helm-python-sdk``: Helm 4's Go library, no ``helm``
+binary), as ``helm template`` renders it; every object validated (strict: unknown fields refused)
+against the Kubernetes OpenAPI JSON schemas ``kubernetes-validate`` ships, for the oldest
+Kubernetes the chart declares and the newest the package knows. Then what the objects must say:
+one scheduler replaced by Recreate, N dataplanes behind a ClientIP-affine Service, the runtime's
+journal on a StatefulSet volume, one configuration naming the chart's own Services, the token and
+engine keys from Secrets, probes on routes that answer on a running stack, resource requests.
+Each tool that is absent skips its tests, saying which package to install.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from luftpause import __version__
+from luftpause.cli import COMMANDS, build_parser
+from luftpause.config import Config, parse_config, split_host_port
+from luftpause.testkit.stack import Stack
+
+helm = pytest.importorskip(
+    "helm_python",
+    reason="helm-python-sdk (Helm's engine as a library) is not installed: pip install -e '.[dev]'",
+)
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate (the Kubernetes JSON schemas) is not installed"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deploy" / "helm" / "luftpause"
+RELEASE = "lp"
+PREFIX = "lp-luftpause"
+CONFIG_PATH = "/etc/luftpause/luftpause.toml"
+LUFTPAUSE = ("scheduler", "dataplane", "runtime")
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The chart's objects (``helm template lp CHART`` with ``values`` over values.yaml)."""
+    chart = helm.Chart.load(str(CHART))
+    manifests = chart.render(values, name=RELEASE, namespace="ns", is_install=True)
+    return [
+        doc
+        for name, text in sorted(manifests.items())
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Deployments and StatefulSets by their component label."""
+    return {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o
+        for o in objects
+        if o["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    (only,) = workload["spec"]["template"]["spec"]["containers"]
+    return only  # type: ignore[no-any-return]
+
+
+def config_of(objects: list[dict[str, Any]]) -> Config:
+    (config_map,) = by_kind(objects, "ConfigMap").values()
+    return parse_config(config_map["data"]["luftpause.toml"], "ConfigMap luftpause.toml")
+
+
+def service_port(
+    objects: list[dict[str, Any]], host: str, port: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chart's Service named ``host`` and its port ``port``; AssertionError when absent."""
+    services = by_kind(objects, "Service")
+    assert host in services, f"{host}: not a Service of the chart ({sorted(services)})"
+    (entry,) = [p for p in services[host]["spec"]["ports"] if p["port"] == port]
+    return services[host], entry
+
+
+def serves(objects: list[dict[str, Any]], service: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """True when ``service`` selects a workload whose container has the named target port."""
+    selector = service["spec"]["selector"]
+    for workload in workloads(objects).values():
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        if selector.items() <= labels.items():
+            names = {p["name"]: p["containerPort"] for p in container(workload)["ports"]}
+            target = entry["targetPort"]
+            return target in names or target in names.values()
+    return False
+
+
+def oldest_kubernetes() -> str:
+    declared = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    return declared.removeprefix(">=").split("-")[0].rsplit(".", 1)[0]  # ">=1.25.0-0" -> "1.25"
+
+
+DEFAULT = render()
+SECRETS = {"token": {"value": "tok-123"}, "engineKeys": {"values": {"ENGINE_API_KEY": "key-456"}}}
+POOL = """
+[[replicas]]
+name = "sglang-0"
+url = "http://sglang-0.sglang:30000"
+models = ["qwen2.5-0.5b-instruct"]
+api_key_env = "ENGINE_API_KEY"
+"""
+
+
+# --- the chart as Helm and Kubernetes see it ------------------------------------------------------
+
+
+def test_helm_lints_the_chart_without_a_warning() -> None:
+    result = helm.lint(str(CHART))
+    assert result["errors"] == []
+    assert [m for m in result["messages"] if m["severity"] > 1] == [], result["messages"]  # 1: info
+
+
+@pytest.mark.parametrize("version", [oldest_kubernetes(), kubernetes_validate.latest_version()])
+@pytest.mark.parametrize(
+    "values",
+    [None, SECRETS, {"simulated": {"enabled": False}, "pool": POOL}],
+    ids=["default", "secrets", "pool"],
+)
+def test_every_object_is_valid_against_the_kubernetes_schemas(
+    version: str, values: dict[str, Any] | None
+) -> None:
+    objects = render(values)
+    assert len(objects) >= 7  # ConfigMap, 3 workloads, 3 Services (and the simulated pool)
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_schema_check_can_fail() -> None:
+    broken = json.loads(json.dumps(workloads(DEFAULT)["dataplane"]))
+    broken["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+    misspelt = json.loads(json.dumps(workloads(DEFAULT)["scheduler"]))
+    misspelt["spec"]["stratgy"] = misspelt["spec"].pop("strategy")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(misspelt, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_image_is_the_release_of_this_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == __version__
+    images = {container(w)["image"] for w in workloads(DEFAULT).values()}
+    assert images == {f"ghcr.io/luftpause/luftpause:v{__version__}"}  # what tools/release.sh pushes
+
+
+# --- the three processes --------------------------------------------------------------------------
+
+
+def test_the_scheduler_is_one_replica_replaced_by_recreate() -> None:
+    scheduler = workloads(DEFAULT)["scheduler"]
+    assert scheduler["kind"] == "Deployment"
+    assert scheduler["spec"]["replicas"] == 1
+    assert scheduler["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_dataplanes_are_n_replicas_behind_a_client_affine_service() -> None:
+    objects = render({"dataplane": {"replicas": 3}})
+    dataplane = workloads(objects)["dataplane"]
+    assert dataplane["kind"] == "Deployment" and dataplane["spec"]["replicas"] == 3
+    service, entry = service_port(objects, f"{PREFIX}-dataplane", 8080)
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+    assert service["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] > 0
+    assert serves(objects, service, entry)
+
+
+def test_the_runtime_is_a_statefulset_with_its_journal_on_a_volume() -> None:
+    runtime = workloads(DEFAULT)["runtime"]
+    assert runtime["kind"] == "StatefulSet" and runtime["spec"]["replicas"] == 1
+    assert runtime["spec"]["serviceName"] in by_kind(DEFAULT, "Service")
+    (claim,) = runtime["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    mounts = {m["name"]: m["mountPath"] for m in container(runtime)["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == config_of(DEFAULT).runtime.state_dir
+    # The image's user owns what it writes there.
+    assert runtime["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
+
+
+@pytest.mark.parametrize(
+    "values", [None, {"simulated": {"enabled": False}, "pool": POOL}], ids=["default", "pool"]
+)
+def test_one_configmap_configures_every_process_and_names_the_chart_s_services(
+    values: dict[str, Any] | None,
+) -> None:
+    objects = render(values)
+    config = config_of(objects)
+    (config_map,) = by_kind(objects, "ConfigMap")
+    for name in LUFTPAUSE:
+        spec = workloads(objects)[name]["spec"]["template"]["spec"]
+        one = container(workloads(objects)[name])
+        environment = {e["name"]: e.get("value") for e in one["env"]}
+        assert environment["LUFTPAUSE_CONFIG"] == CONFIG_PATH
+        (volume,) = [v for v in spec["volumes"] if "configMap" in v]
+        assert volume["configMap"]["name"] == config_map
+        (mount,) = [m for m in one["volumeMounts"] if m["name"] == volume["name"]]
+        assert CONFIG_PATH.startswith(mount["mountPath"] + "/")
+    for listen in (
+        config.scheduler.grpc,
+        config.scheduler.http,
+        config.dataplane.listen,
+        config.runtime.listen,
+    ):
+        assert split_host_port(listen)[0] == "0.0.0.0", f"{listen}: other pods could not reach it"
+    # Each address one process reaches another at is a Service of the chart serving that port.
+    host, port = split_host_port(config.dataplane.scheduler)
+    assert serves(objects, *service_port(objects, host, port)) and host == f"{PREFIX}-scheduler"
+    url = urlsplit(config.runtime.dataplane)
+    assert serves(objects, *service_port(objects, url.hostname or "", url.port or 80))
+    assert url.hostname == f"{PREFIX}-dataplane"
+    if values is None:  # the simulated pool: every replica and MCP server is a Service here
+        for target in [r.url for r in config.replicas] + [s.url or "" for s in config.mcp_servers]:
+            parts = urlsplit(target)
+            assert serves(objects, *service_port(objects, parts.hostname or "", parts.port or 80)), target
+    else:
+        assert [r.name for r in config.replicas] == ["sglang-0"]
+        assert not {"engine-0", "engine-1", "mcp"} & set(workloads(objects))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"simulated": {"enabled": False}}, "pool is empty"),
+        ({"pool": POOL}, "set simulated.enabled=false"),
+    ],
+)
+def test_a_pool_that_is_missing_or_doubled_is_refused_at_render(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize("values", [None, SECRETS], ids=["default", "secrets"])
+def test_every_container_runs_a_command_the_cli_accepts(values: dict[str, Any] | None) -> None:
+    for name, workload in workloads(render(values)).items():
+        argv = container(workload)["args"]
+        assert argv[0] in COMMANDS, name
+        build_parser(argv[0]).parse_args(argv)  # SystemExit on an option the command lacks
+
+
+# --- secrets ---------------------------------------------------------------------------------------
+
+
+def env_sources(workload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    one = container(workload)
+    from_secret = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in one["env"] if "valueFrom" in e}
+    return from_secret, [s["secretRef"]["name"] for s in one.get("envFrom", [])]
+
+
+def test_the_token_and_engine_keys_come_from_secrets_and_nowhere_else() -> None:
+    objects = render(SECRETS)
+    secrets = by_kind(objects, "Secret")
+    token_secret, keys_secret = f"{PREFIX}-token", f"{PREFIX}-engine-keys"
+    assert secrets[token_secret]["stringData"] == {"LUFTPAUSE_TOKEN": "tok-123"}
+    assert secrets[keys_secret]["stringData"] == {"ENGINE_API_KEY": "key-456"}
+    for name in LUFTPAUSE:
+        from_secret, env_from = env_sources(workloads(objects)[name])
+        assert from_secret == {"LUFTPAUSE_TOKEN": {"name": token_secret, "key": "LUFTPAUSE_TOKEN"}}, name
+        # Probes (scheduler) and turns (dataplane) carry the engines' keys; the runtime never does.
+        assert env_from == ([keys_secret] if name != "runtime" else []), name
+    others = json.dumps([o for o in objects if o["kind"] != "Secret"])
+    assert "tok-123" not in others and "key-456" not in others
+
+
+def test_existing_secrets_are_referenced_not_made() -> None:
+    objects = render({"token": {"existingSecret": "my-token"}, "engineKeys": {"existingSecret": "my-keys"}})
+    assert by_kind(objects, "Secret") == {}
+    from_secret, env_from = env_sources(workloads(objects)["dataplane"])
+    assert from_secret["LUFTPAUSE_TOKEN"]["name"] == "my-token" and env_from == ["my-keys"]
+
+
+def test_without_secrets_no_secret_is_made_or_referenced() -> None:
+    assert by_kind(DEFAULT, "Secret") == {}
+    for name in LUFTPAUSE:
+        assert env_sources(workloads(DEFAULT)[name]) == ({}, [])
+
+
+# --- probes and resources ---------------------------------------------------------------------------
+
+
+def test_every_container_has_probes_on_its_own_ports_and_resource_requests() -> None:
+    for name, workload in workloads(DEFAULT).items():
+        one = container(workload)
+        ports = {p["name"] for p in one["ports"]}
+        for probe in ("livenessProbe", "readinessProbe"):
+            check = one[probe]
+            target = (check.get("httpGet") or check.get("tcpSocket"))["port"]
+            assert target in ports, f"{name} {probe}: port {target!r} is not one of {ports}"
+        requests = one["resources"]["requests"]
+        assert requests.get("cpu") and requests.get("memory"), name
+
+
+@pytest.mark.integration
+def test_the_probed_routes_answer_on_a_running_stack(stack: Stack) -> None:
+    """Each HTTP probe's path, asked of the same process of the shared stack (real processes on
+    loopback), answers 200 without a token."""
+    bases = {
+        "scheduler": stack.status_url.removesuffix("/status"),
+        "dataplane": stack.dataplane_url,
+        "runtime": stack.runtime_url.removesuffix("/mcp"),
+        "engine-0": stack.engine_urls[0],
+        "engine-1": stack.engine_urls[1],
+    }
+    probed = 0
+    for name, workload in workloads(DEFAULT).items():
+        one = container(workload)
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            http = one.get(probe, {}).get("httpGet")
+            if http is None:
+                continue
+            with urllib.request.urlopen(bases[name] + http["path"], timeout=10) as response:
+                assert response.status == 200, (name, probe)
+            probed += 1
+    assert probed >= 8
