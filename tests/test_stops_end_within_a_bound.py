@@ -29,6 +29,8 @@ pytestmark = pytest.mark.integration
 
 FAIL_SAFE_S = 60.0
 SECTIONS = {name: f"[{name}.limits]\nstop_timeout_s = 2\n" for name in ("dataplane", "runtime")}
+PROGRESS_EVERY = {"LUFTPAUSE_PROGRESS_INTERVAL_SECONDS": "0.2"}
+"""A waiting ``await`` tells its client so (MCP progress) this often: proof that it is open."""
 
 
 def _sigterm_and_wait(child: ChildProcess) -> None:
@@ -62,17 +64,22 @@ def test_a_dataplane_stops_under_long_streams_and_names_them(tmp_path: Path) -> 
 
 
 def test_a_runtime_stops_with_an_await_open_and_names_it(tmp_path: Path) -> None:
-    with Stack.start(tmp_path, decode_ms=20, env={"LUFTPAUSE_TOKEN": ""}, sections=SECTIONS) as stack:
+    env = {"LUFTPAUSE_TOKEN": "", **PROGRESS_EVERY}
+    with Stack.start(tmp_path, decode_ms=20, env=env, sections=SECTIONS) as stack:
         stack.wait_connected()
         outcome: list[BaseException | dict[str, Any]] = []
         waiting = threading.Event()
 
+        async def progressed(progress: float, total: float | None, message: str | None) -> None:
+            waiting.set()  # the await is open at the runtime
+
         async def spawn_and_await() -> None:
             async with Client(stack.runtime_url) as client:
                 spawned = await client.call_tool("spawn", {"task": "a long answer", "maxTokens": 100_000})
-                waiting.set()
                 done = await client.call_tool(
-                    "await", {"handles": [spawned.structured_content["handle"]], "timeout": 600}
+                    "await",
+                    {"handles": [spawned.structured_content["handle"]], "timeout": 600},
+                    progress_callback=progressed,
                 )
                 outcome.append(done.structured_content)
 
