@@ -75,6 +75,9 @@ worker still there ``stop_timeout_s`` + :data:`_UNWIND_S` + this after the signa
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
+SWEEP_S = 1.0
+"""How often the body deadlines are looked at (seconds): a body is cut off at most this late."""
+
 
 class SlowClientCutOff(Exception):
     """Raised out of the application after its 408 or 503, so that granian closes the connection
@@ -135,7 +138,7 @@ class _Request:
     """One request being served: what the stop report shows, its task, and why the guard cut it
     off (``cut``: ``"body"`` when its body missed the deadline, ``"stop"`` when a stop did)."""
 
-    __slots__ = ("_receive", "at", "cut", "method", "path", "received", "task", "timer")
+    __slots__ = ("_receive", "at", "cut", "deadline", "method", "path", "received", "task")
 
     def __init__(self, scope: Scope, receive: Receive, at: float) -> None:
         self.method: str = scope["method"]
@@ -144,7 +147,8 @@ class _Request:
         self._receive = receive
         self.received = 0
         self.cut: str | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        """Loop time by which the body must be complete; 0: no body is awaited (any more)."""
         task = asyncio.current_task()
         assert task is not None
         self.task = task
@@ -153,24 +157,19 @@ class _Request:
         """Cancel the request's task (the guard answers it when the task unwinds)."""
         if self.cut is None:
             self.cut = why
-            self.disarm()
+            self.deadline = 0.0
             self.task.cancel()
-
-    def disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
 
     def receive(self) -> Awaitable[Message]:
         """The application's ``receive``: as granian's once the body is complete, watched before."""
-        if self.timer is None:
+        if not self.deadline:
             return self._receive()
         return self._receive_body()
 
     async def _receive_body(self) -> Message:
         message = await self._receive()
         if message["type"] != "http.request" or not message.get("more_body"):
-            self.disarm()
+            self.deadline = 0.0
         else:
             self.received += len(message.get("body", b""))
         return message
@@ -188,6 +187,7 @@ class ListenerGuard:
         self.open: dict[int, _Request] = {}
         """id(scope) -> every request being served."""
         self.stopping = False
+        self._sweeper: asyncio.Task[None] | None = None
         self._drained: asyncio.Event | None = None
         """Set when the last open request ends during a stop."""
         logging.getLogger("_granian.utils").addFilter(_CUT_OFF_FILTER)  # granian logs it there
@@ -217,8 +217,10 @@ class ListenerGuard:
         loop = asyncio.get_running_loop()
         request = open_[key] = _Request(scope, receive, loop.time())
         if _expects_body(scope):
-            request.timer = loop.call_later(self.limits.body_timeout_s, request.cut_off, "body")
+            request.deadline = request.at + self.limits.body_timeout_s
             receive = request.receive
+            if self._sweeper is None:
+                self._sweeper = loop.create_task(self._sweep(), name="listener-body-deadlines")
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError:
@@ -227,11 +229,22 @@ class ListenerGuard:
             request.task.uncancel()
         finally:
             del open_[key]
-            request.disarm()
             if not open_ and self._drained is not None:
                 self._drained.set()
         if request.cut is not None:
             await self._cut_off(scope, send, request)
+
+    async def _sweep(self) -> None:
+        """Cut off every request whose body missed its deadline, looking every :data:`SWEEP_S` (at
+        most a quarter of ``body_timeout_s``): one task for all, rather than a timer armed and
+        cancelled per request on the hot path."""
+        loop = asyncio.get_running_loop()
+        every = min(SWEEP_S, self.limits.body_timeout_s / 4)
+        while True:
+            await asyncio.sleep(every)
+            now = loop.time()
+            for request in [r for r in self.open.values() if r.deadline and now >= r.deadline]:
+                request.cut_off("body")
 
     async def _cut_off(self, scope: Scope, send: Send, request: _Request) -> None:
         """Answer a request the guard cut off, if its answer has not begun, and raise
@@ -312,6 +325,8 @@ class ListenerGuard:
         async def lifespan_send(message: Message) -> None:
             if message["type"] == "lifespan.shutdown.complete":
                 log.info("%s: stopped in %.2f s", self.name, time.monotonic() - self._stop_began)
+                if self._sweeper is not None:
+                    self._sweeper.cancel()
             await send(message)
 
         return lifespan_send
