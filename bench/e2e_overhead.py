@@ -5,7 +5,7 @@ Usage::
 
     .venv/bin/python bench/e2e_overhead.py [--streams 1,16,64] [--turns N] [--rounds R] [--json out.json]
 
-What is measured (DESIGN.md, "Performance budgets"): for every number of concurrent streams and
+What is measured (docs/architecture.md "Performance budgets"): for every number of concurrent streams and
 for streamed and non-streamed turns,
 
 * time to first token p50 / p99 (seconds): from sending the request to the first SSE event whose

@@ -1,6 +1,6 @@
 """The report of the end-to-end overhead benchmark: rows with ratios (added time to first token
 against ``direct``, completions per second and CPU per turn against ``nginx``), the Markdown table,
-the DESIGN.md targets, and what source was measured.
+the targets of docs/architecture.md "Performance budgets", and what source was measured.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from e2e_arrangements import Source, git
 from e2e_measure import STREAMED, Measurement, percentile
 
-# Targets from DESIGN.md "Performance budgets".
+# Targets from docs/architecture.md "Performance budgets".
 TARGET_ADDED_TTFT_S = 0.001
 TARGET_CPS_VS_NGINX = 0.8
 TARGET_CPU_VS_NGINX = 2.0
@@ -92,8 +92,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def targets(rows: list[dict[str, Any]], streams: Sequence[int]) -> list[dict[str, Any]]:
-    """The DESIGN.md budgets for luftpause on streamed turns, each ``met`` True/False, or None when
-    its concurrency or baseline was not measured."""
+    """The budgets of docs/architecture.md "Performance budgets" for luftpause on streamed turns,
+    each ``met`` True/False, or None when its concurrency or baseline was not measured."""
     by = {(r["streams"], r["mode"], r["arrangement"]): r for r in rows}
     checks: list[dict[str, Any]] = []
 

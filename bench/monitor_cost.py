@@ -26,34 +26,50 @@ import httpx
 from starlette.applications import Starlette
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.monitor import monitor_routes
-from luftpause.runtime.pods import Pods
-from luftpause.runtime.run_record import Run
-from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.pods.notifications import Notifications
+from luftpause.runtime.pods.operations import PodOperations
+from luftpause.runtime.pods.scopes import RunScopes
+from luftpause.runtime.pods.tree import TreeLimits
+from luftpause.runtime.runs.changes import NetworkChanges
+from luftpause.runtime.runs.record import Run
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.runs.spec import RunSpec
+from luftpause.runtime.web.monitor import monitor_routes
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
 
 
-def build(runs: int) -> tuple[Pods, Run]:
+def pods_without_journal(max_finished: int) -> PodOperations:
+    """The runtime's pod operations over a registry without a journal (nothing is written), their
+    parts built as ``luftpause.runtime.wiring.build_runtime`` builds them."""
+    config = parse_config(CONFIG)
+    changes = NetworkChanges()
+    scopes = RunScopes(config, None, changes)
+    notifications = Notifications(None, changes)
+    tree = TreeLimits(config.runtime.max_depth, config.runtime.max_children, None, changes)
+    registry = RunRegistry(
+        max_finished=max_finished, changes=changes, listeners=(scopes, notifications, tree)
+    )
+    return PodOperations(registry, scopes, notifications, tree)
+
+
+def build(runs: int) -> tuple[PodOperations, Run]:
     """A registry holding ``runs`` finished runs and one with a 400-message conversation."""
-    pods = Pods(RunRegistry(max_finished=runs + 10), parse_config(CONFIG))
+    pods = pods_without_journal(runs + 10)
     for i in range(runs):
         parent = f"run-{i - i % 10:06d}" if i % 10 else None
-        run = Run(
-            handle=f"run-{i:06d}",
+        spec = RunSpec(
             task=f"task {i}: summarise the document and report",
             model=DEFAULT_MODEL,
             service_class="batch",
             caller="bench",
-            max_tool_calls=8,
-            max_tokens=256,
-            allowed_tools=None,
-            messages=[{"role": "user", "content": f"task {i}"}],
             parent=parent,
         )
-        pods.registry.add(run)
-        run.complete_round([{"role": "assistant", "content": f"looking at part {i}"}])
-        run.finish("completed", answer=f"answer {i}: the document says this and that")
+        run = pods.registry.add(
+            Run(handle=f"run-{i:06d}", spec=spec, messages=[{"role": "user", "content": f"task {i}"}])
+        )
+        pods.registry.complete_round(run, [{"role": "assistant", "content": f"looking at part {i}"}])
+        pods.registry.finish(run, "completed", answer=f"answer {i}: the document says this and that")
     long = pods.registry.get("run-000000")
     long.messages.extend({"role": "assistant", "content": "x" * 500} for _ in range(400))
     return pods, long
@@ -73,11 +89,11 @@ async def timed(what: Callable[[], Awaitable[httpx.Response]], repeat: int) -> t
 
 async def measure(runs: int, repeat: int) -> None:
     pods, long = build(runs)
-    app = Starlette(routes=monitor_routes(lambda: pods))
+    app = Starlette(routes=monitor_routes(pods))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as client:
 
         async def after_change() -> httpx.Response:
-            pods.registry.version += 1  # as any change does: the next poll builds the network
+            pods.registry.changes.bump()  # as any change does: the next poll builds the network
             return await client.get("/monitor/runs")
 
         version = (await client.get("/monitor/runs")).json()["version"]

@@ -1,8 +1,8 @@
 """Micro-benchmark of the scheduler core: ``decide()`` events per second.
 
 Run: ``.venv/bin/pytest bench/test_bench_decide.py --benchmark-only``. Events per second are
-events per round divided by the median round time (DESIGN.md's budget: at least 20,000 events/s
-on one core).
+events per round divided by the median round time (docs/architecture.md "Performance budgets": at
+least 20,000 events/s on one core).
 
 * ``mix, replicas=R`` -- a realistic mix replayed on a fresh state each round: 64 generative slots
   split over R replicas (2 of 32, or 16 of 4) and one single-pass replica of 8 slots, 400 runs of

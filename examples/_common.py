@@ -2,7 +2,7 @@
 
 Each example is an agent that keeps its own loop and reaches luftpause as an OpenAI-compatible
 endpoint (the dataplane), sending the three headers that make its turns one *run* of a *service
-class* for a *caller* (DESIGN.md, "The dataplane"):
+class* for a *caller* (docs/architecture.md "The proxy"):
 
 * ``x-luftpause-run-id``: every turn of this agent's task is one run (affinity, tool pauses);
 * ``x-luftpause-class``: ``interactive`` (a person waits) or ``batch``;

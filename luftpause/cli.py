@@ -149,7 +149,8 @@ TRACED = ("up", "scheduler", "dataplane", "runtime")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status. A missing extra (:class:`~luftpause.extras.MissingExtra`)
-    is one line on stderr naming the extra to install, and exit 2."""
+    is one line on stderr naming the extra to install, and exit 2; so is an OTLP protocol that is
+    not exported (:class:`luftpause.tracing.UnsupportedProtocol`) for a command that traces."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     # The first word naming a command (an option's value, such as --log-format's or --log-level's,
     # names none).
@@ -160,7 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in TRACED and not getattr(args, "print_config", False):
             from luftpause import tracing
 
-            tracing.require_sdk()  # here, before a granian worker would fail on it
+            try:
+                tracing.require_sdk()  # here, before a granian worker would fail on it
+            except tracing.UnsupportedProtocol as exc:
+                print(f"luftpause {args.command}: {exc}", file=sys.stderr)
+                return 2
         if args.log_format is not None:
             os.environ[logs.LOG_FORMAT_ENV] = args.log_format  # children and granian workers inherit it
         if args.log_level is not None:

@@ -1,6 +1,6 @@
 """One typed configuration for all three processes.
 
-The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in DESIGN.md
+The file is TOML (``--config FILE`` or ``LUFTPAUSE_CONFIG``); its shape is the one in docs/architecture.md
 ("Configuration"). With no file the embedded default below is used: two simulated replicas serving
 one model and the fake MCP tool server, all on loopback, which ``luftpause up`` starts itself.
 
@@ -31,7 +31,7 @@ import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -44,6 +44,9 @@ from pydantic import (
 )
 
 from luftpause.settings import KeyPath, Layer, from_environment, from_flags, merge, toml_value
+
+if TYPE_CHECKING:
+    from luftpause.scheduler.core.policies.limits import Protection
 
 CONFIG_ENV = "LUFTPAUSE_CONFIG"
 
@@ -165,6 +168,50 @@ class ListenerLimits(_Section):
     gets 503 with the JSON error body."""
 
 
+class LimitsConfig(_Section):
+    """Protection limits of one service class, or a caller's overrides (every key optional: unset
+    is no limit, or for a caller the class's own)."""
+
+    max_held: int | None = Field(default=None, ge=0)
+    """Most turns of a caller and class held at once; one more that would be held gets 429."""
+    queue_timeout_s: float | None = Field(default=None, gt=0)
+    """Seconds a turn may be held; past it, it gets 429 (checked every second)."""
+    tokens_per_s: float | None = Field(default=None, gt=0)
+    """Prompt and completion tokens per second a caller's turns of a class may use (a token bucket
+    fed by the usage its finished turns report); a turn arriving while it is empty gets 429."""
+    burst_tokens: float | None = Field(default=None, ge=1)
+    """The bucket's size in tokens; unset: 10 s of ``tokens_per_s``."""
+
+
+class ProtectionConfig(_Section):
+    """``[scheduler.protection]``: opt-in protection limits and the circuit breaker
+    (:mod:`luftpause.scheduler.core.policies.limits`); all off by default."""
+
+    breaker_failures: int = Field(default=0, ge=0)
+    """Turns failing in a row on one replica that take it out of rotation until a healthy probe
+    (the engine's fault only, not a client leaving); ``0``: no circuit breaker."""
+    interactive: LimitsConfig = LimitsConfig()
+    """Limits of interactive turns, per caller."""
+    batch: LimitsConfig = LimitsConfig()
+    """Limits of batch turns, per caller."""
+    callers: dict[str, LimitsConfig] = Field(default_factory=dict)
+    """Per caller (``x-luftpause-caller``; ``""`` the anonymous one): keys that replace the class
+    limits for every class of that caller."""
+
+    def policy(self) -> Protection:
+        """These settings as the core's :class:`~luftpause.scheduler.core.policies.limits.Protection`."""
+        from luftpause.scheduler.core.policies.limits import ClassLimits, Protection
+
+        def limits(table: LimitsConfig) -> ClassLimits:
+            return ClassLimits(table.max_held, table.queue_timeout_s, table.tokens_per_s, table.burst_tokens)
+
+        return Protection(
+            {"interactive": limits(self.interactive), "batch": limits(self.batch)},
+            {caller: limits(table) for caller, table in self.callers.items()},
+            self.breaker_failures,
+        )
+
+
 class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
@@ -187,7 +234,7 @@ class SchedulerConfig(_Section):
     ``false`` lets every turn go anywhere: only for measuring what affinity gains."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
-    admission round trip (DESIGN.md "Admission transport"); ``false``: every turn asks."""
+    admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""
     resync_hold_s: float = Field(default=2.0, ge=0)
     """Startup hold: for this many seconds after the scheduler starts, once a dataplane's resync
     shows a restart (it hands over runs or in-flight turns), no held turn is placed and no lease
@@ -197,6 +244,8 @@ class SchedulerConfig(_Section):
     """Record the arrivals, tool pauses and run ends the scheduler sees as JSON lines appended to
     this file (relative paths from the working directory), to replay them offline under another
     policy (``bench/flood_sim.py --replay``); ``""`` (the default): no trace."""
+    protection: ProtectionConfig = ProtectionConfig()
+    """Protection limits per caller and class, and the circuit breaker: opt-in, off by default."""
 
     _check = field_validator("grpc", "http")(_host_port)
 
@@ -230,7 +279,7 @@ class RuntimeConfig(_Section):
     default_model: str | None = None
     """Model for ``spawn`` without one; by default the first model of the first generative replica."""
     workspace: str | None = None
-    """Directory the MCP callers' runs work in (their root filesystem scope, DESIGN.md "Pods")."""
+    """Directory the MCP callers' runs work in (their root filesystem scope, docs/architecture.md "Pods")."""
     max_depth: int = Field(default=3, ge=1)
     """Deepest run tree (a caller's run is level 1) that orchestrating runs may grow."""
     max_children: int = Field(default=8, ge=1)
@@ -249,6 +298,11 @@ class RuntimeConfig(_Section):
     """Slow clients and connections at the HTTP listener."""
     dataplane_tls: TlsPeer | None = None
     """TLS options towards an ``https://`` dataplane (its CA, this runtime's client certificate)."""
+    instructions_dir: str | None = None
+    """Folder of named system prompts: ``spawn(instruction="reviewer")`` gives the run the text of
+    ``<dir>/reviewer.md``, and ``default.md``, when there is one, is the system prompt of a run
+    spawned with neither ``instruction`` nor ``system``. Relative paths are taken from the working
+    directory (:mod:`luftpause.runtime.spawn.instructions`)."""
 
     _check = field_validator("listen")(_host_port)
 
@@ -279,6 +333,9 @@ class ReplicaConfig(_Section):
     """For a router: the engines (``http://`` or ``https://`` URLs) whose ``/metrics`` give its load."""
     max_inflight: int = Field(default=32, ge=1)
     """Cap on turns in flight at this replica; the scheduler holds the rest."""
+    draining: bool = False
+    """Take no new run (the runs already there finish there); the scheduler reads it at start and
+    on ``SIGHUP``, as the admin API's ``POST /admin/replicas/{name}/drain`` sets it."""
     priority: EnginePriority | None = None
     """How the engine orders its waiting queue by a request's ``priority`` field, so that the
     dataplane tags each turn with its service class: ``"lower_first"`` (vLLM with
@@ -342,7 +399,7 @@ class McpServerConfig(_Section):
         default_factory=dict
     )
     """Per tool, its arguments that are paths: a list (each needs write) or ``{arg = "read" |
-    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.workspace`)."""
+    "write"}``; checked against the calling run's scope (:mod:`luftpause.runtime.pods.workspace`)."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:
@@ -490,11 +547,10 @@ def _describe(error: ValidationError, where: str, layer: Layer) -> str:
     return "; ".join(file_part + overridden)
 
 
-def describe_error(error: ValidationError, where: str) -> str:
-    """A pydantic error of a strict model in the words of this module's messages (``where: key:
-    expected ..., got ...``, several joined by ``; ``), for other files read the same way (the
-    caller keys file, :mod:`luftpause.auth.callers`)."""
-    return _describe(error, where, Layer())
+def describe_fields(error: ValidationError) -> str:
+    """A strict model's faults in this module's words, ``key: expected ..., got ...`` joined by
+    ``; `` (for a table that comes from elsewhere than the file: the admin API's replica)."""
+    return "; ".join(f"{_key(item['loc']) or '(top level)'}: {_explain(item)}" for item in error.errors())
 
 
 def arrays_as_tuples(value: Any) -> Any:

@@ -501,3 +501,41 @@ async def start_aiohttp_site(
     return await loop.create_server(
         protocol, host, port, ssl=ssl_context, backlog=max(128, limits.max_connections), reuse_address=True
     )
+
+
+def aiohttp_deadline(limits: ListenerLimits) -> Any:
+    """aiohttp middleware: a request with a body (the scheduler's admin API takes one) not answered
+    ``body_timeout_s`` after it came is answered 408 with the JSON error body, its connection
+    closed: aiohttp itself never times out a body its handler waits for."""
+    from aiohttp import web
+
+    @web.middleware
+    async def deadline(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not request.can_read_body:
+            response: web.StreamResponse = await handler(request)
+            return response
+        timeout = asyncio.timeout(limits.body_timeout_s)
+        try:
+            async with timeout:
+                response = await handler(request)
+                return response
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            log.info(
+                "scheduler: 408 to %s: %s %s not answered %g s after it came (limits.body_timeout_s)",
+                request.remote,
+                request.method,
+                request.path,
+                limits.body_timeout_s,
+            )
+            message = f"the request body was not complete {limits.body_timeout_s:g} s after its headers"
+            refused = web.Response(
+                status=408,
+                body=orjson.dumps({"error": {"message": message}}),
+                content_type="application/json",
+            )
+            refused.force_close()
+            return refused
+
+    return deadline

@@ -6,7 +6,7 @@ the checks of what it answers.
   :class:`TopError` that never shows the token (a runtime's configured ``[runtime] listen`` is
   reached with :func:`luftpause.config.listen_url`).
 * The poll: :class:`NetworkPoller` reads ``GET {base}/monitor/runs?version=V``
-  (:mod:`luftpause.runtime.monitor`) with the bearer token, never following a redirect (the
+  (:mod:`luftpause.runtime.web.monitor`) with the bearer token, never following a redirect (the
   token would go along), and keeps the last network so that an ``unchanged`` answer costs a
   comparison.
 * The checks: :func:`check_runs` reads the ``runs`` list field by field, with the types this
@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from luftpause.runtime.auth import TOKEN_ENV
+from luftpause.runtime.web.auth import TOKEN_ENV
 
 RUNS_PATH = "/monitor/runs"
 REQUEST_TIMEOUT_SECONDS = 10.0

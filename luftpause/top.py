@@ -1,6 +1,6 @@
 """``luftpause top``: the runtime's run network in a terminal, as the monitor page shows it.
 
-It polls the monitor's JSON (:mod:`luftpause.runtime.monitor`), ``GET /monitor/runs?version=V``,
+It polls the monitor's JSON (:mod:`luftpause.runtime.web.monitor`), ``GET /monitor/runs?version=V``,
 with the runtime's bearer token, and draws the runs as a tree (spawner above its children), one
 line each: name, handle, state, service class, turns, tool calls, the scope it holds and the
 first line of its last answer. A header counts the runs by state and names the runtime.
@@ -67,7 +67,7 @@ except ImportError as exc:
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
 from luftpause.monitor_client import NetworkPoller, TopError, one_line, parse_url
-from luftpause.runtime.auth import TOKEN_ENV
+from luftpause.runtime.web.auth import TOKEN_ENV
 
 DEFAULT_INTERVAL_SECONDS = 1.0
 """Seconds between polls (the page polls every second too; an unchanged poll costs the runtime a

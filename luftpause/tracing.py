@@ -1,18 +1,30 @@
 """OpenTelemetry tracing shared by the three processes: setup, W3C ``traceparent``, flush.
 
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set, :func:`setup`
-installs the SDK's ``TracerProvider`` with a ``BatchSpanProcessor`` and the OTLP/HTTP protobuf
-exporter (``opentelemetry-exporter-otlp-proto-http``; it reads the rest of the ``OTEL_EXPORTER_OTLP_*``
-and ``OTEL_BSP_*`` variables itself, e.g. ``OTEL_BSP_SCHEDULE_DELAY`` in milliseconds). The SDK and
-the exporter come with the ``otel`` extra; without it :func:`setup` and :func:`require_sdk` raise
-:class:`~luftpause.extras.MissingExtra`, and only the API (core) is installed. Unset (or
-``OTEL_SDK_DISABLED=true``, or ``OTEL_TRACES_EXPORTER=none``) nothing is installed: :func:`tracer`
-is the API's no-op tracer, the SDK is never imported, and hot paths test the one module attribute
-``tracing.active`` before doing any tracing work at all. Only OTLP/HTTP with protobuf is exported:
-``OTEL_EXPORTER_OTLP_PROTOCOL`` (or ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``) ``grpc`` or
-``http/json`` is refused with a warning and nothing is exported (point the endpoint at the
-receiver's OTLP/HTTP port, 4318, instead); ``OTEL_TRACES_EXPORTER`` other than ``otlp`` or
-``none`` is warned about and OTLP is used.
+installs the SDK's ``TracerProvider`` with a ``BatchSpanProcessor`` and an OTLP exporter chosen by
+``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL`` (the signal-specific one
+wins, as the OpenTelemetry specification says; :func:`protocol`):
+
+* ``http/protobuf`` (the default): OTLP/HTTP, ``opentelemetry-exporter-otlp-proto-http``
+  (the endpoint is the receiver's HTTP base, e.g. ``http://collector:4318``; ``/v1/traces`` is
+  added to the general endpoint, not to the traces one);
+* ``grpc``: OTLP/gRPC, ``opentelemetry-exporter-otlp-proto-grpc`` (the endpoint is
+  ``host:port`` of the receiver's gRPC port, 4317, with ``http://`` for plaintext or ``https://``
+  for TLS; ``OTEL_EXPORTER_OTLP_INSECURE``, ``..._CERTIFICATE`` apply).
+
+Either exporter reads the rest of the standard variables itself (``OTEL_EXPORTER_OTLP_HEADERS``,
+``..._TIMEOUT``, ``..._COMPRESSION`` and their ``_TRACES_`` forms), and the processor
+``OTEL_BSP_*`` (e.g. ``OTEL_BSP_SCHEDULE_DELAY`` in milliseconds). Any other protocol
+(``http/json``, which the Python SDK does not export, or a typo) is refused with
+:class:`UnsupportedProtocol` naming the variable, its value and the two accepted ones: the CLI
+checks it in the main process (:func:`require_sdk`) and ends the command with that line and exit 2
+before anything is served. The SDK and both exporters come with the ``otel`` extra; without it
+:func:`setup` and :func:`require_sdk` raise :class:`~luftpause.extras.MissingExtra`, and only the
+API (core) is installed. Unset (or ``OTEL_SDK_DISABLED=true``, or ``OTEL_TRACES_EXPORTER=none``)
+nothing is installed and no protocol is checked: :func:`tracer` is the API's no-op tracer, the
+SDK is never imported, and hot paths test the one module attribute ``tracing.active`` before doing
+any tracing work at all. ``OTEL_TRACES_EXPORTER`` other than ``otlp`` or ``none`` is warned about
+and OTLP is used.
 
 Service names (``service.name``, unless ``OTEL_SERVICE_NAME`` says otherwise):
 ``luftpause-scheduler``, ``luftpause-dataplane``, ``luftpause-runtime``.
@@ -52,6 +64,7 @@ from luftpause.extras import MissingExtra
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger("luftpause.tracing")
@@ -94,63 +107,99 @@ def configured() -> bool:
     return any(os.environ.get(name) for name in ENDPOINT_ENVS)
 
 
+PROTOCOLS = ("http/protobuf", "grpc")
+"""The OTLP protocols exported; the first is the default."""
+
+
+class UnsupportedProtocol(ValueError):
+    """The environment names an OTLP protocol luftpause does not export: ``str()`` is one line with
+    the variable, its value and the protocols that are taken."""
+
+    def __init__(self, variable: str, value: str) -> None:
+        super().__init__(
+            f"{variable}={value} is not supported: luftpause exports OTLP traces over "
+            f"{' or '.join(PROTOCOLS)} (unset, {PROTOCOLS[0]})"
+        )
+        self.variable = variable
+        self.value = value
+
+
+def protocol() -> str:
+    """The OTLP protocol spans are exported with: ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, else ``http/protobuf``. Raises :class:`UnsupportedProtocol`
+    for a value not in :data:`PROTOCOLS` (compared after stripping blanks, case-sensitively as the
+    specification spells the values)."""
+    for variable in PROTOCOL_ENVS:
+        value = os.environ.get(variable, "").strip()
+        if value:
+            if value not in PROTOCOLS:
+                raise UnsupportedProtocol(variable, value)
+            return value
+    return PROTOCOLS[0]
+
+
 _WHAT_NEEDS_THE_SDK = "exporting spans (OTEL_EXPORTER_OTLP_ENDPOINT is set)"
 
 
+def _exporter_class(chosen: str) -> type[SpanExporter]:
+    """The SDK's OTLP span exporter for protocol ``chosen``; :class:`MissingExtra` when the SDK or
+    that exporter is not installed."""
+    try:
+        import opentelemetry.sdk.trace  # noqa: F401
+
+        if chosen == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
+                OTLPSpanExporter,
+            )
+    except ImportError as exc:
+        raise MissingExtra("otel", _WHAT_NEEDS_THE_SDK, exc) from None
+    return OTLPSpanExporter
+
+
 def require_sdk() -> None:
-    """Raise :class:`~luftpause.extras.MissingExtra` (extra ``otel``) when :func:`configured` but
-    the SDK or the OTLP/HTTP exporter is not installed; else nothing.
+    """When :func:`configured`: raise :class:`UnsupportedProtocol` for a protocol not exported, and
+    :class:`~luftpause.extras.MissingExtra` (extra ``otel``) when the SDK or the protocol's OTLP
+    exporter is not installed; else nothing.
 
     :func:`setup` raises the same, but runs in the granian worker of the dataplane and the runtime;
-    the CLI calls this first, in the main process, so a missing extra ends the command (exit 2)
-    before anything is served.
+    the CLI calls this first, in the main process, so a missing extra or a bad protocol ends the
+    command (exit 2) before anything is served.
     """
     if not configured():
         return
-    try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter
-        import opentelemetry.sdk.trace  # noqa: F401
-    except ImportError as exc:
-        raise MissingExtra("otel", _WHAT_NEEDS_THE_SDK, exc) from None
+    _exporter_class(protocol())
 
 
 def setup(service: str) -> bool:
-    """Install OTLP/HTTP export for this process as ``service`` when :func:`configured`.
+    """Install OTLP export (:func:`protocol`'s) for this process as ``service`` when
+    :func:`configured`.
 
     Returns True when spans are exported from now on, False when nothing was installed (the
     environment does not ask, or a provider is installed already). Call it once, in the process
     (or granian worker) that makes the spans, before any span is started. Raises
+    :class:`UnsupportedProtocol` for an OTLP protocol not exported and
     :class:`~luftpause.extras.MissingExtra` when the ``otel`` extra is not installed.
     """
     if active or not configured():
         return False
-    protocol = next((os.environ[n].strip() for n in PROTOCOL_ENVS if os.environ.get(n, "").strip()), "")
-    if protocol and protocol != "http/protobuf":
-        log.warning(
-            "%s=%s is not supported: luftpause exports OTLP over HTTP with protobuf only; "
-            "set http/protobuf and the receiver's OTLP/HTTP endpoint (port 4318). No spans are exported",
-            next(n for n in PROTOCOL_ENVS if os.environ.get(n, "").strip()),
-            protocol,
-        )
-        return False
+    chosen = protocol()
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter not in ("", "otlp"):
-        log.warning("OTEL_TRACES_EXPORTER=%s is not supported; exporting over OTLP/HTTP", exporter)
-    # Imported only here: with tracing off the SDK and the exporter are never loaded (nor needed).
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError as exc:
-        raise MissingExtra("otel", _WHAT_NEEDS_THE_SDK, exc) from None
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported; exporting over OTLP (%s)", exporter, chosen)
+    # Imported only here: with tracing off the SDK and the exporters are never loaded (nor needed).
+    exporter_class = _exporter_class(chosen)
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter_class()))
     install(provider)
     trace.set_tracer_provider(provider)  # for any library instrumentation in the process
-    log.info("exporting OpenTelemetry spans as %s over OTLP/HTTP", service)
+    log.info("exporting OpenTelemetry spans as %s over OTLP (%s)", service, chosen)
     return True
 
 

@@ -6,8 +6,10 @@ the real ``mcp`` client with a scripted engine as its dataplane (``test_runtime_
 :class:`ScriptedEngine` answers each run from a script in its task (``script:`` and a JSON list of
 steps, made by :func:`script`); the step taken is the number of assistant messages already in the
 conversation, so a run re-opened by ``send`` takes the next step. Steps: ``{"call": tool, "args":
-{...}}`` (one tool call), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with
-the system messages that arrived since the run's last assistant message, or ``none``), ``"sleep"``
+{...}}`` (one tool call), ``{"calls": [{"call": tool, "args": {...}}, ...]}`` (several in one
+reply, ids ``call_<step>_<index>``), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with
+the system messages that arrived since the run's last assistant message, or ``none``),
+``{"refuse": 503, "error": text}`` (answer that status: the turn, and so the run, fails), ``"sleep"``
 seconds to wait before answering, and ``"hold": gate`` to wait before answering until the test
 calls ``engine.release(gate)`` (so a run is busy exactly as long as a test needs, without timing).
 
@@ -36,7 +38,7 @@ from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.runtime.journal import JOURNAL_NAME, read_records
+from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.threaded_app import ThreadedApp
 
@@ -97,6 +99,9 @@ class ScriptedEngine(ThreadedApp):
                 await self._gate(step["hold"]).wait()
             finally:
                 self.open.discard(run_id)
+        if "refuse" in step:  # the engine's error status: the run's turn fails
+            error = {"error": {"message": step.get("error", "refused")}}
+            return web.json_response(error, status=int(step["refuse"]))
         if "call" in step:
             call = {
                 "id": f"call_{done}",
@@ -104,6 +109,16 @@ class ScriptedEngine(ThreadedApp):
                 "function": {"name": step["call"], "arguments": json.dumps(step.get("args", {}))},
             }
             return web.json_response(_reply(None, [call]))
+        if "calls" in step:
+            calls = [
+                {
+                    "id": f"call_{done}_{index}",
+                    "type": "function",
+                    "function": {"name": one["call"], "arguments": json.dumps(one.get("args", {}))},
+                }
+                for index, one in enumerate(step["calls"])
+            ]
+            return web.json_response(_reply(None, calls))
         if "echo" in step:
             last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
             fresh = [m["content"] for m in messages[last + 1 :] if m["role"] == "system"]
@@ -177,6 +192,7 @@ def start_pod(
     max_depth: int | None = 3,
     max_children: int | None = 2,
     extra_toml: str = "",
+    runtime_toml: str = "",
     env: Mapping[str, str] | None = None,
 ) -> Iterator[Pod]:
     """The scripted engine and a runtime over it (its dataplane and only replica), ready; both
@@ -186,7 +202,9 @@ def start_pod(
     for a runtime with no ``[runtime] workspace`` (its runs hold no filesystem scope). ``token``:
     the runtime's ``LUFTPAUSE_TOKEN`` (``""``: none). ``max_depth``/``max_children``: the
     ``[runtime]`` limits, left out when ``None``. ``extra_toml``: appended to the file as it is
-    (``[[mcp_servers]]`` tables). ``env``: more environment for the runtime process.
+    (``[[mcp_servers]]`` and more ``[[replicas]]`` tables; ``{engine_url}`` in it is the scripted
+    engine's URL); ``runtime_toml``: more ``[runtime]`` keys. ``env``: more environment for the
+    runtime process.
     """
     folder: Path | None = None
     settings = ""
@@ -200,6 +218,7 @@ def start_pod(
         settings += f"max_depth = {max_depth}\n"
     if max_children is not None:
         settings += f"max_children = {max_children}\n"
+    settings += runtime_toml
     engine = ScriptedEngine().start()
     running: Pod | None = None
     try:
@@ -216,7 +235,7 @@ state_dir = "{workdir / "state"}"
 name = "scripted"
 url = "{engine.url}"
 models = ["{DEFAULT_MODEL}"]
-{extra_toml}"""
+{extra_toml.replace("{engine_url}", engine.url)}"""
         )
         resolved = folder.resolve() if folder is not None else None
         running = Pod(workdir, resolved, engine, config, port, token=token, env=dict(env or {}))

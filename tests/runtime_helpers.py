@@ -4,33 +4,66 @@ tool."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message
 
 from luftpause.config import DEFAULT_MODEL, Config
-from luftpause.runtime.runs import Run
+from luftpause.runtime.agent.upstream import UpstreamPool
+from luftpause.runtime.pods.notifications import Notifications
+from luftpause.runtime.pods.operations import PodOperations
+from luftpause.runtime.pods.scopes import RunScopes
+from luftpause.runtime.pods.tree import TreeLimits
+from luftpause.runtime.runs.changes import NetworkChanges
+from luftpause.runtime.runs.record import Costs, Run
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.runs.spec import RunSpec
+from luftpause.runtime.spawn.builtin_tools import BuiltinTools
+from luftpause.runtime.spawn.instructions import Instructions
+from luftpause.runtime.spawn.spawner import Spawner
+from luftpause.runtime.wiring import generative_models
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
 
+COST_FIELDS = frozenset(f.name for f in dataclasses.fields(Costs))
+
 
 def make_run(handle: str, **overrides: Any) -> Run:
-    """A :class:`Run` with test defaults (batch, 8 tool calls, 256 tokens); ``overrides`` win."""
-    fields: dict[str, Any] = {
-        "handle": handle,
+    """A :class:`Run` with test defaults (batch, 8 tool calls, 256 tokens, caller ``tester``);
+    ``overrides`` win: spec fields (``task``, ``max_tool_calls``, ``parent``, ..., and
+    ``allowed_tools`` for ``tools``), cost counters (``turns``, ``prompt_tokens``, ...) and the
+    run's own fields (``messages``, ``state``, ...). The spec is taken as given, unvalidated (a
+    test may hold values no spawn would accept)."""
+    spec: dict[str, Any] = {
         "task": "t",
         "model": DEFAULT_MODEL,
         "service_class": "batch",
         "caller": "tester",
         "max_tool_calls": 8,
         "max_tokens": 256,
-        "allowed_tools": None,
-        "messages": [{"role": "user", "content": "t"}],
     }
-    return Run(**{**fields, **overrides})
+    costs: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key == "allowed_tools":
+            spec["tools"] = sorted(value) if value is not None else None
+        elif key == "approve_tools":
+            spec["approve_tools"] = sorted(value)
+        elif key in RunSpec.model_fields:
+            spec[key] = value
+        elif key in COST_FIELDS:
+            costs[key] = value
+        else:
+            own[key] = value
+    made = RunSpec.model_construct(**spec)
+    if "messages" in own:
+        return Run(handle=handle, spec=made, costs=Costs(**costs), **own)
+    return Run.new(handle, made, costs=Costs(**costs), **own)
 
 
 def with_state_dir(config: Config, state_dir: Path) -> Config:
@@ -102,3 +135,45 @@ url = "http://127.0.0.1:{port}/mcp"
             stack.stop()
     finally:
         danger.stop()
+
+
+@dataclass
+class Parts:
+    """The runtime's parts that need no network, built as
+    :func:`luftpause.runtime.wiring.build_runtime` builds them, over a registry that may have no
+    journal (runs are added and finished by hand; nothing drives them)."""
+
+    registry: RunRegistry
+    scopes: RunScopes
+    notifications: Notifications
+    tree: TreeLimits
+    pods: PodOperations
+    spawner: Spawner
+    builtins: BuiltinTools
+
+
+def parts_over(config: Config, **registry_options: Any) -> Parts:
+    """:class:`Parts` of ``config``; ``registry_options`` go to the :class:`RunRegistry`
+    (``journal``, ``retained_bytes``, ...; no journal by default)."""
+    journal = registry_options.get("journal")
+    changes = NetworkChanges()
+    scopes = RunScopes(config, journal, changes)
+    notifications = Notifications(journal, changes)
+    tree = TreeLimits(config.runtime.max_depth, config.runtime.max_children, journal, changes)
+    registry = RunRegistry(changes=changes, listeners=(scopes, notifications, tree), **registry_options)
+    pods = PodOperations(registry, scopes, notifications, tree)
+    spawner = Spawner(
+        registry=registry,
+        upstream=UpstreamPool(config.mcp_servers),
+        scopes=scopes,
+        tree=tree,
+        instructions=Instructions(config.runtime.instructions_dir),
+        models=generative_models(config),
+        default_model=config.default_model,
+    )
+    return Parts(registry, scopes, notifications, tree, pods, spawner, BuiltinTools(scopes, pods, spawner))
+
+
+def pods_over(config: Config, **registry_options: Any) -> PodOperations:
+    """The pod operations of :func:`parts_over`; the registry is ``pods.registry``."""
+    return parts_over(config, **registry_options).pods

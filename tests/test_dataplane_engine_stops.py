@@ -1,5 +1,6 @@
-"""A client leaving mid-stream stops generation at the engine (DESIGN.md, failure contract: "client
-disconnects mid-stream: closes the engine request (generation stops)"), observed at the engine.
+"""A client leaving mid-stream stops generation at the engine (docs/architecture.md "Failure
+contract": "client disconnects mid-stream: closes the engine request (generation stops)"), observed
+at the engine.
 
 A simulated engine at 20 ms per token asked for 2,000 tokens would stream for about 40 s; the client
 reads the first few chunks through the dataplane and closes its connection. The engine then has no

@@ -8,7 +8,7 @@ received is read back from it (``GET /testkit/request/{id}``: the request body's
 
 The tagged replicas read their load from a URL whose ``/metrics`` carry no engine's names (the
 dataplane's own), so they report no load and the scheduler caps them only by ``max_inflight``
-(DESIGN.md, "Engine-load admission"): every turn goes on into the engine's queue, as a burst does
+(docs/architecture.md "Engine-load admission"): every turn goes on into the engine's queue, as a burst does
 before the engine's capacity is learned, and no probe can start capping the replica mid-test.
 """
 

@@ -126,6 +126,10 @@ def test_the_core_dependencies_leave_the_extras_out_and_dev_pulls_them_in() -> N
     extras = project["optional-dependencies"]
     assert {"rich", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"} & core == set()
     assert "opentelemetry-api" in core  # spans are the API's no-ops without the SDK
-    assert names(extras["otel"]) == {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"}
+    assert names(extras["otel"]) == {
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+        "opentelemetry-exporter-otlp-proto-grpc",
+    }
     assert names(extras["tui"]) == {"rich"}
     assert "luftpause[otel,tui]" in extras["dev"]  # make install: everything the tests need

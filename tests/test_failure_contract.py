@@ -1,4 +1,5 @@
-"""The dataplane's failure contract (DESIGN.md) with real processes and a fault-injecting engine.
+"""The dataplane's failure contract (docs/architecture.md "Failure contract") with real processes and
+a fault-injecting engine.
 
 The simulator misbehaves on request through the ``luftpause_fault`` body field, which the dataplane
 forwards untouched. Every case also checks that the turn's slot is free afterwards.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client
@@ -96,6 +100,42 @@ async def test_in_process_server_with_a_seed_repeats_itself() -> None:
             result = await client.call_tool("lookup", {"query": "comets"})
             answers.append(text_of(list(result.content)))
     assert answers[0] == answers[1]
+
+
+def _testkit(url: str, route: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(url.removesuffix("/mcp") + route, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+async def test_calls_are_counted_by_the_call_id_in_their_meta(fake_mcp: tuple[str, ChildProcess]) -> None:
+    url, _ = fake_mcp
+    async with Client(url) as client:
+        for meta in ({"io.luftpause/call-id": "run-x:1:0"}, {"io.luftpause/call-id": "run-x:1:0"}, None):
+            await client.call_tool("lookup", {"query": "ids"}, meta=meta)
+        await client.call_tool(
+            "deep_search", {"query": "ids", "depth": 1}, meta={"io.luftpause/call-id": "b"}
+        )
+    ids = _testkit(url, "/testkit/call-ids")
+    assert ids["run-x:1:0"] == 2 and ids["b"] == 1  # the call without an id is counted by query only
+    assert _testkit(url, "/testkit/calls")["lookup ids"] == 3
+
+
+async def test_a_held_query_waits_until_released(fake_mcp: tuple[str, ChildProcess]) -> None:
+    url, _ = fake_mcp
+    assert _testkit(url, "/testkit/hold/gated", "POST") == {"held": ["gated"]}
+    async with Client(url) as client:
+        held = asyncio.ensure_future(client.call_tool("lookup", {"query": "gated"}))
+        free = await client.call_tool("lookup", {"query": "free"})  # another query goes through
+        assert "free" in text_of(list(free.content))
+        for _ in range(500):  # until the held call has started (a fail-safe bound, not a timing)
+            if _testkit(url, "/testkit/calls").get("lookup gated") == 1:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # longer than the lookup's own delay: it would have answered
+        assert not held.done()
+        assert _testkit(url, "/testkit/release/gated", "POST") == {"held": []}
+        assert "gated" in text_of(list((await held).content))
 
 
 def test_stops_cleanly_on_sigterm(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_the_wheel_carries_both_compiled_twins_the_pages_and_the_type_markers(di
         "luftpause/py.typed",
         "luftpause/v1/scheduler_pb2.pyi",
         "luftpause/scheduler/page.html",
-        "luftpause/runtime/monitor.html",
+        "luftpause/runtime/web/monitor.html",
     ):
         assert needed in names
     assert not any(n.startswith(("_speedups/", "tests/")) or n.endswith((".pyx", ".c")) for n in names)

@@ -5,16 +5,14 @@ against a real stack with ``LUFTPAUSE_TOKEN`` set, without the token, with it, a
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-import grpc.aio
 import httpx
 import pytest
+from grpc_helpers import connect_once
 
 import luftpause.dataplane.app as dataplane_app
 from luftpause.config import load_config
@@ -23,13 +21,12 @@ from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
 from luftpause.testkit.stack import Stack
 from luftpause.v1 import scheduler_pb2 as pb
-from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MARKER = "<!-- route table: tests/test_route_table.py"
 TOKEN = "route-table-token"
 FOREIGN = "evil.example"
-SAMPLES = {"{id}": "route-table-run", "{handle}": "run-0000000000000000"}
+SAMPLES = {"{id}": "route-table-run", "{handle}": "run-0000000000000000", "{name}": "route-table-replica"}
 
 
 @dataclass(frozen=True)
@@ -186,26 +183,10 @@ def test_each_route_needs_what_its_row_says(stack: Stack, row: Row) -> None:
         assert foreign.status_code not in (401, 421), foreign.text
 
 
-def _connect(stack: Stack, metadata: tuple[tuple[str, str], ...] | None) -> str:
-    async def go() -> str:
-        async with grpc.aio.insecure_channel(stack.scheduler_grpc) as channel:
-            call = pb_grpc.SchedulerStub(channel).Connect(metadata=metadata)
-            item = pb.DataplaneItem(resync=pb.ResyncRequest(dataplane_id="route-table"))
-            try:
-                await call.write(pb.DataplaneMessage(items=[item]))
-                reply = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                return exc.code().name
-            call.cancel()
-            assert isinstance(reply, pb.SchedulerMessage)
-            return reply.items[0].WhichOneof("item") or "nothing"
-
-    return asyncio.run(go())
-
-
 @pytest.mark.integration
 def test_the_grpc_rows_need_what_they_say(stack: Stack) -> None:
     for row in (r for r in ROWS if r.method == "gRPC"):
         assert row.needs.startswith("token")
-        assert _connect(stack, None) == "UNAUTHENTICATED"
-        assert _connect(stack, (("authorization", f"Bearer {TOKEN}"),)) == "resynced"
+        assert connect_once(stack.scheduler_grpc, None, "route-table") == "UNAUTHENTICATED"
+        bearer = (("authorization", f"Bearer {TOKEN}"),)
+        assert connect_once(stack.scheduler_grpc, bearer, "route-table") == "resynced"

@@ -25,9 +25,10 @@ from runtime_helpers import make_run
 
 from luftpause.cli import main
 from luftpause.config import DEFAULT_MODEL, McpServerConfig
-from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.runs import Run, RunRegistry
-from luftpause.runtime.upstream import UpstreamPool
+from luftpause.runtime.agent.loop import SubAgentLoop
+from luftpause.runtime.agent.upstream import UpstreamPool
+from luftpause.runtime.dataplane import DataplaneClient
+from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.testkit.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -430,11 +431,13 @@ async def _drive(
     dataplane: ScriptedDataplane, run: Run, upstream_url: str | None, token: str | None = None
 ) -> None:
     servers = [McpServerConfig(name="fake", url=upstream_url)] if upstream_url else []
-    async with new_http_session() as session, UpstreamPool(servers) as upstream, RunRegistry() as registry:
-        loop = SubAgentLoop(DataplaneClient(dataplane.url, session, token), upstream)
-        registry.add(run)
-        registry.start(run, loop.drive(run))
-        assert await registry.wait([run], "all", 30) is False
+    registry = RunRegistry()
+    async with DataplaneClient(dataplane.url, token) as client, UpstreamPool(servers) as upstream:
+        loop = SubAgentLoop(registry, client, upstream)
+        async with registry.serving(loop.drive):
+            registry.add(run)
+            registry.start(run)
+            assert await registry.wait([run], "all", 30) is False
 
 
 def test_turns_carry_run_headers_retry_429_and_keep_tool_call_ids(runtime: Runtime) -> None:
@@ -454,8 +457,8 @@ def test_turns_carry_run_headers_retry_429_and_keep_tool_call_ids(runtime: Runti
 
     dataplane = asyncio.run(scenario())
     assert run.state == "completed" and run.answer == "the answer"
-    assert (run.turns, run.tool_calls, run.failed_tool_calls) == (3, 2, 1)
-    assert (run.prompt_tokens, run.completion_tokens) == (30, 9)
+    assert (run.costs.turns, run.costs.tool_calls, run.costs.failed_tool_calls) == (3, 2, 1)
+    assert (run.costs.prompt_tokens, run.costs.completion_tokens) == (30, 9)
     assert len(dataplane.turns) == 4  # the 429 was retried, not counted as a turn
     for headers, body in dataplane.turns:
         assert headers["x-luftpause-run-id"] == "run-scripted1"
@@ -489,7 +492,7 @@ def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
     assert [t["function"]["name"] for t in first["tools"]] == ["lookup"]
     assert "tools" not in second and "parallel_tool_calls" not in second
     assert "max_tokens" not in first  # 0 = the engine's default
-    assert run.state == "completed" and run.tool_calls == 1
+    assert run.state == "completed" and run.costs.tool_calls == 1
 
 
 def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> None:
@@ -541,11 +544,13 @@ def test_long_wait_reports_progress_until_the_run_finishes() -> None:
         async def on_progress(elapsed: float, finished: int) -> None:
             progress.append((elapsed, finished))
 
+        registry = RunRegistry()
+
         async def body(run: Run) -> None:
             await asyncio.sleep(0.3)
-            run.finish("completed", answer="ok")
+            registry.finish(run, "completed", answer="ok")
 
-        async with RunRegistry() as registry:
+        async with registry:
             slow, never = registry.add(make_run("run-slow")), registry.add(make_run("run-never"))
             registry.start(slow, body(slow))
             registry.start(never, asyncio.sleep(3600))

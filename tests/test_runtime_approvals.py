@@ -22,8 +22,8 @@ from mcp.client.context import ClientRequestContext
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 from runtime_helpers import stack_with_destructive_tools
 
-from luftpause.runtime.approvals import DECLINED
-from luftpause.runtime.journal import JOURNAL_NAME, read_records
+from luftpause.runtime.agent.approvals import DECLINED
+from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from pods_helpers import Pod, payload, script, start_pod, until
 
-from luftpause.runtime.journal import JOURNAL_NAME, read_records
+from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.loadgen import runtime_client
 from luftpause.testkit.stack import Stack
 

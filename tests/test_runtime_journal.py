@@ -10,8 +10,8 @@ from typing import Any
 
 from runtime_helpers import make_run
 
-from luftpause.runtime.journal import JOURNAL_NAME, Journal, read_records
-from luftpause.runtime.runs import Run, RunRegistry
+from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal, read_records
+from luftpause.runtime.runs.registry import Run, RunRegistry
 
 ROUND = [
     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
@@ -42,8 +42,7 @@ async def _replay(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Ru
         await asyncio.Event().wait()
 
     registry = RunRegistry(journal=Journal(state_dir, **journal))
-    async with registry:
-        registry.resume(idle)
+    async with registry.serving(idle):
         await asyncio.sleep(0)
     return registry, resumed
 
@@ -73,7 +72,7 @@ def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line
     (a,) = resumed
     assert a.handle == "run-a" and a.resumed
     assert a.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "t"}, *ROUND]
-    assert (a.tool_calls, a.prompt_tokens, a.turn_seconds) == (1, 10, 0.5)
+    assert (a.costs.tool_calls, a.costs.prompt_tokens, a.costs.turn_seconds) == (1, 10, 0.5)
     assert a.children == ["run-b"]
     b = registry.get("run-b")
     assert (b.state, b.answer, b.parent) == ("completed", "42", "run-a")
@@ -120,7 +119,7 @@ def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp
 
     registry, resumed = asyncio.run(_replay(tmp_path))
     assert [run.handle for run in resumed] == ["run-live"] and resumed[0].messages[2:] == ROUND
-    assert resumed[0].tool_calls == 1
+    assert resumed[0].costs.tool_calls == 1
     assert registry.get("run-7").state == "failed" and registry.get("run-7").error == "e"
 
 
@@ -155,7 +154,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     written (it is marked not durable)."""
     import os
 
-    from luftpause.runtime.journal import JournalWriteError
+    from luftpause.runtime.runs.journal import JournalWriteError
 
     turns: list[str] = []
 
@@ -178,7 +177,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
             else:
                 raise AssertionError("the start record was acknowledged on a full disk")
             for _ in range(100):
-                if run.done and run.journal_error is not None:
+                if run.done and run.durability.error is not None:
                     break
                 await asyncio.sleep(0.01)
             return run
@@ -186,7 +185,7 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     run = asyncio.run(scenario())
     assert turns == []
     assert run.state == "failed" and "could not be journaled" in (run.error or ""), run.error
-    assert run.journal_error is not None and run.result()["durable"] is False
+    assert run.durability.error is not None and run.result()["durable"] is False
 
 
 def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path: Path) -> None:
@@ -209,13 +208,11 @@ def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path
     )
 
     async def scenario() -> Run:
+        async def idle(run: Run) -> None:
+            await asyncio.Event().wait()
+
         registry = RunRegistry(journal=Journal(tmp_path))
-        async with registry:
-
-            async def idle(run: Run) -> None:
-                await asyncio.Event().wait()
-
-            registry.resume(idle)
+        async with registry.serving(idle):
             child = registry.get("run-child")
             for _ in range(500):  # the timer fires at once (the budget ran out long ago)
                 if child.done:
@@ -226,3 +223,74 @@ def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path
     child = asyncio.run(scenario())
     assert child.state == "cancelled", child.state
     assert (child.error or "").startswith("budget exceeded: seconds"), child.error
+
+
+# A tool round journaled call by call (issue 17, item 5).
+
+REPLY = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "lookup"}} for i in range(3)],
+}
+
+
+def _call(index: int, turn: int = 2, failed: bool = False) -> dict[str, Any]:
+    message = {"role": "tool", "tool_call_id": f"c{index}", "content": f"result {index}"}
+    return {
+        "type": "call",
+        "handle": "run-a",
+        "turn": turn,
+        "index": index,
+        "message": message,
+        "failed": failed,
+    }
+
+
+def test_a_round_begun_is_replayed_with_the_calls_it_completed_and_kept_by_compaction(tmp_path: Path) -> None:
+    at_reply = {**_counters(1), "turns": 2, "promptTokens": 20}
+    _write(
+        tmp_path / JOURNAL_NAME,
+        [
+            _start("run-a"),
+            {"type": "round", "handle": "run-a", "messages": ROUND, "counters": _counters(1)},
+            {"type": "turn", "handle": "run-a", "turn": 2, "message": REPLY, "counters": at_reply},
+            _call(0),
+            _call(2, failed=True),
+            _call(1, turn=1),  # of another turn: it does not fit this round, skipped
+            _call(7),  # past the reply's calls: skipped
+        ],
+    )
+
+    def check(run: Run) -> None:
+        pending = run.pending_round
+        assert pending is not None and pending.turn == 2 and pending.message == REPLY
+        assert sorted(pending.done) == [0, 2] and pending.done[2][1] is True
+        assert run.messages[2:] == ROUND  # the round is not in the conversation until it completes
+        # Counted as the loop counted them: the reply's counters, then one call each (one failed).
+        assert (run.costs.turns, run.costs.tool_calls, run.costs.failed_tool_calls) == (2, 3, 1)
+        assert run.costs.prompt_tokens == 20
+
+    _, resumed = asyncio.run(_replay(tmp_path))
+    check(resumed[0])
+    size = (tmp_path / JOURNAL_NAME).stat().st_size
+    asyncio.run(_replay(tmp_path, compact_bytes=size // 2))  # compacted at start
+    kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
+    assert kinds == ["start", "round", "turn", "call", "call"], kinds
+    _, resumed = asyncio.run(_replay(tmp_path))
+    check(resumed[0])
+
+
+def test_a_completed_round_closes_the_round_its_turn_began(tmp_path: Path) -> None:
+    whole = [REPLY, *(_call(i)["message"] for i in range(3))]
+    _write(
+        tmp_path / JOURNAL_NAME,
+        [
+            _start("run-a"),
+            {"type": "turn", "handle": "run-a", "turn": 1, "message": REPLY, "counters": _counters(0)},
+            *(_call(i, turn=1) for i in range(3)),
+            {"type": "round", "handle": "run-a", "messages": whole, "counters": _counters(3)},
+        ],
+    )
+    _, resumed = asyncio.run(_replay(tmp_path))
+    (run,) = resumed
+    assert run.pending_round is None and run.messages[2:] == whole and run.costs.tool_calls == 3

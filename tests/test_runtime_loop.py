@@ -22,7 +22,7 @@ from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import httpx2
 import pytest
 from aiohttp import web
 from mcp import Client
@@ -30,7 +30,7 @@ from mcp.types import CallToolResult, Implementation, TextContent
 
 import luftpause
 from luftpause.config import DEFAULT_MODEL
-from luftpause.runtime.loop import TURN_TIMEOUT_SECONDS, new_http_session, retry_after_seconds
+from luftpause.runtime.dataplane import TURN_TIMEOUT_SECONDS, DataplaneClient, retry_after_seconds
 from luftpause.testkit.fake_mcp_stdio import CALLS_LOG_ENV, read_calls
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.threaded_app import ThreadedApp
@@ -410,18 +410,16 @@ def test_retry_after_as_a_future_http_date_waits_until_then() -> None:
 
 
 def test_no_http_client_timeout_cuts_a_turn_shorter_than_ten_minutes() -> None:
-    async def timeouts() -> tuple[aiohttp.ClientTimeout, int, int]:
-        async with new_http_session() as session:
-            connector = session.connector
-            assert isinstance(connector, aiohttp.TCPConnector)
-            return session.timeout, connector.limit, connector.limit_per_host
+    async def timeouts() -> httpx2.Timeout:
+        async with DataplaneClient("http://127.0.0.1:1") as client:
+            return client.http.timeout
 
-    timeout, limit, per_host = asyncio.run(timeouts())
-    assert timeout.total == TURN_TIMEOUT_SECONDS == 600.0
-    # aiohttp's own default is total=300 s with sock_connect=30 s; none of the parts may be shorter.
-    for part in (timeout.connect, timeout.sock_connect, timeout.sock_read):
+    timeout = asyncio.run(timeouts())
+    assert TURN_TIMEOUT_SECONDS == 600.0
+    # httpx's own default is 5 s for each part; none of them may be shorter than a turn.
+    for part in (timeout.connect, timeout.read, timeout.write, timeout.pool):
         assert part is None or part >= TURN_TIMEOUT_SECONDS
-    assert limit == 0 and per_host == 0  # no pool cap: a held turn keeps its connection
+    # (No pool cap either: tests/test_runtime_shutdown.py holds 120 requests open at once.)
 
 
 # Tool-call sanity, through the real stdio server.

@@ -11,14 +11,7 @@ without it the test fails, it is never skipped.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,31 +19,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from browser_helpers import Page, colour_share, devtools_browser, open_page, png_size
 from pods_helpers import Pod, call, script, start_pod, until
 
 from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.procs import free_port
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "monitor-test-token"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
-
-
-def chromium() -> str:
-    found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-    if found is None:
-        pytest.fail("chromium is not installed (Debian: apt-get install chromium)")
-    return found
 
 
 @pytest.fixture()
@@ -62,93 +38,8 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
 @pytest.fixture()
 def browser(tmp_path: Path) -> Iterator[int]:
     """Headless Chromium with its DevTools port; killed afterwards."""
-    port = free_port()
-    profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path)
-    process = subprocess.Popen(
-        [
-            chromium(),
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={profile}",
-            f"--remote-debugging-port={port}",
-            "about:blank",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise AssertionError("chromium's DevTools port never opened") from None
-                time.sleep(0.1)
+    with devtools_browser(tmp_path) as port:
         yield port
-    finally:
-        # its whole session: the zygote and renderers are Chromium's children, not ours to reap
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(10)
-
-
-class Page:
-    """A minimal CDP client for one page target."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws = ws
-        self.ids = itertools.count(1)
-
-    async def send(self, method: str, **params: Any) -> dict[str, Any]:
-        message_id = next(self.ids)
-        await self.ws.send_json({"id": message_id, "method": method, "params": params})
-        while True:
-            reply = await self.ws.receive_json(timeout=30)
-            if reply.get("id") == message_id:
-                assert "error" not in reply, reply
-                result: dict[str, Any] = reply.get("result", {})
-                return result
-
-    async def evaluate(self, expression: str) -> Any:
-        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
-
-    async def center(self, selector: str) -> tuple[float, float] | None:
-        rect = await self.evaluate(
-            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
-            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
-        )
-        return (rect[0], rect[1]) if rect else None
-
-    async def click(self, selector: str) -> None:
-        """A real mouse click (press and release) at the element's centre."""
-        point = await until(lambda: self.center(selector), f"{selector} on the page")
-        x, y = point
-        for kind in ("mousePressed", "mouseReleased"):
-            await self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
-
-    async def type(self, text: str) -> None:
-        await self.send("Input.insertText", text=text)
-
-    async def text(self, selector: str) -> str:
-        found = f"document.querySelector({json.dumps(selector)})"
-        value = await self.evaluate(f"(() => {{ const e = {found}; return e ? e.textContent : ''; }})()")
-        return str(value or "")
-
-
-async def open_page(devtools_port: int, url: str, session: aiohttp.ClientSession) -> Page:
-    async with session.get(f"http://127.0.0.1:{devtools_port}/json/list") as response:
-        targets = await response.json()
-    target = next(t for t in targets if t["type"] == "page")
-    ws = await session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0)
-    page = Page(ws)
-    await page.send("Page.enable")
-    await page.send("Page.navigate", url=url)
-    return page
 
 
 def _conversation(pod: Pod, handle: str) -> dict[str, Any]:
@@ -213,7 +104,9 @@ def test_a_person_sends_a_message_and_stops_a_run_from_the_page(pod: Pod, browse
                 await until(both_shown, "the person's message and c's answer on the page")
 
                 await page.click("#stop-button")
-                await until(lambda: _state_shown(page, node, "stopped"), "c stopped on the page")
+                # c had answered: it stays "completed", now tagged stopped (it takes no more messages)
+                await until(lambda: _stopped_shown(page, node), "c stopped on the page")
+                assert await page.text(node + " .state") == "completed"
                 assert _conversation(pod, c)["run"]["state"] == "stopped"
             finally:
                 await page.ws.close()
@@ -236,6 +129,38 @@ def test_a_person_sends_a_message_and_stops_a_run_from_the_page(pod: Pod, browse
     asyncio.run(go())
 
 
+def test_a_failed_child_is_shown_failed_not_idle(pod: Pod, browser: int) -> None:
+    # It was shown "idle", like a child that answered: a failure looked like a rest.
+    child = script({"refuse": 503, "error": "engine sim-a: overloaded"})
+    parent = script({"call": "spawn", "args": {"task": child, "name": "broken"}}, {"say": "A waits"})
+
+    async def go() -> tuple[str, str, str]:
+        async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:
+            a = (await call(client, "spawn", task=parent, name="a", orchestrate=True))["handle"]
+
+            async def child_failed() -> Any:
+                runs = (await call(client, "list", handle=a))["runs"]
+                return runs[0] if runs and runs[0]["runState"] == "failed" else None
+
+            failed = await until(child_failed, "the child to fail")
+            assert failed["state"] == "idle"  # list keeps the pod state, and says runState beside it
+            page = await open_page(browser, f"{pod.url}/monitor?token={TOKEN}", session)
+            try:
+                node = f'li[data-handle="{a}"] li[data-handle="{failed["handle"]}"] .run'
+                await until(lambda: _state_shown(page, node, "failed"), "the child shown failed")
+                badge = await page.text(node + " .state")
+                title = await page.evaluate(f"document.querySelector({json.dumps(node + ' .state')}).title")
+                await page.click(node)
+                await until(lambda: _state_shown(page, "#detail", "failed"), "the detail shown failed")
+                return badge, str(title), await page.text("#detail-state")
+            finally:
+                await page.ws.close()
+
+    badge, title, detail = asyncio.run(go())
+    assert badge == detail == "failed"
+    assert "engine sim-a: overloaded" in title
+
+
 async def _action_says(page: Page, text: str) -> bool:
     return text in await page.text("#action-result")
 
@@ -245,7 +170,14 @@ async def _shows(page: Page, text: str) -> bool:
 
 
 async def _state_shown(page: Page, selector: str, state: str) -> bool:
-    return bool(await page.evaluate(f"!!document.querySelector({json.dumps(selector + ' .state-' + state)})"))
+    """A badge of run state ``state`` (its class: ``st-`` and the state) shown in ``selector``."""
+    return bool(
+        await page.evaluate(f"!!document.querySelector({json.dumps(selector + ' .state.st-' + state)})")
+    )
+
+
+async def _stopped_shown(page: Page, selector: str) -> bool:
+    return bool(await page.evaluate(f"!!document.querySelector({json.dumps(selector + ' .tag-stopped')})"))
 
 
 def _request(pod: Pod, method: str, path: str, body: bytes | None = None, **headers: str) -> tuple[int, Any]:
@@ -347,8 +279,81 @@ def test_cross_site_requests_cannot_message_stop_or_read_runs(open_pod: Pod) -> 
 
 
 def test_text_that_is_not_unicode_never_breaks_the_json() -> None:
-    from luftpause.runtime.monitor import _json
+    from luftpause.runtime.web.monitor import _json
 
     response = _json({"runs": [{"name": "ok"}, {"task": "bad \ud800 text"}]})
     assert response.status_code == 200
     assert json.loads(response.body)["runs"][1]["task"] == "bad \ud800 text"
+
+
+def _series(pod: Pod) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{pod.url}/monitor/series", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        series: dict[str, Any] = json.loads(response.read())
+        return series
+
+
+def test_the_monitor_draws_the_last_minutes_and_says_completed_not_idle(
+    pod: Pod, browser: int, tmp_path: Path
+) -> None:
+    """Runs that answered and one that failed: the tree says ``completed`` and ``failed`` (the
+    words the scheduler's page uses), and the charts draw the runtime's samples of runs by state.
+    The screenshot (``monitor.png`` and the chart's own, in the test's tmp dir) is read back: the
+    finished-runs chart has the completed and the failed lines' colours in it."""
+    answered = [script({"say": f"answer {i}"}) for i in range(2)]
+    broken = script({"refuse": 503, "error": "engine sim-a: overloaded"})
+
+    async def go() -> None:
+        async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:
+            handles = [(await call(client, "spawn", task=task))["handle"] for task in [*answered, broken]]
+
+            async def all_ended() -> bool:
+                runs = [(await call(client, "status", handle=h))["run"] for h in handles]
+                return all(run["state"] != "running" for run in runs)
+
+            await until(all_ended, "the three runs to end")
+
+            def sampled() -> bool:
+                samples = _series(pod)["samples"]
+                ended = [s for s in samples if s["runs"]["completed"] == 2 and s["runs"]["failed"] == 1]
+                return len(samples) >= 3 and len(ended) >= 2
+
+            async def enough_samples() -> bool:
+                return await asyncio.to_thread(sampled)
+
+            await until(enough_samples, "samples of the ended runs", seconds=60)
+            assert _request(pod, "GET", "/monitor/series")[0] == 401  # the token, as /monitor/runs
+            assert _request(pod, "GET", "/monitor/series?after=x", Authorization=f"Bearer {TOKEN}")[0] == 400
+            page = await open_page(browser, f"{pod.url}/monitor?token={TOKEN}", session)
+            try:
+                completed = '#chart-finished polyline[data-series="completed"]'
+
+                async def drawn() -> bool:
+                    points = await page.evaluate(
+                        f"(() => {{ const e = document.querySelector({json.dumps(completed)});"
+                        " return e ? Number(e.dataset.points) : 0; })()"
+                    )
+                    return bool(points >= 3)
+
+                await until(drawn, "the completed runs' line with its samples")
+                for handle in handles[:2]:
+                    assert await page.text(f'li[data-handle="{handle}"] .state') == "completed"
+                assert await page.text(f'li[data-handle="{handles[2]}"] .state') == "failed"
+                assert "idle" not in await page.text("#roots")
+                legend = await page.text("#chart-finished .legend")
+                assert "completed2" in legend.replace(" ", "") and "failed1" in legend.replace(" ", "")
+                assert "runs: 2 completed, 1 failed" in await page.text("#runs-summary")
+                whole = await page.screenshot(tmp_path / "monitor.png")
+                chart = await page.screenshot(tmp_path / "monitor-chart-finished.png", "#chart-finished svg")
+            finally:
+                await page.ws.close()
+        width, height = png_size(whole)
+        assert width >= 1000 and height >= 600
+        assert png_size(chart)[0] >= 250
+        assert colour_share(chart, "#1f9d55") > 0.0005  # the completed line (20 pixels or more)
+        assert colour_share(chart, "#d64545") > 0.0005  # the failed line
+        assert colour_share(whole, "#18202c") > 0.02  # the scheduler page's header bar
+
+    asyncio.run(go())

@@ -2,8 +2,9 @@
 ``unchanged`` while the run network stands and builds the network once per version however many
 pages poll; ``GET /monitor/runs/{handle}?since=`` sends only the messages the page does not have.
 
-In-process: the monitor's routes in a Starlette app over :class:`~luftpause.runtime.pods.Pods`
-and a registry without a journal, driven through httpx's ASGI transport.
+In-process: the monitor's routes in a Starlette app over
+:class:`~luftpause.runtime.pods.operations.PodOperations` and a registry without a journal, driven
+through httpx's ASGI transport.
 """
 
 from __future__ import annotations
@@ -12,34 +13,23 @@ import asyncio
 from typing import Any
 
 import httpx
+from runtime_helpers import make_run, pods_over
 from starlette.applications import Starlette
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.monitor import monitor_routes
-from luftpause.runtime.pods import PERSON, Pods
-from luftpause.runtime.run_record import Run
-from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.pods.actors import PERSON
+from luftpause.runtime.runs.record import Run
+from luftpause.runtime.web.monitor import monitor_routes
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
 
 
 def _run(handle: str, parent: str | None = None) -> Run:
-    return Run(
-        handle=handle,
-        task="t",
-        model=DEFAULT_MODEL,
-        service_class="batch",
-        caller="c",
-        max_tool_calls=8,
-        max_tokens=256,
-        allowed_tools=None,
-        messages=[{"role": "user", "content": "t"}],
-        parent=parent,
-    )
+    return make_run(handle, caller="c", parent=parent)
 
 
 def test_runs_poll_answers_unchanged_until_the_network_changes_and_builds_once_per_version() -> None:
-    pods = Pods(RunRegistry(), parse_config(CONFIG))
+    pods = pods_over(parse_config(CONFIG))
     builds: list[int] = []
     network = pods.network
 
@@ -48,7 +38,7 @@ def test_runs_poll_answers_unchanged_until_the_network_changes_and_builds_once_p
         return network()
 
     pods.network = counted  # type: ignore[method-assign]
-    app = Starlette(routes=monitor_routes(lambda: pods))
+    app = Starlette(routes=monitor_routes(pods))
 
     async def go() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
@@ -70,12 +60,12 @@ def test_runs_poll_answers_unchanged_until_the_network_changes_and_builds_once_p
             # Each change to the network is a new version: a child, a round, an answer, a stop.
             seen = {first["version"]}
             child = pods.registry.add(_run("run-b", parent="run-a"))
-            child.complete_round([{"role": "assistant", "content": "working"}])
+            pods.registry.complete_round(child, [{"role": "assistant", "content": "working"}])
             changes = [
                 lambda: None,  # the child added and its round, above
-                lambda: child.finish("completed", answer="done"),
+                lambda: pods.registry.finish(child, "completed", answer="done"),
                 lambda: pods.stop(PERSON, "run-b"),
-                lambda: parent.finish("failed", error="broke"),
+                lambda: pods.registry.finish(parent, "failed", error="broke"),
             ]
             last = first["version"]
             for change in changes:
@@ -97,8 +87,8 @@ def test_runs_poll_answers_unchanged_until_the_network_changes_and_builds_once_p
 
 
 def test_conversation_poll_sends_only_new_messages_after_the_cursor() -> None:
-    pods = Pods(RunRegistry(), parse_config(CONFIG))
-    app = Starlette(routes=monitor_routes(lambda: pods))
+    pods = pods_over(parse_config(CONFIG))
+    app = Starlette(routes=monitor_routes(pods))
     run = pods.registry.add(_run("run-c"))
 
     async def go() -> None:
@@ -112,7 +102,9 @@ def test_conversation_poll_sends_only_new_messages_after_the_cursor() -> None:
             assert whole["messages"] == [{"role": "user", "content": "t"}]
             assert (whole["from"], whole["cursor"]) == (0, 1)
 
-            run.complete_round([{"role": "assistant", "content": "one"}, {"role": "user", "content": "more"}])
+            pods.registry.complete_round(
+                run, [{"role": "assistant", "content": "one"}, {"role": "user", "content": "more"}]
+            )
             new = (await conversation(whole["cursor"])).json()
             assert new["messages"] == [
                 {"role": "assistant", "content": "one"},

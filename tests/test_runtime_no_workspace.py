@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 from pods_helpers import Pod, call, script, start_pod, tool_text
 
-from luftpause.runtime.pods import NO_WORKSPACE
+from luftpause.runtime.pods.scopes import NO_WORKSPACE
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,16 @@ from typing import Any
 import pytest
 from mcp import Client
 from pods_helpers import Pod, call, get_json, script, start_pod, tool_text, until
+from runtime_helpers import Parts, make_run, parts_over
 
 from luftpause.config import DEFAULT_MODEL
+from luftpause.runtime.errors import PodRefused, SpawnRefused, UnknownModel
+from luftpause.runtime.pods.actors import Actor
+from luftpause.runtime.pods.scope import Rule, Scope
+from luftpause.runtime.pods.scopes import SpawnPlan
+from luftpause.runtime.runs.record import Run
+from luftpause.runtime.runs.spec import SpawnArguments
+from luftpause.runtime.spawn.spawner import child_arguments
 
 pytestmark = pytest.mark.integration
 
@@ -132,9 +141,17 @@ def test_three_level_network_does_file_work_within_delegated_scopes(pod: Pod) ->
             again = await call(client, "read", handle=b, since=first["cursor"])
             assert again["entries"] == [] and again["cursor"] == 1
 
-            # B ends for good before D.
+            # B ends for good before D. It gave its scope back when it went idle; the part it
+            # handed on stays with D, which is still running, and stop says both.
             stopped = await call(client, "stop", handle=b)
             assert stopped["state"] == "stopped"
+            d_rule = {"effect": "allow", "access": ["read", "write"], "path": str(ws / "b" / "d")}
+            assert stopped["scope"] == {
+                "returns": [{"effect": "allow", "access": ["read", "write"], "path": str(ws / "b")}],
+                "to": None,
+                "when": "already: it went idle",
+                "staysWith": [{"handle": d, "name": "d", "scope": [d_rule]}],
+            }
 
         # A restart in the middle of the chain keeps it so.
         assert pod.runtime is not None
@@ -227,7 +244,17 @@ def test_send_busy_and_idle_graceful_stop_and_caller_events(pod: Pod) -> None:
             sleeper = script(first_turn, {"say": "never"})
             s = (await call(client, "spawn", task=sleeper))["handle"]
             await until(lambda: _engine_holds(pod, s), "the sleeper's first turn")
-            assert (await call(client, "stop", handle=s))["state"] == "running"
+            stopping = await call(client, "stop", handle=s)
+            assert stopping["state"] == "running"
+            # What it holds (the workspace, to read: spawned without a scope) goes back once its
+            # turn ends; nothing of it is below it.
+            read_ws = {"effect": "allow", "access": ["read"], "path": str(ws)}
+            assert stopping["scope"] == {
+                "returns": [read_ws],
+                "to": "workspace",
+                "when": "when its current turn ends",
+                "staysWith": [],
+            }
             pod.engine.release("sleeper")
             await until(lambda: _state(client, s, "stopped"), "the sleeper stopped")
             assert len(pod.engine.requests[s]) == 1
@@ -283,46 +310,30 @@ async def _engine_holds(pod: Pod, what: str) -> bool:
 # --- Pods in-process: the rules one call at a time ----------------------------------------------
 
 
-def _pods(tmp_path: Path) -> Any:
+def _parts(tmp_path: Path) -> Parts:
     from luftpause.config import load_config
-    from luftpause.runtime.pods import Pods
-    from luftpause.runtime.runs import RunRegistry
 
     (tmp_path / "ws").mkdir()
     path = tmp_path / "pods.toml"
     path.write_text(
         f'[runtime]\nworkspace = "{tmp_path / "ws"}"\nmax_depth = 2\n\n'
-        f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
+        f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}", "small"]\n'
     )
-    return Pods(RunRegistry(), load_config(path))
+    return parts_over(load_config(path))
 
 
-def _run(pods: Any, handle: str, parent: str | None = None, **fields: Any) -> Any:
-    from luftpause.runtime.runs import Run
-
-    run = Run(
-        handle=handle,
-        task="t",
-        model=DEFAULT_MODEL,
-        service_class="interactive",
-        caller="c",
-        max_tool_calls=fields.pop("max_tool_calls", 8),
-        max_tokens=fields.pop("max_tokens", 256),
-        allowed_tools=fields.pop("allowed_tools", None),
-        messages=[],
-        parent=parent,
-        **fields,
+def _run(parts: Parts, handle: str, parent: str | None = None, **fields: Any) -> Run:
+    run = make_run(
+        handle, **{"caller": "c", "service_class": "interactive", "messages": [], "parent": parent, **fields}
     )
-    pods.registry.add(run)
+    parts.registry.add(run)
     return run
 
 
 def test_a_sub_agents_child_inherits_and_may_only_narrow_its_limits(tmp_path: Path) -> None:
-    from luftpause.runtime.pods import PodRefused
-
-    pods = _pods(tmp_path)
+    parts = _parts(tmp_path)
     a = _run(
-        pods,
+        parts,
         "run-a",
         allowed_tools=frozenset({"lookup", "delete_note"}),
         approve_tools=frozenset({"delete_note"}),
@@ -330,52 +341,139 @@ def test_a_sub_agents_child_inherits_and_may_only_narrow_its_limits(tmp_path: Pa
         max_tokens=99,
         parallel_tool_calls=True,
     )
-    child = pods.child_limits(a, {"task": "x"})
-    assert child["tools"] == ["delete_note", "lookup"] and child["approveTools"] == ["delete_note"]
-    assert (child["maxToolCalls"], child["maxTokens"], child["parallelToolCalls"]) == (5, 99, True)
-    narrowed = pods.child_limits(a, {"task": "x", "tools": ["lookup"], "approveTools": ["lookup"]})
-    assert narrowed["tools"] == ["lookup"] and narrowed["approveTools"] == ["delete_note", "lookup"]
-    with pytest.raises(PodRefused, match="count_items not among the tools you may use"):
-        pods.child_limits(a, {"task": "x", "tools": ["lookup", "count_items"]})
-    with pytest.raises(PodRefused, match="more than your own"):
-        pods.child_limits(a, {"task": "x", "maxToolCalls": 6})
+
+    def child_of(**arguments: Any) -> SpawnArguments:
+        return child_arguments(a, SpawnArguments.model_validate({"task": "x", **arguments}), [a])
+
+    child = child_of()
+    assert child.tools == ["delete_note", "lookup"] and child.approve_tools == ["delete_note"]
+    assert (child.max_tool_calls, child.max_tokens, child.parallel_tool_calls) == (5, 99, True)
+    assert (child.model, child.service_class) == (DEFAULT_MODEL, "interactive")
+    narrowed = child_of(tools=["lookup"], approveTools=["lookup"])
+    assert narrowed.tools == ["lookup"] and narrowed.approve_tools == ["delete_note", "lookup"]
+    with pytest.raises(SpawnRefused, match="count_items not among the tools you may use"):
+        child_of(tools=["lookup", "count_items"])
+    with pytest.raises(SpawnRefused, match="more than your own"):
+        child_of(maxToolCalls=6)
+
+
+def test_a_sub_agents_child_may_take_another_model_shorter_replies_batch_and_tighter_budgets(
+    tmp_path: Path,
+) -> None:
+    # The seed ticket's per-child overlay: a small model for research, the full one for code.
+    parts = _parts(tmp_path)
+    a = _run(parts, "run-a", max_tokens=200, budget_tokens=1000, budget_seconds=60.0)
+    b = _run(parts, "run-b", parent="run-a", service_class="batch", max_tokens=0)
+
+    def child(spawner: Run, chain: list[Run], **arguments: Any) -> SpawnArguments:
+        return child_arguments(spawner, SpawnArguments.model_validate({"task": "x", **arguments}), chain)
+
+    small = child(a, [a], model="small", maxTokens=64, serviceClass="batch", budgetTokens=500)
+    assert (small.model, small.max_tokens, small.service_class, small.budget_tokens) == (
+        "small",
+        64,
+        "batch",
+        500,
+    )
+    with pytest.raises(SpawnRefused, match="maxTokens: 201 is more than your own \\(200\\)"):
+        child(a, [a], maxTokens=201)
+    with pytest.raises(SpawnRefused, match="maxTokens: 0 \\(the engine's default\\) is more than your own"):
+        child(a, [a], maxTokens=0)
+    with pytest.raises(SpawnRefused, match="budgetTokens: 2000 is more than your own \\(1000\\)"):
+        child(a, [a], budgetTokens=2000)
+    # A grandchild is bounded by every budget on its way up, and a batch spawner's child is batch.
+    with pytest.raises(SpawnRefused, match="budgetSeconds: 90 is more than run run-a's \\(60\\)"):
+        child(b, [b, a], budgetSeconds=90)
+    with pytest.raises(SpawnRefused, match="a batch run's child is batch too"):
+        child(b, [b, a], serviceClass="interactive")
+    assert child(b, [b, a], maxTokens=5000).max_tokens == 5000  # b's replies are the engine's: unbounded
+    # Through the spawner: a model the pool does not serve is refused, naming those it does.
+    with pytest.raises(UnknownModel, match=re.escape("models served: 'llama-3.2-1b', 'small'")):
+        parts.spawner.spawn(SpawnArguments(task="x", model="huge"), Actor.of_run(a))
 
 
 def test_names_are_checked_and_depth_is_kept_from_spawn(tmp_path: Path) -> None:
-    from luftpause.runtime.pods import PodRefused
-
-    pods = _pods(tmp_path)
+    parts = _parts(tmp_path)
+    tree = parts.tree
     for bad in ("run-0123456789abcdef", "a\ud800", "x" * 65, "tab\there", " padded"):
         with pytest.raises(PodRefused, match="name"):
-            pods.plan_spawn(None, "c", bad, None)
-    top = _run(pods, "run-top")
-    pods.grant(top, pods.plan_spawn(None, "c", "top", None))
-    mid = _run(pods, "run-mid", parent="run-top")
-    pods.grant(mid, pods.plan_spawn(top, "c", "mid", None))
-    # The parent leaves the registry: the child is still at level 2, and spawns nothing deeper.
-    del pods.registry._runs["run-top"]
+            tree.check_spawn(None, bad, [])
+    top = _run(parts, "run-top")
+    tree.record(top, tree.check_spawn(None, "top", []))
+    mid = _run(parts, "run-mid", parent="run-top")
+    tree.record(mid, tree.check_spawn(top, "mid", []))
+    # The depth is the one fixed at spawn, whatever the ancestors that may have left: level 2,
+    # and it spawns nothing deeper.
     with pytest.raises(PodRefused, match="depth limit: the new run would be at level 3"):
-        pods.plan_spawn(mid, "c", None, None)
+        tree.check_spawn(mid, None, [])
 
 
 def test_builtin_tools_never_raise_and_path_arguments_go_upstream_real(tmp_path: Path) -> None:
-    from luftpause.runtime.scope import Rule, Scope
-
-    pods = _pods(tmp_path)
+    parts = _parts(tmp_path)
+    scopes = parts.scopes
     ws = tmp_path.resolve() / "ws"
-    run = _run(pods, "run-w")
+    run = _run(parts, "run-w")
     rules = Scope.of(Rule.make("allow", ("read", "write"), str(ws)))
-    pods._journal(pods.ledger.grant(run.handle, rules, parent="workspace"))
+    scopes.grant(run, SpawnPlan("workspace", rules))
     (ws / "sub").mkdir()
     (ws / "link").symlink_to(ws / "sub")
-    text, failed = asyncio.run(pods.call_builtin(run, "write_file", {"path": "f", "content": "a\ud800"}))
+    text, failed = asyncio.run(parts.builtins.call(run, "write_file", {"path": "f", "content": "a\ud800"}))
     assert failed and "lone surrogate" in text
     # a directory given to read_file is a failed call, not a failed run
-    text, failed = asyncio.run(pods.call_builtin(run, "read_file", {"path": str(ws / "sub"), "offset": 1}))
+    text, failed = asyncio.run(parts.builtins.call(run, "read_file", {"path": str(ws / "sub"), "offset": 1}))
     assert failed and text.startswith("Error:")
-    pods.path_arguments["write_note"] = {"path": "write"}
+    scopes.path_arguments["write_note"] = {"path": "write"}
     arguments = {"path": "link/../link/n.txt", "title": "t"}
-    assert pods.upstream_refusal(run, "write_note", arguments) is None
+    assert scopes.upstream_refusal(run, "write_note", arguments) is None
     assert arguments == {"path": f"{ws}/sub/n.txt", "title": "t"}
-    refusal = pods.upstream_refusal(run, "write_note", {"path": "file:///etc/passwd"})
+    refusal = scopes.upstream_refusal(run, "write_note", {"path": "file:///etc/passwd"})
     assert refusal is not None and "URI" in refusal
+
+
+def test_a_sub_agent_runs_its_child_on_another_model_with_shorter_replies_as_batch(tmp_path: Path) -> None:
+    # The seed ticket's per-child provider overlay, end to end: the research child on the pool's
+    # small model, replies of 64 tokens, batch; a child asking for more than its spawner has is
+    # refused as the spawn's tool result, and nothing of it runs.
+    small = '\n[[replicas]]\nname = "small"\nurl = "{engine_url}"\nmodels = ["small"]\n'
+    child = script({"say": "found it"})
+    spawner = script(
+        {
+            "call": "spawn",
+            "args": {
+                "task": child,
+                "name": "research",
+                "model": "small",
+                "maxTokens": 64,
+                "serviceClass": "batch",
+                "budgetTokens": 500,
+            },
+        },
+        {"call": "spawn", "args": {"task": child, "name": "greedy", "maxTokens": 4096}},
+        {"call": "spawn", "args": {"task": child, "name": "elsewhere", "model": "huge"}},
+        {"say": "delegated"},
+    )
+    with start_pod(tmp_path, workspace=None, extra_toml=small) as pod:
+
+        async def go() -> tuple[dict[str, Any], list[str]]:
+            async with Client(f"{pod.url}/mcp") as client:
+                handle = (await call(client, "spawn", task=spawner, orchestrate=True, maxTokens=256))[
+                    "handle"
+                ]
+                await call(client, "await", handles=[handle], timeout=60)
+
+                async def research() -> dict[str, Any] | None:
+                    runs = (await call(client, "list", handle=handle))["runs"]
+                    return runs[0] if len(runs) == 1 and runs[0]["state"] == "idle" else None
+
+                item = await until(research, "the research child to answer")
+                status = (await call(client, "status", handle=item["handle"]))["run"]
+                return status, _tool_results(pod, handle)
+
+        status, results = asyncio.run(go())
+    assert (status["model"], status["serviceClass"], status["maxTokens"]) == ("small", "batch", 64)
+    assert status["limits"] == {"tokens": 500}
+    (turn,) = pod.engine.requests[status["handle"]]
+    assert (turn["model"], turn["max_tokens"]) == ("small", 64)
+    assert json.loads(results[0])["name"] == "research"
+    assert "maxTokens: 4096 is more than your own (256)" in results[1]
+    assert "no generative replica serves model 'huge'" in results[2] and "'small'" in results[2]

@@ -19,9 +19,10 @@ from runtime_helpers import asgi_request, make_run
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
-from luftpause.runtime.runs import Run, RunRegistry
-from luftpause.runtime.server import Runtime, create_app, json_bytes
-from luftpause.runtime.tools import build_mcp_server
+from luftpause.runtime.runs.registry import Run, RunRegistry
+from luftpause.runtime.server import create_app
+from luftpause.runtime.web.status import json_bytes
+from luftpause.runtime.wiring import Runtime, build_runtime
 
 
 class FakeClock:
@@ -38,7 +39,7 @@ def test_finished_runs_are_dropped_after_retention_and_running_ones_never() -> N
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=3600, clock=clock)
     done, running = registry.add(make_run("run-done")), registry.add(make_run("run-running"))
-    done.finish("completed", answer="ok")
+    registry.finish(done, "completed", answer="ok")
 
     clock.now += 3599
     assert registry.get("run-done") is done  # still within its hour
@@ -51,7 +52,7 @@ def test_finished_runs_are_dropped_after_retention_and_running_ones_never() -> N
 
     clock.now += 10 * 3600  # a running run is never dropped, however old
     assert registry.get("run-running") is running
-    running.finish("failed", error="x")
+    registry.finish(running, "failed", error="x")
     clock.now += 3599
     assert registry.get("run-running") is running  # retention counts from its end, not its start
     clock.now += 2
@@ -67,7 +68,7 @@ def test_the_cap_drops_the_oldest_finished_first_and_spares_running_runs() -> No
     # Finish out of creation order: the order they ended is what counts.
     for i in (2, 0, 4, 1, 3):
         clock.now += 1
-        finished[i].finish("completed", answer=str(i))
+        registry.finish(finished[i], "completed", answer=str(i))
 
     held = {run.handle for run in registry.all()}
     assert held == {"run-live", "run-4", "run-1", "run-3"}
@@ -84,17 +85,17 @@ def test_a_finished_ancestor_of_a_running_run_is_kept_so_its_budget_still_applie
     registry = RunRegistry(retention_seconds=10, max_finished=1, clock=clock)
     parent = registry.add(make_run("run-parent", budget_tool_calls=2))
     child = registry.add(make_run("run-child", parent="run-parent"))
-    parent.finish("completed", answer="delegated")
+    registry.finish(parent, "completed", answer="delegated")
     others = [registry.add(make_run(f"run-other-{i}")) for i in range(3)]
     for other in others:
-        other.finish("completed", answer="x")
+        registry.finish(other, "completed", answer="x")
     clock.now += 100
     assert registry.get("run-parent") is parent
     assert {r.handle for r in registry.all()} == {"run-parent", "run-child"}
-    child.tool_calls = 3
+    child.costs.tool_calls = 3
 
     async def check() -> None:  # cancelling looks at the current task
-        child.check_budgets()
+        registry.check_budgets(child)
 
     asyncio.run(check())
     assert child.state == "cancelled" and child.error == "budget exceeded: toolCalls 3/2"
@@ -106,7 +107,7 @@ def test_a_finished_ancestor_of_a_running_run_is_kept_so_its_budget_still_applie
 def test_an_expired_handle_is_told_apart_from_one_never_issued() -> None:
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=60, clock=clock)
-    registry.add(make_run("run-old")).finish("cancelled", error="cancelled")
+    registry.finish(registry.add(make_run("run-old")), "cancelled", error="cancelled")
     clock.now += 61
 
     with pytest.raises(UnknownRun, match="run-never"):
@@ -121,7 +122,7 @@ def test_remembered_expired_handles_are_bounded() -> None:
     clock = FakeClock()
     registry = RunRegistry(retention_seconds=0, max_expired_handles=2, clock=clock)
     for i in range(3):
-        registry.add(make_run(f"run-{i}")).finish("completed", answer="")
+        registry.finish(registry.add(make_run(f"run-{i}")), "completed", answer="")
         clock.now += 1
     registry.evict_expired()
 
@@ -233,11 +234,10 @@ def test_a_run_stopped_before_its_first_step_ends_cancelled() -> None:
 
 def test_await_and_status_tools_say_an_evicted_handle_expired() -> None:
     clock = FakeClock()
-    runtime = Runtime(CONFIG, token=None)
-    runtime.registry = RunRegistry(retention_seconds=60, clock=clock)
-    runtime.registry.add(make_run("run-gone")).finish("completed", answer="ok")
+    runtime = build_runtime(CONFIG, retention_seconds=60, clock=clock)
+    runtime.registry.finish(runtime.registry.add(make_run("run-gone")), "completed", answer="ok")
     clock.now += 61
-    mcp = build_mcp_server(runtime)
+    mcp = runtime.mcp
 
     async def scenario() -> list[CallToolResult]:
         async with Client(mcp) as client:

@@ -2,7 +2,7 @@
 cursors stay stable across compaction and restart (issue 5/6 review).
 
 In-process: a run registry with a real journal in a temporary state directory, runs finished by
-hand (no engine), and :class:`~luftpause.runtime.pods.Pods` for ``read`` and ``send``. The byte
+hand (no engine), and :class:`~luftpause.runtime.pods.operations.Pods` for ``read`` and ``send``. The byte
 counts checked are the registry's own (:attr:`RunRegistry.retained_total`), never the process's
 RSS.
 """
@@ -11,44 +11,33 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
+from runtime_helpers import make_run, pods_over
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.errors import ExpiredRun
-from luftpause.runtime.journal import Journal
-from luftpause.runtime.pods import Actor, PodRefused, Pods
-from luftpause.runtime.run_record import KEPT_OUTPUT_CHARS, Run
-from luftpause.runtime.runs import RunRegistry
+from luftpause.runtime.errors import ExpiredRun, PodRefused
+from luftpause.runtime.pods.actors import Actor
+from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.record import KEPT_OUTPUT_CHARS, Run
+from luftpause.runtime.runs.registry import RunRegistry
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
 CALLER = Actor.of_caller("c")
 
 
 def _run(handle: str, system: str | None = None, task: str = "t") -> Run:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": task})
-    return Run(
-        handle=handle,
-        task=task,
-        model=DEFAULT_MODEL,
-        service_class="batch",
-        caller="c",
-        max_tool_calls=8,
-        max_tokens=256,
-        allowed_tools=None,
-        messages=messages,
-        system=system,
-    )
+    return make_run(handle, caller="c", system=system, task=task)
 
 
-def _answer(run: Run, *texts: str) -> None:
+def _answer(registry: RunRegistry, run: Run, *texts: str) -> None:
     """``run`` says each of ``texts`` in turn: all but the last as a journaled round's assistant
     message (with a user follow-up), the last as its answer."""
     for text in texts[:-1]:
-        run.complete_round([{"role": "assistant", "content": text}, {"role": "user", "content": "go on"}])
-    run.finish("completed", answer=texts[-1])
+        registry.complete_round(
+            run, [{"role": "assistant", "content": text}, {"role": "user", "content": "go on"}]
+        )
+    registry.finish(run, "completed", answer=texts[-1])
 
 
 def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compaction_shrinks(
@@ -61,16 +50,18 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
 
     async def go() -> None:
         journal = Journal(tmp_path, compact_bytes=1 << 40)  # compacted by the test only
-        async with RunRegistry(journal=journal, retained_bytes=budget) as registry:
-            pods = Pods(registry, parse_config(CONFIG))
+        pods = pods_over(parse_config(CONFIG), journal=journal, retained_bytes=budget)
+        async with pods.registry as registry:
             runs = [
                 registry.add(_run(f"run-{i:03d}", system=big, task=f"task {i} " + "x" * 1000))
                 for i in range(100)
             ]
             for i, run in enumerate(runs):
-                _answer(run, f"first {i}", f"answer {i}")
+                _answer(registry, run, f"first {i}", f"answer {i}")
                 assert registry.retained_total <= budget, (i, registry.retained_total)
-            await asyncio.wrap_future(runs[-1].last_written)  # its end: the last record queued
+            written = runs[-1].durability.last_written
+            assert written is not None
+            await asyncio.wrap_future(written)  # its end: the last record queued
             before = journal.size
             assert before > 100 * len(big)  # every prompt was journaled at its start
 
@@ -82,7 +73,7 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
             dropped = [r for r in held if r.conversation_dropped]
             assert dropped, "no conversation was dropped"
             for run in dropped:
-                assert run.messages == [] and run.system is None and run.answer is not None
+                assert run.messages == [] and run.spec.system is None and run.answer is not None
                 i = int(run.handle[-3:])
                 assert run.status()["taskChars"] == len(f"task {i} ") + 1000
                 assert run.result()["conversationDropped"] is True
@@ -104,8 +95,8 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
         assert after < before / 4, (before, after)
 
         # After a restart the same runs are held, the dropped ones still dropped, same entries.
-        async with RunRegistry(journal=Journal(tmp_path), retained_bytes=budget) as again:
-            pods = Pods(again, parse_config(CONFIG))
+        pods = pods_over(parse_config(CONFIG), journal=Journal(tmp_path), retained_bytes=budget)
+        async with pods.registry as again:
             assert {r.handle for r in again.all()} == {r.handle for r in held}
             assert again.retained_total <= budget
             for run in dropped:
@@ -124,10 +115,10 @@ def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: 
     # idle runs, so read went from ['first', 'second'] cursor 2 to ['second'] cursor 1.
     async def go() -> None:
         journal = Journal(tmp_path, compact_bytes=1)
-        async with RunRegistry(journal=journal) as registry:
-            pods = Pods(registry, parse_config(CONFIG))
+        pods = pods_over(parse_config(CONFIG), journal=journal)
+        async with pods.registry as registry:
             run = registry.add(_run("run-stopped"))
-            _answer(run, "first", "second")
+            _answer(registry, run, "first", "second")
             pods.stop(CALLER, run.handle)
             before = pods.read(CALLER, run.handle)
             assert (before["entries"], before["cursor"], before["state"]) == (
@@ -136,8 +127,8 @@ def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: 
                 "stopped",
             )
             journal.compact_later(registry.journal_snapshot())
-        async with RunRegistry(journal=Journal(tmp_path)) as again:
-            pods = Pods(again, parse_config(CONFIG))
+        pods = pods_over(parse_config(CONFIG), journal=Journal(tmp_path))
+        async with pods.registry:
             after = pods.read(CALLER, "run-stopped")
             assert (after["entries"], after["cursor"], after["state"]) == (["first", "second"], 2, "stopped")
             assert pods.read(CALLER, "run-stopped", since=1)["entries"] == ["second"]
@@ -155,24 +146,24 @@ def test_dropped_output_entries_keep_their_indices_and_read_says_how_many_were_d
 
     async def go() -> None:
         journal = Journal(tmp_path, compact_bytes=1 << 40)
-        async with RunRegistry(journal=journal, retained_bytes=1 << 30) as registry:
-            pods = Pods(registry, parse_config(CONFIG))
+        pods = pods_over(parse_config(CONFIG), journal=journal, retained_bytes=1 << 30)
+        async with pods.registry as registry:
             run = registry.add(_run("run-long"))
-            _answer(run, *texts)
+            _answer(registry, run, *texts)
             # A budget the long run fits in once it drops its conversation, and not before.
-            assert run.retained > 100 * 1024
+            assert run.retention.retained > 100 * 1024
             registry.retained_bytes = 100 * 1024
-            registry.add(_run("run-other")).finish("completed", answer="x")
-            assert run.conversation_dropped and 0 < run.outputs_base < 10
-            base = run.outputs_base
+            registry.finish(registry.add(_run("run-other")), "completed", answer="x")
+            assert run.conversation_dropped and 0 < run.retention.outputs_base < 10
+            base = run.retention.outputs_base
             read = pods.read(CALLER, run.handle, since=0)
             assert read["dropped"] == base and read["cursor"] == 10
             assert read["entries"] == texts[base:]
             assert pods.read(CALLER, run.handle, since=9)["entries"] == texts[9:]
             assert "dropped" not in pods.read(CALLER, run.handle, since=base)
             journal.compact_later(registry.journal_snapshot())
-        async with RunRegistry(journal=Journal(tmp_path), retained_bytes=1 << 30) as again:
-            pods = Pods(again, parse_config(CONFIG))
+        pods = pods_over(parse_config(CONFIG), journal=Journal(tmp_path), retained_bytes=1 << 30)
+        async with pods.registry:
             read = pods.read(CALLER, "run-long", since=0)
             assert (read["dropped"], read["cursor"], read["entries"]) == (base, 10, texts[base:])
 

@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.runtime.decide import label_prompt, score_labels
-from luftpause.runtime.run_waiting import PROGRESS_INTERVAL_ENV
+from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_ENV
 from luftpause.testkit.engine.replies import words_of
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
@@ -189,35 +189,28 @@ def test_decide_refuses_bad_input(stack: Stack, arguments: dict[str, Any], expec
 
 
 def test_decide_waits_out_a_429_like_a_turn_does() -> None:
-    """A 429 from the dataplane failed ``decide`` at once; it is now retried after Retry-After."""
-    from aiohttp import ClientSession, web
+    """A 429 from the dataplane failed ``decide`` at once; it is now retried after Retry-After.
+    The dataplane here is the client's transport seam (an ``httpx2.MockTransport``)."""
+    import httpx2
 
+    from luftpause.runtime.dataplane import DataplaneClient
     from luftpause.runtime.decide import Decider
-    from luftpause.testkit.procs import free_port
 
     answers = [
-        web.json_response({"error": {"message": "queue full"}}, status=429, headers={"Retry-After": "0"}),
-        web.json_response({"data": [{"label": "spam", "probs": [0.9, 0.1], "num_classes": 2}]}),
+        httpx2.Response(429, json={"error": {"message": "queue full"}}, headers={"Retry-After": "0"}),
+        httpx2.Response(200, json={"data": [{"label": "spam", "probs": [0.9, 0.1], "num_classes": 2}]}),
     ]
     seen: list[str] = []
 
-    async def decide(request: web.Request) -> web.Response:
+    def dataplane(request: httpx2.Request) -> httpx2.Response:
+        assert (request.method, request.url.path) == ("POST", "/v1/decide")
         seen.append(request.headers["x-luftpause-caller"])
         return answers.pop(0)
 
     async def scenario() -> dict[str, Any]:
-        app = web.Application()
-        app.router.add_post("/v1/decide", decide)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            async with ClientSession() as session:
-                decider = Decider(f"http://127.0.0.1:{port}", session, None)
-                return await decider.single_pass("buy now", "clf", "Zoë\r\n")
-        finally:
-            await runner.cleanup()
+        transport = httpx2.MockTransport(dataplane)
+        async with DataplaneClient("http://dataplane.test", transport=transport) as client:
+            return await Decider(client).single_pass("buy now", "clf", "Zoë\r\n")
 
     result = asyncio.run(scenario())
     assert result["label"] == "spam"

@@ -1,4 +1,4 @@
-"""Scopes and the delegation ledger (luftpause.runtime.scope): the rules, subset, the A → B → D
+"""Scopes and the delegation ledger (luftpause.runtime.pods.scope): the rules, subset, the A → B → D
 chain, replay of journal records, and a Hypothesis state machine over grants and ends."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from luftpause.runtime.errors import UnknownRun
-from luftpause.runtime.scope import (
+from luftpause.runtime.pods.scope import (
     BadScope,
     Mode,
     Rule,

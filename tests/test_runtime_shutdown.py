@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from mcp.types import CallToolResult, TextContent
 
-from luftpause.runtime.loop import DataplaneClient, new_http_session
+from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
 
@@ -94,14 +94,19 @@ class StallingDataplane:
         await self._runner.cleanup()
 
 
-HANDLES = [f"run-{i:016x}" for i in range(20)]
+HANDLES = [f"run-{i:016x}" for i in range(120)]
+"""More than httpx's default pool of 100 connections: a cap there would leave the last ones
+waiting behind the held first ones for ever."""
 
 
 def test_end_runs_sends_every_delete_at_once() -> None:
-    # Nothing is answered until all 20 have arrived: one at a time, the first would wait for ever.
+    # Nothing is answered until all 120 have arrived: one at a time, or behind a pool cap, the
+    # first would wait for ever.
     async def scenario() -> tuple[int, list[str]]:
-        async with StallingDataplane(release_after=len(HANDLES)) as dataplane, new_http_session() as session:
-            client = DataplaneClient(dataplane.url, session)
+        async with (
+            StallingDataplane(release_after=len(HANDLES)) as dataplane,
+            DataplaneClient(dataplane.url) as client,
+        ):
             ended = await asyncio.wait_for(client.end_runs(HANDLES, seconds=30), 60)
             return ended, dataplane.received
 
@@ -112,8 +117,10 @@ def test_end_runs_sends_every_delete_at_once() -> None:
 
 def test_end_runs_gives_up_on_a_dataplane_that_never_answers() -> None:
     async def scenario() -> tuple[int, list[str], int]:
-        async with StallingDataplane(release_after=None) as dataplane, new_http_session() as session:
-            client = DataplaneClient(dataplane.url, session)
+        async with (
+            StallingDataplane(release_after=None) as dataplane,
+            DataplaneClient(dataplane.url) as client,
+        ):
             # The outer wait_for only keeps a broken end_runs from hanging the test run.
             ended = await asyncio.wait_for(client.end_runs(HANDLES, seconds=0.5), 60)
             names = [getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks()]
@@ -128,8 +135,7 @@ def test_end_runs_gives_up_on_a_dataplane_that_never_answers() -> None:
 
 def test_end_runs_counts_only_what_the_dataplane_acknowledged() -> None:
     async def scenario() -> tuple[int, int]:
-        async with new_http_session() as session:
-            unreachable = DataplaneClient(f"http://127.0.0.1:{free_port()}", session)
+        async with DataplaneClient(f"http://127.0.0.1:{free_port()}") as unreachable:
             return await unreachable.end_runs(HANDLES[:3]), await unreachable.end_runs([])
 
     assert asyncio.run(scenario()) == (0, 0)

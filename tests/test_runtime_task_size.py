@@ -17,10 +17,10 @@ from mcp.types import CallToolResult, TextContent
 from runtime_helpers import asgi_request, make_run, with_state_dir
 
 from luftpause.config import DEFAULT_MODEL, parse_config
-from luftpause.runtime.loop import DataplaneClient, SubAgentLoop, new_http_session
-from luftpause.runtime.runs import TASK_SUMMARY_CHARS, summarize
-from luftpause.runtime.server import Runtime, create_app
-from luftpause.runtime.tools import MAX_TEXT_BYTES, build_mcp_server
+from luftpause.runtime.runs.registry import TASK_SUMMARY_CHARS, summarize
+from luftpause.runtime.runs.spec import MAX_TEXT_BYTES
+from luftpause.runtime.server import create_app
+from luftpause.runtime.wiring import Runtime, build_runtime
 from luftpause.testkit.procs import free_port
 
 CONFIG = parse_config(
@@ -83,13 +83,12 @@ async def _spawn_session(
     """``spawn`` with each of ``calls`` on a runtime whose dataplane is unreachable (its journal in
     ``state_dir``), then ``status`` with and without each accepted handle; returns every result
     in that order."""
-    runtime = Runtime(with_state_dir(CONFIG, state_dir), token=None)
-    mcp = build_mcp_server(runtime)
+    config = with_state_dir(CONFIG, state_dir)
+    dead = config.runtime.model_copy(update={"dataplane": f"http://127.0.0.1:{free_port()}"})
+    runtime = build_runtime(config.model_copy(update={"runtime": dead}), token=None)
     results: list[CallToolResult] = []
-    async with new_http_session() as session, runtime.registry:
-        dead = DataplaneClient(f"http://127.0.0.1:{free_port()}", session)
-        runtime._loop = SubAgentLoop(dead, runtime.upstream)
-        async with Client(mcp) as client:
+    async with runtime.serving(with_mcp_sessions=False):
+        async with Client(runtime.mcp) as client:
             for arguments in calls:
                 results.append(await client.call_tool("spawn", arguments))
             accepted = [r.structured_content for r in results if isinstance(r.structured_content, dict)]

@@ -35,17 +35,18 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CA
 from pydantic import TypeAdapter
 from runtime_helpers import stack_with_destructive_tools
 
-from luftpause.runtime.approvals import Approvals
-from luftpause.runtime.journal import read_records
-from luftpause.runtime.runs import RunRegistry
-from luftpause.runtime.tasks import (
+from luftpause.runtime.agent.approvals import Approvals
+from luftpause.runtime.agent.upstream import UpstreamPool
+from luftpause.runtime.mcp.spawn_tools import render_run_result
+from luftpause.runtime.mcp.tasks import (
     TASKS_EXTENSION,
     TASKS_JOURNAL_NAME,
     TaskIdParams,
     TaskRegistry,
     TaskUpdateParams,
 )
-from luftpause.runtime.upstream import UpstreamPool
+from luftpause.runtime.runs.journal import read_records
+from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -435,7 +436,8 @@ def test_replay_fails_open_tasks_keeps_ended_ones_drops_expired_and_skips_a_torn
 
     async def go() -> tuple[dict[str, Any], dict[str, Any], int]:
         runs = RunRegistry()
-        tasks = TaskRegistry(tmp_path, runs, Approvals(runs, UpstreamPool([])), retention_seconds=3600)
+        approvals = Approvals(runs, UpstreamPool([]))
+        tasks = TaskRegistry(tmp_path, runs, approvals, render_run_result, retention_seconds=3600)
         async with tasks:
             failed = tasks.describe(tasks.get("task-open"))
             completed = tasks.describe(tasks.get("task-kept"))

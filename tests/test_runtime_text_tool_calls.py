@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.runtime.text_tool_calls import RecoveredCall, openai_tool_call, recover_tool_call
-from luftpause.runtime.tool_arguments import prepare_arguments
+from luftpause.runtime.agent.text_tool_calls import RecoveredCall, openai_tool_call, recover_tool_call
+from luftpause.runtime.agent.tool_arguments import prepare_arguments
 
 OFFERED = ["search", "read_file"]
 ARGS = {"query": "weather in Oslo", "limit": 3}

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from luftpause.runtime.tool_arguments import (
+from luftpause.runtime.agent.tool_arguments import (
     MAX_NESTING,
     ToolArgumentsError,
     expected_shape,

@@ -32,7 +32,7 @@ from mcp.types import CallToolResult
 from mcp_types import Result
 from pods_helpers import ScriptedEngine, call, script, start_pod, until
 
-from luftpause.runtime.tasks import TASKS_EXTENSION
+from luftpause.runtime.mcp.tasks import TASKS_EXTENSION
 
 pytestmark = pytest.mark.integration
 
@@ -341,3 +341,95 @@ def test_tools_of_a_run_narrowed_to_some_tools_with_orchestrate_lists_those_and_
     # No scope: the upstream read_file is the one offered, beside the orchestration tools.
     assert _names(listed["servers"]) == {"upstream": ["read_file"], "luftpause": ORCHESTRATION_TOOLS}
     assert _listed(listed["servers"]) == _offered_in_turn(bare.engine, handle)
+
+
+# Tool annotations (issue 15) and the one spawn contract (issue 16).
+
+EXPECTED_HINTS = {
+    # tool: (readOnlyHint, destructiveHint, idempotentHint, openWorldHint)
+    "spawn": (False, False, False, True),
+    "run": (False, False, False, True),
+    "await": (True, False, True, False),
+    "status": (True, False, True, False),
+    "cancel": (False, True, True, False),
+    "send": (False, False, False, True),
+    "read": (True, False, True, False),
+    "stop": (False, True, True, False),
+    "list": (True, False, True, False),
+    "approve": (False, True, True, True),
+    "decide": (True, False, True, False),
+    "tools": (True, False, True, False),
+}
+
+
+def test_every_tool_carries_its_annotations_and_a_title_on_the_wire(rig: Rig) -> None:
+    # Codex refuses every MCP tool not annotated read-only (approval policy "never"): the runtime
+    # published no annotations at all. Listed here through the real mcp client, over HTTP.
+    async def go() -> dict[str, Any]:
+        async with Client(rig.url) as client:
+            return {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    tools = asyncio.run(go())
+    assert set(tools) == set(EXPECTED_HINTS)
+    for name, (read_only, destructive, idempotent, open_world) in EXPECTED_HINTS.items():
+        tool = tools[name]
+        hints = tool.annotations
+        assert hints is not None, name
+        assert (
+            hints.read_only_hint,
+            hints.destructive_hint,
+            hints.idempotent_hint,
+            hints.open_world_hint,
+        ) == (
+            read_only,
+            destructive,
+            idempotent,
+            open_world,
+        ), name
+        assert tool.title and hints.title == tool.title, name
+    read_only_tools = sorted(
+        name for name, tool in tools.items() if tool.annotations and tool.annotations.read_only_hint
+    )
+    assert read_only_tools == ["await", "decide", "list", "read", "status", "tools"]
+
+
+def test_a_sub_agents_spawn_takes_what_the_mcp_spawn_takes_but_parent(rig: Rig) -> None:
+    # One declaration of spawn's arguments: the sub-agent's built-in spawn has every property of
+    # the MCP tool's (model, maxTokens, serviceClass, budgets, instruction among them) with the same
+    # schema, and no parent (its parent is always itself).
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with Client(rig.url) as client:
+            mcp_spawn = next(t for t in (await client.list_tools()).tools if t.name == "spawn").input_schema
+            handle = await _held(
+                rig, client, "spawn", task=script({"hold": "schema", "say": "done"}), orchestrate=True
+            )
+            listed = await call(client, "tools", handle=handle)
+            rig.engine.release("schema")
+            await call(client, "await", handles=[handle], timeout=60)
+            (builtin,) = [tool for tool in listed["servers"][-1]["tools"] if tool["name"] == "spawn"]
+            return mcp_spawn, builtin["inputSchema"]
+
+    mcp_spawn, child_spawn = asyncio.run(go())
+    assert set(child_spawn["properties"]) == set(mcp_spawn["properties"]) - {"parent"}
+    for name, schema in child_spawn["properties"].items():
+        assert schema == mcp_spawn["properties"][name], name
+    assert {"model", "maxTokens", "serviceClass", "budgetTokens", "instruction"} <= set(
+        child_spawn["properties"]
+    )
+    assert child_spawn["required"] == mcp_spawn["required"] == ["task"]
+    assert child_spawn["additionalProperties"] is False
+
+
+def test_await_and_run_say_when_they_cut_a_timeout_to_600_seconds(rig: Rig) -> None:
+    async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with Client(rig.url) as client:
+            ran = await call(client, "run", task=script({"say": "quick"}), timeout=900)
+            (done,) = ran["runs"]
+            waited = await call(client, "await", handles=[done["handle"]], timeout=3600.5)
+            within = await call(client, "await", handles=[done["handle"]], timeout=600)
+            return ran, waited, within
+
+    ran, waited, within = asyncio.run(go())
+    assert ran["timeoutCut"] == {"asked": 900.0, "max": 600.0} and ran["runs"][0]["state"] == "completed"
+    assert waited["timeoutCut"] == {"asked": 3600.5, "max": 600.0}
+    assert "timeoutCut" not in within

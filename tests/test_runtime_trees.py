@@ -201,7 +201,7 @@ def test_a_caller_with_non_ascii_or_control_characters_runs_through_the_real_dat
     """The caller (a 2026-07-28 client's declared name) reaches the dataplane percent-encoded:
     raw UTF-8 went out as latin-1 and the dataplane refused every turn of such a caller; CR LF
     made the HTTP client raise. ``decide`` sends the same header."""
-    from luftpause.runtime.loop import header_safe
+    from luftpause.runtime.dataplane import header_safe
 
     async def scenario() -> tuple[dict[str, Any], CallToolResult]:
         info = Implementation(name=name, version="1.0")

@@ -1,4 +1,4 @@
-"""The built-in workspace tools (luftpause.runtime.workspace) on real files under ``tmp_path``:
+"""The built-in workspace tools (luftpause.runtime.pods.workspace) on real files under ``tmp_path``:
 scope checks on real paths (``..``, symlinks), bounds, edit uniqueness, upstream path arguments."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from luftpause.runtime import workspace
-from luftpause.runtime.scope import Rule, Scope, ScopeDenied, ScopeLedger, workspace_scope
-from luftpause.runtime.workspace import (
+from luftpause.runtime.pods import workspace
+from luftpause.runtime.pods.scope import Rule, Scope, ScopeDenied, ScopeLedger, workspace_scope
+from luftpause.runtime.pods.workspace import (
     TOOL_SCHEMAS,
     TOOLS,
     WorkspaceError,
@@ -392,7 +392,7 @@ def test_declared_path_arguments_refuse_home_and_uris(scope: Scope, ws: Path, pa
 # --- hard links, text, and failures leaving nothing behind ---------------------------------------
 
 
-def test_hard_linked_files_are_not_written_through(scope: Scope, ws: Path, root: Path) -> None:
+def test_hard_linked_files_are_neither_read_nor_written_through(scope: Scope, ws: Path, root: Path) -> None:
     secret = root / "outside" / "secret.txt"
     os.link(secret, ws / "innocent.txt")
     with pytest.raises(WorkspaceError, match="has 2 hard links"):
@@ -400,7 +400,23 @@ def test_hard_linked_files_are_not_written_through(scope: Scope, ws: Path, root:
     with pytest.raises(WorkspaceError, match="has 2 hard links"):
         edit_file(scope.check, {"path": str(ws / "innocent.txt"), "old": "top", "new": "pwned"})
     assert secret.read_text() == "top secret\n"
-    # reading it is a read of a name inside the scope: allowed
+    # A read of the name inside the scope is a read of the file outside it (issue 17, item 6).
+    for arguments in ({"path": str(ws / "innocent.txt")}, {"path": "innocent.txt", "offset": 1, "limit": 1}):
+        with pytest.raises(WorkspaceError, match=r"has 2 hard links: .* so it is not read") as raised:
+            read_file(scope.check, arguments, base=str(ws))
+        assert "top secret" not in str(raised.value)
+    # The listing shows the name, not the size of the file it shares with the name outside.
+    (ws / "plain.txt").write_text("plain\n")
+    assert list_directory(scope.check, {"path": str(ws)}).splitlines()[1:] == [
+        "innocent.txt  (2 hard links: not read)",
+        "plain.txt  (6 bytes)",
+    ]
+    # An upstream tool's path argument naming it is refused before the call goes upstream.
+    for mode in ("read", "write"):
+        with pytest.raises(WorkspaceError, match="has 2 hard links"):
+            check_path_arguments(scope.check, {"path": mode}, {"path": "innocent.txt"}, base=str(ws))
+    # Once the other name is gone it is a plain file again.
+    secret.unlink()
     assert read_file(scope.check, {"path": str(ws / "innocent.txt")}) == "top secret\n"
 
 

@@ -6,23 +6,19 @@ client."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
-import grpc.aio
 import httpx
 import openai
 import pytest
+from grpc_helpers import connect_once
 
 from luftpause.auth.hosts import HostAllowList, host_name
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
-from luftpause.v1 import scheduler_pb2 as pb
-from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -96,32 +92,14 @@ def test_a_request_without_host_is_refused(guarded: Stack) -> None:
     assert answer.startswith(b"HTTP/1.0 421") or answer.startswith(b"HTTP/1.1 421"), answer[:100]
 
 
-def _connect(target: str, metadata: tuple[tuple[str, str], ...] | None, name: str) -> grpc.StatusCode | str:
-    """Open a Connect stream with ``metadata`` and send a resync: the status it failed with, or
-    ``"resynced"``."""
-
-    async def go() -> grpc.StatusCode | str:
-        async with grpc.aio.insecure_channel(target) as channel:
-            call = pb_grpc.SchedulerStub(channel).Connect(metadata=metadata)
-            resync = pb.ResyncRequest(dataplane_id=name)
-            try:
-                await call.write(pb.DataplaneMessage(items=[pb.DataplaneItem(resync=resync)]))
-                reply = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                return exc.code()
-            call.cancel()
-            assert isinstance(reply, pb.SchedulerMessage)
-            return reply.items[0].WhichOneof("item") or "nothing"
-
-    return asyncio.run(go())
-
-
 def test_the_grpc_link_refuses_a_stream_without_the_token(guarded: Stack) -> None:
     target = guarded.scheduler_grpc
     refused = f"stranger-{os.getpid()}"
     for metadata in (None, (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)):
-        assert _connect(target, metadata, refused) == grpc.StatusCode.UNAUTHENTICATED, metadata
-    assert _connect(target, (("authorization", f"Bearer {TOKEN}"),), f"friend-{os.getpid()}") == "resynced"
+        assert connect_once(target, metadata, refused) == "UNAUTHENTICATED", metadata
+    assert (
+        connect_once(target, (("authorization", f"Bearer {TOKEN}"),), f"friend-{os.getpid()}") == "resynced"
+    )
     # The refused streams reached nothing: the friend's resync shows up (lost, once it left), the
     # stranger's never.
     lost = guarded.wait_status(lambda s: f"friend-{os.getpid()}" in s["lost_dataplanes"])["lost_dataplanes"]

@@ -338,7 +338,7 @@ def test_the_page_shows_runs_by_phase_and_class(page: Element, saturated: Satura
 def test_a_caller_named_with_markup_is_shown_as_text(page: Element) -> None:
     row = by_id(page, "held-by-caller").one("tr", data_caller=HOSTILE_CALLER)
     assert HOSTILE_CALLER in row.text()
-    assert len(page.find_all("script")) == 1  # the page's own
+    assert len(page.find_all("script")) == 2  # the pages' shared one and its own
     assert page.find_all("img") == []
     assert page.one("title").text() == "luftpause scheduler"
 
@@ -667,3 +667,60 @@ def test_the_startup_hold_is_shown_while_it_holds(serve: Callable[[dict[str, Rou
     hold = by_id(dom, "startup-hold")
     assert "hidden" not in hold.attrs
     assert "startup hold" in hold.text()
+
+
+# -- the last minutes, drawn in a real browser and read back from its screenshot ----------------------
+
+
+def test_the_last_minutes_are_drawn_from_the_schedulers_series(saturated: Saturated, tmp_path: Path) -> None:
+    """The held turns of the saturated pool, sampled every 2 s: the page's held-turns chart draws
+    them per class (its legend says the newest sample's counts), and the screenshot of the chart
+    (``scheduler-chart-held.png``, beside ``scheduler.png``, in the test's tmp dir) has both classes'
+    line colours in it. The runtime's runs are named in the shared words (``running``)."""
+    import aiohttp
+    from browser_helpers import colour_share, devtools_browser, open_page, png_size
+    from pods_helpers import until
+
+    series_url = saturated.page_url + "series"
+
+    def held_samples() -> list[dict[str, Any]]:
+        with urllib.request.urlopen(series_url, timeout=10) as response:
+            samples: list[dict[str, Any]] = orjson.loads(response.read())["samples"]
+        return [s for s in samples if s["held"] == {"interactive": 5, "batch": 2}]
+
+    async def go() -> None:
+        async def sampled() -> bool:
+            return len(await asyncio.to_thread(held_samples)) >= 3
+
+        await until(sampled, "three samples of the 7 held turns", seconds=60)
+        query = urllib.parse.urlencode({"runtime": saturated.runtime_base})
+        with devtools_browser(tmp_path, (1280, 1500)) as port:
+            async with aiohttp.ClientSession() as session:
+                page = await open_page(port, f"{saturated.page_url}?{query}", session)
+                try:
+                    batch = '#chart-held polyline[data-series="batch"]'
+
+                    async def drawn() -> bool:
+                        points = await page.evaluate(
+                            f"(() => {{ const e = document.querySelector({json.dumps(batch)});"
+                            " return e ? Number(e.dataset.points) : 0; })()"
+                        )
+                        return bool(points >= 3)
+
+                    await until(drawn, "the batch line of the held-turns chart")
+                    legend = (await page.text("#chart-held .legend")).replace(" ", "")
+                    assert "interactive5" in legend and "batch2" in legend, legend
+                    for handle in saturated.handles:
+                        row = f'#runtime-runs tr[data-run="{handle}"] .badge'
+                        await until(lambda row=row: page.center(row), "the runtime's runs")
+                        assert await page.text(row) == "running"
+                    whole = await page.screenshot(tmp_path / "scheduler.png")
+                    chart = await page.screenshot(tmp_path / "scheduler-chart-held.png", "#chart-held svg")
+                finally:
+                    await page.ws.close()
+        assert png_size(whole)[0] >= 1000
+        assert colour_share(chart, "#3b82f6") > 0.0005  # interactive: 20 pixels or more
+        assert colour_share(chart, "#d68a00") > 0.0005  # batch
+        assert colour_share(whole, "#18202c") > 0.01  # the header bar both pages share
+
+    asyncio.run(go())

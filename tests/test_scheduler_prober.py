@@ -1,5 +1,5 @@
 """The probe loop's schedule, driven through its seams (the host's clock, ``sleep``, the session):
-every 2 s, each request bounded by 2 s (DESIGN.md "Constants"), one ``ReplicasProbed`` per round.
+every 2 s, each request bounded by 2 s (docs/architecture.md "Constants"), one ``ReplicasProbed`` per round.
 
 No wall time is measured: the clock is the fake host's, advanced only by the fake ``sleep`` and by
 the engine's handler (a round that took long); the engines are real HTTP servers on loopback.
@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from luftpause.config import Config, parse_config
+from luftpause.config import Config, ReplicaConfig, parse_config
 from luftpause.scheduler.core import Event, ReplicasProbed
 from luftpause.scheduler.probes import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Prober
 from luftpause.testkit.procs import free_port
@@ -23,11 +23,12 @@ METRICS = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 1\n"
 
 
 class FakeHost:
-    """What the prober uses of a ``SchedulerHost``: its clock and ``feed``."""
+    """What the prober uses of a ``SchedulerHost``: its clock, ``feed`` and the replica set."""
 
     def __init__(self) -> None:
         self.clock = 100.0
         self.fed: list[Event] = []
+        self.replicas: dict[str, ReplicaConfig] = {}
 
     def now(self) -> float:
         return self.clock
@@ -94,7 +95,9 @@ def drive(rounds: int, round_takes: list[float]) -> tuple[FakeHost, list[float],
             return aiohttp.ClientSession(timeout=timeout)
 
         async with engine(host, round_takes) as port:
-            prober = Prober(config(port, free_port()), host, sleep=sleep, session=session)  # type: ignore[arg-type]
+            configured = config(port, free_port())
+            host.replicas = {replica.name: replica for replica in configured.replicas}
+            prober = Prober(configured, host, sleep=sleep, session=session)  # type: ignore[arg-type]
             prober.start()
             try:
                 await asyncio.wait_for(done, 30)

@@ -135,6 +135,7 @@ class Stream:
         self.acked: asyncio.Future[pb.ResyncReply] | None = None
         self.answers: dict[str, asyncio.Future[pb.AdmitReply]] = {}
         self.order: list[str] = []  # turn ids in the order their answers came
+        self.replicas: list[list[str]] = []  # the replica sets the scheduler sent, names in order
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Stream:
@@ -155,9 +156,12 @@ class Stream:
         assert self.acked is not None
         async for message in self.call:
             for item in message.items:
-                if item.WhichOneof("item") == "resynced":
+                kind = item.WhichOneof("item")
+                if kind == "resynced":
                     self.acked.set_result(item.resynced)
-                else:
+                elif kind == "replicas":
+                    self.replicas.append([spec.name for spec in item.replicas.replicas])
+                elif kind == "admitted":
                     self.order.append(item.admitted.turn_id)
                     self._future(item.admitted.turn_id).set_result(item.admitted)
 

@@ -14,17 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import grpc.aio
 import httpx
 import openai
 import pytest
+from grpc_helpers import connect_once
 from mcp import Client
 from tls_helpers import Pki, make_pki
 
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack
-from luftpause.v1 import scheduler_pb2 as pb
-from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -141,44 +139,17 @@ def test_a_client_without_a_certificate_of_the_ca_is_refused_by_every_listener(
     assert not answer.startswith(b"HTTP/1.1 200")
 
 
-def _resync(target: str, credentials: grpc.ChannelCredentials | None) -> str:
-    async def go() -> str:
-        options = [("grpc.max_reconnect_backoff_ms", 1000)]
-        channel = (
-            grpc.aio.secure_channel(target, credentials, options=options)
-            if credentials is not None
-            else grpc.aio.insecure_channel(target, options=options)
-        )
-        async with channel:
-            call = pb_grpc.SchedulerStub(channel).Connect(
-                metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=20, wait_for_ready=False
-            )
-            try:
-                await call.write(
-                    pb.DataplaneMessage(
-                        items=[pb.DataplaneItem(resync=pb.ResyncRequest(dataplane_id="tls-probe"))]
-                    )
-                )
-                reply = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                return exc.code().name
-            call.cancel()
-            assert isinstance(reply, pb.SchedulerMessage)
-            return reply.items[0].WhichOneof("item") or "nothing"
-
-    return asyncio.run(go())
-
-
 def test_the_grpc_link_takes_only_clients_with_a_certificate_of_the_ca(mutual: Stack, pki: Pki) -> None:
     ca = pki.ca.read_bytes()
     with_certificate = grpc.ssl_channel_credentials(
         ca, pki.client_key.read_bytes(), pki.client_cert.read_bytes()
     )
-    assert _resync(mutual.scheduler_grpc, with_certificate) == "resynced"
+    bearer = (("authorization", f"Bearer {TOKEN}"),)
+    assert connect_once(mutual.scheduler_grpc, bearer, "tls-probe", with_certificate) == "resynced"
     without = grpc.ssl_channel_credentials(ca)
     stranger = grpc.ssl_channel_credentials(ca, pki.stranger_key.read_bytes(), pki.stranger_cert.read_bytes())
     for credentials in (without, stranger, None):
-        assert _resync(mutual.scheduler_grpc, credentials) == "UNAVAILABLE"
+        assert connect_once(mutual.scheduler_grpc, bearer, "tls-probe", credentials) == "UNAVAILABLE"
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,8 @@ from runtime_helpers import make_run
 
 from luftpause import tracing
 from luftpause.config import parse_config
-from luftpause.runtime import run_spans
-from luftpause.runtime.upstream import _traceparent_header
+from luftpause.runtime.agent import spans as run_spans
+from luftpause.runtime.agent.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.testkit.procs import free_port
@@ -147,20 +147,39 @@ def test_tracestate_is_kept_with_the_traceparent(spans: InMemorySpanExporter) ->
 
 
 @pytest.mark.parametrize(
-    ("env", "exported"),
+    ("env", "exporter"),
     [
-        ({"OTEL_TRACES_EXPORTER": "none"}, False),
-        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, False),
-        ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, False),
-        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none"}, None),
+        ({}, "opentelemetry.exporter.otlp.proto.http.trace_exporter"),
         (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        ),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
+        (
+            {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": " grpc "},
+            "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+        ),
+        (  # the signal-specific variable wins
             {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
-            True,
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+            "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
         ),
     ],
 )
-def test_exporter_and_protocol_variables_are_honoured(env: dict[str, str], exported: bool) -> None:
-    code = "from luftpause import tracing; print(tracing.setup('x'))"
+def test_exporter_and_protocol_variables_are_honoured(env: dict[str, str], exporter: str | None) -> None:
+    code = (
+        "from opentelemetry import trace\n"
+        "from luftpause import tracing\n"
+        "if tracing.setup('x'):\n"
+        "    processor = trace.get_tracer_provider()._active_span_processor._span_processors[0]\n"
+        "    print(type(processor._batch_processor._exporter).__module__)\n"
+        "else:\n"
+        "    print(None)\n"
+    )
     base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -171,9 +190,61 @@ def test_exporter_and_protocol_variables_are_honoured(env: dict[str, str], expor
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(exported)]
-    if "grpc" in env.values() and not exported:
-        assert "not supported" in done.stderr
+    assert done.stdout.split() == [str(exporter)]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),  # the Python SDK exports no OTLP/JSON
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "gRPC"),  # the values are lower case
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift"),
+    ],
+)
+def test_an_unknown_protocol_is_refused_naming_the_variable(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv(variable, value)
+    expected = (
+        f"{variable}={value} is not supported: luftpause exports OTLP traces over http/protobuf or grpc"
+    )
+    for call in (tracing.require_sdk, lambda: tracing.setup("x")):
+        with pytest.raises(tracing.UnsupportedProtocol) as refused:
+            call()
+        assert str(refused.value).startswith(expected)
+    assert tracing.active is False
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    tracing.require_sdk()  # not exporting: the protocol is never read
+
+
+def test_a_command_with_an_unknown_protocol_ends_with_one_line_and_exit_2(tmp_path: Any) -> None:
+    config = tmp_path / "luftpause.toml"
+    config.write_text(
+        f'[scheduler]\ngrpc = "127.0.0.1:{free_port()}"\nhttp = "127.0.0.1:{free_port()}"\n\n'
+        '[[replicas]]\nname = "solo"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {
+        **base,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "luftpause", "scheduler", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("luftpause scheduler: OTEL_EXPORTER_OTLP_PROTOCOL=http/json is not supported"), (
+        line
+    )
 
 
 def test_usage_attributes_leave_out_what_the_engine_did_not_report() -> None:
@@ -276,7 +347,9 @@ async def test_admit_span_is_a_child_of_the_admit_traceparent_with_replica_and_h
     assert attributes["luftpause.turn_id"] == "t1"
     assert attributes["luftpause.run_id"] == "r1"
     assert attributes["luftpause.caller"] == "ann"
-    assert attributes["gen_ai.request.model"] == "m"
+    # Not an LLM call: no gen_ai.* (Phoenix types a span with gen_ai.request.model as one).
+    assert attributes["luftpause.model"] == "m"
+    assert [key for key in attributes if key.startswith("gen_ai.")] == []
 
 
 @pytest.mark.anyio
@@ -409,9 +482,7 @@ def test_a_reopened_runs_drive_is_a_child_of_the_send_request_and_links_its_earl
     assert not first.links
 
 
-def test_chat_and_execute_tool_spans_are_children_of_invoke_agent_with_genai_attributes(
-    spans: InMemorySpanExporter,
-) -> None:
+def test_turn_and_execute_tool_spans_are_children_of_invoke_agent(spans: InMemorySpanExporter) -> None:
     run = make_run("run-1")
     reply = {
         "id": "chatcmpl-1",
@@ -421,45 +492,143 @@ def test_chat_and_execute_tool_spans_are_children_of_invoke_agent_with_genai_att
     }
     call = {"id": "call_7", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
     with run_spans.invoke_agent(run):
-        with run_spans.chat(run) as chat_span:
+        with run_spans.turn(run) as turn_span:
             headers = run_spans.traceparent_headers()
-            run_spans.chat_reply(chat_span, reply)
+            run_spans.turn_reply(turn_span, reply)
         with run_spans.execute_tool(call) as tool_span:
             meta = run_spans.current_meta()
             run_spans.tool_outcome(tool_span, True, "Error: no such page")
     (agent,) = named(spans, "invoke_agent sub-agent")
-    (chat,) = named(spans, f"chat {run.model}")
+    (turn,) = named(spans, f"turn {run.spec.model}")
     (tool,) = named(spans, "execute_tool lookup")
-    assert chat.kind is SpanKind.CLIENT
-    for span in (chat, tool):
+    assert turn.kind is SpanKind.CLIENT
+    for span in (turn, tool):
         assert span.parent is not None and span.parent.span_id == agent.context.span_id
-    context = chat.context
+    context = turn.context
     assert (
         headers["traceparent"]
         == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
     )
     assert meta is not None and tracing.trace_id_of(meta["traceparent"]) == f"{tool.context.trace_id:032x}"
-    chat_attributes = chat.attributes or {}
-    assert chat_attributes["gen_ai.usage.input_tokens"] == 12
-    assert chat_attributes["gen_ai.usage.output_tokens"] == 5
-    assert chat_attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
-    assert chat_attributes["gen_ai.response.id"] == "chatcmpl-1"
+    assert dict(turn.attributes or {}) == {
+        "luftpause.run_id": "run-1",
+        "luftpause.model": run.spec.model,
+        "luftpause.max_tokens": run.spec.max_tokens,
+        "luftpause.finish_reasons": ("tool_calls",),
+        "luftpause.prompt_tokens": 12,
+        "luftpause.completion_tokens": 5,
+    }
     tool_attributes = tool.attributes or {}
     assert tool_attributes["gen_ai.tool.name"] == "lookup"
     assert tool_attributes["gen_ai.tool.call.id"] == "call_7"
     assert tool_attributes["gen_ai.tool.type"] == "extension"  # run agent-side, by the runtime
-    assert chat_attributes["gen_ai.provider.name"] == tracing.PROVIDER
+    assert (agent.attributes or {})["gen_ai.provider.name"] == tracing.PROVIDER
     assert tool.status.status_code is StatusCode.ERROR
+
+
+def llm_typed(attributes: Any) -> bool:
+    """Whether an LLM-observability backend types a span with ``attributes`` as an LLM call: Arize
+    Phoenix's rule (``phoenix.trace.gen_ai.conversion._infer_span_kind``, 20.x), an operation named
+    ``chat``, ``text_completion`` or ``generate_content``, or no operation and a request model."""
+    operation = attributes.get("gen_ai.operation.name")
+    if operation is None:
+        return "gen_ai.request.model" in attributes or "gen_ai.input.messages" in attributes
+    return operation in ("chat", "text_completion", "generate_content")
+
+
+def test_the_runtimes_turn_span_is_not_an_llm_call_and_the_dataplanes_is(
+    spans: InMemorySpanExporter,
+) -> None:
+    from luftpause.dataplane import turn_spans
+
+    run = make_run("run-typed")
+    with run_spans.invoke_agent(run), run_spans.turn(run) as turn_span:
+        run_spans.turn_reply(turn_span, {"choices": [{"finish_reason": "stop"}]})
+        dataplane_span = turn_spans.start(_dataplane_turn())
+        dataplane_span.end()
+    typed = {span.name: llm_typed(span.attributes or {}) for span in spans.get_finished_spans()}
+    assert typed == {f"turn {run.spec.model}": False, "chat m": True, "invoke_agent sub-agent": False}
 
 
 def test_a_reply_without_usage_records_no_token_counts(spans: InMemorySpanExporter) -> None:
     run = make_run("run-2")
-    with run_spans.invoke_agent(run), run_spans.chat(run) as chat_span:
-        run_spans.chat_reply(chat_span, {"choices": [{"finish_reason": "stop"}]})
-    (chat,) = named(spans, f"chat {run.model}")
-    attributes = chat.attributes or {}
-    assert "gen_ai.usage.input_tokens" not in attributes and "gen_ai.usage.output_tokens" not in attributes
-    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    with run_spans.invoke_agent(run), run_spans.turn(run) as turn_span:
+        run_spans.turn_reply(
+            turn_span, {"choices": [{"finish_reason": "stop"}], "usage": {"prompt_tokens": "3"}}
+        )
+    (turn,) = named(spans, f"turn {run.spec.model}")
+    attributes = turn.attributes or {}
+    assert "luftpause.prompt_tokens" not in attributes and "luftpause.completion_tokens" not in attributes
+    assert attributes["luftpause.finish_reasons"] == ("stop",)
+
+
+def _mcp_request(traceparent: str) -> Any:
+    """An MCP request's SDK ``Context`` as :mod:`luftpause.runtime.agent.spans` reads it: one that
+    carried its trace context as the HTTP header (no ``_meta``)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request_context=SimpleNamespace(meta=None), headers={"traceparent": traceparent})
+
+
+def test_an_await_span_is_in_its_requests_trace_and_links_every_run_it_waits_on(
+    spans: InMemorySpanExporter,
+) -> None:
+    finished, running, unknown = make_run("run-done"), make_run("run-live"), "run-never-traced"
+    with run_spans.invoke_agent(finished):
+        pass
+    request = "00-" + "a1" * 16 + "-" + "b2" * 8 + "-01"
+    with run_spans.invoke_agent(running):
+        with run_spans.touching(
+            "await", [finished.handle, running.handle, unknown, running.handle], _mcp_request(request)
+        ):
+            pass
+    (await_span,) = named(spans, "await")
+    (done_drive,) = named(spans, "invoke_agent sub-agent")[:1]
+    live_drive = next(
+        s
+        for s in named(spans, "invoke_agent sub-agent")
+        if (s.attributes or {})["gen_ai.agent.id"] == "run-live"
+    )
+    assert await_span.parent is not None
+    assert (f"{await_span.context.trace_id:032x}", f"{await_span.parent.span_id:016x}") == (
+        "a1" * 16,
+        "b2" * 8,
+    )
+    assert await_span.kind is SpanKind.INTERNAL
+    assert (await_span.attributes or {})["luftpause.run_ids"] == ("run-done", "run-live", unknown)
+    linked = [(link.context, dict(link.attributes or {})) for link in await_span.links]
+    assert linked == [
+        (done_drive.context, {"luftpause.link": "awaits", "luftpause.run_id": "run-done"}),
+        (live_drive.context, {"luftpause.link": "awaits", "luftpause.run_id": "run-live"}),
+    ]  # the ended drive, the open one; none for a run the runtime has no span of
+    assert not llm_typed(await_span.attributes or {})
+
+
+def test_a_read_span_links_the_run_it_reads(spans: InMemorySpanExporter) -> None:
+    run = make_run("run-read")
+    with run_spans.invoke_agent(run):
+        pass
+    with run_spans.touching("read", [run.handle], _mcp_request("00-" + "c3" * 16 + "-" + "d4" * 8 + "-01")):
+        pass
+    (read,) = named(spans, "read")
+    (drive,) = named(spans, "invoke_agent sub-agent")
+    ((link_context, attributes),) = [(link.context, dict(link.attributes or {})) for link in read.links]
+    assert link_context == drive.context and attributes["luftpause.link"] == "reads"
+
+
+def test_a_run_not_driven_yet_is_linked_where_its_drive_will_start(spans: InMemorySpanExporter) -> None:
+    spawn_request = "00-" + "e5" * 16 + "-" + "f6" * 8 + "-01"
+    run = make_run("run-pending")
+    run_spans.spawned(run, _mcp_request(spawn_request))
+    with run_spans.touching("await", [run.handle], _mcp_request("00-" + "17" * 16 + "-" + "28" * 8 + "-01")):
+        pass
+    (await_span,) = named(spans, "await")
+    (link,) = await_span.links
+    assert (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") == ("e5" * 16, "f6" * 8)
+    with run_spans.invoke_agent(run):  # its drive then starts there: the link named its trace
+        pass
+    (drive,) = named(spans, "invoke_agent sub-agent")
+    assert f"{drive.context.trace_id:032x}" == "e5" * 16
 
 
 def _dataplane_turn(traceparent: str = "", tracestate: str = "") -> Any:
@@ -504,7 +673,7 @@ def test_the_dataplane_chat_span_names_its_provider_and_only_reported_usage(
 
 def test_no_runtime_spans_or_headers_while_tracing_is_off() -> None:
     run = make_run("run-off")
-    with run_spans.invoke_agent(run), run_spans.chat(run) as span:
+    with run_spans.invoke_agent(run), run_spans.turn(run) as span:
         assert span is None
         assert run_spans.traceparent_headers() == {}
         assert run_spans.current_meta() is None
@@ -608,6 +777,47 @@ async def test_the_receiver_refuses_a_body_that_is_not_gzip_with_400(otlp_receiv
         assert (await client.get(f"{otlp_receiver}/spans")).json() == []
 
 
+@pytest.mark.anyio
+async def test_the_grpc_receiver_takes_what_the_sdks_grpc_exporter_sends(spans: InMemorySpanExporter) -> None:
+    """OTLP/gRPC's ``TraceService/Export`` as the SDK's own exporter calls it (gzip too), into the
+    same list ``GET /spans`` answers from."""
+    from aiohttp import web
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from luftpause.testkit.otlp_receiver import receiver_app, start_grpc_receiver
+
+    received: list[dict[str, Any]] = []
+    grpc_port, http_port = free_port(), free_port()
+    server = await start_grpc_receiver(received, "127.0.0.1", grpc_port)
+    runner = web.AppRunner(receiver_app(received))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", http_port).start()
+    try:
+        span = tracing.tracer().start_span("over grpc", attributes={"k": "v"})
+        span.end()
+        (done,) = named(spans, "over grpc")
+        for compression in (False, True):
+            exporter = OTLPSpanExporter(
+                endpoint=f"http://127.0.0.1:{grpc_port}",
+                insecure=True,
+                compression=grpc.Compression.Gzip if compression else grpc.Compression.NoCompression,
+            )
+            # the exporter's blocking call, off the loop that serves the receiver
+            result = await asyncio.to_thread(exporter.export, [done])
+            exporter.shutdown()
+            assert result is SpanExportResult.SUCCESS
+        async with httpx2.AsyncClient() as client:
+            got = (await client.get(f"http://127.0.0.1:{http_port}/spans")).json()
+        assert [(g["name"], g["protocol"], g["attributes"]) for g in got] == [
+            ("over grpc", "grpc", {"k": "v"})
+        ] * 2
+        assert got[0]["span_id"] == f"{done.context.span_id:016x}"
+    finally:
+        await runner.cleanup()
+        await server.stop(None)
+
+
 def test_the_receivers_help_describes_its_options() -> None:
     shown = subprocess.run(
         [sys.executable, "-m", "luftpause.testkit.otlp_receiver", "--help"],
@@ -618,6 +828,7 @@ def test_the_receivers_help_describes_its_options() -> None:
     ).stdout
     assert "address to listen on (default: 127.0.0.1)" in " ".join(shown.split())
     assert "TCP port to listen on" in shown
+    assert "--grpc-port" in shown and "OTLP/gRPC" in shown
 
 
 @pytest.mark.anyio

@@ -1,10 +1,14 @@
-"""One sub-agent run, one trace across the three processes, seen at a real OTLP/HTTP receiver.
+"""One sub-agent run, one trace across the three processes, seen at a real OTLP receiver, over
+OTLP/HTTP and over OTLP/gRPC.
 
-The receiver (``luftpause.testkit.otlp_receiver``, protobuf decoded with ``opentelemetry-proto``)
-runs as its own process; the stack is started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at it
-and a 100 ms batch-export delay. A run is spawned with the real ``mcp`` client whose HTTP requests
-carry a ``traceparent``; every span of that run must be in the caller's trace, with the parent
-links invoke_agent -> chat -> dataplane turn -> admit and invoke_agent -> execute_tool.
+The receiver (``luftpause.testkit.otlp_receiver``, protobuf decoded with ``opentelemetry-proto``,
+gRPC served by ``grpcio`` with its service stubs) runs as its own process on an HTTP and a gRPC
+port; one stack is started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at its HTTP port, another
+with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` and its gRPC port, each with a 100 ms batch-export delay.
+A run is spawned with the real ``mcp`` client whose HTTP requests carry a ``traceparent``; every
+span of that run must be in the caller's trace, with the parent links invoke_agent -> turn ->
+dataplane chat -> admit and invoke_agent -> execute_tool, one span typed as an LLM call per turn
+(the dataplane's ``chat``), and the ``await`` span linked to the run's ``invoke_agent``.
 """
 
 from __future__ import annotations
@@ -35,13 +39,19 @@ TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN_ID}-01"
 
 
 @pytest.fixture(scope="module")
-def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The OTLP/HTTP receiver process; its base URL."""
-    port = free_port()
+def receiver_ports() -> tuple[int, int]:
+    """The receiver's HTTP and gRPC ports."""
+    return free_port(), free_port()
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory, receiver_ports: tuple[int, int]) -> Iterator[str]:
+    """The OTLP receiver process (HTTP and gRPC); its HTTP base URL."""
+    port, grpc_port = receiver_ports
     workdir = tmp_path_factory.mktemp("otlp")
     child = ChildProcess(
         "otlp-receiver",
-        ["--port", str(port)],
+        ["--port", str(port), "--grpc-port", str(grpc_port)],
         workdir / "otlp.log",
         ready_url=f"http://127.0.0.1:{port}/health",
         program=(sys.executable, "-m", "luftpause.testkit.otlp_receiver"),
@@ -58,6 +68,23 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def traced_stack(tmp_path_factory: pytest.TempPathFactory, receiver: str) -> Iterator[Stack]:
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     stack = Stack.start(Path(tmp_path_factory.mktemp("traced")), tool_rounds=1, env=env)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_traced_stack(
+    tmp_path_factory: pytest.TempPathFactory, receiver: str, receiver_ports: tuple[int, int]
+) -> Iterator[Stack]:
+    """A stack that exports over OTLP/gRPC (``http://`` in the endpoint: plaintext)."""
+    env = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_ports[1]}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    stack = Stack.start(Path(tmp_path_factory.mktemp("traced-grpc")), tool_rounds=1, env=env)
     try:
         yield stack
     finally:
@@ -116,6 +143,8 @@ def test_a_run_reopened_by_send_drives_in_the_send_requests_trace_linked_to_its_
             assert sent.structured_content["delivered"] == "now"  # type: ignore[index]
             awaited = await client.call_tool("await", {"handles": [handle], "timeout": 120})
             assert not awaited.is_error, awaited
+            read = await client.call_tool("read", {"handle": handle})
+            assert not read.is_error, read
             run: dict[str, Any] = awaited.structured_content["runs"][0]  # type: ignore[index]
             return run
 
@@ -140,12 +169,31 @@ def test_a_run_reopened_by_send_drives_in_the_send_requests_trace_linked_to_its_
     assert [(link["trace_id"], link["span_id"]) for link in again["links"]] == [
         (earlier["trace_id"], earlier["span_id"])
     ]
+    # the read after it: in the send request's trace, linked to the drive it read
+    reads = [s for s in received(receiver) if s["name"] == "read" and s["trace_id"] == SEND_TRACE_ID]
+    while not reads and time.monotonic() < deadline:
+        time.sleep(0.2)
+        reads = [s for s in received(receiver) if s["name"] == "read" and s["trace_id"] == SEND_TRACE_ID]
+    (read,) = reads
+    assert [(link["span_id"], link["attributes"]["luftpause.link"]) for link in read["links"]] == [
+        (again["span_id"], "reads")
+    ]
 
 
-def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
-    traced_stack: Stack, receiver: str
-) -> None:
-    run = spawn_and_await(traced_stack)
+def llm_typed(attributes: dict[str, Any]) -> bool:
+    """Whether an LLM-observability backend types a span with ``attributes`` as an LLM call: Arize
+    Phoenix's rule (``phoenix.trace.gen_ai.conversion._infer_span_kind``, 20.x), an operation named
+    ``chat``, ``text_completion`` or ``generate_content``, or no operation and a request model."""
+    operation = attributes.get("gen_ai.operation.name")
+    if operation is None:
+        return "gen_ai.request.model" in attributes or "gen_ai.input.messages" in attributes
+    return operation in ("chat", "text_completion", "generate_content")
+
+
+def check_one_trace(stack: Stack, receiver: str, trace_id: str, protocol: str) -> None:
+    """Spawn and await a run in trace ``trace_id``; check its spans as the module docstring says,
+    each received over ``protocol`` (``http`` or ``grpc``)."""
+    run = spawn_and_await(stack, f"00-{trace_id}-{CALLER_SPAN_ID}-01")
     assert run["state"] == "completed", run
     assert run["toolCalls"] >= 1
 
@@ -153,8 +201,9 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
     # span of the last turn may arrive after the runtime's spans (CI saw 1 of 2)
     expected = {
         ("luftpause-runtime", "invoke_agent"): 1,
-        ("luftpause-runtime", "chat"): run["turns"],
+        ("luftpause-runtime", "turn"): run["turns"],
         ("luftpause-runtime", "execute_tool"): run["toolCalls"],
+        ("luftpause-runtime", "await"): 1,
         ("luftpause-dataplane", "chat"): run["turns"],
         ("luftpause-scheduler", "admit"): run["turns"],
     }
@@ -162,7 +211,7 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
     def wanted(spans: list[dict[str, Any]]) -> bool:
         counts: dict[tuple[str, str], int] = {}
         for s in spans:
-            if s["trace_id"] == TRACE_ID:
+            if s["trace_id"] == trace_id:
                 key = (s["service"], s["name"].split(" ")[0])
                 counts[key] = counts.get(key, 0) + 1
         return all(counts.get(key, 0) >= n for key, n in expected.items())
@@ -172,8 +221,10 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
     while not wanted(spans) and time.monotonic() < deadline:
         time.sleep(0.2)
         spans = received(receiver)
-    ours = [s for s in spans if s["trace_id"] == TRACE_ID]
-    assert wanted(spans), (ours, traced_stack.logs())
+    ours = [s for s in spans if s["trace_id"] == trace_id]
+    assert wanted(spans), (ours, stack.logs())
+    assert {s["protocol"] for s in ours} == {protocol}
+    assert {s["service"] for s in ours} >= {"luftpause-runtime", "luftpause-dataplane", "luftpause-scheduler"}
 
     by_id = {s["span_id"]: s for s in ours}
 
@@ -186,13 +237,13 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
     assert agent["attributes"]["gen_ai.operation.name"] == "invoke_agent"
     assert agent["attributes"]["luftpause.state"] == "completed"
 
-    chats = of("luftpause-runtime", "chat")
-    assert len(chats) == run["turns"] >= 2  # a tool round, then the answer
-    for chat in chats:
-        assert chat["parent_span_id"] == agent["span_id"]
-        assert chat["name"] == f"chat {traced_stack.model}"
-        assert chat["attributes"]["gen_ai.usage.output_tokens"] > 0
-        assert chat["attributes"]["gen_ai.response.finish_reasons"]
+    runtime_turns = of("luftpause-runtime", "turn")
+    assert len(runtime_turns) == run["turns"] >= 2  # a tool round, then the answer
+    for turn in runtime_turns:
+        assert turn["parent_span_id"] == agent["span_id"]
+        assert turn["name"] == f"turn {stack.model}"
+        assert turn["attributes"]["luftpause.completion_tokens"] > 0
+        assert turn["attributes"]["luftpause.finish_reasons"]
 
     tools = of("luftpause-runtime", "execute_tool")
     assert len(tools) == run["toolCalls"]
@@ -201,23 +252,50 @@ def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
         assert tool["attributes"]["gen_ai.tool.name"] == tool["name"].split(" ", 1)[1]
         assert tool["attributes"]["gen_ai.tool.call.id"]
 
-    turns = of("luftpause-dataplane", "chat")
-    assert len(turns) == len(chats)
-    for turn in turns:
-        assert by_id[turn["parent_span_id"]]["service"] == "luftpause-runtime"
-        assert by_id[turn["parent_span_id"]]["name"].startswith("chat ")
-        assert turn["attributes"]["luftpause.run_id"] == run["handle"]
-        assert turn["attributes"]["luftpause.replica"] in ("sim-0", "sim-1")
+    chats = of("luftpause-dataplane", "chat")
+    assert len(chats) == len(runtime_turns)
+    for chat in chats:
+        assert by_id[chat["parent_span_id"]]["service"] == "luftpause-runtime"
+        assert by_id[chat["parent_span_id"]]["name"].startswith("turn ")
+        assert chat["attributes"]["luftpause.run_id"] == run["handle"]
+        assert chat["attributes"]["luftpause.replica"] in ("sim-0", "sim-1")
+        assert chat["attributes"]["gen_ai.usage.output_tokens"] > 0
 
     admits = of("luftpause-scheduler", "admit")
-    assert len(admits) == len(turns)
-    turn_ids = {t["span_id"] for t in turns}
+    assert len(admits) == len(chats)
+    chat_ids = {t["span_id"] for t in chats}
     for admit in admits:
-        assert admit["parent_span_id"] in turn_ids
+        assert admit["parent_span_id"] in chat_ids
         parent = by_id[admit["parent_span_id"]]
         assert admit["attributes"]["luftpause.replica"] == parent["attributes"]["luftpause.replica"]
         assert admit["attributes"]["luftpause.held_ms"] >= 0
         assert admit["attributes"]["luftpause.turn_id"] == parent["attributes"]["luftpause.turn_id"]
+        assert admit["attributes"]["luftpause.model"] == stack.model
+
+    # One LLM call per turn, at the dataplane: a backend counts the turns, not three times them.
+    typed = sorted((s["service"], s["name"]) for s in ours if llm_typed(s["attributes"]))
+    assert typed == [("luftpause-dataplane", f"chat {stack.model}")] * run["turns"]
+
+    # The await call: in its request's trace, linked to the run it waited on.
+    (awaited,) = of("luftpause-runtime", "await")
+    assert awaited["parent_span_id"] == CALLER_SPAN_ID
+    assert awaited["attributes"]["luftpause.run_ids"] == [run["handle"]]
+    assert [(link["trace_id"], link["span_id"], link["attributes"]) for link in awaited["links"]] == [
+        (trace_id, agent["span_id"], {"luftpause.link": "awaits", "luftpause.run_id": run["handle"]})
+    ]
+
+
+def test_one_sub_agent_run_is_one_trace_across_the_three_processes(
+    traced_stack: Stack, receiver: str
+) -> None:
+    check_one_trace(traced_stack, receiver, TRACE_ID, "http")
+
+
+GRPC_TRACE_ID = "9d2b5f1c3e4a4b6d8f0a1b2c3d4e5f60"
+
+
+def test_over_otlp_grpc_the_run_is_the_same_one_trace(grpc_traced_stack: Stack, receiver: str) -> None:
+    check_one_trace(grpc_traced_stack, receiver, GRPC_TRACE_ID, "grpc")
 
 
 TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"

@@ -64,7 +64,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from luftpause.auth.tokens import bearer, bearer_matches, token_from_env
-from luftpause.config import Config, ConfigError, arrays_as_tuples, describe_error
+from luftpause.config import Config, ConfigError, arrays_as_tuples, describe_fields
 
 CALLER_KEYS_ENV = "LUFTPAUSE_CALLER_KEYS"
 ServiceClassName = Literal["interactive", "batch"]
@@ -223,7 +223,7 @@ def parse_keys_file(text: str, source: str) -> list[tuple[bytes, Identity]]:
     try:
         parsed = _KeysFile.model_validate(arrays_as_tuples(data))
     except ValidationError as exc:
-        raise ConfigError(describe_error(exc, source)) from None
+        raise ConfigError(f"{source}: {describe_fields(exc)}") from None
     return _entries(parsed.keys, source)
 
 
@@ -239,7 +239,7 @@ def parse_keys_env(text: str) -> list[tuple[bytes, Identity]]:
     try:
         parsed = _KeysFile.model_validate({"keys": arrays_as_tuples(data)})
     except ValidationError as exc:
-        raise ConfigError(describe_error(exc, where)) from None
+        raise ConfigError(f"{where}: {describe_fields(exc)}") from None
     return _entries(parsed.keys, where)
 
 

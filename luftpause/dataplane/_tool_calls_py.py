@@ -2,7 +2,7 @@
 
 A client that sends no ``x-luftpause-run-id`` is still known by the tool-call ids in its messages: the
 dataplane remembers every id an engine emitted in a response, with the run of that turn, and looks up
-the ids a later request carries (DESIGN.md, "The dataplane"; issue 4). Ids are the engine's own,
+the ids a later request carries (docs/architecture.md "The proxy"; issue 4). Ids are the engine's own,
 byte-identical: nothing here rewrites them.
 
 Rules (both twins, ``tests/test_tool_calls.py`` checks them on each and compares them on random
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 DEFAULT_TTL_S = 1800.0
-"""How long an emitted tool-call id is remembered, in seconds (DESIGN.md: 30 min)."""
+"""How long an emitted tool-call id is remembered, in seconds (docs/architecture.md "Constants": 30 min)."""
 
 DEFAULT_MAX_ENTRIES = 1_000_000
 """At most this many ids are held. An id of 30 characters costs about 190 bytes in the compiled twin and

@@ -1,7 +1,7 @@
 """The dataplane's link to the scheduler: one long-lived ``Connect`` stream (gRPC, bidirectional).
 
-Contract (``proto/luftpause/v1/scheduler.proto``, DESIGN.md "Admission transport", "Failure
-contract"):
+Contract (``proto/luftpause/v1/scheduler.proto``, docs/architecture.md "The Connect stream", "Admission
+transport", "Failure contract"):
 
 * every (re)connect opens a new stream whose first message is the resync (runs, in-flight turns,
   turn ids whose admit is out); the scheduler applies it before anything after it on the stream;
@@ -207,6 +207,9 @@ class SchedulerLink:
         self.leased_turns = 0
         """Turns this link placed under a lease (since it started)."""
         self.on_placed: Callable[[int, float], None] | None = None
+        self.on_replicas: Callable[[pb.ReplicaSet], None] | None = None
+        """Called with the scheduler's replica set (the ``replicas`` item: after the resync, and
+        whenever the admin API or SIGHUP changes it)."""
         """Called with (``ServiceClass`` value, seconds from the admit to its answer) for each turn
         the scheduler placed after an admit; never for a turn placed under a lease, which waited
         for nobody (the dataplane's held-time histogram)."""
@@ -467,6 +470,9 @@ class SchedulerLink:
                             self._answer(item.admitted)
                         elif kind == "lease":
                             self._on_lease(item.lease)
+                        elif kind == "replicas":
+                            if self.on_replicas is not None:
+                                self.on_replicas(item.replicas)
                         elif kind == "resynced":
                             deadline.reschedule(None)
                             if item.resynced.pongs and pinger is None:

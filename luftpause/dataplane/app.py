@@ -1,6 +1,6 @@
 """The dataplane's ASGI application (served by granian on uvloop; why ASGI: ``asgi.py``).
 
-Routes (DESIGN.md, "The dataplane"):
+Routes (docs/architecture.md "The proxy"):
 
 =============================  ==================================================================
 ``POST /v1/chat/completions``  OpenAI Chat Completions, streamed or not, admitted by the scheduler
@@ -45,11 +45,12 @@ from typing import Any
 
 import grpc.aio
 import orjson
+from pydantic import ValidationError
 
 from luftpause import tracing
 from luftpause.auth.callers import Access, CallerRefused
 from luftpause.auth.grpc_link import LinkCredentials
-from luftpause.config import Config, load_config
+from luftpause.config import Config, ReplicaConfig, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.asgi import (
@@ -69,6 +70,7 @@ from luftpause.dataplane.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    TooManyRequests,
     Unauthorized,
     UnsupportedMediaType,
     error_body,
@@ -153,16 +155,10 @@ class Dataplane:
         )
         self.access = Access.from_config(config)
         """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
-        self.models_body = orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in config.models
-                ],
-            }
-        )
+        self.models_body = _models_body(config.models)
         self._upstream: Upstream | None = None
         self._replicas = {replica.name: replica for replica in config.replicas}
+        self.link.on_replicas = self._learn_replicas  # the scheduler's set replaces the file's
         self._relay: Relay | None = None
         self._held = 0  # turns whose Admit is out
         self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, taken once in startup()
@@ -239,6 +235,32 @@ class Dataplane:
         if self._upstream is not None:
             await self._upstream.close()
 
+    def _learn_replicas(self, replicas: pb.ReplicaSet) -> None:
+        """The scheduler's replica set (the source of truth: the admin API and SIGHUP change it):
+        turns go to these replicas and ``/v1/models`` lists their models from now on. A spec
+        this dataplane cannot read is kept as it was, logged."""
+        learned: dict[str, ReplicaConfig] = {}
+        for spec in replicas.replicas:
+            try:
+                learned[spec.name] = ReplicaConfig.model_validate(
+                    {
+                        "name": spec.name,
+                        "url": spec.url,
+                        "models": tuple(spec.models),
+                        "kind": spec.kind or "generative",
+                        "api_key_env": spec.api_key_env or None,
+                        "priority": spec.priority or None,
+                    }
+                )
+            except ValidationError as exc:
+                log.error("replica %r from the scheduler refused: %s", spec.name, exc)
+                if spec.name in self._replicas:
+                    learned[spec.name] = self._replicas[spec.name]
+        if learned.keys() != self._replicas.keys():
+            log.info("replicas from the scheduler: %s", ", ".join(learned) or "none")
+        self._replicas = learned
+        self.models_body = _models_body(list(dict.fromkeys(m for r in learned.values() for m in r.models)))
+
     # --- routing ---------------------------------------------------------------------------------
 
     async def _http(self, exchange: Exchange) -> None:
@@ -254,6 +276,8 @@ class Dataplane:
                 headers = [*headers, (b"allow", exc.allow.encode())]
             elif isinstance(exc, Unauthorized):
                 headers = [*headers, (b"www-authenticate", exc.challenge.encode())]
+            elif isinstance(exc, TooManyRequests):
+                headers = [*headers, (b"retry-after", str(exc.retry_after_s).encode())]
             await exchange.respond(exc.status, headers, exc.body())
         except ClientGone:
             pass
@@ -532,8 +556,20 @@ class Dataplane:
             if turn.new_run:
                 self.runs.forget_unplaced(turn.run_id)  # unknown model and the like: nothing recorded
             self.metrics.turn_ended("refused", turn.service_class)
+            if reply.refused.http_status == 429:  # a protection limit: Retry-After with it
+                raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         return reply.placed.replica
+
+
+def _models_body(models: list[str]) -> bytes:
+    """``GET /v1/models``: ``models`` in OpenAI's list shape."""
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in models],
+        }
+    )
 
 
 def _too_large() -> Exception:

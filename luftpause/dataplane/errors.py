@@ -1,10 +1,12 @@
 """Errors the dataplane answers with, each knowing its HTTP status.
 
-The body is always ``{"error": {"message": "..."}}`` (DESIGN.md, "Failure contract")::
+The body is always ``{"error": {"message": "..."}}`` (docs/architecture.md "Failure contract")::
 
-    DataplaneError (500)          a fault of ours ("internal error: <type>"); with status=503 when
-    │                             the scheduler failed the stream ("scheduler failed: <code>: ...")
-    │                             or refused a turn without a status of its own
+    DataplaneError (500)          a fault of ours ("internal error: <type>"); with the status of a
+    │                             scheduler's refusal (404 no replica serves the model, 499 the turn
+    │                             was abandoned) and its reason as the message, or 503 when the
+    │                             scheduler failed the stream ("scheduler failed: <code>: ...") or
+    │                             refused a turn without a status of its own
     ├── BadRequest (400)          malformed JSON, missing model/messages, bad or empty
     │                             x-luftpause-class, a run id over 256 bytes (header or DELETE)
     ├── Unauthorized (401)        LUFTPAUSE_TOKEN set and the bearer token missing or wrong; with
@@ -14,6 +16,7 @@ The body is always ``{"error": {"message": "..."}}`` (DESIGN.md, "Failure contra
     ├── MethodNotAllowed (405)
     ├── PayloadTooLarge (413)     request body over MAX_BODY_BYTES
     ├── UnsupportedMediaType (415) a request body with a Content-Encoding other than identity
+    ├── TooManyRequests (429)     a protection limit of the scheduler (with Retry-After)
     └── EngineUnreachable (502)   the engine could not be connected to, broke off or stayed silent
                                   for the read timeout before answering: "engine <replica>: <error>"
 
@@ -69,6 +72,16 @@ class MethodNotAllowed(DataplaneError):
     def __init__(self, message: str, allow: str) -> None:
         super().__init__(message)
         self.allow = allow
+
+
+class TooManyRequests(DataplaneError):
+    """429 from a protection limit of the scheduler, sent with ``Retry-After: <retry_after_s>``."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
 
 
 class PayloadTooLarge(DataplaneError):

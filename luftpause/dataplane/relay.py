@@ -5,7 +5,7 @@ The engine's response reaches the client unchanged (unless the turn has a
 everything one read brought in one send (no buffering beyond that, no re-framing, no re-encoding),
 while :class:`~luftpause.dataplane.sse.SSEScanner` reads the engine's bytes on the side for
 first-token time, usage, finish reason and tool calls. What the client sees in each failure case is
-the table in DESIGN.md ("Failure contract").
+the table in docs/architecture.md "Failure contract".
 
 Crossings into granian are what a turn costs most (bench/README.md, "End to end"), so a stream that
 the engine sent whole in one read (a short answer) goes out as one send that also ends it.

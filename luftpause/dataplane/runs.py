@@ -2,7 +2,7 @@
 
 On every (re)connect the dataplane hands this to the scheduler before any new admission, so that
 affinity (each run's last replica and phase) and capacity counts (in-flight turns) survive a
-scheduler restart (DESIGN.md, "Resync"). Runs with no turn for ``RUN_IDLE_EXPIRY_S`` are pruned,
+scheduler restart (docs/architecture.md "Resync"). Runs with no turn for ``RUN_IDLE_EXPIRY_S`` are pruned,
 and the table holds at most ``MAX_RUNS`` runs: past it the least recently active run is forgotten
 (the runs dict is kept in order of activity, oldest first). A forgotten run loses only its affinity
 hint at the next scheduler restart (and the use of a lease for its next turn, which then asks).

@@ -1,6 +1,6 @@
 """The ``decide`` tool: a quick classification, through the dataplane like every turn.
 
-Two ways (DESIGN.md, "The runtime"):
+Two ways (docs/architecture.md "The MCP tools"):
 
 * **without labels**: one single pass on a single-pass replica, ``POST {dataplane}/v1/decide`` with
   vLLM's classification request ``{"model", "input"}``; the answer's first item gives
@@ -33,16 +33,12 @@ status and message, a reply without what is needed) raise :class:`DecideFailed`.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import secrets
 from typing import Any
 
-import aiohttp
-
-from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.loop import header_safe, retry_after_seconds
+from luftpause.runtime.dataplane import DataplaneClient, header_safe
+from luftpause.runtime.errors import DataplaneFailed, DecideFailed
 
 MIN_LABELS = 2
 MAX_LABELS = 20
@@ -50,16 +46,13 @@ TOP_LOGPROBS = 20
 """OpenAI's (and vLLM's default) largest ``top_logprobs``."""
 
 DECIDE_TIMEOUT_SECONDS = 600.0
-"""One decision, queue wait at the dataplane included (the turn timeout of DESIGN.md)."""
+"""One decision, queue wait at the dataplane included (the turn timeout of docs/architecture.md
+"Constants")."""
 
 SYSTEM_PROMPT = (
     "Classify the input. The first line lists the labels. Reply with exactly one of those labels, "
     "written as listed, and nothing else."
 )
-
-
-class DecideFailed(RuntimeFault):
-    """A decision could not be made; the message says why (the dataplane's own words if it refused)."""
 
 
 def label_prompt(input_text: str, labels: list[str]) -> str:
@@ -97,56 +90,18 @@ def score_labels(top_logprobs: list[dict[str, Any]], labels: list[str]) -> dict[
 
 
 class Decider:
-    """Makes decisions through the dataplane at ``base_url`` on the runtime's shared HTTP session;
-    ``token`` (``LUFTPAUSE_TOKEN``) is sent as ``Authorization: Bearer``."""
+    """Makes decisions through the runtime's :class:`~luftpause.runtime.dataplane.DataplaneClient`."""
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, token: str | None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.session = session
-        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+    def __init__(self, dataplane: DataplaneClient) -> None:
+        self.dataplane = dataplane
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        """POST ``body`` to ``path``; the reply as a JSON object. A 429 is waited out after its
-        ``Retry-After`` (else 1 s: :func:`~luftpause.runtime.loop.retry_after_seconds`, as a
-        run's turn is) and retried, all within :data:`DECIDE_TIMEOUT_SECONDS`. Raises
-        :class:`DecideFailed`."""
-        url = f"{self.base_url}/{path.lstrip('/')}"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DECIDE_TIMEOUT_SECONDS
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise DecideFailed(f"dataplane {url}: no answer within {DECIDE_TIMEOUT_SECONDS:.0f} s")
-            try:
-                async with self.session.post(
-                    url,
-                    json=body,
-                    headers={**self._auth, **headers},
-                    timeout=aiohttp.ClientTimeout(total=left),
-                ) as response:
-                    raw = await response.read()
-                    if response.status == 429:
-                        delay = retry_after_seconds(response.headers.get("Retry-After"))
-                        if loop.time() + delay >= deadline:
-                            raise DecideFailed(f"dataplane {path} answered 429: {_message(raw)}")
-                        await asyncio.sleep(delay)
-                        continue
-                    if response.status >= 400:
-                        raise DecideFailed(f"dataplane {path} answered {response.status}: {_message(raw)}")
-            except aiohttp.ClientError as exc:
-                raise DecideFailed(f"dataplane {url}: {exc or type(exc).__name__}") from exc
-            except TimeoutError as exc:
-                raise DecideFailed(
-                    f"dataplane {url}: no answer within {DECIDE_TIMEOUT_SECONDS:.0f} s"
-                ) from exc
-            break
+        """POST ``body`` to ``path`` within :data:`DECIDE_TIMEOUT_SECONDS` (a 429 waited out and
+        retried); the reply. Raises :class:`DecideFailed`."""
         try:
-            reply = json.loads(raw)
-        except ValueError as exc:
-            raise DecideFailed(f"dataplane {path} answered something that is not JSON: {exc}") from exc
-        if not isinstance(reply, dict):
-            raise DecideFailed(f"dataplane {path} answered JSON that is not an object")
-        return reply
+            return await self.dataplane.post_json(path, body, headers, within=DECIDE_TIMEOUT_SECONDS)
+        except DataplaneFailed as exc:
+            raise DecideFailed(str(exc)) from None
 
     async def single_pass(self, input_text: str, model: str, caller: str) -> dict[str, Any]:
         """``decide`` without labels: ``{"mode", "model", "label", "probs", "numClasses"}``."""
@@ -190,7 +145,7 @@ class Decider:
         try:
             reply = await self._post("/v1/chat/completions", body, headers)
         finally:
-            await self._end_run(run_id)
+            await self.dataplane.end_run(run_id)  # best effort: the scheduler forgets an idle run anyway
         try:
             content = reply["choices"][0]["logprobs"]["content"]
             top = content[0]["top_logprobs"]
@@ -199,22 +154,3 @@ class Decider:
         if not isinstance(top, list):
             raise DecideFailed("the reply's top_logprobs is not a list")
         return {"mode": "labels", "model": model, **score_labels(top, labels)}
-
-    async def _end_run(self, run_id: str) -> None:
-        try:
-            async with self.session.delete(
-                f"{self.base_url}/v1/runs/{run_id}",
-                headers=self._auth,
-                timeout=aiohttp.ClientTimeout(total=5),
-            ) as response:
-                await response.read()
-        except (aiohttp.ClientError, TimeoutError):
-            pass  # best effort: the scheduler forgets an idle run by itself
-
-
-def _message(raw: bytes) -> str:
-    try:
-        error = json.loads(raw)["error"]
-        return str(error["message"] if isinstance(error, dict) else error)
-    except (ValueError, KeyError, TypeError):
-        return raw.decode("utf-8", "replace").strip()[:500]

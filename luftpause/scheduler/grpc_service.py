@@ -38,7 +38,10 @@ Tracing (:mod:`luftpause.tracing`, only while it is active): one ``admit`` span 
 child of the item's ``traceparent``, from the admit's arrival to its answer, with
 ``luftpause.replica`` and ``luftpause.held_ms`` (milliseconds the turn waited here for its
 placement); a refusal sets the span's status to ERROR, an admission given up (cancel, stream end)
-ends it with ``luftpause.abandoned``. A ``leased`` turn gets its ``admit`` span when it is read,
+ends it with ``luftpause.abandoned``. The span is not an inference: it carries no ``gen_ai.*``
+attribute (the turn's model is ``luftpause.model``), so that LLM-observability backends, which type
+a span carrying ``gen_ai.request.model`` as an LLM call, count each turn once, at the dataplane's
+``chat`` span. A ``leased`` turn gets its ``admit`` span when it is read,
 with ``luftpause.leased`` and ``luftpause.held_ms`` 0 (the dataplane placed it with no wait).
 """
 
@@ -46,12 +49,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from opentelemetry.trace import SpanKind, StatusCode
 
 from luftpause import tracing
+from luftpause.config import ReplicaConfig
 from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
@@ -72,6 +78,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnStarted,
 )
+from luftpause.scheduler.errors import StreamOutOfOrder
 from luftpause.scheduler.host import Answer, LeaseChange, Outcome, SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
@@ -160,6 +167,9 @@ def lease_item(change: LeaseChange) -> pb.SchedulerItem:
     return pb.SchedulerItem(lease=lease)
 
 
+CLIENT_GONE_ERROR = "client disconnected"
+"""How a FAILED event from the dataplane begins when its client left mid-stream."""
+
 _FINISHED = pb.TurnEvent.FINISHED
 _FAILED = pb.TurnEvent.FAILED
 
@@ -180,7 +190,10 @@ def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
             message.completion_tokens,
         )
     if kind == _FAILED:
-        return TurnFailed(message.turn_id, at, message.error)
+        # the dataplane's words for a client that left mid-stream (luftpause.dataplane.relay):
+        # no fault of the engine, so the circuit breaker does not count it
+        engine_fault = not message.error.startswith(CLIENT_GONE_ERROR)
+        return TurnFailed(message.turn_id, at, message.error, engine_fault)
     if kind == pb.TurnEvent.STARTED:
         return TurnStarted(message.turn_id, at)
     if kind == pb.TurnEvent.FIRST_TOKEN:
@@ -204,11 +217,30 @@ def admitted(outcome: Outcome) -> pb.SchedulerItem:
     if isinstance(outcome, Place):
         reply = pb.AdmitReply(turn_id=outcome.turn_id, placed=pb.Placement(replica=outcome.replica))
     else:
-        reply = pb.AdmitReply(
-            turn_id=outcome.turn_id,
-            refused=pb.Refusal(reason=outcome.reason, http_status=outcome.http_status),
-        )
+        refusal = pb.Refusal(reason=outcome.reason, http_status=outcome.http_status)
+        if outcome.retry_after_s:
+            refusal.retry_after_s = max(1, math.ceil(outcome.retry_after_s))
+        reply = pb.AdmitReply(turn_id=outcome.turn_id, refused=refusal)
     return pb.SchedulerItem(admitted=reply)
+
+
+def replica_set(replicas: Iterable[ReplicaConfig]) -> pb.SchedulerItem:
+    """The stream item telling a dataplane the whole replica set (what it needs to send turns)."""
+    return pb.SchedulerItem(
+        replicas=pb.ReplicaSet(
+            replicas=[
+                pb.ReplicaSpec(
+                    name=replica.name,
+                    url=replica.url,
+                    models=replica.models,
+                    kind=replica.kind,
+                    api_key_env=replica.api_key_env or "",
+                    priority=replica.priority or "",
+                )
+                for replica in replicas
+            ]
+        )
+    )
 
 
 def _admit_attributes(
@@ -217,7 +249,7 @@ def _admit_attributes(
     return {
         "luftpause.turn_id": turn_id,
         "luftpause.run_id": run_id,
-        "gen_ai.request.model": model,
+        "luftpause.model": model,
         "luftpause.service_class": service_class(service_class_value),
         "luftpause.caller": caller,
     }
@@ -372,13 +404,14 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
         stream = _Stream(self.host)
         writer = asyncio.create_task(self._write(stream, context), name="luftpause-connect-writer")
         dataplane_id: str | None = None
+        unwatch: Callable[[], None] | None = None
         try:
             first = await _read(context)
             if first is None:
                 return
             if not first.items or first.items[0].WhichOneof("item") != "resync":
-                refusal = "the first item of a Connect stream must be its resync"
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+                refusal = StreamOutOfOrder("the first item of a Connect stream must be its resync")
+                await context.abort(refusal.grpc_code, str(refusal))
             resync = first.items[0].resync
             rest = first.items[1:]
             while resync.more_follows:  # a resync in parts, one per message: join them
@@ -386,7 +419,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 if message is None:
                     return
                 if not message.items or message.items[0].WhichOneof("item") != "resync":
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a resync part is missing")
+                    missing = StreamOutOfOrder("a resync part is missing")
+                    await context.abort(missing.grpc_code, str(missing))
                 part = message.items[0].resync
                 resync.runs.extend(part.runs)
                 resync.turns.extend(part.turns)
@@ -403,6 +437,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                             resynced=pb.ResyncReply(runs=action.runs, turns=action.turns, pongs=True)
                         )
                     )
+            # the scheduler's replica set, now and whenever it changes (the admin API, SIGHUP)
+            stream.put(replica_set(self.host.replicas.values()))
+            unwatch = self.host.watch_replicas(lambda: stream.put(replica_set(self.host.replicas.values())))
             self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
             apply = self._apply
             for item in rest:
@@ -412,6 +449,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                     apply(item, stream)
         finally:
             # closed, broken (an error from the read) or cancelled (the peer is gone): all the same
+            if unwatch is not None:
+                unwatch()
             writer.cancel()
             stream.close()
             if dataplane_id is not None:

@@ -22,8 +22,9 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from luftpause.config import Config
+from luftpause.config import Config, ReplicaConfig
 from luftpause.scheduler.core import (
     AbandonReported,
     Action,
@@ -34,7 +35,12 @@ from luftpause.scheduler.core import (
     Place,
     PlacedTurn,
     Reject,
+    ReplicaAdded,
+    ReplicaDrained,
+    ReplicaRemoved,
+    ReplicaRestored,
     Resynced,
+    RetireReplica,
     RevokeLease,
     State,
     Tick,
@@ -49,6 +55,7 @@ from luftpause.scheduler.core import (
     turns_on,
 )
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.series import SchedulerSeries
 from luftpause.scheduler.trace import TraceRecorder
 
 log = logging.getLogger("luftpause.scheduler")
@@ -80,12 +87,17 @@ class SchedulerHost:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.state: State = new_state(config)
         self.clock = clock
+        self.replicas: dict[str, ReplicaConfig] = {replica.name: replica for replica in config.replicas}
+        """The replica set as it stands (rule 16 of the core): what the prober probes and the
+        dataplanes learn over their streams; a removed replica stays until it is retired."""
+        self._replica_watchers: list[Callable[[], None]] = []
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
         self.trace: TraceRecorder | None = None
         if config.scheduler.trace:
             self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
+        self.series = SchedulerSeries()  # the live page's last minutes, sampled on the clock's ticks
 
     def now(self) -> float:
         """The shell's clock in seconds (monotonic), the ``at`` of every event."""
@@ -113,6 +125,7 @@ class SchedulerHost:
             turn_id = getattr(event, "turn_id", "")
             self.trace.record(event, turn_id not in self.state.placed and turn_id not in self.state.held)
         self.state, actions = decide(self.state, event)
+        self.series.observe(event)
         for placed in expiring:
             log.warning(
                 "turn %s of run %s expired: no completion %.0f s after its placement on %s",
@@ -154,7 +167,87 @@ class SchedulerHost:
                     sink(action)
             elif isinstance(action, Forget):
                 log.debug("forgot run %s", action.run_id)
+            elif isinstance(action, RetireReplica):
+                self.replicas.pop(action.replica, None)
+                log.warning("replica %s left the set", action.replica, extra={"replica": action.replica})
+                self._replicas_changed()
         return actions
+
+    # -- the replica set at run time (the admin API, SIGHUP) ---------------------------------------------
+
+    def watch_replicas(self, watcher: Callable[[], None]) -> Callable[[], None]:
+        """Call ``watcher`` whenever the replica set changes; returns what stops it."""
+        self._replica_watchers.append(watcher)
+        return lambda: self._replica_watchers.remove(watcher)
+
+    def _replicas_changed(self) -> None:
+        for watcher in list(self._replica_watchers):
+            watcher()
+
+    def add_replica(self, replica: ReplicaConfig) -> None:
+        """Add ``replica`` to the set; ``ValueError`` when its name is taken."""
+        if replica.name in self.replicas:
+            raise ValueError(f"replica {replica.name!r} is already in the set")
+        self.replicas[replica.name] = replica
+        self.feed(ReplicaAdded(replica.name, self.now(), replica.models, replica.kind, replica.max_inflight))
+        log.warning("replica %s added", replica.name, extra={"replica": replica.name})
+        self._replicas_changed()
+
+    def drain_replica(self, name: str) -> None:
+        """Drain ``name``: no new run goes there; ``KeyError`` when it is not in the set."""
+        self._known(name)
+        self.feed(ReplicaDrained(name, self.now()))
+        log.warning("replica %s draining", name, extra={"replica": name})
+
+    def restore_replica(self, name: str) -> None:
+        """Put ``name`` back in rotation (ends a drain or a removal not finished yet)."""
+        self._known(name)
+        self.feed(ReplicaRestored(name, self.now()))
+        log.warning("replica %s back in rotation", name, extra={"replica": name})
+
+    def remove_replica(self, name: str) -> bool:
+        """Remove ``name``: it takes no turn and leaves once its last placed turn ends; True when
+        it left at once (nothing was placed there)."""
+        self._known(name)
+        self.feed(ReplicaRemoved(name, self.now()))
+        gone = name not in self.replicas
+        if not gone:
+            log.warning("replica %s removed: it leaves when its turns end", name, extra={"replica": name})
+        return gone
+
+    def _known(self, name: str) -> None:
+        if name not in self.state.replicas:
+            raise KeyError(name)
+
+    def reload(self, config: Config) -> list[str]:
+        """Apply a re-read configuration's ``[[replicas]]`` (``SIGHUP``): new names are added, names
+        gone are removed, ``draining = true`` drains and its removal puts back. A replica whose other
+        settings changed is left as it is (remove it and add it under a new name). What was done or
+        left, one line each."""
+        done: list[str] = []
+        wanted = {replica.name: replica for replica in config.replicas}
+        for name in list(self.replicas):
+            if name not in wanted and not self.state.replicas[name].removing:
+                self.remove_replica(name)
+                done.append(f"removed {name}")
+        for name, replica in wanted.items():
+            current = self.replicas.get(name)
+            if current is None:
+                self.add_replica(replica)
+                done.append(f"added {name}")
+                if replica.draining:
+                    self.drain_replica(name)
+                continue
+            core = self.state.replicas[name]
+            if current.model_copy(update={"draining": replica.draining}) != replica:
+                done.append(f"left {name} as it was: only 'draining' changes at run time")
+            if replica.draining and not core.draining:
+                self.drain_replica(name)
+                done.append(f"draining {name}")
+            elif not replica.draining and (core.draining or core.removing):
+                self.restore_replica(name)
+                done.append(f"put {name} back in rotation")
+        return done
 
     def lease_to(self, dataplane_id: str, sink: LeaseSink) -> None:
         """Send dataplane ``dataplane_id``'s lease changes to ``sink`` (its newest stream) from now.
@@ -203,9 +296,33 @@ class SchedulerHost:
             return False
         return True
 
+    def replica_list(self) -> list[dict[str, object]]:
+        """``GET /admin/replicas``: each replica's settings and where it stands, in order."""
+        listed = []
+        for name, replica in self.replicas.items():
+            core = self.state.replicas.get(name)
+            state = "in rotation"
+            if core is not None and core.removing:
+                state = "removing"
+            elif core is not None and core.draining:
+                state = "draining"
+            listed.append(
+                {
+                    **replica.model_dump(mode="json", exclude={"draining"}),
+                    "state": state,
+                    "inflight": 0 if core is None else core.inflight,
+                }
+            )
+        return listed
+
     def status(self) -> dict[str, object]:
         """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time."""
         return snapshot(self.state, self.now())
+
+    def recent(self, after: int | None = None) -> dict[str, Any]:
+        """``GET /series``: the last minutes' samples (:mod:`luftpause.scheduler.series`), those
+        after seq ``after`` only when given."""
+        return self.series.ring.since(after)
 
     def start_clock(self) -> None:
         """Feed a ``Tick`` every second on the running loop, until :meth:`stop_clock`."""
@@ -213,6 +330,7 @@ class SchedulerHost:
 
         def tick() -> None:
             self.feed(Tick(self.now()))
+            self.series.tick(self.state, self.now(), time.time())
             if self.trace is not None:
                 self.trace.flush()
             self._tick_handle = loop.call_later(TICK_INTERVAL_S, tick)

@@ -1,7 +1,7 @@
 """Engine probing: every 2 s, each replica's health and load, fed to the core as one
 ``ReplicasProbed`` per round (applied whole before any held turn is placed).
 
-Per replica and round, at once and each with a 2 s timeout (DESIGN.md, "Probing"):
+Per replica and round, at once and each with a 2 s timeout (docs/architecture.md "Probing"):
 
 * ``GET <url><health_path>``: a 2xx answer is healthy; any other status, a refused connection or a
   timeout is unhealthy. An empty ``health_path`` means the replica has no health endpoint
@@ -175,15 +175,16 @@ def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
 
 
 class Prober:
-    """Probes every configured replica every ``interval`` seconds and feeds ``host`` the results.
+    """Probes every replica of ``host.replicas`` (the set as it stands) every ``interval`` seconds
+    and feeds ``host`` the results.
 
     The first round runs at :meth:`start`; a round that takes longer than ``interval`` (every probe
     timing out) is followed by the next one at once, never by two at the same time. Each round is
     fed as one ``ReplicasProbed`` (the replicas whose probe did not fail), stamped when fed.
 
-    ``interval`` and ``timeout`` are seconds (DESIGN.md: 2 s each); the schedule reads the host's
-    clock (``host.now()``) and waits with ``sleep``, and ``session`` makes the HTTP session: the
-    three seams a test drives the schedule through without waiting.
+    ``interval`` and ``timeout`` are seconds (docs/architecture.md "Constants": 2 s each); the
+    schedule reads the host's clock (``host.now()``) and waits with ``sleep``, and ``session``
+    makes the HTTP session: the three seams a test drives the schedule through without waiting.
     """
 
     def __init__(
@@ -195,7 +196,6 @@ class Prober:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         session: SessionFactory = _session,
     ) -> None:
-        self.replicas = config.replicas
         self.host = host
         self.interval = interval
         self.timeout = timeout
@@ -230,13 +230,14 @@ class Prober:
 
     async def _round(self, session: aiohttp.ClientSession) -> float:
         """Probe every replica once and feed the results; returns when they were stamped."""
+        replicas = list(self.host.replicas.values())  # the set as it stands (the admin API, SIGHUP)
         results = await asyncio.gather(
-            *(probe_replica(session, replica) for replica in self.replicas),
+            *(probe_replica(session, replica) for replica in replicas),
             return_exceptions=True,
         )
         now = self.host.now()  # stamped when fed: event times must not go backwards
         probed: list[ReplicaProbed] = []
-        for replica, result in zip(self.replicas, results, strict=True):
+        for replica, result in zip(replicas, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("probe of %s failed: %r", replica.name, result)
                 continue

@@ -1,10 +1,11 @@
 """``luftpause scheduler``: the gRPC admission service and the HTTP status endpoint, one process.
 
 Both servers, the 1 s clock tick and the 2 s engine probes (:mod:`.probes`) share one uvloop event
-loop and one :class:`SchedulerHost`.
-SIGINT or SIGTERM stops them (dataplanes' ``Connect`` streams end with UNAVAILABLE, which abandons
-the admissions still held on them; the dataplanes hold those turns and re-send them to whichever
-scheduler comes back) and the process exits 0. A bad configuration prints the
+loop and one :class:`SchedulerHost`. SIGHUP re-reads the configuration file and applies its
+``[[replicas]]`` (added, removed, drained: :meth:`SchedulerHost.reload`). SIGINT or SIGTERM stops
+them (dataplanes' ``Connect`` streams end with UNAVAILABLE, which abandons the admissions still
+held on them; the dataplanes hold those turns and re-send them to whichever scheduler comes back)
+and the process exits 0. A bad configuration prints the
 :class:`~luftpause.config.ConfigError` and exits 2.
 """
 
@@ -26,9 +27,10 @@ from luftpause.auth.hosts import HostAllowList
 from luftpause.auth.tls import check_listener, grpc_server_credentials, server_context
 from luftpause.auth.tokens import TOKEN_ENV, token_from_env
 from luftpause.cli import add_config_argument, config_from_args
-from luftpause.config import Config, ConfigError, split_host_port
+from luftpause.config import Config, ConfigError, load_config, split_host_port
 from luftpause.listeners import start_aiohttp_site
 from luftpause.ports import refuse_if_in_use
+from luftpause.scheduler.errors import CannotListen
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.probes import Prober
@@ -104,12 +106,14 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     if token is None:
         log.warning("%s is not set: the gRPC link and GET /status accept every client", TOKEN_ENV)
     grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=server_interceptors(token))
+    if config.source is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_replicas, host, config.source)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
     http_host, http_port = split_host_port(config.scheduler.http)
     hosts = HostAllowList(http_host, config.scheduler.allowed_hosts)
     limits = config.scheduler.limits
     runner = web.AppRunner(
-        status_app(host, token, hosts), access_log=None, shutdown_timeout=limits.stop_timeout_s
+        status_app(host, token, hosts, limits), access_log=None, shutdown_timeout=limits.stop_timeout_s
     )
     await runner.setup()
     tls = config.scheduler.tls
@@ -123,9 +127,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
                     config.scheduler.grpc, grpc_server_credentials(tls, "scheduler.tls")
                 )
         except RuntimeError as exc:
-            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
+            raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
         if bound == 0:
-            raise OSError(f"cannot listen for gRPC on {config.scheduler.grpc}")
+            raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}")
         await grpc_server.start()
         context = server_context(tls, "scheduler.tls") if tls is not None else None
         site = await start_aiohttp_site(runner, http_host, http_port, limits, context)
@@ -145,5 +149,20 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         if site is not None:
             site.close()
         await runner.cleanup()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+
+
+def reload_replicas(host: SchedulerHost, path: str) -> None:
+    """``SIGHUP``: re-read ``path`` and apply its ``[[replicas]]`` (:meth:`SchedulerHost.reload`).
+
+    A file that cannot be read or is refused changes nothing (the error is logged); other settings
+    are read at start only.
+    """
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        log.error("SIGHUP: configuration not reloaded: %s", exc)
+        return
+    done = host.reload(config)
+    log.warning("SIGHUP: replicas reloaded from %s: %s", path, "; ".join(done) or "no change")

@@ -1,26 +1,33 @@
-"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /health`` and
-``GET /``, the live page.
+"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /series[?after=SEQ]``
+(the last 10 minutes as samples), ``GET /health`` and ``GET /``, the live page.
 
-The JSON shape is documented in :mod:`luftpause.scheduler.core.snapshot`. The live page is
-``page.html`` beside this module (package data): one self-contained HTML file, no external assets,
-whose script polls ``status`` every 2 s and, with ``?runtime=URL`` (and ``?token=``), also that
+The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
+:mod:`luftpause.scheduler.series` (with :mod:`luftpause.series`); ``/series`` is guarded like
+``/status`` (it names no caller, but it is data: whatever check ``/status`` gets, it gets). A bad
+``after`` is 400. The live page is ``page.html`` beside this module (package data): one
+self-contained HTML file, no external assets, whose script polls ``status`` and ``series`` every
+2 s (drawing the series as inline SVG) and, with ``?runtime=URL`` (and ``?token=``), also that
 runtime's ``GET /status`` run tree. It puts data in the DOM only as text; its answer carries a
 Content-Security-Policy that runs only its own inline script (by hash), so markup that got into the
-DOM anyway could not run. Every error is answered
-with the JSON error body of DESIGN.md's failure contract, ``{"error": {"message": "..."}}``: an
-unknown path 404, a known path with another method 405 (with ``Allow``), a fault of ours 500.
+DOM anyway could not run. Every error is answered with the JSON error body of the failure
+contract (docs/architecture.md "Failure contract"), ``{"error": {"message": "..."}}``, and the
+status of its class in :mod:`luftpause.scheduler.errors`: an unknown path 404, a known path with
+another method 405 (with ``Allow``), a fault of ours 500.
 
 Access (:mod:`luftpause.auth`), checked before routing:
 
 * ``GET /health`` is open (liveness probes carry no token and may name the pod by any address);
 * every other path is answered only for a ``Host`` on the allow-list
   (:class:`~luftpause.auth.hosts.HostAllowList`; 421 otherwise), so a DNS-rebinding page cannot
-  read ``/status``, which names callers;
-* with ``LUFTPAUSE_TOKEN`` set, ``GET /status`` (and any path but ``/`` and ``/health``) needs
-  ``Authorization: Bearer <token>`` (401 with ``WWW-Authenticate`` otherwise). The page itself
-  holds no data and stays open, like the runtime's monitor: its script takes the token from the
-  page's own ``?token=`` (then keeps it in ``sessionStorage`` for the tab and takes it out of the
-  address bar) and sends it with every poll of ``status`` and of ``?runtime=``.
+  read ``/status``, which names callers, nor drive the admin API;
+* with ``LUFTPAUSE_TOKEN`` set, every path but ``/`` and ``/health`` (``/status``, ``/series``,
+  the admin API) needs ``Authorization: Bearer <token>`` (401 with ``WWW-Authenticate``
+  otherwise). The page itself holds no data and stays open, like the runtime's monitor: its script
+  takes the token from the page's own ``?token=`` (then keeps it in ``sessionStorage`` for the tab
+  and takes it out of the address bar) and sends it with every poll of ``status``, ``series`` and
+  ``?runtime=``;
+* a request with a body (the admin API's) that has not been answered ``body_timeout_s`` after it
+  came is answered 408 (:func:`luftpause.listeners.aiohttp_deadline`).
 """
 
 from __future__ import annotations
@@ -38,7 +45,11 @@ from aiohttp.typedefs import Handler
 
 from luftpause.auth.hosts import HostAllowList
 from luftpause.auth.tokens import CHALLENGE, REFUSED, bearer_matches
+from luftpause.config import ListenerLimits
+from luftpause.listeners import aiohttp_deadline
+from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
+from luftpause.series import parse_after
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -59,19 +70,18 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except web.HTTPMethodNotAllowed as exc:
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        return error_response(
-            405, f"{request.path} takes {allowed}, not {request.method}", {hdrs.ALLOW: allowed}
-        )
+        refused = MethodNotAllowed(request.method, request.path, list(exc.allowed_methods))
+        return error_response(refused.http_status, str(refused), {hdrs.ALLOW: refused.allow})
     except web.HTTPNotFound:
-        return error_response(404, f"no route {request.method} {request.path}")
+        missing = RouteNotFound(request.method, request.path)
+        return error_response(missing.http_status, str(missing))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like are answers, not errors
         return error_response(exc.status, exc.reason)
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {type(exc).__name__}")
+        return error_response(SchedulerError.http_status, f"internal error: {type(exc).__name__}")
 
 
 OPEN_PATHS = frozenset({"/health"})
@@ -139,14 +149,20 @@ def page_csp(page: bytes) -> str:
 
 
 def status_app(
-    host: SchedulerHost, token: str | None = None, hosts: HostAllowList | None = None
+    host: SchedulerHost,
+    token: str | None = None,
+    hosts: HostAllowList | None = None,
+    limits: ListenerLimits | None = None,
 ) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status`` and ``/health`` from ``host``;
-    ``token`` (``LUFTPAUSE_TOKEN``, ``None``: none) and ``hosts`` (default: loopback and this
-    machine's names) as the module docstring says.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/health``
+    and the admin API (:mod:`.admin_http`) from ``host``; ``token`` (``LUFTPAUSE_TOKEN``,
+    ``None``: none), ``hosts`` (default: loopback and this machine's names) and ``limits`` (the
+    body deadline; default ``[scheduler.limits]``'s defaults) as the module docstring says.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
+    from luftpause.scheduler.admin_http import add_admin_routes  # it imports error_response from here
+
     page = page_html()
     page_headers = {
         hdrs.CONTENT_SECURITY_POLICY: page_csp(page),
@@ -161,12 +177,22 @@ def status_app(
     async def status(request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(host.status()), content_type="application/json")
 
+    async def series(request: web.Request) -> web.Response:
+        try:
+            after = parse_after(request.query.get("after"))
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        return web.Response(body=orjson.dumps(host.recent(after)), content_type="application/json")
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
     hosts = hosts if hosts is not None else HostAllowList("127.0.0.1")
-    app = web.Application(middlewares=[json_errors, access_middleware(token, hosts)])
+    deadline = aiohttp_deadline(limits if limits is not None else ListenerLimits())
+    app = web.Application(middlewares=[json_errors, access_middleware(token, hosts), deadline])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
+    app.router.add_get("/series", series)
     app.router.add_get("/health", health)
+    add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app

@@ -8,7 +8,12 @@ With ``--destructive`` it also serves ``delete_note(title)``, marked ``destructi
 tested; it is off by default so that the read-only tools are all a sub-agent is ever offered.
 
 ``GET /testkit/calls`` answers ``{"<tool> <query>": calls started}``, so a test can count how
-often each call was made. ``POST /testkit/delete_note/hold`` makes every ``delete_note`` call
+often each call was made; ``GET /testkit/call-ids`` answers ``{"<call id>": calls started}`` for
+the calls whose request carried an id in its ``_meta`` (``io.luftpause/call-id``, the runtime's:
+:func:`luftpause.runtime.agent.upstream.call_id`), so a test can tell a call made again from a new
+one, as a server deduplicating on it would. ``POST /testkit/hold/<query>`` makes every ``lookup``
+and ``deep_search`` of that query started from then on wait, after its delay, until ``POST
+/testkit/release/<query>``. ``POST /testkit/delete_note/hold`` makes every ``delete_note`` call
 started from then on wait, after its :data:`DELETE_NOTE_DELAY_S`, until ``POST
 /testkit/delete_note/release`` (so a test can act while a call is surely in flight). Both tools
 are marked ``readOnlyHint: true`` (MCP tool annotations), so a runtime never asks for approval
@@ -32,6 +37,7 @@ from typing import Annotated
 import anyio
 import uvicorn
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 from starlette.requests import Request
@@ -47,6 +53,9 @@ LOOKUP_DELAY_S = (0.010, 0.050)
 DEEP_SEARCH_DELAY_S = (0.100, 0.300)
 # Slow on purpose: a test can kill a runtime while an approved call is still in flight.
 DELETE_NOTE_DELAY_S = 1.0
+
+CALL_ID_META = "io.luftpause/call-id"
+"""The ``_meta`` key whose value the server counts calls by (the runtime's call id)."""
 
 # Seconds uvicorn waits for open connections (MCP's long-lived GET streams) at shutdown.
 SHUTDOWN_GRACE_S = 1
@@ -78,24 +87,58 @@ def build_server(seed: int | None = 0, destructive: bool = False) -> MCPServer:
     )
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
     calls: Counter[str] = Counter()
+    call_ids: Counter[str] = Counter()
+    held: dict[str, anyio.Event] = {}  # query -> the gate its calls wait at until released
 
     @server.custom_route("/testkit/calls", methods=["GET"])  # type: ignore[untyped-decorator]  # SDK: unannotated
     async def count(request: Request) -> JSONResponse:
         return JSONResponse(dict(calls))
 
-    async def lookup(query: Annotated[str, Field(description="What to look up, in a few words.")]) -> str:
-        calls[f"lookup {query}"] += 1
+    @server.custom_route("/testkit/call-ids", methods=["GET"])  # type: ignore[untyped-decorator]  # SDK: unannotated
+    async def count_ids(request: Request) -> JSONResponse:
+        return JSONResponse(dict(call_ids))
+
+    @server.custom_route("/testkit/hold/{query}", methods=["POST"])  # type: ignore[untyped-decorator]  # SDK: unannotated
+    async def hold_query(request: Request) -> JSONResponse:
+        held.setdefault(request.path_params["query"], anyio.Event())
+        return JSONResponse({"held": sorted(held)})
+
+    @server.custom_route("/testkit/release/{query}", methods=["POST"])  # type: ignore[untyped-decorator]  # SDK: unannotated
+    async def release_query(request: Request) -> JSONResponse:
+        gate = held.pop(request.path_params["query"], None)
+        if gate is not None:
+            gate.set()
+        return JSONResponse({"held": sorted(held)})
+
+    def started(tool: str, query: str, ctx: Context) -> anyio.Event | None:
+        """Count the call (by tool and query, and by its id); the gate it waits at, if held."""
+        calls[f"{tool} {query}"] += 1
+        meta = ctx.request_context.meta
+        called = meta.get(CALL_ID_META) if isinstance(meta, dict) else None
+        if isinstance(called, str):
+            call_ids[called] += 1
+        return held.get(query)
+
+    async def lookup(
+        query: Annotated[str, Field(description="What to look up, in a few words.")], ctx: Context
+    ) -> str:
+        gate = started("lookup", query, ctx)
         await anyio.sleep(rng.uniform(*LOOKUP_DELAY_S))
+        if gate is not None:
+            await gate.wait()
         return f"Lookup: {query}. " + _paragraph(rng, query, 3)
 
     async def deep_search(
         query: Annotated[str, Field(description="The question to research.")],
+        ctx: Context,
         depth: Annotated[
             int, Field(ge=1, le=5, description="How many layers of sources to follow (1-5).")
         ] = 2,
     ) -> str:
-        calls[f"deep_search {query}"] += 1
+        gate = started("deep_search", query, ctx)
         await anyio.sleep(rng.uniform(*DEEP_SEARCH_DELAY_S))
+        if gate is not None:
+            await gate.wait()
         sections = [f"Layer {layer}: " + _paragraph(rng, query, 4) for layer in range(1, depth + 1)]
         return f"Deep search: {query} (depth {depth}).\n\n" + "\n\n".join(sections)
 
@@ -129,8 +172,10 @@ def build_server(seed: int | None = 0, destructive: bool = False) -> MCPServer:
             released[0].set()
             return JSONResponse({"held": False})
 
-        async def delete_note(title: Annotated[str, Field(description="Title of the note.")]) -> str:
-            calls[f"delete_note {title}"] += 1
+        async def delete_note(
+            title: Annotated[str, Field(description="Title of the note.")], ctx: Context
+        ) -> str:
+            started("delete_note", title, ctx)
             gate = released[0]
             await anyio.sleep(DELETE_NOTE_DELAY_S)
             await gate.wait()

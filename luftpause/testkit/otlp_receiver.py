@@ -1,18 +1,27 @@
-"""A small OTLP/HTTP trace receiver for tests: ``python -m luftpause.testkit.otlp_receiver --port N``.
+"""A small OTLP trace receiver for tests, over HTTP and gRPC:
+``python -m luftpause.testkit.otlp_receiver --port N [--grpc-port M]``.
 
-Takes ``POST /v1/traces`` with an ``ExportTraceServiceRequest`` in binary protobuf
-(``Content-Type: application/x-protobuf``, optionally ``Content-Encoding: gzip``), as the OTLP/HTTP
-specification (https://opentelemetry.io/docs/specs/otlp/#otlphttp) defines it, decoded with the
-generated classes of ``opentelemetry-proto``; answers ``ExportTraceServiceResponse`` (empty: all
-accepted). JSON-encoded OTLP is refused with 415. ``GET /spans`` returns every span received so
-far as a JSON array of::
+OTLP/HTTP on ``--port``: takes ``POST /v1/traces`` with an ``ExportTraceServiceRequest`` in binary
+protobuf (``Content-Type: application/x-protobuf``, optionally ``Content-Encoding: gzip``), as the
+OTLP/HTTP specification (https://opentelemetry.io/docs/specs/otlp/#otlphttp) defines it, decoded
+with the generated classes of ``opentelemetry-proto``; answers ``ExportTraceServiceResponse``
+(empty: all accepted). JSON-encoded OTLP is refused with 415.
+
+OTLP/gRPC on ``--grpc-port`` (https://opentelemetry.io/docs/specs/otlp/#otlpgrpc): the
+``opentelemetry.proto.collector.trace.v1.TraceService/Export`` unary call, served by ``grpcio``
+with ``opentelemetry-proto``'s generated service stubs (plaintext; gzip as the client asks),
+answered ``ExportTraceServiceResponse`` (empty: all accepted). Its spans go to the same list.
+
+``GET /spans`` (on the HTTP port) returns every span received so far, by either protocol, as a
+JSON array of::
 
     {"service": str, "name": str, "trace_id": 32 hex, "span_id": 16 hex, "parent_span_id": 16 hex | "",
      "trace_state": str, "kind": int (OTLP SpanKind), "status": int (OTLP StatusCode),
      "status_message": str, "start_time_unix_nano": int, "end_time_unix_nano": int (nanoseconds
      since the Unix epoch), "attributes": {key: value},
      "events": [{"name": str, "time_unix_nano": int, "attributes": {key: value}}],
-     "links": [{"trace_id": 32 hex, "span_id": 16 hex, "trace_state": str, "attributes": {key: value}}]}
+     "links": [{"trace_id": 32 hex, "span_id": 16 hex, "trace_state": str, "attributes": {key: value}}],
+     "protocol": "http" | "grpc"}
 
 A body that is not in its stated encoding (aiohttp's server decodes gzip and deflate), or not an
 ``ExportTraceServiceRequest``, is refused with 400 (the OTLP/HTTP specification's answer to a
@@ -24,11 +33,15 @@ until it stops.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 from collections.abc import Iterable
 from typing import Any
 
+import grpc
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -57,8 +70,9 @@ def attributes_of(pairs: Iterable[KeyValue]) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in pairs}
 
 
-def decode_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
-    """The spans of one export request, flattened with their resource's ``service.name``."""
+def decode_spans(request: ExportTraceServiceRequest, protocol: str = "http") -> list[dict[str, Any]]:
+    """The spans of one export request, flattened with their resource's ``service.name`` and the
+    ``protocol`` (``http`` or ``grpc``) they came by."""
     spans: list[dict[str, Any]] = []
     for resource_spans in request.resource_spans:
         resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
@@ -96,15 +110,50 @@ def decode_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                             }
                             for link in span.links
                         ],
+                        "protocol": protocol,
                     }
                 )
     return spans
 
 
-def receiver_app() -> web.Application:
-    """The receiver as an aiohttp app; its spans are ``app[SPANS]``."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    received: list[dict[str, Any]] = []
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest export request taken, by either protocol."""
+
+
+class TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    """OTLP/gRPC's ``TraceService``: each ``Export`` adds its spans to ``received``."""
+
+    def __init__(self, received: list[dict[str, Any]]) -> None:
+        self.received = received
+
+    async def Export(
+        self, request: ExportTraceServiceRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ExportTraceServiceResponse:
+        self.received.extend(decode_spans(request, "grpc"))
+        return ExportTraceServiceResponse()
+
+
+async def start_grpc_receiver(received: list[dict[str, Any]], host: str, port: int) -> grpc.aio.Server:
+    """Serve OTLP/gRPC on ``host:port`` (plaintext) into ``received``, on the running loop; the
+    started server (``await server.stop(None)`` ends it). Raises ``OSError`` when the port is taken."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),  # a second receiver on a taken port must fail, not share it
+        ]
+    )
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(received), server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")
+    await server.start()
+    return server
+
+
+def receiver_app(received: list[dict[str, Any]] | None = None) -> web.Application:
+    """The receiver as an aiohttp app; its spans are ``app[SPANS]`` (``received``, or a new list:
+    pass the gRPC receiver's to serve both protocols' spans at ``GET /spans``)."""
+    app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
+    received = [] if received is None else received
     app[SPANS] = received
 
     async def traces(request: web.Request) -> web.Response:
@@ -136,18 +185,42 @@ def receiver_app() -> web.Application:
     return app
 
 
+async def serve(host: str, port: int, grpc_port: int | None) -> None:
+    """Serve OTLP/HTTP (and ``GET /spans``) on ``port`` and, with ``grpc_port``, OTLP/gRPC, into one
+    list, until SIGTERM or SIGINT."""
+    received: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    grpc_server = await start_grpc_receiver(received, host, grpc_port) if grpc_port is not None else None
+    runner = web.AppRunner(receiver_app(received), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        if grpc_server is not None:
+            await grpc_server.stop(None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=(
-            "OTLP/HTTP trace receiver for tests: takes POST /v1/traces (binary protobuf, gzip or not) "
-            "and answers GET /spans with every span received, as JSON"
+            "OTLP trace receiver for tests: takes POST /v1/traces (binary protobuf, gzip or not) and, "
+            "with --grpc-port, OTLP/gRPC's TraceService/Export, and answers GET /spans with every "
+            "span received, as JSON"
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on (required)")
+    parser.add_argument(
+        "--grpc-port", type=int, default=None, help="TCP port for OTLP/gRPC (none: HTTP only)"
+    )
     args = parser.parse_args()
-    web.run_app(receiver_app(), host=args.host, port=args.port, print=None, access_log=None)
+    asyncio.run(serve(args.host, args.port, args.grpc_port))
 
 
 if __name__ == "__main__":

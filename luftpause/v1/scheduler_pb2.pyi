@@ -56,16 +56,40 @@ class SchedulerMessage(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[SchedulerItem, _Mapping]]] = ...) -> None: ...
 
 class SchedulerItem(_message.Message):
-    __slots__ = ("resynced", "admitted", "lease", "pong")
+    __slots__ = ("resynced", "admitted", "lease", "pong", "replicas")
     RESYNCED_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     PONG_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     resynced: ResyncReply
     admitted: AdmitReply
     lease: CapacityLease
     pong: Pong
-    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ..., lease: _Optional[_Union[CapacityLease, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ...) -> None: ...
+    replicas: ReplicaSet
+    def __init__(self, resynced: _Optional[_Union[ResyncReply, _Mapping]] = ..., admitted: _Optional[_Union[AdmitReply, _Mapping]] = ..., lease: _Optional[_Union[CapacityLease, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., replicas: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
+
+class ReplicaSet(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaSpec]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaSpec, _Mapping]]] = ...) -> None: ...
+
+class ReplicaSpec(_message.Message):
+    __slots__ = ("name", "url", "models", "kind", "api_key_env", "priority")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    url: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    kind: str
+    api_key_env: str
+    priority: str
+    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent")
@@ -94,12 +118,14 @@ class Placement(_message.Message):
     def __init__(self, replica: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
-    __slots__ = ("reason", "http_status")
+    __slots__ = ("reason", "http_status", "retry_after_s")
     REASON_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     reason: str
     http_status: int
-    def __init__(self, reason: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
+    retry_after_s: int
+    def __init__(self, reason: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_after_s: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("placed", "refused", "turn_id")

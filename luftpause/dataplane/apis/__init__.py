@@ -1,6 +1,6 @@
 """The front-door APIs besides Chat Completions: Anthropic Messages and OpenAI Responses.
 
-Pure code, no IO and no clock: the routes and the relay call it (DESIGN.md, "Front-door APIs").
+Pure code, no IO and no clock: the routes and the relay call it (docs/architecture.md "Front-door APIs").
 One module per concern:
 
 =======================  =====================================================================

@@ -1,7 +1,7 @@
 """Errors of the two front-door APIs, in each API's own shape and status.
 
 The chat route answers ``{"error": {"message": ...}}`` (``luftpause.dataplane.errors``). The
-Messages and Responses routes answer the same cases (DESIGN.md, "Failure contract") with the same
+Messages and Responses routes answer the same cases (docs/architecture.md "Failure contract") with the same
 statuses, in the shape their clients parse:
 
 * Anthropic Messages (API reference "Errors"): ``{"type": "error", "error": {"type": <type>,

@@ -50,7 +50,7 @@ Refused: any other top-level field (``mcp_servers``, ``container``, ...), server
 fields, and malformed shapes.
 
 ``tool_result_ids(payload)`` gives the ``tool_use_id`` s of the request's latest tool round, which
-name the run that emitted them (DESIGN.md, run identity by echoed tool ids).
+name the run that emitted them (docs/architecture.md "Front-door APIs": run identity by echoed tool ids).
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ Refused: ``previous_response_id`` and ``conversation`` (luftpause keeps no respo
 ``prompt``, hosted tools other than web search, ``custom`` tools and tool calls, ``item_reference``
 items, images by ``file_id``, files, and any other field.
 
-``call_output_ids(payload)`` gives the ``call_id`` s of the request's latest tool round (DESIGN.md,
-run identity by echoed tool ids).
+``call_output_ids(payload)`` gives the ``call_id`` s of the request's latest tool round
+(docs/architecture.md "Front-door APIs": run identity by echoed tool ids).
 """
 
 from __future__ import annotations

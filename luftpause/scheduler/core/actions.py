@@ -2,7 +2,8 @@
 
 Actions are imperatives, frozen and slotted. ``Place`` and ``Reject`` answer the Admit waiting for
 that turn id; ``Forget`` and ``AckResync`` tell the shell what became of runs and of a resync;
-``GrantLease`` and ``RevokeLease`` go to one dataplane's stream (rule 14, capacity leases).
+``GrantLease`` and ``RevokeLease`` go to one dataplane's stream (rule 14, capacity leases);
+``RetireReplica`` says a removed replica has left the set (rule 16).
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """Refuse turn ``turn_id``: the dataplane answers ``http_status`` with ``reason`` as the message."""
+    """Refuse turn ``turn_id``: the dataplane answers ``http_status`` with ``reason`` as the message.
+
+    ``retry_after_s``: seconds the client should wait before trying again (a protection limit's
+    429 carries it as ``Retry-After``); 0: none said.
+    """
 
     turn_id: str
     reason: str
     http_status: int
+    retry_after_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,4 +76,12 @@ class RevokeLease:
     epoch: int
 
 
-Action = Place | Reject | Forget | AckResync | GrantLease | RevokeLease
+@dataclass(frozen=True, slots=True)
+class RetireReplica:
+    """Replica ``replica``, being removed, has nothing placed or leased any more and has left the
+    set: stop probing it and tell the dataplanes."""
+
+    replica: str
+
+
+Action = Place | Reject | Forget | AckResync | GrantLease | RevokeLease | RetireReplica

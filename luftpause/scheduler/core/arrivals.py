@@ -1,4 +1,4 @@
-"""Turn arrivals (rules 1, 4, 11, 13 of :mod:`.decide`): refused, answered again, placed or held."""
+"""Turn arrivals (rules 1, 4, 11, 13, 18 of :mod:`.decide`): refused, answered again, placed or held."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from luftpause.scheduler.core.held import (
     any_replica_for,
 )
 from luftpause.scheduler.core.leasing import _revoke
+from luftpause.scheduler.core.limiting import refusal
 from luftpause.scheduler.core.placement import _place, _run_of_arrival, _where
 from luftpause.scheduler.core.policies import (
     abandoned,
@@ -43,8 +44,6 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         reason = routing.unknown_model_reason(event.model, event.single_pass)
         out.append(Reject(event.turn_id, reason, routing.UNKNOWN_MODEL_STATUS))
         return
-    state.counters.arrived += 1
-    run = None if event.single_pass else _run_of_arrival(state, event, out)  # rule 13: no run state
     turn = HeldTurn(
         event.turn_id,
         event.run_id,
@@ -58,6 +57,13 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         event.single_pass,
         event.trace_id,
     )
+    if state.protection.on:
+        refused = refusal(state, event, turn, serving)  # rule 18, before anything is recorded
+        if refused is not None:
+            out.append(refused)
+            return
+    state.counters.arrived += 1
+    run = None if event.single_pass else _run_of_arrival(state, event, out)  # rule 13: no run state
     turn.rank = run_order.rank(state.run_order, run, turn.seq)
     state.next_seq += 1
     turn.queue, usable = _where(state, run, turn, serving)

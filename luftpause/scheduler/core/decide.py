@@ -1,6 +1,6 @@
 """``decide(state, event) -> (state, actions)``: every placement decision of the scheduler.
 
-The rules, in the order they apply (DESIGN.md, "The scheduler"). Rules 1 to 12 are about generative
+The rules, in the order they apply (docs/architecture.md "Rules"). Rules 1 to 12 are about generative
 turns; single-pass turns follow rule 13, which says what of the others applies to them.
 
 1. Model routing. A turn may go only to generative replicas that declare its model. A model that
@@ -36,8 +36,9 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    their prefixes stay in its cache (served turn by turn in arrival order, every run in progress
    interleaves with every other and a flood thrashes the prefix cache). When a slot frees (or a
    probe raises capacity, or headroom is released), the first held turn that may use it takes it;
-   a turn pinned to a full replica never blocks turns that may go elsewhere. There is no deadline
-   and no limit: a held turn leaves only when placed or abandoned. Hence the invariants: a held turn
+   a turn pinned to a full replica never blocks turns that may go elsewhere. Without protection
+   limits (rule 18, off by default) there is no deadline and no limit: a held turn leaves only
+   when placed or abandoned. Hence the invariants: a held turn
    never waits while a replica it may use has room for its class, and an interactive turn is never
    held while a batch turn is placed on a replica it could use.
 6. Run phases. Placed -> ``generating`` on that replica (its last replica). Finished with tool
@@ -98,7 +99,7 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     an in-flight turn on a single-pass replica as a single-pass turn (the replica's kind tells),
     and a retried, abandoned or tombstoned single-pass turn is answered as in rules 7 and 11.
 
-14. Capacity leases (DESIGN.md, "Admission transport"; only with ``State.leasing``, the
+14. Capacity leases (docs/architecture.md "Admission transport"; only with ``State.leasing``, the
     configuration's ``[scheduler] leases``). A dataplane that says so in its resync
     (``Resynced.takes_leases``, and a non-empty id) is a *lessee*. After every event the scheduler
     may grant each lessee slots of a generative replica, ``GrantLease(dataplane, replica, count,
@@ -157,9 +158,35 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     one) are given as ever. The first event at or after the window's end (the 1 s tick) fills
     every replica, least loaded first. A fresh start (empty resyncs) is not held.
 
+16. Replicas at run time (the admin API, ``SIGHUP``; :mod:`.policies.draining`). ``ReplicaAdded``
+    joins a replica after every other (``index``), and its models' held turns may go there at once;
+    a name already in the set is ignored. ``ReplicaDrained``: it takes no new run, only turns of
+    runs pinned there by affinity (rule 4: a run coming back from its tool still goes there) until
+    they end or move; its in-flight turns finish; it is never leased (its leases are withdrawn);
+    a draining single-pass replica takes nothing. ``ReplicaRemoved``: it takes no turn at all (it
+    counts as unusable, so affinity yields and runs pinned there move), and it leaves the set,
+    ``RetireReplica(name)``, as soon as nothing is placed or leased there (at once when nothing
+    was), so a removal lasts at most the turn expiry (600 s). Then no run keeps it as its last
+    replica, and a replica added later under its name holds no prefix of theirs.
+    ``ReplicaRestored``: back in rotation (ends a drain, or a removal not finished).
+17. Circuit breaker (:mod:`.policies.breaker`, ``[scheduler.protection] breaker_failures``, 0 by
+    default: off). The N-th turn in a row to fail on a replica with an engine fault
+    (``TurnFailed.engine_fault``; a client leaving mid-stream is none) takes it out of rotation at
+    once, before its slot is given to a held turn, as an unhealthy probe would (rule 2); a finished
+    turn starts the count again; the next healthy probe puts it back.
+18. Protection limits (:mod:`.policies.limits`, ``[scheduler.protection]``, off by default), per
+    caller and class: an arrival that would be held while its caller has ``max_held`` turns of its
+    class held, or whose caller's token bucket for its class holds less than one token, is refused
+    at once, ``Reject(turn, reason, 429, retry_after_s)``, and records nothing (judged before the
+    arrival changes its run; a turn placed at once is never refused by ``max_held``); a held turn
+    ``queue_timeout_s`` old is refused the same way on the next tick. Buckets are drained by each
+    finished turn's prompt and completion tokens. Refusals are counted (``limited_held``,
+    ``limited_token_rate``: parts of ``rejected``; ``held_timed_out``: a fate of an arrived turn).
+
 The code follows the rules: :mod:`.arrivals` (1, 4, 11, 13), :mod:`.placement` (4 to 6: where a
 turn may go, placing, filling, re-filing), :mod:`.turn_ends` (6 to 9), :mod:`.probing` (2, 3),
-:mod:`.resync` (10, 12, 15), :mod:`.leasing` (14); the policies each rule composes are in
+:mod:`.resync` (10, 12, 15), :mod:`.leasing` (14), :mod:`.replica_set` (16), :mod:`.limiting` (18;
+17 is in ``decide`` itself); the policies each rule composes are in
 :mod:`.policies`.
 
 Report events about turns the scheduler does not hold placed (already expired, or never seen) are
@@ -180,7 +207,11 @@ from luftpause.scheduler.core.events import (
     Event,
     FirstToken,
     LeasedTurnPlaced,
+    ReplicaAdded,
+    ReplicaDrained,
     ReplicaProbed,
+    ReplicaRemoved,
+    ReplicaRestored,
     ReplicasProbed,
     Resynced,
     RunEnded,
@@ -193,8 +224,11 @@ from luftpause.scheduler.core.events import (
     TurnStarted,
 )
 from luftpause.scheduler.core.leasing import _lease, _leased
-from luftpause.scheduler.core.placement import _fill_least_loaded
+from luftpause.scheduler.core.limiting import spend, time_out
+from luftpause.scheduler.core.placement import _fill_least_loaded, _usability_changed
+from luftpause.scheduler.core.policies import breaker
 from luftpause.scheduler.core.probing import _probed
+from luftpause.scheduler.core.replica_set import _added, _drained, _removed, _restored, _retire_due
 from luftpause.scheduler.core.resync import _lost, _resynced
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.turn_ends import _abandon_reported, _abandoned, _end_placed, _run_ended, _tick
@@ -221,11 +255,24 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
                 placed.first_token_at = event.at
         case TurnFinished():
             phase: RunPhase = "tool_paused" if event.tool_calls else "idle"
+            placed = state.placed.get(event.turn_id)
+            if placed is not None:
+                breaker.finished(state.replicas[placed.replica])
+                spend(state, placed, event.prompt_tokens + event.completion_tokens, event.at)
             if _end_placed(state, event.turn_id, event.at, phase, out):
                 state.counters.finished += 1
         case TurnFailed():
+            placed = state.placed.get(event.turn_id)
+            tripped = None
+            if placed is not None:
+                replica = state.replicas[placed.replica]
+                if breaker.failed(replica, event.engine_fault, state.protection.breaker_failures):
+                    tripped = replica  # out of rotation before its slot is given to a held turn
+                    state.counters.breaker_trips += 1
             if _end_placed(state, event.turn_id, event.at, "idle", out):
                 state.counters.failed += 1
+            if tripped is not None:
+                _usability_changed(state, [tripped], event.at, out)
         case TurnAbandoned():
             _abandoned(state, event.turn_id, event.at, out)
         case AbandonReported():
@@ -238,14 +285,25 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             _probed(state, event.probes, event.at, out)
         case Tick():
             _tick(state, event.at, out)
+            time_out(state, event.at, out)
         case Resynced():
             _resynced(state, event, out)
         case DataplaneLost():
             _lost(state, event)
         case LeasedTurnPlaced():
             _leased(state, event, out)
+        case ReplicaAdded():
+            _added(state, event, out)
+        case ReplicaDrained():
+            _drained(state, event, out)
+        case ReplicaRestored():
+            _restored(state, event, out)
+        case ReplicaRemoved():
+            _removed(state, event, out)
     if released:
         _fill_least_loaded(state, state.replicas.values(), event.at, out)
     if state.lessees:
         _lease(state, event.at, out)
+    if state.removing:
+        _retire_due(state, event.at, out)
     return state, out

@@ -80,11 +80,17 @@ class TurnFinished:
 
 @dataclass(frozen=True, slots=True)
 class TurnFailed:
-    """The placed turn ended without a completion (engine error, client gone mid-stream)."""
+    """The placed turn ended without a completion (engine error, client gone mid-stream).
+
+    ``engine_fault``: the replica failed it (an error status, a broken stream); false when its
+    client left mid-stream, which says nothing of the replica (the circuit breaker counts only
+    engine faults).
+    """
 
     turn_id: str
     at: float
     error: str
+    engine_fault: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +249,46 @@ class LeasedTurnPlaced:
     trace_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaAdded:
+    """Replica ``name`` joined the set (the admin API, or ``SIGHUP`` with it new in the file).
+
+    ``index`` orders it after every replica known so far (ties between equally loaded replicas).
+    A name already in the set is ignored (the shell refuses it first).
+    """
+
+    name: str
+    at: float
+    models: tuple[str, ...]
+    kind: Literal["generative", "single_pass"]
+    max_inflight: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDrained:
+    """Replica ``name`` was set draining: it takes no new run, its runs finish there (rule 16)."""
+
+    name: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRestored:
+    """Replica ``name`` was put back in rotation: no longer draining, nor being removed."""
+
+    name: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRemoved:
+    """Replica ``name`` was removed from the set: it takes no turn from now on and leaves the set
+    when its last placed turn ends (``RetireReplica``), at once when it has none (rule 16)."""
+
+    name: str
+    at: float
+
+
 Event = (
     TurnArrived
     | LeasedTurnPlaced
@@ -258,4 +304,8 @@ Event = (
     | Tick
     | Resynced
     | DataplaneLost
+    | ReplicaAdded
+    | ReplicaDrained
+    | ReplicaRestored
+    | ReplicaRemoved
 )

@@ -124,10 +124,11 @@ _RANKS = sorted(set(CLASS_RANK.values()))
 class HeldTurns:
     """Every held turn by id (arrival order) and per queue (in the ordering policy's order)."""
 
-    __slots__ = ("_by_id", "_caller_lanes", "_lanes", "_loads", "_single_pass_loads")
+    __slots__ = ("_by_id", "_caller_lanes", "_counts", "_lanes", "_loads", "_single_pass_loads")
 
     def __init__(self) -> None:
         self._by_id: OrderedDict[str, HeldTurn] = OrderedDict()
+        self._counts: dict[tuple[str, str], int] = {}
         self._lanes: dict[LaneKey, _Lane] = {}
         self._caller_lanes: dict[str, set[LaneKey]] = {}
         self._loads: dict[str, int] = {}
@@ -164,15 +165,27 @@ class HeldTurns:
             return turn
         return None
 
+    def count(self, caller: str, service_class: str) -> int:
+        """How many turns of ``caller`` and ``service_class`` are held (both kinds)."""
+        return self._counts.get((caller, service_class), 0)
+
     def add(self, turn: HeldTurn) -> None:
         """Hold ``turn`` in the queue ``turn.queue``."""
         self._by_id[turn.turn_id] = turn
+        key = (turn.caller, turn.service_class)
+        self._counts[key] = self._counts.get(key, 0) + 1
         self._push(turn)
 
     def remove(self, turn_id: str) -> HeldTurn | None:
         """Take ``turn_id`` out of its queue; ``None`` if it is not held."""
         turn = self._by_id.pop(turn_id, None)
         if turn is not None:
+            key = (turn.caller, turn.service_class)
+            left = self._counts[key] - 1
+            if left:
+                self._counts[key] = left
+            else:
+                del self._counts[key]
             self._unfile(turn, turn.queue)
         return turn
 

@@ -26,6 +26,7 @@ from luftpause.scheduler.core.held import (
 from luftpause.scheduler.core.policies import (
     affinity,
     capacity,
+    draining,
     headroom,
     health,
     ordering,
@@ -67,14 +68,15 @@ def _where(
 
     A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4),
     unless the configuration turned strict affinity off (``State.strict_affinity``, for measuring
-    what it gains).
+    what it gains). A turn no affinity pins never goes to a draining replica (rule 16).
     """
+    fresh = tuple(replica for replica in serving if draining.takes_new_runs(replica))
     if turn.single_pass or not state.strict_affinity:
-        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), serving
+        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), fresh
     pinned = affinity.pinned_replica(run, serving)
     if pinned is not None:
         return pinned_to(pinned.name), (pinned,)
-    return any_replica_for(turn.model), serving
+    return any_replica_for(turn.model), fresh
 
 
 def _place(
@@ -157,6 +159,23 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
         _fill_least_loaded(state, opened.values(), at, out)
 
 
+def _usability_changed(state: State, replicas: list[Replica], at: float, out: list[Action]) -> None:
+    """``replicas`` turned usable or unusable (a probe, the breaker, a removal): affinity to the
+    generative ones yields (or holds again), so the held turns they concern are re-filed. A scan
+    of the held turns, but only when a replica's usability flips. The caller fills them."""
+    flipped = [replica for replica in replicas if replica.kind == "generative"]
+    if not flipped or not state.held:
+        return
+    pinned = {pinned_to(replica.name) for replica in flipped}
+    models = {model for replica in flipped for model in replica.models}
+    concerned = [
+        turn.turn_id
+        for turn in state.held
+        if turn.queue in pinned or (turn.queue[0] == "model" and turn.model in models)
+    ]
+    _refile(state, concerned, at, out)
+
+
 def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
     """Give ``replica``'s free slots to the first held turns (in order) that may use it."""
     while _fill_one(state, replica, at, out):
@@ -172,7 +191,7 @@ def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> b
     """
     if state.holding or not state.held or not health.usable(replica) or not capacity.has_room(replica):
         return False
-    queues = queues_served_by(replica.name, replica.kind, replica.models)
+    queues = queues_of(replica)
     loads = state.single_pass_inflight if replica.kind == "single_pass" else state.caller_inflight
     turn = ordering.first((state.held.head(queue) for queue in queues), loads)
     if turn is None or not capacity.has_room(replica, turn.service_class):
@@ -265,9 +284,14 @@ def _touch(state: State, run: Run, at: float) -> None:
     state.runs.move_to_end(run.run_id)
 
 
+def queues_of(replica: Replica) -> list[QueueKey]:
+    """The held queues ``replica`` takes turns from now: a draining one only its pinned runs'
+    (rule 16: a single-pass one, none), any other every queue it serves."""
+    if replica.draining:
+        return [] if replica.kind == "single_pass" else [pinned_to(replica.name)]
+    return queues_served_by(replica.name, replica.kind, replica.models)
+
+
 def _takes_held(state: State, replica: Replica) -> bool:
-    """True when some held turn may go to ``replica`` (the head of a queue it serves)."""
-    return any(
-        state.held.head(queue) is not None
-        for queue in queues_served_by(replica.name, replica.kind, replica.models)
-    )
+    """True when some held turn may go to ``replica`` (the head of a queue it takes from)."""
+    return any(state.held.head(queue) is not None for queue in queues_of(replica))

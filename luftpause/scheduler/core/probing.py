@@ -11,12 +11,11 @@ from luftpause.scheduler.core.actions import (
 from luftpause.scheduler.core.events import (
     ReplicaProbed,
 )
-from luftpause.scheduler.core.held import (
-    pinned_to,
-)
-from luftpause.scheduler.core.placement import _fill_least_loaded, _refile, _takes_held
+from luftpause.scheduler.core.placement import _fill_least_loaded, _takes_held, _usability_changed
 from luftpause.scheduler.core.policies import (
+    breaker,
     engine_load,
+    health,
 )
 from luftpause.scheduler.core.state import Replica, State
 
@@ -30,8 +29,9 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
         if replica is None:
             continue  # not configured here (a probe from an older configuration)
         turns_wait = bool(state.held) and _takes_held(state, replica)
-        was_healthy = replica.healthy
+        was_usable = health.usable(replica)
         replica.healthy = event.healthy
+        breaker.probed(replica, event.healthy)  # a healthy probe closes a tripped breaker
         replica.probed_at = event.at
         replica.engine_running = event.running
         replica.engine_waiting = event.waiting
@@ -41,18 +41,8 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
             replica.batch_capacity, event.healthy, event.running, event.waiting, turns_wait
         )
         probed.append(replica)
-        if was_healthy != replica.healthy and replica.kind == "generative":
+        if was_usable != health.usable(replica):
             flipped.append(replica)
-    if flipped and state.held:
-        # affinity to these replicas yields (or holds again): re-file the held turns they concern.
-        # A scan of the held turns, but only when a replica's health flips.
-        pinned = {pinned_to(replica.name) for replica in flipped}
-        models = {model for replica in flipped for model in replica.models}
-        concerned = [
-            turn.turn_id
-            for turn in state.held
-            if turn.queue in pinned or (turn.queue[0] == "model" and turn.model in models)
-        ]
-        _refile(state, concerned, at, out)
+    _usability_changed(state, flipped, at, out)
     if probed:
         _fill_least_loaded(state, probed, at, out)

@@ -13,6 +13,10 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                     "reserved_headroom": int,        # slots kept from batch turns
                     "leased": int,                   # slots leased to dataplanes, unused
                     "healthy": bool,                 # true until a probe says otherwise
+                    "draining": bool,                # takes only runs pinned there (rule 16)
+                    "removing": bool,                # takes nothing; leaves when nothing is placed
+                    "tripped": bool,                 # circuit breaker open until a healthy probe
+                    "failures_in_a_row": int,        # turns failed there in a row (engine faults)
                     "probed_s_ago": float | None,    # None before the first probe
                     "running": int | None, "waiting": int | None,   # engine-reported, None = no load
                     "kv_usage": float | None, "cache_hit_rate": float | None}, ...],
@@ -35,12 +39,21 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                    "expired_runs": int, "runs_ended": int, "turns_released_resync": int,
                    "turns_released_lost_dataplane": int,
                    "leased": int, "lease_crossings": int, "leased_off_affinity": int,
-                   "lease_revocations": int},       # leases: rule 14 of decide
+                   "lease_revocations": int,        # leases: rule 14 of decide
+                   "limited_held": int, "limited_token_rate": int,   # refused by a limit (rule 18;
+                   "held_timed_out": int,                            # parts of rejected / held fates)
+                   "breaker_trips": int, "replicas_added": int, "replicas_retired": int},
       "leases": {dataplane_id: {replica: int, ...}, ...},   # unused slots each lessee holds
                                                            # ({} for a lessee holding none)
       "lost_dataplanes": {dataplane_id: float, ...}   # seconds since its last Connect stream ended,
                                                       # until it returns or its turns are released
       "startup_hold_s": float,   # seconds the startup hold (rule 15) still holds turns; 0.0: none
+      "limits": {"on": bool,                       # any held, timeout or rate limit configured
+                 "breaker_failures": int,          # 0: no circuit breaker
+                 "refused": {"held": int, "queue_timeout": int, "token_rate": int},
+                 "refused_by_class": {class: {"held" | "queue_timeout" | "token_rate": int}},
+                 "refused_by_caller": {caller: int, ...},   # at most 1,000 callers, then "*"
+                 "token_buckets": {caller: {class: float}}},  # tokens left, buckets not full only
     }
 
 Every ``oldest_wait_s*`` is 0.0 where nothing of that kind, class or caller is held. The counters
@@ -101,6 +114,10 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
                 "reserved_headroom": headroom.reserved(replica),
                 "leased": replica.leased,
                 "healthy": replica.healthy,
+                "draining": replica.draining,
+                "removing": replica.removing,
+                "tripped": replica.tripped,
+                "failures_in_a_row": replica.failures,
                 "probed_s_ago": None if replica.probed_at is None else max(0.0, now - replica.probed_at),
                 "running": replica.engine_running,
                 "waiting": replica.engine_waiting,
@@ -134,4 +151,27 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         "startup_hold_s": (
             max(0.0, state.hold_until - now) if state.holding and state.hold_until is not None else 0.0
         ),
+        "limits": _limits(state, now),
+    }
+
+
+def _limits(state: State, now: float) -> dict[str, Any]:
+    protection = state.protection
+    buckets: dict[str, dict[str, float]] = {}
+    for (caller, service_class), bucket in state.buckets.items():
+        these = protection.of(caller, service_class)  # type: ignore[arg-type]
+        level = min(these.burst, bucket.level + (these.tokens_per_s or 0.0) * max(0.0, now - bucket.at))
+        buckets.setdefault(caller, {})[service_class] = round(level, 1)
+    c = state.counters
+    return {
+        "on": protection.on,
+        "breaker_failures": protection.breaker_failures,
+        "refused": {
+            "held": c.limited_held,
+            "queue_timeout": c.held_timed_out,
+            "token_rate": c.limited_token_rate,
+        },
+        "refused_by_class": {cls: dict(reasons) for cls, reasons in state.limited_by_class.items()},
+        "refused_by_caller": dict(state.limited_by_caller),
+        "token_buckets": buckets,
     }

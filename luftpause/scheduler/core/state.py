@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
+from luftpause.scheduler.core.policies.limits import Bucket, Protection
 from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
 from luftpause.scheduler.core.policies.run_order import RunOrder
@@ -66,6 +67,14 @@ class Replica:
     """Interactive runs tool-paused here: one slot each is kept from batch turns (headroom)."""
     leased: int = 0
     """Slots leased to dataplanes and not used yet (rule 14): taken, as far as capacity goes."""
+    draining: bool = False
+    """Takes no new run, only turns of runs pinned here (rule 16, :mod:`.policies.draining`)."""
+    removing: bool = False
+    """Being removed: takes no turn, leaves the set when nothing is placed here (rule 16)."""
+    failures: int = 0
+    """Turns failed here in a row with an engine fault (:mod:`.policies.breaker`)."""
+    tripped: bool = False
+    """The circuit breaker took it out of rotation; a healthy probe puts it back (rule 17)."""
 
 
 @dataclass(slots=True)
@@ -143,7 +152,9 @@ class Counters:
     * every arrived turn was admitted, abandoned while held, adopted while held (a resync found it
       running), or is held: ``arrived == admitted + abandoned_held + held_adopted + held``;
       a refused turn (``rejected``) never arrived, and a leased turn counts in ``arrived`` and
-      ``admitted`` alike (``leased`` is a part of ``admitted``, not a third source);
+      ``admitted`` alike (``leased`` is a part of ``admitted``, not a third source); a held turn
+      refused past its queue timeout (``held_timed_out``) left the queue unplaced:
+      ``arrived == admitted + abandoned_held + held_adopted + held_timed_out + held``;
     * every turn that took a slot (``admitted + adopted``) finished, failed, was abandoned, expired,
       was released (by a resync or a lost dataplane) or is still placed: ``admitted + adopted ==
       finished + failed + abandoned_placed + expired_turns + turns_released_resync +
@@ -159,7 +170,8 @@ class Counters:
     finished: int = 0
     failed: int = 0
     rejected: int = 0
-    """Refused at once: an unknown model, or a turn its dataplane had reported abandoned."""
+    """Refused at once: an unknown model, a turn its dataplane had reported abandoned, or a
+    protection limit (``limited_held``, ``limited_token_rate``)."""
     abandoned: int = 0
     """Held or placed turns whose client left before they ran (Admit cancelled or reported):
     ``abandoned_held + abandoned_placed``."""
@@ -185,6 +197,17 @@ class Counters:
     """Leased turns of a run the scheduler had pinned to another healthy replica (a stale dataplane)."""
     lease_revocations: int = 0
     """Leases withdrawn (one per dataplane and replica)."""
+    limited_held: int = 0
+    """Of ``rejected``, turns refused because their caller had its most turns of their class held."""
+    limited_token_rate: int = 0
+    """Of ``rejected``, turns refused because their caller's token bucket for their class was empty."""
+    held_timed_out: int = 0
+    """Held turns refused (429) past their queue timeout: they leave the queue unplaced."""
+    breaker_trips: int = 0
+    """Times a replica's circuit breaker took it out of rotation."""
+    replicas_added: int = 0
+    replicas_retired: int = 0
+    """Removed replicas that left the set (their last turn ended)."""
 
 
 @dataclass(slots=True)
@@ -248,12 +271,30 @@ class State:
     hold_ends: list[tuple[float, str, float]] = field(default_factory=list)
     """Heap of ``(hold end, run id, pause start)`` of every pause hold begun (stale entries are
     dropped when they come up on a tick)."""
+    protection: Protection = field(default_factory=Protection)
+    """Protection limits and the circuit breaker (rules 17, 18, :mod:`.policies.limits`); none by
+    default."""
+    buckets: dict[tuple[str, str], Bucket] = field(default_factory=dict)
+    """``(caller, class)`` -> its token bucket, for the pairs with a token rate that spent any
+    (full ones are dropped on a tick)."""
+    limited_by_caller: dict[str, int] = field(default_factory=dict)
+    """Caller -> its turns refused by a protection limit (at most ``MAX_LIMITED_CALLERS`` callers;
+    the rest counted under ``"*"``)."""
+    limited_by_class: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Class -> reason (``held``, ``queue_timeout``, ``token_rate``) -> turns refused."""
+    removing: set[str] = field(default_factory=set)
+    """Replicas being removed (rule 16): each leaves the set once nothing is placed or leased on it."""
+    next_replica_index: int = 0
+    """The configuration index the next replica added at run time gets (after every other)."""
 
     def balance(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """Both sides of the two balances of :class:`Counters`: ``((arrived, its fates), (turns that
         took a slot, their fates))``; each pair is equal after every event."""
         c = self.counters
-        arrivals = (c.arrived, c.admitted + c.abandoned_held + c.held_adopted + len(self.held))
+        arrivals = (
+            c.arrived,
+            c.admitted + c.abandoned_held + c.held_adopted + c.held_timed_out + len(self.held),
+        )
         ends = (
             c.finished + c.failed + c.abandoned_placed + c.expired_turns + c.turns_released_resync
             + c.turns_released_lost_dataplane + len(self.placed)
@@ -273,6 +314,7 @@ def state_from_replicas(
     resync_hold_s: float = 0.0,
     pause_hold: PauseHold | None = None,
     run_order: RunOrder = "run",
+    protection: Protection | None = None,
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
@@ -282,33 +324,48 @@ def state_from_replicas(
     the startup hold after a restart (rule 15), 0 for none. ``pause_hold``: how long tool-paused
     interactive runs keep headroom (:mod:`.policies.pause_hold`; ``None``: its defaults).
     ``run_order``: which held turn of a caller and class goes first (:mod:`.policies.run_order`).
+    ``protection``: limits and circuit breaker (:mod:`.policies.limits`; ``None``: none).
     """
     replicas: dict[str, Replica] = {}
-    by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
     for index, spec in enumerate(specs):
         replica = Replica(spec.name, tuple(spec.models), spec.kind, spec.max_inflight, index)
+        replica.draining = bool(getattr(spec, "draining", False))  # ``[[replicas]] draining = true``
         replicas[replica.name] = replica
-        for model in replica.models:
-            by_kind[replica.kind].setdefault(model, []).append(replica)
-    return State(
+    state = State(
         replicas,
-        {model: tuple(rs) for model, rs in by_kind["generative"].items()},
-        {model: tuple(rs) for model, rs in by_kind["single_pass"].items()},
+        {},
         dataplane_grace_s=dataplane_grace_s,
         strict_affinity=strict_affinity,
         leasing=leasing,
         resync_hold_s=resync_hold_s,
         pause_hold=pause_hold or PauseHold(),
         run_order=run_order,
+        protection=protection or Protection(),
+        next_replica_index=len(replicas),
     )
+    index_models(state)
+    return state
+
+
+def index_models(state: State) -> None:
+    """Rebuild ``model_replicas`` and ``single_pass_model_replicas`` from ``state.replicas`` (at
+    start, and when the replica set changes: rule 16)."""
+    by_kind: dict[str, dict[str, list[Replica]]] = {"generative": {}, "single_pass": {}}
+    for replica in state.replicas.values():
+        for model in replica.models:
+            by_kind[replica.kind].setdefault(model, []).append(replica)
+    state.model_replicas = {model: tuple(rs) for model, rs in by_kind["generative"].items()}
+    state.single_pass_model_replicas = {model: tuple(rs) for model, rs in by_kind["single_pass"].items()}
 
 
 def new_state(config: Config) -> State:
-    """An empty state for ``config``'s replicas, dataplane grace, affinity, leases and startup hold."""
+    """An empty state for ``config``'s replicas, dataplane grace, affinity, leases, startup hold
+    and protection limits."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
         config.scheduler.strict_affinity,
         config.scheduler.leases,
         config.scheduler.resync_hold_s,
+        protection=config.scheduler.protection.policy(),
     )

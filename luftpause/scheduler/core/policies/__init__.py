@@ -1,7 +1,9 @@
 """Placement policies: small, pure functions, one module each, each naming the signals it reads.
 
 * :mod:`.routing` - which replicas may serve a turn at all (model, replica kind);
-* :mod:`.health` - whether a replica may get turns at all (its last probe);
+* :mod:`.health` - whether a replica may get turns at all (its last probe, breaker, removal);
+* :mod:`.breaker` - a replica failing turns in a row leaves rotation until a healthy probe;
+* :mod:`.draining` - a draining replica takes only its pinned runs, a removing one nothing;
 * :mod:`.affinity` - whether a run is pinned to its last replica (run phase, last replica, health);
 * :mod:`.engine_load` - a replica's effective capacity (engine running / waiting, ``max_inflight``);
 * :mod:`.headroom` - slots kept from batch turns for interactive runs paused on a tool there;
@@ -13,7 +15,8 @@
 * :mod:`.expiry` - when a placed turn or an idle run is given up (placement time, last activity);
 * :mod:`.abandoned` - how long an abandoned turn id is remembered and how its Admit is refused;
 * :mod:`.lost_dataplane` - when a dataplane without a Connect stream is gone for good (time of loss);
-* :mod:`.leases` - which replicas may be leased and how many slots (health, queue, capacity, headroom).
+* :mod:`.leases` - which replicas may be leased and how many slots (health, queue, capacity, headroom);
+* :mod:`.limits` - protection limits (opt-in): held turns, queue timeout, token rate per caller and class.
 
 A later scorer (KV usage, prefix cache hit rate, both recorded from probes already) is a new module
 here, composed in :mod:`luftpause.scheduler.core.decide`.

@@ -1,7 +1,8 @@
 """Engine-load admission: how many turns a replica may have in flight, from what its engine reports.
 
-DESIGN.md: "while a replica's /metrics report no waiting queue, it accepts turns. Once a queue forms,
-luftpause caps in-flight turns at the engine's running count and holds the rest itself."
+docs/architecture.md "Engine-load admission": "while a replica's /metrics report no waiting queue,
+it accepts turns. Once a queue forms, luftpause caps in-flight turns at the engine's running count
+and holds the rest itself."
 
 Read literally, probe by probe, that flips: a probe that sees a queue caps the replica at the
 engine's running count (say 4); the queue drains, the next probe sees none, and the cap is gone,

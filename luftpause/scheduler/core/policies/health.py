@@ -1,9 +1,15 @@
-"""Health: an unhealthy replica gets no turns, and runs pinned to it may move.
+"""Health: an unusable replica gets no turns, and runs pinned to it may move.
 
-Reads: the replica's ``healthy`` flag from its last probe (``ReplicaProbed``: its health path
-failed or timed out). A replica never probed counts as healthy, so a scheduler without probes
-(tests, a first start) places turns as before. A known model whose replicas are all unhealthy is
-not refused: its turns are held until one comes back.
+A replica is unusable while its last probe found it unhealthy (``ReplicaProbed``: its health path
+failed or timed out), while its circuit breaker is tripped (:mod:`.breaker`: turns failed there
+several times in a row; a healthy probe closes it) and while it is being removed
+(:mod:`.draining`).
+
+A replica never probed counts as healthy, so a scheduler without probes (tests, a first start)
+places turns as before. A known model whose replicas are all unusable is not refused: its turns
+are held until one comes back.
+
+Reads: the replica's ``healthy``, ``tripped`` and ``removing`` flags.
 """
 
 from __future__ import annotations
@@ -15,5 +21,6 @@ if TYPE_CHECKING:
 
 
 def usable(replica: Replica) -> bool:
-    """True when ``replica`` may be given turns (its last probe found it healthy, or none ran yet)."""
-    return replica.healthy
+    """True when ``replica`` may be given turns: its last probe found it healthy (or none ran yet),
+    its breaker is closed and it is not being removed."""
+    return replica.healthy and not replica.tripped and not replica.removing

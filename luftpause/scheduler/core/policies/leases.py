@@ -7,7 +7,7 @@ outcome: a replica that is healthy, whose engine reports no queue, and that no h
 now: effective capacity less the headroom kept for tool-paused interactive runs less the turns
 placed there less the slots already leased; so a leased batch turn never takes a kept slot.
 
-Reads: the replica's kind, health, engine ``waiting`` count, effective capacity
+Reads: the replica's kind, health, ``draining`` flag, engine ``waiting`` count, effective capacity
 (:mod:`.engine_load`), headroom (:mod:`.headroom`), ``inflight`` and ``leased``; the number of
 lessees and what each holds.
 """
@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 
 
 def grantable(replica: Replica) -> bool:
-    """True when ``replica`` may be leased at all: generative, healthy, its engine not queueing."""
+    """True when ``replica`` may be leased at all: generative, usable, not draining (a lease may
+    place a new run: :mod:`.draining`), its engine not queueing."""
     waiting = replica.engine_waiting
-    return replica.kind == "generative" and health.usable(replica) and (waiting is None or waiting <= 0)
+    return (
+        replica.kind == "generative"
+        and health.usable(replica)
+        and not replica.draining
+        and (waiting is None or waiting <= 0)
+    )
 
 
 def room(replica: Replica) -> int:

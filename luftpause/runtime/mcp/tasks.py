@@ -1,0 +1,606 @@
+"""The MCP Tasks extension (``io.modelcontextprotocol/tasks``) for ``run``: a task instead of a
+blocking call, recorded in ``tasks.jsonl`` beside ``runs.jsonl``.
+
+Spec followed: the Tasks extension document for protocol revision 2026-07-28
+(``modelcontextprotocol/ext-tasks``, ``specification/2026-07-28/tasks.md``, from SEP-2663), with
+input requests shaped as in the 2026-07-28 multi round-trip requests pattern. The ``mcp`` SDK
+2.3.0 has no Tasks support; this is built on its public extension API (``mcp.server.extension``:
+an :class:`Extension` with three ``MethodBinding`` s and a ``tools/call`` interceptor), not by
+patching it.
+
+Wire shapes (JSON, camelCase; all on 2026-07-28 only)::
+
+    tools/call run(...)     from a request whose client capabilities declare the extension
+        -> {"resultType": "task", "taskId", "status": "working", "statusMessage",
+            "createdAt", "lastUpdatedAt", "ttlMs": null, "pollIntervalMs"}       CreateTaskResult
+    tasks/get    {"taskId"}
+        -> {"resultType": "complete", "taskId", "status", "statusMessage"?, "createdAt",
+            "lastUpdatedAt", "ttlMs", "pollIntervalMs",
+            "inputRequests"   (input_required: {"approve:<approval id>":
+                               {"method": "elicitation/create", "params": {"mode": "form",
+                                "message", "requestedSchema": {allow: boolean}}}}),
+            "result"          (completed: the CallToolResult that a blocking ``run`` answers,
+                               ``{"content", "structuredContent": {"runs": [run result],
+                               "timedOut": false}, "isError": false}``),
+            "error"           (failed: a JSON-RPC error object {"code", "message"})}
+    tasks/update {"taskId", "inputResponses": {"approve:<approval id>":
+                                               {"action": "accept", "content": {"allow": bool}}
+                                               | {"action": "decline"}}}     -> {} (ack)
+    tasks/cancel {"taskId"}                                                  -> {} (ack)
+
+Timestamps are ISO 8601 UTC; ``ttlMs`` (integer milliseconds from ``createdAt``) is ``null`` while
+the task is open, since a task is never discarded while its run goes on, and once it ended says
+when it will be dropped (:data:`DEFAULT_RETENTION_SECONDS` after its end).
+
+Task states follow the run (:mod:`luftpause.runtime.runs.registry`):
+
+* ``working``: the run is running. A run that waits for approval while the client that created
+  the task did not declare form elicitation also shows ``working``, with a ``statusMessage`` that
+  says so: that client can answer only with the ``approve`` tool.
+* ``input_required``: the run waits for approval of a tool call (:mod:`luftpause.runtime.agent.approvals`)
+  and the creating request declared form elicitation; ``inputRequests`` holds the question (one
+  boolean field ``allow``), keyed ``approve:<approval id>``, a key never reused within the task.
+  ``tasks/update`` answers it (``accept`` with ``allow``, or ``decline`` = refused); the task goes
+  back to ``working``. Keys not outstanding and answers without a decision are ignored, as the spec
+  says. ``approve`` works too.
+* ``completed``: the run ended (completed, failed, or cancelled by ``cancel``, a parent or a budget);
+  ``result`` is exactly what a blocking ``run`` would have answered for it (a failed *run* is a tool
+  result, not a JSON-RPC error, so its task is ``completed``, as the spec requires).
+* ``cancelled``: ``tasks/cancel`` stopped the run, cascading to its running descendants as the
+  ``cancel`` tool does. A run that had already ended keeps its task ``completed``.
+* ``failed``: the runtime stopped (crash or shutdown) while the task was open. On the next start
+  the task is failed with a JSON-RPC internal error saying so, while its run resumes from its
+  journal as every run does: ``await`` its handle (named in the message) for the answer.
+
+Errors (JSON-RPC): ``-32602`` for an unknown or dropped ``taskId``; ``-32021`` (missing required
+client capability) when the request does not declare the extension. Other clients, and
+2025-era connections, get the blocking ``run``.
+
+Journal: ``<state_dir>/tasks.jsonl``, written like ``runs.jsonl`` (:mod:`luftpause.runtime.runs.journal`:
+one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning)::
+
+    {"type": "task", "taskId", "handle", "at", "elicits"}    created, written before the
+                                                             CreateTaskResult is sent
+    {"type": "end", "taskId", "handle", "at", "status", "statusMessage"?, "result"?, "error"?}
+                                                             the task reached a terminal state
+
+``working`` and ``input_required`` are not journaled: they are read from the run, and after a
+restart no task is in either. On start the journal is replayed, open tasks are failed (an ``end``
+record each) and the file is rewritten with the tasks still kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from mcp import MCPError
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import require_client_extension
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    InputRequiredResult,
+    InputResponses,
+    RequestParams,
+)
+from pydantic import Field
+
+from luftpause.runtime.agent.approvals import Approvals, PendingApproval
+from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
+from luftpause.runtime.runs.journal import Journal, Record
+from luftpause.runtime.runs.registry import Run, RunRegistry
+
+log = logging.getLogger("luftpause.runtime.mcp.tasks")
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+"""The extension's identifier (client and server capabilities ``extensions``)."""
+
+TASKS_PROTOCOL_VERSIONS = frozenset({"2026-07-28"})
+"""Protocol revisions whose requests may get tasks (the extension's spec is for 2026-07-28;
+2025-11-25 had a different, core Tasks feature that this runtime does not serve)."""
+
+TASK_TOOLS = frozenset({"run"})
+"""Tools that answer with a task to a client that declared the extension."""
+
+TASKS_JOURNAL_NAME = "tasks.jsonl"
+
+POLL_INTERVAL_MS = 1000
+"""The ``pollIntervalMs`` suggested to clients: a run's turns take seconds, so polling faster
+learns nothing sooner."""
+
+DEFAULT_RETENTION_SECONDS = 3600.0
+"""How long an ended task is kept (seconds), as long as a finished run is."""
+
+DEFAULT_MAX_ENDED = 10_000
+"""Most ended tasks kept; past it the oldest ended are dropped first."""
+
+WATCH_SECONDS = 3600.0
+"""Longest single wait of a task's watcher (a wait needs a finite bound; it just waits again)."""
+
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+class TaskIdParams(RequestParams):
+    """Params of ``tasks/get`` and ``tasks/cancel``: ``{"taskId"}`` (and the usual ``_meta``)."""
+
+    task_id: str = Field(min_length=1)
+
+
+class TaskUpdateParams(TaskIdParams):
+    """Params of ``tasks/update``: ``{"taskId", "inputResponses"}``, keyed like the task's
+    ``inputRequests`` (MRTR ``InputResponses``)."""
+
+    input_responses: InputResponses
+
+
+def iso8601(seconds: float) -> str:
+    """Unix ``seconds`` as an ISO 8601 UTC timestamp with milliseconds (``...T10:30:00.000Z``)."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_task_id() -> str:
+    """A fresh task id, ``task-`` and 32 hex digits (128 random bits: unguessable, since any
+    client that knows it may poll or cancel the task)."""
+    return f"task-{secrets.token_hex(16)}"
+
+
+@dataclass(eq=False)
+class Task:
+    """One task: the ``run`` call of a client with the extension, bound to the run ``handle``.
+
+    ``elicits``: whether the creating request declared form elicitation (approvals are then asked
+    as ``input_required``). Times are Unix seconds. ``status`` is the last state observed (for
+    ``lastUpdatedAt``); ``result`` (completed: the CallToolResult wire object) and ``error``
+    (failed: a JSON-RPC error object) are set once it ended.
+    """
+
+    task_id: str
+    handle: str
+    created_at: float
+    elicits: bool
+    updated_at: float = 0.0
+    status: TaskStatus = "working"
+    status_message: str | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    ended_at: float | None = None
+    cancel_requested: bool = False
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL
+
+    def created_record(self) -> Record:
+        return {
+            "type": "task",
+            "taskId": self.task_id,
+            "handle": self.handle,
+            "at": self.created_at,
+            "elicits": self.elicits,
+        }
+
+    def end_record(self) -> Record:
+        record: Record = {
+            "type": "end",
+            "taskId": self.task_id,
+            "handle": self.handle,
+            "at": self.ended_at,
+            "status": self.status,
+        }
+        extra = (("statusMessage", self.status_message), ("result", self.result), ("error", self.error))
+        for key, value in extra:
+            if value is not None:
+                record[key] = value
+        return record
+
+
+class TaskSlot:
+    """Where the ``run`` tool leaves the task it created, for the interceptor to answer with.
+
+    The interceptor opens one (a context variable) only for a request that may get a task; the
+    tool learns from :func:`task_slot` that it should create one instead of waiting.
+    """
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+
+
+_slot: contextvars.ContextVar[TaskSlot | None] = contextvars.ContextVar("luftpause_task_slot", default=None)
+
+
+def task_slot() -> TaskSlot | None:
+    """The slot of the current ``tools/call`` when it may be answered with a task, else ``None``."""
+    return _slot.get()
+
+
+def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether this request declared the extension in its client capabilities, on a protocol
+    revision the extension is defined for."""
+    if ctx.protocol_version not in TASKS_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    extensions = capabilities.extensions if capabilities is not None else None
+    return extensions is not None and TASKS_EXTENSION in extensions
+
+
+class TaskJournal(Journal):
+    """``tasks.jsonl``: the runs journal's format rules (:class:`Journal`) under another name.
+    Every record carries the run's ``handle``, which the shared reader requires."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir)
+        self.path = state_dir / TASKS_JOURNAL_NAME
+
+
+class TaskRegistry:
+    """Every task of this runtime, its journal, and a watcher per open task.
+
+    Use as an async context manager inside the server's lifespan, after the run registry is
+    entered (so that it is left before the runs are stopped: a task open at shutdown stays open in
+    the journal and is failed on the next start). ``render_result`` turns ``run``'s answer
+    (``{"runs": [...], "timedOut": false}``) into its CallToolResult exactly as the SDK does for the
+    tool (:func:`luftpause.runtime.mcp.spawn_tools.render_run_result`).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        runs: RunRegistry,
+        approvals: Approvals,
+        render_result: Callable[[dict[str, Any]], CallToolResult | InputRequiredResult],
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        max_ended: int = DEFAULT_MAX_ENDED,
+    ) -> None:
+        self.journal = TaskJournal(state_dir)
+        self.runs = runs
+        self.approvals = approvals
+        self.retention_seconds = retention_seconds
+        self.max_ended = max_ended
+        self.render_result = render_result
+        self._tasks: dict[str, Task] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._group: asyncio.TaskGroup | None = None
+
+    async def __aenter__(self) -> TaskRegistry:
+        had_records = self._replay()
+        self.journal.open(snapshot=self.snapshot)
+        for task in list(self._tasks.values()):
+            if not task.ended:
+                message = (
+                    f"the luftpause runtime restarted while this task was open; its run {task.handle} "
+                    f"resumed and goes on: await {task.handle} for its answer"
+                )
+                self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
+        if had_records:
+            self.journal.compact_later(self.snapshot())
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        group, self._group = self._group, None
+        for watcher in self._watchers.values():
+            watcher.cancel()
+        try:
+            if group is not None:
+                await group.__aexit__(exc_type, exc, tb)
+        finally:
+            self.journal.close()
+
+    # Creating and reading tasks.
+
+    async def create(self, run: Run, *, elicits: bool) -> Task:
+        """A new task for ``run`` (already started), journaled durably (written and fsynced, as
+        SEP-2663 asks) before it is returned, and watched until the run ends. Raises
+        ``RuntimeError`` outside the lifespan, :class:`~luftpause.runtime.runs.journal.JournalWriteError`
+        when the task could not be journaled (it is then not kept)."""
+        if self._group is None:
+            raise RuntimeError("the task registry is not open (outside the server's lifespan)")
+        now = time.time()
+        task = Task(task_id=new_task_id(), handle=run.handle, created_at=now, updated_at=now, elicits=elicits)
+        task.status_message = f"run {run.handle} started"
+        self._evict()
+        await self.journal.write(task.created_record())
+        if self._group is None:
+            raise RuntimeError("the task registry closed while the task was journaled")
+        self._tasks[task.task_id] = task
+        self._watchers[task.task_id] = self._group.create_task(self._watch(task, run), name=task.task_id)
+        return task
+
+    def get(self, task_id: str) -> Task:
+        """The task ``task_id``, its state brought up to date with its run. Raises ``MCPError``
+        ``-32602`` for an unknown (or dropped) task."""
+        self._evict()
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"Failed to retrieve task: no task {task_id!r} (unknown, or ended more than "
+                f"{self.retention_seconds:g} s ago and dropped)",
+            )
+        if not task.ended:
+            self._observe(task)
+        return task
+
+    def describe(self, task: Task) -> dict[str, Any]:
+        """The task on the wire (``Task`` with its status's fields: ``inputRequests``, ``result``
+        or ``error``), as ``tasks/get`` answers it; see the module docstring."""
+        out: dict[str, Any] = {
+            "taskId": task.task_id,
+            "status": task.status,
+            "createdAt": iso8601(task.created_at),
+            "lastUpdatedAt": iso8601(task.updated_at),
+            "ttlMs": None,
+            "pollIntervalMs": POLL_INTERVAL_MS,
+        }
+        if task.status_message is not None:
+            out["statusMessage"] = task.status_message
+        if task.ended and task.ended_at is not None:
+            out["ttlMs"] = int((task.ended_at + self.retention_seconds - task.created_at) * 1000)
+        if task.status == "input_required":
+            out["inputRequests"] = self._input_requests(task)
+        elif task.status == "completed":
+            out["result"] = task.result
+        elif task.status == "failed":
+            out["error"] = task.error
+        return out
+
+    def update(self, task_id: str, responses: InputResponses) -> int:
+        """``tasks/update``: apply the answers to the task's outstanding approval questions (one
+        input request each); returns how many were applied (others are ignored, as the spec
+        says). Raises ``MCPError`` ``-32602`` for an unknown task."""
+        task = self.get(task_id)
+        if task.ended:
+            return 0
+        applied = 0
+        for approval in self._outstanding(self._run_of(task)):
+            answer = responses.get(f"{INPUT_KEY_PREFIX}{approval.id}")
+            allow = allow_of(answer) if answer is not None else None
+            if allow is not None and self.approvals.decide(approval, allow):
+                applied += 1
+        if applied:
+            self._observe(task)
+        return applied
+
+    def cancel(self, task_id: str) -> None:
+        """``tasks/cancel``: cancel the task's run and its running descendants (as ``cancel``
+        does); the task ends ``cancelled`` unless the run had already ended. Raises ``MCPError``
+        ``-32602`` for an unknown task."""
+        task = self.get(task_id)
+        if task.ended:
+            return
+        task.cancel_requested = True
+        try:
+            self.runs.cancel(task.handle, reason=f"cancelled by tasks/cancel of {task.task_id}")
+        except RuntimeFault:
+            pass  # the run is gone; _observe below ends the task
+        self._observe(task)
+
+    # State.
+
+    def _run_of(self, task: Task) -> Run | None:
+        try:
+            return self.runs.get(task.handle)
+        except RuntimeFault:
+            return None
+
+    @staticmethod
+    def _outstanding(run: Run | None) -> list[PendingApproval]:
+        """The approvals ``run`` waits on, but those already answered: the run clears them only
+        when it resumes, and an answered question must not be asked again meanwhile."""
+        if run is None or run.done:
+            return []
+        return run.approvals.open()
+
+    def _input_requests(self, task: Task) -> dict[str, Any]:
+        return {
+            f"{INPUT_KEY_PREFIX}{approval.id}": input_request(approval).model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            )
+            for approval in self._outstanding(self._run_of(task))
+        }
+
+    def _live(self, task: Task, run: Run) -> tuple[TaskStatus, str]:
+        """The open task's status and message as its running ``run`` stands now."""
+        pending = self._outstanding(run)
+        if pending:
+            tools = ", ".join(repr(a.tool) for a in pending)
+            what = f"run {run.handle} waits for approval of {len(pending)} call(s): {tools}"
+            if task.elicits:
+                return "input_required", what
+            return (
+                "working",
+                f"{what}: answer with the approve tool (your client did not declare form elicitation)",
+            )
+        return (
+            "working",
+            f"run {run.handle} is running: {run.costs.turns} turns, {run.costs.tool_calls} tool calls",
+        )
+
+    def _observe(self, task: Task) -> None:
+        """Bring an open task up to date with its run: end it once the run ended, else follow
+        ``working`` / ``input_required`` (stamping ``lastUpdatedAt`` when the status changes)."""
+        if task.ended:
+            return
+        run = self._run_of(task)
+        if run is None:  # dropped while the task was open: only possible if a watcher died
+            message = f"run {task.handle} is no longer held by the runtime"
+            self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
+            return
+        if run.done:
+            if run.interrupted:  # the runtime is stopping: the task stays open, failed on restart
+                return
+            if task.cancel_requested and run.state == "cancelled":
+                self._end(task, "cancelled", run.error or "cancelled")
+                return
+            payload = {"runs": [self.runs.result(run)], "timedOut": False}
+            self._end(task, "completed", f"run {run.handle} {run.state}", result=self._render(payload))
+            return
+        status, message = self._live(task, run)
+        if status != task.status:
+            task.updated_at = time.time()
+        task.status, task.status_message = status, message
+
+    def _render(self, payload: dict[str, Any]) -> dict[str, Any]:
+        result = self.render_result(payload)
+        if not isinstance(result, CallToolResult):  # run answers a dict, never an input request here
+            raise TypeError(f"run's result rendered as {type(result).__name__}, not a CallToolResult")
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def _end(
+        self,
+        task: Task,
+        status: TaskStatus,
+        message: str,
+        *,
+        result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        now = time.time()
+        task.status, task.status_message = status, message
+        task.result, task.error = result, error
+        task.updated_at = task.ended_at = now
+        self.journal.append(task.end_record())
+
+    async def _watch(self, task: Task, run: Run) -> None:
+        """Follow ``run`` until it ends, so the task's end is journaled when it happens (not when
+        someone next polls) and ``lastUpdatedAt`` is the time of each status change."""
+        try:
+            while not task.ended and not run.done:
+                self._observe(task)
+                await self.runs.wait(
+                    [run], "all", WATCH_SECONDS, interrupt=lambda: self._live(task, run)[0] != task.status
+                )
+            self._observe(task)
+        except Exception as exc:  # a fault here must fail this task, never the other watchers
+            log.exception("task %s: its watcher failed", task.task_id)
+            if not task.ended:
+                message = f"internal error of the luftpause runtime following run {task.handle}: {exc!r}"
+                self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
+        finally:
+            self._watchers.pop(task.task_id, None)
+
+    def _evict(self) -> None:
+        """Drop ended tasks past their retention, then the oldest ended beyond the cap."""
+        cutoff = time.time() - self.retention_seconds
+        ended = sorted((t for t in self._tasks.values() if t.ended), key=lambda t: t.ended_at or 0.0)
+        excess = len(ended) - self.max_ended
+        for index, task in enumerate(ended):
+            if (task.ended_at or 0.0) > cutoff and index >= excess:
+                break
+            del self._tasks[task.task_id]
+
+    # The journal.
+
+    def snapshot(self) -> Iterator[Record]:
+        """Records that rebuild every held task (compaction)."""
+        for task in list(self._tasks.values()):
+            yield task.created_record()
+            if task.ended:
+                yield task.end_record()
+
+    def _replay(self) -> bool:
+        """Rebuild the tasks of ``tasks.jsonl``; whether it held any record."""
+        seen = False
+        for record in self.journal.records():
+            seen = True
+            kind, task_id = record.get("type"), record.get("taskId")
+            try:
+                if not isinstance(task_id, str):
+                    raise TypeError("taskId is not a string")
+                if kind == "task":
+                    at = float(record["at"])
+                    self._tasks[task_id] = Task(
+                        task_id=task_id,
+                        handle=str(record["handle"]),
+                        created_at=at,
+                        updated_at=at,
+                        elicits=bool(record.get("elicits")),
+                    )
+                elif kind == "end":
+                    task = self._tasks[task_id]
+                    status = record["status"]
+                    if status not in TERMINAL:
+                        raise ValueError(f"not a terminal status: {status!r}")
+                    task.status = status
+                    task.status_message = record.get("statusMessage")
+                    task.result = record.get("result")
+                    task.error = record.get("error")
+                    task.ended_at = task.updated_at = float(record["at"])
+                else:
+                    raise ValueError(f"unknown record type {kind!r}")
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("%s: a %s record of %s skipped: %r", self.journal.path, kind, task_id, exc)
+        self._evict()
+        return seen
+
+
+class TasksExtension(Extension):
+    """The SDK extension: ``tasks/get``, ``tasks/update``, ``tasks/cancel`` on 2026-07-28, and a
+    ``tools/call`` interceptor that lets ``run`` answer with a task to a client that declared
+    the extension in that request (:func:`task_slot`)."""
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self, tasks: TaskRegistry) -> None:
+        self.tasks = tasks
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return (
+            MethodBinding("tasks/get", TaskIdParams, self._get, TASKS_PROTOCOL_VERSIONS),
+            MethodBinding("tasks/update", TaskUpdateParams, self._update, TASKS_PROTOCOL_VERSIONS),
+            MethodBinding("tasks/cancel", TaskIdParams, self._cancel, TASKS_PROTOCOL_VERSIONS),
+        )
+
+    async def intercept_tool_call(
+        self,
+        params: CallToolRequestParams,
+        ctx: ServerRequestContext[Any, Any],
+        call_next: CallNext,
+    ) -> HandlerResult:
+        if params.name not in TASK_TOOLS or not declares_tasks(ctx):
+            return await call_next(ctx)
+        slot = TaskSlot()
+        token = _slot.set(slot)
+        try:
+            result = await call_next(ctx)
+        finally:
+            _slot.reset(token)
+        if slot.task is None:  # refused (bad arguments) or answered without a task: as it is
+            return result
+        return {"resultType": "task", **self.tasks.describe(slot.task)}
+
+    async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
+        require_client_extension(ctx, TASKS_EXTENSION)
+        return {"resultType": "complete", **self.tasks.describe(self.tasks.get(params.task_id))}
+
+    async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> HandlerResult:
+        require_client_extension(ctx, TASKS_EXTENSION)
+        self.tasks.update(params.task_id, params.input_responses)
+        return {"resultType": "complete"}
+
+    async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
+        require_client_extension(ctx, TASKS_EXTENSION)
+        self.tasks.cancel(params.task_id)
+        return {"resultType": "complete"}
