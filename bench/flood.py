@@ -31,6 +31,13 @@ replicas keep the configuration's default ``max_inflight`` (32), above the engin
 scheduler admits by the engines' reported load rather than by a count equal to the slots
 (``--max-inflight`` overrides it).
 
+``--engine llama-server`` runs the same comparison on real inference: ``--replicas`` llama.cpp
+``llama-server`` replicas on CPU (SmolLM2-135M, ``--slots`` slots and ``--threads`` threads each;
+built once by ``bench/engines/llama_server.sh build`` and ``model``), the agents' tool rounds made
+by the agents themselves (``--tool-rounds-by agent``: this model never calls tools), and the
+engines reached directly (``direct``, agents spread over them) measured too; every figure is then
+REAL ENGINE, and the JSON carries ``"simulated": false`` and the llama.cpp build.
+
 ``--json PATH`` writes ``{"simulated": true, "settings": {...}, "flood": [rows], "control":
 [rows]}``, each row ``{"arrangement", "interactiveRunsPerMinute", "interactiveRunTimeP50",
 "batchRunsPerMinute", "cacheHitRate", "failed", "repetitions": [...]}``.
@@ -51,13 +58,15 @@ from typing import Any
 
 from pools import (
     ARRANGEMENTS,
+    DIRECT,
     SMG_HEADERS,
+    LlamaEngines,
     Pool,
     unavailable,
 )  # bench/ is on sys.path: this script's directory
 
-from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.agents import AgentGroup, AgentSettings, closed_loop
+from luftpause.testkit import llama_server
+from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, closed_loop
 from luftpause.testkit.loadgen import summarize_agents
 
 
@@ -72,6 +81,7 @@ class Load:
     context_tokens: int
     tool_seconds: float
     max_tokens: int
+    tool_rounds_by: str = "model"
 
     def groups(self, arrangement: str = "") -> list[AgentGroup]:
         """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``."""
@@ -85,15 +95,23 @@ class Load:
         return groups
 
 
-def measure(arrangement: str, load: Load, engine_args: list[str], max_inflight: int | None) -> dict[str, Any]:
+def measure(
+    arrangement: str,
+    load: Load,
+    engine_args: list[str],
+    max_inflight: int | None,
+    llama: LlamaEngines | None = None,
+) -> dict[str, Any]:
     """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary."""
     with (
         tempfile.TemporaryDirectory(prefix=f"flood-{arrangement}-") as tmp,
-        Pool(Path(tmp), arrangement, engine_args, max_inflight, load.interactive_agents) as pool,
+        Pool(Path(tmp), arrangement, engine_args, max_inflight, load.interactive_agents, llama) as pool,
     ):
         settings = AgentSettings(
             proxy=pool.url,
-            model=DEFAULT_MODEL,
+            spread=pool.spread,
+            tool_rounds_by=load.tool_rounds_by,
+            model=pool.model,
             task="Research the question with the lookup tool, then answer briefly.",
             tool_rounds=load.tool_rounds,
             context_tokens=load.context_tokens,
@@ -142,13 +160,14 @@ def run_series(
     repeat: int,
     engine_args: list[str],
     max_inflight: int | None,
+    llama: LlamaEngines | None = None,
 ) -> list[dict[str, Any]]:
     passes: dict[str, list[dict[str, Any]]] = {a: [] for a in arrangements}
     for rep in range(repeat):
         order = arrangements[rep % len(arrangements) :] + arrangements[: rep % len(arrangements)]
         for arrangement in order:
             started = time.monotonic()
-            row = row_of(measure(arrangement, load, engine_args, max_inflight))
+            row = row_of(measure(arrangement, load, engine_args, max_inflight, llama))
             print(
                 f"{name} #{rep + 1} {arrangement}: {row} ({time.monotonic() - started:.0f} s)",
                 file=sys.stderr,
@@ -157,7 +176,9 @@ def run_series(
     return [median_row(a, passes[a]) for a in arrangements]
 
 
-def render(title: str, rows: list[dict[str, Any]], skipped: dict[str, str]) -> str:
+def render(
+    title: str, rows: list[dict[str, Any]], skipped: dict[str, str], engines: str = "SIMULATED engines"
+) -> str:
     base = next((r for r in rows if r["arrangement"] == "router"), None)
 
     def cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -171,7 +192,7 @@ def render(title: str, rows: list[dict[str, Any]], skipped: dict[str, str]) -> s
 
     against = "ratios against the router" if base is not None else "the router not measured, no ratios"
     lines = [
-        f"{title} (SIMULATED engines; {against})",
+        f"{title} ({engines}; {against})",
         f"{'arrangement':<24}{'interactive runs/min':>26}{'interactive p50 s':>24}"
         f"{'batch runs/min':>24}{'cache hits':>20}{'failed':>8}",
     ]
@@ -222,26 +243,53 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--arrangements",
-        default=",".join(ARRANGEMENTS),
-        help=f"comma-separated, of {', '.join(ARRANGEMENTS)}",
+        default=None,
+        help=f"comma-separated, of {', '.join((*ARRANGEMENTS, DIRECT))} "
+        f"(default: {', '.join(ARRANGEMENTS)}, and {DIRECT} on llama-server)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("sim", "llama-server"),
+        default="sim",
+        help="sim: the simulator (default); llama-server: real llama.cpp replicas on CPU",
+    )
+    parser.add_argument("--replicas", type=int, default=2, help="llama-server replicas (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="threads per llama-server (default 1)")
+    parser.add_argument(
+        "--tool-rounds-by",
+        choices=TOOL_ROUNDS_BY,
+        default=None,
+        help="who makes a tool round (default: model on sim, agent on llama-server)",
     )
     parser.add_argument("--no-control", action="store_true", help="skip the light-load control")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    wanted = [a for a in args.arrangements.split(",") if a]
-    if unknown := [a for a in wanted if a not in ARRANGEMENTS]:
-        parser.error(f"unknown arrangements {unknown}; choose from {ARRANGEMENTS}")
+    real = args.engine == "llama-server"
+    default = [*ARRANGEMENTS, DIRECT] if real else list(ARRANGEMENTS)
+    wanted = [a for a in args.arrangements.split(",") if a] if args.arrangements else default
+    if unknown := [a for a in wanted if a not in (*ARRANGEMENTS, DIRECT)]:
+        parser.error(f"unknown arrangements {unknown}; choose from {(*ARRANGEMENTS, DIRECT)}")
+    llama: LlamaEngines | None = None
+    installed = llama_server.find()
+    if real:
+        if installed is None:
+            parser.error(llama_server.missing())
+        options = llama_server.ReplicaOptions(parallel=args.slots, threads=args.threads)
+        llama = LlamaEngines(args.replicas, options)
     skipped = {a: why for a in wanted if (why := unavailable(a))}
     arrangements = [a for a in wanted if a not in skipped]
+    tool_rounds_by = args.tool_rounds_by or ("agent" if real else "model")
+    # agent-made tool rounds stand for a model that never calls tools: the simulated one makes none
+    model_rounds = str(0 if tool_rounds_by == "agent" else args.tool_rounds)
     engine_args = [
         "--slots", str(args.slots), "--prefill-ms-per-1k", "40", "--decode-ms", "8",
         "--batch-slowdown", "0.05",
-        "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
+        "--tool-rounds", model_rounds, "--time-scale", str(args.time_scale),
     ]  # fmt: skip
     if args.profile:
         engine_args = [
             "--profile", args.profile, "--max-running", str(args.slots),
-            "--tool-rounds", str(args.tool_rounds), "--time-scale", str(args.time_scale),
+            "--tool-rounds", model_rounds, "--time-scale", str(args.time_scale),
         ]  # fmt: skip
     if args.cache_tokens is not None:
         engine_args += ["--cache-tokens", str(args.cache_tokens)]
@@ -251,26 +299,35 @@ def main(argv: list[str] | None = None) -> int:
         "context_tokens": args.context_tokens,
         "tool_seconds": args.tool_seconds,
         "max_tokens": args.max_tokens,
+        "tool_rounds_by": tool_rounds_by,
     }
     flood = Load(args.batch, args.interactive, **common)
+    engines = "SIMULATED engines"
+    engine_settings: list[str] | dict[str, Any] = engine_args
+    if llama is not None and installed is not None:
+        engines = f"REAL ENGINE: {llama.replicas} x llama-server, {args.slots} slots, CPU, SmolLM2-135M"
+        engine_settings = {
+            "llamaServer": installed.revision(),
+            "replicas": llama.replicas,
+            "argv": llama_server.replica_argv(installed, 0, llama.options)[1:],
+        }
     result: dict[str, Any] = {
-        "simulated": True,
+        "simulated": not real,
         "settings": {
-            "engine": engine_args,
+            "engine": engine_settings,
             "flood": vars(flood),
             "repeat": args.repeat,
             "maxInflight": args.max_inflight,
             "skipped": skipped,
         },
     }
-    result["flood"] = run_series("flood", flood, arrangements, args.repeat, engine_args, args.max_inflight)
-    print(render("Interactive under a batch flood", result["flood"], skipped))
+    series = (arrangements, args.repeat, engine_args, args.max_inflight, llama)
+    result["flood"] = run_series("flood", flood, *series)
+    print(render("Interactive under a batch flood", result["flood"], skipped, engines))
     if not args.no_control:
         control = Load(0, args.interactive, **common)
-        result["control"] = run_series(
-            "control", control, arrangements, args.repeat, engine_args, args.max_inflight
-        )
-        print(render("Light-load control (no queue)", result["control"], skipped))
+        result["control"] = run_series("control", control, *series)
+        print(render("Light-load control (no queue)", result["control"], skipped, engines))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

@@ -1,11 +1,17 @@
-"""Two fresh simulated engine replicas and one arrangement in front of them, as real processes;
-shared by ``flood.py`` and ``fanout.py``.
+"""Two fresh engine replicas and one arrangement in front of them, as real processes; shared by
+``flood.py`` and ``fanout.py``.
+
+Engines: the simulator (``luftpause fake-engine``, the default) or, with ``llama=LlamaEngines(...)``,
+real llama.cpp ``llama-server`` replicas on CPU serving SmolLM2-135M
+(:mod:`luftpause.testkit.llama_server`; built once by ``bench/engines/llama_server.sh``).
 
 Arrangements: ``router`` (SGLang's router, ``--policy cache_aware``, its Prometheus exporter on a
 free port rather than its fixed default :29000), ``smg`` (SGLang Model Gateway 1.13 at its best for
 a flood, see :data:`SMG_YAML`), ``luftpause`` (scheduler + dataplane) and
 ``luftpause-no-affinity`` (the same with ``[scheduler] strict_affinity = false``: runs may move
-between replicas). Every process is
+between replicas); and, when asked for, ``direct`` (nothing in front: ``url`` is empty and
+``spread`` lists the engines, one agent to each in turn, as a client-side list of servers would).
+Every process is
 a :class:`luftpause.testkit.procs.ChildProcess` in its own session, stopped with its whole process
 group when the pool closes.
 """
@@ -14,12 +20,25 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from luftpause.config import DEFAULT_MODEL
+from luftpause.testkit import llama_server
 from luftpause.testkit.procs import ChildProcess, free_port
 
 ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity")
+DIRECT = "direct"
+"""The engines with nothing in front; measured when asked for (flood.py's default for llama-server)."""
+
+
+@dataclass(frozen=True)
+class LlamaEngines:
+    """``replicas`` llama-server replicas, each run with ``options`` (slots, threads, context)."""
+
+    replicas: int = 2
+    options: llama_server.ReplicaOptions = field(default_factory=llama_server.ReplicaOptions)
+
 
 SMG_HEADERS = {"interactive": "interactive", "batch": "bulk"}
 """The ``x-smg-priority`` class each service class's agents send through SGLang Model Gateway."""
@@ -50,6 +69,8 @@ def unavailable(arrangement: str) -> str | None:
         return "sglang-router is not installed (pip install sglang-router==0.3.2)"
     if arrangement == "smg" and importlib.util.find_spec("smg") is None:
         return "SGLang Model Gateway is not installed (pip install smg)"
+    if arrangement not in (*ARRANGEMENTS, DIRECT):
+        return f"unknown arrangement {arrangement!r}"
     return None
 
 
@@ -66,14 +87,19 @@ class Pool:
         engine_args: list[str],
         max_inflight: int | None = None,
         interactive_agents: int = 4,
+        llama: LlamaEngines | None = None,
     ) -> None:
         self.workdir = workdir
         self.arrangement = arrangement
         self.interactive_agents = interactive_agents
         self.engine_args = engine_args
         self.max_inflight = max_inflight
+        self.llama = llama
         self.children: list[ChildProcess] = []
         self.url = ""
+        self.model = DEFAULT_MODEL if llama is None else llama_server.MODEL_NAME
+        self.engines: list[str] = []
+        self.spread: tuple[str, ...] = ()
 
     def __enter__(self) -> Pool:
         try:
@@ -91,7 +117,16 @@ class Pool:
         self.children.append(child.start())
         child.wait_ready(timeout)
 
-    def _start(self) -> None:
+    def _start_engines(self) -> list[str]:
+        if self.llama is not None:
+            installed = llama_server.find()
+            if installed is None:
+                raise RuntimeError(llama_server.missing())
+            ports = [free_port() for _ in range(self.llama.replicas)]
+            for i, port in enumerate(ports):
+                log = self.workdir / f"engine{i}.log"
+                self._child(llama_server.replica(installed, f"engine{i}", port, log, self.llama.options), 120)
+            return [f"http://127.0.0.1:{port}" for port in ports]
         ports = [free_port(), free_port()]
         for i, port in enumerate(ports):
             argv = ["fake-engine", "--port", str(port), "--model", DEFAULT_MODEL, "--seed", str(i)]
@@ -103,7 +138,13 @@ class Pool:
                     ready_url=f"http://127.0.0.1:{port}/health",
                 )
             )
-        engines = [f"http://127.0.0.1:{port}" for port in ports]
+        return [f"http://127.0.0.1:{port}" for port in ports]
+
+    def _start(self) -> None:
+        engines = self.engines = self._start_engines()
+        if self.arrangement == DIRECT:
+            self.spread = tuple(engines)
+            return
         if self.arrangement == "router":
             port = free_port()
             argv = [
@@ -127,8 +168,9 @@ class Pool:
         grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
         affinity = "strict_affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
         inflight = f"max_inflight = {self.max_inflight}\n" if self.max_inflight is not None else ""
+        kind = "sim" if self.llama is None else "llama"
         replicas = "".join(
-            f'\n[[replicas]]\nname = "sim-{i}"\nurl = "{url}"\nmodels = ["{DEFAULT_MODEL}"]\n{inflight}'
+            f'\n[[replicas]]\nname = "{kind}-{i}"\nurl = "{url}"\nmodels = ["{self.model}"]\n{inflight}'
             for i, url in enumerate(engines)
         )
         config = self.workdir / "luftpause.toml"

@@ -216,7 +216,8 @@ class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
     http: str = "127.0.0.1:5001"
-    """HTTP listen address (``host:port``) for ``GET /status``, the live page ``/`` and ``/health``."""
+    """HTTP listen address (``host:port``) for ``GET /status``, the live page ``/``, ``/metrics``,
+    ``/livez``, ``/readyz`` and ``/health``."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names (without port) the HTTP routes but ``/health`` answer for, besides the loopback
     names, IP addresses, this machine's host name and the ``http`` listen host: any other
@@ -252,7 +253,8 @@ class SchedulerConfig(_Section):
 
 class DataplaneConfig(_Section):
     listen: str = "127.0.0.1:8080"
-    """HTTP listen address (``host:port``) of the proxy: ``/v1``, ``/health``, ``/metrics``."""
+    """HTTP listen address (``host:port``) of the proxy: ``/v1``, ``/metrics``, ``/livez``, ``/readyz``,
+    ``/health``."""
     scheduler: str = "127.0.0.1:5000"
     """Where the scheduler's gRPC endpoint is (``host:port``)."""
     caller_keys: str | None = None
@@ -271,7 +273,8 @@ class DataplaneConfig(_Section):
 
 class RuntimeConfig(_Section):
     listen: str = "127.0.0.1:7000"
-    """HTTP listen address (``host:port``) for ``/mcp``, ``/status``, ``/health`` and ``/monitor``."""
+    """HTTP listen address (``host:port``) for ``/mcp``, ``/status``, ``/monitor``, ``/metrics``,
+    ``/livez``, ``/readyz`` and ``/health``."""
     dataplane: str = "http://127.0.0.1:8080"
     """Base URL of the dataplane the sub-agents' turns go through."""
     state_dir: str = "state"

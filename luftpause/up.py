@@ -7,8 +7,11 @@ dataplane and runtime, unless ``--simulate`` asks for the simulated pool too: to
 stack's ports, ``luftpause up --print-config > FILE``, edit the addresses, then
 ``luftpause up --config FILE --simulate`` (``--print-config`` prints the configuration ``up``
 would use: with ``--config FILE``, that file). The ``LUFTPAUSE_<TABLE>__<KEY>`` environment
-variables (:mod:`luftpause.settings`) apply to ``up`` and, inherited, to every child alike. It prints
-every endpoint's and page's URL once everything answers (:func:`banner`), and stops
+variables (:mod:`luftpause.settings`) apply to ``up`` and, inherited, to every child alike. It waits
+for each process's ``GET /readyz`` (:mod:`luftpause.health`), but for a dataplane in front of a pool
+it did not start, whose engines may come later: that one it waits for until it is alive
+(``/livez``), and the banner says what it is not ready for yet. It prints every endpoint's and
+page's URL once everything answers (:func:`banner`), and stops
 every child on Ctrl-C / SIGTERM or as soon as one of them dies, printing that child's last log
 lines. Exit status: 0 after Ctrl-C, 1 when a port it needs is taken or a child died, 2 for a bad
 configuration (also when two addresses that must name the same place name different ports).
@@ -22,9 +25,13 @@ import os
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlencode, urlsplit
+
+import orjson
 
 from luftpause import settings
 from luftpause.cli import add_config_argument, config_from_args
@@ -66,7 +73,8 @@ def plan(config: Config, logs: Path, simulate: bool = False) -> list[ChildProces
     """
     config_args = ["--config", str(Path(config.source).resolve())] if config.source else []
     children: list[ChildProcess] = []
-    if config.is_embedded_default or simulate:
+    simulated = config.is_embedded_default or simulate
+    if simulated:
         for replica in config.replicas:
             url = urlsplit(replica.url)
             models = [arg for m in replica.models for arg in ("--model", m)]
@@ -106,22 +114,55 @@ def plan(config: Config, logs: Path, simulate: bool = False) -> list[ChildProces
             "scheduler",
             ["scheduler", *config_args],
             logs / "scheduler.log",
-            ready_url=f"{listen_url(config.scheduler.http)}/health",
+            ready_url=f"{listen_url(config.scheduler.http)}/readyz",
         ),
         ChildProcess(
             "dataplane",
             ["dataplane", *config_args],
             logs / "dataplane.log",
-            ready_url=f"{listen_url(config.dataplane.listen)}/health",
+            # Not ready while no replica is healthy: the engines up starts itself are up by now;
+            # others may come later (the banner says so), and up must not give up on them.
+            ready_url=f"{listen_url(config.dataplane.listen)}/{'readyz' if simulated else 'livez'}",
         ),
         ChildProcess(
             "runtime",
             ["runtime", *config_args],
             logs / "runtime.log",
-            ready_url=f"{listen_url(config.runtime.listen)}/health",
+            ready_url=f"{listen_url(config.runtime.listen)}/readyz",
         ),
     ]
     return children
+
+
+def readiness_urls(config: Config) -> list[tuple[str, str]]:
+    """``(process, its GET /readyz URL)`` for the three processes."""
+    return [
+        ("scheduler", f"{listen_url(config.scheduler.http)}/readyz"),
+        ("dataplane", f"{listen_url(config.dataplane.listen)}/readyz"),
+        ("runtime", f"{listen_url(config.runtime.listen)}/readyz"),
+    ]
+
+
+def not_ready(config: Config) -> list[str]:
+    """One line per readiness check that fails now (``process: check: detail``), or per process
+    whose ``/readyz`` cannot be read; empty when all three are ready."""
+    lines = []
+    for process, url in readiness_urls(config):
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+        except OSError as exc:
+            lines.append(f"{process}: {url}: {exc}")
+            continue
+        try:
+            checks = orjson.loads(body)["checks"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            lines.append(f"{process}: {url} answered no readiness checks")
+            continue
+        lines += [f"{process}: {name}: {c['detail']}" for name, c in checks.items() if not c["ok"]]
+    return lines
 
 
 def _reaches(host: str, port: int | None, listen: str) -> bool | None:
@@ -235,17 +276,26 @@ def pages(config: Config) -> list[tuple[str, str]]:
         ("scheduler status", f"{scheduler}/status"),
         ("runtime monitor", f"{runtime}/monitor"),
         ("runtime status", f"{runtime}/status"),
-        ("dataplane metrics", f"{dataplane}/metrics"),
-        ("health", "  ".join(f"{base}/health" for base in (scheduler, dataplane, runtime))),
+        ("metrics", "  ".join(f"{base}/metrics" for base in (scheduler, dataplane, runtime))),
+        ("ready", "  ".join(f"{base}/readyz" for base in (scheduler, dataplane, runtime))),
     ]
 
 
-def banner(config: Config, logs: Path, simulate: bool = False, token_set: bool = False) -> str:
+def banner(
+    config: Config,
+    logs: Path,
+    simulate: bool = False,
+    token_set: bool = False,
+    unready: list[str] | None = None,
+) -> str:
     """The lines printed once every child answers: every page's URL (:func:`pages`), the
-    replicas and the logs; with ``token_set`` (``LUFTPAUSE_TOKEN`` is set), where the token goes."""
+    replicas and the logs; with ``token_set`` (``LUFTPAUSE_TOKEN`` is set), where the token goes;
+    with ``unready`` (:func:`not_ready`'s lines), what is not ready yet."""
     pool = ", ".join(f"{r.name} ({r.url})" for r in config.replicas)
     urls = pages(config)
     rows = [*urls, ("models", ", ".join(config.models)), ("replicas", pool), ("logs", f"{logs}/")]
+    for index, line in enumerate(unready or []):
+        rows.append(("not ready" if index == 0 else "", line))
     if token_set:
         page = dict(urls)
         rows += [
@@ -319,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"starting {child.name} ...", flush=True)
             started.append(child.start())
             child.wait_ready(READY_TIMEOUT_S)
-        print(banner(config, logs, args.simulate, bool(os.environ.get(TOKEN_ENV))), flush=True)
+        token_set = bool(os.environ.get(TOKEN_ENV))
+        print(banner(config, logs, args.simulate, token_set, not_ready(config)), flush=True)
         while True:
             for child in started:
                 code = child.poll()

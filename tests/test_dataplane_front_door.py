@@ -542,8 +542,22 @@ def scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def turns(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], outcome: str, cls: str) -> float:
-    return samples.get(
-        ("luftpause_dataplane_turns_total", (("outcome", outcome), ("service_class", cls))), 0.0
+    """Turns ended with ``outcome`` in class ``cls``, summed over the replicas they went to."""
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "luftpause_dataplane_turns_total"
+        and dict(labels).get("outcome") == outcome
+        and dict(labels).get("service_class") == cls
+    )
+
+
+def by_class(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, cls: str) -> float:
+    """``name``'s samples of class ``cls``, summed over their other labels (replicas)."""
+    return sum(
+        value
+        for (sample, labels), value in samples.items()
+        if sample == name and ("service_class", cls) in labels
     )
 
 
@@ -616,7 +630,8 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
     # time to first token: the three finished turns; held time: those of the four placed turns
     # that waited for the scheduler's decision (a turn placed under a lease is not observed)
     ttft = "luftpause_dataplane_time_to_first_token_seconds_count"
-    assert delta(ttft, interactive) == 2 and delta(ttft, batch) == 1
+    assert by_class(after, ttft, "interactive") - by_class(before, ttft, "interactive") == 2
+    assert by_class(after, ttft, "batch") - by_class(before, ttft, "batch") == 1
     held = "luftpause_dataplane_held_seconds_count"
     leased = orjson.loads(request(stack, "GET", "/health")[2])["leased_turns_total"] - leased_before
     assert delta(held, interactive) <= 3 and delta(held, batch) <= 1
@@ -625,8 +640,10 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
     assert after[("luftpause_dataplane_turns_in_flight", ())] == 0
     assert after[("luftpause_dataplane_turns_held", ())] == 0
     # no label can grow without bound: no run ids, no callers
-    label_names = {name for (_, labels) in after for name, _ in labels}
-    assert label_names <= {"outcome", "service_class", "le"}
+    label_names = {
+        name for (sample, labels) in after if sample.startswith("luftpause_") for name, _ in labels
+    }
+    assert label_names <= {"outcome", "service_class", "replica", "le", "process", "version"}
 
 
 def test_metrics_need_no_token_and_take_only_get(front: FrontDoor) -> None:

@@ -161,9 +161,11 @@ def test_a_stream_reaches_the_client_translated_and_its_facts_come_from_the_engi
     assert tool_calls.lookup(["call_hook_1"], 0.0) == "run-hook"  # the run's next turn finds it
     assert runs.runs["run-hook"].phase == pb.TOOL_PAUSED  # its finish reason: tool_calls
     assert totals.has(
-        'luftpause_dataplane_time_to_first_token_seconds_count{service_class="interactive"} 1.0'
+        'luftpause_dataplane_time_to_first_token_seconds_count{replica="e",service_class="interactive"} 1.0'
     )
-    assert totals.has('luftpause_dataplane_turns_total{outcome="finished",service_class="interactive"} 1.0')
+    assert totals.has(
+        'luftpause_dataplane_turns_total{outcome="finished",replica="e",service_class="interactive"} 1.0'
+    )
 
 
 def test_a_whole_answer_and_a_refusal_reach_the_client_translated() -> None:
@@ -176,7 +178,9 @@ def test_a_whole_answer_and_a_refusal_reach_the_client_translated() -> None:
     assert sent[0]["status"] == 429
     refusal = orjson.loads(sent[-1]["body"])
     assert refusal["type"] == "error" and refusal["error"]["message"] == "busy"
-    assert totals.has('luftpause_dataplane_turns_total{outcome="failed",service_class="interactive"} 1.0')
+    assert totals.has(
+        'luftpause_dataplane_turns_total{outcome="failed",replica="e",service_class="interactive"} 1.0'
+    )
 
 
 def test_a_translated_stream_that_ends_before_it_finished_is_aborted() -> None:
@@ -187,4 +191,6 @@ def test_a_translated_stream_that_ends_before_it_finished_is_aborted() -> None:
     assert all(m.get("more_body", True) for m in sent[1:-1])  # never a clean end
     assert b"message_stop" not in b"".join(m.get("body", b"") for m in sent[1:-1])
     assert runs.runs["run-hook"].phase == pb.IDLE
-    assert totals.has('luftpause_dataplane_turns_total{outcome="failed",service_class="interactive"} 1.0')
+    assert totals.has(
+        'luftpause_dataplane_turns_total{outcome="failed",replica="e",service_class="interactive"} 1.0'
+    )

@@ -46,18 +46,18 @@ TURNS = 3  # the shared stack's engines make two tool rounds before an answer
 
 
 def finished_turns(stack: Stack, service_class: str) -> float:
-    """``luftpause_dataplane_turns_total{outcome="finished", service_class=...}``."""
+    """``luftpause_dataplane_turns_total{outcome="finished", service_class=...}``, summed over the
+    replicas the turns went to."""
     with urllib.request.urlopen(f"{stack.dataplane_url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (
-                sample.name == "luftpause_dataplane_turns_total"
-                and sample.labels.get("outcome") == "finished"
-                and sample.labels.get("service_class") == service_class
-            ):
-                return sample.value
-    return 0.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "luftpause_dataplane_turns_total"
+        and sample.labels.get("outcome") == "finished"
+        and sample.labels.get("service_class") == service_class
+    )
 
 
 _HOP_BY_HOP = frozenset(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp import web
 
 from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
@@ -20,16 +21,19 @@ class ScriptedProxy:
     """Answers every chat turn as ``mode`` says; records each turn's headers and every DELETE.
 
     ``mode``: ``"parallel"`` (two tool calls per reply while tools are offered, then an answer),
+    ``"text"`` (always a text answer, tools offered or not: a model that never calls tools),
     ``"stall"`` (never answers), ``"429"`` (429 with ``Retry-After: retry_after``), ``"500"``."""
 
     mode: str
     retry_after: str = "5"
     turns: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.turns.append(dict(request.headers))
+        self.bodies.append(body)
         if self.mode == "stall":
             await asyncio.sleep(3600)
         if self.mode == "429":
@@ -40,7 +44,7 @@ class ScriptedProxy:
             return web.json_response({"error": {"message": "broken"}}, status=500)
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
-        if body.get("tools"):
+        if body.get("tools") and self.mode != "text":
             calls = [
                 {"index": i, "id": f"call_{i}", "type": "function",
                  "function": {"name": "lookup", "arguments": '{"query": "x"}'}}
@@ -80,12 +84,22 @@ async def serving(proxy: ScriptedProxy) -> AsyncIterator[str]:
 
 
 def _run(
-    proxy: ScriptedProxy, duration_s: float, tool_rounds: int = 2, group: AgentGroup | None = None
+    proxy: ScriptedProxy,
+    duration_s: float,
+    tool_rounds: int = 2,
+    group: AgentGroup | None = None,
+    tool_rounds_by: str = "model",
 ) -> list[RunOutcome]:
     async def go() -> list[RunOutcome]:
         async with serving(proxy) as url:
             settings = AgentSettings(
-                proxy=url, model="m", task="t", tool_rounds=tool_rounds, tool_seconds=0.0, context_tokens=8
+                proxy=url,
+                model="m",
+                task="t",
+                tool_rounds=tool_rounds,
+                tool_seconds=0.0,
+                context_tokens=8,
+                tool_rounds_by=tool_rounds_by,
             )
             return await closed_loop(settings, [group or AgentGroup(1, "batch", "bulk")], duration_s)
 
@@ -153,3 +167,52 @@ def test_a_completed_run_resets_the_backoff() -> None:
     states = [o.state for o in outcomes]
     assert states[:2] == ["failed", "failed"], states
     assert states.count("completed") >= 3, states  # many quick runs once the proxy answers
+
+
+# -- agent-made tool rounds, for models that never call tools (issue 13) -----------------------------
+
+
+def test_a_model_that_never_calls_tools_ends_every_run_at_its_first_turn() -> None:
+    # SmolLM2-135M on llama.cpp: the input that made a flood on it have no tool rounds at all
+    outcomes = _completed(_run(ScriptedProxy("text"), duration_s=0.3))
+    assert outcomes and all((o.turns, o.tool_rounds) == (1, 0) for o in outcomes)
+
+
+def test_agent_made_tool_rounds_treat_each_reply_as_a_lookup_and_answer_it() -> None:
+    proxy = ScriptedProxy("text")
+    outcomes = _completed(_run(proxy, duration_s=0.5, tool_rounds=2, tool_rounds_by="agent"))
+    assert outcomes
+    assert all((o.turns, o.tool_rounds, o.tool_calls) == (3, 2, 2) for o in outcomes), outcomes
+    run = [b["messages"] for b in proxy.bodies[:3]]
+    assert [len(m) for m in run] == [2, 4, 6]  # system + task, then an assistant + tool pair per round
+    assistant, tool = run[2][2], run[2][3]
+    assert assistant["content"] == "done"  # what the model said stays in the conversation
+    (call,) = assistant["tool_calls"]
+    assert call["function"]["name"] == "lookup"
+    assert orjson.loads(call["function"]["arguments"]) == {"query": "done"}
+    assert tool == {"role": "tool", "tool_call_id": call["id"], "content": tool["content"]}
+    assert run[2][4]["tool_calls"][0]["id"] != call["id"]  # one id per round
+    assert [bool(b.get("tools")) for b in proxy.bodies[:3]] == [True, True, False]  # then it answers
+
+
+def test_agent_made_tool_rounds_keep_the_models_own_tool_calls() -> None:
+    outcomes = _completed(_run(ScriptedProxy("parallel"), duration_s=0.5, tool_rounds_by="agent"))
+    assert outcomes and all((o.tool_rounds, o.tool_calls) == (2, 4) for o in outcomes)
+
+
+def test_agents_spread_over_several_base_urls_one_each_in_turn() -> None:
+    first, second = ScriptedProxy("text"), ScriptedProxy("text")
+
+    async def go() -> None:
+        async with serving(first) as one, serving(second) as two:
+            settings = AgentSettings(proxy="", model="m", task="t", tool_seconds=0.0, spread=(one, two))
+            await closed_loop(settings, [AgentGroup(1, "interactive"), AgentGroup(1, "batch")], 0.3)
+
+    asyncio.run(go())
+    assert {t["x-luftpause-class"] for t in first.turns} == {"interactive"}
+    assert {t["x-luftpause-class"] for t in second.turns} == {"batch"}
+
+
+def test_an_unknown_tool_rounds_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="tool_rounds_by must be one of"):
+        AgentSettings(proxy="p", model="m", task="t", tool_rounds_by="engine")

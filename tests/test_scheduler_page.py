@@ -660,6 +660,25 @@ def test_in_flight_is_drawn_against_effective_capacity_with_leases_and_callers(
     assert by_id(dom, "startup-hold").attrs.get("hidden") is not None
 
 
+def test_a_replica_whose_load_is_unknown_says_so_and_why(
+    serve: Callable[[dict[str, Route]], RoutesServer],
+) -> None:
+    # issue 13: llama-server's load read as nothing showed dashes, as if the engine were idle
+    why = "GET http://127.0.0.1:1/metrics answered 404"
+    unknown = {**CAPPED_STATUS["replicas"][1], "running": None, "waiting": None, "load_unknown": why}
+    known = {**CAPPED_STATUS["replicas"][0], "load_metrics": "llama.cpp", "load_unknown": None}
+    status = {**CAPPED_STATUS, "replicas": [known, unknown]}
+    scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(status)})
+    dom = dump_dom(f"{scheduler.url}/")
+    replicas = by_id(dom, "replicas")
+    a, b = replicas.one("tr", data_replica="a"), replicas.one("tr", data_replica="b")
+    assert (b.cell("running"), b.cell("waiting")) == ("unknown", "unknown")
+    assert [td.attrs["title"] for td in b.find_all("td", data_load="unknown")] == [why, why]
+    assert "load unknown: capped by max_inflight only" in b.cell("capnote")
+    assert (a.cell("running"), a.cell("waiting")) == ("4", "15")
+    assert "load from llama.cpp metrics" in a.cell("capnote")
+
+
 def test_the_startup_hold_is_shown_while_it_holds(serve: Callable[[dict[str, Route]], RoutesServer]) -> None:
     status = {**EMPTY_STATUS, "startup_hold_s": 1.5}
     scheduler = serve({"/": (200, "text/html; charset=utf-8", page_html()), "/status": _json(status)})

@@ -8,10 +8,12 @@ the engine's handler (a round that took long); the engines are real HTTP servers
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from luftpause.config import Config, ReplicaConfig, parse_config
@@ -28,6 +30,7 @@ class FakeHost:
     def __init__(self) -> None:
         self.clock = 100.0
         self.fed: list[Event] = []
+        self.notes: list[tuple[str, str | None, str | None]] = []
         self.replicas: dict[str, ReplicaConfig] = {}
 
     def now(self) -> float:
@@ -36,6 +39,9 @@ class FakeHost:
     def feed(self, event: Event) -> list[object]:
         self.fed.append(event)
         return []
+
+    def note_load(self, replica: str, engine: str | None, unknown: str | None) -> None:
+        self.notes.append((replica, engine, unknown))
 
 
 @asynccontextmanager
@@ -131,3 +137,17 @@ def test_a_slow_round_shortens_the_wait_and_a_round_past_the_interval_is_followe
     host, sleeps, _ = drive(3, [0.5, 3.0])
     assert sleeps == [1.5, 0.0, 2.0]
     assert [event.at for event in host.fed] == [100.5, 105.0, 105.0]
+
+
+def test_each_round_notes_whose_metrics_gave_the_load_or_why_none_did_and_logs_a_change_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "luftpause.scheduler")
+    host, _, _ = drive(3, [])
+    assert [note[:2] for note in host.notes] == [("a", "sglang"), ("b", None)] * 3
+    assert all(note[2] is None for note in host.notes if note[0] == "a")
+    why = {note[2] for note in host.notes if note[0] == "b"}
+    assert len(why) == 1 and next(iter(why)).endswith("/metrics failed: ClientConnectorError")  # type: ignore[union-attr]
+    warned = [r.getMessage() for r in caplog.records if "load of replica b unknown" in r.getMessage()]
+    assert len(warned) == 1, "a reason that does not change is logged once, not every 2 s"
+    assert "capped only by its max_inflight" in warned[0]

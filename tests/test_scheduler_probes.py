@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from luftpause.config import parse_config
-from luftpause.scheduler.probes import EngineLoad, combine, parse_load, probe_replica
+from luftpause.scheduler.probes import NO_KNOWN_METRICS, EngineLoad, combine, parse_load, probe_replica
 from luftpause.testkit.engine.metrics import ModelLoad, SglangMetrics
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
@@ -45,12 +46,52 @@ vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
 def test_sglang_counts_are_summed_over_models_and_the_shared_pool_read_once() -> None:
     metrics = SglangMetrics(["m1", "m2"], slots=4)
     text = metrics.render({"m1": ModelLoad(2, 1, 8192), "m2": ModelLoad(1, 3, 8192)}).decode()
-    assert parse_load(text) == EngineLoad(running=3, waiting=4, kv_usage=0.5, cache_hit_rate=0.0)
+    assert parse_load(text) == EngineLoad(
+        running=3, waiting=4, kv_usage=0.5, cache_hit_rate=0.0, engine="sglang"
+    )
 
 
 def test_vllm_counts_are_summed_and_fractions_averaged_over_data_parallel_ranks() -> None:
     text = VLLM_TEXT + 'vllm:kv_cache_usage_perc{engine="1",model_name="qwen"} 0.75\n'
-    assert parse_load(text) == EngineLoad(running=5, waiting=4, kv_usage=0.5, cache_hit_rate=None)
+    assert parse_load(text) == EngineLoad(
+        running=5, waiting=4, kv_usage=0.5, cache_hit_rate=None, engine="vllm"
+    )
+
+
+LLAMACPP_TEXT = (Path(__file__).parent / "data" / "llamacpp_metrics_loaded.txt").read_text()
+"""A real llama-server's /metrics with 2 slots busy and 3 requests deferred (tests/data/README.md)."""
+
+
+def test_llama_cpp_busy_slots_are_running_and_deferred_requests_waiting() -> None:
+    # the input that broke it (issue 13): the server's real names were not read, so the replica
+    # showed no load, kept max_inflight (32) and took every turn into llama.cpp's FIFO queue
+    load = parse_load(LLAMACPP_TEXT)
+    assert (load.running, load.waiting, load.engine, load.unknown) == (2, 3, "llama.cpp", None)
+    assert load.kv_usage is None  # this build reports no KV cache usage
+    assert load.cache_hit_rate == pytest.approx(68 / (84 + 68))  # cached / (computed + cached)
+
+
+def test_a_llama_server_that_has_seen_no_prompt_has_no_hit_rate_yet() -> None:
+    text = LLAMACPP_TEXT.replace("prompt_tokens_total 84", "prompt_tokens_total 0").replace(
+        "prompt_tokens_cached_total 68", "prompt_tokens_cached_total 0"
+    )
+    assert parse_load(text).cache_hit_rate is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [VLLM_TEXT, LLAMACPP_TEXT, SglangMetrics(["m"], slots=4).render({"m": ModelLoad(1, 0, 8192)}).decode()],
+    ids=["vllm", "llama.cpp", "sglang"],
+)
+def test_every_engine_named_in_the_docs_gives_both_counts(text: str) -> None:
+    load = parse_load(text)
+    assert load.running is not None and load.waiting is not None and load.unknown is None
+
+
+def test_a_running_count_without_a_waiting_count_is_no_load_and_says_which_is_missing() -> None:
+    load = parse_load("# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n")
+    assert (load.running, load.waiting, load.engine) == (None, None, None)
+    assert load.unknown == "its /metrics carry llamacpp:requests_processing but no waiting count"
 
 
 def test_only_the_families_read_are_parsed_so_other_lines_cannot_break_them() -> None:
@@ -60,7 +101,7 @@ def test_only_the_families_read_are_parsed_so_other_lines_cannot_break_them() ->
 
 def test_metrics_without_known_names_report_no_load() -> None:
     text = "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 12.5\n"
-    assert parse_load(text) == EngineLoad()
+    assert parse_load(text) == EngineLoad(unknown=NO_KNOWN_METRICS)
 
 
 def test_unreadable_metrics_raise_value_error() -> None:
@@ -69,9 +110,14 @@ def test_unreadable_metrics_raise_value_error() -> None:
 
 
 def test_a_router_sums_counts_and_averages_fractions_of_its_engines() -> None:
-    loads = [EngineLoad(2, 1, 0.2, None), EngineLoad(3, 0, 0.6, 0.5), EngineLoad()]
-    assert combine(loads) == EngineLoad(5, 1, pytest.approx(0.4), 0.5)  # type: ignore[arg-type]
-    assert combine([]) == EngineLoad()
+    loads = [EngineLoad(2, 1, 0.2, None, "vllm"), EngineLoad(3, 0, 0.6, 0.5, "sglang"), EngineLoad()]
+    assert combine(loads) == EngineLoad(5, 1, pytest.approx(0.4), 0.5, "sglang, vllm")  # type: ignore[arg-type]
+    assert combine([]) == EngineLoad(unknown="no load was read")
+
+
+def test_a_router_whose_engines_all_report_no_load_says_why() -> None:
+    loads = [EngineLoad(unknown="GET a answered 404"), EngineLoad(unknown="GET b failed: TimeoutError")]
+    assert combine(loads).unknown == "GET a answered 404; GET b failed: TimeoutError"
 
 
 # -- over HTTP --------------------------------------------------------------------------------------
@@ -120,7 +166,7 @@ def test_a_healthy_engine_reports_its_load_and_gets_the_replica_key(monkeypatch:
 
     healthy, load, seen = asyncio.run(scenario())
     assert healthy
-    assert load == EngineLoad(5, 4, 0.25, None)
+    assert load == EngineLoad(5, 4, 0.25, None, "vllm")
     assert seen == ["Bearer sekret", "Bearer sekret"]
 
 
@@ -138,7 +184,33 @@ def test_an_unreachable_engine_is_unhealthy_with_no_load() -> None:
         async with aiohttp.ClientSession() as session:
             return await probe_replica(session, replica(f"http://127.0.0.1:{free_port()}"))
 
-    assert asyncio.run(scenario()) == (False, EngineLoad())
+    healthy, load = asyncio.run(scenario())
+    assert (healthy, load.running, load.waiting) == (False, None, None)
+    assert load.unknown is not None and load.unknown.endswith("/metrics failed: ClientConnectorError")
+
+
+def test_an_engine_without_metrics_says_so() -> None:
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def scenario() -> EngineLoad:
+        app = web.Application()  # no /metrics: 404, as on Ollama
+        app.router.add_get("/ready", ready)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                healthy, load = await probe_replica(session, replica(f"http://127.0.0.1:{port}"))
+                assert healthy
+                return load
+        finally:
+            await runner.cleanup()
+
+    load = asyncio.run(scenario())
+    assert (load.running, load.waiting) == (None, None)
+    assert load.unknown is not None and load.unknown.endswith("/metrics answered 404")
 
 
 def test_a_health_check_that_times_out_is_unhealthy() -> None:
@@ -177,7 +249,7 @@ def test_a_router_reads_its_load_from_the_engines_behind_it() -> None:
 
     healthy, load, router_seen = asyncio.run(scenario())
     assert healthy
-    assert load == EngineLoad(10, 8, 0.25, None)
+    assert load == EngineLoad(10, 8, 0.25, None, "vllm")
     assert len(router_seen) == 1  # its health only, not its metrics
 
 

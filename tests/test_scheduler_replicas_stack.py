@@ -136,6 +136,7 @@ def test_a_drained_replica_under_load_takes_no_new_run_and_loses_no_turn(stack: 
     finally:
         for proc in busy:
             proc.kill()
+            proc.wait()
     after = stack.wait_status(lambda s: sum(r["inflight"] for r in s["replicas"]) == 0)
     assert after["counters"]["finished"] - before["counters"]["finished"] == 5
     assert after["counters"]["failed"] == before["counters"]["failed"]
@@ -183,5 +184,6 @@ def test_a_caller_over_its_held_limit_gets_429_with_retry_after(stack: Stack) ->
     finally:
         for proc in occupiers:
             proc.kill()
+            proc.wait()  # reaped: a Popen collected while its child is unreaped warns (ResourceWarning)
     for proc in waiting:
         assert proc.wait(timeout=60) == 0

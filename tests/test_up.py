@@ -109,13 +109,34 @@ def test_the_banner_and_readiness_probes_use_urls_that_reach_each_listen(tmp_pat
     assert "scheduler page    http://127.0.0.1:41571/?runtime=http://%5B::1%5D:41590\n" in printed
     assert "scheduler status  http://127.0.0.1:41571/status\n" in printed
     assert "runtime monitor   http://[::1]:41590/monitor\n" in printed
-    assert "dataplane metrics http://[::1]:41580/metrics\n" in printed
+    assert (
+        "metrics           http://127.0.0.1:41571/metrics  http://[::1]:41580/metrics  http://[::1]:41590/metrics\n"
+    ) in printed
+    assert (
+        "ready             http://127.0.0.1:41571/readyz  http://[::1]:41580/readyz  http://[::1]:41590/readyz\n"
+    ) in printed
+    # up waits for every /readyz, but for a dataplane in front of engines it did not start: alive is
+    # enough for that one (its engines may come later), the banner says what is not ready
     probes = {c.name: c.ready_url for c in plan(config, tmp_path)}
     assert probes == {
-        "scheduler": "http://127.0.0.1:41571/health",
-        "dataplane": "http://[::1]:41580/health",
-        "runtime": "http://[::1]:41590/health",
+        "scheduler": "http://127.0.0.1:41571/readyz",
+        "dataplane": "http://[::1]:41580/livez",
+        "runtime": "http://[::1]:41590/readyz",
     }
+    simulated = {c.name: c.ready_url for c in plan(config, tmp_path, simulate=True)}
+    assert simulated["dataplane"] == "http://[::1]:41580/readyz"
+
+
+def test_the_banner_says_what_is_not_ready_yet(tmp_path: Path) -> None:
+    path = tmp_path / "lp.toml"
+    path.write_text('[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n')
+    config = load_config(path)
+    assert "not ready" not in banner(config, tmp_path, unready=[])
+    printed = banner(config, tmp_path, unready=["dataplane: replicas: 0 healthy", "runtime: journal: no"])
+    assert (
+        "  not ready         dataplane: replicas: 0 healthy\n                    runtime: journal: no\n"
+        in printed
+    )
 
 
 def test_the_banner_names_every_page_and_where_the_token_goes_only_when_it_is_set(

@@ -20,7 +20,9 @@ long as it was stopped. So, once a stream is resynced with a scheduler that answ
 (``ResyncReply.pongs``), the link sends a ``ping`` item every ``PING_EVERY_S`` seconds, busy or
 idle, and a stream from which nothing at all (a pong or any other item) has been read for
 ``PONG_TIMEOUT_S`` seconds is taken as a lost scheduler: it is cancelled and opened again like a
-broken one (every ``RETRY_S``, with its resync), and its held turns stay held meanwhile.
+broken one (every ``RETRY_S``, with its resync), and its held turns stay held meanwhile. The
+resync's answer and every pong say how many replicas the scheduler counts healthy
+(:attr:`SchedulerLink.healthy_replicas`, the dataplane's readiness).
 
 Everything queued on a stream is written by one writer task, and whatever is queued when it gets
 to write goes out as one ``DataplaneMessage``. Admissions, cancels and pings go out as soon as the
@@ -206,6 +208,9 @@ class SchedulerLink:
         """Run id -> its turns whose admit is out: such a run's next turn asks too."""
         self.leased_turns = 0
         """Turns this link placed under a lease (since it started)."""
+        self.healthy_replicas: int | None = None
+        """Replicas the scheduler counts healthy, as its last resync answer or pong said; ``None``
+        until one did (or from a scheduler that does not say). Kept while the link is down."""
         self.on_placed: Callable[[int, float], None] | None = None
         self.on_replicas: Callable[[pb.ReplicaSet], None] | None = None
         """Called with the scheduler's replica set (the ``replicas`` item: after the resync, and
@@ -475,6 +480,8 @@ class SchedulerLink:
                                 self.on_replicas(item.replicas)
                         elif kind == "resynced":
                             deadline.reschedule(None)
+                            if item.resynced.HasField("healthy_replicas"):
+                                self.healthy_replicas = item.resynced.healthy_replicas
                             if item.resynced.pongs and pinger is None:
                                 pinger = asyncio.create_task(
                                     self._ping(outbox, deadline), name="luftpause-connect-pinger"
@@ -486,7 +493,9 @@ class SchedulerLink:
                                 len(snapshot.runs),
                                 len(snapshot.turns),
                             )
-                        # "pong": heard from, which is all a pong says (self._heard above)
+                        elif kind == "pong":  # heard from (self._heard above), and the replicas' health
+                            if item.pong.HasField("healthy_replicas"):
+                                self.healthy_replicas = item.pong.healthy_replicas
                         # None: a kind from a newer scheduler, which this dataplane ignores
         finally:
             self._leases.clear()  # leases live and die with their stream

@@ -18,6 +18,9 @@ Routes (docs/architecture.md "The proxy"):
                                it was ``leased_turns``, which read as turns leased now: 12 on an
                                idle pool)
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
+``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
+                               ready while the scheduler link is resynced and the scheduler counts
+                               a replica healthy
 =============================  ==================================================================
 
 Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool_call`` id the
@@ -47,6 +50,7 @@ import grpc.aio
 import orjson
 from pydantic import ValidationError
 
+from luftpause import health as probes
 from luftpause import tracing
 from luftpause.auth.callers import Access, CallerRefused
 from luftpause.auth.grpc_link import LinkCredentials
@@ -165,6 +169,9 @@ class Dataplane:
         self.metrics = DataplaneMetrics(
             in_flight=lambda: 0 if self._relay is None else self._relay.in_flight(),
             held=lambda: self._held,
+            connected=lambda: self.link.connected,
+            healthy_replicas=lambda: self.link.healthy_replicas,
+            replicas=self._replicas,
         )
         self.link.on_placed = self.metrics.placed  # turns that waited for a decision, not leased ones
 
@@ -310,6 +317,11 @@ class Dataplane:
             _allow(path, method, "GET", "HEAD")
             await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition())
             return
+        if path == "/livez" or path == "/readyz":
+            _allow(path, method, "GET", "HEAD")
+            status, body = probes.LIVE if path == "/livez" else probes.report(self.readiness())
+            await exchange.respond(status, _JSON, body)
+            return
         if not path.startswith("/v1/"):
             raise NotFound(f"no route {method} {path}")
         self._authorize(exchange)
@@ -338,6 +350,22 @@ class Dataplane:
             await exchange.respond(204, [(_RUN_ID, run_id.encode())])
         else:
             raise NotFound(f"no route {method} {path}")
+
+    def readiness(self) -> dict[str, probes.Check]:
+        """``/readyz``'s checks: ``scheduler``, the link is resynced; ``replicas``, the scheduler
+        counts one healthy (as its last answer said; a scheduler that does not say passes)."""
+        link = self.link
+        healthy = link.healthy_replicas
+        if healthy is None:
+            replicas = probes.Check(True, "the scheduler has not said how many replicas are healthy")
+        else:
+            replicas = probes.Check(healthy > 0, f"{healthy} healthy, as the scheduler last said")
+        return {
+            "scheduler": probes.Check(
+                link.connected, f"{'connected to' if link.connected else 'connecting to'} {link.target}"
+            ),
+            "replicas": replicas,
+        }
 
     def _authorize(self, exchange: Exchange) -> None:
         if not self.access.allows(exchange.headers.get(b"authorization")):

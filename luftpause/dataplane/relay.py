@@ -176,7 +176,7 @@ class Relay:
         """The turn ended without a completion: free its slot, leave the run idle (once per turn)."""
         if self._end(turn, False):
             self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500])
-            self.metrics.turn_ended("failed", turn.service_class)
+            self.metrics.turn_ended("failed", turn.service_class, turn.replica)
 
     def abandoned(self, turn: Turn) -> None:
         """The turn was given up before any engine saw it: the scheduler undoes what it did with it."""
@@ -187,7 +187,7 @@ class Relay:
     def _first_token(self, turn: Turn) -> None:
         # Not reported now: the scheduler only records it, so it rides on the end event.
         now = turn.first_token_at = self._loop.time()
-        self.metrics.first_token(turn.service_class, now - turn.arrived)
+        self.metrics.first_token(turn.service_class, now - turn.arrived, turn.replica)
 
     def _finished(
         self,
@@ -209,7 +209,7 @@ class Relay:
         self._ended_event(
             turn, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage
         )
-        self.metrics.turn_ended("finished", turn.service_class)
+        self.metrics.turn_ended("finished", turn.service_class, turn.replica)
 
     def _pool(self, replica: ReplicaConfig) -> EnginePool:
         return self.upstream.pool(replica.name, replica.url, lambda: _fixed_headers(replica))

@@ -14,12 +14,16 @@ Serves, on ``[runtime] listen``:
   turn's ``usage``; seconds spent waiting for turns and in tool rounds). Readable from any origin
   (``Access-Control-Allow-Origin: *``) for the scheduler's live page;
 * ``GET /health``: ``{"ok": true}``, always open (no token);
+* ``GET /livez`` and ``GET /readyz`` (:mod:`luftpause.health`; ready once the journal is replayed
+  and its unfinished runs resumed, unready again while stopping) and ``GET /metrics`` (Prometheus
+  text, :mod:`luftpause.runtime.web.metrics`), open like ``/health``;
 * ``GET /monitor`` (the page, open: it holds no data) and its JSON and action routes
   ``/monitor/runs...`` (token like ``/status``): the pods monitor (:mod:`luftpause.runtime.web.monitor`).
 
 The routes' JSON errors and ``/status``'s CORS are :mod:`luftpause.runtime.web.status`.
 
-With ``LUFTPAUSE_TOKEN`` set, everything but ``/health`` needs ``Authorization: Bearer <token>``
+With ``LUFTPAUSE_TOKEN`` set, everything but ``/health``, ``/livez``, ``/readyz``, ``/metrics`` and
+the monitor page needs ``Authorization: Bearer <token>``
 (:mod:`luftpause.runtime.web.auth`) and the runtime sends the same token to the dataplane. Every HTTP
 error the runtime itself answers (401, 404 for an unknown path, 405 with ``Allow``, 500) has the
 JSON error body ``{"error": {"message": "..."}}``; ``/mcp``'s own protocol errors are the SDK's
@@ -43,6 +47,7 @@ from functools import partial
 from pathlib import Path
 
 import httpx2
+from mcp.server import MCPServer
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -50,7 +55,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from luftpause import logs, tracing
+from luftpause import health as probes
+from luftpause import logs, metrics, tracing
 from luftpause.auth.tls import check_listener, check_peer
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, ConfigError, split_host_port
@@ -60,6 +66,7 @@ from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.mcp.callers import CallerCookie
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.web.auth import TOKEN_ENV, BearerTokenGate, token_from_env
+from luftpause.runtime.web.metrics import RuntimeMetrics, readiness
 from luftpause.runtime.web.monitor import monitor_routes
 from luftpause.runtime.web.status import StatusCors, http_error, internal_error, json_response, mcp_routes
 from luftpause.runtime.wiring import Runtime, build_runtime
@@ -72,11 +79,13 @@ __all__ = ["Runtime", "add_arguments", "create_app", "run"]
 def create_app(
     config: Config, token: str | None = None, *, transport: httpx2.AsyncBaseTransport | None = None
 ) -> Starlette:
-    """The runtime's ASGI app for ``config``: ``/mcp``, ``GET /status``, ``GET /health``, the
-    monitor; its :class:`~luftpause.runtime.wiring.Runtime` is ``app.state.runtime``.
+    """The runtime's ASGI app for ``config``: ``/mcp``, ``GET /status``, ``GET /metrics``,
+    ``/livez``, ``/readyz``, ``GET /health``, the monitor; its
+    :class:`~luftpause.runtime.wiring.Runtime` is ``app.state.runtime``.
 
     ``token`` is the shared ``LUFTPAUSE_TOKEN`` (default: read from the environment); with one,
-    every path but ``/health`` requires it and turns sent to the dataplane carry it. ``transport``
+    every path but the open ones (``/health``, ``/livez``, ``/readyz``, ``/metrics``, the monitor
+    page) requires it and turns sent to the dataplane carry it. ``transport``
     replaces the network to the dataplane (tests).
     """
     token = (token if token is not None else token_from_env()) or None
@@ -106,10 +115,38 @@ def create_app(
     async def health(request: Request) -> Response:
         return json_response({"ok": True})
 
+    def probe_answer(answer: tuple[int, bytes]) -> Response:
+        code, body = answer
+        return Response(body, status_code=code, media_type=probes.CONTENT_TYPE)
+
+    async def livez(request: Request) -> Response:
+        return probe_answer(probes.LIVE)
+
+    async def readyz(request: Request) -> Response:
+        return probe_answer(probes.report(readiness(runtime.registry)))
+
+    registry = metrics.new_registry(
+        [
+            RuntimeMetrics(
+                runtime.registry,
+                runtime.journal,
+                runtime.loop.counts,
+                upstream=lambda: [(server.name, server.connected) for server in runtime.upstream.servers],
+                mcp_sessions=lambda: mcp_sessions(runtime.mcp),
+            )
+        ]
+    )
+
+    async def exposition(request: Request) -> Response:
+        return Response(metrics.exposition(registry), headers={"content-type": metrics.CONTENT_TYPE})
+
     app = Starlette(
         routes=[
             Route("/status", status, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/livez", livez, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", exposition, methods=["GET"]),
             *monitor_routes(runtime.pods, host, runtime.series),
             *mcp_routes(mcp_app),
         ],
@@ -123,6 +160,13 @@ def create_app(
     )
     app.state.runtime = runtime
     return app
+
+
+def mcp_sessions(server: MCPServer) -> int:
+    """The MCP sessions the SDK's session manager holds open now (its ``_server_instances``: the
+    SDK names no public count; ``tests/test_runtime_metrics.py`` fails when that changes)."""
+    instances = getattr(server.session_manager, "_server_instances", None)
+    return len(instances) if isinstance(instances, dict) else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 """Errors the scheduler process answers with, each knowing its HTTP status or gRPC status code.
 
-Its HTTP side (``GET /status``, ``GET /health``, ``GET /``: :mod:`luftpause.scheduler.status_http`)
+Its HTTP side (``GET /status``, ``/metrics``, ``/livez``, ``/readyz``, ``/health``, ``GET /``:
+:mod:`luftpause.scheduler.status_http`)
 answers errors with the JSON error body ``{"error": {"message": "..."}}`` (docs/architecture.md
 "Failure contract"); its gRPC side (:mod:`luftpause.scheduler.grpc_service`) ends a ``Connect``
 stream with a status code and the message as its details::

@@ -19,7 +19,8 @@ actions. Answers queued while the stream's writer was busy, or in one loop itera
   ``GrantLease`` / ``RevokeLease`` for its dataplane as ``lease`` items, in decision order with the
   answers; the newest resynced stream of a dataplane gets them.
 * ``ping`` -> ``pong`` with its ``seq``, at once (the dataplane's heartbeat; every ``resynced``
-  says ``pongs``).
+  says ``pongs``). ``resynced`` and every ``pong`` carry ``healthy_replicas``
+  (:meth:`SchedulerHost.healthy_replicas`), the dataplane's readiness.
 * ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
   queue, a placement that crossed the cancel frees its slot).
 * ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
@@ -434,7 +435,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 if isinstance(action, AckResync):
                     stream.put(
                         pb.SchedulerItem(
-                            resynced=pb.ResyncReply(runs=action.runs, turns=action.turns, pongs=True)
+                            resynced=pb.ResyncReply(
+                                runs=action.runs,
+                                turns=action.turns,
+                                pongs=True,
+                                healthy_replicas=self.host.healthy_replicas(),
+                            )
                         )
                     )
             # the scheduler's replica set, now and whenever it changes (the admin API, SIGHUP)
@@ -495,7 +501,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
         elif kind == "ping":
             # The dataplane's heartbeat: answered at once, so a scheduler that stops answering
             # (stopped, hung) is taken as lost within seconds.
-            stream.put(pb.SchedulerItem(pong=pb.Pong(seq=item.ping.seq)))
+            pong = pb.Pong(seq=item.ping.seq, healthy_replicas=self.host.healthy_replicas())
+            stream.put(pb.SchedulerItem(pong=pong))
         elif kind == "resync":
             log.warning("a second resync on one stream of %s is ignored", item.resync.dataplane_id)
         # None: a kind from a newer dataplane, which this scheduler does not know

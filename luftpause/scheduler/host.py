@@ -54,7 +54,9 @@ from luftpause.scheduler.core import (
     snapshot,
     turns_on,
 )
+from luftpause.scheduler.core.policies import health
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.metrics import AdmissionCounts
 from luftpause.scheduler.series import SchedulerSeries
 from luftpause.scheduler.trace import TraceRecorder
 
@@ -94,6 +96,9 @@ class SchedulerHost:
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._load_notes: dict[str, tuple[str | None, str | None]] = {}
+        self.counts = AdmissionCounts(self.state.replicas)
+        """What ``/metrics`` shows besides the snapshot (:mod:`luftpause.scheduler.metrics`)."""
         self.trace: TraceRecorder | None = None
         if config.scheduler.trace:
             self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
@@ -121,11 +126,14 @@ class SchedulerHost:
             released = [(placed, why) for placed in resync_gone_turns(self.state, event)]
         elif type(event) is TurnAbandoned or type(event) is AbandonReported:
             abandoned = self.state.held.get(event.turn_id) or self.state.placed.get(event.turn_id)
+        elif type(event) is TurnArrived:
+            self.counts.arriving(event, self.state)
         if self.trace is not None:
             turn_id = getattr(event, "turn_id", "")
             self.trace.record(event, turn_id not in self.state.placed and turn_id not in self.state.held)
         self.state, actions = decide(self.state, event)
         self.series.observe(event)
+        self.counts.decided(event, actions, self.state)
         for placed in expiring:
             log.warning(
                 "turn %s of run %s expired: no completion %.0f s after its placement on %s",
@@ -296,6 +304,11 @@ class SchedulerHost:
             return False
         return True
 
+    def note_load(self, replica: str, engine: str | None, unknown: str | None) -> None:
+        """What the last probe of ``replica`` read its load from (``engine``: ``"sglang"``,
+        ``"vllm"``, ``"llama.cpp"``) or why it read none (``unknown``), for :meth:`status`."""
+        self._load_notes[replica] = (engine, unknown)
+
     def replica_list(self) -> list[dict[str, object]]:
         """``GET /admin/replicas``: each replica's settings and where it stands, in order."""
         listed = []
@@ -315,14 +328,32 @@ class SchedulerHost:
             )
         return listed
 
-    def status(self) -> dict[str, object]:
-        """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time."""
-        return snapshot(self.state, self.now())
+    def status(self) -> dict[str, Any]:
+        """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time, each
+        replica with ``load_metrics`` (whose metrics its load was read from) and ``load_unknown``
+        (why none was, e.g. ``"GET http://.../metrics answered 404"``), both ``None`` before the
+        first probe and one of them after it (:meth:`note_load`)."""
+        status = snapshot(self.state, self.now())
+        for replica in status["replicas"]:
+            engine, unknown = self._load_notes.get(str(replica["name"]), (None, None))
+            replica["load_metrics"] = engine
+            replica["load_unknown"] = unknown
+        return status
 
     def recent(self, after: int | None = None) -> dict[str, Any]:
         """``GET /series``: the last minutes' samples (:mod:`luftpause.scheduler.series`), those
         after seq ``after`` only when given."""
         return self.series.ring.since(after)
+
+    def healthy_replicas(self) -> int:
+        """Replicas that take new turns now: usable (healthy, or never probed; breaker closed; not
+        being removed) and not draining. What the dataplanes' readiness asks for."""
+        return sum(1 for r in self.state.replicas.values() if health.usable(r) and not r.draining)
+
+    @property
+    def probed(self) -> bool:
+        """Whether a probe round has been fed: before it, replica health is assumed, not seen."""
+        return self.counts.probe_rounds > 0
 
     def start_clock(self) -> None:
         """Feed a ``Tick`` every second on the running loop, until :meth:`stop_clock`."""

@@ -8,17 +8,36 @@ Per replica and round, at once and each with a 2 s timeout (docs/architecture.md
   (llama-cpp-python's server, some hosted APIs): it is not checked and counts as healthy.
 * ``GET <url>/metrics`` (or, for a router with ``load_from``, ``GET <engine>/metrics`` of each
   engine behind it): Prometheus text exposition, parsed with ``prometheus_client``'s parser.
-  A replica whose metrics cannot be read, or carry none of the names below, reports no load.
+  A replica whose metrics cannot be read, or carry none of the names below, reports no load: it
+  keeps taking turns, capped only by its ``max_inflight``, and why its load is unknown is logged
+  once (WARNING, when the reason changes) and shown by ``GET /status`` (``load_unknown``).
 
 Both carry the replica's key (``api_key_env``) as ``Authorization: Bearer``, as turns do.
 
-Metric names (REFERENCES.md): SGLang ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
-``sglang:token_usage``, ``sglang:cache_hit_rate``; vLLM ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``. Samples are summed over their label
-sets (one ``model_name`` per served model, one engine index per data-parallel rank) and fractions
-averaged over them; over the engines of ``load_from`` likewise. Only the lines of these families
-are parsed: an engine's ``/metrics`` runs to hundreds of KB of histograms, and parsing all of it on
-the loop that answers Admit would cost tens of milliseconds per replica.
+Metric names, per engine (REFERENCES.md "Engines"; llama.cpp's from the server it builds,
+``tools/server/server-task.cpp`` ``to_metrics``, llama-cpp-python 0.3.36's vendored tree):
+
+* running (requests): SGLang ``sglang:num_running_reqs``, vLLM ``vllm:num_requests_running``,
+  llama.cpp ``llamacpp:requests_processing``;
+* waiting (the engine's queue): ``sglang:num_queue_reqs``, ``vllm:num_requests_waiting``,
+  ``llamacpp:requests_deferred``;
+* KV cache in use (0..1): ``sglang:token_usage``, ``vllm:kv_cache_usage_perc``; llama.cpp's
+  server reports none;
+* prefix cache hit rate (0..1): ``sglang:cache_hit_rate``; for llama.cpp,
+  ``llamacpp:prompt_tokens_cached_total`` over it plus ``llamacpp:prompt_tokens_total``; none
+  read for vLLM.
+
+llama.cpp's running count is its busy slots (``--parallel`` of them) and its waiting count the
+requests it deferred because every slot was busy; its two prompt counters are totals since the
+server started (``prompt_tokens_total`` counts the tokens computed, the cached ones excluded), so
+its hit rate is the fraction of all prompt tokens it served from its prompt cache since then.
+Ollama and llama-cpp-python's server expose no such metrics: load unknown.
+
+Samples are summed over their label sets (one ``model_name`` per served model, one engine index
+per data-parallel rank) and fractions averaged over them; over the engines of ``load_from``
+likewise. Only the lines of these families are parsed: an engine's ``/metrics`` runs to hundreds
+of KB of histograms, and parsing all of it on the loop that answers Admit would cost tens of
+milliseconds per replica.
 
 The replica's key goes to its own URL only; a ``load_from`` engine on another host gets none.
 """
@@ -43,21 +62,36 @@ log = logging.getLogger("luftpause.scheduler")
 PROBE_INTERVAL_S = 2.0
 PROBE_TIMEOUT_S = 2.0
 
-RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
-WAITING = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
+RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running", "llamacpp:requests_processing")
+WAITING = ("sglang:num_queue_reqs", "vllm:num_requests_waiting", "llamacpp:requests_deferred")
 KV_USAGE = ("sglang:token_usage", "vllm:kv_cache_usage_perc")
 CACHE_HIT_RATE = ("sglang:cache_hit_rate",)
-_FAMILIES = frozenset(RUNNING + WAITING + KV_USAGE + CACHE_HIT_RATE)
+PROMPT_TOKENS_COMPUTED = ("llamacpp:prompt_tokens_total",)
+PROMPT_TOKENS_CACHED = ("llamacpp:prompt_tokens_cached_total",)
+_FAMILIES = frozenset(
+    RUNNING + WAITING + KV_USAGE + CACHE_HIT_RATE + PROMPT_TOKENS_COMPUTED + PROMPT_TOKENS_CACHED
+)
+ENGINES = {"sglang:": "sglang", "vllm:": "vllm", "llamacpp:": "llama.cpp"}
+"""Metric name prefix -> the engine that emits it, for ``EngineLoad.engine``."""
+
+NO_KNOWN_METRICS = "its /metrics carry none of the load metrics luftpause reads"
 
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """What one engine's ``/metrics`` say: request counts and fractions (0..1), ``None`` if absent."""
+    """What one engine's ``/metrics`` say: request counts and fractions (0..1), ``None`` if absent.
+
+    ``engine`` names whose metrics gave the running and waiting counts (``"sglang"``, ``"vllm"``,
+    ``"llama.cpp"``; several joined by ``", "`` for a router over mixed engines), ``None`` when
+    there were none; ``unknown`` then says why, in words for an operator (``None`` when known).
+    """
 
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
     cache_hit_rate: float | None = None
+    engine: str | None = None
+    unknown: str | None = None
 
 
 def _wanted_lines(text: str) -> str:
@@ -74,10 +108,12 @@ def _wanted_lines(text: str) -> str:
 
 
 def parse_load(text: str) -> EngineLoad:
-    """Read an engine's load from Prometheus text: SGLang or vLLM names, counts summed over label
-    sets, fractions averaged over them and capped at 1.
+    """Read an engine's load from Prometheus text: SGLang, vLLM or llama.cpp names (the list in the
+    module docstring), counts summed over label sets, fractions averaged over them and capped at 1.
 
-    Raises ``ValueError`` when those lines are not valid exposition format (the parser's error).
+    Load counts as known only when both a running and a waiting count are present (engine-load
+    admission needs both); otherwise ``running`` and ``waiting`` are ``None`` and ``unknown`` says
+    so. Raises ``ValueError`` when those lines are not valid exposition format (the parser's error).
     """
     values: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(_wanted_lines(text)):
@@ -90,11 +126,28 @@ def parse_load(text: str) -> EngineLoad:
 
     running, waiting = found(RUNNING), found(WAITING)
     kv_usage, hit_rate = found(KV_USAGE), found(CACHE_HIT_RATE)
+    computed, cached = found(PROMPT_TOKENS_COMPUTED), found(PROMPT_TOKENS_CACHED)
+    rate = None if hit_rate is None else min(1.0, sum(hit_rate) / len(hit_rate))
+    if rate is None and computed is not None and cached is not None and sum(computed) + sum(cached) > 0:
+        rate = min(1.0, sum(cached) / (sum(computed) + sum(cached)))
+    if running is None or waiting is None:
+        present = sorted(n for n in values if n in RUNNING + WAITING)
+        missing = "waiting" if running else "running"
+        why = f"its /metrics carry {present[0]} but no {missing} count" if present else NO_KNOWN_METRICS
+        return EngineLoad(
+            kv_usage=None if kv_usage is None else min(1.0, sum(kv_usage) / len(kv_usage)),
+            cache_hit_rate=rate,
+            unknown=why,
+        )
+    engines = sorted(
+        {engine for p, engine in ENGINES.items() for name in values if name in RUNNING and name.startswith(p)}
+    )
     return EngineLoad(
-        None if running is None else round(sum(running)),
-        None if waiting is None else round(sum(waiting)),
+        round(sum(running)),
+        round(sum(waiting)),
         None if kv_usage is None else min(1.0, sum(kv_usage) / len(kv_usage)),
-        None if hit_rate is None else min(1.0, sum(hit_rate) / len(hit_rate)),
+        rate,
+        ", ".join(engines),
     )
 
 
@@ -110,11 +163,16 @@ def combine(loads: Iterable[EngineLoad]) -> EngineLoad:
         present = [v for v in values if v is not None]
         return sum(present) / len(present) if present else None
 
+    known = [load for load in items if load.running is not None and load.waiting is not None]
+    engines = sorted({name for load in known if load.engine for name in load.engine.split(", ")})
+    reasons = list(dict.fromkeys(load.unknown for load in items if load.unknown))
     return EngineLoad(
-        summed([load.running for load in items]),
-        summed([load.waiting for load in items]),
+        summed([load.running for load in known]),
+        summed([load.waiting for load in known]),
         mean([load.kv_usage for load in items]),
         mean([load.cache_hit_rate for load in items]),
+        ", ".join(engines) or None,
+        None if known else ("; ".join(reasons) or "no load was read"),
     )
 
 
@@ -150,20 +208,21 @@ async def _healthy(session: aiohttp.ClientSession, replica: ReplicaConfig, heade
         return False
 
 
-async def _load(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> EngineLoad | None:
+async def _load(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> EngineLoad:
+    """The load at ``url`` (a ``/metrics`` URL); never raises: a failure is an ``unknown`` reason."""
     try:
         async with session.get(url, headers=headers) as response:
             if response.status != 200:
-                return None
+                return EngineLoad(unknown=f"GET {url} answered {response.status}")
             text = await response.text(errors="replace")
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.debug("metrics at %s: %r", url, exc)
-        return None
+        return EngineLoad(unknown=f"GET {url} failed: {type(exc).__name__}")
     try:
         return parse_load(text)
     except ValueError as exc:
         log.debug("metrics at %s unreadable: %s", url, exc)
-        return None
+        return EngineLoad(unknown=f"GET {url} is not Prometheus text: {exc}")
 
 
 SessionFactory = Callable[[aiohttp.ClientTimeout], aiohttp.ClientSession]
@@ -202,6 +261,7 @@ class Prober:
         self._sleep = sleep
         self._session = session
         self._task: asyncio.Task[None] | None = None
+        self._unknown: dict[str, str | None] = {}  # replica -> why its load was unknown last round
 
     def start(self) -> None:
         """Begin probing on the running loop."""
@@ -242,6 +302,7 @@ class Prober:
                 log.warning("probe of %s failed: %r", replica.name, result)
                 continue
             healthy, load = result
+            self._note(replica.name, load)
             probed.append(
                 ReplicaProbed(
                     replica.name,
@@ -257,3 +318,19 @@ class Prober:
         # probed first does not take every held turn that another could have taken
         self.host.feed(ReplicasProbed(now, tuple(probed)))
         return now
+
+    def _note(self, name: str, load: EngineLoad) -> None:
+        """Tell the host whose metrics gave ``name``'s load, or why there was none; log a change."""
+        self.host.note_load(name, load.engine, load.unknown)
+        before = self._unknown.get(name, "")  # "": never probed
+        if load.unknown != before:
+            if load.unknown is not None:
+                log.warning(
+                    "load of replica %s unknown: %s; it is capped only by its max_inflight",
+                    name,
+                    load.unknown,
+                    extra={"replica": name},
+                )
+            elif before:
+                log.info("load of replica %s read from %s metrics again", name, load.engine)
+        self._unknown[name] = load.unknown

@@ -1,5 +1,9 @@
-"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /series[?after=SEQ]``
-(the last 10 minutes as samples), ``GET /health`` and ``GET /``, the live page.
+"""The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /`` (the live
+page), ``GET /series[?after=SEQ]`` (the last 10 minutes as samples), ``GET /metrics`` (Prometheus
+text, :mod:`luftpause.scheduler.metrics`), ``GET /livez`` and ``GET /readyz``
+(:mod:`luftpause.health`: ready once the first probe round of every replica is in, so that no
+dataplane is told every replica is healthy before one was seen), and ``GET /health``
+(``{"status": "ok"}`` while the process serves, as before ``/livez`` existed).
 
 The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
 :mod:`luftpause.scheduler.series` (with :mod:`luftpause.series`); ``/series`` is guarded like
@@ -16,11 +20,12 @@ another method 405 (with ``Allow``), a fault of ours 500.
 
 Access (:mod:`luftpause.auth`), checked before routing:
 
-* ``GET /health`` is open (liveness probes carry no token and may name the pod by any address);
+* ``/health``, ``/livez``, ``/readyz`` and ``/metrics`` are open (:data:`OPEN_PATHS`: probes
+  carry no token and may name the pod by any address; the metrics name no caller);
 * every other path is answered only for a ``Host`` on the allow-list
   (:class:`~luftpause.auth.hosts.HostAllowList`; 421 otherwise), so a DNS-rebinding page cannot
   read ``/status``, which names callers, nor drive the admin API;
-* with ``LUFTPAUSE_TOKEN`` set, every path but ``/`` and ``/health`` (``/status``, ``/series``,
+* with ``LUFTPAUSE_TOKEN`` set, every other path but the page ``/`` (``/status``, ``/series``,
   the admin API) needs ``Authorization: Bearer <token>`` (401 with ``WWW-Authenticate``
   otherwise). The page itself holds no data and stays open, like the runtime's monitor: its script
   takes the token from the page's own ``?token=`` (then keeps it in ``sessionStorage`` for the tab
@@ -43,12 +48,15 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from luftpause import health as probes
+from luftpause import metrics
 from luftpause.auth.hosts import HostAllowList
 from luftpause.auth.tokens import CHALLENGE, REFUSED, bearer_matches
 from luftpause.config import ListenerLimits
 from luftpause.listeners import aiohttp_deadline
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.metrics import SchedulerMetrics
 from luftpause.series import parse_after
 
 log = logging.getLogger("luftpause.scheduler")
@@ -84,8 +92,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error_response(SchedulerError.http_status, f"internal error: {type(exc).__name__}")
 
 
-OPEN_PATHS = frozenset({"/health"})
-"""Paths served to anyone: no token, no ``Host`` check."""
+OPEN_PATHS = frozenset({"/health", "/livez", "/readyz", "/metrics"})
+"""Paths served to anyone: no token, no ``Host`` check. Probes carry no token and name the pod by
+any address; ``/metrics`` holds counts and names no caller (Prometheus scrapes it, as the
+dataplane's)."""
 PAGE_PATH = "/"
 """The page: ``Host``-checked, but no token (it holds no data; its script sends the token)."""
 
@@ -148,16 +158,27 @@ def page_csp(page: bytes) -> str:
     )
 
 
+def readiness(host: SchedulerHost) -> dict[str, probes.Check]:
+    """``/readyz``'s checks: ``probed``, the first probe round is in."""
+    rounds = host.counts.probe_rounds
+    return {
+        "probed": probes.Check(
+            host.probed, f"{rounds} probe rounds of the replicas" if rounds else "no probe round yet"
+        )
+    }
+
+
 def status_app(
     host: SchedulerHost,
     token: str | None = None,
     hosts: HostAllowList | None = None,
     limits: ListenerLimits | None = None,
 ) -> web.Application:
-    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/health``
-    and the admin API (:mod:`.admin_http`) from ``host``; ``token`` (``LUFTPAUSE_TOKEN``,
-    ``None``: none), ``hosts`` (default: loopback and this machine's names) and ``limits`` (the
-    body deadline; default ``[scheduler.limits]``'s defaults) as the module docstring says.
+    """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/metrics``,
+    ``/livez``, ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``;
+    ``token`` (``LUFTPAUSE_TOKEN``, ``None``: none), ``hosts`` (default: loopback and this
+    machine's names) and ``limits`` (the body deadline; default ``[scheduler.limits]``'s defaults)
+    as the module docstring says.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
@@ -187,12 +208,32 @@ def status_app(
     async def health(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
+    def probe_answer(answer: tuple[int, bytes]) -> web.Response:
+        code, body = answer
+        return web.Response(status=code, body=body, content_type=probes.CONTENT_TYPE)
+
+    async def livez(request: web.Request) -> web.Response:
+        return probe_answer(probes.LIVE)
+
+    async def readyz(request: web.Request) -> web.Response:
+        return probe_answer(probes.report(readiness(host)))
+
+    registry = metrics.new_registry([SchedulerMetrics(host)])
+
+    async def exposition(request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(registry), headers={hdrs.CONTENT_TYPE: metrics.CONTENT_TYPE}
+        )
+
     hosts = hosts if hosts is not None else HostAllowList("127.0.0.1")
     deadline = aiohttp_deadline(limits if limits is not None else ListenerLimits())
     app = web.Application(middlewares=[json_errors, access_middleware(token, hosts), deadline])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
     app.router.add_get("/series", series)
+    app.router.add_get("/metrics", exposition)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/health", health)
     add_admin_routes(app, host)  # /admin/replicas (luftpause.scheduler.admin_http)
     return app

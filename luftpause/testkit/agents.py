@@ -16,6 +16,25 @@ or refusing is not hammered in a hot loop.
 Each run's system prompt is ``context_tokens`` tokens of text (about 4 bytes a token) that begins
 with the run id, so no two runs share a prompt prefix beyond the engine's template, as with real
 agents working on different tasks.
+
+Who decides a tool round (``AgentSettings.tool_rounds_by``):
+
+* ``"model"`` (the default): a round happens when the reply asks for tools, as above.
+* ``"agent"``: every reply counts as a tool call until ``tool_rounds`` were made, whatever the
+  model said, for models that never call tools (SmolLM2-135M on llama.cpp answers every turn in
+  text, with ``tool_choice: "required"`` too): the turns stay real inference, only the decision is
+  the agent's. A reply that carries tool calls is used as it is; one that does not is recorded as
+  the assistant message it was plus one ``lookup`` call of the agent's own (id ``call-<the run
+  id's last 12 characters>-<round>``, the reply's first 80 characters as its query), answered by
+  a ``tool`` message, so the conversation stays the well-formed OpenAI shape a real tool round has
+  (llama.cpp's ``--jinja`` renders it with SmolLM2's template, which drops the call and keeps the
+  result). The
+  engine and the proxy saw a reply without a tool call, so to luftpause that run is ``idle``, not
+  ``tool_paused``, between its turns (no affinity, no headroom held for it).
+
+``AgentSettings.spread`` sends the agents to several base URLs instead of ``proxy`` (agent ``i``
+to ``spread[i % n]``, counted over every group), for engines reached directly with no proxy in
+front; their ``DELETE /v1/runs/{id}`` then fails and is ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +43,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -53,6 +72,10 @@ LOOKUP_TOOL: dict[str, Any] = {
 }
 
 
+TOOL_ROUNDS_BY = ("model", "agent")
+"""Who decides that a reply is a tool round (module docstring)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AgentGroup:
     """``agents`` concurrent closed-loop agents of one service class and caller; ``headers`` are
@@ -69,6 +92,8 @@ class AgentSettings:
     """What every agent of a pass shares.
 
     ``proxy`` is the dataplane's base URL (``http://host:port``, no ``/v1``); times in seconds.
+    ``tool_rounds_by`` is ``"model"`` or ``"agent"`` and ``spread`` a tuple of base URLs (both in
+    the module docstring).
     """
 
     proxy: str
@@ -79,6 +104,12 @@ class AgentSettings:
     tool_seconds: float = 0.2
     max_tokens: int = 64
     token: str | None = None
+    tool_rounds_by: str = "model"
+    spread: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.tool_rounds_by not in TOOL_ROUNDS_BY:
+            raise ValueError(f"tool_rounds_by must be one of {TOOL_ROUNDS_BY}, not {self.tool_rounds_by!r}")
 
 
 @dataclass(slots=True)
@@ -258,6 +289,8 @@ async def run_once(
             outcome.cached_tokens += reply.cached_tokens
             if reply.ttft is not None:
                 outcome.ttfts.append(reply.ttft)
+            if offer_tool and not reply.tool_calls and settings.tool_rounds_by == "agent":
+                reply.tool_calls = [_agent_tool_call(run_id, outcome.tool_rounds, reply.content)]
             if not (offer_tool and reply.tool_calls):
                 outcome.state = "completed"
                 break
@@ -278,6 +311,19 @@ async def run_once(
         outcome.seconds = time.perf_counter() - started
     # A run cut at the deadline is cancelled above and never gets here: closed_loop ends it.
     await end_run(session, settings, run_id)
+
+
+def _agent_tool_call(run_id: str, round_: int, content: str) -> dict[str, Any]:
+    """The ``lookup`` call an agent makes of a reply that had none (``tool_rounds_by="agent"``)."""
+    query = " ".join(content.split())[:80] or "the task"
+    return {
+        "id": f"call-{run_id[-12:]}-{round_}",
+        "type": "function",
+        "function": {
+            "name": LOOKUP_TOOL["function"]["name"],
+            "arguments": orjson.dumps({"query": query}).decode(),
+        },
+    }
 
 
 async def end_run(session: aiohttp.ClientSession, settings: AgentSettings, run_id: str) -> None:
@@ -311,20 +357,23 @@ async def closed_loop(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
-        async def agent(group: int, spec: AgentGroup) -> None:
+        async def agent(group: int, spec: AgentGroup, number: int) -> None:
+            mine = settings
+            if settings.spread:
+                mine = replace(settings, proxy=settings.spread[number % len(settings.spread)])
             backoff = 0.0
             while time.monotonic() < deadline:
                 outcome = RunOutcome(group=group, service_class=spec.service_class, caller=spec.caller)
                 outcomes.append(outcome)
                 try:
                     await asyncio.wait_for(
-                        run_once(session, settings, spec, outcome), deadline - time.monotonic()
+                        run_once(session, mine, spec, outcome), deadline - time.monotonic()
                     )
                 except TimeoutError:
                     # wait_for cancelled the run and waited for it: it stays "unfinished", and is
                     # over for this agent, so the proxy is told as for any other end.
                     if outcome.run_id:
-                        await end_run(session, settings, outcome.run_id)
+                        await end_run(session, mine, outcome.run_id)
                     return
                 if on_outcome is not None:
                     on_outcome(outcome)
@@ -335,7 +384,6 @@ async def closed_loop(
                 pause = max(backoff, outcome.retry_after or 0.0)
                 await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
 
-        await asyncio.gather(
-            *(agent(index, spec) for index, spec in enumerate(groups) for _ in range(spec.agents))
-        )
+        specs = [(index, spec) for index, spec in enumerate(groups) for _ in range(spec.agents)]
+        await asyncio.gather(*(agent(index, spec, number) for number, (index, spec) in enumerate(specs)))
     return outcomes

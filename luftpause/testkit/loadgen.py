@@ -20,7 +20,8 @@ Two modes, one per invocation:
 * ``--agents N [--class C] [--caller NAME]``, repeatable for a mix (each ``--agents`` starts a
   group; the ``--class`` and ``--caller`` after it are that group's): closed-loop own-loop agents
   (:mod:`luftpause.testkit.agents`) through the proxy for ``--duration-s`` seconds, each run with
-  up to ``--tool-rounds`` tool rounds and a ``--context-tokens`` system prompt. A progress bar
+  up to ``--tool-rounds`` tool rounds (``--tool-rounds-by agent``: every reply counts as a tool
+  call, for models that never call tools) and a ``--context-tokens`` system prompt. A progress bar
   runs on a terminal; the summary is a table per class and caller group (runs/min, run time and
   time to first token p50 / p99, failures, and the prompt tokens the engine reported as served
   from its prefix cache); ``--json``::
@@ -46,9 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
-import math
 import os
 import sys
 import time
@@ -69,13 +68,17 @@ from luftpause.extras import MissingExtra
 try:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    from rich.table import Table
 except ImportError as exc:
     raise MissingExtra("tui", "its progress display", exc) from None
 
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
-from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
+from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, RunOutcome, closed_loop
+
+# percentile and summarize_agents are re-exported: bench/fanout.py and bench/flood.py import them here
+from luftpause.testkit.agents_summary import MAX_ERRORS_SHOWN, render_agents
+from luftpause.testkit.agents_summary import percentile as percentile
+from luftpause.testkit.agents_summary import summarize_agents as summarize_agents
 
 DEFAULT_TASK = (
     "Find out when the first transatlantic telegraph cable went into service and why it failed "
@@ -83,7 +86,6 @@ DEFAULT_TASK = (
 )
 AWAIT_SLICE_SECONDS = 60.0
 """Longest single ``await`` call; the runtime answers within it and we ask again."""
-MAX_ERRORS_SHOWN = 5
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
 # The SDK's own defaults for its HTTP client (mcp.shared._httpx_utils): 30 s to connect, write and
@@ -237,6 +239,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     agents.add_argument(
         "--max-tokens", type=int, default=64, metavar="T", help="reply length per turn (default 64)"
     )
+    agents.add_argument(
+        "--tool-rounds-by",
+        choices=TOOL_ROUNDS_BY,
+        default="model",
+        help="model: a round when the reply calls a tool (default); agent: every reply counts as a "
+        "tool call until --tool-rounds were made, for models that never call tools",
+    )
 
 
 @dataclass
@@ -279,14 +288,6 @@ class Summary:
             ),
             "errors": list(self.errors),
         }
-
-
-def percentile(sorted_values: list[float], pct: float) -> float | None:
-    """Nearest-rank percentile of already sorted values; ``None`` for none."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return round(sorted_values[rank - 1], 3)
 
 
 def _describe(exc: BaseException) -> str:
@@ -410,90 +411,6 @@ async def first_model(proxy: str, token: str | None) -> str:
     return str(models[0]["id"])
 
 
-def summarize_agents(
-    groups: list[AgentGroup], outcomes: list[RunOutcome], duration_s: float
-) -> dict[str, Any]:
-    """The ``--agents`` summary (shape in the module docstring) of ``outcomes`` over ``duration_s``."""
-    rows = []
-    errors: list[str] = []
-    for index, spec in enumerate(groups):
-        mine = [o for o in outcomes if o.group == index]
-        ended = [o for o in mine if o.state != "unfinished"]
-        completed = [o for o in mine if o.state == "completed"]
-        run_times = sorted(o.seconds for o in completed)
-        ttfts = sorted(t for o in mine for t in o.ttfts)
-        prompt_tokens = sum(o.prompt_tokens for o in mine)
-        cached = sum(o.cached_tokens for o in mine)
-        for o in mine:
-            if o.error and o.error not in errors and len(errors) < MAX_ERRORS_SHOWN:
-                errors.append(o.error)
-        rows.append(
-            {
-                "agents": spec.agents,
-                "class": spec.service_class,
-                "caller": spec.caller,
-                "completed": len(completed),
-                "failed": len(ended) - len(completed),
-                "unfinished": len(mine) - len(ended),
-                "runsPerMinute": round(len(completed) * 60.0 / duration_s, 2) if duration_s > 0 else None,
-                "turns": sum(o.turns for o in mine),
-                "toolRounds": sum(o.tool_rounds for o in mine),
-                "toolCalls": sum(o.tool_calls for o in mine),
-                "promptTokens": prompt_tokens,
-                "cacheHitRate": round(cached / prompt_tokens, 4) if prompt_tokens else None,
-                "runTimeP50": percentile(run_times, 50),
-                "runTimeP99": percentile(run_times, 99),
-                "ttftP50": percentile(ttfts, 50),
-                "ttftP99": percentile(ttfts, 99),
-            }
-        )
-    return {"durationS": duration_s, "groups": rows, "errors": errors}
-
-
-def render_agents(data: dict[str, Any]) -> str:
-    """The ``--agents`` summary as a table, one row per group."""
-    table = Table(title=f"luftpause loadgen: {data['durationS']:g} s closed loop")
-    for column in (
-        "class",
-        "caller",
-        "agents",
-        "runs/min",
-        "completed",
-        "failed",
-        "unfinished",
-        "run p50",
-        "run p99",
-        "TTFT p50",
-        "TTFT p99",
-        "cache hits",
-    ):
-        table.add_column(column, justify="left" if column in ("class", "caller") else "right")
-
-    def secs(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f} s"
-
-    for row in data["groups"]:
-        table.add_row(
-            row["class"],
-            row["caller"] or "(anonymous)",
-            str(row["agents"]),
-            f"{row['runsPerMinute']}",
-            str(row["completed"]),
-            str(row["failed"]),
-            str(row["unfinished"]),
-            secs(row["runTimeP50"]),
-            secs(row["runTimeP99"]),
-            secs(row["ttftP50"]),
-            secs(row["ttftP99"]),
-            "-" if row["cacheHitRate"] is None else f"{row['cacheHitRate']:.0%}",
-        )
-    console = Console(width=160, record=True, file=io.StringIO())
-    console.print(table)
-    for text in data["errors"]:
-        console.print(f"error: {text}", markup=False, highlight=False)
-    return console.export_text().rstrip("\n")
-
-
 async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> dict[str, Any]:
     """Run the ``--agents`` pass with a progress bar on a terminal; the summary as a dict."""
     proxy = args.proxy.rstrip("/")
@@ -507,6 +424,7 @@ async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> di
         tool_seconds=args.tool_seconds,
         max_tokens=args.max_tokens,
         token=args.token,
+        tool_rounds_by=args.tool_rounds_by,
     )
     progress = Progress(
         TextColumn("{task.description}"),

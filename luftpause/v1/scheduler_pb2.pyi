@@ -264,14 +264,16 @@ class LeasedTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., replica: _Optional[str] = ..., epoch: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
-    __slots__ = ("runs", "turns", "pongs")
+    __slots__ = ("runs", "turns", "pongs", "healthy_replicas")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     PONGS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     runs: int
     turns: int
     pongs: bool
-    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ..., pongs: _Optional[bool] = ...) -> None: ...
+    healthy_replicas: int
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ..., pongs: _Optional[bool] = ..., healthy_replicas: _Optional[int] = ...) -> None: ...
 
 class Ping(_message.Message):
     __slots__ = ("seq",)
@@ -280,7 +282,9 @@ class Ping(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class Pong(_message.Message):
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "healthy_replicas")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+    healthy_replicas: int
+    def __init__(self, seq: _Optional[int] = ..., healthy_replicas: _Optional[int] = ...) -> None: ...

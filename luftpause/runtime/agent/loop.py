@@ -160,8 +160,41 @@ class PathCheck(Protocol):
         else the refusal text."""
 
 
+BUILTIN_SERVER = "builtin"
+"""The ``server`` a call of one of the runtime's built-in tools is counted under."""
+
+NO_SERVER = "none"
+"""The ``server`` a call is counted under when it reached none: refused before it went out (not
+offered, invalid arguments, the tool budget spent, out of the run's scope, approval refused) or
+no server offers the tool."""
+
+TURN_OUTCOMES = ("answered", "failed")
+
+
+class LoopCounts:
+    """What the loop counts since the process started (``GET /metrics``): LLM turns by outcome
+    (``answered``; ``failed``: the dataplane refused or failed it), and tool calls the models made
+    and those that failed, by the upstream MCP server they went to (:data:`BUILTIN_SERVER`,
+    :data:`NO_SERVER` otherwise). Summed over servers, the tool counts are the runs' own
+    ``toolCalls`` and ``failedToolCalls`` of those calls."""
+
+    __slots__ = ("tool_calls", "tool_errors", "turns")
+
+    def __init__(self, servers: list[str]) -> None:
+        names = [*servers, BUILTIN_SERVER, NO_SERVER]
+        self.turns = dict.fromkeys(TURN_OUTCOMES, 0)
+        self.tool_calls = dict.fromkeys(names, 0)
+        self.tool_errors = dict.fromkeys(names, 0)
+
+    def tool_call(self, server: str, failed: bool) -> None:
+        self.tool_calls[server] = self.tool_calls.get(server, 0) + 1
+        if failed:
+            self.tool_errors[server] = self.tool_errors.get(server, 0) + 1
+
+
 class SubAgentLoop:
-    """Drives runs, with what every run shares (module docstring: its collaborators)."""
+    """Drives runs, with what every run shares (module docstring: its collaborators); what it
+    counts is :attr:`counts`."""
 
     def __init__(
         self,
@@ -181,6 +214,7 @@ class SubAgentLoop:
         self.arrivals = arrivals
         self.builtins = builtins
         self.path_check = path_check
+        self.counts = LoopCounts([server.name for server in upstream.servers])
 
     async def drive(self, run: Run) -> None:
         """Run ``run`` to its end and record the outcome (``completed`` with its answer, or
@@ -290,8 +324,12 @@ class SubAgentLoop:
                         run_spans.traceparent_headers(),  # the run's turn span, when tracing
                     )
                     run_spans.turn_reply(span, reply)
+            except TurnFailed:
+                self.counts.turns["failed"] += 1
+                raise
             finally:
                 run.costs.turn_seconds += time.monotonic() - began
+            self.counts.turns["answered"] += 1
             run.costs.turns += 1
             _count_usage(run, reply)
             self._counted()
@@ -362,8 +400,11 @@ class SubAgentLoop:
             run.costs.tool_calls += 1
             self._counted()
             with run_spans.execute_tool(call) as span:
-                text, failed = await self._execute(run, call, offered, within_budget, index, pending.turn)
+                text, failed, server = await self._execute(
+                    run, call, offered, within_budget, index, pending.turn
+                )
                 run_spans.tool_outcome(span, failed, text)
+            self.counts.tool_call(server, failed)
             if failed:
                 run.costs.failed_tool_calls += 1
             result = {"role": "tool", "tool_call_id": call_id, "content": text}
@@ -385,36 +426,35 @@ class SubAgentLoop:
         within_budget: bool,
         index: int = 0,
         turn: int = 0,
-    ) -> tuple[str, bool]:
+    ) -> tuple[str, bool, str]:
         """One tool call, the ``index``-th of the reply to turn ``turn``: ``(text for the model,
-        failed)``. Never raises but for cancellation."""
+        failed, server)``, ``server`` being the one it went to (:data:`BUILTIN_SERVER`,
+        :data:`NO_SERVER`, else an upstream server's name). Never raises but for cancellation."""
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(function, dict) or not isinstance(name, str) or not name:
-            return "Error: the tool call names no function", True
+            return "Error: the tool call names no function", True, NO_SERVER
         spent = f"Error: the tool budget ({run.spec.max_tool_calls} calls) is spent; answer now"
         tool = offered.get(name)
         if tool is None:
-            return (
-                (spent, True)
-                if not within_budget
-                else (f"Error: the tool {name!r} is not offered to you", True)
-            )
+            refused = spent if not within_budget else f"Error: the tool {name!r} is not offered to you"
+            return refused, True, NO_SERVER
         if not within_budget:
-            return spent, True
+            return spent, True, NO_SERVER
         try:
             arguments = prepare_arguments(function.get("arguments"), tool.input_schema or {})
         except ToolArgumentsError as exc:
-            return f"Error: invalid arguments for {name}: {exc}", True
+            return f"Error: invalid arguments for {name}: {exc}", True, NO_SERVER
         if self.builtins is not None and name in {t.name for t in self.builtins.offered(run)}:
             # The run's scope gates the built-in tools, not a person (pods/).
-            return await self.builtins.call(run, name, arguments)
+            text, failed = await self.builtins.call(run, name, arguments)
+            return text, failed, BUILTIN_SERVER
         if self.path_check is not None:
             refusal = self.path_check.upstream_refusal(run, name, arguments)
             if refusal is not None:
-                return refusal, True
+                return refusal, True, NO_SERVER
         refusal = await self.approve(run, name, arguments, index)
         if refusal is not None:
-            return refusal, True
+            return refusal, True, NO_SERVER
         outcome = await self.upstream.call_tool(name, arguments, call_id(run.handle, turn, index))
-        return outcome.text, outcome.failed
+        return outcome.text, outcome.failed, outcome.server or NO_SERVER

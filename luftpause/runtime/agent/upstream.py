@@ -96,10 +96,12 @@ def call_id(handle: str, turn: int, index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What one tool call gave back: the text for the model and whether it failed."""
+    """What one tool call gave back: the text for the model, whether it failed, and the name of
+    the server it went to (``""``: none offers the tool)."""
 
     text: str
     failed: bool
+    server: str = ""
 
 
 def openai_tool(tool: Tool) -> dict[str, Any]:
@@ -467,11 +469,13 @@ class UpstreamPool:
             )
         except Exception as exc:
             where = f"tool {name} on MCP server {server.name}"
-            return ToolOutcome(f"Error: {where}: {_describe(exc)}", failed=True)
+            return ToolOutcome(f"Error: {where}: {_describe(exc)}", failed=True, server=server.name)
         text = result_text(result)
         if result.is_error:
-            return ToolOutcome(_as_error(text or "the tool reported an error"), failed=True)
-        return ToolOutcome(text, failed=False)
+            return ToolOutcome(
+                _as_error(text or "the tool reported an error"), failed=True, server=server.name
+            )
+        return ToolOutcome(text, failed=False, server=server.name)
 
     def catalog(self, allowed: frozenset[str] | None) -> list[dict[str, Any]]:
         """The tools a sub-agent allowed ``allowed`` (``None``: every tool) may use, by server, in

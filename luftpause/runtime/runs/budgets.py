@@ -103,13 +103,13 @@ def exceeded_message(which: str, used: float, limit: float) -> str:
 
 def first_exceeded(
     run: Run, runs: Mapping[str, Run], now: float, ahead: Mapping[str, float] | None = None
-) -> tuple[Run, str] | None:
+) -> tuple[Run, str, str] | None:
     """The outermost run among ``run`` and its ancestors whose budget is exceeded (its subtree
-    holds every other such subtree on the way up), with the message (:func:`exceeded_message`);
-    ``None`` when every budget on the way up holds. ``ahead`` is what the caller is about to use
-    (``{"toolCalls": 1}`` before a call): a budget that it would pass counts as exceeded, with it
-    counted in the message."""
-    found: tuple[Run, str] | None = None
+    holds every other such subtree on the way up), with which budget (a key of its ``limits``)
+    and the message (:func:`exceeded_message`); ``None`` when every budget on the way up holds.
+    ``ahead`` is what the caller is about to use (``{"toolCalls": 1}`` before a call): a budget
+    that it would pass counts as exceeded, with it counted in the message."""
+    found: tuple[Run, str, str] | None = None
     for node in ancestors(run, runs):
         limits = node.spec.limits
         if not limits:
@@ -118,6 +118,6 @@ def first_exceeded(
         for which, limit in limits.items():
             total = used[which] + (ahead or {}).get(which, 0)
             if total > limit:
-                found = node, exceeded_message(which, total, limit)
+                found = node, which, exceeded_message(which, total, limit)
                 break
     return found

@@ -51,6 +51,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -93,6 +94,7 @@ __all__ = [
     "Counters",
     "Drive",
     "Run",
+    "RunCounts",
     "RunListener",
     "RunRegistry",
     "RunState",
@@ -107,6 +109,20 @@ log = logging.getLogger("luftpause.runtime.runs")
 
 Drive = Callable[[Run], Coroutine[Any, Any, None]]
 """What drives one run from where it stands to its end (the sub-agent loop's ``drive``)."""
+
+
+FINAL_STATES: tuple[RunState, ...] = ("completed", "failed", "cancelled")
+
+
+@dataclass(slots=True)
+class RunCounts:
+    """What the registry counts since the process started (``GET /metrics``): runs it recorded
+    (replayed ones are not new), runs that ended by final state (not those the shutdown
+    interrupted: they resume), and subtrees cancelled because a budget ran out, by budget."""
+
+    started: int = 0
+    ended: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINAL_STATES, 0))
+    budget_cancellations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUDGET_KEYS, 0))
 
 
 class RunListener(Protocol):
@@ -187,6 +203,10 @@ class RunRegistry:
         # Runs that leaving the registry cancelled before they finished, in start order; a list of
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
+        self.counts = RunCounts()
+        self.ready = False
+        """True from when the journal is replayed and its unfinished runs resumed (:meth:`serving`)
+        until the registry is left: the runtime's readiness."""
 
     @property
     def retained_total(self) -> int:
@@ -218,8 +238,10 @@ class RunRegistry:
             self._drive = drive
             try:
                 self._resume()
+                self.ready = True
                 yield self
             finally:
+                self.ready = False
                 self._drive = None
 
     async def __aenter__(self) -> RunRegistry:
@@ -276,6 +298,7 @@ class RunRegistry:
         if parent is not None:
             parent.children.append(run.handle)
         run.durability.start_written = self.append(run, run.start_record())
+        self.counts.started += 1
         self.changes.bump()
         return run
 
@@ -405,6 +428,7 @@ class RunRegistry:
         self._checkpoints.pop(run.handle, None)
         if not run.interrupted:
             self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
+            self.counts.ended[state] = self.counts.ended.get(state, 0) + 1
         if self._runs.get(run.handle) is run:
             self.retention.finished(run)
             self.evict_expired()
@@ -463,9 +487,10 @@ class RunRegistry:
         (:func:`luftpause.runtime.runs.budgets.first_exceeded`)."""
         found = first_exceeded(run, self._runs, time.time(), ahead)
         if found is not None:
-            holder, message = found
+            holder, which, message = found
             holder.exceeded = holder.exceeded or message
-            self._cancel_subtree(holder, message)
+            if self._cancel_subtree(holder, message):
+                self.counts.budget_cancellations[which] = self.counts.budget_cancellations.get(which, 0) + 1
 
     # Pods: messages to a run and graceful stops (luftpause.runtime.pods decides who may).
 

@@ -2,8 +2,9 @@
 
 Owns: the bearer token and the JSON error body (:mod:`.auth`), ``GET /status`` with its CORS and
 the JSON answers of routing errors (:mod:`.status`), the monitor page and its routes
-(:mod:`.monitor`, ``monitor.html``).
+(:mod:`.monitor`, ``monitor.html``), ``GET /metrics`` and ``/readyz``'s checks (:mod:`.metrics`).
 
 May import: :mod:`luftpause.runtime.errors`, :mod:`luftpause.runtime.runs`,
-:mod:`luftpause.runtime.pods`, :mod:`luftpause.config`.
+:mod:`luftpause.runtime.pods`, :mod:`luftpause.config`, :mod:`luftpause.metrics`,
+:mod:`luftpause.health`. What the loop counts it is given, through a protocol.
 """

@@ -1,7 +1,7 @@
 """The runtime's HTTP edge: the shared bearer token and the JSON error body.
 
 Auth (docs/architecture.md "Auth"): when ``LUFTPAUSE_TOKEN`` is set, every HTTP request to the runtime except
-``GET /health`` (so ``/mcp``, ``GET /status`` and any other path) must carry
+:data:`OPEN_PATHS` (so ``/mcp``, ``GET /status`` and any other path) must carry
 ``Authorization: Bearer <token>``; the token is compared in constant time. Anything else is answered
 401 with ``WWW-Authenticate: Bearer`` and the JSON error body. Unset, every request is accepted
 (the server logs a warning at start).
@@ -26,8 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
-OPEN_PATHS = frozenset({"/health", "/monitor"})  # the monitor page holds no data
-"""Paths served without the token: liveness probes (``ChildProcess``, compose, Kubernetes) carry none."""
+OPEN_PATHS = frozenset({"/health", "/livez", "/readyz", "/metrics", "/monitor"})  # the page holds no data
+"""Paths served without the token: probes (``ChildProcess``, compose, Kubernetes) and Prometheus
+scrapes carry none (the dataplane's ``/metrics`` is open too)."""
 
 JSONRPC_UNAUTHORIZED = -32001
 """JSON-RPC error code of a refused token (JSON-RPC 2.0 section 5.1, server-error range)."""
