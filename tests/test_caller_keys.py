@@ -260,6 +260,17 @@ def test_a_clients_caller_is_its_keys_and_the_header_cannot_claim_another(keyed:
     assert callers.get("team-b") == 1, callers  # only team-b's own turn counts as team-b
 
 
+def test_a_key_sent_as_x_api_key_is_taken_as_the_anthropic_clients_send_it(keyed: Stack) -> None:
+    tag = uuid.uuid4().hex[:6]
+    body = {"model": keyed.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    headers = {"x-api-key": TEAM_B, "x-luftpause-caller": f"team-b/x-{tag}", "x-luftpause-run-id": f"x-{tag}"}
+    answered = httpx.post(
+        f"{keyed.dataplane_url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    )
+    assert answered.status_code == 200, answered.text
+    assert _callers(keyed).get(f"team-b/x-{tag}") == 1
+
+
 def test_a_key_that_may_not_narrow_is_always_its_caller(keyed: Stack) -> None:
     before = _callers(keyed).get("fixed", 0)
     _turn(keyed, FIXED, **{"x-luftpause-caller": "somebody-else"})
@@ -269,7 +280,9 @@ def test_a_key_that_may_not_narrow_is_always_its_caller(keyed: Stack) -> None:
 
 
 def test_the_shared_token_or_an_unknown_key_is_refused_401_once_keys_are_configured(keyed: Stack) -> None:
-    refusal = {"error": {"message": "missing or unknown caller key (Authorization: Bearer <your key>)"}}
+    refusal = {
+        "error": {"message": "missing or unknown caller key (Authorization: Bearer <your key>, or x-api-key)"}
+    }
     for key in (TOKEN, "not-a-configured-key-0000"):
         with pytest.raises(openai.AuthenticationError) as caught:
             _turn(keyed, key)

@@ -290,8 +290,8 @@ class Access:
     def refusal(self) -> str:
         """The message of a 401."""
         if self.keys is not None:
-            return "missing or unknown caller key (Authorization: Bearer <your key>)"
-        return "missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)"
+            return "missing or unknown caller key (Authorization: Bearer <your key>, or x-api-key)"
+        return "missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>, or x-api-key)"
 
     def allows(self, authorization: str | bytes | None) -> bool:
         """Whether a request with this ``Authorization`` value may use the ``/v1`` routes."""
