@@ -118,6 +118,60 @@ def _http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+class TlsListener(_Section):
+    """TLS on one listener (opt-in, for deployments across hosts): PEM files, paths relative to the
+    working directory. ``[scheduler.tls]`` serves both the scheduler's gRPC port and its HTTP
+    status port; ``[dataplane.tls]`` and ``[runtime.tls]`` their HTTP listener
+    (:mod:`luftpause.auth.tls`)."""
+
+    cert: str = Field(min_length=1)
+    """The server's certificate chain (PEM)."""
+    key: str = Field(min_length=1)
+    """Its private key (PEM, PKCS#8: ``-----BEGIN PRIVATE KEY-----``, what granian reads)."""
+    client_ca: str | None = None
+    """CA certificates (PEM): with it, every client must present a certificate one of them
+    signed (mutual TLS); without, any client may connect (its token still checked)."""
+
+
+class TlsPeer(_Section):
+    """TLS towards a server (``[dataplane.scheduler_tls]``, ``[runtime.dataplane_tls]``): present,
+    the link uses TLS."""
+
+    ca: str | None = None
+    """CA certificates (PEM) the server's certificate must chain to; unset: the system's roots."""
+    cert: str | None = None
+    """This client's certificate chain (PEM), for a server that asks for one (mutual TLS)."""
+    key: str | None = None
+    """Its private key (PEM)."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsPeer:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("expected both 'cert' and 'key' (mutual TLS) or neither")
+        return self
+
+
+class ListenerLimits(_Section):
+    """What one HTTP listener gives a client (:mod:`luftpause.listeners`): slow or silent clients
+    are cut off, and connections are bounded."""
+
+    header_timeout_s: float = Field(default=10.0, gt=0, le=60)
+    """Seconds a client may take to send a request's head (line and headers), and the longest a
+    kept-alive connection waits for its next request; then the connection is closed (no answer
+    can be sent: the request is not known yet). At most 60 (granian's limit)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds from a request's head to the end of its body; a body not complete by then is
+    answered 408 with the JSON error body and its connection closed."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Requests served at once; one more is answered 503 with the JSON error body (and
+    ``Retry-After: 1``). Connections past this plus a margin wait, unaccepted, in the kernel's
+    backlog until one closes."""
+    stop_timeout_s: float = Field(default=10.0, ge=0, le=600)
+    """Seconds a stop (SIGTERM, Ctrl-C) waits for the requests still open (streams, held turns,
+    long MCP calls) before it cuts them off: a stream is then broken, a request not yet answered
+    gets 503 with the JSON error body."""
+
+
 class LimitsConfig(_Section):
     """Protection limits of one service class, or a caller's overrides (every key optional: unset
     is no limit, or for a caller the class's own)."""
@@ -168,6 +222,15 @@ class SchedulerConfig(_Section):
     http: str = "127.0.0.1:5001"
     """HTTP listen address (``host:port``) for ``GET /status``, the live page ``/``, ``/metrics``,
     ``/livez``, ``/readyz`` and ``/health``."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names (without port) the HTTP routes but ``/health`` answer for, besides the loopback
+    names, IP addresses, this machine's host name and the ``http`` listen host: any other
+    ``Host`` is refused 421, so a DNS-rebinding page cannot read ``/status``. ``["*"]``:
+    any host (:mod:`luftpause.auth.hosts`)."""
+    tls: TlsListener | None = None
+    """TLS (and mutual TLS) on the gRPC port and the HTTP port."""
+    limits: ListenerLimits = ListenerLimits()
+    """Slow clients and connections at the HTTP port."""
     dataplane_grace_s: float = Field(default=60.0, gt=0)
     """Seconds a dataplane may be without a Connect stream before the turns placed for it are
     released (it is taken as gone for good); a reconnect or restart under the same id fits inside."""
@@ -198,6 +261,16 @@ class DataplaneConfig(_Section):
     ``/health``."""
     scheduler: str = "127.0.0.1:5000"
     """Where the scheduler's gRPC endpoint is (``host:port``)."""
+    caller_keys: str | None = None
+    """A TOML file of caller keys (API keys, each mapped to a caller and the service classes it
+    may use; :mod:`luftpause.auth.callers`), relative paths from the working directory. With
+    keys (from this file or ``LUFTPAUSE_CALLER_KEYS``), the ``/v1`` routes take only them."""
+    tls: TlsListener | None = None
+    """TLS (and mutual TLS) on the HTTP listener."""
+    limits: ListenerLimits = ListenerLimits()
+    """Slow clients and connections at the HTTP listener."""
+    scheduler_tls: TlsPeer | None = None
+    """TLS on the link to the scheduler (for a scheduler with ``[scheduler.tls]``)."""
 
     _check = field_validator("listen", "scheduler")(_host_port)
 
@@ -222,6 +295,16 @@ class RuntimeConfig(_Section):
     """Bytes (tasks, system prompts, conversations, outputs) that finished runs keep in memory
     and in the compacted journal; past it the least recently finished drop their conversation,
     then are forgotten."""
+    dataplane_key_env: str | None = None
+    """Name of the environment variable holding the caller key the runtime's own turns carry
+    to the dataplane (its ``Authorization: Bearer``); unset: ``LUFTPAUSE_TOKEN``. Needed when
+    the dataplane has caller keys: their callers are then ``<the key's caller>/<MCP caller>``."""
+    tls: TlsListener | None = None
+    """TLS (and mutual TLS) on the HTTP listener."""
+    limits: ListenerLimits = ListenerLimits()
+    """Slow clients and connections at the HTTP listener."""
+    dataplane_tls: TlsPeer | None = None
+    """TLS options towards an ``https://`` dataplane (its CA, this runtime's client certificate)."""
     instructions_dir: str | None = None
     """Folder of named system prompts: ``spawn(instruction="reviewer")`` gives the run the text of
     ``<dir>/reviewer.md``, and ``default.md``, when there is one, is the system prompt of a run
@@ -234,6 +317,10 @@ class RuntimeConfig(_Section):
     @classmethod
     def _dataplane_url(cls, value: str) -> str:
         return _http_url(value)
+
+    def dataplane_key(self) -> str | None:
+        """The caller key read from ``dataplane_key_env`` at call time, or ``None``."""
+        return (os.environ.get(self.dataplane_key_env) or None) if self.dataplane_key_env else None
 
 
 class ReplicaConfig(_Section):
@@ -489,6 +576,11 @@ def describe_fields(error: ValidationError) -> str:
     """A strict model's faults in this module's words, ``key: expected ..., got ...`` joined by
     ``; `` (for a table that comes from elsewhere than the file: the admin API's replica)."""
     return "; ".join(f"{_key(item['loc']) or '(top level)'}: {_explain(item)}" for item in error.errors())
+
+
+def arrays_as_tuples(value: Any) -> Any:
+    """TOML data with every array a tuple, for a strict model whose sequences are tuples."""
+    return _arrays_as_tuples(value)
 
 
 def _arrays_as_tuples(value: Any) -> Any:

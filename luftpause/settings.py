@@ -297,6 +297,38 @@ def default_text(info: FieldInfo) -> str:
     return "(unset)" if default is None else f"= {toml_value(default)}"
 
 
+def sub_table(info: FieldInfo) -> type[BaseModel] | None:
+    """The table class of a key that is a sub-table (``[dataplane] limits``, ``tls``); else ``None``."""
+    return _model_class(info.annotation)
+
+
+def _wrapped(head: str, info: FieldInfo, width: int) -> list[str]:
+    """``head`` and the key's description below it, wrapped."""
+    lines = [head.rstrip()]
+    description = plain_description(info)
+    if description:
+        lines += textwrap.wrap(
+            description,
+            width,
+            initial_indent=" " * 6,
+            subsequent_indent=" " * 6,
+            break_long_words=False,  # a URL or a path stays whole
+            break_on_hyphens=False,
+        )
+    return lines
+
+
+def _key_help(
+    path: KeyPath, info: FieldInfo, flags: Mapping[KeyPath, str], file_only: bool, width: int
+) -> list[str]:
+    """One key's lines: ``  key = default  --flag  $VARIABLE`` and its description."""
+    names = [] if file_only else [flags.get(path, ""), "$" + env_name(path)]
+    key = ".".join(path[1:])
+    return _wrapped(
+        "  ".join(item for item in (f"  {key} {default_text(info)}", *names) if item), info, width
+    )
+
+
 def help_text(
     model: type[BaseModel], parts: Sequence[str], flags: Mapping[KeyPath, str], width: int = 100
 ) -> str:
@@ -318,22 +350,18 @@ def help_text(
         else:
             raise KeyError(part)
         keys = [only] if only else list(cls.model_fields)
+        lines = groups.setdefault(title, [])
         for key in keys:
             info = cls.model_fields[key]
-            names = [] if file_only else [flags.get((table, key), ""), "$" + env_name((table, key))]
-            head = "  ".join(item for item in (f"  {key} {default_text(info)}", *names) if item)
-            lines = [head]
-            description = plain_description(info)
-            if description:
-                lines += textwrap.wrap(
-                    description,
-                    width,
-                    initial_indent=" " * 6,
-                    subsequent_indent=" " * 6,
-                    break_long_words=False,  # a URL or a path stays whole
-                    break_on_hyphens=False,
-                )
-            groups.setdefault(title, []).extend(lines)
+            sub = sub_table(info)
+            if sub is None or file_only:
+                lines += _key_help((table, key), info, flags, file_only, width)
+                continue
+            # A sub-table ([dataplane.limits]): its description, then each of its keys, which has
+            # a variable of its own (LUFTPAUSE_DATAPLANE__LIMITS__BODY_TIMEOUT_S).
+            lines += _wrapped(f"  [{table}.{key}] {'(unset) ' if info.default is None else ''}", info, width)
+            for sub_key, sub_info in sub.model_fields.items():
+                lines += _key_help((table, key, sub_key), sub_info, flags, file_only, width)
     out = textwrap.wrap(f"settings this process reads ({PRECEDENCE}; README: Configuration):", width)
     for title, lines in groups.items():
         out += ["", title, *lines]

@@ -299,7 +299,7 @@ def banner(
     if token_set:
         page = dict(urls)
         rows += [
-            ("token", f"{TOKEN_ENV} is set: /v1, /mcp and the runtime's /status need"),
+            ("token", f"{TOKEN_ENV} is set: /v1, /mcp and both /status need"),
             ("", "'Authorization: Bearer <token>'; the pages take ?token=<token> in their address:"),
             ("", f"{page['scheduler page']}&token=${TOKEN_ENV}"),
             ("", f"{page['runtime monitor']}?token=${TOKEN_ENV}"),

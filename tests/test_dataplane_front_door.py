@@ -570,7 +570,7 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
         before = scrape(stack)
     # else one of them ending during this test would be counted as one of its turns
     assert before[("luftpause_dataplane_turns_in_flight", ())] == 0, "earlier turns never ended"
-    leased_before = orjson.loads(request(stack, "GET", "/health")[2])["leased_turns"]
+    leased_before = orjson.loads(request(stack, "GET", "/health")[2])["leased_turns_total"]
     client = openai.OpenAI(base_url=f"{stack.dataplane_url}/v1", api_key="unused", max_retries=0)
     relayed = 0
     # finished: one streamed, one whole (interactive), one whole (batch)
@@ -633,7 +633,7 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
     assert by_class(after, ttft, "interactive") - by_class(before, ttft, "interactive") == 2
     assert by_class(after, ttft, "batch") - by_class(before, ttft, "batch") == 1
     held = "luftpause_dataplane_held_seconds_count"
-    leased = orjson.loads(request(stack, "GET", "/health")[2])["leased_turns"] - leased_before
+    leased = orjson.loads(request(stack, "GET", "/health")[2])["leased_turns_total"] - leased_before
     assert delta(held, interactive) <= 3 and delta(held, batch) <= 1
     assert delta(held, interactive) + delta(held, batch) + leased == 4
     assert delta("luftpause_dataplane_relayed_bytes_total") == relayed

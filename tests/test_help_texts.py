@@ -60,6 +60,15 @@ def test_a_process_help_lists_every_setting_it_reads_with_its_default_variable_a
         for key, info in model.model_fields.items():
             if only and key != only:
                 continue
+            sub = settings.sub_table(info) if table in tables else None
+            if sub is not None:  # a sub-table ([dataplane.limits]): a head, then each of its keys
+                unset = " (unset)" if info.default is None else ""
+                assert f"[{table}.{key}]{unset} {settings.plain_description(info)}" in shown
+                for sub_key, sub_info in sub.model_fields.items():
+                    line = f"{key}.{sub_key} {settings.default_text(sub_info)}"
+                    line += f" ${settings.env_name((table, key, sub_key))}"
+                    assert f"{line} {settings.plain_description(sub_info)}" in shown
+                continue
             line = f"{key} {settings.default_text(info)}"
             if table in tables:
                 flag = f" {settings.flag_name(key)}" if (table, key) in flags else ""

@@ -349,6 +349,37 @@ def test_a_runtime_that_refuses_the_token_is_named_on_the_page(tmp_path: Path) -
             child.stop()
 
 
+def test_the_page_sends_its_token_to_a_scheduler_that_needs_one(tmp_path: Path) -> None:
+    """A scheduler with ``LUFTPAUSE_TOKEN`` answers ``/status`` only with it: the page, open
+    itself, sends its ``?token=`` (kept for the tab) and says when it is missing or refused."""
+    status_port = free_port()
+    config = tmp_path / "luftpause.toml"
+    config.write_text(
+        f'[scheduler]\ngrpc = "127.0.0.1:{free_port()}"\nhttp = "127.0.0.1:{status_port}"\n\n'
+        '[[replicas]]\nname = "solo"\nurl = "http://127.0.0.1:1"\nhealth_path = ""\nmodels = ["m"]\n'
+    )
+    scheduler = ChildProcess(
+        "scheduler",
+        ["scheduler", "--config", str(config)],
+        tmp_path / "scheduler.log",
+        env={"LUFTPAUSE_TOKEN": TOKEN},
+        ready_url=f"http://127.0.0.1:{status_port}/health",
+    )
+    try:
+        scheduler.start().wait_ready()
+        page = f"http://127.0.0.1:{status_port}/"
+        for query, expected in [("", "needs its LUFTPAUSE_TOKEN"), ("?token=wrong", "refused the token")]:
+            dom = dump_dom(page + query)
+            assert poll_state(dom) == "error"
+            text = by_id(dom, "poll").text()
+            assert "401" in text and expected in text, text
+        dom = dump_dom(f"{page}?token={TOKEN}")
+        assert poll_state(dom) == "ok", by_id(dom, "poll").text()
+        assert TOKEN not in json.dumps(dom.text())
+    finally:
+        scheduler.stop()
+
+
 def test_a_failed_poll_is_shown_with_when_data_was_last_good(
     serve: Callable[[dict[str, Route]], RoutesServer],
 ) -> None:

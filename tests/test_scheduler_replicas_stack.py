@@ -29,24 +29,15 @@ TOKEN = "admin-test-token"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # one slot per replica, 20 ms per token; the anonymous caller may hold at most 2 turns
     limits = "[scheduler.protection.interactive]\nmax_held = 2\n"
+    # The token of the whole stack: the scheduler's admin API takes it, and so does its gRPC link
+    # (a dataplane without it is refused), the stack's own requests carry it.
     running = Stack.start(
-        tmp_path_factory.mktemp("replicas"), max_inflight=1, decode_ms=20.0, scheduler_config=limits
+        tmp_path_factory.mktemp("replicas"),
+        max_inflight=1,
+        decode_ms=20.0,
+        scheduler_config=limits,
+        env={"LUFTPAUSE_TOKEN": TOKEN},
     )
-    # the token only for the scheduler (its admin API), so that the stack's own clients need none
-    old = running.children["scheduler"]
-    old.stop()
-    scheduler = ChildProcess(
-        "scheduler",
-        old.args,
-        old.log_path,
-        env={**old.env, "LUFTPAUSE_TOKEN": TOKEN},
-        ready_url=old.ready_url,
-        program=old.program,
-        cwd=old.cwd,
-        replace_env=True,
-    )
-    running.children["scheduler"] = scheduler.start()
-    scheduler.wait_ready()
     running.wait_connected()
     try:
         yield running

@@ -148,7 +148,7 @@ def test_the_banner_names_every_page_and_where_the_token_goes_only_when_it_is_se
     printed = banner(config, tmp_path, token_set=True)
     for url in (dict(pages(config))[what] for what in ("scheduler page", "runtime monitor")):
         assert url in printed
-    assert "LUFTPAUSE_TOKEN is set: /v1, /mcp and the runtime's /status need" in printed
+    assert "LUFTPAUSE_TOKEN is set: /v1, /mcp and both /status need" in printed
     assert "http://127.0.0.1:5001/?runtime=http://127.0.0.1:7000&token=$LUFTPAUSE_TOKEN\n" in printed
     assert "http://127.0.0.1:7000/monitor?token=$LUFTPAUSE_TOKEN\n" in printed
 

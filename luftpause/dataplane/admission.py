@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
+from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.dataplane.runs import RunTable, resync_parts
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
@@ -190,9 +191,16 @@ class SchedulerLink:
     """
 
     def __init__(
-        self, target: str, runs: RunTable, dataplane_id: str | None = None, takes_leases: bool = True
+        self,
+        target: str,
+        runs: RunTable,
+        dataplane_id: str | None = None,
+        takes_leases: bool = True,
+        credentials: LinkCredentials | None = None,
     ) -> None:
         self.target = target
+        self.credentials = credentials or LinkCredentials()
+        """The token and TLS of the link (:mod:`luftpause.auth.grpc_link`)."""
         self.takes_leases = takes_leases
         self._leases: dict[str, _Lease] = {}
         """Replica -> the lease held there, on the current stream (empty between streams)."""
@@ -230,9 +238,9 @@ class SchedulerLink:
 
     async def start(self) -> None:
         """Open the channel and start keeping a stream open (in the background, every ``RETRY_S``)."""
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = self.credentials.channel(
             self.target,
-            options=[
+            [
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
@@ -450,7 +458,7 @@ class SchedulerLink:
                 outbox.put(pb.DataplaneItem(admit=request))
         self._outbox, self._overflowed = outbox, False
         parts = await resync_parts(snapshot, self.dataplane_id, pending, self.takes_leases)
-        call: _Call = self._stub.Connect()
+        call: _Call = self._stub.Connect(metadata=self.credentials.metadata)
         # Every part of the resync goes first, one per message; then the writer sends the rest.
         writer = asyncio.create_task(self._write(outbox, call, parts), name="luftpause-connect-writer")
         pinger: asyncio.Task[None] | None = None

@@ -15,9 +15,13 @@ Routes (docs/architecture.md "The proxy"):
                                (``GET /v1/models/{id}``: one of them)
 ``DELETE /v1/runs/{id}``       the run ended: the scheduler forgets it at once (204)
 ``GET /health``                ``{"status": "ok", "scheduler": "connected" | "connecting", "runs": int,
-                               "leases": {replica: unused leased slots}, "leased_turns": int}``
-                               (runs: in the run table; leased_turns: placed under a lease since
-                               start, with no round trip to the scheduler)
+                               "in_flight": int, "held": int, "leases": {replica: unused leased
+                               slots}, "leased_turns_total": int}`` (runs: in the run table;
+                               in_flight: turns at an engine now; held: turns waiting for the
+                               scheduler now; leased_turns_total: a counter, the turns placed
+                               under a lease since start, with no round trip to the scheduler;
+                               it was ``leased_turns``, which read as turns leased now: 12 on an
+                               idle pool)
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
 ``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
                                ready while the scheduler link is resynced and the scheduler counts
@@ -29,7 +33,9 @@ messages answer, remembered 30 min; else a new run), ``x-luftpause-class``
 (``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``
 with its ``tracestate`` (both sent on to the engine).
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``, or the
-token as ``x-api-key`` (what the Anthropic clients send). Errors on the Messages and Responses
+token as ``x-api-key`` (what the Anthropic clients send); with caller keys, a configured key
+instead (sent either way), which also decides the turn's caller and the service classes it may
+use (:mod:`luftpause.auth.callers`; 403 for another class). Errors on the Messages and Responses
 routes take their API's shape (``front_doors.error_body``).
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
@@ -41,7 +47,6 @@ belongs to no run, and its ``x-luftpause-run-id`` request header is ignored.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import socket
@@ -53,6 +58,8 @@ from pydantic import ValidationError
 
 from luftpause import health as probes
 from luftpause import tracing
+from luftpause.auth.callers import Access, CallerRefused
+from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.config import Config, ReplicaConfig, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
@@ -71,6 +78,7 @@ from luftpause.dataplane.asgi import (
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
+    Forbidden,
     MethodNotAllowed,
     NotFound,
     TooManyRequests,
@@ -108,7 +116,6 @@ PRUNE_EVERY_S = 60.0
 """How often expired runs, tool-call ids and ended runs are forgotten (one task for all three)."""
 MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
-TOKEN_ENV = "LUFTPAUSE_TOKEN"
 DECIDE_PATH = "/v1/decide"
 
 _CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
@@ -141,8 +148,14 @@ class Dataplane:
         # Stable across restarts on the same host and port: the Resync of a restarted dataplane
         # then releases what the crashed one held.
         dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
-        self.link = SchedulerLink(config.dataplane.scheduler, self.runs, dataplane_id)
-        self.token = os.environ.get(TOKEN_ENV) or None
+        self.link = SchedulerLink(
+            config.dataplane.scheduler,
+            self.runs,
+            dataplane_id,
+            credentials=LinkCredentials.from_config(config),
+        )
+        self.access = Access.from_config(config)
+        """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
         self._models = config.models
         self.models_body = models_body(self._models, anthropic=False)
         self.anthropic_models_body = models_body(self._models, anthropic=True)
@@ -302,8 +315,10 @@ class Dataplane:
                 "status": "ok",
                 "scheduler": "connected" if self.link.connected else "connecting",
                 "runs": len(self.runs.runs),
+                "in_flight": 0 if self._relay is None else self._relay.in_flight(),
+                "held": self._held,
                 "leases": self.link.leases(),
-                "leased_turns": self.link.leased_turns,
+                "leased_turns_total": self.link.leased_turns,
             }
             await exchange.respond(200, _JSON, orjson.dumps(health))
             return
@@ -375,17 +390,33 @@ class Dataplane:
             "replicas": replicas,
         }
 
+    def _credential(self, exchange: Exchange) -> bytes | None:
+        """The request's ``Authorization`` value, or its ``x-api-key`` as ``Bearer <key>`` (the
+        Anthropic clients' way to send a key)."""
+        given = exchange.headers.get(b"authorization")
+        if not given and (key := exchange.headers.get(_X_API_KEY)):
+            given = b"Bearer " + key
+        return given
+
     def _authorize(self, exchange: Exchange) -> None:
-        if self.token is None:
-            return
-        given = exchange.header(b"authorization") or ""
-        if not given and (key := exchange.header(_X_API_KEY)):
-            given = f"Bearer {key}"  # the Anthropic clients' way to send a key
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token.encode()):
-            raise Unauthorized(
-                "missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>, or x-api-key)"
+        if not self.access.allows(self._credential(exchange)):
+            raise Unauthorized(self.access.refusal())
+
+    def _who(self, exchange: Exchange) -> tuple[int, str]:
+        """A turn's ``ServiceClass`` and caller: ``x-luftpause-class`` (absent: interactive) and
+        ``x-luftpause-caller`` (cut to ``CALLER_MAX_BYTES``); with caller keys, the key's caller
+        narrowed by the header and a class the key may use (absent: its first), 403 otherwise
+        (:mod:`luftpause.auth.callers`). :class:`BadRequest` for a class that is neither."""
+        class_name = exchange.header(_CLASS)
+        if class_name is not None and class_name not in _CLASSES:
+            raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
+        try:
+            class_name, caller = self.access.resolve(
+                self._credential(exchange), class_name, exchange.header(_CALLER)
             )
+        except CallerRefused as exc:
+            raise (Unauthorized if exc.status == 401 else Forbidden)(str(exc)) from None
+        return _CLASSES[class_name], truncate_caller(caller)
 
     # --- chat completions ------------------------------------------------------------------------
 
@@ -394,10 +425,9 @@ class Dataplane:
         messages = payload.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
-        service_class = _service_class(exchange)
+        service_class, caller = self._who(exchange)
         assert self._loop is not None
         now = self._loop.time()
-        caller = truncate_caller(exchange.header(_CALLER) or "")
         run_id, new_run = self.identity.run_of(
             header_of(exchange), service_class, caller, now, lambda: request_tool_call_ids(messages)
         )
@@ -421,10 +451,9 @@ class Dataplane:
         body = await read_body(exchange)
         payload, model = json_with_model(body)
         planned = self.front_doors.plan(api, payload, body, model)
-        service_class = _service_class(exchange)
+        service_class, caller = self._who(exchange)
         assert self._loop is not None
         now = self._loop.time()
-        caller = truncate_caller(exchange.header(_CALLER) or "")
         run_id, new_run = self.identity.run_of(
             header_of(exchange), service_class, caller, now, lambda: planned.echoed_ids, payload
         )
@@ -454,12 +483,13 @@ class Dataplane:
             or (isinstance(given, list) and given and all(isinstance(item, str) for item in given))
         ):
             raise BadRequest("'input' must be a string or a non-empty array of strings")
+        service_class, caller = self._who(exchange)
         return Turn(
             turn_id=Turn.new_id(),
             run_id="",
             model=model,
-            service_class=_service_class(exchange),
-            caller=truncate_caller(exchange.header(_CALLER) or ""),
+            service_class=service_class,
+            caller=caller,
             body=body,
             traceparent=exchange.header(_TRACEPARENT),
             tracestate=exchange.header(_TRACESTATE),
@@ -596,20 +626,6 @@ class Dataplane:
                 raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         return reply.placed.replica
-
-
-def _service_class(exchange: Exchange) -> int:
-    """The ``x-luftpause-class`` header as a ``ServiceClass``; absent is interactive.
-
-    Raises :class:`BadRequest` naming the allowed values for anything else, an empty value too.
-    """
-    class_name = exchange.header(_CLASS)
-    if class_name is None:
-        return pb.INTERACTIVE
-    service_class = _CLASSES.get(class_name)
-    if service_class is None:
-        raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
-    return service_class
 
 
 def create_app(config: Config | None = None) -> Dataplane:

@@ -12,7 +12,9 @@ API's own shape (``luftpause.dataplane.front_doors.error_body``; ``apis.errors``
     │                             refused a turn without a status of its own
     ├── BadRequest (400)          malformed JSON, missing model/messages, bad or empty
     │                             x-luftpause-class, a run id over 256 bytes (header or DELETE)
-    ├── Unauthorized (401)        LUFTPAUSE_TOKEN set and the bearer token missing or wrong
+    ├── Unauthorized (401)        LUFTPAUSE_TOKEN set and the bearer token missing or wrong; with
+    │                             caller keys, no configured key
+    ├── Forbidden (403)           a service class the caller key may not use
     ├── NotFound (404)            unknown route, or no replica serves the model
     ├── MethodNotAllowed (405)
     ├── PayloadTooLarge (413)     request body over MAX_BODY_BYTES
@@ -55,6 +57,10 @@ class Unauthorized(DataplaneError):
 
     status = 401
     challenge = 'Bearer realm="luftpause"'
+
+
+class Forbidden(DataplaneError):
+    status = 403
 
 
 class NotFound(DataplaneError):

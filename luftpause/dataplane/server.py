@@ -1,15 +1,24 @@
-"""``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop."""
+"""``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop.
+
+The granian worker builds the app from the configuration checked here: the proxy behind the
+listener guard (:mod:`luftpause.listeners`: body deadline, requests at once, stop). The caller
+keys and the TLS files are read here first, so that a bad one stops the command (exit 2, one line
+naming the file and the key) before any worker starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
+import sys
 from functools import partial
 
 from luftpause import logs
+from luftpause.auth.callers import Access
+from luftpause.auth.tls import check_listener, check_peer
 from luftpause.cli import add_config_argument, config_from_args, process_title
-from luftpause.config import split_host_port
+from luftpause.config import ConfigError, split_host_port
+from luftpause.listeners import granian_options, guarded
 from luftpause.ports import hold_listen_lock, refuse_if_in_use
 
 
@@ -19,13 +28,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    try:
+        access = Access.from_config(config)
+        check_listener(config.dataplane.tls, "dataplane.tls")
+        check_peer(config.dataplane.scheduler_tls, "dataplane.scheduler_tls")
+    except ConfigError as exc:
+        print(f"luftpause dataplane: {exc}", file=sys.stderr)
+        return 2
     # The lock first: two dataplanes started at once would both find the port free, then both bind
     # it (SO_REUSEPORT) and serve under one dataplane id, their leases fighting.
     hold_listen_lock("dataplane", config.dataplane.listen)
     refuse_if_in_use("dataplane", config.dataplane.listen)
-    if not os.environ.get("LUFTPAUSE_TOKEN"):
+    if access.mode == "open":
         logging.getLogger("luftpause.dataplane").warning(
             "LUFTPAUSE_TOKEN is not set: every request is accepted without authentication"
+        )
+    elif access.keys is not None:
+        logging.getLogger("luftpause.dataplane").info(
+            "caller keys: %d configured; the /v1 routes take only them", len(access.keys)
         )
 
     from granian import Granian
@@ -44,13 +64,17 @@ def run(args: argparse.Namespace) -> int:
         log_access=False,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
+        **granian_options(config.dataplane.limits, config.dataplane.tls),
     )
+    scheme = "https" if config.dataplane.tls is not None else "http"
     logs.announce(
         "dataplane",
-        f"luftpause dataplane: OpenAI-compatible proxy on http://{host}:{port}/v1 "
+        f"luftpause dataplane: OpenAI-compatible proxy on {scheme}://{host}:{port}/v1 "
         f"(scheduler {config.dataplane.scheduler})",
     )
     # The worker builds the app from this configuration, the one checked here: file, environment
-    # variables and flags alike (the worker sees no flags, and the file may change meanwhile).
-    server.serve(target_loader=partial(create_app, config), wrap_loader=False)
+    # variables and flags alike (the worker sees no flags, and the file may change meanwhile),
+    # behind the listener guard of [dataplane.limits].
+    loader = partial(guarded, partial(create_app, config), config.dataplane.limits, "dataplane")
+    server.serve(target_loader=loader, wrap_loader=False)
     return 0

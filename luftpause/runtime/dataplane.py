@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import math
+import ssl
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -134,11 +135,16 @@ def _answered(status: int, body: bytes, what: str = "dataplane") -> str:
 
 
 def new_http_client(
-    base_url: str, token: str | None = None, transport: httpx2.AsyncBaseTransport | None = None
+    base_url: str,
+    token: str | None = None,
+    transport: httpx2.AsyncBaseTransport | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> httpx2.AsyncClient:
     """The ``httpx2.AsyncClient`` of :class:`DataplaneClient` (module docstring: timeouts and
-    pooling); ``transport`` replaces the network (tests)."""
+    pooling); ``transport`` replaces the network (tests); ``verify``: an ``https://`` dataplane's
+    TLS context (its CA, this runtime's client certificate; :mod:`luftpause.auth.tls`)."""
     return httpx2.AsyncClient(
+        verify=verify,
         base_url=base_url.rstrip("/"),
         headers={"Authorization": f"Bearer {token}"} if token else None,
         timeout=httpx2.Timeout(TURN_TIMEOUT_SECONDS),
@@ -153,10 +159,15 @@ class DataplaneClient:
     or call :meth:`aclose`; one per runtime, shared by every run."""
 
     def __init__(
-        self, base_url: str, token: str | None = None, *, transport: httpx2.AsyncBaseTransport | None = None
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        transport: httpx2.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = new_http_client(self.base_url, token, transport)
+        self.http = new_http_client(self.base_url, token, transport, verify)
 
     async def __aenter__(self) -> DataplaneClient:
         return self

@@ -57,8 +57,10 @@ from starlette.routing import Route
 
 from luftpause import health as probes
 from luftpause import logs, metrics, tracing
+from luftpause.auth.tls import check_listener, check_peer
 from luftpause.cli import add_config_argument, config_from_args, process_title
-from luftpause.config import Config, split_host_port
+from luftpause.config import Config, ConfigError, split_host_port
+from luftpause.listeners import granian_options, guarded
 from luftpause.orphans import exit_with_parent
 from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.mcp.callers import CallerCookie
@@ -175,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; 0 then, 2 for a bad configuration (an unwritable
     ``[runtime] state_dir`` too: one line on stderr naming it and the OS error)."""
     config = config_from_args(args)
+    try:
+        check_listener(config.runtime.tls, "runtime.tls")
+        check_peer(config.runtime.dataplane_tls, "runtime.dataplane_tls")
+    except ConfigError as exc:
+        logs.announce("runtime", f"luftpause runtime: {exc}", level=logging.ERROR, stream=sys.stderr)
+        return 2
     refuse_if_in_use("runtime", config.runtime.listen)
     try:  # before granian's worker starts the stdio MCP servers: one line, not a traceback
         Journal(Path(config.runtime.state_dir)).check_writable()
@@ -207,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         log_level=LogLevels.warning,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("runtime", root_level),
+        **granian_options(config.runtime.limits, config.runtime.tls),
     )
-    server.serve(target_loader=partial(create_app, config), wrap_loader=False)
+    # The app behind the listener guard (luftpause.listeners: body deadline, requests at once, stop).
+    loader = partial(guarded, partial(create_app, config), config.runtime.limits, "runtime")
+    server.serve(target_loader=loader, wrap_loader=False)
     return 0

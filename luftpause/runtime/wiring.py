@@ -53,6 +53,7 @@ from typing import Any
 import httpx2
 from mcp.server import MCPServer
 
+from luftpause.auth.tls import client_context
 from luftpause.config import Config, split_host_port
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.agent.loop import SubAgentLoop
@@ -178,7 +179,15 @@ def build_runtime(
         clock=clock,
     )
     upstream = UpstreamPool(config.mcp_servers)
-    dataplane = DataplaneClient(settings.dataplane, token, transport=transport)
+    # The runtime's own turns carry its caller key when it has one ([runtime] dataplane_key_env),
+    # over TLS as [runtime.dataplane_tls] says for an https:// dataplane.
+    peer = settings.dataplane_tls
+    dataplane = DataplaneClient(
+        settings.dataplane,
+        settings.dataplane_key() or token,
+        transport=transport,
+        verify=client_context(peer, "runtime.dataplane_tls") if peer is not None else True,
+    )
     approvals = Approvals(registry, upstream)
     models = generative_models(config)
     spawner = Spawner(

@@ -22,8 +22,13 @@ import uvloop
 from aiohttp import web
 
 from luftpause import logs, tracing
+from luftpause.auth.grpc_link import server_interceptors
+from luftpause.auth.hosts import HostAllowList
+from luftpause.auth.tls import check_listener, grpc_server_credentials, server_context
+from luftpause.auth.tokens import TOKEN_ENV, token_from_env
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, ConfigError, load_config, split_host_port
+from luftpause.listeners import start_aiohttp_site
 from luftpause.ports import refuse_if_in_use
 from luftpause.scheduler.errors import CannotListen
 from luftpause.scheduler.grpc_service import SchedulerService
@@ -70,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad configuration, 1 if a port is taken."""
     config = config_from_args(args)
+    try:
+        check_listener(config.scheduler.tls, "scheduler.tls")
+    except ConfigError as exc:
+        print(f"luftpause scheduler: {exc}", file=sys.stderr)
+        return 2
     refuse_if_in_use("scheduler", config.scheduler.grpc)
     refuse_if_in_use("scheduler", config.scheduler.http)
     tracing.setup(tracing.SCHEDULER_SERVICE)  # admit spans, when OTEL_EXPORTER_OTLP_ENDPOINT is set
@@ -92,28 +102,43 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
 
     host = SchedulerHost(config)
     prober = Prober(config, host)
+    token = token_from_env()
+    if token is None:
+        log.warning("%s is not set: the gRPC link and GET /status accept every client", TOKEN_ENV)
+    grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=server_interceptors(token))
     if config.source is not None:
         loop.add_signal_handler(signal.SIGHUP, reload_replicas, host, config.source)
-    grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
-    runner = web.AppRunner(status_app(host), access_log=None)
-    await runner.setup()
     http_host, http_port = split_host_port(config.scheduler.http)
+    hosts = HostAllowList(http_host, config.scheduler.allowed_hosts)
+    limits = config.scheduler.limits
+    runner = web.AppRunner(
+        status_app(host, token, hosts, limits), access_log=None, shutdown_timeout=limits.stop_timeout_s
+    )
+    await runner.setup()
+    tls = config.scheduler.tls
+    site: asyncio.AbstractServer | None = None
     try:
         try:
-            bound = grpc_server.add_insecure_port(config.scheduler.grpc)
+            if tls is None:
+                bound = grpc_server.add_insecure_port(config.scheduler.grpc)
+            else:
+                bound = grpc_server.add_secure_port(
+                    config.scheduler.grpc, grpc_server_credentials(tls, "scheduler.tls")
+                )
         except RuntimeError as exc:
             raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}: {exc}") from None
         if bound == 0:
             raise CannotListen(f"cannot listen for gRPC on {config.scheduler.grpc}")
         await grpc_server.start()
-        await web.TCPSite(runner, http_host, http_port).start()
+        context = server_context(tls, "scheduler.tls") if tls is not None else None
+        site = await start_aiohttp_site(runner, http_host, http_port, limits, context)
         host.start_clock()
         prober.start()
         logs.announce(
             "scheduler",
-            f"luftpause scheduler: gRPC on {config.scheduler.grpc}, "
-            f"status on http://{config.scheduler.http}/status",
+            f"luftpause scheduler: gRPC on {config.scheduler.grpc}{' (TLS)' if tls else ''}, "
+            f"status on {'https' if tls else 'http'}://{config.scheduler.http}/status",
             stream=sys.stderr,
         )
         await stop.wait()
@@ -121,6 +146,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         await prober.stop()
         host.stop_clock()
         await grpc_server.stop(STOP_GRACE_S)
+        if site is not None:
+            site.close()
         await runner.cleanup()
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)

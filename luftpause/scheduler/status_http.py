@@ -17,6 +17,22 @@ DOM anyway could not run. Every error is answered with the JSON error body of th
 contract (docs/architecture.md "Failure contract"), ``{"error": {"message": "..."}}``, and the
 status of its class in :mod:`luftpause.scheduler.errors`: an unknown path 404, a known path with
 another method 405 (with ``Allow``), a fault of ours 500.
+
+Access (:mod:`luftpause.auth`), checked before routing:
+
+* ``/health``, ``/livez``, ``/readyz`` and ``/metrics`` are open (:data:`OPEN_PATHS`: probes
+  carry no token and may name the pod by any address; the metrics name no caller);
+* every other path is answered only for a ``Host`` on the allow-list
+  (:class:`~luftpause.auth.hosts.HostAllowList`; 421 otherwise), so a DNS-rebinding page cannot
+  read ``/status``, which names callers, nor drive the admin API;
+* with ``LUFTPAUSE_TOKEN`` set, every other path but the page ``/`` (``/status``, ``/series``,
+  the admin API) needs ``Authorization: Bearer <token>`` (401 with ``WWW-Authenticate``
+  otherwise). The page itself holds no data and stays open, like the runtime's monitor: its script
+  takes the token from the page's own ``?token=`` (then keeps it in ``sessionStorage`` for the tab
+  and takes it out of the address bar) and sends it with every poll of ``status``, ``series`` and
+  ``?runtime=``;
+* a request with a body (the admin API's) that has not been answered ``body_timeout_s`` after it
+  came is answered 408 (:func:`luftpause.listeners.aiohttp_deadline`).
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ import hashlib
 import logging
 import re
 from importlib import resources
+from typing import Any
 
 import orjson
 from aiohttp import hdrs, web
@@ -33,6 +50,10 @@ from aiohttp.typedefs import Handler
 
 from luftpause import health as probes
 from luftpause import metrics
+from luftpause.auth.hosts import HostAllowList
+from luftpause.auth.tokens import CHALLENGE, REFUSED, bearer_matches
+from luftpause.config import ListenerLimits
+from luftpause.listeners import aiohttp_deadline
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.metrics import SchedulerMetrics
@@ -69,6 +90,37 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
         return error_response(SchedulerError.http_status, f"internal error: {type(exc).__name__}")
+
+
+OPEN_PATHS = frozenset({"/health", "/livez", "/readyz", "/metrics"})
+"""Paths served to anyone: no token, no ``Host`` check. Probes carry no token and name the pod by
+any address; ``/metrics`` holds counts and names no caller (Prometheus scrapes it, as the
+dataplane's)."""
+PAGE_PATH = "/"
+"""The page: ``Host``-checked, but no token (it holds no data; its script sends the token)."""
+
+
+def access_middleware(token: str | None, hosts: HostAllowList) -> Any:
+    """aiohttp middleware: the ``Host`` check and the token of the module docstring."""
+    expected = token.encode() if token else None
+
+    @web.middleware
+    async def access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in OPEN_PATHS:
+            return await handler(request)
+        host = request.headers.get(hdrs.HOST)
+        if not hosts.allows(host):
+            return error_response(421, hosts.refusal(host))
+        if (
+            expected is not None
+            and path != PAGE_PATH
+            and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), expected)
+        ):
+            return error_response(401, REFUSED, {hdrs.WWW_AUTHENTICATE: CHALLENGE})
+        return await handler(request)
+
+    return access
 
 
 PAGE_RESOURCE = "page.html"
@@ -116,9 +168,17 @@ def readiness(host: SchedulerHost) -> dict[str, probes.Check]:
     }
 
 
-def status_app(host: SchedulerHost) -> web.Application:
+def status_app(
+    host: SchedulerHost,
+    token: str | None = None,
+    hosts: HostAllowList | None = None,
+    limits: ListenerLimits | None = None,
+) -> web.Application:
     """An aiohttp application serving ``/`` (the live page), ``/status``, ``/series``, ``/metrics``,
-    ``/livez``, ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``.
+    ``/livez``, ``/readyz``, ``/health`` and the admin API (:mod:`.admin_http`) from ``host``;
+    ``token`` (``LUFTPAUSE_TOKEN``, ``None``: none), ``hosts`` (default: loopback and this
+    machine's names) and ``limits`` (the body deadline; default ``[scheduler.limits]``'s defaults)
+    as the module docstring says.
 
     Raises ``FileNotFoundError`` when ``page.html`` is missing from the installed package.
     """
@@ -165,7 +225,9 @@ def status_app(host: SchedulerHost) -> web.Application:
             body=metrics.exposition(registry), headers={hdrs.CONTENT_TYPE: metrics.CONTENT_TYPE}
         )
 
-    app = web.Application(middlewares=[json_errors])
+    hosts = hosts if hosts is not None else HostAllowList("127.0.0.1")
+    deadline = aiohttp_deadline(limits if limits is not None else ListenerLimits())
+    app = web.Application(middlewares=[json_errors, access_middleware(token, hosts), deadline])
     app.router.add_get("/", live_page)
     app.router.add_get("/status", status)
     app.router.add_get("/series", series)

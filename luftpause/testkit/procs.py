@@ -4,6 +4,16 @@ Used by the tests, the benchmarks and ``luftpause up``. A process runs ``python 
 <command>`` with the interpreter that runs this module, or any other program (nginx, SGLang's
 router) given whole with ``program=()``. Each runs in its own session, so that its whole process
 group (a server's workers too) can be found, measured and ended.
+
+Every process started here dies with the process that started it, even when that one is
+SIGKILLed (a killed test run left a whole stack running 26 minutes later): the first start also
+starts a *reaper*, a small helper process in its own session whose stdin is a pipe from this
+process. Each child's process group is announced on that pipe when it starts (and withdrawn when
+:meth:`ChildProcess.stop` or :meth:`ChildProcess.kill` has ended it). When this process ends, however
+it ends, the kernel closes the pipe; the reaper reads end-of-file, sends SIGTERM to every group
+still announced, SIGKILL to what is left :data:`REAPER_GRACE_S` later, and exits. A group whose
+number was reused since (its leader alive but started later) is left alone. A process forked from
+this one closes its copy of the pipe, so only this process's death counts.
 """
 
 from __future__ import annotations
@@ -11,8 +21,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,10 +68,10 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
-def http_ok(url: str, timeout: float = 0.5) -> bool:
-    """True when ``GET url`` answers with any HTTP status below 500."""
+def http_ok(url: str, timeout: float = 0.5, context: ssl.SSLContext | None = None) -> bool:
+    """True when ``GET url`` answers with any HTTP status below 500 (``context``: for ``https://``)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
             return int(response.status) < 500
     except urllib.error.HTTPError as exc:
         return exc.code < 500
@@ -70,6 +82,123 @@ def http_ok(url: str, timeout: float = 0.5) -> bool:
 LUFTPAUSE = (sys.executable, "-m", "luftpause")
 """The program of a ``luftpause`` command: this interpreter running the package."""
 
+REAPER_GRACE_S = 5.0
+"""Seconds the reaper gives the groups it SIGTERMs before it SIGKILLs them."""
+
+_REAPER = r"""
+import os, signal, sys, time
+
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+def members(pgid):
+    found = False
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found = True
+    return found
+
+groups = {}
+for line in sys.stdin:
+    op, pgid, started = line.split()
+    if op == "+":
+        groups[int(pgid)] = started
+    else:
+        groups.pop(int(pgid), None)
+# End of file: the process that started these groups is gone. Its groups go too, unless a number
+# was reused (the group's leader alive, but not the process that was announced).
+doomed = [g for g, started in groups.items() if start_time(g) in (started, None) and members(g)]
+for pgid in doomed:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except OSError:
+        pass
+deadline = time.monotonic() + float(sys.argv[1])
+while any(members(g) for g in doomed) and time.monotonic() < deadline:
+    time.sleep(0.05)
+for pgid in doomed:
+    if members(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+class _Reaper:
+    """This process's reaper (see the module docstring): :meth:`watch` and :meth:`forget` a
+    process group. Started on first use, again if it died; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pipe: int | None = None
+        self._owner = 0  # the pid that started it: a forked child has no reaper of its own yet
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        if self._pipe is not None:
+            os.close(self._pipe)  # only the starting process's death may close the reaper's stdin
+        self._pipe, self._proc, self._owner = None, None, 0
+
+    def _write(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None or self._owner != os.getpid():
+                if line.startswith("-"):
+                    return  # nothing announced to a reaper that is gone
+                self._start()
+            assert self._pipe is not None
+            os.write(self._pipe, line.encode())
+
+    def _start(self) -> None:
+        if self._pipe is not None:
+            os.close(self._pipe)
+        read, write = os.pipe()  # both ends non-inheritable: no other child holds the write end
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _REAPER, str(REAPER_GRACE_S)],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a signal to this process's group does not reach it
+            )
+        finally:
+            os.close(read)
+        self._pipe, self._owner = write, os.getpid()
+
+    def watch(self, pgid: int) -> None:
+        """Announce process group ``pgid`` (its leader is the process ``pgid``, just started)."""
+        self._write(f"+ {pgid} {_start_time(pgid)}\n")
+
+    def forget(self, pgid: int) -> None:
+        """Withdraw ``pgid``: it has ended (its number may be reused)."""
+        self._write(f"- {pgid} -\n")
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of ``/proc/<pid>/stat`` (the start time in clock ticks), ``-`` when gone."""
+    fields = stat_fields(pid)
+    return fields[19] if fields is not None else "-"
+
+
+REAPER = _Reaper()
+"""The reaper of every process this module starts; :func:`reap_with_this_process` for others."""
+
+
+def reap_with_this_process(proc: subprocess.Popen[bytes]) -> None:
+    """Make ``proc`` (started with ``start_new_session=True``) and its group die with this process."""
+    REAPER.watch(proc.pid)
+
 
 class ChildProcess:
     """One command running as a child process in its own session, its output sent to ``log_path``.
@@ -79,7 +208,8 @@ class ChildProcess:
     ...``; ``program=()`` takes ``argv`` whole (``[NGINX, "-c", conf]``). ``self.argv`` is the whole
     command line, ``self.args`` the part after ``program``. ``env`` is added to this process's
     environment (``replace_env=True``: used instead of it); ``cwd`` is its working directory.
-    ``ready_url`` (HTTP) or ``ready_port`` (TCP) tells when it is serving; :meth:`wait_ready`
+    ``ready_url`` (HTTP, ``https://`` verified with ``ready_context``) or ``ready_port`` (TCP)
+    tells when it is serving; :meth:`wait_ready`
     raises ``RuntimeError`` with the end of its log when it exits first or takes too long.
     :meth:`start` may be called once only (``RuntimeError`` after that): a second start would
     lose the first process, still running, to nobody's stop.
@@ -97,6 +227,7 @@ class ChildProcess:
         program: Sequence[str] = LUFTPAUSE,
         cwd: Path | None = None,
         replace_env: bool = False,
+        ready_context: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
         self.program = tuple(program)
@@ -107,6 +238,7 @@ class ChildProcess:
         self.log_path = log_path
         self.ready_url = ready_url
         self.ready_port = ready_port
+        self.ready_context = ready_context
         self.env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
@@ -128,6 +260,7 @@ class ChildProcess:
         finally:
             if self.log_path:
                 out.close()  # type: ignore[union-attr]
+        REAPER.watch(self.proc.pid)
         return self
 
     @property
@@ -147,7 +280,7 @@ class ChildProcess:
 
     def is_ready(self) -> bool:
         if self.ready_url is not None:
-            return http_ok(self.ready_url)
+            return http_ok(self.ready_url, context=self.ready_context)
         if self.ready_port is not None:
             return port_open(*self.ready_port)
         return True
@@ -184,6 +317,7 @@ class ChildProcess:
             return  # all gone: its pid may already name someone else's group
         if not _signal_group(self.proc.pid, signal.SIGTERM):
             self.proc.wait()
+            REAPER.forget(self.proc.pid)
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -194,6 +328,7 @@ class ChildProcess:
         else:
             self.kill()
         self.proc.wait()
+        REAPER.forget(self.proc.pid)
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once, and wait until every member is gone."""
@@ -204,6 +339,8 @@ class ChildProcess:
         deadline = time.monotonic() + 5
         while _group_alive(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
+        if not _group_alive(self.proc.pid):
+            REAPER.forget(self.proc.pid)
 
 
 def _signal_group(pgid: int, signum: int) -> bool:

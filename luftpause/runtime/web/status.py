@@ -100,7 +100,8 @@ class StatusCors:
       it. Any other origin gets no CORS header (the browser withholds the answer) and its
       preflight a 403. No other path is opened to other origins (``/mcp`` must not be).
     * Host: when the runtime listens on a loopback address, a ``Host`` that is not a loopback name
-      is refused 421, as the SDK's transport security refuses it on ``/mcp`` (DNS rebinding).
+      is refused 421 (DNS rebinding), on ``/mcp`` too, before the SDK's transport security
+      would refuse it with a plain-text body: the refusal has the JSON error body.
     """
 
     def __init__(self, app: ASGIApp, scheduler_http: str, listen_host: str) -> None:
@@ -119,7 +120,7 @@ class StatusCors:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/status":
+        if scope["type"] != "http" or scope["path"] not in ("/status", "/mcp"):
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -127,6 +128,9 @@ class StatusCors:
             body = error_body(f"Host {headers.get('host')!r} is not served here")
             await send({"type": "http.response.start", "status": 421, "headers": _json_headers(body)})
             await send({"type": "http.response.body", "body": body})
+            return
+        if scope["path"] == "/mcp":  # the same Host check as the SDK's, answered in the JSON shape
+            await self.app(scope, receive, send)
             return
         origin = headers.get("origin")
         allowed = origin is not None and self.origin_allowed(origin)
