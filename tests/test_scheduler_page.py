@@ -13,6 +13,7 @@ fail, they are never skipped.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
