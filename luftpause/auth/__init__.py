@@ -1,4 +1,4 @@
-"""Who may reach luftpause's listeners, and as whom (DESIGN.md "Auth").
+"""Who may reach luftpause's listeners, and as whom (docs/architecture.md "Auth").
 
 * :mod:`.tokens`: the shared ``LUFTPAUSE_TOKEN`` and the ``Authorization: Bearer`` check
   (constant-time), common to every process;
