@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from runtime_helpers import make_run
+from tracing_helpers import llm_typed
 
 from luftpause import tracing
 from luftpause.config import parse_config
@@ -524,16 +525,6 @@ def test_turn_and_execute_tool_spans_are_children_of_invoke_agent(spans: InMemor
     assert tool_attributes["gen_ai.tool.type"] == "extension"  # run agent-side, by the runtime
     assert (agent.attributes or {})["gen_ai.provider.name"] == tracing.PROVIDER
     assert tool.status.status_code is StatusCode.ERROR
-
-
-def llm_typed(attributes: Any) -> bool:
-    """Whether an LLM-observability backend types a span with ``attributes`` as an LLM call: Arize
-    Phoenix's rule (``phoenix.trace.gen_ai.conversion._infer_span_kind``, 20.x), an operation named
-    ``chat``, ``text_completion`` or ``generate_content``, or no operation and a request model."""
-    operation = attributes.get("gen_ai.operation.name")
-    if operation is None:
-        return "gen_ai.request.model" in attributes or "gen_ai.input.messages" in attributes
-    return operation in ("chat", "text_completion", "generate_content")
 
 
 def test_the_runtimes_turn_span_is_not_an_llm_call_and_the_dataplanes_is(

@@ -14,13 +14,13 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 from mcp import Client
 from mcp.types import CallToolResult, Implementation, TextContent
+from repo_paths import ROOT
 from runtime_helpers import make_run
 
 from luftpause.cli import main
@@ -350,7 +350,7 @@ def test_loadgen_spawns_three_and_reports_them_completed(runtime: Runtime) -> No
         capture_output=True,
         text=True,
         timeout=180,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(done.stdout)

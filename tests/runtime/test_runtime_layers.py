@@ -12,8 +12,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
-RUNTIME = Path(__file__).resolve().parent.parent / "luftpause" / "runtime"
+RUNTIME = ROOT / "luftpause" / "runtime"
 
 # The part a module belongs to: its subpackage, or the top-level module itself.
 ALLOWED: dict[str, set[str]] = {

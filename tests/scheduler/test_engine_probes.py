@@ -11,13 +11,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from repo_paths import DATA
 
 from luftpause.config import parse_config
 from luftpause.scheduler.probes import NO_KNOWN_METRICS, EngineLoad, combine, parse_load, probe_replica
@@ -58,7 +58,7 @@ def test_vllm_counts_are_summed_and_fractions_averaged_over_data_parallel_ranks(
     )
 
 
-LLAMACPP_TEXT = (Path(__file__).parent / "data" / "llamacpp_metrics_loaded.txt").read_text()
+LLAMACPP_TEXT = (DATA / "llamacpp_metrics_loaded.txt").read_text()
 """A real llama-server's /metrics with 2 slots busy and 3 requests deferred (tests/data/README.md)."""
 
 

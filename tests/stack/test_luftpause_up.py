@@ -18,6 +18,7 @@ from typing import IO
 from urllib.parse import urlsplit
 
 import pytest
+from repo_paths import ROOT
 
 from luftpause.cli import main
 from luftpause.config import EMBEDDED_DEFAULT, load_config, parse_config
@@ -662,17 +663,16 @@ def test_up_refuses_to_start_when_the_dataplane_s_scheduler_is_another_port(tmp_
 
 def test_what_make_up_and_the_moving_the_ports_recipe_write_is_ignored_by_git() -> None:
     """``state/`` (logs, journal) and ``luftpause.toml`` from ``up --print-config > luftpause.toml``."""
-    root = Path(__file__).resolve().parent.parent
-    if not (root / ".git").exists():
+    if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     names = ["luftpause.toml", "state/logs/runtime.log", "state/runs.jsonl"]
     done = subprocess.run(
-        ["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True, timeout=30
+        ["git", "check-ignore", "--no-index", *names], cwd=ROOT, capture_output=True, text=True, timeout=30
     )
     assert done.stdout.split() == names
     kept = subprocess.run(
         ["git", "check-ignore", "--no-index", "tests/luftpause.toml"],
-        cwd=root,
+        cwd=ROOT,
         capture_output=True,
         timeout=30,
     )

@@ -33,11 +33,12 @@ import orjson
 import pytest
 import yaml
 from dataplane_procs import wait_until
+from deploy_helpers import DASHBOARD, PROMETHEUS, dashboard_queries
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
 from prometheus_client.parser import text_string_to_metric_families
+from repo_paths import ROOT
 from runtime_helpers import stack_with_destructive_tools
-from test_prometheus_rules import DASHBOARD, PROMETHEUS, dashboard_queries
 
 from luftpause.runtime.runs.journal import JOURNAL_NAME
 from luftpause.testkit.procs import ChildProcess, free_port
@@ -45,7 +46,6 @@ from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_BINARY = shutil.which("prometheus")
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

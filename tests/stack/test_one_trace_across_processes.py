@@ -27,7 +27,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from test_tracing import llm_typed
+from tracing_helpers import llm_typed
 
 from luftpause.testkit.procs import ChildProcess, free_port
 from luftpause.testkit.stack import Stack

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from grpc_helpers import connect_once
+from repo_paths import ROOT
 
 import luftpause.dataplane.app as dataplane_app
 from luftpause.config import load_config
@@ -22,7 +23,7 @@ from luftpause.scheduler.status_http import status_app
 from luftpause.testkit.stack import Stack
 from luftpause.v1 import scheduler_pb2 as pb
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 MARKER = "<!-- route table: tests/test_route_table.py"
 TOKEN = "route-table-token"
 FOREIGN = "evil.example"

@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT
+
 DOC = ROOT / "docs" / "architecture.md"
 SOURCES = [
     *(ROOT / "luftpause").rglob("*.py"),
-    *(ROOT / "tests").glob("*.py"),
+    *(ROOT / "tests").rglob("*.py"),
     *(ROOT / "bench").glob("*.py"),
     *(ROOT / "examples").glob("*.py"),
     *(ROOT / "proto").rglob("*.proto"),

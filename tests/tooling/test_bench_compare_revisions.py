@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT
+
 sys.path.insert(0, str(ROOT / "bench"))
 
-from compare_revisions import flatten, table  # noqa: E402
+from compare_revisions import flatten, table
 
 
 def test_numeric_leaves_are_named_by_path_and_by_the_labels_of_list_items() -> None:

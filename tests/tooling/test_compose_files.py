@@ -33,12 +33,12 @@ from urllib.parse import urlsplit
 import jsonschema
 import pytest
 import yaml
+from repo_paths import DATA, ROOT
 
 from luftpause.cli import COMMANDS, build_parser
 from luftpause.config import EMBEDDED_DEFAULT, Config, parse_config, split_host_port
 
-ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = json.loads((Path(__file__).parent / "data" / "compose-spec.json").read_text())
+SCHEMA = json.loads((DATA / "compose-spec.json").read_text())
 BASE = ROOT / "compose.yaml"
 OVERLAYS = sorted(p for p in ROOT.glob("compose.*.yaml"))
 LUFTPAUSE_SERVICES = ("scheduler", "dataplane", "runtime")

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "e2e_overhead.py"
+SCRIPT = ROOT / "bench" / "e2e_overhead.py"
 TURNS = 3
 
 

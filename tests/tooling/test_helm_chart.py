@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import tomllib
 import urllib.request
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from luftpause import __version__
 from luftpause.cli import COMMANDS, build_parser
@@ -35,7 +35,6 @@ kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate (the Kubernetes JSON schemas) is not installed"
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "luftpause"
 RELEASE = "lp"
 PREFIX = "lp-luftpause"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from repo_paths import ROOT
 
 from luftpause import tracing
 from luftpause.extras import MissingExtra
 
-ROOT = Path(__file__).resolve().parent.parent
 OTLP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}  # never reached: refused before
 
 _CLI_WITHOUT = """

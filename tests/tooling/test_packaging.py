@@ -24,12 +24,12 @@ from typing import IO
 
 import openai
 import pytest
+from repo_paths import ROOT
 
 from luftpause import __version__
 from luftpause.config import load_config
 from luftpause.testkit.procs import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "tools" / "dist.sh"
 NAME = f"luftpause-{__version__}"
 

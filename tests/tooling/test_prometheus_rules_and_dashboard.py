@@ -17,10 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_helpers import DASHBOARD, PROMETHEUS, dashboard_queries
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMETHEUS = ROOT / "deploy" / "prometheus"
-DASHBOARD = ROOT / "deploy" / "grafana" / "luftpause.json"
 PROMTOOL = shutil.which("promtool")
 
 needs_promtool = pytest.mark.skipif(
@@ -98,16 +96,6 @@ def test_every_alert_has_a_severity_a_summary_and_a_for() -> None:
         assert alert["labels"]["severity"] in ("critical", "warning", "info"), alert
         assert alert["annotations"]["summary"], alert
         assert alert["for"], alert
-
-
-def dashboard_queries() -> list[str]:
-    """Every PromQL expression of the dashboard: its panels' targets and its variables' queries."""
-    board = json.loads(DASHBOARD.read_text())
-    queries = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
-            queries.append(variable["definition"])
-    return queries
 
 
 def test_the_dashboard_is_one_grafana_dashboard_with_a_datasource_variable() -> None:

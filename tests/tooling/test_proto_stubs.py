@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from grpc_tools import protoc as grpc_tools  # a dev dependency: missing, the test must fail, not skip
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PROTO = "luftpause/v1/scheduler.proto"
 GENERATED = ("scheduler_pb2.py", "scheduler_pb2.pyi", "scheduler_pb2_grpc.py")
 

@@ -18,8 +18,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
-SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "release.sh"
+SCRIPT = ROOT / "tools" / "release.sh"
 IMAGE = "ghcr.io/luftpause/luftpause"
 IDENTITY = ("-c", "user.name=t", "-c", "user.email=t@example.invalid")
 

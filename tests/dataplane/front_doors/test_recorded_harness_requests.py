@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 from harness_runs import SESSIONS, harness_bin, record
+from repo_paths import DATA
 
 from luftpause.dataplane.apis.messages_request import messages_to_chat, tool_result_ids
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat
 from luftpause.dataplane.apis.sessions import harness_session
 
-DATA = Path(__file__).parent / "data" / "harnesses"
+HARNESSES = DATA / "harnesses"
 
 
 def recorded(session: str) -> list[dict[str, Any]]:
-    requests: list[dict[str, Any]] = json.loads((DATA / f"{session}.json").read_text())
+    requests: list[dict[str, Any]] = json.loads((HARNESSES / f"{session}.json").read_text())
     return requests
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from mcp.types import CallToolResult, TextContent
+from repo_paths import ROOT
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit.loadgen import runtime_client
@@ -239,7 +240,7 @@ def test_the_dataplane_serves_v1_routes_with_the_token_and_health_without(guarde
     assert code == 200
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 
 
 def _readme_python_block(marker: str) -> str:

@@ -7,7 +7,7 @@ revocation on the wire), and what becomes of leases when a dataplane is lost or 
 
 from __future__ import annotations
 
-from test_scheduler_core import make_state
+from decide_helpers import make_state
 
 from luftpause.scheduler.core import (
     AckResync,

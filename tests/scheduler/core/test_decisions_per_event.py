@@ -7,35 +7,44 @@ Each case builds a state from its replicas by feeding ``before`` through ``decid
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from decide_helpers import (
+    Case,
+    ReplicaRow,
+    abandon,
+    arrive,
+    fail,
+    feed,
+    finish,
+    held_turns,
+    inflight,
+    make_state,
+    placements,
+    probe,
+    refused,
+    reported,
+    run_record,
+    runs,
+    single,
+)
+from repo_paths import ROOT
 
 from luftpause.config import parse_config
 from luftpause.scheduler.core import (
-    AbandonReported,
     AckResync,
-    Action,
     DataplaneLost,
     Event,
     FirstToken,
     Forget,
-    InFlightRecord,
     Place,
     Reject,
-    ReplicaProbed,
     Resynced,
     RunEnded,
-    RunPhase,
-    RunRecord,
     State,
     Tick,
-    TurnAbandoned,
     TurnArrived,
-    TurnFailed,
-    TurnFinished,
     TurnStarted,
     decide,
     new_state,
@@ -44,121 +53,11 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.core.policies import abandoned
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
 
-# -- builders ---------------------------------------------------------------------------------------
-
-
-def arrive(
-    turn: str, run: str, model: str = "m", at: float = 0.0, cls: str = "interactive", caller: str = ""
-) -> TurnArrived:
-    return TurnArrived(turn, run, model, cls, caller, "dp", at)  # type: ignore[arg-type]
-
-
-def single(
-    turn: str,
-    run: str = "",
-    model: str = "m",
-    at: float = 0.0,
-    cls: str = "interactive",
-    caller: str = "",
-    dataplane: str = "dp",
-) -> TurnArrived:
-    """A single-pass turn (``/v1/decide``) arriving."""
-    return TurnArrived(turn, run, model, cls, caller, dataplane, at, single_pass=True)  # type: ignore[arg-type]
-
-
-def finish(turn: str, at: float = 1.0, tools: bool = False) -> TurnFinished:
-    return TurnFinished(turn, at, "tool_calls" if tools else "stop", tools, 10, 5)
-
-
-def fail(turn: str, at: float = 1.0) -> TurnFailed:
-    return TurnFailed(turn, at, "engine a: connection refused")
-
-
-def abandon(turn: str, at: float = 1.0) -> TurnAbandoned:
-    return TurnAbandoned(turn, at)
-
-
-def reported(turn: str, at: float = 1.0) -> AbandonReported:
-    return AbandonReported(turn, at)
-
-
-def refused(turn: str) -> Reject:
-    return Reject(turn, "turn was abandoned by its dataplane", 499)
-
-
-def probe(
-    replica: str,
-    at: float = 0.5,
-    healthy: bool = True,
-    running: int | None = None,
-    waiting: int | None = None,
-) -> ReplicaProbed:
-    return ReplicaProbed(replica, at, healthy, running, waiting, 0.5 if running is not None else None, None)
-
-
-def inflight(turn: str, run: str, replica: str, model: str = "m") -> InFlightRecord:
-    return InFlightRecord(turn, run, replica, model, "interactive", "")
-
-
-def run_record(run: str, replica: str, phase: RunPhase) -> RunRecord:
-    return RunRecord(run, replica, phase, "interactive", "")
-
-
-ReplicaRow = tuple[str, list[str], int] | tuple[str, list[str], int, str]
-"""(name, models, max_inflight[, kind]): one replica of a case."""
-
-
-def make_state(replicas: Sequence[ReplicaRow], resync_hold_s: float = 0.0) -> State:
-    """A state for these replicas; no startup hold unless asked (rule 15 has its own cases), so
-    that a case of another rule may resync at once."""
-    blocks = [f"[scheduler]\nresync_hold_s = {resync_hold_s}\n"]
-    for spec in replicas:
-        name, models, cap = spec[0], spec[1], spec[2]
-        kind = spec[3] if len(spec) > 3 else "generative"
-        blocks.append(
-            f'[[replicas]]\nname = "{name}"\nurl = "http://127.0.0.1:1"\nmodels = {models!r}\n'
-            f'max_inflight = {cap}\nkind = "{kind}"\n'.replace("'", '"')
-        )
-    return new_state(parse_config("\n".join(blocks), "test.toml"))
-
-
-def feed(state: State, events: list[Event]) -> list[Action]:
-    actions: list[Action] = []
-    for event in events:
-        state, out = decide(state, event)
-        actions.extend(out)
-    return actions
-
-
-def placements(state: State) -> dict[str, str]:
-    return {turn_id: placed.replica for turn_id, placed in state.placed.items()}
-
-
-def held_turns(state: State) -> list[str]:
-    return [turn.turn_id for turn in state.held]
-
-
-def runs(state: State) -> dict[str, tuple[str, str | None]]:
-    return {run_id: (run.phase, run.last_replica) for run_id, run in state.runs.items()}
-
-
 TWO = [("a", ["m"], 2), ("b", ["m"], 2)]
 GEN_AND_SP: list[ReplicaRow] = [("a", ["m"], 1), ("s", ["m"], 1, "single_pass")]
 """One generative and one single-pass replica, one slot each, both serving ``m``."""
 TWO_OF_ONE = [("a", ["m"], 1), ("b", ["m"], 1)]
 ONE_OF_ONE = [("a", ["m"], 1)]
-
-
-@dataclass
-class Case:
-    name: str
-    replicas: Sequence[tuple[str, list[str], int] | tuple[str, list[str], int, str]]
-    before: list[Event]
-    event: Event
-    actions: list[Action]
-    placed: dict[str, str]
-    held: list[str]
-    runs: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
 
 CASES = [
@@ -1695,7 +1594,7 @@ def test_many_abandons_behind_a_stuck_head_do_not_lose_live_turns() -> None:
     assert placed == live
 
 
-_CORE = Path(__file__).resolve().parent.parent / "luftpause" / "scheduler" / "core"
+_CORE = ROOT / "luftpause" / "scheduler" / "core"
 
 
 @pytest.mark.parametrize("module", sorted(_CORE.rglob("*.py")), ids=lambda p: p.name)

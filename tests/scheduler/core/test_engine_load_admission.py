@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from test_scheduler_core import arrive, finish, make_state, probe
+from decide_helpers import arrive, finish, make_state, probe
 
 from luftpause.scheduler.core import (
     Event,

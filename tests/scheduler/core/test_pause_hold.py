@@ -5,11 +5,11 @@ middle of a tool call gives its slot back (issue 12)."""
 from __future__ import annotations
 
 import pytest
+from decide_helpers import arrive, feed, finish, make_state, placements
 
 from luftpause.scheduler.core import Place, RunEnded, Tick, decide
 from luftpause.scheduler.core.policies import pause_hold
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
-from tests.test_scheduler_core import arrive, feed, finish, make_state, placements
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import pytest
+from decide_helpers import arrive, fail, feed, finish, held_turns, make_state, placements, probe
 
 from luftpause.config import ConfigError, parse_config
 from luftpause.scheduler.core import Place, Reject, State, Tick, TurnFailed, decide, snapshot
 from luftpause.scheduler.core.policies import limits
 from luftpause.scheduler.core.policies.limits import Bucket, ClassLimits, Protection
-from tests.test_scheduler_core import arrive, fail, feed, finish, held_turns, make_state, placements, probe
 
 # -- the policy -------------------------------------------------------------------------------------
 

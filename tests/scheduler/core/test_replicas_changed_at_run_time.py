@@ -4,6 +4,19 @@ put back and removed, table-driven like ``test_scheduler_core`` (issue 18)."""
 from __future__ import annotations
 
 import pytest
+from decide_helpers import (
+    Case,
+    arrive,
+    fail,
+    feed,
+    finish,
+    held_turns,
+    make_state,
+    placements,
+    probe,
+    runs,
+    single,
+)
 
 from luftpause.scheduler.core import (
     Action,
@@ -20,19 +33,6 @@ from luftpause.scheduler.core import (
     Tick,
     decide,
     snapshot,
-)
-from tests.test_scheduler_core import (
-    Case,
-    arrive,
-    fail,
-    feed,
-    finish,
-    held_turns,
-    make_state,
-    placements,
-    probe,
-    runs,
-    single,
 )
 
 

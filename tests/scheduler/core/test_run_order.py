@@ -6,12 +6,12 @@ serves a few runs at a time and their prefixes stay cached; ``turn`` (arrival or
 from __future__ import annotations
 
 import pytest
+from decide_helpers import arrive, feed, finish, make_state, placements
 
 from luftpause.scheduler.core import decide
 from luftpause.scheduler.core.policies import run_order
 from luftpause.scheduler.core.policies.run_order import RunOrder
 from luftpause.scheduler.core.state import Run
-from tests.test_scheduler_core import arrive, feed, finish, make_state, placements
 
 
 def _run(order: int, attained: float) -> Run:

@@ -7,7 +7,7 @@ released by a resync were counted nowhere, so the counters did not balance.
 
 from __future__ import annotations
 
-from test_scheduler_core import arrive, inflight, make_state, probe
+from decide_helpers import arrive, inflight, make_state, probe
 
 from luftpause.scheduler.core import (
     AckResync,

@@ -33,15 +33,15 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from repo_paths import ROOT
 
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 TURNS = 3  # the shared stack's engines make two tool rounds before an answer
 
 

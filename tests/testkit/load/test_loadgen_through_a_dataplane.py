@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import ROOT
 
 from luftpause.cli import main
 from luftpause.testkit.agents import _merge_tool_call_delta
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Stack
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _loadgen(*argv: str) -> subprocess.CompletedProcess[str]:
