@@ -120,12 +120,13 @@ scheduler = "127.0.0.1:{grpc_port}"
 
 
 @contextmanager
-def fake_engine(workdir: Path, decode_ms: float = 1.0) -> Iterator[str]:
-    """A simulated engine process (``luftpause fake-engine``); its URL. Stopped at the end."""
+def fake_engine(workdir: Path, decode_ms: float = 1.0, args: tuple[str, ...] = ()) -> Iterator[str]:
+    """A simulated engine process (``luftpause fake-engine``, with ``args`` more flags); its URL.
+    Stopped at the end."""
     port = free_port()
     engine = ChildProcess(
         "engine",
-        ["fake-engine", "--port", str(port), "--model", MODEL, "--decode-ms", str(decode_ms)],
+        ["fake-engine", "--port", str(port), "--model", MODEL, "--decode-ms", str(decode_ms), *args],
         workdir / "engine.log",
         ready_url=f"http://127.0.0.1:{port}/health",
     )
