@@ -14,6 +14,8 @@ import pytest
 
 # group -> twin -> median seconds per round
 _MEDIANS: dict[str, dict[str, float]] = {}
+# group -> label -> (median and min seconds per round, items per round), for record_against_baseline
+_AGAINST: dict[str, dict[str, tuple[float, float, int]]] = {}
 
 
 @pytest.fixture
@@ -28,7 +30,34 @@ def record_twin_time(benchmark: object) -> Callable[[str, str], None]:
     return record
 
 
+@pytest.fixture
+def record_against_baseline(benchmark: object) -> Callable[[str, str, int], None]:
+    """Return ``record(group, label, items)``, to be called after ``benchmark(...)`` has run: the
+    summary prints each label's median per round and per item (``items`` per round, e.g. the
+    events of a stream), and its median's and its minimum's ratios to the label ``"baseline"`` of
+    its group, same run (on a loaded machine the minimum says more of the work itself)."""
+
+    def record(group: str, label: str, items: int) -> None:
+        stats = getattr(benchmark, "stats", None)
+        if stats is not None:
+            _AGAINST.setdefault(group, {})[label] = (float(stats["median"]), float(stats["min"]), items)
+
+    return record
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    against = {group: by_label for group, by_label in _AGAINST.items() if "baseline" in by_label}
+    if against:
+        terminalreporter.section("against the baseline of each group (median per round, same run)")
+        for group, by_label in against.items():
+            base, base_min, _ = by_label["baseline"]
+            for label, (median, least, items) in by_label.items():
+                per, least_per = median * 1e9 / items, least * 1e9 / items
+                terminalreporter.write_line(
+                    f"{group}: {label:<10} median {median * 1e6:8.1f} us ({per:6.0f} ns per item, "
+                    f"{median / base:5.2f}x), min {least * 1e6:8.1f} us ({least_per:6.0f} ns per item, "
+                    f"{least / base_min:5.2f}x the baseline)"
+                )
     pairs = {group: by_twin for group, by_twin in _MEDIANS.items() if {"py", "c"} <= by_twin.keys()}
     if not pairs:
         return

@@ -127,3 +127,57 @@ def test_scan_one_turn(
     assert (scanner.prompt_tokens, scanner.completion_tokens) == (1834, 2400)
     assert scanner.finish_reason == ("tool_calls" if kind == "tool call" else "stop")
     assert scanner.error is None
+
+
+# --- natively served Messages and Responses answers -------------------------------------------------
+
+
+def _native_stream(api: str, kind: str) -> bytes:
+    """The chat stream ``kind`` as a replica serving ``api`` natively sends it: written here by
+    luftpause's own translators (the formats of the Anthropic and OpenAI references; their tests
+    check them against the official clients), so both streams carry the same answer."""
+    from luftpause.dataplane.apis.messages_stream import MessagesStream
+    from luftpause.dataplane.apis.responses_stream import ResponsesStream
+
+    translator: Any = (
+        MessagesStream("qwen3-32b", "msg_bench")
+        if api == "messages"
+        else ResponsesStream("resp_bench", "qwen3-32b", 1730000000)
+    )
+    chat = _stream(kind)
+    return translator.feed(chat) + translator.finish()  # type: ignore[no-any-return]
+
+
+def _native_class(api: str, twin: str) -> Any:
+    name = "MessagesScanner" if api == "messages" else "ResponsesScanner"
+    if twin == "py":
+        return getattr(importlib.import_module("luftpause.dataplane.apis._facts_py"), name)
+    try:
+        return getattr(importlib.import_module("luftpause.dataplane._sse_c"), name)
+    except ImportError:
+        pytest.skip("the compiled twin is not built (pip install -e . --no-deps --no-build-isolation)")
+
+
+@pytest.mark.parametrize("twin", ["py", "c"])
+@pytest.mark.parametrize("kind", ["content", "tool call"])
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_scan_one_native_turn(
+    benchmark: Any, record_twin_time: Callable[[str, str], None], api: str, kind: str, twin: str
+) -> None:
+    """The fact scanner of a natively served answer (relayed unchanged), in its API's events."""
+    scanner_class = _native_class(api, twin)
+    reads = _reads(_native_stream(api, kind))
+    group = f"{api} fact scanner: {kind} stream"
+    benchmark.group = group
+
+    def scan_turn() -> Any:
+        scanner = scanner_class()
+        for read in reads:
+            scanner.feed(read)
+        return scanner
+
+    scanner = benchmark(scan_turn)
+    record_twin_time(group, twin)
+    assert scanner.first_token_seen and scanner.done and scanner.error is None
+    assert (scanner.prompt_tokens, scanner.completion_tokens) == (1834, 2400)
+    assert scanner.finish_reason == ("tool_calls" if kind == "tool call" else "stop")

@@ -54,6 +54,10 @@ EnginePriority = Literal["lower_first", "higher_first"]
 """How an engine orders its waiting queue by the request's ``priority`` field (``[[replicas]]
 priority``): lower value first (vLLM) or higher value first (SGLang's default)."""
 
+FrontDoorApi = Literal["chat", "messages", "responses"]
+"""A front-door API (``[[replicas]] apis``): OpenAI Chat Completions (``/v1/chat/completions``),
+Anthropic Messages (``/v1/messages``), OpenAI Responses (``/v1/responses``)."""
+
 DEFAULT_MODEL = "llama-3.2-1b"
 
 EMBEDDED_DEFAULT = f"""
@@ -264,10 +268,28 @@ class ReplicaConfig(_Section):
     :func:`luftpause.dataplane.relay.with_priority`. Generative replicas only: single-pass turns
     are sent unchanged."""
 
+    apis: tuple[FrontDoorApi, ...] = ("chat",)
+    """The front-door APIs the engine serves itself: ``"chat"`` always (every turn the dataplane
+    translates becomes Chat Completions), plus ``"messages"`` (vLLM, llama.cpp's server, SGLang
+    Model Gateway) and ``"responses"`` (vLLM, SGLang Model Gateway) where it does. A Messages or
+    Responses turn placed on a replica that serves its API is relayed unchanged; on another it is
+    translated to Chat Completions and its answer back."""
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
         return _http_url(value)
+
+    @field_validator("apis")
+    @classmethod
+    def _apis(cls, value: tuple[FrontDoorApi, ...]) -> tuple[FrontDoorApi, ...]:
+        if "chat" not in value:
+            raise ValueError(
+                f"expected 'chat' among them (what every turn is translated to), got {list(value)!r}"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError(f"expected each API once, got {list(value)!r}")
+        return value
 
     # A field validator (``kind`` is validated before it), not a model one, so that the error names
     # ``replicas[N].priority`` as every other key's does.

@@ -79,16 +79,22 @@ def wait_until(check: Callable[[], bool], timeout: float) -> bool:
 
 @contextmanager
 def scheduler_and_dataplane(
-    workdir: Path, engine_urls: list[str], max_inflight: int = 4
+    workdir: Path,
+    engine_urls: list[str],
+    max_inflight: int = 4,
+    replicas: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[SchedulerAndDataplane]:
-    """Start a scheduler and a dataplane (one replica per engine URL, serving :data:`MODEL`), wait
+    """Start a scheduler and a dataplane (one replica per engine URL, serving :data:`MODEL`, or the
+    ``[[replicas]]`` TOML given as ``replicas``; ``env`` added to the dataplane's environment), wait
     until the dataplane is connected; stop both at the end, even on failure."""
     grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
-    replicas = "".join(
-        f'\n[[replicas]]\nname = "sim-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-        f"max_inflight = {max_inflight}\n"
-        for i, url in enumerate(engine_urls)
-    )
+    if replicas is None:
+        replicas = "".join(
+            f'\n[[replicas]]\nname = "sim-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
+            f"max_inflight = {max_inflight}\n"
+            for i, url in enumerate(engine_urls)
+        )
     config = workdir / "luftpause.toml"
     config.write_text(
         f"""
@@ -108,10 +114,16 @@ scheduler = "127.0.0.1:{grpc_port}"
             ("scheduler", f"http://127.0.0.1:{status_port}/health"),
             ("dataplane", f"{pair.dataplane_url}/health"),
         ):
-            child = ChildProcess(name, [name, *conf], workdir / f"{name}.log", ready_url=ready)
+            child = ChildProcess(
+                name,
+                [name, *conf],
+                workdir / f"{name}.log",
+                env=env if name == "dataplane" else None,
+                ready_url=ready,
+            )
             pair.children[name] = child.start()
             child.wait_ready()
-        if not wait_until(lambda: pair.health()["scheduler"] == "connected", 30):
+        if not wait_until(lambda: pair.health()["scheduler"] == "connected", 30):  # /health needs no token
             raise RuntimeError(f"the dataplane did not connect:\n{pair.logs()}")
         yield pair
     finally:
@@ -120,14 +132,16 @@ scheduler = "127.0.0.1:{grpc_port}"
 
 
 @contextmanager
-def fake_engine(workdir: Path, decode_ms: float = 1.0, args: tuple[str, ...] = ()) -> Iterator[str]:
-    """A simulated engine process (``luftpause fake-engine``, with ``args`` more flags); its URL.
-    Stopped at the end."""
+def fake_engine(
+    workdir: Path, decode_ms: float = 1.0, args: tuple[str, ...] = ("--model", MODEL), name: str = "engine"
+) -> Iterator[str]:
+    """A simulated engine process (``luftpause fake-engine``, with ``args``, by default serving
+    :data:`MODEL`); its URL. Stopped at the end."""
     port = free_port()
     engine = ChildProcess(
-        "engine",
-        ["fake-engine", "--port", str(port), "--model", MODEL, "--decode-ms", str(decode_ms), *args],
-        workdir / "engine.log",
+        name,
+        ["fake-engine", "--port", str(port), "--decode-ms", str(decode_ms), *args],
+        workdir / f"{name}.log",
         ready_url=f"http://127.0.0.1:{port}/health",
     )
     try:

@@ -34,8 +34,6 @@ from raw_engine_helpers import (
     reset,
 )
 
-from luftpause.testkit.procs import ChildProcess, free_port
-
 pytestmark = pytest.mark.integration
 
 RESENT = "sending the request again on a new one"
@@ -53,7 +51,7 @@ def _resent(log: str, replica: str) -> int:
 
 def test_turns_on_connections_the_engine_closes_as_they_are_reused_all_succeed(tmp_path: Path) -> None:
     with (
-        fake_engine(tmp_path, args=("--idle-close-ms", "200")) as engine_url,
+        fake_engine(tmp_path, args=("--model", MODEL, "--idle-close-ms", "200")) as engine_url,
         scheduler_and_dataplane(tmp_path, [engine_url]) as pair,
     ):
         client = _client(pair.dataplane_url)
@@ -118,39 +116,14 @@ def raw_engines() -> Iterator[dict[str, RawEngine]]:
 def dataplane(
     tmp_path_factory: pytest.TempPathFactory, raw_engines: dict[str, RawEngine]
 ) -> Iterator[SchedulerAndDataplane]:
-    workdir = tmp_path_factory.mktemp("engine-keepalive")
-    grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
+    """One replica per raw engine, serving the model of its name, with no health probe (the raw
+    engines answer only POST)."""
     replicas = "".join(
         f'\n[[replicas]]\nname = "{name}"\nurl = "{engine.url}"\nmodels = ["{name}"]\nhealth_path = ""\n'
         for name, engine in raw_engines.items()
     )
-    config = workdir / "luftpause.toml"
-    config.write_text(
-        f"""
-[scheduler]
-grpc = "127.0.0.1:{grpc_port}"
-http = "127.0.0.1:{http_port}"
-
-[dataplane]
-listen = "127.0.0.1:{dp_port}"
-scheduler = "127.0.0.1:{grpc_port}"
-{replicas}"""
-    )
-    pair = SchedulerAndDataplane(f"http://127.0.0.1:{dp_port}", f"http://127.0.0.1:{http_port}/status")
-    try:
-        for name, ready in (
-            ("scheduler", f"http://127.0.0.1:{http_port}/health"),
-            ("dataplane", f"{pair.dataplane_url}/health"),
-        ):
-            child = ChildProcess(
-                name, [name, "--config", str(config)], workdir / f"{name}.log", ready_url=ready
-            )
-            pair.children[name] = child.start()
-            child.wait_ready()
+    with scheduler_and_dataplane(tmp_path_factory.mktemp("engine-keepalive"), [], replicas=replicas) as pair:
         yield pair
-    finally:
-        for child in reversed(list(pair.children.values())):
-            child.stop()
 
 
 def test_an_engine_reset_after_part_of_a_streamed_answer_aborts_the_clients_stream_and_is_never_resent(

@@ -185,9 +185,10 @@ def test_a_whole_answer_and_a_refusal_reach_the_client_translated() -> None:
 
 def test_a_translated_stream_that_ends_before_it_finished_is_aborted() -> None:
     sent, _, runs, totals = asyncio.run(_relay({"model": "m", "stream": True, "cut": True}))
-    # Cut after a tool call's first delta: the translator knows the call was never finished.
+    # Cut after a tool call's first delta, with no finish reason and no [DONE]: the answer never
+    # ended, which the relay sees before the translator is asked to close it.
     assert sent[-1]["type"] == "aborted"
-    assert "ended its stream before the answer finished" in sent[-1]["reason"]
+    assert sent[-1]["reason"] == "engine closed the stream before it finished"
     assert all(m.get("more_body", True) for m in sent[1:-1])  # never a clean end
     assert b"message_stop" not in b"".join(m.get("body", b"") for m in sent[1:-1])
     assert runs.runs["run-hook"].phase == pb.IDLE

@@ -366,6 +366,35 @@ def test_tool_calls_after_content_are_read(scanner_cls: ScannerClass) -> None:
     ]
     scanner, _ = scan(scanner_cls, reads)
     assert scanner.tool_call_ids == ["call_q", "call_r"]
+    assert scanner.finish_reason is None  # nothing said the answer ended
+    scanner, _ = scan(scanner_cls, [*reads, b"data: [DONE]\n\n"])
+    assert scanner.finish_reason == "tool_calls"
+
+
+def test_a_tool_call_delta_alone_does_not_say_the_answer_ended(scanner_cls: ScannerClass) -> None:
+    """The stream a relay must abort when the engine's body ends here: a tool call's first delta,
+    then nothing (no finish chunk, no ``[DONE]``). The finish reason is what the relay takes as the
+    answer's end, so it must stay unset (it was ``"tool_calls"`` from the first delta)."""
+    reads = [
+        event(chunk_object({"role": "assistant", "content": ""})),
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "call_cut", "function": {"name": "f"}}]})),
+        event(chunk_object({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]})),
+    ]
+    scanner, firsts = scan(scanner_cls, reads)
+    assert firsts == [1] and scanner.saw_tool_calls and scanner.tool_call_ids == ["call_cut"]
+    assert scanner.finish_reason is None and not scanner.done
+    # once the engine says the end, by a finish reason of any name or by [DONE], it is a tool round
+    for end in (event(chunk_object({}, "stop")), event(chunk_object({}, "tool_calls")), b"data: [DONE]\n\n"):
+        scanner, _ = scan(scanner_cls, [*reads, end])
+        assert scanner.finish_reason == "tool_calls"
+
+
+def test_a_tool_call_after_the_finish_reason_still_makes_it_a_tool_round(scanner_cls: ScannerClass) -> None:
+    reads = [
+        event(chunk_object({"content": "x"}, "stop")),
+        event(chunk_object({"tool_calls": [{"index": 0, "id": "call_late", "function": {"name": "f"}}]})),
+    ]
+    scanner, _ = scan(scanner_cls, reads)
     assert scanner.finish_reason == "tool_calls"
 
 

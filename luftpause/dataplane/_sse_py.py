@@ -77,9 +77,12 @@ class SSEScanner:
     * ``first_token_seen`` -- a chunk delta carried the first token: a non-empty ``content``,
       ``reasoning_content`` or ``reasoning`` string, or a non-empty ``tool_calls`` list. The
       role-only chunk and ``content: ""`` do not count.
-    * ``finish_reason`` -- the engine's last non-null ``finish_reason`` (``str``), or ``None``; but
-      ``"tool_calls"`` once any tool-call delta was seen, whatever the engine said (some engines say
-      ``"stop"`` after emitting tool calls, and the scheduler must know a tool round follows).
+    * ``finish_reason`` -- ``None`` until the answer says it ended: a non-null ``finish_reason``
+      in a chunk, or ``[DONE]``. Then the engine's last non-null ``finish_reason`` (``str``; ``None``
+      after a ``[DONE]`` with none), but ``"tool_calls"`` when any tool-call delta was seen, whatever
+      the engine said (some engines say ``"stop"`` after emitting tool calls, and the scheduler must
+      know a tool round follows). A tool-call delta alone never sets it: the relay takes a finish
+      reason as the answer's end, and a stream cut after a tool call's first delta has not ended.
     * ``saw_tool_calls`` -- some delta carried a non-empty ``tool_calls`` list.
     * ``tool_call_ids`` -- each distinct non-empty ``tool_calls[].id`` string, in order of first
       appearance (continuation deltas carry no id or an empty one).
@@ -302,8 +305,15 @@ class SSEScanner:
         self.event_count += 1
         if self._keep_events:
             self.events.append(data)
+        self._payload(data)
+
+    def _payload(self, data: bytes) -> None:
+        """What one dispatched event's data says: the dialect's hook (Chat Completions here; the
+        native Messages and Responses scanners of ``luftpause.dataplane.apis`` read their own)."""
         if data == _DONE:
             self.done = True
+            if self.saw_tool_calls:
+                self.finish_reason = "tool_calls"
         elif not (self.first_token_seen and _is_inert(data)):
             self._read_chunk_object(data)
 
@@ -336,7 +346,8 @@ class SSEScanner:
                 tool_calls = delta.get("tool_calls")
                 if type(tool_calls) is list and tool_calls:
                     self.saw_tool_calls = True
-                    self.finish_reason = "tool_calls"
+                    if self.finish_reason is not None:  # a call after the end was said
+                        self.finish_reason = "tool_calls"
                     self.first_token_seen = True
                     for call in tool_calls:
                         if type(call) is dict:
@@ -351,8 +362,8 @@ class SSEScanner:
                             self.first_token_seen = True
                             break
             reason = choice.get("finish_reason")
-            if type(reason) is str and reason and not self.saw_tool_calls:
-                self.finish_reason = reason
+            if type(reason) is str and reason:
+                self.finish_reason = "tool_calls" if self.saw_tool_calls else reason
 
 
 # The byte runs a payload can matter through once the first token has been seen (the keys, with

@@ -4,10 +4,15 @@ Routes (docs/architecture.md "The proxy"):
 
 =============================  ==================================================================
 ``POST /v1/chat/completions``  OpenAI Chat Completions, streamed or not, admitted by the scheduler
+``POST /v1/messages``          Anthropic Messages (``?beta=true`` too), streamed or not; admitted
+                               alike, relayed natively or translated (``front_doors``)
+``POST /v1/responses``         OpenAI Responses, streamed or not; the same
 ``POST /v1/decide``            a single-pass turn in vLLM's ``/classify`` shape (``{"model": str,
                                "input": str | [str, ...]}``), forwarded to a single-pass replica's
                                ``/classify`` and its answer relayed unchanged
-``GET /v1/models``             the union of the models the configured replicas serve (both kinds)
+``GET /v1/models``             the union of the models the configured replicas serve (both kinds),
+                               in Anthropic's page shape when the request has ``anthropic-version``
+                               (``GET /v1/models/{id}``: one of them)
 ``DELETE /v1/runs/{id}``       the run ended: the scheduler forgets it at once (204)
 ``GET /health``                ``{"status": "ok", "scheduler": "connected" | "connecting", "runs": int,
                                "leases": {replica: unused leased slots}, "leased_turns": int}``
@@ -23,7 +28,9 @@ Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool
 messages answer, remembered 30 min; else a new run), ``x-luftpause-class``
 (``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``
 with its ``tracestate`` (both sent on to the engine).
-With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``.
+With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``, or the
+token as ``x-api-key`` (what the Anthropic clients send). Errors on the Messages and Responses
+routes take their API's shape (``front_doors.error_body``).
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
 answer to a request refused before it became a turn (401, 413, 415, malformed body or headers) carries
@@ -39,7 +46,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
 
 import grpc.aio
 import orjson
@@ -50,6 +56,8 @@ from luftpause import tracing
 from luftpause.config import Config, ReplicaConfig, load_config
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
+from luftpause.dataplane.apis.errors import Api
+from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
 from luftpause.dataplane.asgi import (
     WATCH_AFTER_S,
     ClientGone,
@@ -65,18 +73,28 @@ from luftpause.dataplane.errors import (
     DataplaneError,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
     TooManyRequests,
     Unauthorized,
-    UnsupportedMediaType,
-    error_body,
 )
+from luftpause.dataplane.front_doors import MESSAGES_PATH, RESPONSES_PATH, FrontDoors, api_of
+from luftpause.dataplane.front_doors import error_body as api_error_body
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.relay import Relay
+from luftpause.dataplane.request_checks import (
+    RUN_ID_MAX_BYTES,
+    acceptable_run_id,
+    allow,
+    client_run_id,
+    header_of,
+    json_with_model,
+    read_body,
+    truncate_caller,
+)
+from luftpause.dataplane.run_identity import RunIdentity
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
-from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id
+from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
 from luftpause.dataplane.upstream import Upstream
 from luftpause.orphans import exit_with_parent
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
@@ -84,9 +102,6 @@ from luftpause.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("luftpause.dataplane")
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
-CALLER_MAX_BYTES = 128
-RUN_ID_MAX_BYTES = 256
 ENGINE_READ_TIMEOUT_ENV = "LUFTPAUSE_ENGINE_READ_TIMEOUT_S"
 """Overrides the engine read timeout (seconds), for tests; by default the scheduler's turn expiry."""
 PRUNE_EVERY_S = 60.0
@@ -104,28 +119,9 @@ _CALLER = b"x-luftpause-caller"
 _CLASS = b"x-luftpause-class"
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
-
-
-def _acceptable_run_id(value: str | None) -> bool:
-    """A run id we take: present, at most ``RUN_ID_MAX_BYTES`` bytes of UTF-8."""
-    return value is not None and 0 < len(value.encode()) <= RUN_ID_MAX_BYTES
-
-
-def _client_run_id(exchange: Exchange) -> str | None:
-    """The client's own ``x-luftpause-run-id``, when it is one we would accept, for error answers."""
-    try:
-        value = exchange.header(_RUN_ID)
-    except BadRequest:
-        return None
-    return value if _acceptable_run_id(value) else None
-
-
-def truncate_caller(caller: str) -> str:
-    """At most ``CALLER_MAX_BYTES`` bytes of UTF-8, never cutting a character in half."""
-    raw = caller.encode()
-    if len(raw) <= CALLER_MAX_BYTES:
-        return caller
-    return raw[:CALLER_MAX_BYTES].decode(errors="ignore")
+_X_API_KEY = b"x-api-key"
+_ANTHROPIC_VERSION = b"anthropic-version"
+_MODELS_PREFIX = "/v1/models/"
 
 
 class Dataplane:
@@ -140,13 +136,17 @@ class Dataplane:
         no longer resolves to it. A set beside the table rather than a run -> ids index, which
         would cost on every remembered id: at most ``MAX_ENDED_RUNS`` entries, measured 151 bytes
         each for 40-byte ids (15 MB when full), 367 bytes at the 256-byte limit (37 MB)."""
+        self.identity = RunIdentity(self.runs, self.tool_calls, self.ended_runs)
         self._prune_task: asyncio.Task[None] | None = None
         # Stable across restarts on the same host and port: the Resync of a restarted dataplane
         # then releases what the crashed one held.
         dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
         self.link = SchedulerLink(config.dataplane.scheduler, self.runs, dataplane_id)
         self.token = os.environ.get(TOKEN_ENV) or None
-        self.models_body = _models_body(config.models)
+        self._models = config.models
+        self.models_body = models_body(self._models, anthropic=False)
+        self.anthropic_models_body = models_body(self._models, anthropic=True)
+        self.front_doors = FrontDoors(config.replicas)
         self._upstream: Upstream | None = None
         self._replicas = {replica.name: replica for replica in config.replicas}
         self.link.on_replicas = self._learn_replicas  # the scheduler's set replaces the file's
@@ -244,6 +244,7 @@ class Dataplane:
                         "kind": spec.kind or "generative",
                         "api_key_env": spec.api_key_env or None,
                         "priority": spec.priority or None,
+                        "apis": tuple(spec.apis) or ("chat",),
                     }
                 )
             except ValidationError as exc:
@@ -253,7 +254,10 @@ class Dataplane:
         if learned.keys() != self._replicas.keys():
             log.info("replicas from the scheduler: %s", ", ".join(learned) or "none")
         self._replicas = learned
-        self.models_body = _models_body(list(dict.fromkeys(m for r in learned.values() for m in r.models)))
+        self._models = list(dict.fromkeys(m for r in learned.values() for m in r.models))
+        self.models_body = models_body(self._models, anthropic=False)
+        self.anthropic_models_body = models_body(self._models, anthropic=True)
+        self.front_doors = FrontDoors(list(learned.values()))
 
     # --- routing ---------------------------------------------------------------------------------
 
@@ -264,7 +268,7 @@ class Dataplane:
             if exchange.started:
                 raise StreamBroken(str(exc)) from None  # cannot happen by design; never a clean end
             if exc.run_id is None and exchange.path != DECIDE_PATH:
-                exc.run_id = _client_run_id(exchange)
+                exc.run_id = client_run_id(exchange)
             headers = _JSON if exc.run_id is None else [*_JSON, (_RUN_ID, exc.run_id.encode())]
             if isinstance(exc, MethodNotAllowed):
                 headers = [*headers, (b"allow", exc.allow.encode())]
@@ -272,7 +276,10 @@ class Dataplane:
                 headers = [*headers, (b"www-authenticate", exc.challenge.encode())]
             elif isinstance(exc, TooManyRequests):
                 headers = [*headers, (b"retry-after", str(exc.retry_after_s).encode())]
-            await exchange.respond(exc.status, headers, exc.body())
+            api = api_of(exchange.path, exchange.headers.get(_ANTHROPIC_VERSION))
+            await exchange.respond(
+                exc.status, headers, exc.body() if api is None else api_error_body(api, exc)
+            )
         except ClientGone:
             pass
         except StreamBroken:
@@ -283,12 +290,14 @@ class Dataplane:
             log.exception("%s %s failed", exchange.method, exchange.path)
             if exchange.started:
                 raise StreamBroken(f"internal error: {type(exc).__name__}") from None
-            await exchange.respond(500, _JSON, error_body(f"internal error: {type(exc).__name__}"))
+            error = DataplaneError(f"internal error: {type(exc).__name__}")
+            api = api_of(exchange.path, exchange.headers.get(_ANTHROPIC_VERSION))
+            await exchange.respond(500, _JSON, error.body() if api is None else api_error_body(api, error))
 
     async def _route(self, exchange: Exchange) -> None:
         path, method = exchange.path, exchange.method
         if path == "/health":
-            _allow(path, method, "GET", "HEAD")
+            allow(path, method, "GET", "HEAD")
             health = {
                 "status": "ok",
                 "scheduler": "connected" if self.link.connected else "connecting",
@@ -299,11 +308,11 @@ class Dataplane:
             await exchange.respond(200, _JSON, orjson.dumps(health))
             return
         if path == "/metrics":
-            _allow(path, method, "GET", "HEAD")
+            allow(path, method, "GET", "HEAD")
             await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition())
             return
         if path == "/livez" or path == "/readyz":
-            _allow(path, method, "GET", "HEAD")
+            allow(path, method, "GET", "HEAD")
             status, body = probes.LIVE if path == "/livez" else probes.report(self.readiness())
             await exchange.respond(status, _JSON, body)
             return
@@ -311,18 +320,32 @@ class Dataplane:
             raise NotFound(f"no route {method} {path}")
         self._authorize(exchange)
         if path == "/v1/chat/completions":
-            _allow(path, method, "POST")
+            allow(path, method, "POST")
             await self._chat_completions(exchange)
         elif path == DECIDE_PATH:
-            _allow(path, method, "POST")
+            allow(path, method, "POST")
             await self._decide(exchange)
+        elif path == MESSAGES_PATH:
+            allow(path, method, "POST")
+            await self._front_door(exchange, "messages")
+        elif path == RESPONSES_PATH:
+            allow(path, method, "POST")
+            await self._front_door(exchange, "responses")
         elif path == "/v1/models":
-            _allow(path, method, "GET", "HEAD")
-            await exchange.respond(200, _JSON, self.models_body)
+            allow(path, method, "GET", "HEAD")
+            anthropic = wants_anthropic(exchange.header(_ANTHROPIC_VERSION))
+            await exchange.respond(200, _JSON, self.anthropic_models_body if anthropic else self.models_body)
+        elif path.startswith(_MODELS_PREFIX) and len(path) > len(_MODELS_PREFIX):
+            allow(path, method, "GET", "HEAD")
+            model = path[len(_MODELS_PREFIX) :]
+            found = model_body(self._models, model, wants_anthropic(exchange.header(_ANTHROPIC_VERSION)))
+            if found is None:
+                raise NotFound(f"no replica serves model {model!r}")
+            await exchange.respond(200, _JSON, found)
         elif path.startswith("/v1/runs/") and len(path) > len("/v1/runs/"):
-            _allow(path, method, "DELETE")
+            allow(path, method, "DELETE")
             run_id = path[len("/v1/runs/") :]
-            if not _acceptable_run_id(run_id):
+            if not acceptable_run_id(run_id):
                 raise BadRequest(f"a run id is at most {RUN_ID_MAX_BYTES} bytes")
             self.runs.forget(run_id)
             ended = self.ended_runs
@@ -356,23 +379,18 @@ class Dataplane:
         if self.token is None:
             return
         given = exchange.header(b"authorization") or ""
+        if not given and (key := exchange.header(_X_API_KEY)):
+            given = f"Bearer {key}"  # the Anthropic clients' way to send a key
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token.encode()):
-            raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)")
+            raise Unauthorized(
+                "missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>, or x-api-key)"
+            )
 
     # --- chat completions ------------------------------------------------------------------------
 
-    async def _read_body(self, exchange: Exchange) -> bytes:
-        """The request body, refused with 413 as soon as it passes ``MAX_BODY_BYTES``, and with 415
-        before it is read when it comes encoded (see :func:`_refuse_encoded_body`)."""
-        _refuse_encoded_body(exchange)
-        declared = exchange.headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body is {declared.decode()} bytes; the limit is {MAX_BODY_BYTES}")
-        return await exchange.read_body(MAX_BODY_BYTES, _too_large)
-
     def _parse_turn(self, exchange: Exchange, body: bytes) -> Turn:
-        payload, model = _json_with_model(body)
+        payload, model = json_with_model(body)
         messages = payload.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
@@ -380,21 +398,9 @@ class Dataplane:
         assert self._loop is not None
         now = self._loop.time()
         caller = truncate_caller(exchange.header(_CALLER) or "")
-        run_id = exchange.header(_RUN_ID)
-        new_run = False
-        if not run_id:
-            # No header (or an empty one): the run that emitted a tool call answered here, else new.
-            run_id = self.tool_calls.lookup(request_tool_call_ids(messages), now)
-            if run_id and run_id in self.ended_runs:
-                run_id = None  # the run that emitted them has ended (DELETE): this is a new one
-            if not run_id:
-                run_id = f"run-{new_id()}"
-                new_run = True
-                self.runs.new_run(run_id, service_class, caller, now)  # so it may use a lease
-        elif not _acceptable_run_id(run_id):
-            raise BadRequest(f"{RUN_ID_HEADER} is longer than {RUN_ID_MAX_BYTES} bytes")
-        elif self.ended_runs and run_id in self.ended_runs:
-            del self.ended_runs[run_id]  # named again by its client: its tool-call ids count again
+        run_id, new_run = self.identity.run_of(
+            header_of(exchange), service_class, caller, now, lambda: request_tool_call_ids(messages)
+        )
         return Turn(
             turn_id=Turn.new_id(),
             run_id=run_id,
@@ -409,10 +415,39 @@ class Dataplane:
             client_priority="priority" in payload,
         )
 
+    async def _front_door(self, exchange: Exchange, api: Api) -> None:
+        """``POST /v1/messages`` or ``POST /v1/responses``: planned (``front_doors``), then
+        admitted and relayed as a chat turn is."""
+        body = await read_body(exchange)
+        payload, model = json_with_model(body)
+        planned = self.front_doors.plan(api, payload, body, model)
+        service_class = _service_class(exchange)
+        assert self._loop is not None
+        now = self._loop.time()
+        caller = truncate_caller(exchange.header(_CALLER) or "")
+        run_id, new_run = self.identity.run_of(
+            header_of(exchange), service_class, caller, now, lambda: planned.echoed_ids, payload
+        )
+        turn = Turn(
+            turn_id=Turn.new_id(),
+            run_id=run_id,
+            model=model,
+            service_class=service_class,
+            caller=caller,
+            body=planned.body,
+            traceparent=exchange.header(_TRACEPARENT),
+            tracestate=exchange.header(_TRACESTATE),
+            arrived=now,
+            new_run=new_run,
+            translation=planned.translation,
+            native=planned.native,
+        )
+        await self._run_turn(turn, exchange)
+
     def _parse_single_pass(self, exchange: Exchange, body: bytes) -> Turn:
         """A ``/v1/decide`` request: vLLM's classification request, ``{"model": str, "input": str |
         [str, ...]}`` (other keys pass through untouched); :class:`BadRequest` otherwise."""
-        payload, model = _json_with_model(body)
+        payload, model = json_with_model(body)
         given = payload.get("input")
         if not (
             isinstance(given, str)
@@ -433,10 +468,10 @@ class Dataplane:
         )
 
     async def _chat_completions(self, exchange: Exchange) -> None:
-        await self._run_turn(self._parse_turn(exchange, await self._read_body(exchange)), exchange)
+        await self._run_turn(self._parse_turn(exchange, await read_body(exchange)), exchange)
 
     async def _decide(self, exchange: Exchange) -> None:
-        await self._run_turn(self._parse_single_pass(exchange, await self._read_body(exchange)), exchange)
+        await self._run_turn(self._parse_single_pass(exchange, await read_body(exchange)), exchange)
 
     async def _run_turn(self, turn: Turn, exchange: Exchange) -> None:
         """Admit ``turn``, forward it and relay its answer, racing the client leaving."""
@@ -563,51 +598,6 @@ class Dataplane:
         return reply.placed.replica
 
 
-def _models_body(models: list[str]) -> bytes:
-    """``GET /v1/models``: ``models`` in OpenAI's list shape."""
-    return orjson.dumps(
-        {
-            "object": "list",
-            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in models],
-        }
-    )
-
-
-def _too_large() -> Exception:
-    return PayloadTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
-
-
-def _refuse_encoded_body(exchange: Exchange) -> None:
-    """Raise :class:`UnsupportedMediaType` (415) when the request's ``Content-Encoding`` (RFC 9110
-    section 8.4) names a coding other than ``identity``: the dataplane reads the body as JSON and
-    sends the engine its bytes, and decodes no coding (a gzip body was refused as not UTF-8)."""
-    value = exchange.headers.get(b"content-encoding")
-    if value is None:
-        return
-    codings = [coding.strip().lower() for coding in value.split(b",")]
-    if all(coding in (b"", b"identity") for coding in codings):
-        return
-    named = value.decode("ascii", "backslashreplace").strip()
-    raise UnsupportedMediaType(
-        f"request body has Content-Encoding: {named}; the dataplane does not decode request bodies: "
-        "send the body unencoded (Content-Encoding: identity, or no Content-Encoding header)"
-    )
-
-
-def _json_with_model(body: bytes) -> tuple[dict[str, Any], str]:
-    """A request body as a JSON object and its non-empty ``model``; :class:`BadRequest` otherwise."""
-    try:
-        payload: Any = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' must be a non-empty string")
-    return payload, model
-
-
 def _service_class(exchange: Exchange) -> int:
     """The ``x-luftpause-class`` header as a ``ServiceClass``; absent is interactive.
 
@@ -620,11 +610,6 @@ def _service_class(exchange: Exchange) -> int:
     if service_class is None:
         raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
     return service_class
-
-
-def _allow(path: str, method: str, *allowed: str) -> None:
-    if method not in allowed:
-        raise MethodNotAllowed(f"{path} takes {', '.join(allowed)}, not {method}", allow=", ".join(allowed))
 
 
 def create_app(config: Config | None = None) -> Dataplane:

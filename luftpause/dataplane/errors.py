@@ -1,6 +1,9 @@
 """Errors the dataplane answers with, each knowing its HTTP status.
 
-The body is always ``{"error": {"message": "..."}}`` (docs/architecture.md "Failure contract")::
+The body is ``{"error": {"message": "..."}}`` (docs/architecture.md "Failure contract"), except on
+the Messages and Responses routes, which answer the same errors, with the same statuses, in their
+API's own shape (``luftpause.dataplane.front_doors.error_body``; ``apis.errors`` adds
+``TranslationError``, a ``BadRequest``)::
 
     DataplaneError (500)          a fault of ours ("internal error: <type>"); with the status of a
     │                             scheduler's refusal (404 no replica serves the model, 499 the turn

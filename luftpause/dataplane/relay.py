@@ -1,7 +1,8 @@
 """One turn through the dataplane: forward it to its replica, relay the answer, report it.
 
 The engine's response reaches the client unchanged (unless the turn has a
-:class:`~luftpause.dataplane.turn.Translation`): a stream is relayed as each read returns,
+:class:`~luftpause.dataplane.turn.Translation` and its replica does not serve the turn's API
+natively, :class:`~luftpause.dataplane.turn.Native`): a stream is relayed as each read returns,
 everything one read brought in one send (no buffering beyond that, no re-framing, no re-encoding),
 while :class:`~luftpause.dataplane.sse.SSEScanner` reads the engine's bytes on the side for
 first-token time, usage, finish reason and tool calls. What the client sees in each failure case is
@@ -244,14 +245,25 @@ class Relay:
             extra = b"traceparent: %s\r\n" % turn.traceparent.encode()
             if turn.tracestate:  # W3C Trace Context: tracestate travels only with its traceparent
                 extra += b"tracestate: %s\r\n" % turn.tracestate.encode()
-        body = turn.body
-        if replica.priority is not None and not turn.single_pass and not turn.client_priority:
+        path, body = turn.path, turn.body
+        native = turn.native
+        if native is not None and native.api in replica.apis:
+            # The replica speaks the client's API: its bytes go there, its answer comes back, as is.
+            turn.native_served, turn.translation = True, None
+            path, body = native.path, native.body
+        elif replica.priority is not None and not turn.single_pass and not turn.client_priority:
             # Local to this send: turn.body stays the client's bytes.
             body = with_priority(body, replica.priority, turn.service_class)
         upstream: EngineExchange | None = None
         try:
             try:
-                upstream = await self._pool(replica).send(turn.path, extra, body)
+                if native is not None and not turn.native_served and turn.translation is None:
+                    # Planned native only (front_doors), yet the scheduler's replica lacks the API:
+                    # its configuration and this dataplane's disagree.
+                    raise EngineError(
+                        f"it does not serve the {native.api} API, and the turn was not translated"
+                    )
+                upstream = await self._pool(replica).send(path, extra, body)
                 status = upstream.status
                 headers = upstream.headers
                 content_type = _header(headers, b"content-type") or b""
@@ -309,7 +321,12 @@ class Relay:
         translation = turn.translation.stream() if turn.translation is not None else None
         if translation is not None and decoder is False:
             raise EngineError("its stream is in an encoding the relay cannot read to translate")
-        scanner = translation.scanner if translation is not None else SSEScanner()
+        if translation is not None:
+            scanner = translation.scanner
+        elif turn.native_served and turn.native is not None:
+            scanner = turn.native.scanner()  # the API's own events, relayed unchanged
+        else:
+            scanner = SSEScanner()
         scan = scanner.feed if decoder is not False and translation is None else None
 
         def take_in(data: bytes) -> bytes:
@@ -432,7 +449,8 @@ class Relay:
             ids = []
         else:
             self._first_token(turn)
-            finish_reason, tool_calls, prompt, completion, ids = _completion_facts(body)
+            read = turn.native.whole if turn.native_served and turn.native is not None else _completion_facts
+            finish_reason, tool_calls, prompt, completion, ids = read(body)
         if turn.translation is not None:
             body = turn.translation.whole(body)
         await exchange.respond(200, headers, body)

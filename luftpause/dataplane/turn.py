@@ -4,9 +4,10 @@ shaped on the way (an engine's ``priority``; a front door API other than Chat Co
 Front doors: a turn carries what goes to the engine (``upstream_path``, ``body``) and, when its
 client speaks another API than the engine's, a :class:`Translation` of the engine's answer (the
 translators of ``luftpause.dataplane.apis`` fit it). Every fact (first token, usage, finish reason,
-tool-call ids) is still read from the engine's own Chat Completions answer, so a translator only
-shapes what the client sees. A Chat Completions turn has no translation: its answer is relayed
-unchanged.
+tool-call ids) is then still read from the engine's own Chat Completions answer, so a translator
+only shapes what the client sees. A turn of another API may also carry a :class:`Native` way to
+a replica that serves that API itself: its bytes go there unchanged and the answer's facts are read
+by that API's own scanner. A Chat Completions turn has neither: its answer is relayed unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ __all__ = [
     "CLASSIFY_PATH",
     "PRIORITY_VALUES",
     "RUN_ID_HEADER",
+    "Facts",
+    "Native",
     "StreamTranslation",
     "Translation",
     "Turn",
@@ -82,12 +85,34 @@ class Translation:
     * for an engine's refusal (429, 5xx), ``refusal(status, body)``, the client's body in its API's
       error shape (status and ``Retry-After`` unchanged).
 
-    ``whole`` and ``refusal`` must not raise (a fault there is a fault of the turn: 500).
+    ``whole`` raises :class:`~luftpause.dataplane.upstream.EngineError` for an engine's answer it
+    cannot read (the turn fails: 502); else neither it nor ``refusal`` may raise (a fault there is
+    a fault of the turn: 500).
     """
 
     stream: Callable[[], StreamTranslation]
     whole: Callable[[bytes], bytes]
     refusal: Callable[[int, bytes], bytes]
+
+
+Facts = tuple[str, bool, int, int, list[str]]
+"""``(finish_reason, tool calls emitted, prompt tokens, completion tokens, tool-call ids)`` of a
+whole answer, ``-1`` for a count not known."""
+
+
+@dataclass(frozen=True, slots=True)
+class Native:
+    """How a turn of another front door reaches a replica that serves its API itself
+    (``[[replicas]] apis``): ``body`` (the client's bytes) goes to ``path`` unchanged and the answer
+    comes back unchanged; ``scanner()`` makes the fact scanner of its event stream (the chat
+    :class:`~luftpause.dataplane.sse.SSEScanner`'s interface), ``whole(body)`` reads the facts of a
+    whole answer. ``api``: ``"messages"`` or ``"responses"``."""
+
+    api: str
+    path: str
+    body: bytes
+    scanner: Callable[[], SSEScanner]
+    whole: Callable[[bytes], Facts]
 
 
 PRIORITY_VALUES: dict[str, dict[int, int]] = {
@@ -174,6 +199,11 @@ class Turn:
     """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
     upstream_path: str = ""
     translation: Translation | None = None
+    native: Native | None = None
+    """How the turn goes to a replica that serves its API natively (None: a chat turn, or no
+    replica of its model does); the relay takes it there, and ``translation`` elsewhere."""
+    native_served: bool = False
+    """The relay sent it natively (set when it was sent)."""
     replica: str = ""
     """Where the turn was sent, once it was."""
 

@@ -237,6 +237,7 @@ def replica_set(replicas: Iterable[ReplicaConfig]) -> pb.SchedulerItem:
                     kind=replica.kind,
                     api_key_env=replica.api_key_env or "",
                     priority=replica.priority or "",
+                    apis=replica.apis,
                 )
                 for replica in replicas
             ]

@@ -15,9 +15,13 @@ request, and SGLang's, vLLM's or llama.cpp's admission, retraction and preemptio
 (:mod:`luftpause.testkit.engine.model`); ``--pool-tokens``, ``--step-tokens`` and
 ``--max-running`` resize the profile.
 
+With ``--apis chat,messages,responses`` it also serves ``POST /v1/messages`` (Anthropic Messages)
+and ``POST /v1/responses`` (OpenAI Responses) natively, as vLLM and llama.cpp's server do
+(:mod:`luftpause.testkit.engine.dialects`).
+
 It misbehaves on demand (:mod:`luftpause.testkit.engine.faults`): per request through the body's
-``"luftpause_fault"`` field, or for a random fraction of requests with ``--fault SPEC
---fault-rate F --seed N``.
+``"luftpause_fault"`` field, for every request for a model with ``--model-fault MODEL=SPEC``, or
+for a random fraction of requests with ``--fault SPEC --fault-rate F --seed N``.
 
 In tests::
 
@@ -41,9 +45,9 @@ import uvloop
 from luftpause import logs
 from luftpause.ports import port_number
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
-from luftpause.testkit.engine.faults import KINDS, parse_fault_option
+from luftpause.testkit.engine.faults import KINDS, Fault, parse_fault_option
 from luftpause.testkit.engine.model.profiles import PROFILES
-from luftpause.testkit.engine.settings import DEFAULT_MODEL, METRIC_NAMINGS, PRIORITY_ORDERS
+from luftpause.testkit.engine.settings import API_NAMES, DEFAULT_MODEL, METRIC_NAMINGS, PRIORITY_ORDERS
 
 __all__ = [
     "EngineSettings",
@@ -200,6 +204,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'or the JSON of the request field, e.g. \'{"kind": "status", "status": 429, "retry_after": 1}\'',
     )
     parser.add_argument(
+        "--model-fault",
+        action="append",
+        default=None,
+        metavar="MODEL=SPEC",
+        help="every request for MODEL (also served) gets the fault SPEC (as --fault) unless it asks "
+        "for its own; repeat for several models",
+    )
+    parser.add_argument(
+        "--apis",
+        type=_apis,
+        default=("chat",),
+        metavar="API,...",
+        help="the APIs served: chat, plus messages (POST /v1/messages) and responses "
+        "(POST /v1/responses) natively (default: chat)",
+    )
+    parser.add_argument(
         "--fault-rate",
         type=float,
         default=None,
@@ -215,14 +235,38 @@ def _model_name(text: str) -> str:
     return text
 
 
+def _apis(text: str) -> tuple[str, ...]:
+    """An ``argparse`` type: a comma-separated list of API names, ``chat`` added when absent."""
+    names = tuple(dict.fromkeys(["chat", *(name.strip() for name in text.split(",") if name.strip())]))
+    unknown = [name for name in names if name not in API_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown API {unknown[0]!r}: expected {', '.join(API_NAMES)}")
+    return names
+
+
+def _model_faults(values: list[str] | None) -> tuple[tuple[str, Fault], ...]:
+    pairs = []
+    for value in values or ():
+        model, sep, spec = value.partition("=")
+        if not sep or not model.strip():
+            raise ValueError(f"--model-fault expects MODEL=SPEC, got {value!r}")
+        pairs.append((model, parse_fault_option(spec)))
+    return tuple(pairs)
+
+
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
     """:class:`EngineSettings` from parsed ``fake-engine`` flags; raises ``ValueError`` on bad values
     (a bad ``--fault`` spec, or ``--fault-rate`` without ``--fault``)."""
     fault = parse_fault_option(args.fault) if args.fault is not None else None
     if args.fault_rate is not None and fault is None:
         raise ValueError("--fault-rate needs --fault")
+    model_faults = _model_faults(args.model_fault)
+    models = tuple(args.model or (() if model_faults else (DEFAULT_MODEL,)))
+    models += tuple(model for model, _ in model_faults if model not in models)
     return EngineSettings(
-        models=tuple(args.model or (DEFAULT_MODEL,)),
+        models=models,
+        apis=args.apis,
+        model_faults=model_faults,
         slots=args.slots,
         prefill_ms_per_1k=args.prefill_ms_per_1k,
         decode_ms=args.decode_ms,

@@ -76,20 +76,22 @@ class ReplicaSet(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaSpec, _Mapping]]] = ...) -> None: ...
 
 class ReplicaSpec(_message.Message):
-    __slots__ = ("name", "url", "models", "kind", "api_key_env", "priority")
+    __slots__ = ("name", "url", "models", "kind", "api_key_env", "priority", "apis")
     NAME_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    APIS_FIELD_NUMBER: _ClassVar[int]
     name: str
     url: str
     models: _containers.RepeatedScalarFieldContainer[str]
     kind: str
     api_key_env: str
     priority: str
-    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    apis: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ..., apis: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent")

@@ -13,8 +13,9 @@ One module per concern:
                          ``call_output_ids``
 ``responses_stream``     ``ResponsesStream`` (chat SSE -> Responses SSE); ``completion_to_response``
 ``facts``                ``MessagesScanner`` / ``ResponsesScanner``: the chat ``SSEScanner``'s
-                         interface over natively served answers; ``message_facts`` /
-                         ``response_facts`` for whole ones
+                         interface over natively served answers (compiled twins in
+                         ``_speedups/_sse_c.pyx``, pure ones in ``_facts_py``);
+                         ``message_facts`` / ``response_facts`` for whole ones
 ``errors``               ``TranslationError`` (400), ``error_body(api, status, message)``,
                          ``engine_refusal_body``: each API's error shape for the failure contract
 ``models``               ``models_body`` / ``model_body`` in the Anthropic or OpenAI shape
@@ -22,7 +23,9 @@ One module per concern:
                          Codex's own session signals
 =======================  =====================================================================
 
-How a route uses them, for a turn its replica does not serve natively::
+The routes that use them are ``luftpause.dataplane.front_doors`` (what a request becomes) and the
+relay (``Turn.translation``, ``Turn.native``). How they use them, for a turn its replica does not
+serve natively::
 
     turn = messages_to_chat(payload)                     # TranslationError -> 400, API's shape
     body = orjson.dumps(turn.body)                       # sent to /v1/chat/completions

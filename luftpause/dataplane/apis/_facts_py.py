@@ -19,9 +19,10 @@ does a chat turn's:
   ``stop_sequence``, ``pause_turn`` -> ``stop``; ``max_tokens``, ``model_context_window_exceeded``
   -> ``length``; ``tool_use`` -> ``tool_calls``; ``refusal`` -> ``content_filter``; other values
   as they are); Responses' ``response.completed`` -> ``stop``, ``response.incomplete`` ->
-  ``length`` (``max_output_tokens``) or ``content_filter``. ``tool_calls`` once any call was seen,
-  whatever the end said, as for chat. ``stop_reason`` keeps the native value (Messages'
-  ``stop_reason``, Responses' ``status``).
+  ``length`` (``max_output_tokens``) or ``content_filter``. ``tool_calls`` when any call was seen,
+  whatever the end said, as for chat; but only once the end was said: a tool call alone sets no
+  finish reason (the relay takes one as the answer's end). ``stop_reason`` keeps the native value
+  (Messages' ``stop_reason``, Responses' ``status``).
 * ``prompt_tokens`` / ``completion_tokens``: Messages' ``usage`` of ``message_start`` and every
   ``message_delta`` (cumulative; ``input_tokens`` plus ``cache_read_input_tokens`` and
   ``cache_creation_input_tokens``, since a Chat Completions prompt count includes cached tokens;
@@ -34,13 +35,14 @@ does a chat turn's:
 
 Framing, the bound on an event's size, ``events``, ``event_count``, ``oversized_events`` and
 ``buffered_bytes`` are the chat scanner's own (WHATWG HTML 9.2.6; these classes subclass the pure
-twin and replace only what a dispatched event's data means). Once the first token has been seen,
+twin and replace only its ``_payload`` hook, what a dispatched event's data means; the compiled
+twins in ``_speedups/_sse_c.pyx`` do the same on the compiled scanner). Once the first token has been seen,
 an event whose ``type`` (the payload's first key, as both APIs write it) is a plain content delta
 is not parsed: it can say nothing more. Never raises on what the engine sends.
 
 :func:`message_facts` and :func:`response_facts` read the same from a whole (non-streamed) answer.
-The compiled twin (phase 2) must behave identically; ``tests/test_api_native_facts.py`` is the
-yardstick.
+The compiled twins behave identically; ``tests/test_api_native_facts.py`` runs every case on both
+and compares them on random streams.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ _RESPONSES_TEXT_DELTAS = {
     "response.reasoning_summary_text.delta",
     "response.refusal.delta",
 }
-_CALL_ITEMS = {"function_call", "custom_tool_call"}
+_CALL_ITEMS = ("function_call", "custom_tool_call")
+"""A tuple, not a set: a ``type`` that is a list or an object must compare unequal, not raise."""
 
 
 def _count(value: Any) -> int | None:
@@ -109,16 +112,7 @@ class _NativeScanner(SSEScanner):
         self.stop_reason: str | None = None
         self._inert = self._INERT.match
 
-    def _dispatch(self) -> None:
-        pending = self._data
-        if not pending:
-            return
-        data = pending[0] if len(pending) == 1 else b"\n".join(pending)
-        self._data = []
-        self._data_size = 0
-        self.event_count += 1
-        if self._keep_events:
-            self.events.append(data)
+    def _payload(self, data: bytes) -> None:
         if self.first_token_seen and self._inert(data) is not None:
             return
         try:
@@ -134,7 +128,8 @@ class _NativeScanner(SSEScanner):
     def _tool_call(self, call_id: Any) -> None:
         self.saw_tool_calls = True
         self.first_token_seen = True
-        self.finish_reason = "tool_calls"
+        if self.finish_reason is not None:  # a call after the end was said
+            self.finish_reason = "tool_calls"
         if isinstance(call_id, str) and call_id and call_id not in self._seen_ids:
             self._seen_ids.add(call_id)
             self.tool_call_ids.append(call_id)
@@ -178,8 +173,9 @@ class MessagesScanner(_NativeScanner):
                 reason = delta.get("stop_reason")
                 if isinstance(reason, str) and reason:
                     self.stop_reason = reason
-                    if not self.saw_tool_calls:
-                        self.finish_reason = MESSAGES_FINISH.get(reason, reason)
+                    self.finish_reason = (
+                        "tool_calls" if self.saw_tool_calls else MESSAGES_FINISH.get(reason, reason)
+                    )
             self._usage(obj.get("usage"))
         elif kind == "message_stop":
             self.done = True
@@ -207,6 +203,8 @@ class ResponsesScanner(_NativeScanner):
 
     def _read(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
+        if type(kind) is not str:
+            return
         if kind in _RESPONSES_TEXT_DELTAS:
             delta = obj.get("delta")
             if isinstance(delta, str) and delta:
@@ -222,10 +220,13 @@ class ResponsesScanner(_NativeScanner):
             response = obj.get("response")
             response = response if isinstance(response, dict) else {}
             self.stop_reason = str(response.get("status") or kind.rpartition(".")[2])
-            for item in response.get("output") or ():
+            output = response.get("output")
+            for item in output if type(output) is list else ():
                 if isinstance(item, dict) and item.get("type") in _CALL_ITEMS:
                     self._tool_call(item.get("call_id"))
-            if not self.saw_tool_calls:
+            if self.saw_tool_calls:
+                self.finish_reason = "tool_calls"
+            else:
                 self.finish_reason = "stop" if kind == "response.completed" else _incomplete(response)
             usage = response.get("usage")
             if isinstance(usage, dict):
@@ -258,7 +259,8 @@ def message_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:
     if not isinstance(doc, dict):
         return "", False, -1, -1, []
     scanner = MessagesScanner()
-    for block in doc.get("content") or ():
+    content = doc.get("content")
+    for block in content if type(content) is list else ():
         if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use"):
             scanner._tool_call(block.get("id"))
     scanner._usage(doc.get("usage"))

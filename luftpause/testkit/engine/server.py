@@ -3,6 +3,9 @@
 Routes, as SGLang and vLLM serve them:
 
 * ``POST /v1/chat/completions``: streamed or not (see :mod:`.wire`, :mod:`.replies`);
+* with ``EngineSettings.apis``, ``POST /v1/messages`` (Anthropic Messages) and ``POST
+  /v1/responses`` (OpenAI Responses) served natively, the same turn in their formats
+  (:mod:`.dialects`), as vLLM and llama.cpp's server serve them;
 * ``GET /health`` -> ``{}``; ``GET /v1/models``; ``GET /metrics`` (see :mod:`.metrics`);
 * ``GET /server_info``, ``/get_server_info``, ``/model_info``, ``/get_model_info``: the little
   SGLang's router asks of a worker;
@@ -40,6 +43,7 @@ request out of the queue or frees its slot at once. A request may instead get a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections import OrderedDict, deque
@@ -53,6 +57,7 @@ from luftpause.testkit.engine import wire
 from luftpause.testkit.engine.backend import EngineBackend, Held
 from luftpause.testkit.engine.classify import classification_response, parse_classify_request, text_tokens
 from luftpause.testkit.engine.costs import estimate_prompt_tokens
+from luftpause.testkit.engine.dialects import DIALECTS, Dialect, Writer
 from luftpause.testkit.engine.faults import (
     SLOW_PIECE_BYTES,
     CloseConnection,
@@ -131,6 +136,10 @@ class SimulatedEngine:
             middlewares.append(idle_close_middleware(self.settings.idle_close_ms, self.stats))
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        for api in self.settings.apis:
+            if api != "chat":
+                dialect = DIALECTS[api]
+                app.router.add_post(dialect.path, functools.partial(self.answer, dialect))
         # vLLM serves /classify, SGLang /v1/classify; the shape is the same.
         for path in ("/classify", "/v1/classify"):
             app.router.add_post(path, self.classify)
@@ -257,21 +266,29 @@ class SimulatedEngine:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (OpenAI "Create chat completion").
 
-        With a fault (the body's ``luftpause_fault``, else the configured one; see :mod:`.faults`)
-        the engine misbehaves as that fault says instead of answering normally.
+        With a fault (the body's ``luftpause_fault``, else the model's, else the configured one;
+        see :mod:`.faults`) the engine misbehaves as that fault says instead of answering normally.
         """
+        return await self.answer(DIALECTS["chat"], request)
+
+    async def answer(self, dialect: Dialect, request: web.Request) -> web.StreamResponse:
+        """A turn in ``dialect``'s API (``/v1/chat/completions``, or natively ``/v1/messages`` and
+        ``/v1/responses``, :mod:`.dialects`): the same engine time, reply and faults, in its wire
+        format."""
         raw = await request.read()
         try:
-            chat = wire.parse_chat_request(raw, self.settings.models)
+            chat = dialect.parse(raw, self.settings.models)
         except wire.RequestError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            return web.json_response(dialect.request_error(exc), status=exc.status)
         self.stats.requests += 1
-        fault = chat.fault if chat.fault is not None else self._dice.draw()
+        fault = chat.fault
+        if fault is None:
+            fault = self.settings.model_fault(chat.model) or self._dice.draw()
         if fault is not None:
             self.stats.faults[fault.kind] += 1
         if isinstance(fault, StatusFault):
             # Refused before any slot is taken, as an engine's own admission refuses.
-            return web.json_response(fault.body(), status=fault.status, headers=fault.headers())
+            return web.json_response(dialect.refusal(fault), status=fault.status, headers=fault.headers())
         if isinstance(fault, CloseConnection):
             if request.transport is not None:
                 request.transport.close()
@@ -291,14 +308,20 @@ class SimulatedEngine:
         refusal = self.backend.refusal(prompt_tokens, reply.count, self._max_tokens(chat))
         if refusal is not None:
             return web.json_response(refusal.body(), status=refusal.status)
-        ids = wire.ResponseIds(chat.model)
+        ids = dialect.ids(chat.model)
         keep(self._received, ids.id, {k.lower(): v for k, v in request.headers.items()})
         self.request_bodies.keep(ids.id, raw)
+        writer = dialect.writer(ids, reply, chat)
         if chat.stream:
-            return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, path, fault)
+            return await self._answer_streamed(request, chat, ids, reply, prompt_tokens, path, fault, writer)
         if isinstance(fault, ErrorMidStream):
-            return web.json_response(fault.body(), status=500)
-        return await self._answer_whole(request, chat, ids, reply, prompt_tokens, path, fault)
+            body = (
+                dialect.refusal(StatusFault(500, message=fault.message))
+                if dialect.api != "chat"
+                else fault.body()
+            )
+            return web.json_response(body, status=500)
+        return await self._answer_whole(request, chat, ids, reply, prompt_tokens, path, fault, writer)
 
     async def _answer_whole(
         self,
@@ -309,8 +332,10 @@ class SimulatedEngine:
         prompt_tokens: int,
         path: PrefixPath,
         fault: Fault | None,
+        writer: Writer,
     ) -> web.StreamResponse:
-        """A non-streamed answer: decode unseen, then one ``chat.completion`` object."""
+        """A non-streamed answer: decode unseen, then one answer object (``chat.completion``, or
+        the dialect's)."""
         try:
             async with self._running(chat, prompt_tokens, path, ids, reply) as held:
                 if isinstance(fault, Stall):
@@ -321,7 +346,7 @@ class SimulatedEngine:
             # The client went away: its queue place or slot is already given back.
             self.stats.disconnected += 1
             raise
-        body = json.dumps(wire.completion(ids, reply, chat, prompt_tokens, held.cached_tokens)).encode()
+        body = json.dumps(writer.whole(prompt_tokens, held.cached_tokens)).encode()
         if not isinstance(fault, (DieMidStream, Slow)):
             self._count_completed(prompt_tokens, reply.count, held.cached_tokens)
             self._record(ids.id, body, held, prompt_tokens, reply.count)
@@ -357,6 +382,7 @@ class SimulatedEngine:
         prompt_tokens: int,
         path: PrefixPath,
         fault: Fault | None,
+        writer: Writer,
     ) -> web.StreamResponse:
         """A streamed answer: headers at once (queued or not), then events at the pace of decode."""
         response = web.StreamResponse(headers=SSE_HEADERS)
@@ -367,12 +393,12 @@ class SimulatedEngine:
                 if isinstance(fault, Stall):
                     await asyncio.sleep(fault.seconds)
                     await response.prepare(request)
-                events = self._events(chat, ids, reply, prompt_tokens, held)
+                events = self._events(writer, reply, prompt_tokens, held)
                 if isinstance(fault, DieMidStream):
                     await self._send_then_die(request, response, events, fault.after_chunks)
                     return response
                 if isinstance(fault, ErrorMidStream):
-                    await self._send_then_error(response, events, fault)
+                    await self._send_then_error(response, events, fault, writer)
                     await response.write_eof()
                     return response
                 pace_s = fault.delay_ms / 1000 if isinstance(fault, Slow) else 0.0
@@ -414,30 +440,21 @@ class SimulatedEngine:
         )
 
     async def _events(
-        self,
-        chat: wire.ChatRequest,
-        ids: wire.ResponseIds,
-        reply: Reply,
-        prompt_tokens: int,
-        held: Held,
+        self, writer: Writer, reply: Reply, prompt_tokens: int, held: Held
     ) -> AsyncGenerator[list[bytes], None]:
         """The server-sent events of ``reply``, a list at a time as decode makes them due; the
-        last list holds the finish chunk, the usage chunk when asked, and ``data: [DONE]``."""
-        head = wire.chunk(ids, {"role": "assistant", "content": ""})
-        emitted = 0
+        last list holds the end (chat: the finish chunk, the usage chunk when asked, and
+        ``data: [DONE]``)."""
+        emitted, opened = 0, False
         async for due in self.backend.decode(held):
-            batch = [wire.piece_chunk(ids, reply, piece, chat) for piece in reply.pieces(emitted, due)]
-            if emitted == 0:
-                batch.insert(0, head)
+            # The opening first: a writer numbers its events in the order it makes them.
+            batch = [] if opened else writer.opening(prompt_tokens, held.cached_tokens)
+            opened = True
+            batch += [event for piece in reply.pieces(emitted, due) for event in writer.piece(piece)]
             emitted = due
             yield batch
-        tail = [wire.chunk(ids, {}, None, reply.finish_reason)]
-        if emitted == 0:
-            tail.insert(0, head)
-        if chat.include_usage:
-            tail.append(wire.usage_chunk(ids, prompt_tokens, reply.count, held.cached_tokens))
-        tail.append(wire.SSE_DONE)
-        yield tail
+        tail = [] if opened else writer.opening(prompt_tokens, held.cached_tokens)
+        yield tail + writer.closing(prompt_tokens, held.cached_tokens)
 
     async def _send(
         self, response: web.StreamResponse, events: AsyncGenerator[list[bytes], None], pace_s: float
@@ -472,10 +489,11 @@ class SimulatedEngine:
         response: web.StreamResponse,
         events: AsyncGenerator[list[bytes], None],
         fault: ErrorMidStream,
+        writer: Writer,
     ) -> None:
-        """Write the first ``after_chunks`` events, then the error event and ``[DONE]``."""
+        """Write the first ``after_chunks`` events, then the error event (chat: and ``[DONE]``)."""
         await _send_first(response, events, fault.after_chunks)
-        await response.write(wire.sse(fault.body()) + wire.SSE_DONE)
+        await response.write(writer.failure(fault.message))
 
 
 async def _mark_simulated(request: web.BaseRequest, response: web.StreamResponse) -> None:

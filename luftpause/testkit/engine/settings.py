@@ -16,6 +16,9 @@ CONTEXT_TOKENS_PER_SLOT = 8192
 # Which Prometheus names /metrics uses.
 METRIC_NAMINGS = ("sglang", "vllm", "both")
 
+# The front-door APIs the simulator can serve (``apis``): Chat Completions always.
+API_NAMES = ("chat", "messages", "responses")
+
 # How the waiting queue is ordered: arrival only; or by the request's ``priority`` field, lower
 # value first as vLLM (``--scheduling-policy priority``), or higher first as SGLang
 # (``--enable-priority-scheduling``); equal priorities keep arrival order.
@@ -54,6 +57,13 @@ class EngineSettings:
       from ``seed``; read only when ``fault`` is set.
     * ``labels``: the classes of the simulated single-pass model behind ``POST /classify`` (at
       least 2, distinct), in the order of its ``probs``.
+    * ``apis``: the front-door APIs served: ``"chat"`` always, and ``"messages"`` (``POST
+      /v1/messages``) and ``"responses"`` (``POST /v1/responses``) natively when named
+      (:mod:`.dialects`); a route not served answers 404, as an engine without it does.
+    * ``model_faults``: ``(model, fault)`` pairs: every request for that model that carries no
+      ``luftpause_fault`` of its own gets that fault (before ``fault``), so a client that cannot
+      put the field in the body (a translated turn) can still steer the engine; each model named
+      is served too.
     * ``profile``: the name of an engine profile (:data:`.model.profiles.PROFILES`) to run the
       step model (:mod:`.stepped`) instead of today's slot model: one KV pool shared by running
       requests and the prefix cache, steps shared by every running request, SGLang's, vLLM's or
@@ -82,6 +92,8 @@ class EngineSettings:
     fault: Fault | None = None
     fault_rate: float = 1.0
     labels: tuple[str, ...] = ("negative", "positive")
+    apis: tuple[str, ...] = ("chat",)
+    model_faults: tuple[tuple[str, Fault], ...] = ()
     profile: str | None = None
     pool_tokens: int | None = None
     step_tokens: int | None = None
@@ -91,6 +103,17 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("an engine must serve at least one model")
+        if (
+            "chat" not in self.apis
+            or not set(self.apis) <= set(API_NAMES)
+            or len(set(self.apis)) != len(self.apis)
+        ):
+            raise ValueError(
+                f"apis must be 'chat' and any of 'messages', 'responses', each once; got {self.apis}"
+            )
+        missing = [model for model, _ in self.model_faults if model not in self.models]
+        if missing:
+            raise ValueError(f"model_faults name models not served: {missing}")
         if self.slots < 1:
             raise ValueError(f"slots must be at least 1, got {self.slots}")
         if self.priority_order not in PRIORITY_ORDERS:
@@ -124,6 +147,13 @@ class EngineSettings:
             raise ValueError(f"idle_close_ms must be a positive number, got {self.idle_close_ms}")
         # Raises ValueError naming the known profiles, or for overrides the profile cannot take.
         self.engine_profile  # noqa: B018
+
+    def model_fault(self, model: str) -> Fault | None:
+        """The fault every request for ``model`` gets (``model_faults``), else ``None``."""
+        for name, fault in self.model_faults:
+            if name == model:
+                return fault
+        return None
 
     @property
     def engine_profile(self) -> EngineProfile | None:

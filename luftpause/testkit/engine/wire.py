@@ -136,7 +136,7 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     if top_logprobs and not logprobs:
         raise RequestError(400, "'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
     priority = _optional(body, "priority", int, 0)
-    fault = _fault(body)
+    fault = fault_of(body)
     if model not in served:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
     return ChatRequest(
@@ -155,7 +155,9 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     )
 
 
-def _fault(body: Mapping[str, Any]) -> Fault | None:
+def fault_of(body: Mapping[str, Any]) -> Fault | None:
+    """The body's ``luftpause_fault``, parsed (``None`` without one); :class:`RequestError` 400 for a
+    bad one."""
     spec = body.get(FAULT_FIELD)
     if spec is None:
         return None
