@@ -27,7 +27,10 @@ def test_each_callers_sub_agents_are_kept_running_and_the_deadline_cancels_the_r
         AgentGroup(3, "batch", f"batch-orchestrator-{tag}"),
     ]
     settings = SubagentSettings(
-        runtime_url=stack.runtime_url, task="Look the question up, then answer.", context_tokens=64, max_tokens=16
+        runtime_url=stack.runtime_url,
+        task="Look the question up, then answer.",
+        context_tokens=64,
+        max_tokens=16,
     )
     outcomes = asyncio.run(closed_loop_subagents(settings, groups, 4.0))
     runs = _runtime_runs(stack)
@@ -56,7 +59,9 @@ def test_each_callers_sub_agents_are_kept_running_and_the_deadline_cancels_the_r
 
 
 def test_a_spawn_asks_for_the_own_loop_prompt_shape_with_an_id_of_its_own() -> None:
-    settings = SubagentSettings(runtime_url="http://127.0.0.1:1/mcp", task="t", context_tokens=100, max_tokens=7)
+    settings = SubagentSettings(
+        runtime_url="http://127.0.0.1:1/mcp", task="t", context_tokens=100, max_tokens=7
+    )
     first_id, first = spawn_arguments(settings, "batch")
     second_id, second = spawn_arguments(settings, "batch")
     assert first_id != second_id
