@@ -383,8 +383,8 @@ def index_models(state: State) -> None:
 
 
 def new_state(config: Config) -> State:
-    """An empty state for ``config``'s replicas, dataplane grace, affinity, leases, startup hold
-    and protection limits."""
+    """An empty state for ``config``'s replicas, dataplane grace, affinity (strict and idle),
+    leases, startup hold and protection limits."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
@@ -392,4 +392,5 @@ def new_state(config: Config) -> State:
         config.scheduler.leases,
         config.scheduler.resync_hold_s,
         protection=config.scheduler.protection.policy(),
+        idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
     )
