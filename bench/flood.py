@@ -38,9 +38,24 @@ by the agents themselves (``--tool-rounds-by agent``: this model never calls too
 engines reached directly (``direct``, agents spread over them) measured too; every figure is then
 REAL ENGINE, and the JSON carries ``"simulated": false`` and the llama.cpp build.
 
+``--via mcp`` makes luftpause's runs sub-agents over MCP, as ``flood_sim.py --via mcp`` does in
+virtual time: its arrangements also start the fake MCP server and the runtime, and two MCP clients
+(callers ``claude-code``, interactive, and ``batch-orchestrator``, batch) keep as many sub-agents
+running as there are agents (:mod:`luftpause.testkit.subagents`: spawned with the same system
+prompt size, task and reply length, the fake MCP server's ``lookup`` as their one tool, the
+runtime making their turns and tool rounds). The router, the gateway and ``direct`` get own-loop
+agents of the same shape under the same caller names, their tool taking what ``lookup`` takes on
+average (:data:`MCP_TOOL_SECONDS`), as ``fanout.py`` compares them.
+
+Each pass also reads the engines' counters at its end (``sglang:cached_tokens`` over
+``sglang:prompt_tokens``, ``sglang:num_retracted_requests``: the step model of ``--profile``), the
+only cache hit rate there is for sub-agents (their runtime keeps no cached-token counts), and the
+1-minute load average before and after it.
+
 ``--json PATH`` writes ``{"simulated": true, "settings": {...}, "flood": [rows], "control":
 [rows]}``, each row ``{"arrangement", "interactiveRunsPerMinute", "interactiveRunTimeP50",
-"batchRunsPerMinute", "cacheHitRate", "failed", "repetitions": [...]}``.
+"batchRunsPerMinute", "cacheHitRate", "engineCacheHitRate", "retractions", "failed",
+"repetitions": [{... "loadAverage": [before, after]}]}``.
 """
 
 from __future__ import annotations
@@ -48,10 +63,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +81,20 @@ from pools import (
     Pool,
     unavailable,
 )  # bench/ is on sys.path: this script's directory
+from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.testkit import llama_server
 from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, closed_loop
+from luftpause.testkit.fake_mcp import LOOKUP_DELAY_S
 from luftpause.testkit.loadgen import summarize_agents
+from luftpause.testkit.subagents import SubagentSettings, closed_loop_subagents
+
+VIAS = ("own_loop", "mcp")
+CALLERS = {"own_loop": ("ide", "bulk"), "mcp": ("claude-code", "batch-orchestrator")}
+"""The interactive and batch callers, as the virtual-time floods name them (``flood_sim.py --via``)."""
+MCP_TOOL_SECONDS = sum(LOOKUP_DELAY_S) / 2
+"""What an own-loop agent's tool takes in the MCP shape: the fake MCP server's ``lookup`` on average."""
+TASK = "Research the question with the lookup tool, then answer briefly."
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,7 @@ class Load:
     tool_seconds: float
     max_tokens: int
     tool_rounds_by: str = "model"
+    via: str = "own_loop"
 
     def groups(self, arrangement: str = "") -> list[AgentGroup]:
         """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``."""
@@ -89,10 +117,36 @@ class Load:
         def extra(service_class: str) -> tuple[tuple[str, str], ...]:
             return (("x-smg-priority", SMG_HEADERS[service_class]),) if arrangement == "smg" else ()
 
-        groups = [AgentGroup(self.interactive_agents, "interactive", "ide", extra("interactive"))]
+        interactive, batch = CALLERS[self.via]
+        groups = [AgentGroup(self.interactive_agents, "interactive", interactive, extra("interactive"))]
         if self.batch_agents:
-            groups.append(AgentGroup(self.batch_agents, "batch", "bulk", extra("batch")))
+            groups.append(AgentGroup(self.batch_agents, "batch", batch, extra("batch")))
         return groups
+
+    def spawned(self, arrangement: str) -> bool:
+        """Whether ``arrangement``'s runs are sub-agents spawned over MCP: luftpause's, with
+        ``via="mcp"``; the others (router, gateway, direct) get own-loop agents of the same shape."""
+        return self.via == "mcp" and arrangement.startswith("luftpause")
+
+
+def engine_counters(engines: list[str]) -> dict[str, float]:
+    """The engines' prefix-cache and retraction counters, summed over ``engines`` (base URLs):
+    ``{"promptTokens", "cachedTokens", "retractions"}`` from SGLang's names on ``/metrics``
+    (the simulator's step model exposes them; absent names count 0)."""
+    names = {
+        "sglang:prompt_tokens_total": "promptTokens",
+        "sglang:cached_tokens_total": "cachedTokens",
+        "sglang:num_retracted_requests_total": "retractions",
+    }
+    totals = dict.fromkeys(names.values(), 0.0)
+    for url in engines:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in names:
+                    totals[names[sample.name]] += sample.value
+    return totals
 
 
 def measure(
@@ -103,24 +157,40 @@ def measure(
     llama: LlamaEngines | None = None,
 ) -> dict[str, Any]:
     """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary."""
+    spawned = load.spawned(arrangement)
     with (
         tempfile.TemporaryDirectory(prefix=f"flood-{arrangement}-") as tmp,
-        Pool(Path(tmp), arrangement, engine_args, max_inflight, load.interactive_agents, llama) as pool,
+        Pool(
+            Path(tmp), arrangement, engine_args, max_inflight, load.interactive_agents, llama, runtime=spawned
+        ) as pool,
     ):
-        settings = AgentSettings(
-            proxy=pool.url,
-            spread=pool.spread,
-            tool_rounds_by=load.tool_rounds_by,
-            model=pool.model,
-            task="Research the question with the lookup tool, then answer briefly.",
-            tool_rounds=load.tool_rounds,
-            context_tokens=load.context_tokens,
-            tool_seconds=load.tool_seconds,
-            max_tokens=load.max_tokens,
-        )
         groups = load.groups(arrangement)
-        outcomes = asyncio.run(closed_loop(settings, groups, load.duration_s))
+        load_before = os.getloadavg()
+        if spawned:
+            subagents = SubagentSettings(
+                runtime_url=pool.runtime_url,
+                task=TASK,
+                context_tokens=load.context_tokens,
+                max_tokens=load.max_tokens,
+            )
+            outcomes = asyncio.run(closed_loop_subagents(subagents, groups, load.duration_s))
+        else:
+            settings = AgentSettings(
+                proxy=pool.url,
+                spread=pool.spread,
+                tool_rounds_by=load.tool_rounds_by,
+                model=pool.model,
+                task=TASK,
+                tool_rounds=load.tool_rounds,
+                context_tokens=load.context_tokens,
+                tool_seconds=load.tool_seconds,
+                max_tokens=load.max_tokens,
+            )
+            outcomes = asyncio.run(closed_loop(settings, groups, load.duration_s))
         summary = summarize_agents(groups, outcomes, load.duration_s)
+        summary["spawned"] = spawned
+        summary["loadAverage"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+        summary["engines"] = engine_counters(pool.engines) if llama is None else None
         if any(group["failed"] for group in summary["groups"]):
             logs = "\n".join(f"--- {c.name}\n{c.log_tail(10)}" for c in pool.children)
             print(f"{arrangement}: failed runs: {summary['errors']}\n{logs}", file=sys.stderr)
@@ -134,18 +204,36 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
     batch = by_class.get("batch")
     prompt = sum(g["promptTokens"] for g in summary["groups"])
     cached = sum((g["cacheHitRate"] or 0.0) * g["promptTokens"] for g in summary["groups"])
+    engines = summary.get("engines")
     return {
         "interactiveRunsPerMinute": interactive["runsPerMinute"],
         "interactiveRunTimeP50": interactive["runTimeP50"],
         "batchRunsPerMinute": batch["runsPerMinute"] if batch else None,
-        "cacheHitRate": round(cached / prompt, 4) if prompt else None,
+        # the clients' view (usage.prompt_tokens_details); None for sub-agents, whose runtime keeps none
+        "cacheHitRate": round(cached / prompt, 4) if prompt and not summary.get("spawned") else None,
+        "engineCacheHitRate": (
+            round(engines["cachedTokens"] / engines["promptTokens"], 4)
+            if engines and engines["promptTokens"]
+            else None
+        ),
+        "retractions": int(engines["retractions"]) if engines else None,
         "failed": sum(g["failed"] for g in summary["groups"]),
+        "loadAverage": summary.get("loadAverage"),
     }
+
+
+FIGURES = (
+    "interactiveRunsPerMinute",
+    "interactiveRunTimeP50",
+    "batchRunsPerMinute",
+    "cacheHitRate",
+    "engineCacheHitRate",
+)
 
 
 def median_row(arrangement: str, passes: list[dict[str, Any]]) -> dict[str, Any]:
     row: dict[str, Any] = {"arrangement": arrangement}
-    for key in ("interactiveRunsPerMinute", "interactiveRunTimeP50", "batchRunsPerMinute", "cacheHitRate"):
+    for key in (*FIGURES, "retractions"):
         values = [p[key] for p in passes if p[key] is not None]
         row[key] = round(statistics.median(values), 4) if values else None
     row["failed"] = sum(p["failed"] for p in passes)
@@ -194,14 +282,19 @@ def render(
     lines = [
         f"{title} ({engines}; {against})",
         f"{'arrangement':<24}{'interactive runs/min':>26}{'interactive p50 s':>24}"
-        f"{'batch runs/min':>24}{'cache hits':>20}{'failed':>8}",
+        f"{'batch runs/min':>24}{'cache hits':>20}{'engines: cache':>20}{'retracted':>11}{'failed':>8}",
     ]
     for row in rows:
+        retracted = "-" if row["retractions"] is None else format(row["retractions"], "g")
         lines.append(
             f"{row['arrangement']:<24}{cell(row, 'interactiveRunsPerMinute', '.1f'):>26}"
             f"{cell(row, 'interactiveRunTimeP50', '.2f'):>24}{cell(row, 'batchRunsPerMinute', '.1f'):>24}"
-            f"{cell(row, 'cacheHitRate', '.1%'):>20}{row['failed']:>8}"
+            f"{cell(row, 'cacheHitRate', '.1%'):>20}{cell(row, 'engineCacheHitRate', '.1%'):>20}"
+            f"{retracted:>11}{row['failed']:>8}"
         )
+    loads = [la for row in rows for p in row["repetitions"] for la in p.get("loadAverage") or ()]
+    if loads:
+        lines.append(f"(load average over the passes, 1 min: {min(loads):.1f} to {max(loads):.1f})")
     lines += [f"{name:<24}not measured: {why}" for name, why in skipped.items()]
     return "\n".join(lines)
 
@@ -261,10 +354,21 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="who makes a tool round (default: model on sim, agent on llama-server)",
     )
+    parser.add_argument(
+        "--via",
+        choices=VIAS,
+        default="own_loop",
+        help="own_loop: own-loop agents through each arrangement (default); mcp: luftpause's runs are "
+        "sub-agents spawned over MCP on its runtime (with the fake MCP server's lookup as their tool), "
+        "the other arrangements get own-loop agents of the same shape, their tool taking "
+        f"{MCP_TOOL_SECONDS:g} s (lookup's average); --tool-seconds is then ignored",
+    )
     parser.add_argument("--no-control", action="store_true", help="skip the light-load control")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     real = args.engine == "llama-server"
+    if real and args.via == "mcp":
+        parser.error("--via mcp runs on the simulator only (SmolLM2-135M on llama-server calls no tools)")
     default = [*ARRANGEMENTS, DIRECT] if real else list(ARRANGEMENTS)
     wanted = [a for a in args.arrangements.split(",") if a] if args.arrangements else default
     if unknown := [a for a in wanted if a not in (*ARRANGEMENTS, DIRECT)]:
@@ -297,9 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration_s,
         "tool_rounds": args.tool_rounds,
         "context_tokens": args.context_tokens,
-        "tool_seconds": args.tool_seconds,
+        "tool_seconds": MCP_TOOL_SECONDS if args.via == "mcp" else args.tool_seconds,
         "max_tokens": args.max_tokens,
         "tool_rounds_by": tool_rounds_by,
+        "via": args.via,
     }
     flood = Load(args.batch, args.interactive, **common)
     engines = "SIMULATED engines"
@@ -314,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "simulated": not real,
         "settings": {
+            "argv": sys.argv[1:] if argv is None else argv,
             "engine": engine_settings,
             "flood": vars(flood),
             "repeat": args.repeat,

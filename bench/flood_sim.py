@@ -25,6 +25,7 @@ SIMULATED. ``--json PATH`` writes ``{"simulated": true, "settings", "flood": [ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -32,11 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from luftpause.scheduler.core.policies.idle_affinity import IDLE_MODES, IdleAffinity
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
 from luftpause.testkit.sim.flood import ARRANGEMENTS, FloodSpec, by_class, simulate
 from luftpause.testkit.sim.gateway import GatewaySettings
-from luftpause.testkit.sim.replay import load_trace, replay_shape
-from luftpause.testkit.sim.workload import LoadShape, published_shape
+from luftpause.testkit.sim.replay import Trace, load_trace, replay_shape
+from luftpause.testkit.sim.workload import LoadShape, llamacpp_shape, published_shape
 
 PROFILE = "sglang-llama-3.2-1b-fp8-8gb"
 
@@ -59,7 +61,9 @@ def row_of(report: dict[str, Any]) -> dict[str, Any]:
 KEYS = ("interactiveRunsPerMinute", "interactiveRunTimeP50", "batchRunsPerMinute", "cacheHitRate")
 
 
-def series(shape: LoadShape, arrangements: list[str], seeds: list[int], **spec: Any) -> list[dict[str, Any]]:
+def series(
+    shape: LoadShape | Trace, arrangements: list[str], seeds: list[int], **spec: Any
+) -> list[dict[str, Any]]:
     """Every arrangement over every seed: one row per arrangement, medians over the seeds."""
     rows = []
     for arrangement in arrangements:
@@ -106,21 +110,76 @@ def render(title: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _field_value(item: str, parser: argparse.ArgumentParser) -> tuple[str, int | float]:
+    """``FIELD=VALUE`` of ``--profile-set``, the value an int or a float."""
+    name, sep, text = item.partition("=")
+    if not sep or not name:
+        parser.error(f"--profile-set wants FIELD=VALUE, got {item!r}")
+    try:
+        return name, int(text)
+    except ValueError:
+        try:
+            return name, float(text)
+        except ValueError:
+            parser.error(f"--profile-set {name}: {text!r} is not a number")
+    raise AssertionError  # pragma: no cover - parser.error exits
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=180.0, help="seconds per flood (default 180)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
-    parser.add_argument("--batch", type=int, default=48, help="batch agents (default 48)")
-    parser.add_argument("--interactive", type=int, default=4, help="interactive agents (default 4)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="batch agents (default: the shape's, 48 or 6)"
+    )
+    parser.add_argument(
+        "--interactive", type=int, default=None, help="interactive agents (default: the shape's, 4 or 1)"
+    )
     parser.add_argument(
         "--slots", default="none", help="running requests per engine at most, or none (default: none)"
     )
     parser.add_argument("--profile", default=PROFILE, help=f"engine model profile (default {PROFILE})")
+    parser.add_argument(
+        "--profile-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field of the engine profile (repeatable), e.g. pool_tokens=4096",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=("published", "llamacpp"),
+        default="published",
+        help="the published table's load (default) or the REAL ENGINE llama.cpp flood's",
+    )
     parser.add_argument("--via", choices=("own_loop", "mcp"), default="own_loop")
     parser.add_argument("--tool-seconds", type=float, default=0.5, help="seconds per tool call (default 0.5)")
+    parser.add_argument(
+        "--tool-rounds", type=int, default=None, help="tool rounds per run (default: the shape's)"
+    )
+    parser.add_argument(
+        "--tool-rounds-by",
+        choices=("model", "agent"),
+        default=None,
+        help="agent: the proxy sees no tool call, runs are idle between turns (default: the shape's)",
+    )
     parser.add_argument("--cutoff-every", type=int, default=0, help="cut every N-th run off in a tool call")
     parser.add_argument(
         "--hold", choices=("ttl", "pause", "off"), default="ttl", help="luftpause's pause hold (default ttl)"
+    )
+    parser.add_argument(
+        "--idle",
+        choices=IDLE_MODES,
+        default="wait",
+        help="luftpause's soft affinity for idle runs (default wait)",
+    )
+    parser.add_argument(
+        "--idle-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a setting of the idle affinity (repeatable): window_s, factor, min_s, max_s, default_s, "
+        "shared (0 or 1)",
     )
     parser.add_argument(
         "--run-order",
@@ -142,23 +201,38 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown arrangements {unknown}; choose from {ARRANGEMENTS}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     slots = None if args.slots == "none" else int(args.slots)
+    idle_changes: dict[str, Any] = dict(_field_value(item, parser) for item in args.idle_set)
     spec: dict[str, Any] = {
         "profile": args.profile,
+        "profile_changes": dict(_field_value(item, parser) for item in args.profile_set),
         "slots": slots,
         "gateway": GatewaySettings(interactive_floor=args.smg_interactive_floor, preempt=args.smg_preempt),
-        "policy": {"pause_hold": PauseHold(mode=args.hold), "run_order": args.run_order},
+        "policy": {
+            "pause_hold": PauseHold(mode=args.hold),
+            "run_order": args.run_order,
+            "idle_affinity": dataclasses.replace(IdleAffinity(args.idle), **idle_changes),
+        },
     }
+    changes: dict[str, Any] = {"tool_seconds": args.tool_seconds}
+    if args.tool_rounds is not None:
+        changes["tool_rounds"] = args.tool_rounds
+    if args.tool_rounds_by is not None:
+        changes["tool_calls_seen"] = args.tool_rounds_by == "model"
+
+    llama = args.shape == "llamacpp"
+    interactive = args.interactive if args.interactive is not None else (1 if llama else 4)
+    batch = args.batch if args.batch is not None else (6 if llama else 48)
+
+    def shape_of(batch: int, **more: Any) -> LoadShape:
+        if llama:
+            return llamacpp_shape(interactive, batch, args.duration_s, **changes, **more)
+        return published_shape(interactive, batch, args.duration_s, via=args.via, **changes, **more)
+
+    shape: LoadShape | Trace
     if args.replay:
         shape = replay_shape(load_trace(Path(args.replay)))
     else:
-        shape = published_shape(
-            args.interactive,
-            args.batch,
-            args.duration_s,
-            via=args.via,
-            tool_seconds=args.tool_seconds,
-            cutoff_every=args.cutoff_every,
-        )
+        shape = shape_of(batch, cutoff_every=args.cutoff_every)
     started = time.monotonic()
     result: dict[str, Any] = {
         "simulated": True,
@@ -173,9 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     result["flood"] = series(shape, arrangements, seeds, **spec)
     print(render("Interactive under a batch flood", result["flood"]))
     if not args.no_control and not args.replay:
-        control = published_shape(
-            args.interactive, 0, args.duration_s, via=args.via, tool_seconds=args.tool_seconds
-        )
+        control = shape_of(0)
         result["control"] = series(control, arrangements, seeds, **spec)
         print(render("Light-load control (interactive agents alone)", result["control"]))
     print(f"({time.monotonic() - started:.1f} s of wall time)", file=sys.stderr)

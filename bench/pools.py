@@ -78,7 +78,10 @@ class Pool:
     """Two fresh simulated engines (``fake-engine`` with ``engine_args``) and, in front of them,
     ``arrangement``; ``url`` is its base URL (no ``/v1``). A context manager: leaving it stops every
     process. ``max_inflight`` is each replica's ``max_inflight`` in luftpause's configuration;
-    ``None`` leaves the configuration's default, so the scheduler admits by the engines' load."""
+    ``None`` leaves the configuration's default, so the scheduler admits by the engines' load.
+    ``runtime`` (luftpause's arrangements only): also the fake MCP server (``luftpause fake-mcp``)
+    and the runtime with it as its one upstream, ``runtime_url`` its MCP endpoint, for sub-agents
+    spawned over MCP."""
 
     def __init__(
         self,
@@ -88,8 +91,11 @@ class Pool:
         max_inflight: int | None = None,
         interactive_agents: int = 4,
         llama: LlamaEngines | None = None,
+        runtime: bool = False,
     ) -> None:
         self.workdir = workdir
+        self.runtime = runtime
+        self.runtime_url = ""
         self.arrangement = arrangement
         self.interactive_agents = interactive_agents
         self.engine_args = engine_args
@@ -178,8 +184,27 @@ class Pool:
             f'[scheduler]\ngrpc = "127.0.0.1:{grpc_port}"\nhttp = "127.0.0.1:{status_port}"\n{affinity}\n'
             f'[dataplane]\nlisten = "127.0.0.1:{dp_port}"\nscheduler = "127.0.0.1:{grpc_port}"\n{replicas}'
         )
+        services = [("scheduler", status_port), ("dataplane", dp_port)]
+        if self.runtime:
+            mcp_port, rt_port = free_port(), free_port()
+            self._child(
+                ChildProcess(
+                    "mcp",
+                    ["fake-mcp", "--port", str(mcp_port)],
+                    self.workdir / "mcp.log",
+                    ready_port=("127.0.0.1", mcp_port),
+                )
+            )
+            with config.open("a") as toml:
+                toml.write(
+                    f'\n[runtime]\nlisten = "127.0.0.1:{rt_port}"\ndataplane = "http://127.0.0.1:{dp_port}"\n'
+                    f'state_dir = "{self.workdir / "state"}"\n'
+                    f'\n[[mcp_servers]]\nname = "fake"\nurl = "http://127.0.0.1:{mcp_port}/mcp"\n'
+                )
+            services.append(("runtime", rt_port))
+            self.runtime_url = f"http://127.0.0.1:{rt_port}/mcp"
         conf = ["--config", str(config)]
-        for name, port in (("scheduler", status_port), ("dataplane", dp_port)):
+        for name, port in services:
             self._child(
                 ChildProcess(
                     name,

@@ -237,6 +237,11 @@ class SchedulerConfig(_Section):
     strict_affinity: bool = True
     """Keep a generating or tool-paused run on the replica that holds its prefix (the default).
     ``false`` lets every turn go anywhere: only for measuring what affinity gains."""
+    idle_affinity: Literal["wait", "off", "prefer", "pin"] = "wait"
+    """Where an idle run's next turn goes (a chat's next message, an agent whose tool calls the
+    proxy does not see): ``wait`` (the default) to the replica that holds its prefix, held for it
+    a bounded time learned from what a prefill miss costs (docs/architecture.md "Rules");
+    ``off``, ``prefer`` (there only when it has room) and ``pin`` (no bound): for measuring."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
     admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""

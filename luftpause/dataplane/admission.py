@@ -40,6 +40,9 @@ answers a turn at once, with no round trip, when a lease allows it; the turn is 
 (``leased``, queued on the stream like any item). A lease allows a turn when the replica serves its
 model and the run's affinity lets it go there, read from the run table: a run generating or
 tool-paused on a replica (that serves the model) may use only that replica's lease; an idle run
+with a last replica uses that replica's lease, which holds its prefix, and asks when that has no
+slot left or is not leased here (the scheduler then says whether it waits for it:
+``policies/idle_affinity.py``); a run with no last replica (or one that does not serve the model)
 any, the one with the most slots left; a run the table does not know (named by a header, maybe
 known to the scheduler through another dataplane), or with an earlier turn's admit still out, asks.
 Single-pass turns always ask. Every lease is dropped when its stream ends.
@@ -325,12 +328,17 @@ class SchedulerLink:
             return None  # perhaps known to the scheduler (another dataplane's): ask
         replica = ""
         lease: _Lease | None = None
-        pinned = self._leases.get(run.last_replica) if run.phase in _PINNING and run.last_replica else None
-        if pinned is not None and model in pinned.models:
-            if pinned.count > 0:
-                replica, lease = run.last_replica, pinned
-        elif run.phase in _PINNING and run.last_replica and pinned is None:
+        last = self._leases.get(run.last_replica) if run.last_replica else None
+        if run.phase in _PINNING and last is not None and model in last.models:
+            if last.count > 0:
+                replica, lease = run.last_replica, last
+        elif run.phase in _PINNING and run.last_replica and last is None:
             return None  # its replica is not leased to us: whether it may move is the scheduler's call
+        elif run.phase == pb.IDLE and run.last_replica and (last is None or model in last.models):
+            # its last replica holds its prefix (the scheduler's idle affinity): there, or ask
+            if last is None or last.count <= 0:
+                return None
+            replica, lease = run.last_replica, last
         else:
             for name, candidate in self._leases.items():
                 if candidate.count > 0 and model in candidate.models:

@@ -27,17 +27,43 @@ Contract:
 * Ends: :meth:`EngineExchange.release` after the body ended returns the connection to its pool
   when the engine keeps it alive; :meth:`EngineExchange.abort` (the client left, the relay failed)
   resets the connection, which the engine sees at once (SGLang and vLLM abort the request then).
-  An idle connection is closed after ``KEEPALIVE_S`` (engines built on uvicorn close theirs at 5 s).
+
+Kept-alive connections and the engine's own idle close. An engine closes a connection it has kept
+idle for a while (uvicorn, under SGLang and vLLM: 5 s after it finished writing; cpp-httplib,
+under llama-server: 5 s likewise), and its close can cross a request already on its way. So:
+
+* an idle connection is kept ``KEEPALIVE_S`` from the arrival of its answer's last byte (the
+  engine's clock starts when it wrote that byte, not when the relay let the connection go);
+* one taken from the pool is checked first: found closed (its socket readable: the engine's end of
+  stream, or bytes nobody asked for, arrived and the loop has not read them yet) it is dropped
+  and the next taken, as urllib3 (``is_connection_dropped``) and httpcore (``has_expired``) do;
+  bytes arriving on an idle connection close it likewise;
+* a request sent on a kept-alive connection that then ends (reset or end of stream) before a
+  single byte of its answer arrived is sent once more, on a new connection; ``EnginePool.resent``
+  counts these and each is logged. Never otherwise: a new connection's failure, any failure after
+  a byte of the answer (the relay may have passed it on: the client's connection is aborted, as
+  the failure contract says), a timeout or a protocol error are the turn's failure.
+
+Re-sending a ``POST``: urllib3 re-sends after a read error only the methods its ``Retry`` allows
+(idempotent ones), aiohttp only idempotent ones on a kept-alive connection (``IDEMPOTENT_METHODS``,
+after RFC 9112 section 9.3.1), httpcore never once the request is written. RFC 9112 section 9.3.1
+allows a non-idempotent request to be retried when the client knows its semantics are idempotent.
+An engine's completion (chat, messages, responses, classify) changes nothing but its caches, and
+an engine that read a request and then closed its connection without a byte of answer has dropped
+it (SGLang and vLLM abort a request whose connection is gone), so the worst a
+re-send costs is the prompt read twice.
 
 Errors: every failure is an :class:`EngineError` (the message says what happened):
 ``EngineConnectError`` (no connection), ``EngineClosed`` (the engine closed or reset the connection
 before its answer ended), ``EngineTimeout`` (the read timeout passed), ``EngineProtocolError`` (not
-HTTP/1.1 as the parser reads it). A request is never re-sent: the engine may have begun it.
+HTTP/1.1 as the parser reads it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import select
 import ssl
 from collections.abc import Callable
 from typing import cast
@@ -59,10 +85,20 @@ __all__ = [
     "Upstream",
 ]
 
+log = logging.getLogger("luftpause.dataplane")
+
 ENGINE_CONNECT_TIMEOUT_S = 2.0
-KEEPALIVE_S = 4.0
-"""Seconds an idle connection is kept for reuse; below the 5 s after which uvicorn closes one, so
-that a request is never sent on a connection the engine is closing."""
+KEEPALIVE_S = 3.0
+"""Seconds an idle connection is kept for reuse, from the arrival of its answer's last byte.
+
+The engines served close an idle connection 5 s after they finished writing (uvicorn: SGLang,
+vLLM; cpp-httplib: llama-server). What separates the two clocks is the time this loop takes to read
+what arrived, which passed a second on a loaded host (llama-server's flood, bench/README.md); 2 s
+below the engines' 5 s keeps most reuses clear of their close, and a close that still crosses a
+request is caught at checkout or by the one re-send. A single value for every engine, as the
+replica's configuration does not say which server it runs; a reconnect on loopback costs well
+under a millisecond, so a shorter bound costs little (a hosted API over TLS pays a handshake more
+after 3 s idle)."""
 HIGH_WATER_BYTES = 256 * 1024
 """Body bytes an exchange holds before it stops reading from the engine."""
 
@@ -101,12 +137,15 @@ class EngineExchange(asyncio.Protocol):
         "_body",
         "_buffered",
         "_chunked",
+        "_fd",
         "_has_length",
         "_head_done",
+        "_idle",
         "_keep_alive",
         "_parser",
         "_paused",
         "_pool",
+        "_received",
         "_transport",
         "_waiter",
         "complete",
@@ -129,13 +168,18 @@ class EngineExchange(asyncio.Protocol):
         self._has_length = False
         self._chunked = False
         self._keep_alive = False
+        self._fd = -1
+        self._idle = False
+        """In its pool's idle list: no request is outstanding on it."""
+        self._received = False
+        """A byte arrived since the last request was written (then it is never sent again)."""
         self.status = 0
         self.headers: _Headers = []
         self.complete = False
         """The response's body has ended (what :meth:`read` returns after it is the last of it)."""
         self.error: EngineError | None = None
         self.idle_since = 0.0
-        """``loop.time()`` the connection went idle in its pool."""
+        """``loop.time()`` the last byte of its last answer arrived: the start of its idle time."""
         self.quiet_since = 0.0
         """``loop.time()`` of the last byte received, or of the relay beginning to wait."""
 
@@ -143,8 +187,14 @@ class EngineExchange(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")  # also under TLS: the TCP socket beneath
+        self._fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
+        if self._idle:  # nothing was asked: the engine is closing (maybe with a 408 first)
+            self.abort()
+            return
+        self._received = True
         self.quiet_since = self._pool.loop.time()
         try:
             self._parser.feed_data(data)
@@ -194,6 +244,7 @@ class EngineExchange(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self._keep_alive = self._parser.should_keep_alive()
+        self.idle_since = self.quiet_since  # the read that brought the last byte
 
     # --- the relay's side ---------------------------------------------------------------------------
 
@@ -296,9 +347,22 @@ class EngineExchange(asyncio.Protocol):
         self._body.clear()
         self._buffered = 0
         self._head_done = self._has_length = self._chunked = self._keep_alive = False
+        self._received = False
         self.status = 0
         self.headers = []
         self.complete = False
+
+    def _closed_while_idle(self) -> bool:
+        """The engine closed this idle connection, or sent on it, and the loop has not read that
+        yet: its socket is readable (one ``poll`` with no wait), or its transport is closing."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return True
+        if self._fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def _write(self, data: bytes, body: bytes) -> None:
         assert self._transport is not None
@@ -313,10 +377,16 @@ class EnginePool:
     path prefix), and how a request to it is written.
 
     ``fixed_headers``: ``(name, value)`` text pairs sent with every request (the replica's
-    ``Authorization``, ``Content-Type``, ``Accept-Encoding``). Build it in the running loop.
+    ``Authorization``, ``Content-Type``, ``Accept-Encoding``); ``name``: the replica's, for the
+    log. Build it in the running loop.
+
+    Counters: ``resent``, requests sent again on a new connection after a kept-alive one ended
+    before any byte of the answer; ``found_closed``, idle connections found closed when taken.
     """
 
-    def __init__(self, url: str, fixed_headers: list[tuple[str, str]], read_timeout_s: float) -> None:
+    def __init__(
+        self, url: str, fixed_headers: list[tuple[str, str]], read_timeout_s: float, name: str = ""
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -327,6 +397,9 @@ class EnginePool:
         self.prefix = parts.path.rstrip("/")
         self.read_timeout_s = read_timeout_s
         authority = parts.netloc.rpartition("@")[2]  # never the URL's userinfo
+        self.name = name or authority
+        self.resent = 0
+        self.found_closed = 0
         fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed_headers)
         self._fixed = f"host: {authority}\r\n{fixed}".encode("latin-1")
         self._idle: list[EngineExchange] = []
@@ -346,26 +419,54 @@ class EnginePool:
     async def send(self, path: str, extra: bytes, body: bytes) -> EngineExchange:
         """Send ``POST path`` with ``body`` and return the exchange once its response's head came.
 
-        Raises :class:`EngineError`; cancellation aborts the connection.
+        On a kept-alive connection that ends before any byte of the answer, sent once more on a new
+        connection (the module's docstring says when and why). Raises :class:`EngineError`;
+        cancellation aborts the connection.
         """
-        exchange = await self._connection()
+        head = self.head(path, extra, len(body))
+        exchange = self._idle_connection()
+        if exchange is not None:
+            try:
+                return await self._exchange(exchange, head, body)
+            except EngineClosed as exc:
+                if exchange._received:
+                    raise
+                self.resent += 1
+                log.info(
+                    "engine %s: %s, on a kept-alive connection; sending the request again on a new one",
+                    self.name,
+                    exc,
+                )
+        return await self._exchange(await self._connect(), head, body)
+
+    async def _exchange(self, exchange: EngineExchange, head: bytes, body: bytes) -> EngineExchange:
         self.busy.add(exchange)
         try:
-            exchange._write(self.head(path, extra, len(body)), body)
+            exchange._write(head, body)
             await exchange._head()
         except BaseException:
             exchange.abort()
             raise
         return exchange
 
-    async def _connection(self) -> EngineExchange:
+    def _idle_connection(self) -> EngineExchange | None:
+        """The most recently idled connection still usable, dropping those past ``KEEPALIVE_S``
+        and those found closed; ``None`` when none is left."""
         idle = self._idle
         now = self.loop.time()
         while idle:
             exchange = idle.pop()
-            if exchange._transport is not None and now - exchange.idle_since < KEEPALIVE_S:
+            exchange._idle = False
+            if now - exchange.idle_since >= KEEPALIVE_S:
+                exchange.abort()
+            elif exchange._closed_while_idle():
+                self.found_closed += 1
+                exchange.abort()
+            else:
                 return exchange
-            exchange.abort()
+        return None
+
+    async def _connect(self) -> EngineExchange:
         try:
             async with asyncio.timeout(ENGINE_CONNECT_TIMEOUT_S):
                 _, exchange = await self.loop.create_connection(
@@ -384,12 +485,13 @@ class EnginePool:
     def put(self, exchange: EngineExchange) -> None:
         self.busy.discard(exchange)
         exchange._reset_for_reuse()
-        exchange.idle_since = self.loop.time()
+        exchange._idle = True
         self._idle.append(exchange)
 
     def lost(self, exchange: EngineExchange) -> None:
         self.busy.discard(exchange)
-        if exchange in self._idle:
+        if exchange._idle:
+            exchange._idle = False
             self._idle.remove(exchange)
 
     def sweep(self, now: float) -> None:
@@ -399,8 +501,9 @@ class EnginePool:
         for exchange in list(self.busy):
             if exchange.waiting and now - exchange.quiet_since >= timeout:
                 exchange.timed_out(timeout)
-        while self._idle and now - self._idle[0].idle_since >= KEEPALIVE_S:
-            self._idle.pop(0).abort()
+        # Not in idle order: a connection is put back when its relay ends, after its last byte.
+        for exchange in [e for e in self._idle if now - e.idle_since >= KEEPALIVE_S]:
+            exchange.abort()
 
     def close(self) -> None:
         for exchange in [*self._idle, *self.busy]:
@@ -422,7 +525,7 @@ class Upstream:
     def pool(self, name: str, url: str, headers: Callable[[], list[tuple[str, str]]]) -> EnginePool:
         pool = self.pools.get(name)
         if pool is None:
-            pool = self.pools[name] = EnginePool(url, headers(), self.read_timeout_s)
+            pool = self.pools[name] = EnginePool(url, headers(), self.read_timeout_s, name)
         return pool
 
     def start(self) -> None:

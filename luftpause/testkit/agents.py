@@ -167,7 +167,9 @@ class _Reply:
     cached_tokens: int = 0
 
 
-def _system_prompt(run_id: str, context_tokens: int) -> str:
+def system_prompt(run_id: str, context_tokens: int) -> str:
+    """A run's system prompt: ``context_tokens`` tokens of text (about 4 bytes a token) that
+    begins with ``run_id`` (module docstring)."""
     words = f"run {run_id}: you are a careful research assistant working on one task. "
     size = max(context_tokens * BYTES_PER_TOKEN, len(words))
     return (words * (size // len(words) + 1))[:size]
@@ -266,7 +268,7 @@ async def run_once(
     if settings.token:
         headers["authorization"] = f"Bearer {settings.token}"
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": _system_prompt(run_id, settings.context_tokens)},
+        {"role": "system", "content": system_prompt(run_id, settings.context_tokens)},
         {"role": "user", "content": settings.task},
     ]
     url = f"{settings.proxy}/v1/chat/completions"

@@ -188,6 +188,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --profile: requests running at once at most (default: the profile's)",
     )
     parser.add_argument(
+        "--idle-close-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="drop a POST that arrives on a kept-alive connection idle for MS or more: the connection is "
+        "reset, nothing answered, as when an engine's idle close (uvicorn's, llama-server's: 5000) "
+        "crosses a request (default: never)",
+    )
+    parser.add_argument(
         "--fault",
         default=None,
         metavar="SPEC",
@@ -276,6 +285,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         pool_tokens=args.pool_tokens,
         step_tokens=args.step_tokens,
         max_running=args.max_running,
+        idle_close_ms=args.idle_close_ms,
     )
 
 

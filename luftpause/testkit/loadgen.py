@@ -95,15 +95,23 @@ _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 @asynccontextmanager
 async def runtime_client(
-    url: str, token: str | None = None, client_info: Implementation | None = None
+    url: str,
+    token: str | None = None,
+    client_info: Implementation | None = None,
+    caller: str | None = None,
 ) -> AsyncIterator[Client]:
     """A connected official ``mcp`` ``Client`` on the runtime's streamable HTTP endpoint ``url``.
 
     With ``token``, every HTTP request of the session (POST, the GET stream, the closing DELETE)
     carries ``Authorization: Bearer <token>``: the SDK's transport takes a caller's ``httpx2``
     client for that (``streamable_http_client(url, http_client=...)``), whose lifetime stays ours.
+    With ``caller``, every request names it in ``x-luftpause-caller``, so the runs this client
+    spawns are that caller's (:mod:`luftpause.runtime.mcp.callers`), as a harness configured with
+    a header per user would send.
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if caller:
+        headers["x-luftpause-caller"] = caller
     async with httpx2.AsyncClient(headers=headers, timeout=_HTTP_TIMEOUT) as http:
         async with Client(streamable_http_client(url, http_client=http), client_info=client_info) as client:
             yield client
@@ -290,14 +298,15 @@ class Summary:
         }
 
 
-def _describe(exc: BaseException) -> str:
-    # The SDK's transports raise exception groups; the leaf says what actually went wrong.
+def describe_error(exc: BaseException) -> str:
+    """What went wrong, in one line: the SDK's transports raise exception groups, and the first
+    leaf says it (its text, else its type's name)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return str(exc) or type(exc).__name__
 
 
-def _payload(result: CallToolResult) -> dict[str, Any]:
+def tool_payload(result: CallToolResult) -> dict[str, Any]:
     """A tool result's JSON object; ``RuntimeError`` with the text for an MCP tool error."""
     text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
     if result.is_error:
@@ -329,10 +338,10 @@ async def drive(
         async def spawn_one() -> str | None:
             try:
                 result = await client.call_tool("spawn", {"task": task, "serviceClass": service_class})
-                return str(_payload(result)["handle"])
+                return str(tool_payload(result)["handle"])
             except Exception as exc:
                 summary.spawn_errors += 1
-                summary.note_error(f"spawn: {_describe(exc)}")
+                summary.note_error(f"spawn: {describe_error(exc)}")
                 return None
 
         handles = [h for h in await asyncio.gather(*(spawn_one() for _ in range(spawn))) if h]
@@ -348,7 +357,7 @@ async def drive(
                 {"handles": pending, "mode": "all", "timeout": wait},
                 read_timeout_seconds=wait + 30,
             )
-            for run in _payload(result)["runs"]:
+            for run in tool_payload(result)["runs"]:
                 summary.runs[run["handle"]] = run
                 if run.get("error"):
                     summary.note_error(f"{run['state']}: {run['error']}")
@@ -491,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
             drive_spawn(args.runtime, args.spawn, args.task, args.service_class, args.timeout, args.token)
         )
     except Exception as exc:
-        print(f"luftpause loadgen: runtime {args.runtime}: {_describe(exc)}", file=sys.stderr)
+        print(f"luftpause loadgen: runtime {args.runtime}: {describe_error(exc)}", file=sys.stderr)
         return 1
     data = summary.as_dict()
     print(json.dumps(data) if args.json else render(data), flush=True)
@@ -521,7 +530,7 @@ def _run_agents(args: argparse.Namespace) -> int:
     try:
         data = asyncio.run(drive_agents(args, groups))
     except Exception as exc:
-        print(f"luftpause loadgen: proxy {args.proxy}: {_describe(exc)}", file=sys.stderr)
+        print(f"luftpause loadgen: proxy {args.proxy}: {describe_error(exc)}", file=sys.stderr)
         return 1
     print(json.dumps(data) if args.json else render_agents(data), flush=True)
     return 0 if all(row["failed"] == 0 for row in data["groups"]) else 1

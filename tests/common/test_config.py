@@ -121,6 +121,10 @@ REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
         ),
         ("[scheduler]\nleases = 0\n" + REPLICA, "scheduler.leases: expected true or false, got 0"),
         (
+            '[scheduler]\nidle_affinity = "sticky"\n' + REPLICA,
+            "scheduler.idle_affinity: expected 'wait', 'off', 'prefer' or 'pin', got 'sticky'",
+        ),
+        (
             '[scheduler]\nresync_hold_s = "2"\n' + REPLICA,
             "scheduler.resync_hold_s: expected a number, got '2'",
         ),
@@ -237,6 +241,7 @@ def test_strict_types_still_take_what_toml_writes_naturally() -> None:
     )
     assert config.scheduler.dataplane_grace_s == 2.0 and config.scheduler.resync_hold_s == 0.0
     assert config.scheduler.strict_affinity is False
+    assert config.scheduler.idle_affinity == "wait"  # the default
     assert config.replicas[0].health_path == ""
     assert config.replicas[0].load_from == ("https://e1:9", "http://e2:9")
     assert config.mcp_servers[0].path_arguments == {"t": ("p",), "u": {"p": "read"}}

@@ -123,7 +123,8 @@ def test_a_replica_added_through_the_api_takes_turns(stack: Stack) -> None:
 
 
 def test_a_drained_replica_under_load_takes_no_new_run_and_loses_no_turn(stack: Stack) -> None:
-    before = _status(stack)
+    # the earlier tests' turns all reported, so the counters below count only this test's turns
+    before = stack.wait_status(lambda s: sum(r["inflight"] for r in s["replicas"]) == 0)
     busy = stack.stream_clients(3, max_tokens=150, run_prefix="busy")
     try:
         stack.wait_status(lambda s: sum(r["inflight"] for r in s["replicas"]) == 3)

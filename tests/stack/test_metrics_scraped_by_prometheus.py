@@ -177,12 +177,15 @@ def _refused_turn(stack: Stack) -> int:
 
 
 def _settled(stack: Stack) -> bool:
-    """Nothing in flight anywhere and the journal's size on disk as the runtime reports it."""
+    """Nothing in flight anywhere, the engines' last probe after the last turn (so it reads no
+    running request), and the journal's size on disk as the runtime reports it."""
     dataplane = samples(stack, "dataplane")
     runtime = samples(stack, "runtime")
+    scheduler = samples(stack, "scheduler")
     journal = stack.workdir / "state" / JOURNAL_NAME
     return (
         total(dataplane, "luftpause_dataplane_turns_in_flight") == 0
+        and total(scheduler, "luftpause_scheduler_replica_engine_running") == 0
         and total(runtime, "luftpause_runtime_runs", state="running") == 0
         and total(runtime, "luftpause_runtime_journal_bytes") == journal.stat().st_size
     )

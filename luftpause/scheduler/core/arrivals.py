@@ -13,14 +13,15 @@ from luftpause.scheduler.core.events import (
 from luftpause.scheduler.core.held import (
     HeldTurn,
     any_replica_for,
+    pinned_to,
 )
 from luftpause.scheduler.core.leasing import _revoke
 from luftpause.scheduler.core.limiting import refusal
-from luftpause.scheduler.core.placement import _place, _run_of_arrival, _where
+from luftpause.scheduler.core.placement import _begin_soft_wait, _place, _run_of_arrival, _target, _where
 from luftpause.scheduler.core.policies import (
     abandoned,
     capacity,
-    least_loaded,
+    idle_affinity,
     routing,
     run_order,
 )
@@ -57,6 +58,11 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         event.single_pass,
         event.trace_id,
     )
+    if not event.single_pass and state.strict_affinity:
+        soft = idle_affinity.soft_replica(
+            state.idle_affinity, state.runs.get(event.run_id), serving, event.at
+        )
+        turn.soft = None if soft is None else soft.name
     if state.protection.on:
         refused = refusal(state, event, turn, serving)  # rule 18, before anything is recorded
         if refused is not None:
@@ -66,14 +72,13 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
     run = None if event.single_pass else _run_of_arrival(state, event, out)  # rule 13: no run state
     turn.rank = run_order.rank(state.run_order, run, turn.seq)
     state.next_seq += 1
-    turn.queue, usable = _where(state, run, turn, serving)
+    turn.queue, usable, soft = _where(state, run, turn, serving)
     # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)
-    leased_taken = not state.lessees
-    target = None
-    if not state.holding:
-        target = least_loaded.pick(capacity.with_room(usable, turn.service_class, leased_taken))
+    target = None if state.holding else _target(usable, soft, turn.service_class, not state.lessees)
     if target is None:
         state.held.add(turn)
+        if soft is not None and run is not None and turn.queue == pinned_to(soft.name):
+            _begin_soft_wait(state, run, turn, soft, event.at)
     else:
         if target.leased and not capacity.has_room(target, turn.service_class):
             _revoke(state, target, out)

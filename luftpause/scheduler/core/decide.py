@@ -259,7 +259,8 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             if placed is not None:
                 breaker.finished(state.replicas[placed.replica])
                 spend(state, placed, event.prompt_tokens + event.completion_tokens, event.at)
-            if _end_placed(state, event.turn_id, event.at, phase, out):
+            tokens = (event.prompt_tokens, event.completion_tokens)
+            if _end_placed(state, event.turn_id, event.at, phase, out, tokens):
                 state.counters.finished += 1
         case TurnFailed():
             placed = state.placed.get(event.turn_id)

@@ -100,6 +100,16 @@ class HeldTurn:
     rank: float = 0.0
     """Its place among its caller's held turns of its class, before arrival (smaller first;
     :mod:`luftpause.scheduler.core.policies.run_order`); fixed when it is filed."""
+    soft: str | None = None
+    """Its soft replica (:mod:`luftpause.scheduler.core.policies.idle_affinity`), fixed when it
+    arrived: its idle run's last replica, which holds the run's prefix; ``None``: none."""
+    soft_since: float | None = None
+    """When it was held for its soft replica (its arrival); ``None``: it was not."""
+    soft_until: float | None = None
+    """When that wait ends (``None``: it has no end, or none began)."""
+    soft_over: bool = False
+    """Its wait for the soft replica is over (its end passed, the replica stopped taking it, or its
+    run's last replica changed): it may go to any replica from now on."""
 
 
 @dataclass(slots=True)

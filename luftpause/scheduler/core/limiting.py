@@ -52,7 +52,7 @@ def refusal(state: State, event: TurnArrived, turn: HeldTurn, serving: tuple[Rep
     if not limits.held_over(held, these):
         return None
     run = None if event.single_pass else state.runs.get(event.run_id)
-    _, usable = _where(state, run, turn, serving)
+    _, usable, _ = _where(state, run, turn, serving)
     if not state.holding and capacity.with_room(usable, service_class, not state.lessees):
         return None  # it is placed at once: it would not be held
     state.counters.rejected += 1

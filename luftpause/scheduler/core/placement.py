@@ -13,6 +13,7 @@ from luftpause.scheduler.core.actions import (
     Place,
 )
 from luftpause.scheduler.core.events import (
+    ServiceClass,
     TurnArrived,
 )
 from luftpause.scheduler.core.held import (
@@ -29,6 +30,8 @@ from luftpause.scheduler.core.policies import (
     draining,
     headroom,
     health,
+    idle_affinity,
+    least_loaded,
     ordering,
     pause_hold,
     routing,
@@ -63,20 +66,46 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
 
 def _where(
     state: State, run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]
-) -> tuple[QueueKey, tuple[Replica, ...]]:
-    """The queue ``turn`` belongs in and the replicas it may use now (``serving``: routing's).
+) -> tuple[QueueKey, tuple[Replica, ...], Replica | None]:
+    """The queue ``turn`` belongs in, the replicas it may use now (``serving``: routing's) and the
+    replica it prefers (its soft replica, or ``None``). Changes nothing.
 
     A single-pass turn has no affinity (rule 13); a generative one is pinned by its run's (rule 4),
     unless the configuration turned strict affinity off (``State.strict_affinity``, for measuring
-    what it gains). A turn no affinity pins never goes to a draining replica (rule 16).
+    what it gains). A turn no affinity pins never goes to a draining replica (rule 16). A turn
+    with a soft replica (``HeldTurn.soft``, :mod:`.policies.idle_affinity`) of an idle run may use
+    only that one while its wait is not over; after, it prefers it.
     """
     fresh = tuple(replica for replica in serving if draining.takes_new_runs(replica))
     if turn.single_pass or not state.strict_affinity:
-        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), fresh
+        return (single_pass_for if turn.single_pass else any_replica_for)(turn.model), fresh, None
     pinned = affinity.pinned_replica(run, serving)
     if pinned is not None:
-        return pinned_to(pinned.name), (pinned,)
-    return any_replica_for(turn.model), fresh
+        return pinned_to(pinned.name), (pinned,), None
+    soft = None if turn.soft is None else idle_affinity.keeps(turn.soft, run, serving)
+    if soft is not None and not turn.soft_over and idle_affinity.holds(state.idle_affinity):
+        return pinned_to(soft.name), (soft,), soft
+    return any_replica_for(turn.model), fresh, soft
+
+
+def _begin_soft_wait(state: State, run: Run, turn: HeldTurn, soft: Replica, at: float) -> None:
+    """``turn`` arrived at ``at`` and is held for its soft replica ``soft``: its wait begins."""
+    turn.soft_since = at
+    rate = state.caller_cold_rates.get(run.caller)
+    wait = idle_affinity.wait_s(state.idle_affinity, run, rate, soft.inflight)
+    if wait is not None:
+        turn.soft_until = at + wait
+        heapq.heappush(state.soft_ends, (turn.soft_until, turn.seq, turn.turn_id))
+
+
+def _target(
+    usable: tuple[Replica, ...], soft: Replica | None, service_class: ServiceClass, leased_taken: bool
+) -> Replica | None:
+    """Where a turn that may use ``usable`` goes now: its soft replica when that has room, else the
+    least loaded with room (rule 4), else ``None`` (it is held)."""
+    if soft is not None and capacity.has_room(soft, service_class, leased_taken):
+        return soft
+    return least_loaded.pick(capacity.with_room(usable, service_class, leased_taken))
 
 
 def _place(
@@ -124,6 +153,7 @@ def _place(
     else:
         run.phase = "generating"
         run.last_replica = replica.name
+        run.idle_at = None
         _touch(state, run, at)
         released = _reserve(state, run, at)
         if released is not None and released is not replica:
@@ -147,9 +177,15 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
         turn = state.held.get(turn_id)
         if turn is None:
             continue
-        queue, usable = _where(
-            state, state.runs.get(turn.run_id), turn, routing.replicas_for(state, turn.model)
-        )
+        run = state.runs.get(turn.run_id)
+        serving = routing.replicas_for(state, turn.model)
+        if (
+            turn.soft is not None
+            and not turn.soft_over
+            and idle_affinity.keeps(turn.soft, run, serving) is None
+        ):
+            turn.soft_over = True  # its soft replica stopped taking it, or its run moved: for good
+        queue, usable, _ = _where(state, run, turn, serving)
         if queue == turn.queue:
             continue  # same queue: it still waits for the same full replicas
         state.held.refile(turn, queue)

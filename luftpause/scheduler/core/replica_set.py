@@ -29,6 +29,10 @@ def _drained(state: State, event: ReplicaDrained, out: list[Action]) -> None:
     if replica is None or replica.draining or replica.removing:
         return
     replica.draining = True  # its leases are withdrawn after the event (not grantable any more)
+    # the turns waiting for it as their soft replica wait no more: they go as new runs' do
+    waiting = [turn.turn_id for turn in state.held if turn.soft == replica.name and not turn.soft_over]
+    if waiting:
+        _refile(state, waiting, event.at, out)
 
 
 def _restored(state: State, event: ReplicaRestored, out: list[Action]) -> None:

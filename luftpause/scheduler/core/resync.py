@@ -49,6 +49,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         else:
             run.phase = record.phase
             run.last_replica = last_replica
+            run.idle_at = None  # the record does not say when its last turn ended
             run.service_class = record.service_class
             run.caller = record.caller
             run.latest_turn = None
@@ -120,6 +121,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             if run.run_id not in recorded:  # a turn in flight there means the run generates there
                 run.phase = "generating"
                 run.last_replica = replica.name
+                run.idle_at = None
             _touch(state, run, event.at)
         run.turns.add(turn.turn_id)
         run.latest_turn = turn.turn_id
@@ -177,6 +179,7 @@ def _release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) ->
         if run.run_id not in recorded:
             run.phase = "idle"
             run.last_replica = placed.replica
+            run.idle_at = None  # as if it had failed: no prefix is known to be there
     _touch(state, run, at)
     return run
 

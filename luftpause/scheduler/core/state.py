@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
+from luftpause.scheduler.core.policies.idle_affinity import IdleAffinity
 from luftpause.scheduler.core.policies.limits import Bucket, Protection
 from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
@@ -119,6 +120,17 @@ class Run:
     order's rank, :mod:`.policies.run_order`)."""
     attained_s: float = 0.0
     """Seconds its turns were placed, summed as they ended (its attained service)."""
+    idle_at: float | None = None
+    """When its latest turn finished without a tool call on ``last_replica`` (seconds), which then
+    holds its prefix (:mod:`.policies.idle_affinity`); ``None``: it is not idle so, or its last
+    turn failed, was abandoned or expired, or a resync set its phase."""
+    prefix_tokens: int = 0
+    """Prompt and completion tokens of its last finished turn: what its last replica holds for it."""
+    finished_turns: int = 0
+    """Its turns that finished (the first one's prefill is a cold one)."""
+    cold_s_per_token: float | None = None
+    """Seconds per prompt token from placement to first token of its first finished turn: what a
+    prefill with nothing cached costs it (``None`` until shown)."""
 
 
 @dataclass(slots=True)
@@ -271,6 +283,14 @@ class State:
     hold_ends: list[tuple[float, str, float]] = field(default_factory=list)
     """Heap of ``(hold end, run id, pause start)`` of every pause hold begun (stale entries are
     dropped when they come up on a tick)."""
+    idle_affinity: IdleAffinity = field(default_factory=IdleAffinity)
+    """Where an idle run's next turn goes (:mod:`.policies.idle_affinity`)."""
+    caller_cold_rates: dict[str, float] = field(default_factory=dict)
+    """Caller -> the cold prefill rate its latest run showed (seconds per prompt token), the soft
+    wait's fallback before a run has shown its own."""
+    soft_ends: list[tuple[float, int, str]] = field(default_factory=list)
+    """Heap of ``(wait end, arrival number, turn id)`` of every turn held for its soft replica with
+    a bounded wait (stale entries are dropped when they come up on a tick)."""
     protection: Protection = field(default_factory=Protection)
     """Protection limits and the circuit breaker (rules 17, 18, :mod:`.policies.limits`); none by
     default."""
@@ -315,6 +335,7 @@ def state_from_replicas(
     pause_hold: PauseHold | None = None,
     run_order: RunOrder = "run",
     protection: Protection | None = None,
+    idle_affinity: IdleAffinity | None = None,
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
@@ -325,6 +346,8 @@ def state_from_replicas(
     interactive runs keep headroom (:mod:`.policies.pause_hold`; ``None``: its defaults).
     ``run_order``: which held turn of a caller and class goes first (:mod:`.policies.run_order`).
     ``protection``: limits and circuit breaker (:mod:`.policies.limits`; ``None``: none).
+    ``idle_affinity``: where idle runs' next turns go (:mod:`.policies.idle_affinity`; ``None``:
+    its defaults).
     """
     replicas: dict[str, Replica] = {}
     for index, spec in enumerate(specs):
@@ -341,6 +364,7 @@ def state_from_replicas(
         pause_hold=pause_hold or PauseHold(),
         run_order=run_order,
         protection=protection or Protection(),
+        idle_affinity=idle_affinity or IdleAffinity(),
         next_replica_index=len(replicas),
     )
     index_models(state)
@@ -359,8 +383,8 @@ def index_models(state: State) -> None:
 
 
 def new_state(config: Config) -> State:
-    """An empty state for ``config``'s replicas, dataplane grace, affinity, leases, startup hold
-    and protection limits."""
+    """An empty state for ``config``'s replicas, dataplane grace, affinity (strict and idle),
+    leases, startup hold and protection limits."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
@@ -368,4 +392,5 @@ def new_state(config: Config) -> State:
         config.scheduler.leases,
         config.scheduler.resync_hold_s,
         protection=config.scheduler.protection.policy(),
+        idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
     )

@@ -19,6 +19,7 @@ from luftpause.scheduler.core.placement import _count_placed, _fill, _refile, _r
 from luftpause.scheduler.core.policies import (
     abandoned,
     expiry,
+    idle_affinity,
     lost_dataplane,
     pause_hold,
 )
@@ -26,8 +27,20 @@ from luftpause.scheduler.core.resync import _release, _settle
 from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
 
 
-def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: list[Action]) -> bool:
-    """A placed turn ended: free its slot, move its run to ``phase``; False if it was not placed."""
+def _end_placed(
+    state: State,
+    turn_id: str,
+    at: float,
+    phase: RunPhase,
+    out: list[Action],
+    finished: tuple[int, int] | None = None,
+) -> bool:
+    """A placed turn ended: free its slot, move its run to ``phase``; False if it was not placed.
+
+    ``finished``: it finished (``TurnFinished``) with these ``(prompt, completion)`` tokens, so its
+    replica holds its prefix (:mod:`.policies.idle_affinity`); ``None``: it failed, was abandoned or
+    expired.
+    """
     placed = state.placed.pop(turn_id, None)
     if placed is None:
         return False
@@ -40,16 +53,32 @@ def _end_placed(state: State, turn_id: str, at: float, phase: RunPhase, out: lis
         run.attained_s += max(0.0, at - placed.placed_at)
         run.turns.discard(turn_id)
         _touch(state, run, at)
+        if finished is not None:
+            _learn_prefill(state, run, placed, finished)
         if run.latest_turn in (None, turn_id):
             run.latest_turn = None
             run.phase = phase
             run.last_replica = placed.replica
+            run.idle_at = at if finished is not None and phase == "idle" else None
             released = _reserve(state, run, at)
             _refile(state, run.turns, at, out)
             if released is not None and released is not replica:
                 _fill(state, released, at, out)
     _fill(state, replica, at, out)
     return True
+
+
+def _learn_prefill(state: State, run: Run, placed: PlacedTurn, tokens: tuple[int, int]) -> None:
+    """A turn of ``run`` finished with ``tokens`` (prompt, completion): what its replica holds for
+    it, and, for its first, what a prefill with nothing cached costs it (:mod:`.policies.idle_affinity`)."""
+    prompt, completion = tokens
+    run.prefix_tokens = max(0, prompt) + max(0, completion)
+    if run.finished_turns == 0:
+        rate = idle_affinity.cold_rate(placed.placed_at, placed.first_token_at, prompt)
+        if rate is not None:
+            run.cold_s_per_token = rate
+            state.caller_cold_rates[run.caller] = rate
+    run.finished_turns += 1
 
 
 def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool:
@@ -131,6 +160,8 @@ def turns_on(state: State, dataplane_ids: set[str]) -> list[PlacedTurn]:
 
 
 def _tick(state: State, now: float, out: list[Action]) -> None:
+    # first the waits for soft replicas that are over: the slots this tick frees may go to them
+    _end_soft_waits(state, now, out)
     # ``runs`` is in order of last activity, so only its expired front is visited (as ``placed``'s).
     for placed in expiring_turns(state, now):
         _end_placed(state, placed.turn_id, now, "idle", out)
@@ -188,3 +219,23 @@ def _end_expired_holds(state: State, now: float, out: list[Action]) -> None:
             freed[released.name] = released
     for replica in freed.values():
         _fill(state, replica, now, out)
+
+
+def _end_soft_waits(state: State, now: float, out: list[Action]) -> None:
+    """End the waits for soft replicas due by ``now`` (:mod:`.policies.idle_affinity`): those turns
+    may go to any replica from now on, and are re-filed (and placed where there is room).
+
+    ``soft_ends`` is a heap of every bounded wait begun, by its end; an entry of a turn no longer
+    held (placed, abandoned) or whose wait was over already is dropped when it comes up.
+    """
+    heap = state.soft_ends
+    due: list[str] = []
+    while heap and idle_affinity.over(heap[0][0], now):
+        until, _, turn_id = heapq.heappop(heap)
+        turn = state.held.get(turn_id)
+        if turn is None or turn.soft_over or turn.soft_until != until:
+            continue
+        turn.soft_over = True
+        due.append(turn_id)
+    if due:
+        _refile(state, due, now, out)

@@ -22,6 +22,8 @@
 * :mod:`.faults`: misbehaviour on demand (refusals, cut streams, error events mid-stream, stalls,
   slow streams, closed connections), per request (``"luftpause_fault"`` in the body) or for a
   seeded fraction of requests;
+* :mod:`.idle_close`: an idle close of kept-alive connections that crosses the client's next
+  request, made certain (``idle_close_ms``);
 * :mod:`.server`: the aiohttp routes, ``start_engine`` and ``RunningEngine``.
 """
 

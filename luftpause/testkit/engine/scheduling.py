@@ -30,7 +30,8 @@ class EngineStats:
     ``"close"``; see
     :mod:`.faults`), whether from the request's own field or the engine's configured fault; a
     faulted request never counts as ``completed`` unless its answer was sent whole (``stall``,
-    ``slow``).
+    ``slow``). ``idle_closed`` counts the ``POST`` requests dropped unanswered because their
+    kept-alive connection had been idle for ``EngineSettings.idle_close_ms`` (:mod:`.idle_close`).
     """
 
     requests: int = 0
@@ -45,6 +46,7 @@ class EngineStats:
     cached_tokens: int = 0
     completion_tokens: int = 0
     faults: Counter[str] = field(default_factory=Counter)
+    idle_closed: int = 0
 
 
 class SlotPool:

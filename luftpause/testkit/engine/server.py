@@ -35,7 +35,9 @@ cached, then one output token per decode step (:class:`.costs.CostModel`: longer
 run), and at the end the reply cached after its prompt, for the run's next turn. The HTTP handler is
 cancelled when the client disconnects (aiohttp's ``handler_cancellation``), which takes the
 request out of the queue or frees its slot at once. A request may instead get a fault
-(:mod:`.faults`): a refusal, a stream cut, a stall, a slow stream or a closed connection.
+(:mod:`.faults`): a refusal, a stream cut, a stall, a slow stream or a closed connection. With
+``idle_close_ms`` a request on a connection idle that long is dropped and the connection reset
+(:mod:`.idle_close`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from luftpause.testkit.engine.faults import (
     Stall,
     StatusFault,
 )
+from luftpause.testkit.engine.idle_close import idle_close_middleware
 from luftpause.testkit.engine.metrics import CONTENT_TYPE_LATEST
 from luftpause.testkit.engine.model import EngineModel
 from luftpause.testkit.engine.prefix_cache import PrefixCache, PrefixPath, prefix_path
@@ -128,7 +131,10 @@ class SimulatedEngine:
         return self.backend.model if isinstance(self.backend, SteppedBackend) else None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = []
+        if self.settings.idle_close_ms is not None:
+            middlewares.append(idle_close_middleware(self.settings.idle_close_ms, self.stats))
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         for api in self.settings.apis:
             if api != "chat":

@@ -71,6 +71,10 @@ class EngineSettings:
       ``prefill_ms_per_1k``, ``decode_ms``, ``batch_slowdown`` and ``cache_tokens`` apply; with a
       profile they do not, and ``pool_tokens``, ``step_tokens`` and ``max_running`` override the
       profile's figures (``None``: the profile's).
+    * ``idle_close_ms``: a ``POST`` arriving on a kept-alive connection idle for this many
+      milliseconds or more is dropped unanswered and the connection reset, as when an engine's idle
+      close (uvicorn's and llama-server's: 5,000 ms) crosses a request (:mod:`.idle_close`);
+      ``None`` (the default): never. Wall-clock, never scaled.
     """
 
     models: tuple[str, ...] = (DEFAULT_MODEL,)
@@ -94,6 +98,7 @@ class EngineSettings:
     pool_tokens: int | None = None
     step_tokens: int | None = None
     max_running: int | None = None
+    idle_close_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -137,6 +142,9 @@ class EngineSettings:
                 raise ValueError(f"{name} needs a profile (it sizes the step model)")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        idle_close = self.idle_close_ms
+        if idle_close is not None and not (math.isfinite(idle_close) and idle_close > 0):
+            raise ValueError(f"idle_close_ms must be a positive number, got {self.idle_close_ms}")
         # Raises ValueError naming the known profiles, or for overrides the profile cannot take.
         self.engine_profile  # noqa: B018
 

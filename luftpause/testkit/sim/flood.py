@@ -51,6 +51,10 @@ class FloodSpec:
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     policy: dict[str, Any] = field(default_factory=dict)
     """Scheduler policy settings for the luftpause arrangements (``state_from_replicas`` keywords)."""
+    profile_changes: dict[str, Any] = field(default_factory=dict)
+    """Fields of the engine profile to override (``EngineProfile`` field -> value), for engines
+    started with other settings than the profile's: llama-server's ``-c`` (``pool_tokens``) and
+    ``--cache-ram`` (``ram_cache_tokens``), say."""
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -84,12 +88,17 @@ EngineMaker = Callable[[str, "int | None", int], EngineModel]
 """``(profile, slots, replica index) -> an engine model``."""
 
 
-def _default_engine(name: str, slots: int | None, index: int) -> EngineModel:
+def _default_engine(
+    name: str, slots: int | None, index: int, changes: dict[str, Any] | None = None
+) -> EngineModel:
     """The named profile's engine; ``slots`` overrides its running-request bound (SGLang's
-    ``--max-running-requests``, vLLM's ``--max-num-seqs``), ``None`` keeps the profile's."""
+    ``--max-running-requests``, vLLM's ``--max-num-seqs``), ``None`` keeps the profile's;
+    ``changes`` overrides other fields of the profile."""
     chosen = profile(name)
     if slots is not None:
         chosen = dataclasses.replace(chosen, max_running=slots)
+    if changes:
+        chosen = dataclasses.replace(chosen, **changes)
     return EngineModel(chosen)
 
 
@@ -136,7 +145,7 @@ def simulate(spec: FloodSpec, arrangement: str, engine: EngineMaker | None = Non
     Raises ``ValueError`` for an unknown arrangement.
     """
     started = time.perf_counter()
-    make = engine or _default_engine
+    make = engine or (lambda name, slots, index: _default_engine(name, slots, index, spec.profile_changes))
     clock = VirtualClock()
     names = [f"sim-{index}" for index in range(spec.replicas)]
     pool = EnginePool(clock, [make(spec.profile, spec.slots, index) for index in range(spec.replicas)], names)

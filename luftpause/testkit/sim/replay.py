@@ -218,6 +218,7 @@ class Replay:
             traced.tools,
             max_tokens=traced.completion_tokens,
             sent_at=self.clock.now,
+            tool_call_seen=traced.tools,  # what the scheduler saw is what it recorded
         )
         self._next_turn += 1
         self.sink.send(turn, self.clock.now)

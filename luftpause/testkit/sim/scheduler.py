@@ -112,8 +112,8 @@ class Luftpause(Arrangement):
             TurnFinished(
                 turn.turn_id,
                 now,
-                "tool_calls" if turn.tool_call else "stop",
-                turn.tool_call,
+                "tool_calls" if turn.tool_call_seen else "stop",
+                turn.tool_call_seen,
                 usage.prompt_tokens,
                 usage.completion_tokens,
             )

@@ -85,6 +85,12 @@ class LoadShape:
     tool_result_tokens: int = 18
     cutoff_every: int = 0
     """Every N-th run of each agent is cut off in its first tool call (0: none)."""
+    tool_calls_seen: bool = True
+    """Whether the proxy sees the tool calls: ``False`` for agents that make their tool rounds
+    themselves on replies with no tool call in them (``--tool-rounds-by agent``: a model that never
+    calls tools, a harness whose tools are in text) and for chats whose next message is a
+    person's: the run then looks ``idle`` to luftpause between its turns, never ``tool_paused``.
+    The prompts and replies are the same either way."""
     start_spread_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -142,6 +148,48 @@ def published_shape(
     return LoadShape(tuple(groups), **fields)  # type: ignore[arg-type]
 
 
+SMOLLM2_SYSTEM_TOKENS = 236
+"""The HTTP agents' system prompt at ``--context-tokens 150`` (600 characters) in SmolLM2-135M's
+tokens, as the REAL ENGINE flood (bench/README.md) sends it: counted by llama-server's
+``/tokenize`` on the built model."""
+SMOLLM2_TASK_TOKENS = 26
+"""The rest of the first prompt (SmolLM2's chat template and the task): the first turn's usage
+said 262 prompt tokens."""
+SMOLLM2_TOOL_RESULT_TOKENS = 33
+"""What an agent-made tool round adds besides the 24-token reply (the template drops the call and
+keeps the result): each next turn's usage said 57 more prompt tokens."""
+
+
+def llamacpp_shape(
+    interactive: int = 1,
+    batch: int = 6,
+    duration_s: float = 180.0,
+    **changes: float | bool,
+) -> LoadShape:
+    """The REAL ENGINE flood's load on llama.cpp (bench/README.md: 6 batch + 1 interactive own-loop
+    agents, ``--context-tokens 150``, 2 tool rounds of 0.5 s made by the agents themselves, 24-token
+    replies), its prompts counted as SmolLM2-135M counts them (:data:`SMOLLM2_SYSTEM_TOKENS` and
+    the rest). SmolLM2 calls no tool, so the proxy sees none (``tool_calls_seen=False``): to
+    luftpause each run is ``idle`` between its turns. ``changes``: any other :class:`LoadShape`
+    field."""
+    groups = [AgentGroup(interactive, "interactive", "ide")]
+    if batch:
+        groups.append(AgentGroup(batch, "batch", "bulk"))
+    fields: dict[str, object] = {
+        "duration_s": duration_s,
+        "context_tokens": SMOLLM2_SYSTEM_TOKENS,
+        "task_tokens": SMOLLM2_TASK_TOKENS,
+        "tool_rounds": 2,
+        "tool_seconds": 0.5,
+        "reply_tokens": 24,
+        "tool_call_tokens": 24,
+        "tool_result_tokens": SMOLLM2_TOOL_RESULT_TOKENS,
+        "tool_calls_seen": False,
+        **changes,
+    }
+    return LoadShape(tuple(groups), **fields)  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
 class Turn:
     """One turn of a run: what the arrangement sends to an engine.
@@ -162,6 +210,8 @@ class Turn:
     """The request's ``max_tokens`` (every turn asks for ``reply_tokens``)."""
     sent_at: float = 0.0
     first_token_at: float | None = None
+    tool_call_seen: bool = False
+    """The reply carries a tool call the proxy sees (``tool_call`` and ``LoadShape.tool_calls_seen``)."""
 
 
 @dataclass(slots=True)
@@ -263,6 +313,7 @@ class Agents:
             tool_call,
             max_tokens=shape.reply_tokens,
             sent_at=self.clock.now,
+            tool_call_seen=tool_call and shape.tool_calls_seen,
         )
         self._next_turn += 1
         self.sink.send(turn, self.clock.now)

@@ -27,6 +27,17 @@ otherwise):
 * every arrived turn is exactly one of held, placed, rejected or ended: never lost, never twice;
 * a turn of a run that is generating or tool-paused is placed only on the run's last replica
   while that replica is healthy (affinity never broken to a healthy replica);
+* soft affinity for idle runs (:mod:`luftpause.scheduler.core.policies.idle_affinity`): the machine
+  keeps its own record of when each run's latest turn finished without a tool call (failed,
+  abandoned, expired and released turns leave no such time), of each run's first prefill (its
+  first finished turn's first token, the ``first_token`` rule) and of its caller's; an arriving
+  turn of a run idle so within the window gets that replica as its soft replica while it is
+  usable, not draining and serves the model. Such a turn is placed there or held for it, and while
+  held its wait (checked: from its arrival, as long as the machine's own reckoning of the learned
+  wait says, every field of it as the machine expects after every step) keeps it from every other
+  replica, until a tick at or past its end, or its soft replica turning unusable, draining or not
+  its run's last replica any more; after that it goes as any free turn. No turn with a soft
+  replica and a wait not over is placed elsewhere (checked at each ``Place``);
 * a held turn never waits while a healthy replica it may use has room for its class (headroom:
   one slot per interactive run tool-paused there is kept from batch turns while its pause is within
   its hold), and no batch turn is placed into a kept slot (checked at each ``Place`` of a batch
@@ -78,6 +89,7 @@ from luftpause.scheduler.core import (
     Action,
     DataplaneLost,
     Event,
+    FirstToken,
     Forget,
     GrantLease,
     InFlightRecord,
@@ -104,7 +116,8 @@ from luftpause.scheduler.core import (
     snapshot,
 )
 from luftpause.scheduler.core.held import queues_served_by
-from luftpause.scheduler.core.policies import engine_load, pause_hold
+from luftpause.scheduler.core.policies import engine_load, idle_affinity, pause_hold
+from luftpause.scheduler.core.state import Run
 
 HOLD_S = 1.0  # the startup hold (rule 15), short enough that most sequences outlive it
 
@@ -236,6 +249,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.returned: set[str] = set()
         self.run_pauses: dict[str, list[float]] = {}
         self.caller_pauses: dict[str, list[float]] = {}
+        # idle affinity, as the machine reads it: when each run's latest turn finished without a
+        # tool call, its finished turns and first prefill (seconds per prompt token), its callers';
+        # each turn's soft replica, when its wait began and ends, and which waits are over
+        self.idle_at: dict[str, float] = {}
+        self.finished_turns: dict[str, int] = {}
+        self.cold: dict[str, float] = {}
+        self.caller_cold: dict[str, float] = {}
+        self.placed_time: dict[str, float] = {}  # turn -> when its Place came
+        self.first_token: dict[str, float] = {}
+        self.soft: dict[str, str] = {}  # turn -> its soft replica
+        self.soft_wait: dict[str, tuple[float, float | None]] = {}  # held turn -> (since, until)
+        self.soft_over: set[str] = set()
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -244,7 +269,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [
             (r.run_id, r.phase, r.last_replica, r.service_class, r.caller, r.last_activity,
              sorted(r.turns), r.latest_turn, r.reserved_on, r.paused_at, r.hold_until, r.hold_expired,
-             r.returned, list(r.pauses), r.order, r.attained_s)
+             r.returned, list(r.pauses), r.order, r.attained_s, r.idle_at, r.prefix_tokens,
+             r.finished_turns, r.cold_s_per_token)
             for r in self.state.runs.values()
         ]  # fmt: skip
 
@@ -292,11 +318,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             if isinstance(event, Resynced) and event.takes_leases:
                 self.lessees.add(dataplane)
         self.before_decide(event)
+        tagged = self.tag_soft(event)
         self.state, actions = decide(self.state, event)
         if isinstance(event, Tick):
             for run_id, (_, until) in self.pause.items():
                 if until is not None and event.at >= until:
                     self.hold_over.add(run_id)
+            for turn_id, (_, soft_until) in self.soft_wait.items():
+                if turn_id in held_keys and soft_until is not None and event.at >= soft_until:
+                    if turn_id not in self.soft_over:
+                        globals()["event"]("idle affinity: a tick ended a wait")
+                    self.soft_over.add(turn_id)  # before the tick's placements: it may take them
+        if tagged is not None and tagged in self.state.held:
+            self.begin_soft_wait(tagged, event.at)
         assert self.hold_until is not None
         if isinstance(event, Resynced) and (event.runs or event.turns) and event.at < self.hold_until:
             self.holding = True  # a resync that shows a restart, inside the hold's window
@@ -371,6 +405,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif isinstance(action, Forget):
                 self.end_pause(action.run_id)
                 self.run_pauses.pop(action.run_id, None)
+                for forgotten in (self.idle_at, self.finished_turns, self.cold):
+                    forgotten.pop(action.run_id, None)
                 self.shadow.pop(action.run_id, None)
                 self.latest.pop(action.run_id, None)
                 self.orphans.update(
@@ -513,10 +549,23 @@ class SchedulerMachine(RuleBasedStateMachine):
         if action.replica in self.draining and not crossed:
             # no new run on a draining replica: only a run pinned there (rule 16)
             assert pinned and last == action.replica, f"{run_id} placed on draining {action.replica}"
+        if turn_id in self.soft:
+            where = "on its soft replica" if action.replica == self.soft[turn_id] else "elsewhere"
+            event(f"idle affinity: placed {where}")
+        if turn_id in self.soft and self.soft_waiting(turn_id):
+            assert action.replica == self.soft[turn_id], (
+                f"idle affinity broken: {turn_id} waits for {self.soft[turn_id]}, placed on {action.replica}"
+            )
         self.placed_on[turn_id] = action.replica
+        self.placed_time[turn_id] = self.now
+        self.soft_wait.pop(turn_id, None)
         self.end_pause(run_id)
         self.shadow[run_id] = ("generating", action.replica)
         self.latest[run_id] = turn_id
+        self.idle_at.pop(run_id, None)
+        for turn in self.state.held:  # its run's other held turns may have lost their soft replica
+            if turn.turn_id in self.soft and self.turns[turn.turn_id][0] == run_id:
+                self.soft_waiting(turn.turn_id)
 
     def usable(self, turn_id: str) -> tuple[str, ...]:
         """The replicas a held turn may use now: its run's healthy last replica, else any serving;
@@ -531,6 +580,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         phase, last = self.shadow.get(run_id, ("idle", ""))
         if phase != "idle" and last in self.serving.get(model, ()) and self.usable_replica(last):
             return (last,)
+        if turn_id in self.soft and self.soft_waiting(turn_id):
+            return (self.soft[turn_id],)
         return tuple(fresh)
 
     def usable_replica(self, name: str) -> bool:
@@ -638,18 +689,91 @@ class SchedulerMachine(RuleBasedStateMachine):
             if turn.service_class == "interactive":
                 assert name not in self.usable(turn.turn_id), f"{turn.turn_id} held behind batch on {name}"
 
-    def end_placed(self, turn_id: str, phase: str) -> None:
-        """A placed turn ended; the run's phase follows only its latest placed turn."""
+    def end_placed(self, turn_id: str, phase: str, finished: bool = False) -> None:
+        """A placed turn ended (``finished``: a ``TurnFinished`` with 10 prompt tokens); the run's
+        phase follows only its latest placed turn."""
         run_id, _ = self.turns[turn_id]
         self.ended.add(turn_id)
         if turn_id in self.orphans or turn_id in self.single:
             return
+        if finished and run_id in self.state.runs and turn_id in self.state.runs[run_id].turns:
+            if not self.finished_turns.get(run_id) and turn_id in self.first_token:
+                rate = max(0.0, self.first_token[turn_id] - self.placed_time[turn_id]) / 10
+                self.cold[run_id] = rate
+                self.caller_cold[self.state.runs[run_id].caller] = rate
+            self.finished_turns[run_id] = self.finished_turns.get(run_id, 0) + 1
         if run_id in self.shadow and self.latest.get(run_id) in (None, turn_id):
             self.end_pause(run_id)
             if phase == "tool_paused":
                 self.begin_pause(run_id)
             self.shadow[run_id] = (phase, self.placed_on[turn_id])
             self.latest.pop(run_id, None)
+            if finished and phase == "idle":
+                self.idle_at[run_id] = self.now
+            else:
+                self.idle_at.pop(run_id, None)
+            for turn in self.state.held:  # a held turn of it waiting for another replica waits no more
+                if turn.turn_id in self.soft and self.turns[turn.turn_id][0] == run_id:
+                    self.soft_waiting(turn.turn_id)
+
+    # -- idle affinity, as the machine reads it -------------------------------------------------------
+
+    def tag_soft(self, event: Event) -> str | None:
+        """The soft replica of a new generative turn arriving (see the module docstring), recorded
+        for it; the turn's id when it has one."""
+        if not isinstance(event, TurnArrived) or event.single_pass or not self.brings_a_turn_back(event):
+            return None
+        phase, last = self.shadow.get(event.run_id, ("idle", ""))
+        idle_at = self.idle_at.get(event.run_id)
+        window = self.state.idle_affinity.window_s
+        if phase != "idle" or idle_at is None or event.at - idle_at > window or not last:
+            return None
+        if (
+            last not in self.serving.get(event.model, ())
+            or not self.usable_replica(last)
+            or last in self.draining
+        ):
+            return None
+        self.soft[event.turn_id] = last
+        return event.turn_id
+
+    def begin_soft_wait(self, turn_id: str, at: float) -> None:
+        """``turn_id`` arrived at ``at`` with a soft replica and is held: its wait begins, as long as
+        the machine's reckoning of the learned wait says."""
+        run_id, _ = self.turns[turn_id]
+        run = Run(run_id, "idle", self.soft[turn_id], "interactive", "", at)
+        run.cold_s_per_token = self.cold.get(run_id)
+        run.prefix_tokens = 15 if self.finished_turns.get(run_id) else 0
+        caller_rate = self.caller_cold.get(self.callers[turn_id])
+        sharing = self.state.replicas[self.soft[turn_id]].inflight
+        wait = idle_affinity.wait_s(self.state.idle_affinity, run, caller_rate, sharing)
+        self.soft_wait[turn_id] = (at, None if wait is None else at + wait)
+        learned = (
+            "its run's" if run.cold_s_per_token is not None else "its caller's" if caller_rate else "none"
+        )
+        event(f"idle affinity: held for its soft replica, prefill rate {learned}")
+
+    def soft_waiting(self, turn_id: str) -> bool:
+        """Whether ``turn_id`` still waits for its soft replica (held or arriving); marks its wait
+        over, for good, once the replica is unusable, draining, not serving its model or not its
+        run's last replica."""
+        if turn_id in self.soft_over:
+            return False
+        name = self.soft[turn_id]
+        run_id, model = self.turns[turn_id]
+        shadow = self.shadow.get(run_id)
+        if (
+            shadow is None
+            or shadow[1] != name
+            or name not in self.serving.get(model, ())
+            or not self.usable_replica(name)
+            or name in self.draining
+        ):
+            if turn_id in self.state.held:
+                event("idle affinity: a held turn's soft replica stopped taking it")
+            self.soft_over.add(turn_id)
+            return False
+        return True
 
     # -- rules ----------------------------------------------------------------------------------------
 
@@ -717,8 +841,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     def finish(self, pick: int, tools: bool) -> None:
         turn_id = sorted(self.state.placed)[pick % len(self.state.placed)]
         self.now += 1.0
-        self.end_placed(turn_id, "tool_paused" if tools else "idle")
+        self.end_placed(turn_id, "tool_paused" if tools else "idle", finished=True)
         self.feed(TurnFinished(turn_id, self.now, "stop", tools, 10, 5))
+
+    @precondition(lambda self: any(not p.single_pass for p in self.state.placed.values()))
+    @rule(pick=st.integers(0, 1000), after=st.sampled_from([0.1, 0.3, 2.0]))
+    def first_token(self, pick: int, after: float) -> None:
+        """The dataplane dates a placed turn's first token (a run's first teaches its prefill rate)."""
+        placed = sorted(t for t, p in self.state.placed.items() if not p.single_pass)
+        turn_id = placed[pick % len(placed)]
+        self.now += after
+        self.first_token.setdefault(turn_id, self.now)
+        assert answers(self.feed(FirstToken(turn_id, self.now))) == []
 
     @precondition(lambda self: bool(self.state.placed))
     @rule(pick=st.integers(0, 1000))
@@ -987,7 +1121,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert frees < bound, f"{lone} still held after {frees} slot frees under a flood"
             oldest = next(iter(self.state.placed))
             self.now += 0.01
-            self.end_placed(oldest, "idle")
+            self.end_placed(oldest, "idle", finished=True)
             self.feed(TurnFinished(oldest, self.now, "stop", False, 10, 5))
             frees += 1
             more_flood()
@@ -1008,7 +1142,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         turn_id = interactive[pick % len(interactive)]
         run_id = self.turns[turn_id][0]
         self.now += 1.0
-        self.end_placed(turn_id, "tool_paused")
+        self.end_placed(turn_id, "tool_paused", finished=True)
         self.feed(TurnFinished(turn_id, self.now, "tool_calls", True, 10, 5))
         self.now += after
         self.last_tick = self.now
@@ -1020,6 +1154,78 @@ class SchedulerMachine(RuleBasedStateMachine):
             event(f"cut-off session: hold {'over' if over else 'running'}, slot {'kept' if held else 'free'}")
             if over:
                 assert not held, f"{run_id} still keeps a slot {self.now - pause[0]:.1f} s into its pause"
+
+    @precondition(
+        lambda self: (
+            "dp" not in self.lost
+            and any(self.latest.get(p.run_id) == t for t, p in self.state.placed.items() if not p.single_pass)
+        )
+    )
+    @rule(
+        pick=st.integers(0, 1000),
+        taught=st.booleans(),
+        batch=st.booleans(),
+        then=st.sampled_from(["nothing", "tick before its end", "tick at its end", "its replica frees",
+                              "its replica unhealthy", "its replica drains", "its run ends"]),
+    )  # fmt: skip
+    def idle_run_comes_back_to_a_full_replica(self, pick: int, taught: bool, batch: bool, then: str) -> None:
+        """A run's latest turn finishes with no tool call (``taught``: its first token dated first),
+        new runs fill its replica, and its next turn arrives: placed there, or held for it; then
+        a tick short of or at the wait's end, a slot freeing there, or the replica failing, draining
+        or the run ending. Random arrivals alone seldom meet a full soft replica."""
+        latest = sorted(
+            t for t, p in self.state.placed.items() if not p.single_pass and self.latest.get(p.run_id) == t
+        )
+        turn_id = latest[pick % len(latest)]
+        run_id, model = self.turns[turn_id]
+        if taught and turn_id not in self.first_token:
+            self.now += 0.3
+            self.first_token[turn_id] = self.now
+            self.feed(FirstToken(turn_id, self.now))
+        self.now += 1.0
+        self.end_placed(turn_id, "idle", finished=True)
+        self.feed(TurnFinished(turn_id, self.now, "stop", False, 10, 5))
+        if run_id not in self.state.runs:
+            return  # its run had ended meanwhile
+        name = self.placed_on[turn_id]
+        for _ in range(4):
+            replica = self.state.replicas.get(name)
+            if replica is None or replica.inflight >= self.capacity(name):
+                break
+            self.now += 0.01
+            self.new_turn(f"fill{self.next_flood}", model, True, "fill", "dp")
+            self.next_flood += 1
+        self.now += 0.2
+        comes_back, _ = self.new_turn(run_id, model, batch, self.callers[turn_id], "dp")
+        wait = self.soft_wait.get(comes_back)
+        fate = "held for its replica" if wait else "placed" if comes_back in self.state.placed else "other"
+        event(f"idle run back: {fate}")
+        if wait is None or comes_back not in self.state.held:
+            return
+        since, until = wait
+        if then == "tick before its end" and until is not None and until - since > 0.1:
+            self.now = until - 0.05
+            self.last_tick = self.now
+            self.feed(Tick(self.now))
+            assert comes_back in self.state.placed or comes_back in self.state.held
+        elif then == "tick at its end" and until is not None:
+            self.now = max(self.now, until)
+            self.last_tick = self.now
+            self.feed(Tick(self.now))
+        elif then == "its replica frees":
+            mine = sorted(t for t, p in self.state.placed.items() if p.replica == name)
+            if mine:
+                self.now += 0.01
+                self.end_placed(mine[0], "idle", finished=True)
+                self.feed(TurnFinished(mine[0], self.now, "stop", False, 10, 5))
+        elif then == "its replica unhealthy" and name in self.state.replicas:
+            self.probe(name, False, None, None)
+        elif then == "its replica drains" and name in self.state.replicas and name not in self.draining:
+            self.now += 0.1
+            self.draining.add(name)
+            self.feed(ReplicaDrained(name, self.now))
+        elif then == "its run ends":
+            self.run_ends(run_id)
 
     @precondition(lambda self: len(self.lost) < len(DATAPLANES))
     @rule(pick=st.integers(0, 1))
@@ -1068,8 +1274,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def place_under_lease(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
         """The dataplane places a turn at once under a lease it holds, as the link does: a run
-        generating or paused on a replica serving the model only there, an idle or unknown run on
-        the replica with the most slots left; nothing if no lease allows it (it would ask)."""
+        generating or paused on a replica serving the model only there, an idle run with a last
+        replica there too (asking when it has no slot there), an unknown run on the replica with the
+        most slots left; nothing if no lease allows it (it would ask)."""
         if dataplane in self.lost:
             return
         held = self.dp_leases[dataplane]
@@ -1082,6 +1289,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 choice = last
             elif last not in held:
                 return
+        elif phase == "idle" and last and (last not in held or last in self.serving[model]):
+            # its last replica holds its prefix: its lease there, else it asks
+            if last not in held or held[last][0] <= 0:
+                return
+            choice = last
         else:
             best = [name for name in self.serving[model] if name in held and held[name][0] > 0]
             if best:
@@ -1340,6 +1552,27 @@ class SchedulerMachine(RuleBasedStateMachine):
             for name in self.usable(turn.turn_id):
                 batch = turn.turn_id in self.batch
                 assert not self.room(name, batch), f"{turn.turn_id} held while {name} has room"
+
+    @invariant()
+    def soft_waits_are_what_the_machine_expects(self) -> None:
+        """Every held turn's soft replica and wait as the machine reckons them; after a tick no
+        wait whose end it reached is still on."""
+        for turn in self.state.held:
+            if turn.single_pass:
+                continue
+            tag = self.soft.get(turn.turn_id)
+            assert turn.soft == tag, f"{turn.turn_id}: soft replica {turn.soft}, not {tag}"
+            if tag is None:
+                continue
+            waiting = self.soft_waiting(turn.turn_id)
+            assert turn.soft_over == (not waiting), f"{turn.turn_id}: wait over {turn.soft_over}"
+            since, until = self.soft_wait.get(turn.turn_id, (None, None))
+            assert turn.soft_since == since, f"{turn.turn_id}: wait since {turn.soft_since}, not {since}"
+            assert turn.soft_until == pytest.approx(until), f"{turn.turn_id}: wait until {turn.soft_until}"
+            if waiting and until is not None and self.last_tick is not None and since is not None:
+                assert not (since <= self.last_tick and self.last_tick >= until), (
+                    f"{turn.turn_id} waits past its end"
+                )
 
     @invariant()
     def headroom_matches_paused_interactive_runs_within_their_hold(self) -> None:

@@ -229,9 +229,20 @@ CASES = [
         {"r1": ("tool_paused", "a"), "r2": ("generating", "a")},
     ),
     Case(
-        "an idle run may move to a less loaded replica",
+        # its last replica holds its prefix: the soft replica of policies/idle_affinity.py
+        "an idle run whose last turn finished waits for its replica although another has room",
         TWO,
         [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3"), finish("t1"), arrive("t5", "r3")],
+        arrive("t4", "r1", at=2.0),
+        [],
+        {"t2": "b", "t3": "a", "t5": "a"},
+        ["t4"],
+        {"r1": ("idle", "a"), "r2": ("generating", "b"), "r3": ("generating", "a")},
+    ),
+    Case(
+        "an idle run whose last turn failed may move to a less loaded replica",
+        TWO,
+        [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3"), fail("t1"), arrive("t5", "r3")],
         arrive("t4", "r1", at=2.0),
         [Place("t4", "b")],
         {"t2": "b", "t3": "a", "t5": "a", "t4": "b"},

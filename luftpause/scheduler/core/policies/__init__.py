@@ -5,6 +5,8 @@
 * :mod:`.breaker` - a replica failing turns in a row leaves rotation until a healthy probe;
 * :mod:`.draining` - a draining replica takes only its pinned runs, a removing one nothing;
 * :mod:`.affinity` - whether a run is pinned to its last replica (run phase, last replica, health);
+* :mod:`.idle_affinity` - how long an idle run's next turn waits for its last replica (its prefix
+  there, a prefill miss's cost learned from its first turn, the time since its last turn);
 * :mod:`.engine_load` - a replica's effective capacity (engine running / waiting, ``max_inflight``);
 * :mod:`.headroom` - slots kept from batch turns for interactive runs paused on a tool there;
 * :mod:`.pause_hold` - how long a paused run keeps its slot (a TTL learned from its pauses);
