@@ -10,7 +10,7 @@ from luftpause.testkit.fake_engine import EngineSettings, RunningEngine, start_e
 from luftpause.testkit.stack import Stack
 
 # ``pytest --hypothesis-profile=thorough``: the scheduler's state machine over 2,000 random
-# sequences (tests/test_scheduler_statemachine.py) instead of its fast default of 400. Registered
+# sequences (tests/scheduler/core/test_decide_state_machine.py) instead of its fast default of 400. Registered
 # here because the plugin loads the profile before test modules are imported.
 settings.register_profile("thorough", max_examples=2000)
 

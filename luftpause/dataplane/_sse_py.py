@@ -33,8 +33,8 @@ dispatched, so whatever it carried -- the first token, a tool call, a finish rea
 error, ``[DONE]`` -- is simply not seen. What the dataplane sends is not affected: the scanner only
 observes the bytes the relay passes on unchanged.
 
-Both twins behave identically (``tests/test_sse.py`` runs every case on both and compares them on
-random streams); ``luftpause.dataplane.sse`` picks one at import time.
+Both twins behave identically (``tests/dataplane/test_sse_scanner.py`` runs every case on both
+and compares them on random streams); ``luftpause.dataplane.sse`` picks one at import time.
 """
 
 from __future__ import annotations

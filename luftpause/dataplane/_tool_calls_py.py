@@ -5,8 +5,8 @@ dataplane remembers every id an engine emitted in a response, with the run of th
 the ids a later request carries (docs/architecture.md "The proxy"; issue 4). Ids are the engine's own,
 byte-identical: nothing here rewrites them.
 
-Rules (both twins, ``tests/test_tool_calls.py`` checks them on each and compares them on random
-operation sequences):
+Rules (both twins, ``tests/dataplane/test_tool_call_run_table.py`` checks them on each and
+compares them on random operation sequences):
 
 * Time is an input. Every method takes ``now``, seconds on a monotonic clock (``loop.time()``); the
   table never reads a clock. A ``now`` earlier than the latest one passed so far, or NaN, counts as

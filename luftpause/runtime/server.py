@@ -164,7 +164,8 @@ def create_app(
 
 def mcp_sessions(server: MCPServer) -> int:
     """The MCP sessions the SDK's session manager holds open now (its ``_server_instances``: the
-    SDK names no public count; ``tests/test_runtime_metrics.py`` fails when that changes)."""
+    SDK names no public count; ``tests/stack/test_metrics_scraped_by_prometheus.py`` fails when
+    that changes)."""
     instances = getattr(server.session_manager, "_server_instances", None)
     return len(instances) if isinstance(instances, dict) else 0
 

@@ -2,7 +2,8 @@
 
 The host runs its real core on a clock the test moves; the status app is served on a free loopback
 port and scraped over HTTP, its text parsed by ``prometheus_client``'s parser. That a real
-scheduler process exposes the same under a real Prometheus is ``tests/test_metrics_stack.py``.
+scheduler process exposes the same under a real Prometheus is
+``tests/stack/test_metrics_scraped_by_prometheus.py``.
 """
 
 from __future__ import annotations

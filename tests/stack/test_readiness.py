@@ -6,7 +6,7 @@
 * the runtime, in-process: not ready until its journal is replayed and its runs resumed, nor once
   it is stopping.
 
-The scheduler's own readiness (its first probe round) is in ``tests/test_scheduler_metrics.py``.
+The scheduler's own readiness (its first probe round) is in ``tests/scheduler/test_scheduler_metrics.py``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from luftpause.testkit.stack import Stack
 from luftpause.v1 import scheduler_pb2 as pb
 
 README = ROOT / "README.md"
-MARKER = "<!-- route table: tests/test_route_table.py"
+MARKER = "<!-- route table: tests/stack/test_route_table.py"
 TOKEN = "route-table-token"
 FOREIGN = "evil.example"
 SAMPLES = {"{id}": "route-table-run", "{handle}": "run-0000000000000000", "{name}": "route-table-replica"}

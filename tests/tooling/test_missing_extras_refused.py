@@ -3,7 +3,7 @@
 Each command that needs a missing extra refuses with one line naming it, and exit 2. The missing
 module is simulated by ``sys.modules[name] = None`` (Python then raises ``ImportError`` on its
 import, as when it is not installed) in a child interpreter running the CLI; the real thing, a
-core install without either extra, is checked by tests/test_packaging.py.
+core install without either extra, is checked by tests/tooling/test_packaging.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 scrape configuration, and runs the rules' unit test (``deploy/prometheus/tests/alerts_test.yml``:
 an alert firing after its ``for``, a recording rule's value). Where promtool is absent those tests
 are skipped, saying why. That the rules and the dashboard's queries name only metrics the
-processes expose, and evaluate against a real stack, is ``tests/test_metrics_stack.py``.
+processes expose, and evaluate against a real stack, is ``tests/stack/test_metrics_scraped_by_prometheus.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A dry run prints the commands a release would run; the checks (version shape, cl
 matching ``pyproject.toml``, tag not yet taken here or on the remote) run as in a real release. A
 real release runs against the fake ``docker`` and ``tools/dist.sh``, which append each call to one
 file, so the order of git tag, package build and image pushes is observed. The real
-``tools/dist.sh`` (sdist, manylinux wheel, twine check) is run by tests/test_packaging.py.
+``tools/dist.sh`` (sdist, manylinux wheel, twine check) is run by tests/tooling/test_packaging.py.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ an event whose ``type`` (the payload's first key, as both APIs write it) is a pl
 is not parsed: it can say nothing more. Never raises on what the engine sends.
 
 :func:`message_facts` and :func:`response_facts` read the same from a whole (non-streamed) answer.
-The compiled twins behave identically; ``tests/test_api_native_facts.py`` runs every case on both
-and compares them on random streams.
+The compiled twins behave identically; ``tests/dataplane/front_doors/test_native_answer_facts.py``
+runs every case on both and compares them on random streams.
 """
 
 from __future__ import annotations

@@ -419,7 +419,7 @@ def test_no_http_client_timeout_cuts_a_turn_shorter_than_ten_minutes() -> None:
     # httpx's own default is 5 s for each part; none of them may be shorter than a turn.
     for part in (timeout.connect, timeout.read, timeout.write, timeout.pool):
         assert part is None or part >= TURN_TIMEOUT_SECONDS
-    # (No pool cap either: tests/test_runtime_shutdown.py holds 120 requests open at once.)
+    # (No pool cap either: tests/runtime/runs/test_shutdown_ends_runs.py holds 120 requests open at once.)
 
 
 # Tool-call sanity, through the real stdio server.

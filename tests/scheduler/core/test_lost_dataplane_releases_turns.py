@@ -1,6 +1,6 @@
 """Dataplanes lost for good: the turns placed for them are released after the grace (rule 9, 12).
 
-Table-driven like ``test_scheduler_core``: each case feeds ``before`` through ``decide``, then one
+Table-driven like ``test_decisions_per_event``: each case feeds ``before`` through ``decide``, then one
 ``event``, and compares the actions, placements, held turns, runs, the dataplanes still tracked as
 lost and the count of released turns exactly.
 """

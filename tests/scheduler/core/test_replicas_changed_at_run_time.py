@@ -1,5 +1,5 @@
 """Replicas changed at run time (rule 16 of ``decide``, ``policies/draining.py``): added, drained,
-put back and removed, table-driven like ``test_scheduler_core`` (issue 18)."""
+put back and removed, table-driven like ``test_decisions_per_event`` (issue 18)."""
 
 from __future__ import annotations
 

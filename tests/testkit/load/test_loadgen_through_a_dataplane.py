@@ -1,6 +1,6 @@
 """``luftpause loadgen --agents``: closed-loop own-loop agents through a real dataplane.
 
-The ``--spawn`` mode (over MCP) is tested with the runtime in tests/test_runtime.py.
+The ``--spawn`` mode (over MCP) is tested with the runtime in tests/runtime/test_runtime_end_to_end.py.
 """
 
 from __future__ import annotations

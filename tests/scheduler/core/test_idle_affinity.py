@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from decide_helpers import arrive, fail, feed, finish, held_turns, make_state, placements
 
 from luftpause.scheduler.core import (
     Event,
@@ -23,7 +24,6 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.core.policies import idle_affinity
 from luftpause.scheduler.core.policies.idle_affinity import IdleAffinity
 from luftpause.scheduler.core.state import Replica, Run
-from tests.test_scheduler_core import arrive, fail, feed, finish, held_turns, make_state, placements
 
 # -- the policy's functions ---------------------------------------------------------------------------
 
