@@ -14,7 +14,9 @@ its own. The same load is sent, one arrangement after another, with fresh engine
 * ``luftpause``: through the dataplane and scheduler;
 * ``luftpause-no-affinity``: the same with the scheduler's strict affinity off
   (``[scheduler] strict_affinity = false``), to show how much of the gain is keeping a run on the replica
-  that holds its prefix.
+  that holds its prefix;
+* ``luftpause-idle-off`` (only when asked for): the same with idle affinity off
+  (``[scheduler] idle_affinity = "off"``), to show what keeping an idle run on its last replica gains.
 
 Then a light-load control (4 interactive runs only: the engines never queue), where every
 arrangement should perform alike. Reported per arrangement: interactive runs/min, interactive run
@@ -75,6 +77,7 @@ from typing import Any
 
 from pools import (
     ARRANGEMENTS,
+    DEFAULT_ARRANGEMENTS,
     DIRECT,
     SMG_HEADERS,
     LlamaEngines,
@@ -338,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "--arrangements",
         default=None,
         help=f"comma-separated, of {', '.join((*ARRANGEMENTS, DIRECT))} "
-        f"(default: {', '.join(ARRANGEMENTS)}, and {DIRECT} on llama-server)",
+        f"(default: {', '.join(DEFAULT_ARRANGEMENTS)}, and {DIRECT} on llama-server)",
     )
     parser.add_argument(
         "--engine",
@@ -369,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     real = args.engine == "llama-server"
     if real and args.via == "mcp":
         parser.error("--via mcp runs on the simulator only (SmolLM2-135M on llama-server calls no tools)")
-    default = [*ARRANGEMENTS, DIRECT] if real else list(ARRANGEMENTS)
+    default = [*DEFAULT_ARRANGEMENTS, DIRECT] if real else list(DEFAULT_ARRANGEMENTS)
     wanted = [a for a in args.arrangements.split(",") if a] if args.arrangements else default
     if unknown := [a for a in wanted if a not in (*ARRANGEMENTS, DIRECT)]:
         parser.error(f"unknown arrangements {unknown}; choose from {(*ARRANGEMENTS, DIRECT)}")

@@ -9,8 +9,10 @@ Arrangements: ``router`` (SGLang's router, ``--policy cache_aware``, its Prometh
 free port rather than its fixed default :29000), ``smg`` (SGLang Model Gateway 1.13 at its best for
 a flood, see :data:`SMG_YAML`), ``luftpause`` (scheduler + dataplane) and
 ``luftpause-no-affinity`` (the same with ``[scheduler] strict_affinity = false``: runs may move
-between replicas); and, when asked for, ``direct`` (nothing in front: ``url`` is empty and
-``spread`` lists the engines, one agent to each in turn, as a client-side list of servers would).
+between replicas), ``luftpause-idle-off`` (the same with ``[scheduler] idle_affinity = "off"``:
+an idle run's next turn goes to the least loaded replica, as before idle affinity); and, when asked
+for, ``direct`` (nothing in front: ``url`` is empty and ``spread`` lists the engines, one agent to
+each in turn, as a client-side list of servers would).
 Every process is
 a :class:`luftpause.testkit.procs.ChildProcess` in its own session, stopped with its whole process
 group when the pool closes.
@@ -27,7 +29,9 @@ from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit import llama_server
 from luftpause.testkit.procs import ChildProcess, free_port
 
-ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity")
+ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity", "luftpause-idle-off")
+DEFAULT_ARRANGEMENTS = ARRANGEMENTS[:4]
+"""What flood.py and fanout.py measure unless told: ``luftpause-idle-off`` only when asked for."""
 DIRECT = "direct"
 """The engines with nothing in front; measured when asked for (flood.py's default for llama-server)."""
 
@@ -172,7 +176,10 @@ class Pool:
             self._start_smg(engines)
             return
         grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
-        affinity = "strict_affinity = false" if self.arrangement == "luftpause-no-affinity" else ""
+        affinity = {
+            "luftpause-no-affinity": "strict_affinity = false",
+            "luftpause-idle-off": 'idle_affinity = "off"',
+        }.get(self.arrangement, "")
         inflight = f"max_inflight = {self.max_inflight}\n" if self.max_inflight is not None else ""
         kind = "sim" if self.llama is None else "llama"
         replicas = "".join(
