@@ -106,7 +106,7 @@ class HeldTurn:
     soft_since: float | None = None
     """When it was held for its soft replica (its arrival); ``None``: it was not."""
     soft_until: float | None = None
-    """When that wait ends (``None``: it has no end, or none began)."""
+    """When that wait ends (``None``: none began)."""
     soft_over: bool = False
     """Its wait for the soft replica is over (its end passed, the replica stopped taking it, or its
     run's last replica changed): it may go to any replica from now on."""

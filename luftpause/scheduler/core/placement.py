@@ -36,7 +36,7 @@ from luftpause.scheduler.core.policies import (
     pause_hold,
     routing,
 )
-from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
+from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State, bound_callers
 
 
 def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
@@ -54,6 +54,7 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
             pause = event.at - run.paused_at
             pause_hold.remember(run.pauses, pause)
             pause_hold.remember(state.caller_pauses.setdefault(run.caller, []), pause)
+            bound_callers(state.caller_pauses, run.caller)
         run.service_class = event.service_class
         run.caller = event.caller
         _touch(state, run, event.at)
@@ -92,10 +93,8 @@ def _begin_soft_wait(state: State, run: Run, turn: HeldTurn, soft: Replica, at: 
     """``turn`` arrived at ``at`` and is held for its soft replica ``soft``: its wait begins."""
     turn.soft_since = at
     rate = state.caller_cold_rates.get(run.caller)
-    wait = idle_affinity.wait_s(state.idle_affinity, run, rate, soft.inflight)
-    if wait is not None:
-        turn.soft_until = at + wait
-        heapq.heappush(state.soft_ends, (turn.soft_until, turn.seq, turn.turn_id))
+    turn.soft_until = at + idle_affinity.wait_s(state.idle_affinity, run, rate, soft.inflight, at)
+    heapq.heappush(state.soft_ends, (turn.soft_until, turn.seq, turn.turn_id))
 
 
 def _target(

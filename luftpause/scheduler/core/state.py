@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
@@ -21,6 +21,8 @@ from luftpause.scheduler.core.policies.run_order import RunOrder
 
 if TYPE_CHECKING:
     from luftpause.config import Config
+
+_V = TypeVar("_V")
 
 
 class ReplicaSpec(Protocol):
@@ -278,19 +280,21 @@ class State:
     """Which of a caller's held turns of one class goes first (:mod:`.policies.run_order`)."""
     pause_hold: PauseHold = field(default_factory=PauseHold)
     """How long a tool-paused interactive run keeps its headroom slot (:mod:`.policies.pause_hold`)."""
-    caller_pauses: dict[str, list[float]] = field(default_factory=dict)
-    """Caller -> the last tool pauses its runs showed (seconds), the hold's fallback signal."""
+    caller_pauses: OrderedDict[str, list[float]] = field(default_factory=OrderedDict)
+    """Caller -> the last tool pauses its runs showed (seconds), the hold's fallback signal; the
+    :data:`MAX_REMEMBERED_CALLERS` callers that showed one most recently (:func:`caller_entry`)."""
     hold_ends: list[tuple[float, str, float]] = field(default_factory=list)
     """Heap of ``(hold end, run id, pause start)`` of every pause hold begun (stale entries are
     dropped when they come up on a tick)."""
     idle_affinity: IdleAffinity = field(default_factory=IdleAffinity)
     """Where an idle run's next turn goes (:mod:`.policies.idle_affinity`)."""
-    caller_cold_rates: dict[str, float] = field(default_factory=dict)
+    caller_cold_rates: OrderedDict[str, float] = field(default_factory=OrderedDict)
     """Caller -> the cold prefill rate its latest run showed (seconds per prompt token), the soft
-    wait's fallback before a run has shown its own."""
+    wait's fallback before a run has shown its own; the :data:`MAX_REMEMBERED_CALLERS` callers
+    that showed one most recently."""
     soft_ends: list[tuple[float, int, str]] = field(default_factory=list)
-    """Heap of ``(wait end, arrival number, turn id)`` of every turn held for its soft replica with
-    a bounded wait (stale entries are dropped when they come up on a tick)."""
+    """Heap of ``(wait end, arrival number, turn id)`` of every turn held for its soft replica
+    (stale entries are dropped when they come up on a tick)."""
     protection: Protection = field(default_factory=Protection)
     """Protection limits and the circuit breaker (rules 17, 18, :mod:`.policies.limits`); none by
     default."""
@@ -369,6 +373,20 @@ def state_from_replicas(
     )
     index_models(state)
     return state
+
+
+MAX_REMEMBERED_CALLERS = 4_096
+"""Callers whose tool pauses and cold prefill rates the scheduler remembers (the most recent). The
+caller is a header a client chooses (``x-luftpause-caller``), so a table keyed by it must not grow
+with every value a client sends; a forgotten caller's next run starts from the defaults."""
+
+
+def bound_callers(table: OrderedDict[str, _V], caller: str) -> None:
+    """``caller``'s entry in ``table`` was just written: make it the most recent, and drop the least
+    recent callers past :data:`MAX_REMEMBERED_CALLERS`."""
+    table.move_to_end(caller)
+    while len(table) > MAX_REMEMBERED_CALLERS:
+        table.popitem(last=False)
 
 
 def index_models(state: State) -> None:

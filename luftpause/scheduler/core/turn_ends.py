@@ -24,7 +24,7 @@ from luftpause.scheduler.core.policies import (
     pause_hold,
 )
 from luftpause.scheduler.core.resync import _release, _settle
-from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State
+from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State, bound_callers
 
 
 def _end_placed(
@@ -53,9 +53,10 @@ def _end_placed(
         run.attained_s += max(0.0, at - placed.placed_at)
         run.turns.discard(turn_id)
         _touch(state, run, at)
+        latest = run.latest_turn in (None, turn_id)
         if finished is not None:
-            _learn_prefill(state, run, placed, finished)
-        if run.latest_turn in (None, turn_id):
+            _learn_prefill(state, run, placed, finished, latest)
+        if latest:
             run.latest_turn = None
             run.phase = phase
             run.last_replica = placed.replica
@@ -68,16 +69,19 @@ def _end_placed(
     return True
 
 
-def _learn_prefill(state: State, run: Run, placed: PlacedTurn, tokens: tuple[int, int]) -> None:
-    """A turn of ``run`` finished with ``tokens`` (prompt, completion): what its replica holds for
-    it, and, for its first, what a prefill with nothing cached costs it (:mod:`.policies.idle_affinity`)."""
+def _learn_prefill(state: State, run: Run, placed: PlacedTurn, tokens: tuple[int, int], latest: bool) -> None:
+    """A turn of ``run`` finished with ``tokens`` (prompt, completion): when it is the run's
+    ``latest`` turn (whose replica becomes the run's last replica), what that replica holds for it;
+    for its first, what a prefill with nothing cached costs it (:mod:`.policies.idle_affinity`)."""
     prompt, completion = tokens
-    run.prefix_tokens = max(0, prompt) + max(0, completion)
+    if latest:
+        run.prefix_tokens = max(0, prompt) + max(0, completion)
     if run.finished_turns == 0:
         rate = idle_affinity.cold_rate(placed.placed_at, placed.first_token_at, prompt)
         if rate is not None:
             run.cold_s_per_token = rate
             state.caller_cold_rates[run.caller] = rate
+            bound_callers(state.caller_cold_rates, run.caller)
     run.finished_turns += 1
 
 
@@ -225,7 +229,7 @@ def _end_soft_waits(state: State, now: float, out: list[Action]) -> None:
     """End the waits for soft replicas due by ``now`` (:mod:`.policies.idle_affinity`): those turns
     may go to any replica from now on, and are re-filed (and placed where there is room).
 
-    ``soft_ends`` is a heap of every bounded wait begun, by its end; an entry of a turn no longer
+    ``soft_ends`` is a heap of every wait begun, by its end; an entry of a turn no longer
     held (placed, abandoned) or whose wait was over already is dropped when it comes up.
     """
     heap = state.soft_ends

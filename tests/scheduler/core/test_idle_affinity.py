@@ -87,10 +87,18 @@ def test_the_soft_replica(
     [
         ("nothing shown yet: the default", IdleAffinity(), _run(), None, 3, 2.0),
         ("no tokens held", IdleAffinity(), _run(cold_s_per_token=0.01), None, 3, 2.0),
-        # 0.01 s a token x 300 tokens = 3 s of prefill, lengthening the steps of 1 + 1 turns
+        # 0.01 s a token x 300 tokens = 3 s of prefill; the soft replica's turns do not count
         (
-            "its own rate, one turn sharing",
+            "its own rate: the miss",
             IdleAffinity(),
+            _run(cold_s_per_token=0.01, prefix_tokens=300),
+            None,
+            8,
+            3.0,
+        ),
+        (
+            "shared (for measuring): the miss once per turn sharing the steps, 1 + 1 here",
+            IdleAffinity(shared=True),
             _run(cold_s_per_token=0.01, prefix_tokens=300),
             None,
             1,
@@ -98,31 +106,15 @@ def test_the_soft_replica(
         ),
         ("its caller's rate before its own", IdleAffinity(), _run(prefix_tokens=300), 0.005, 0, 1.5),
         ("its own wins", IdleAffinity(), _run(cold_s_per_token=0.002, prefix_tokens=300), 0.05, 0, 0.6),
-        ("at most max_s", IdleAffinity(), _run(cold_s_per_token=0.01, prefix_tokens=300), None, 8, 10.0),
+        ("at most max_s", IdleAffinity(), _run(cold_s_per_token=0.1, prefix_tokens=300), None, 0, 10.0),
         ("at least min_s", IdleAffinity(), _run(cold_s_per_token=1e-5, prefix_tokens=300), None, 8, 0.5),
         (
-            "not shared: the miss alone",
-            IdleAffinity(shared=False),
-            _run(cold_s_per_token=0.01, prefix_tokens=300),
-            None,
-            8,
-            3.0,
-        ),
-        (
-            "a factor",
+            "a factor: 2 x a miss of 1 s",
             IdleAffinity(factor=2.0),
             _run(cold_s_per_token=0.001, prefix_tokens=1000),
             None,
             1,
-            4.0,
-        ),
-        (
-            "pin: no bound",
-            IdleAffinity(mode="pin"),
-            _run(cold_s_per_token=0.01, prefix_tokens=300),
-            None,
-            1,
-            None,
+            2.0,
         ),
     ],
 )
@@ -132,9 +124,18 @@ def test_the_wait(
     run: Run,
     caller_rate: float | None,
     sharing: int,
-    expected: float | None,
+    expected: float,
 ) -> None:
-    assert idle_affinity.wait_s(settings, run, caller_rate, sharing) == pytest.approx(expected), why
+    assert idle_affinity.wait_s(settings, run, caller_rate, sharing, now=12.0) == pytest.approx(expected), why
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [(12.0, 298.0), (310.0, 0.0), (400.0, 0.0)],  # the run went idle at 10.0; a window of 300 s
+)
+def test_pin_holds_until_the_window_ends(now: float, expected: float) -> None:
+    run = _run(cold_s_per_token=0.01, prefix_tokens=300)
+    assert idle_affinity.wait_s(IdleAffinity(mode="pin"), run, None, 8, now=now) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -166,10 +167,13 @@ def test_a_wait_is_over(until: float | None, now: float, over: bool) -> None:
         {"min_s": 0.0},
         {"min_s": 5.0, "max_s": 1.0},
         {"default_s": 0.0},
+        {"default_s": 20.0},  # past max_s: a wait the bounds do not allow
+        {"max_s": float("nan")},
     ],
 )
 def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+    field = next(iter(bad))
+    with pytest.raises(ValueError, match=f"idle affinity {field}: expected"):
         IdleAffinity(**bad)  # type: ignore[arg-type]
 
 
@@ -312,13 +316,22 @@ CASES = [
         [],
     ),
     Case(
-        "pin: no tick ends the wait",
-        IdleAffinity(mode="pin"),
+        "pin: held while the window lasts",
+        IdleAffinity(mode="pin", window_s=60.0),
         [*R1_IDLE_ON_A_FULL, arrive("t3", "r1", at=2.0)],
-        Tick(500.0),
+        Tick(50.0),
         [],
         {"t2": "a"},
         ["t3"],
+    ),
+    Case(
+        "pin: the window's end ends the wait",
+        IdleAffinity(mode="pin", window_s=60.0),
+        [*R1_IDLE_ON_A_FULL, arrive("t3", "r1", at=2.0)],
+        Tick(61.0),
+        [Place("t3", "b")],
+        {"t2": "a", "t3": "b"},
+        [],
     ),
 ]
 
@@ -337,7 +350,7 @@ def test_decide(case: Case) -> None:
 def test_the_wait_is_learned_from_the_runs_first_prefill() -> None:
     """r1's first turn: placed at 0, first token at 3 s for 300 prompt tokens (0.01 s a token, a
     prefill with nothing cached), 20 tokens of reply; its next turn, held for a full ``a`` where
-    one turn runs, waits 0.01 x 320 x (1 + 1) = 6.4 s, and its caller's next run starts from that."""
+    one turn runs, waits 0.01 x 320 = 3.2 s, and its caller's next run starts from that."""
     state = make_state(TWO)
     feed(
         state,
@@ -354,9 +367,9 @@ def test_the_wait_is_learned_from_the_runs_first_prefill() -> None:
     assert state.caller_cold_rates["ide"] == pytest.approx(0.01)
     held = state.held.get("t3")
     assert held is not None and held.soft == "a"
-    assert held.soft_since == 5.0 and held.soft_until == pytest.approx(11.4)
-    assert feed(state, [Tick(11.0)]) == [] and held_turns(state) == ["t3"]
-    assert feed(state, [Tick(12.0)]) == [Place("t3", "b")]
+    assert held.soft_since == 5.0 and held.soft_until == pytest.approx(8.2)
+    assert feed(state, [Tick(8.0)]) == [] and held_turns(state) == ["t3"]
+    assert feed(state, [Tick(9.0)]) == [Place("t3", "b")]
 
 
 def test_a_later_turn_teaches_no_cold_rate() -> None:
@@ -396,3 +409,27 @@ def test_once_its_wait_is_over_it_takes_the_first_slot_that_frees_anywhere() -> 
     feed(state, [Tick(4.0)])  # its wait is over: it may go anywhere, both are full
     assert held_turns(state) == ["t5"]
     assert feed(state, [finish("t3", at=5.0)]) == [Place("t5", "b")]
+
+
+def test_what_is_learned_per_caller_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller is a header the client chooses: a client that sends a new one on every run must
+    not grow the scheduler. The tables keep the most recent callers (here 8 of 20)."""
+    monkeypatch.setattr("luftpause.scheduler.core.state.MAX_REMEMBERED_CALLERS", 8)
+    state = make_state(TWO)
+    for i in range(20):
+        t = 10.0 * i
+        caller = f"caller-{i}"
+        feed(
+            state,
+            [
+                arrive(f"a{i}", f"r{i}", at=t, caller=caller),
+                FirstToken(f"a{i}", t + 1.0),
+                finish(f"a{i}", at=t + 2.0, tools=True),  # paused on a tool
+                arrive(f"b{i}", f"r{i}", at=t + 3.0, caller=caller),  # back from it
+                finish(f"b{i}", at=t + 4.0),
+                RunEnded(f"r{i}", t + 5.0),
+            ],
+        )
+    expected = [f"caller-{i}" for i in range(12, 20)]
+    assert list(state.caller_cold_rates) == expected
+    assert list(state.caller_pauses) == expected

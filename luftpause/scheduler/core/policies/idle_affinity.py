@@ -25,7 +25,11 @@ either. Waiting longer than the miss would cost loses more than moving does.
 
 Other modes, for measuring what the rule gains (bench/README.md): ``"off"`` (no soft affinity: the
 rule before this policy), ``"prefer"`` (the soft replica when it has room, else any: never held
-for it), ``"pin"`` (held for the soft replica with no bound, while the window lasts).
+for it), ``"pin"`` (held for the soft replica until the window ends: hard affinity for that long,
+where ``"wait"`` is soft, preferred, affinity).
+
+A wait ends on the first clock tick at or after its end (the scheduler ticks every second), so a
+wait of ``min_s`` lasts ``min_s`` to ``min_s`` + 1 s.
 
 Reads: the run's phase, last replica, when its last turn finished (``Run.idle_at``), the tokens it
 holds there (``Run.prefix_tokens``) and its cold prefill rate (``Run.cold_s_per_token``); the
@@ -59,15 +63,32 @@ class IdleAffinity:
     max_s: float = 10.0
     default_s: float = 2.0
     """The wait before the run or its caller has shown a cold prefill."""
-    shared: bool = True
-    """The miss is counted once per turn sharing the engine's steps (the soft replica's in-flight
-    turns, plus the turn itself): a prefill lengthens every step of the batch it joins."""
+    shared: bool = False
+    """``True``: the miss is counted once per turn sharing the soft replica's steps (its in-flight
+    turns, plus the turn itself), for measuring. Off by default: the run's cold rate was measured
+    under the load of its own first turn, so it already holds what sharing the steps cost then, and
+    the soft replica is full whenever a wait begins, so the factor was always its largest
+    (bench/README.md, "Idle affinity")."""
 
     def __post_init__(self) -> None:
         if self.mode not in IDLE_MODES:
-            raise ValueError(f"mode must be one of {', '.join(IDLE_MODES)}, got {self.mode!r}")
-        if self.window_s < 0 or self.factor <= 0 or not (0 < self.min_s <= self.max_s) or self.default_s <= 0:
-            raise ValueError("the window must be >= 0, the factor and times positive, min_s <= max_s")
+            raise ValueError(
+                f"idle affinity mode: expected one of {', '.join(IDLE_MODES)}, got {self.mode!r}"
+            )
+        for name in ("factor", "min_s", "max_s", "default_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"idle affinity {name}: expected a number > 0, got {getattr(self, name)!r}")
+        if not self.window_s >= 0:
+            raise ValueError(f"idle affinity window_s: expected a number >= 0, got {self.window_s!r}")
+        if self.min_s > self.max_s:
+            raise ValueError(
+                f"idle affinity min_s: expected at most max_s ({self.max_s!r}), got {self.min_s!r}"
+            )
+        if not self.min_s <= self.default_s <= self.max_s:
+            raise ValueError(
+                f"idle affinity default_s: expected a number from min_s ({self.min_s!r}) to max_s "
+                f"({self.max_s!r}), got {self.default_s!r}"
+            )
 
 
 def soft_replica(
@@ -102,11 +123,14 @@ def holds(settings: IdleAffinity) -> bool:
     return settings.mode in ("wait", "pin")
 
 
-def wait_s(settings: IdleAffinity, run: Run, caller_rate: float | None, sharing: int = 0) -> float | None:
-    """Seconds a turn of ``run`` is held for its soft replica, whose steps ``sharing`` turns share
-    now; ``None``: with no bound (``pin``)."""
+def wait_s(
+    settings: IdleAffinity, run: Run, caller_rate: float | None, sharing: int = 0, now: float = 0.0
+) -> float:
+    """Seconds a turn of ``run`` arriving at ``now`` is held for its soft replica, whose steps
+    ``sharing`` turns share now; under ``pin``, until the window since the run's last turn ends."""
     if settings.mode == "pin":
-        return None
+        idle_at = now if run.idle_at is None else run.idle_at
+        return max(0.0, idle_at + settings.window_s - now)
     rate = run.cold_s_per_token if run.cold_s_per_token is not None else caller_rate
     if rate is None or run.prefix_tokens <= 0:
         return settings.default_s
