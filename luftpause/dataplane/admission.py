@@ -42,7 +42,8 @@ model and the run's affinity lets it go there, read from the run table: a run ge
 tool-paused on a replica (that serves the model) may use only that replica's lease; an idle run
 with a last replica uses that replica's lease, which holds its prefix, and asks when that has no
 slot left or is not leased here (the scheduler then says whether it waits for it:
-``policies/idle_affinity.py``); a run with no last replica (or one that does not serve the model)
+``policies/idle_affinity.py``; with ``[scheduler] idle_affinity = "off"`` it takes any lease, as
+below); a run with no last replica (or one that does not serve the model)
 any, the one with the most slots left; a run the table does not know (named by a header, maybe
 known to the scheduler through another dataplane), or with an earlier turn's admit still out, asks.
 Single-pass turns always ask. Every lease is dropped when its stream ends.
@@ -200,8 +201,13 @@ class SchedulerLink:
         dataplane_id: str | None = None,
         takes_leases: bool = True,
         credentials: LinkCredentials | None = None,
+        idle_affinity: bool = True,
     ) -> None:
         self.target = target
+        self.idle_affinity = idle_affinity
+        """An idle run with a last replica uses only that replica's lease (else asks): false when the
+        scheduler's ``idle_affinity`` is ``"off"``, and such a run takes any lease, as the scheduler
+        would place it."""
         self.credentials = credentials or LinkCredentials()
         """The token and TLS of the link (:mod:`luftpause.auth.grpc_link`)."""
         self.takes_leases = takes_leases
@@ -334,7 +340,12 @@ class SchedulerLink:
                 replica, lease = run.last_replica, last
         elif run.phase in _PINNING and run.last_replica and last is None:
             return None  # its replica is not leased to us: whether it may move is the scheduler's call
-        elif run.phase == pb.IDLE and run.last_replica and (last is None or model in last.models):
+        elif (
+            self.idle_affinity
+            and run.phase == pb.IDLE
+            and run.last_replica
+            and (last is None or model in last.models)
+        ):
             # its last replica holds its prefix (the scheduler's idle affinity): there, or ask
             if last is None or last.count <= 0:
                 return None

@@ -153,6 +153,7 @@ class Dataplane:
             self.runs,
             dataplane_id,
             credentials=LinkCredentials.from_config(config),
+            idle_affinity=config.scheduler.idle_affinity != "off",
         )
         self.access = Access.from_config(config)
         """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""

@@ -16,8 +16,8 @@ import grpc.aio
 import pytest
 
 from luftpause.dataplane import admission
-from luftpause.dataplane.admission import SchedulerLink
-from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.admission import SchedulerLink, _Outbox
+from luftpause.dataplane.runs import RunRecord, RunTable
 from luftpause.testkit.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
@@ -359,3 +359,23 @@ def test_a_scheduler_fault_other_than_unavailability_is_raised_not_retried() -> 
         assert link._admits == {}
 
     run(scenario)
+
+
+@pytest.mark.parametrize(("idle_affinity", "expected"), [(True, "a"), (False, "b")])
+def test_an_idle_runs_leased_turn_follows_the_idle_affinity_setting(
+    idle_affinity: bool, expected: str
+) -> None:
+    """An idle run last on ``a``: with idle affinity (the default) its turn takes ``a``'s lease, which
+    holds its prefix; with ``[scheduler] idle_affinity = "off"`` it takes the lease with the most slots
+    left, as the scheduler would place it (leases are the default, so "off" must hold on them too)."""
+
+    async def main() -> None:
+        table = RunTable()
+        table.runs["r"] = RunRecord("r", pb.INTERACTIVE, "ide", last_replica="a", phase=pb.IDLE)
+        link = SchedulerLink("127.0.0.1:1", table, "dp-test", idle_affinity=idle_affinity)
+        link._outbox = _Outbox()
+        link._on_lease(pb.CapacityLease(replica="a", grant=1, epoch=1, models=["m"]))
+        link._on_lease(pb.CapacityLease(replica="b", grant=3, epoch=1, models=["m"]))
+        assert link.place_leased("t", "r", "m", pb.INTERACTIVE, "ide", None) == expected
+
+    asyncio.run(main())
