@@ -1,5 +1,6 @@
 # Two commands on a fresh machine with Python 3.11+:
-#   make up     create .venv if absent, install luftpause, run the stack on its embedded default
+#   make up     create .venv if absent, install luftpause with its dev tools (.[dev]), run the stack
+#               on its embedded default
 #   make test   the same install, then the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +11,9 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	@# setuptools warns on every editable install ("Editable installation ... folders with the same
+	@# name as your package"): harmless here (the package is the folder), silenced by its message.
+	PYTHONWARNINGS='ignore:Editable installation' $(VENV)/bin/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)

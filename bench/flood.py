@@ -50,7 +50,9 @@ agents of the same shape under the same caller names, their tool taking what ``l
 average (:data:`MCP_TOOL_SECONDS`), as ``fanout.py`` compares them.
 
 Each pass also reads the engines' counters at its end (``sglang:cached_tokens`` over
-``sglang:prompt_tokens``, ``sglang:num_retracted_requests``: the step model of ``--profile``), the
+``sglang:prompt_tokens``, ``sglang:num_retracted_requests``, or vLLM's ``vllm:prefix_cache_hits``
+over ``vllm:prefix_cache_queries`` and ``vllm:num_preemptions``: the step model of ``--profile``;
+a figure no engine showed is ``null``), the
 only cache hit rate there is for sub-agents (their runtime keeps no cached-token counts), and the
 1-minute load average before and after it.
 
@@ -132,23 +134,34 @@ class Load:
         return self.via == "mcp" and arrangement.startswith("luftpause")
 
 
-def engine_counters(engines: list[str]) -> dict[str, float]:
+ENGINE_COUNTERS = {
+    "promptTokens": ("sglang:prompt_tokens_total", "vllm:prefix_cache_queries_total"),
+    "cachedTokens": ("sglang:cached_tokens_total", "vllm:prefix_cache_hits_total"),
+    "retractions": ("sglang:num_retracted_requests_total", "vllm:num_preemptions_total"),
+}
+"""Each figure of :func:`engine_counters` and its sample names on ``/metrics``, SGLang's then vLLM's
+(vLLM's prefix cache counts the prompt tokens it looked up and those it found, in tokens)."""
+
+
+def engine_counters(engines: list[str]) -> dict[str, float | None]:
     """The engines' prefix-cache and retraction counters, summed over ``engines`` (base URLs):
-    ``{"promptTokens", "cachedTokens", "retractions"}`` from SGLang's names on ``/metrics``
-    (the simulator's step model exposes them; absent names count 0)."""
-    names = {
-        "sglang:prompt_tokens_total": "promptTokens",
-        "sglang:cached_tokens_total": "cachedTokens",
-        "sglang:num_retracted_requests_total": "retractions",
-    }
-    totals = dict.fromkeys(names.values(), 0.0)
+    ``{"promptTokens", "cachedTokens", "retractions"}`` from SGLang's or vLLM's names on
+    ``/metrics`` (:data:`ENGINE_COUNTERS`; the simulator's step model exposes either). An engine
+    showing both namings counts once, by SGLang's; a figure none of whose names appeared on any
+    engine is ``None`` (unknown), not 0. Raises ``urllib.error.URLError`` if an engine is
+    unreachable."""
+    totals: dict[str, float | None] = dict.fromkeys(ENGINE_COUNTERS)
     for url in engines:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
             text = response.read().decode()
+        seen: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name in names:
-                    totals[names[sample.name]] += sample.value
+                seen[sample.name] = seen.get(sample.name, 0.0) + sample.value
+        for figure, names in ENGINE_COUNTERS.items():
+            value = next((seen[name] for name in names if name in seen), None)
+            if value is not None:
+                totals[figure] = (totals[figure] or 0.0) + value
     return totals
 
 
@@ -208,6 +221,7 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
     prompt = sum(g["promptTokens"] for g in summary["groups"])
     cached = sum((g["cacheHitRate"] or 0.0) * g["promptTokens"] for g in summary["groups"])
     engines = summary.get("engines")
+    retractions = engines["retractions"] if engines else None
     return {
         "interactiveRunsPerMinute": interactive["runsPerMinute"],
         "interactiveRunTimeP50": interactive["runTimeP50"],
@@ -216,10 +230,11 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
         "cacheHitRate": round(cached / prompt, 4) if prompt and not summary.get("spawned") else None,
         "engineCacheHitRate": (
             round(engines["cachedTokens"] / engines["promptTokens"], 4)
-            if engines and engines["promptTokens"]
+            if engines and engines["promptTokens"] and engines["cachedTokens"] is not None
             else None
         ),
-        "retractions": int(engines["retractions"]) if engines else None,
+        # None: no engine showed a retraction or preemption counter (unknown, not none happened)
+        "retractions": None if retractions is None else int(retractions),
         "failed": sum(g["failed"] for g in summary["groups"]),
         "loadAverage": summary.get("loadAverage"),
     }

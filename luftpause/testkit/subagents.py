@@ -26,7 +26,8 @@ prefix cache is read from the engines instead; no time to first token is seen. S
 
 Errors: a transport failure of a group's MCP connection propagates (the pass is not valid); a
 refused ``spawn`` is a failed run and its agent waits as an own-loop agent does after one (1 s,
-doubling to 10 s), so a refusing runtime is not hammered.
+doubling to 10 s), so a refusing runtime is not hammered. Each spawn (and its waits) runs as a task
+of its own, gathered at the deadline, so an agent waiting holds up none of its group's others.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from luftpause.testkit.loadgen import AWAIT_SLICE_SECONDS, describe_error, runti
 
 FINISHED = frozenset({"completed", "failed", "cancelled"})
 """Run states after which a run takes no more turns (``await``'s ``state``)."""
+SPAWNING_SLICE_S = 1.0
+"""Longest ``await`` call while a spawn is on its way (seconds): its run is awaited from the next."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +101,12 @@ async def _group(
     """One group's client: ``spec.agents`` sub-agents kept running until ``deadline``."""
     info = Implementation(name=f"luftpause-loadgen-{spec.caller or 'anonymous'}", version=__version__)
     running: dict[str, RunOutcome] = {}
+    spawning: set[asyncio.Task[None]] = set()
     async with runtime_client(settings.runtime_url, settings.token, info, spec.caller or None) as client:
 
-        async def spawn_one(backoff: float = 0.0) -> None:
+        async def spawn_one() -> None:
             """Spawn one run, after a refused one waiting as an own-loop agent waits."""
+            backoff = 0.0
             while time.monotonic() < deadline:
                 outcome = RunOutcome(group=index, service_class=spec.service_class, caller=spec.caller)
                 outcomes.append(outcome)
@@ -116,25 +121,48 @@ async def _group(
                 backoff = min(MAX_BACKOFF_S, backoff * 2) if backoff else FIRST_BACKOFF_S
                 await asyncio.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
 
-        await asyncio.gather(*(spawn_one() for _ in range(spec.agents)))
-        while running and (remaining := deadline - time.monotonic()) > 0:
-            wait = min(remaining, AWAIT_SLICE_SECONDS)
-            result = await client.call_tool(
-                "await",
-                {"handles": list(running), "mode": "any", "timeout": wait},
-                read_timeout_seconds=wait + 30,
-            )
-            ended = []
-            for run in tool_payload(result)["runs"]:
-                outcome = running.get(str(run.get("handle")))
-                if outcome is not None and run.get("state") in FINISHED:
-                    _record(outcome, run)
-                    ended.append(outcome)
-                    del running[outcome.run_id]
-            if time.monotonic() < deadline:
-                await asyncio.gather(*(spawn_one() for _ in ended))
-        # The deadline: what still runs is unfinished, and cancelled as an own-loop agent ends its run.
+        def start_spawn() -> None:
+            # In the background: an agent backing off after a refused spawn holds up no other.
+            spawning.add(asyncio.create_task(spawn_one()))
+
+        for _ in range(spec.agents):
+            start_spawn()
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                _reap(spawning)
+                if not running:
+                    if not spawning:
+                        break
+                    await asyncio.wait(spawning, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                # While spawns are on their way, ask again soon, so their runs join the awaited ones.
+                wait = min(remaining, SPAWNING_SLICE_S if spawning else AWAIT_SLICE_SECONDS)
+                result = await client.call_tool(
+                    "await",
+                    {"handles": list(running), "mode": "any", "timeout": wait},
+                    read_timeout_seconds=wait + 30,
+                )
+                for run in tool_payload(result)["runs"]:
+                    outcome = running.get(str(run.get("handle")))
+                    if outcome is not None and run.get("state") in FINISHED:
+                        _record(outcome, run)
+                        del running[outcome.run_id]
+                        if time.monotonic() < deadline:
+                            start_spawn()
+            # The deadline: spawns still on their way end (a back-off stops at it) ...
+            await asyncio.gather(*spawning)
+        finally:
+            for task in spawning:
+                task.cancel()
+        # ... and what still runs is unfinished, cancelled as an own-loop agent ends its run.
         await asyncio.gather(*(_cancel(client, handle) for handle in list(running)))
+
+
+def _reap(spawning: set[asyncio.Task[None]]) -> None:
+    """Drop the spawns that are done; a transport failure in one propagates (module docstring)."""
+    for task in [t for t in spawning if t.done()]:
+        spawning.discard(task)
+        task.result()
 
 
 async def _cancel(client: Client, handle: str) -> None:

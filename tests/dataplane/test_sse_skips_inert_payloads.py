@@ -5,7 +5,8 @@ algorithm only it had (``_is_inert``: a content delta after the first token is n
 orjson). The pure twin has it too now, so the benchmark compares compilation alone. Here the pure
 twin's ``orjson`` is swapped for a counting one: after the first token, content deltas are not
 parsed, while finish reason, usage, tool calls, errors and anything with a ``\\u`` escape are.
-(``tests/test_sse.py`` holds both twins to identical results on every case and on random streams.)
+(``tests/dataplane/test_sse_scanner.py`` holds both twins to identical results on every case and on
+random streams.)
 """
 
 from __future__ import annotations

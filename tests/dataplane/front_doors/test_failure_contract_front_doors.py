@@ -1,7 +1,7 @@
 """The failure contract (docs/architecture.md, "Failure contract") on ``POST /v1/messages`` and
-``POST /v1/responses``, as ``tests/test_failure_contract.py`` checks it on the chat route: each case
-on each route, each answer in its API's own shape, with real processes (``front_door_helpers``) and
-the official clients where what they do with the answer is the point.
+``POST /v1/responses``, as ``tests/dataplane/test_failure_contract.py`` checks it on the chat route:
+each case on each route, each answer in its API's own shape, with real processes
+(``front_door_helpers``) and the official clients where what they do with the answer is the point.
 
 The engine's faults: on the chat-only replica (a translated turn) a model with a fault of its own
 (``FAULTS``), since a translated body cannot carry ``luftpause_fault``; on the native replica the

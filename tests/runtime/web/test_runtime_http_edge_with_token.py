@@ -254,9 +254,9 @@ def test_the_readme_s_mcp_client_snippet_spawns_and_awaits_a_run_with_the_token(
     guarded: Stack, tmp_path: Path
 ) -> None:
     snippet = _readme_python_block("from mcp import Client")
-    assert 'URL = "http://localhost:7000/mcp"' in snippet
+    assert 'URL = "http://127.0.0.1:7000/mcp"' in snippet
     script = tmp_path / "mcp_snippet.py"
-    script.write_text(snippet.replace("http://localhost:7000/mcp", guarded.runtime_url))
+    script.write_text(snippet.replace("http://127.0.0.1:7000/mcp", guarded.runtime_url))
     done = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,

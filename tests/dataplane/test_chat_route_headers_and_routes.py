@@ -1,4 +1,5 @@
-"""The dataplane's front door with real processes: /metrics, /v1/decide, /v1/models, headers.
+"""The dataplane's chat route and its neighbours with real processes: /metrics, /v1/decide, /v1/models,
+headers. (The Messages and Responses routes, the other two front doors, are in ``front_doors/``.)
 
 Besides the stack's two simulated engines, the module starts a simulated single-pass replica
 (``fake-engine`` serving a classifier model) and an ad-hoc HTTP/1.1 engine written on raw sockets,
