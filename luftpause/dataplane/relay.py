@@ -31,7 +31,7 @@ from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.sse import SSEScanner
 from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_ids
-from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id, with_priority
+from luftpause.dataplane.turn import RUN_ID_HEADER, StreamTranslation, Turn, new_id, with_priority
 from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -213,7 +213,10 @@ class Relay:
         self.metrics.turn_ended("finished", turn.service_class, turn.replica)
 
     def _pool(self, replica: ReplicaConfig) -> EnginePool:
-        return self.upstream.pool(replica.name, replica.url, lambda: _fixed_headers(replica))
+        # As many idle connections as turns the replica runs at once: more are never busy at once.
+        return self.upstream.pool(
+            replica.name, replica.url, lambda: _fixed_headers(replica), replica.max_inflight
+        )
 
     async def forward(self, turn: Turn, replica: ReplicaConfig, exchange: Exchange) -> None:
         """Send ``turn`` to ``replica`` and relay the answer to the client of ``exchange``.
@@ -290,8 +293,8 @@ class Relay:
             raise
         finally:
             if upstream is not None:
-                if upstream.complete:
-                    upstream.release()
+                if upstream.complete or upstream.answered:
+                    upstream.release()  # back to the pool once its body has ended (a short grace)
                 else:
                     upstream.abort()  # given up mid-answer: the engine sees its request closed
             self.failed(turn, "the relay ended without an outcome")  # a no-op once the turn ended
@@ -368,6 +371,8 @@ class Relay:
                         if upstream.error is None and (more := upstream.take()):
                             out += take_in(more)
                         ended = upstream.complete
+                    if readable and (scanner.done or scanner.finish_reason):
+                        upstream.answered = True  # the generation is over: the connection may be kept
                     if ended and readable and not (scanner.done or scanner.finish_reason or scanner.error):
                         # The engine ended its body before the answer was complete: to the client
                         # that is a broken stream too, so its connection is aborted, not ended.
@@ -375,7 +380,11 @@ class Relay:
                             await send({"type": "http.response.body", "body": out, "more_body": True})
                             relayed += len(out)
                         raise StreamBroken("engine closed the stream before it finished")
-                    if ended and translation is not None:
+                    # The answer's last event came ([DONE], or the native API's own last event): the
+                    # client's response ends with it, whether the engine's body has ended yet or not
+                    # (its end may come later; the client, done at that event, may already be gone).
+                    over = ended or (readable and scanner.done)
+                    if over and translation is not None:
                         out += translation.finish()
                 except (EngineError, zlib.error) as exc:
                     # The client has had 200 and the chunks so far; its connection is aborted (no
@@ -394,17 +403,26 @@ class Relay:
                     message = f"the answer could not be translated: {type(exc).__name__}: {exc}"
                     self.failed(turn, message)
                     raise StreamBroken(message) from None
-                if not ended:
+                if not over:
                     if out:
                         # Waits while the client is not reading (granian's send is bounded), and the
                         # engine connection stops reading meanwhile: memory stays bounded.
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         relayed += len(out)
                     continue
+                # Reported before the last send: the answer is whole, so the client leaving now (it
+                # may close once it has read the last event) changes nothing.
+                self._stream_ended(turn, scanner, translation, readable)
                 # The last of the answer and its end in one send.
                 await send({"type": "http.response.body", "body": out, "more_body": False})
                 relayed += len(out)
                 break
+        except asyncio.CancelledError:
+            # The client left. Once the generation was over (a finish reason came: what may follow
+            # is usage and [DONE]), the turn finished all the same.
+            if readable and (scanner.done or scanner.finish_reason):
+                self._stream_ended(turn, scanner, translation, readable)
+            raise
         finally:
             self.metrics.relayed(relayed)
             if scanner.oversized_events:
@@ -414,6 +432,11 @@ class Relay:
                     scanner.oversized_events,
                     scanner.max_event_bytes,
                 )
+
+    def _stream_ended(
+        self, turn: Turn, scanner: SSEScanner, translation: StreamTranslation | None, readable: bool
+    ) -> None:
+        """Report a stream whose answer is whole (or, unread, whose body ended cleanly)."""
         if not readable:
             self._finished(turn, "", False, -1, -1)  # unread: only that it ended cleanly is known
         elif scanner.error is not None:
@@ -453,9 +476,11 @@ class Relay:
             finish_reason, tool_calls, prompt, completion, ids = read(body)
         if turn.translation is not None:
             body = turn.translation.whole(body)
+        # Reported before the answer goes out: the client, once it has it, may close before the
+        # send returns, and the turn finished all the same.
+        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
         await exchange.respond(200, headers, body)
         self.metrics.relayed(len(body))
-        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
 
 
 def _completion_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:
