@@ -320,7 +320,13 @@ class Relay:
         turn is then reported finished when the engine's body ends cleanly (no first token, usage
         or finish reason known) and failed when it breaks. A turn with a translation gets its
         stream translated (:class:`~luftpause.dataplane.turn.StreamTranslation`), whose scanner
-        then gives the facts."""
+        then gives the facts.
+
+        A readable answer is whole at its last event (``[DONE]``, or the native API's own): the
+        turn is reported then and the client's response ends with that event, even when the
+        engine's body has not ended yet (its connection waits for that end on its own, see
+        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`); a client that leaves once the
+        finish reason came ends a finished turn too."""
         translation = turn.translation.stream() if turn.translation is not None else None
         if translation is not None and decoder is False:
             raise EngineError("its stream is in an encoding the relay cannot read to translate")
