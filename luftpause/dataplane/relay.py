@@ -125,8 +125,8 @@ class Relay:
     finished turn emitted (streamed or not) are remembered in ``tool_calls`` under its run.
 
     Events reported per turn: none at the start (the placement answer is the start, see the proto)
-    and none at the first token (its time rides on the end event as ``first_token_ago_s``), so a
-    turn that ends costs one event. Build it inside the running loop.
+    and none at the first token (its time rides on the end event as ``first_token_ago_s``, for a
+    streamed answer only), so a turn that ends costs one event. Build it inside the running loop.
     """
 
     def __init__(
@@ -477,7 +477,11 @@ class Relay:
             finish_reason, tool_calls, prompt, completion = "", False, *_usage(body)
             ids = []
         else:
-            self._first_token(turn)
+            # A whole answer has no first token of its own: the dataplane's time-to-first-token
+            # histogram counts its whole time, as before, but the scheduler is told of none, since
+            # it learns a run's cold prefill rate from a first token (policies/idle_affinity.py)
+            # and a whole answer's time holds its whole decode too.
+            self.metrics.first_token(turn.service_class, self._loop.time() - turn.arrived, turn.replica)
             read = turn.native.whole if turn.native_served and turn.native is not None else _completion_facts
             finish_reason, tool_calls, prompt, completion, ids = read(body)
         if turn.translation is not None:
