@@ -31,7 +31,7 @@ from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.sse import SSEScanner
 from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_ids
-from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id, with_priority
+from luftpause.dataplane.turn import RUN_ID_HEADER, StreamTranslation, Turn, new_id, with_priority
 from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -125,8 +125,8 @@ class Relay:
     finished turn emitted (streamed or not) are remembered in ``tool_calls`` under its run.
 
     Events reported per turn: none at the start (the placement answer is the start, see the proto)
-    and none at the first token (its time rides on the end event as ``first_token_ago_s``), so a
-    turn that ends costs one event. Build it inside the running loop.
+    and none at the first token (its time rides on the end event as ``first_token_ago_s``, for a
+    streamed answer only), so a turn that ends costs one event. Build it inside the running loop.
     """
 
     def __init__(
@@ -213,7 +213,10 @@ class Relay:
         self.metrics.turn_ended("finished", turn.service_class, turn.replica)
 
     def _pool(self, replica: ReplicaConfig) -> EnginePool:
-        return self.upstream.pool(replica.name, replica.url, lambda: _fixed_headers(replica))
+        # As many idle connections as turns the replica runs at once: more are never busy at once.
+        return self.upstream.pool(
+            replica.name, replica.url, lambda: _fixed_headers(replica), replica.max_inflight
+        )
 
     async def forward(self, turn: Turn, replica: ReplicaConfig, exchange: Exchange) -> None:
         """Send ``turn`` to ``replica`` and relay the answer to the client of ``exchange``.
@@ -290,8 +293,8 @@ class Relay:
             raise
         finally:
             if upstream is not None:
-                if upstream.complete:
-                    upstream.release()
+                if upstream.complete or upstream.answered:
+                    upstream.release()  # back to the pool once its body has ended (a short grace)
                 else:
                     upstream.abort()  # given up mid-answer: the engine sees its request closed
             self.failed(turn, "the relay ended without an outcome")  # a no-op once the turn ended
@@ -317,7 +320,13 @@ class Relay:
         turn is then reported finished when the engine's body ends cleanly (no first token, usage
         or finish reason known) and failed when it breaks. A turn with a translation gets its
         stream translated (:class:`~luftpause.dataplane.turn.StreamTranslation`), whose scanner
-        then gives the facts."""
+        then gives the facts.
+
+        A readable answer is whole at its last event (``[DONE]``, or the native API's own): the
+        turn is reported then and the client's response ends with that event, even when the
+        engine's body has not ended yet (its connection waits for that end on its own, see
+        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`); a client that leaves once the
+        finish reason came ends a finished turn too."""
         translation = turn.translation.stream() if turn.translation is not None else None
         if translation is not None and decoder is False:
             raise EngineError("its stream is in an encoding the relay cannot read to translate")
@@ -368,6 +377,8 @@ class Relay:
                         if upstream.error is None and (more := upstream.take()):
                             out += take_in(more)
                         ended = upstream.complete
+                    if readable and (scanner.done or scanner.finish_reason):
+                        upstream.answered = True  # the generation is over: the connection may be kept
                     if ended and readable and not (scanner.done or scanner.finish_reason or scanner.error):
                         # The engine ended its body before the answer was complete: to the client
                         # that is a broken stream too, so its connection is aborted, not ended.
@@ -375,7 +386,11 @@ class Relay:
                             await send({"type": "http.response.body", "body": out, "more_body": True})
                             relayed += len(out)
                         raise StreamBroken("engine closed the stream before it finished")
-                    if ended and translation is not None:
+                    # The answer's last event came ([DONE], or the native API's own last event): the
+                    # client's response ends with it, whether the engine's body has ended yet or not
+                    # (its end may come later; the client, done at that event, may already be gone).
+                    over = ended or (readable and scanner.done)
+                    if over and translation is not None:
                         out += translation.finish()
                 except (EngineError, zlib.error) as exc:
                     # The client has had 200 and the chunks so far; its connection is aborted (no
@@ -394,17 +409,26 @@ class Relay:
                     message = f"the answer could not be translated: {type(exc).__name__}: {exc}"
                     self.failed(turn, message)
                     raise StreamBroken(message) from None
-                if not ended:
+                if not over:
                     if out:
                         # Waits while the client is not reading (granian's send is bounded), and the
                         # engine connection stops reading meanwhile: memory stays bounded.
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         relayed += len(out)
                     continue
+                # Reported before the last send: the answer is whole, so the client leaving now (it
+                # may close once it has read the last event) changes nothing.
+                self._stream_ended(turn, scanner, translation, readable)
                 # The last of the answer and its end in one send.
                 await send({"type": "http.response.body", "body": out, "more_body": False})
                 relayed += len(out)
                 break
+        except asyncio.CancelledError:
+            # The client left. Once the generation was over (a finish reason came: what may follow
+            # is usage and [DONE]), the turn finished all the same.
+            if readable and (scanner.done or scanner.finish_reason):
+                self._stream_ended(turn, scanner, translation, readable)
+            raise
         finally:
             self.metrics.relayed(relayed)
             if scanner.oversized_events:
@@ -414,6 +438,11 @@ class Relay:
                     scanner.oversized_events,
                     scanner.max_event_bytes,
                 )
+
+    def _stream_ended(
+        self, turn: Turn, scanner: SSEScanner, translation: StreamTranslation | None, readable: bool
+    ) -> None:
+        """Report a stream whose answer is whole (or, unread, whose body ended cleanly)."""
         if not readable:
             self._finished(turn, "", False, -1, -1)  # unread: only that it ended cleanly is known
         elif scanner.error is not None:
@@ -448,14 +477,20 @@ class Relay:
             finish_reason, tool_calls, prompt, completion = "", False, *_usage(body)
             ids = []
         else:
-            self._first_token(turn)
+            # A whole answer has no first token of its own: the dataplane's time-to-first-token
+            # histogram counts its whole time, as before, but the scheduler is told of none, since
+            # it learns a run's cold prefill rate from a first token (policies/idle_affinity.py)
+            # and a whole answer's time holds its whole decode too.
+            self.metrics.first_token(turn.service_class, self._loop.time() - turn.arrived, turn.replica)
             read = turn.native.whole if turn.native_served and turn.native is not None else _completion_facts
             finish_reason, tool_calls, prompt, completion, ids = read(body)
         if turn.translation is not None:
             body = turn.translation.whole(body)
+        # Reported before the answer goes out: the client, once it has it, may close before the
+        # send returns, and the turn finished all the same.
+        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
         await exchange.respond(200, headers, body)
         self.metrics.relayed(len(body))
-        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
 
 
 def _completion_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:

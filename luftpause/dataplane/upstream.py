@@ -27,6 +27,14 @@ Contract:
 * Ends: :meth:`EngineExchange.release` after the body ended returns the connection to its pool
   when the engine keeps it alive; :meth:`EngineExchange.abort` (the client left, the relay failed)
   resets the connection, which the engine sees at once (SGLang and vLLM abort the request then).
+  An exchange whose relay set ``answered`` (the answer's last event came, the body's end has not:
+  an engine writes its chunked terminator after its last event, maybe a loop turn or more later)
+  is released without waiting: the connection goes back to its pool if the body's end arrives
+  within ``BODY_END_GRACE_S`` (anything else still arriving is dropped unread), and is reset
+  otherwise.
+* Bounded idle: at most ``max_idle`` idle connections per pool (the replica's ``max_inflight``,
+  as the relay builds its pools; ``DEFAULT_MAX_IDLE`` otherwise); a connection released past
+  that is closed, never kept.
 
 Kept-alive connections and the engine's own idle close. An engine closes a connection it has kept
 idle for a while (uvicorn, under SGLang and vLLM: 5 s after it finished writing; cpp-httplib,
@@ -39,19 +47,22 @@ under llama-server: 5 s likewise), and its close can cross a request already on 
   and the next taken, as urllib3 (``is_connection_dropped``) and httpcore (``has_expired``) do;
   bytes arriving on an idle connection close it likewise;
 * a request sent on a kept-alive connection that then ends (reset or end of stream) before a
-  single byte of its answer arrived is sent once more, on a new connection; ``EnginePool.resent``
-  counts these and each is logged. Never otherwise: a new connection's failure, any failure after
-  a byte of the answer (the relay may have passed it on: the client's connection is aborted, as
-  the failure contract says), a timeout or a protocol error are the turn's failure.
+  single byte of its answer arrived, within ``RESEND_WINDOW_S`` of its write, is sent once more,
+  on a new connection; ``EnginePool.resent`` counts these and each is logged. Never otherwise: a
+  close later than that (an engine that crashed mid-generation, a load balancer closing a quiet
+  connection: a whole answer's work would be done twice), a new connection's failure, any failure
+  after a byte of the answer (the relay may have passed it on: the client's connection is aborted,
+  as the failure contract says), a timeout or a protocol error are the turn's failure.
 
 Re-sending a ``POST``: urllib3 re-sends after a read error only the methods its ``Retry`` allows
 (idempotent ones), aiohttp only idempotent ones on a kept-alive connection (``IDEMPOTENT_METHODS``,
 after RFC 9112 section 9.3.1), httpcore never once the request is written. RFC 9112 section 9.3.1
 allows a non-idempotent request to be retried when the client knows its semantics are idempotent.
 An engine's completion (chat, messages, responses, classify) changes nothing but its caches, and
-an engine that read a request and then closed its connection without a byte of answer has dropped
-it (SGLang and vLLM abort a request whose connection is gone), so the worst a
-re-send costs is the prompt read twice.
+an engine whose idle close crossed a request closed the connection before it could work on it
+(the close lands within milliseconds of the write; ``RESEND_WINDOW_S`` bounds it), so the worst a
+re-send costs is the prompt read twice. A close that comes later may end a generation under way
+(a non-streamed answer sends no byte before it is whole), which is never sent again.
 
 Errors: every failure is an :class:`EngineError` (the message says what happened):
 ``EngineConnectError`` (no connection), ``EngineClosed`` (the engine closed or reset the connection
@@ -72,9 +83,12 @@ from urllib.parse import urlsplit
 import httptools
 
 __all__ = [
+    "BODY_END_GRACE_S",
+    "DEFAULT_MAX_IDLE",
     "ENGINE_CONNECT_TIMEOUT_S",
     "HIGH_WATER_BYTES",
     "KEEPALIVE_S",
+    "RESEND_WINDOW_S",
     "EngineClosed",
     "EngineConnectError",
     "EngineError",
@@ -101,6 +115,25 @@ under a millisecond, so a shorter bound costs little (a hosted API over TLS pays
 after 3 s idle)."""
 HIGH_WATER_BYTES = 256 * 1024
 """Body bytes an exchange holds before it stops reading from the engine."""
+RESEND_WINDOW_S = 0.5
+"""Seconds from a request's write on a kept-alive connection within which that connection's close,
+with no byte of answer, sends the request once more (on a new connection); a later close is the
+turn's failure (502).
+
+An engine's idle close that crosses a request lands within milliseconds of the write (the close
+was on its way before the request arrived); an engine that crashes, or a load balancer that closes
+a quiet connection, does it seconds into a generation, which a re-send would run again (a
+non-streamed answer sends nothing before it is whole). Measured on the loop's clock, from the
+write to the loop handling the close: a loop lagging more than this answers a crossing 502, as
+before the re-send existed."""
+BODY_END_GRACE_S = 0.5
+"""Seconds a connection whose answer is whole (its last event relayed) waits for the end of its
+HTTP body (the chunked terminator) after the relay let it go, before it is reset. uvicorn (SGLang,
+vLLM) writes the end in the loop turn of the last event or the next; the grace covers a loaded
+host, and missing it costs only a new connection for a later turn."""
+DEFAULT_MAX_IDLE = 32
+"""Idle connections a pool keeps at most when built without ``max_idle`` (the default
+``[[replicas]] max_inflight``)."""
 
 
 class EngineError(Exception):
@@ -138,6 +171,7 @@ class EngineExchange(asyncio.Protocol):
         "_buffered",
         "_chunked",
         "_fd",
+        "_grace",
         "_has_length",
         "_head_done",
         "_idle",
@@ -148,6 +182,7 @@ class EngineExchange(asyncio.Protocol):
         "_received",
         "_transport",
         "_waiter",
+        "answered",
         "complete",
         "error",
         "headers",
@@ -173,6 +208,11 @@ class EngineExchange(asyncio.Protocol):
         """In its pool's idle list: no request is outstanding on it."""
         self._received = False
         """A byte arrived since the last request was written (then it is never sent again)."""
+        self._grace: asyncio.TimerHandle | None = None
+        """Set while the released exchange waits for its body's end (``BODY_END_GRACE_S``)."""
+        self.answered = False
+        """Set by the relay: the answer is whole (its last event came), whatever the body still owes;
+        :meth:`release` then waits for the body's end without the relay."""
         self.status = 0
         self.headers: _Headers = []
         self.complete = False
@@ -202,6 +242,11 @@ class EngineExchange(asyncio.Protocol):
             self._fail(EngineProtocolError("the engine answered with a protocol upgrade"))
         except httptools.HttpParserError as exc:
             self._fail(EngineProtocolError(f"the engine's answer is not HTTP/1.1: {exc}"))
+        if self._grace is not None:
+            if self.complete or self.error is not None:
+                self._end_grace()
+                self.release()
+            return
         if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
@@ -212,6 +257,7 @@ class EngineExchange(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._end_grace()
         self._pool.lost(self)
         if self.complete or self.error is not None:
             self._wake()
@@ -238,6 +284,8 @@ class EngineExchange(asyncio.Protocol):
         self._head_done = True
 
     def on_body(self, body: bytes) -> None:
+        if self._grace is not None:
+            return  # after a whole answer, released: nobody reads it
         self._body.append(body)
         self._buffered += len(body)
 
@@ -328,14 +376,33 @@ class EngineExchange(asyncio.Protocol):
         return b"".join(parts)
 
     def release(self) -> None:
-        """The relay is done with a complete answer: back to the pool, or closed."""
-        if self.complete and self._keep_alive and self.error is None and self._transport is not None:
-            self._pool.put(self)
-        else:
-            self.abort()
+        """The relay is done with the answer: back to the pool once its body has ended (at once if
+        it has; within ``BODY_END_GRACE_S`` if the relay set ``answered``), else closed."""
+        if self.error is None and self._transport is not None:
+            if self.complete:
+                if self._keep_alive:
+                    self._pool.put(self)
+                    return
+            elif self.answered:
+                if self._grace is None:
+                    self._body.clear()
+                    self._buffered = 0
+                    if self._paused:
+                        self._paused = False
+                        self._transport.resume_reading()
+                    self._grace = self._pool.loop.call_later(BODY_END_GRACE_S, self.abort)
+                return
+        self.abort()
+
+    def _end_grace(self) -> None:
+        grace = self._grace
+        if grace is not None:
+            self._grace = None
+            grace.cancel()
 
     def abort(self) -> None:
         """Reset the connection (an exchange given up mid-way); idempotent."""
+        self._end_grace()
         transport = self._transport
         if transport is not None:
             self._transport = None
@@ -347,7 +414,7 @@ class EngineExchange(asyncio.Protocol):
         self._body.clear()
         self._buffered = 0
         self._head_done = self._has_length = self._chunked = self._keep_alive = False
-        self._received = False
+        self._received = self.answered = False
         self.status = 0
         self.headers = []
         self.complete = False
@@ -380,12 +447,19 @@ class EnginePool:
     ``Authorization``, ``Content-Type``, ``Accept-Encoding``); ``name``: the replica's, for the
     log. Build it in the running loop.
 
+    ``max_idle``: the idle connections kept at most (at least 1); one released past it is closed.
+
     Counters: ``resent``, requests sent again on a new connection after a kept-alive one ended
     before any byte of the answer; ``found_closed``, idle connections found closed when taken.
     """
 
     def __init__(
-        self, url: str, fixed_headers: list[tuple[str, str]], read_timeout_s: float, name: str = ""
+        self,
+        url: str,
+        fixed_headers: list[tuple[str, str]],
+        read_timeout_s: float,
+        name: str = "",
+        max_idle: int = DEFAULT_MAX_IDLE,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -402,7 +476,10 @@ class EnginePool:
         self.found_closed = 0
         fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed_headers)
         self._fixed = f"host: {authority}\r\n{fixed}".encode("latin-1")
-        self._idle: list[EngineExchange] = []
+        self.max_idle = max(max_idle, 1)
+        # Idle connections in the order they were idled (a dict: O(1) to take the newest, to drop
+        # any one, and ordered), and those with an exchange going on.
+        self._idle: dict[EngineExchange, None] = {}
         self.busy: set[EngineExchange] = set()
 
     def head(self, path: str, extra: bytes, length: int) -> bytes:
@@ -426,10 +503,22 @@ class EnginePool:
         head = self.head(path, extra, len(body))
         exchange = self._idle_connection()
         if exchange is not None:
+            written_at = self.loop.time()  # _exchange writes before its first await
             try:
                 return await self._exchange(exchange, head, body)
             except EngineClosed as exc:
                 if exchange._received:
+                    raise
+                after = self.loop.time() - written_at
+                if after > RESEND_WINDOW_S:
+                    log.info(
+                        "engine %s: %s, %.1f s after the request on a kept-alive connection; "
+                        "not sent again (over %g s: the engine may have worked on it)",
+                        self.name,
+                        exc,
+                        after,
+                        RESEND_WINDOW_S,
+                    )
                     raise
                 self.resent += 1
                 log.info(
@@ -455,7 +544,7 @@ class EnginePool:
         idle = self._idle
         now = self.loop.time()
         while idle:
-            exchange = idle.pop()
+            exchange, _ = idle.popitem()  # the newest
             exchange._idle = False
             if now - exchange.idle_since >= KEEPALIVE_S:
                 exchange.abort()
@@ -484,15 +573,18 @@ class EnginePool:
 
     def put(self, exchange: EngineExchange) -> None:
         self.busy.discard(exchange)
+        if len(self._idle) >= self.max_idle:
+            exchange.abort()  # as many idle as the pool keeps: more are never needed at once
+            return
         exchange._reset_for_reuse()
         exchange._idle = True
-        self._idle.append(exchange)
+        self._idle[exchange] = None
 
     def lost(self, exchange: EngineExchange) -> None:
         self.busy.discard(exchange)
         if exchange._idle:
             exchange._idle = False
-            self._idle.remove(exchange)
+            del self._idle[exchange]
 
     def sweep(self, now: float) -> None:
         """Time out the exchanges whose relay has waited ``read_timeout_s`` with nothing arriving,
@@ -501,7 +593,8 @@ class EnginePool:
         for exchange in list(self.busy):
             if exchange.waiting and now - exchange.quiet_since >= timeout:
                 exchange.timed_out(timeout)
-        # Not in idle order: a connection is put back when its relay ends, after its last byte.
+        # Not in idle order (a connection is put back when its relay ends, after its last byte): one
+        # pass over them all, each expired one dropped from the dict in O(1).
         for exchange in [e for e in self._idle if now - e.idle_since >= KEEPALIVE_S]:
             exchange.abort()
 
@@ -522,10 +615,20 @@ class Upstream:
         self.pools: dict[str, EnginePool] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def pool(self, name: str, url: str, headers: Callable[[], list[tuple[str, str]]]) -> EnginePool:
+    def pool(
+        self,
+        name: str,
+        url: str,
+        headers: Callable[[], list[tuple[str, str]]],
+        max_idle: int = DEFAULT_MAX_IDLE,
+    ) -> EnginePool:
+        """Replica ``name``'s pool, built on first use; ``max_idle`` applies from this call on (a
+        replica's ``max_inflight`` may change at run time)."""
         pool = self.pools.get(name)
         if pool is None:
-            pool = self.pools[name] = EnginePool(url, headers(), self.read_timeout_s, name)
+            pool = self.pools[name] = EnginePool(url, headers(), self.read_timeout_s, name, max_idle)
+        else:
+            pool.max_idle = max(max_idle, 1)
         return pool
 
     def start(self) -> None:

@@ -9,7 +9,9 @@ disconnected`` before the dataplane re-sent such a request).
 * Engines on raw sockets (``raw_engine_helpers``) fail exactly where the failure contract draws
   its lines: reset after part of a streamed answer (the client's stream is aborted, the request
   never sent again); reset with nothing answered and then no longer listening (502, the new
-  connection refused); a new connection closed with nothing answered (502, never sent again).
+  connection refused); a new connection closed with nothing answered (502, never sent again); a
+  kept-alive connection closed with nothing answered 1 s after the request, past
+  ``RESEND_WINDOW_S`` (an engine that crashed into a generation: 502, never sent again).
 """
 
 from __future__ import annotations
@@ -96,12 +98,21 @@ def _close_unanswered(request: RawRequest) -> None:
     close(request.sock)
 
 
+def _close_late_on_reuse(request: RawRequest) -> None:
+    if request.nth == 0:
+        answer_json(request.sock, completion(model="late-close"))
+    else:
+        time.sleep(1.0)  # into a generation: past RESEND_WINDOW_S
+        close(request.sock)
+
+
 @pytest.fixture(scope="module")
 def raw_engines() -> Iterator[dict[str, RawEngine]]:
     engines = {
         "cut": RawEngine(_cut_on_reuse),
         "gone": RawEngine(_reset_on_reuse),
         "fresh-close": RawEngine(_close_unanswered),
+        "late-close": RawEngine(_close_late_on_reuse),
     }
     for engine in engines.values():
         engine.start()
@@ -168,3 +179,20 @@ def test_an_engine_closing_a_new_connection_unanswered_is_answered_502_and_never
     )
     assert len(raw_engines["fresh-close"].posts) == 1
     assert _resent(dataplane.children["dataplane"].log_tail(200), "fresh-close") == 0
+
+
+def test_an_engine_closing_a_reused_connection_unanswered_1_s_into_a_turn_is_answered_502_and_never_resent(
+    dataplane: SchedulerAndDataplane, raw_engines: dict[str, RawEngine]
+) -> None:
+    client = _client(dataplane.dataplane_url)
+    assert client.chat.completions.create(model="late-close", messages=MESSAGES).choices[0].message.content
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="late-close", messages=MESSAGES)
+    assert caught.value.status_code == 502
+    message = caught.value.response.json()["error"]["message"]
+    assert message.startswith("engine late-close: the engine closed the connection before answering"), message
+    posts = raw_engines["late-close"].posts
+    assert [p.nth for p in posts] == [0, 1] and posts[0].connection == posts[1].connection  # reached it once
+    log = dataplane.children["dataplane"].log_tail(200)
+    assert _resent(log, "late-close") == 0
+    assert "not sent again" in log, log

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import select
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import uvloop
-from raw_engine_helpers import RawEngine, RawRequest, answer_json, chunked, close, reset
+from raw_engine_helpers import STREAM_HEAD, RawEngine, RawRequest, answer_json, chunked, close, reset
 
-from luftpause.dataplane.upstream import EngineClosed, EngineConnectError, EnginePool, Upstream
+from luftpause.dataplane import upstream as upstream_module
+from luftpause.dataplane.upstream import (
+    KEEPALIVE_S,
+    RESEND_WINDOW_S,
+    EngineClosed,
+    EngineConnectError,
+    EngineExchange,
+    EnginePool,
+    Upstream,
+)
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]
@@ -277,3 +288,162 @@ def test_idle_time_runs_from_the_answers_last_byte_not_from_the_release(run: Run
     with RawEngine(_echo) as engine:
         idle_since, read_by = run(scenario(engine))
     assert 0 < idle_since <= read_by
+
+
+# -- a late close is never sent again (RESEND_WINDOW_S) --------------------------------------------------
+
+
+def test_a_reused_connection_closed_unanswered_1_s_after_the_request_is_an_error_and_never_sent_again(
+    run: Runner[Any],
+) -> None:
+    """An engine that crashed into a generation (or a load balancer closing a quiet connection):
+    sent again, the whole generation would run twice."""
+
+    def late_close(request: RawRequest) -> None:
+        time.sleep(1.0)  # past RESEND_WINDOW_S after the request's write
+        close(request.sock)
+
+    async def scenario(engine: RawEngine) -> tuple[str, int]:
+        upstream, pool = _upstream(engine)
+        try:
+            await _turn(pool, 1)
+            with pytest.raises(EngineClosed) as caught:
+                await _turn(pool, 2)
+            return str(caught.value), pool.resent
+        finally:
+            await upstream.close()
+
+    assert RESEND_WINDOW_S < 1.0
+    with RawEngine(_first_answered_then(late_close)) as engine:
+        message, resent = run(scenario(engine))
+    assert "before answering" in message
+    assert resent == 0
+    assert [(p.connection, p.json["n"]) for p in engine.posts] == [(0, 1), (0, 2)]  # the 2 once
+
+
+# -- an answer whole before its body's end (BODY_END_GRACE_S) ---------------------------------------------
+
+
+def _whole_then_end_on(end_now: threading.Event) -> Callable[[RawRequest], None]:
+    """A script: to the first request, a streamed answer through ``[DONE]``, then one more event
+    and the body's end once ``end_now`` is set; every later request echoed."""
+
+    def script(request: RawRequest) -> None:
+        if request.connection or request.nth:
+            _echo(request)
+            return
+        request.sock.sendall(STREAM_HEAD + chunked(b"data: {}\n\n") + chunked(b"data: [DONE]\n\n"))
+        end_now.wait(30)
+        request.sock.sendall(chunked(b"data: after the end\n\n") + b"0\r\n\r\n")
+
+    return script
+
+
+async def _answered_and_released(pool: EnginePool) -> EngineExchange:
+    """A streamed answer read through ``[DONE]``, marked ``answered`` and released before its
+    body's end."""
+    exchange = await pool.send("/v1/chat/completions", b"", b'{"n": 1}')
+    received = b""
+    while not received.endswith(b"data: [DONE]\n\n"):
+        received += await exchange.read()
+    assert not exchange.complete
+    exchange.answered = True
+    exchange.release()
+    return exchange
+
+
+def test_an_answered_exchange_released_before_its_body_end_goes_back_to_the_pool_when_the_end_comes(
+    run: Runner[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upstream_module, "BODY_END_GRACE_S", 30.0)  # the end comes when told here
+    end_now = threading.Event()
+
+    async def scenario(engine: RawEngine) -> bytes:
+        upstream, pool = _upstream(engine)
+        try:
+            exchange = await _answered_and_released(pool)
+            assert not pool._idle  # not before its end
+            end_now.set()
+            async with asyncio.timeout(10):
+                while exchange not in pool._idle:  # noqa: ASYNC110 - waits on the loop's own read
+                    await asyncio.sleep(0.01)
+            return await _turn(pool, 2)  # on the same connection; the bytes after [DONE] dropped
+        finally:
+            end_now.set()
+            await upstream.close()
+
+    with RawEngine(_whole_then_end_on(end_now)) as engine:
+        answer = run(scenario(engine))
+    assert answer == b'{"n":2,"connection":0}'
+    assert [(p.connection, p.nth) for p in engine.posts] == [(0, 0), (0, 1)]
+
+
+def test_an_answered_exchange_whose_body_end_does_not_come_within_the_grace_is_reset(
+    run: Runner[Any],
+) -> None:
+    end_now = threading.Event()
+
+    async def scenario(engine: RawEngine) -> bytes:
+        upstream, pool = _upstream(engine)
+        try:
+            exchange = await _answered_and_released(pool)
+            async with asyncio.timeout(10):
+                while exchange in pool.busy:  # noqa: ASYNC110 - waits on the grace's timer
+                    await asyncio.sleep(0.01)
+            assert not pool._idle and exchange._transport is None
+            end_now.set()  # too late: the connection is gone
+            return await _turn(pool, 2)
+        finally:
+            end_now.set()
+            await upstream.close()
+
+    with RawEngine(_whole_then_end_on(end_now)) as engine:
+        answer = run(scenario(engine))
+    assert answer == b'{"n":2,"connection":1}'
+
+
+def test_an_exchange_released_before_its_body_end_unanswered_is_reset_at_once(run: Runner[Any]) -> None:
+    end_now = threading.Event()
+
+    async def scenario(engine: RawEngine) -> None:
+        upstream, pool = _upstream(engine)
+        try:
+            exchange = await pool.send("/v1/chat/completions", b"", b'{"n": 1}')
+            await exchange.read()
+            exchange.release()  # answered not set: mid-answer
+            assert exchange not in pool.busy and exchange._transport is None
+        finally:
+            end_now.set()
+            await upstream.close()
+
+    with RawEngine(_whole_then_end_on(end_now)) as engine:
+        run(scenario(engine))
+
+
+# -- the idle connections: capped, swept in one pass -------------------------------------------------------
+
+
+def test_a_pool_keeps_at_most_max_idle_connections_and_the_sweep_drops_every_expired_one(
+    run: Runner[Any],
+) -> None:
+    async def scenario(engine: RawEngine) -> tuple[int, int, int]:
+        upstream = Upstream(30.0)
+        pool = upstream.pool("raw", engine.url, lambda: [], max_idle=3)
+        try:
+            exchanges = await asyncio.gather(
+                *(pool.send("/v1/chat/completions", b"", b'{"n": %d}' % n) for n in range(8))
+            )
+            for exchange in exchanges:
+                await exchange.read_all(1 << 20)
+                exchange.release()
+            kept = len(pool._idle)
+            assert upstream.pool("raw", engine.url, lambda: [], max_idle=5) is pool and pool.max_idle == 5
+            pool.sweep(asyncio.get_running_loop().time() + KEEPALIVE_S)
+            return kept, len(pool._idle), len(pool.busy)
+        finally:
+            await upstream.close()
+
+    with RawEngine(_echo) as engine:
+        kept, after_sweep, busy = run(scenario(engine))
+    assert engine.connections == 8
+    assert (kept, after_sweep, busy) == (3, 0, 0)

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 import orjson
+import pytest
 
 from luftpause.config import ReplicaConfig
 from luftpause.dataplane.admission import SchedulerLink
@@ -194,4 +195,21 @@ def test_a_translated_stream_that_ends_before_it_finished_is_aborted() -> None:
     assert runs.runs["run-hook"].phase == pb.IDLE
     assert totals.has(
         'luftpause_dataplane_turns_total{outcome="failed",replica="e",service_class="interactive"} 1.0'
+    )
+
+
+@pytest.mark.parametrize(("stream", "reported"), [(True, True), (False, False)])
+def test_the_scheduler_is_told_of_a_first_token_for_a_stream_only(
+    monkeypatch: pytest.MonkeyPatch, stream: bool, reported: bool
+) -> None:
+    """A whole answer has no first token of its own (its time holds the whole decode): the scheduler,
+    which learns a run's cold prefill rate from first tokens, is told of none; the dataplane's
+    histogram counts both, as before."""
+    events: list[pb.TurnEvent] = []
+    monkeypatch.setattr(SchedulerLink, "report", lambda self, event, replica=None: events.append(event))
+    _, _, _, totals = asyncio.run(_relay({"model": "m", "stream": stream}))
+    (finished,) = [event for event in events if event.kind == pb.TurnEvent.FINISHED]
+    assert finished.HasField("first_token_ago_s") is reported
+    assert totals.has(
+        'luftpause_dataplane_time_to_first_token_seconds_count{replica="e",service_class="interactive"} 1.0'
     )

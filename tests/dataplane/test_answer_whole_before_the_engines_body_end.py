@@ -1,0 +1,243 @@
+"""A stream whose answer is whole before the engine's HTTP body ends (review.md N1): the engine
+writes its events and ``data: [DONE]`` (or, native, the API's last event) and the chunked body's
+terminating ``0\\r\\n\\r\\n`` later. The client, done at ``[DONE]``, may close at once; the turn is
+finished all the same, and the client's response ends at ``[DONE]`` without waiting for the
+engine's end.
+
+Before the fix the dataplane relayed ``[DONE]`` with more to come and waited for the engine's end;
+the ``openai`` client, done, closed, and the turn was counted ``failed: client disconnected``.
+
+Engines on raw sockets (``raw_engine_helpers``) in threads of the test; the scheduler and the
+dataplane real processes; the official clients where what they do at the end is the point.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx2
+import openai
+import orjson
+import pytest
+from dataplane_procs import SchedulerAndDataplane, scheduler_and_dataplane, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+from raw_engine_helpers import STREAM_HEAD, RawEngine, RawRequest, chunk, chunked
+
+pytestmark = pytest.mark.integration
+
+LATE = "late-end"
+"""The body's end 1 s after ``[DONE]``: the reviewer's reproduction."""
+ON_SIGNAL = "end-on-signal"
+"""The body's end only once the test says (``END_NOW``), at most 30 s after ``[DONE]``: a client
+that reads to the end of its body gets there only if the relay ended it without the engine (the
+test sets ``END_NOW`` after the client's read, and the client's timeout is 20 s)."""
+NATIVE_LATE = "native-late-end"
+"""A replica serving ``/v1/messages`` natively: ``message_stop``, then the body's end as for
+:data:`ON_SIGNAL`."""
+END_NOW = threading.Event()
+TERMINATOR = b"0\r\n\r\n"
+MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+
+
+def _anthropic_event(kind: str, payload: dict[str, Any]) -> bytes:
+    return b"event: %s\ndata: %s\n\n" % (kind.encode(), orjson.dumps({"type": kind, **payload}))
+
+
+NATIVE_EVENTS = [
+    _anthropic_event(
+        "message_start",
+        {
+            "message": {
+                "id": "msg_raw",
+                "type": "message",
+                "role": "assistant",
+                "model": NATIVE_LATE,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 3, "output_tokens": 0},
+            }
+        },
+    ),
+    _anthropic_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    _anthropic_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "hello"}}),
+    _anthropic_event("content_block_stop", {"index": 0}),
+    _anthropic_event(
+        "message_delta",
+        {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 2}},
+    ),
+    _anthropic_event("message_stop", {}),
+]
+
+
+def _late_end(request: RawRequest) -> None:
+    sock: socket.socket = request.sock
+    if request.head.startswith(b"POST /v1/messages "):
+        sock.sendall(STREAM_HEAD + b"".join(chunked(e) for e in NATIVE_EVENTS))
+        END_NOW.wait(30)
+        sock.sendall(TERMINATOR)
+        return
+    model = str(request.json["model"])
+    events = [
+        chunk("hel", model),
+        chunk("lo", model, finish="stop"),
+        b'data: {"id":"chatcmpl-raw","object":"chat.completion.chunk","created":0,"model":"m","choices":[],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    sock.sendall(STREAM_HEAD + b"".join(chunked(e) for e in events))
+    if model == ON_SIGNAL:
+        END_NOW.wait(30)
+    else:
+        time.sleep(1.0)  # the reviewer's second
+    sock.sendall(TERMINATOR)
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[dict[str, RawEngine]]:
+    running = {"late": RawEngine(_late_end).start(), "native": RawEngine(_late_end).start()}
+    try:
+        yield running
+    finally:
+        END_NOW.set()
+        for engine in running.values():
+            engine.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tmp_path_factory: pytest.TempPathFactory, engines: dict[str, RawEngine]
+) -> Iterator[SchedulerAndDataplane]:
+    replicas = (
+        f'\n[[replicas]]\nname = "late"\nurl = "{engines["late"].url}"\n'
+        f'models = ["{LATE}", "{ON_SIGNAL}"]\nhealth_path = ""\n'
+        f'\n[[replicas]]\nname = "native"\nurl = "{engines["native"].url}"\n'
+        f'models = ["{NATIVE_LATE}"]\napis = ["chat", "messages"]\nhealth_path = ""\n'
+    )
+    with scheduler_and_dataplane(tmp_path_factory.mktemp("late-end"), [], replicas=replicas) as running:
+        yield running
+
+
+def _turns(pair: SchedulerAndDataplane, replica: str) -> dict[str, float]:
+    """``luftpause_dataplane_turns_total`` on ``replica``, by outcome."""
+    with urllib.request.urlopen(f"{pair.dataplane_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "luftpause_dataplane_turns_total" and sample.labels.get("replica") == replica:
+                outcome = sample.labels["outcome"]
+                counts[outcome] = counts.get(outcome, 0.0) + sample.value
+    return counts
+
+
+def _scheduler_counters(pair: SchedulerAndDataplane) -> dict[str, int]:
+    with urllib.request.urlopen(pair.status_url, timeout=10) as response:
+        counters: dict[str, int] = orjson.loads(response.read())["counters"]
+        return counters
+
+
+def _settled(pair: SchedulerAndDataplane, finished: int) -> dict[str, int]:
+    """The scheduler's counters once ``finished`` turns have been reported there in all (30 s at
+    most), and none in flight on the dataplane."""
+    wait_until(
+        lambda: _scheduler_counters(pair)["finished"] >= finished and pair.health()["in_flight"] == 0, 30
+    )
+    return _scheduler_counters(pair)
+
+
+def test_an_openai_stream_whose_body_ends_1_s_after_done_is_a_finished_turn(
+    pair: SchedulerAndDataplane,
+) -> None:
+    before = _scheduler_counters(pair)
+    client = openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(
+        model=LATE, messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    )
+    pieces = list(stream)
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == "hello"
+    assert [p.choices[0].finish_reason for p in pieces if p.choices][-1] == "stop"
+    assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 2
+    # The client closed at [DONE], before the engine's end: still finished, never failed.
+    after = _settled(pair, before["finished"] + 1)
+    assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
+    assert _turns(pair, "late").get("failed", 0.0) == 0.0
+    assert "client disconnected" not in pair.children["scheduler"].log_tail(200)
+    # And the replica serves the next turn (on its kept connection or a new one).
+    again = client.chat.completions.create(model=LATE, messages=MESSAGES, stream=True)
+    assert "".join(p.choices[0].delta.content or "" for p in again if p.choices) == "hello"
+    assert _settled(pair, before["finished"] + 2)["failed"] == before["failed"]
+
+
+def test_the_clients_response_ends_at_done_without_waiting_for_the_engines_end(
+    pair: SchedulerAndDataplane,
+) -> None:
+    """The engine writes its end only once the client's body has ended (:data:`ON_SIGNAL`): a relay
+    that waited for the engine's end would never end the client's body (the read would time out)."""
+    END_NOW.clear()
+    body = {"model": ON_SIGNAL, "messages": MESSAGES, "stream": True}
+    try:
+        with (
+            httpx2.Client(timeout=20) as http,
+            http.stream("POST", f"{pair.dataplane_url}/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            received = b"".join(response.iter_bytes())  # to the end of the chunked body
+    finally:
+        END_NOW.set()
+    assert received.endswith(b"data: [DONE]\n\n")
+    assert _turns(pair, "late").get("failed", 0.0) == 0.0
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_a_translated_stream_whose_engine_ends_late_is_finished_and_closed_at_its_last_event(
+    pair: SchedulerAndDataplane, api: str
+) -> None:
+    END_NOW.clear()
+    before = _scheduler_counters(pair)
+    try:
+        if api == "messages":
+            client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
+            with client.messages.stream(
+                model=ON_SIGNAL, max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+            ) as stream:
+                text = "".join(stream.text_stream)
+                final = stream.get_final_message()
+            assert (text, final.stop_reason) == ("hello", "end_turn")
+        else:
+            responses = openai.OpenAI(
+                base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=20
+            )
+            events = list(responses.responses.create(model=ON_SIGNAL, input="hi", stream=True))
+            assert events[-1].type == "response.completed"
+            assert "".join(
+                getattr(e, "delta", "") for e in events if e.type == "response.output_text.delta"
+            ) == ("hello")
+    finally:  # both clients read to the end of the body: it ended at the last event, not the engine's end
+        END_NOW.set()
+    after = _settled(pair, before["finished"] + 1)
+    assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
+
+
+def test_a_native_messages_stream_whose_body_ends_late_is_finished(pair: SchedulerAndDataplane) -> None:
+    END_NOW.clear()
+    before = _scheduler_counters(pair)
+    client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
+    try:
+        with client.messages.stream(
+            model=NATIVE_LATE, max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+    finally:  # the client reads to the end of the body: it ended at message_stop
+        END_NOW.set()
+    assert (text, final.stop_reason, final.usage.output_tokens) == ("hello", "end_turn", 2)
+    after = _settled(pair, before["finished"] + 1)
+    assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
+    assert _turns(pair, "native").get("failed", 0.0) == 0.0
