@@ -18,7 +18,8 @@ replica alone for a bounded wait, then may go to any replica (it is re-filed on 
 at or after the wait's end). The wait is what a prefill miss would cost that run, learned from what
 it cost the run before (after Continuum, arXiv 2511.02230, which pins a paused request's KV for a
 TTL chosen from its reload cost against the queueing delay): the time from placement to first token
-of the run's first turn (a prefill with nothing cached), per prompt token, times the tokens its last
+of the run's first turn (a prefill with nothing cached; a streamed turn's, since a whole answer
+reports no first token), per prompt token, times the tokens its last
 replica holds for it (its last turn's prompt and reply), times :attr:`IdleAffinity.factor`, within
 ``[min_s, max_s]``; the run's caller's last rate before the run has shown one, ``default_s`` before
 either. Waiting longer than the miss would cost loses more than moving does.
