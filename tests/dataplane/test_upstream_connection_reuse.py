@@ -53,6 +53,19 @@ async def _turn(pool: EnginePool, n: int) -> bytes:
     return body
 
 
+async def _second_turn_closed(engine: RawEngine) -> tuple[str, int]:
+    """A first turn answered, then a second on the kept-alive connection, which the engine ends:
+    its ``EngineClosed`` message and how many requests the pool sent again."""
+    upstream, pool = _upstream(engine)
+    try:
+        await _turn(pool, 1)
+        with pytest.raises(EngineClosed) as caught:
+            await _turn(pool, 2)
+        return str(caught.value), pool.resent
+    finally:
+        await upstream.close()
+
+
 def _echo(request: RawRequest) -> None:
     answer_json(request.sock, {"n": request.json["n"], "connection": request.connection})
 
@@ -156,18 +169,8 @@ def test_a_reused_connection_that_fails_after_a_byte_of_the_answer_is_never_sent
         request.sock.sendall(sent)
         reset(request.sock)
 
-    async def scenario(engine: RawEngine) -> tuple[str, int]:
-        upstream, pool = _upstream(engine)
-        try:
-            await _turn(pool, 1)
-            with pytest.raises(EngineClosed) as caught:
-                await _turn(pool, 2)
-            return str(caught.value), pool.resent
-        finally:
-            await upstream.close()
-
     with RawEngine(_first_answered_then(fail)) as engine:
-        message, resent = run(scenario(engine))
+        message, resent = run(_second_turn_closed(engine))
     assert resent == 0
     assert [p.json["n"] for p in engine.posts] == [1, 2]
     assert ("mid-answer" if sent.endswith(b"partial") else "before answering") in message
@@ -303,19 +306,9 @@ def test_a_reused_connection_closed_unanswered_1_s_after_the_request_is_an_error
         time.sleep(1.0)  # past RESEND_WINDOW_S after the request's write
         close(request.sock)
 
-    async def scenario(engine: RawEngine) -> tuple[str, int]:
-        upstream, pool = _upstream(engine)
-        try:
-            await _turn(pool, 1)
-            with pytest.raises(EngineClosed) as caught:
-                await _turn(pool, 2)
-            return str(caught.value), pool.resent
-        finally:
-            await upstream.close()
-
     assert RESEND_WINDOW_S < 1.0
     with RawEngine(_first_answered_then(late_close)) as engine:
-        message, resent = run(scenario(engine))
+        message, resent = run(_second_turn_closed(engine))
     assert "before answering" in message
     assert resent == 0
     assert [(p.connection, p.json["n"]) for p in engine.posts] == [(0, 1), (0, 2)]  # the 2 once
