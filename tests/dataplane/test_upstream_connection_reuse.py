@@ -19,7 +19,6 @@ import pytest
 import uvloop
 from raw_engine_helpers import STREAM_HEAD, RawEngine, RawRequest, answer_json, chunked, close, reset
 
-from luftpause.dataplane import upstream as upstream_module
 from luftpause.dataplane.upstream import (
     KEEPALIVE_S,
     RESEND_WINDOW_S,
@@ -29,6 +28,7 @@ from luftpause.dataplane.upstream import (
     EnginePool,
     Upstream,
 )
+from luftpause.dataplane.upstream import connection as upstream_connection
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]
@@ -348,7 +348,7 @@ async def _answered_and_released(pool: EnginePool) -> EngineExchange:
 def test_an_answered_exchange_released_before_its_body_end_goes_back_to_the_pool_when_the_end_comes(
     run: Runner[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(upstream_module, "BODY_END_GRACE_S", 30.0)  # the end comes when told here
+    monkeypatch.setattr(upstream_connection, "BODY_END_GRACE_S", 30.0)  # the end comes when told here
     end_now = threading.Event()
 
     async def scenario(engine: RawEngine) -> bytes:
