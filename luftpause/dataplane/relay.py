@@ -325,8 +325,11 @@ class Relay:
         A readable answer is whole at its last event (``[DONE]``, or the native API's own): the
         turn is reported then and the client's response ends with that event, even when the
         engine's body has not ended yet (its connection waits for that end on its own, see
-        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`); a client that leaves once the
-        finish reason came ends a finished turn too."""
+        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`); a client that leaves before
+        that event fails the turn and the engine's request is closed at once, even after a finish
+        reason (with n > 1 choices the first to finish is not the last). Known gap: an engine that
+        ends its body cleanly after one of n > 1 choices finished, with no ``[DONE]``, ends the
+        client's stream cleanly too (the scanner tracks one finish reason, not one per choice)."""
         translation = turn.translation.stream() if turn.translation is not None else None
         if translation is not None and decoder is False:
             raise EngineError("its stream is in an encoding the relay cannot read to translate")
@@ -377,8 +380,12 @@ class Relay:
                         if upstream.error is None and (more := upstream.take()):
                             out += take_in(more)
                         ended = upstream.complete
-                    if readable and (scanner.done or scanner.finish_reason):
-                        upstream.answered = True  # the generation is over: the connection may be kept
+                    if readable and scanner.done:
+                        # The answer's last event came: the connection may be kept (its body's end
+                        # may still be on its way). Not at a finish reason: with n > 1 choices the
+                        # first to finish is not the last, and a client leaving then must stop the
+                        # engine at once.
+                        upstream.answered = True
                     if ended and readable and not (scanner.done or scanner.finish_reason or scanner.error):
                         # The engine ended its body before the answer was complete: to the client
                         # that is a broken stream too, so its connection is aborted, not ended.
@@ -424,9 +431,11 @@ class Relay:
                 relayed += len(out)
                 break
         except asyncio.CancelledError:
-            # The client left. Once the generation was over (a finish reason came: what may follow
-            # is usage and [DONE]), the turn finished all the same.
-            if readable and (scanner.done or scanner.finish_reason):
+            # The client left. Once the answer's last event had come ([DONE], or the native API's
+            # own), the turn finished all the same (reported before the last send, so this is for a
+            # client gone while that send waited); before it, the turn failed (a finish reason is
+            # not enough: with n > 1 choices the first to finish is not the last).
+            if readable and scanner.done:
                 self._stream_ended(turn, scanner, translation, readable)
             raise
         finally:

@@ -16,7 +16,8 @@ which the dataplane sends as it places the turn) to its ``FirstToken``, which th
 in its FINISHED or FAILED report (``first_token_ago_s``, :mod:`luftpause.scheduler.grpc_service`).
 So a sample's window holds the turns whose report came in that interval, and the time includes the
 wait here (held turns) as the client lives it, less the dataplane's own sub-millisecond part before
-its Admit. Single-pass turns have no first token and are left out.
+its Admit. Single-pass turns and whole (non-streamed) answers have no first token and are left
+out (the dataplane's own histogram counts a whole answer's whole time).
 
 Cost: :meth:`SchedulerSeries.observe` is one type test per event, and a dict insert and pop per
 turn (arrival, first token or end); the dict holds the turns in flight only (turns the core forgets

@@ -40,6 +40,10 @@ test sets ``END_NOW`` after the client's read, and the client's timeout is 20 s)
 NATIVE_LATE = "native-late-end"
 """A replica serving ``/v1/messages`` natively: ``message_stop``, then the body's end as for
 :data:`ON_SIGNAL`."""
+TWO_CHOICES = "two-choices"
+"""``n = 2``: choice 0 finishes at once, choice 1 goes on for seconds, one event every 0.1 s; what
+the engine managed to send before it saw the client's close is in ``TWO_CHOICES_SENT``."""
+TWO_CHOICES_SENT: list[int] = []
 END_NOW = threading.Event()
 TERMINATOR = b"0\r\n\r\n"
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -84,6 +88,20 @@ def _late_end(request: RawRequest) -> None:
         sock.sendall(TERMINATOR)
         return
     model = str(request.json["model"])
+    if model == TWO_CHOICES:
+        first = chunk("a", model, finish="stop")
+        sock.sendall(STREAM_HEAD + chunked(first))
+        sent = 0
+        try:
+            for _ in range(50):
+                time.sleep(0.1)
+                sock.sendall(chunked(chunk("b", model).replace(b'"index":0', b'"index":1')))
+                sent += 1
+            sock.sendall(chunked(b"data: [DONE]\n\n") + TERMINATOR)
+        except OSError:
+            pass  # the dataplane closed the request: the client left
+        TWO_CHOICES_SENT.append(sent)
+        return
     events = [
         chunk("hel", model),
         chunk("lo", model, finish="stop"),
@@ -116,7 +134,7 @@ def pair(
 ) -> Iterator[SchedulerAndDataplane]:
     replicas = (
         f'\n[[replicas]]\nname = "late"\nurl = "{engines["late"].url}"\n'
-        f'models = ["{LATE}", "{ON_SIGNAL}"]\nhealth_path = ""\n'
+        f'models = ["{LATE}", "{ON_SIGNAL}", "{TWO_CHOICES}"]\nhealth_path = ""\n'
         f'\n[[replicas]]\nname = "native"\nurl = "{engines["native"].url}"\n'
         f'models = ["{NATIVE_LATE}"]\napis = ["chat", "messages"]\nhealth_path = ""\n'
     )
@@ -153,10 +171,11 @@ def _settled(pair: SchedulerAndDataplane, finished: int) -> dict[str, int]:
 
 
 def test_an_openai_stream_whose_body_ends_1_s_after_done_is_a_finished_turn(
-    pair: SchedulerAndDataplane,
+    pair: SchedulerAndDataplane, request: pytest.FixtureRequest
 ) -> None:
     before = _scheduler_counters(pair)
     client = openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60)
+    request.addfinalizer(client.close)
     stream = client.chat.completions.create(
         model=LATE, messages=MESSAGES, stream=True, stream_options={"include_usage": True}
     )
@@ -181,6 +200,7 @@ def test_the_clients_response_ends_at_done_without_waiting_for_the_engines_end(
     """The engine writes its end only once the client's body has ended (:data:`ON_SIGNAL`): a relay
     that waited for the engine's end would never end the client's body (the read would time out)."""
     END_NOW.clear()
+    before = _scheduler_counters(pair)
     body = {"model": ON_SIGNAL, "messages": MESSAGES, "stream": True}
     try:
         with (
@@ -192,18 +212,22 @@ def test_the_clients_response_ends_at_done_without_waiting_for_the_engines_end(
     finally:
         END_NOW.set()
     assert received.endswith(b"data: [DONE]\n\n")
+    # reported before the next test counts (the dataplane holds a report up to 20 ms for company)
+    after = _settled(pair, before["finished"] + 1)
+    assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
     assert _turns(pair, "late").get("failed", 0.0) == 0.0
 
 
 @pytest.mark.parametrize("api", ["messages", "responses"])
 def test_a_translated_stream_whose_engine_ends_late_is_finished_and_closed_at_its_last_event(
-    pair: SchedulerAndDataplane, api: str
+    pair: SchedulerAndDataplane, api: str, request: pytest.FixtureRequest
 ) -> None:
     END_NOW.clear()
     before = _scheduler_counters(pair)
     try:
         if api == "messages":
             client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
+            request.addfinalizer(client.close)
             with client.messages.stream(
                 model=ON_SIGNAL, max_tokens=20, messages=[{"role": "user", "content": "hi"}]
             ) as stream:
@@ -214,6 +238,7 @@ def test_a_translated_stream_whose_engine_ends_late_is_finished_and_closed_at_it
             responses = openai.OpenAI(
                 base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=20
             )
+            request.addfinalizer(responses.close)
             events = list(responses.responses.create(model=ON_SIGNAL, input="hi", stream=True))
             assert events[-1].type == "response.completed"
             assert "".join(
@@ -237,7 +262,31 @@ def test_a_native_messages_stream_whose_body_ends_late_is_finished(pair: Schedul
             final = stream.get_final_message()
     finally:  # the client reads to the end of the body: it ended at message_stop
         END_NOW.set()
+        client.close()
     assert (text, final.stop_reason, final.usage.output_tokens) == ("hello", "end_turn", 2)
     after = _settled(pair, before["finished"] + 1)
     assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
     assert _turns(pair, "native").get("failed", 0.0) == 0.0
+
+
+def test_a_client_leaving_after_the_first_of_two_choices_finished_fails_the_turn_and_stops_the_engine(
+    pair: SchedulerAndDataplane,
+) -> None:
+    """With ``n = 2`` the first finish reason is not the end of the answer (review2.md): a client that
+    leaves then fails the turn, and the engine's request is closed at once, not kept for the body's
+    end (it would go on generating choice 1 for the 0.5 s grace and more)."""
+    before = _scheduler_counters(pair)
+    body = {"model": TWO_CHOICES, "messages": MESSAGES, "stream": True, "n": 2}
+    with (
+        httpx2.Client(timeout=20) as http,
+        http.stream("POST", f"{pair.dataplane_url}/v1/chat/completions", json=body) as response,
+    ):
+        for line in response.iter_lines():
+            if '"finish_reason":"stop"' in line:
+                break  # choice 0 is done: the client leaves
+    after = wait_until(lambda: _scheduler_counters(pair)["failed"] > before["failed"], 30)
+    assert after, pair.logs()
+    counters = _scheduler_counters(pair)
+    assert counters["finished"] == before["finished"]
+    assert wait_until(lambda: bool(TWO_CHOICES_SENT), 10)
+    assert TWO_CHOICES_SENT[-1] < 50  # it saw the close long before its 5 s of choice 1 were over

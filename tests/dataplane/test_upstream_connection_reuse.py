@@ -274,6 +274,34 @@ def test_bytes_on_an_idle_connection_close_it_and_are_never_read_as_the_next_ans
         assert [(p.connection, p.json["n"]) for p in engine.posts] == [(0, 1), (1, 2)]
 
 
+def test_bytes_after_an_answer_in_the_same_read_are_not_its_body_and_the_connection_is_not_kept(
+    run: Runner[Any],
+) -> None:
+    """An engine that writes a second message right after its answer, in the same write: the parser
+    read it as a second response, its body ("AB") was appended to the answer and the connection went
+    back to the pool mid-message, so the next turn on it failed."""
+
+    def answer_then_stray(request: RawRequest) -> None:
+        body = b'{"n":%d}' % request.json["n"]
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+        request.sock.sendall(head + body + b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nAB")
+
+    async def scenario(engine: RawEngine) -> tuple[bytes, bytes, int]:
+        upstream, pool = _upstream(engine)
+        try:
+            first = await _turn(pool, 1)
+            idle = len(pool._idle)
+            return first, await _turn(pool, 2), idle
+        finally:
+            await upstream.close()
+
+    with RawEngine(answer_then_stray) as engine:
+        first, second, idle = run(scenario(engine))
+    assert (first, second) == (b'{"n":1}', b'{"n":2}')
+    assert idle == 0  # never pooled
+    assert [(p.connection, p.json["n"]) for p in engine.posts] == [(0, 1), (1, 2)]
+
+
 def test_idle_time_runs_from_the_answers_last_byte_not_from_the_release(run: Runner[Any]) -> None:
     async def scenario(engine: RawEngine) -> tuple[float, float]:
         upstream, pool = _upstream(engine)
@@ -430,6 +458,8 @@ def test_a_pool_keeps_at_most_max_idle_connections_and_the_sweep_drops_every_exp
                 await exchange.read_all(1 << 20)
                 exchange.release()
             kept = len(pool._idle)
+            # the most recently released are kept: the older ones are nearer the engine's idle close
+            assert list(pool._idle) == exchanges[-3:]
             assert upstream.pool("raw", engine.url, lambda: [], max_idle=5) is pool and pool.max_idle == 5
             pool.sweep(asyncio.get_running_loop().time() + KEEPALIVE_S)
             return kept, len(pool._idle), len(pool.busy)

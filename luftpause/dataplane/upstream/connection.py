@@ -94,6 +94,7 @@ class EngineExchange(asyncio.Protocol):
         "_paused",
         "_pool",
         "_received",
+        "_stray",
         "_transport",
         "_waiter",
         "answered",
@@ -122,6 +123,9 @@ class EngineExchange(asyncio.Protocol):
         """In its pool's idle list: no request is outstanding on it."""
         self._received = False
         """A byte arrived since the last request was written (then it is never sent again)."""
+        self._stray = False
+        """A second message began after the answer's end, before another request was sent: bytes that
+        answer nothing (ignored); the connection is never pooled."""
         self._grace: asyncio.TimerHandle | None = None
         """Set while the released exchange waits for its body's end (``BODY_END_GRACE_S``)."""
         self.answered = False
@@ -185,7 +189,13 @@ class EngineExchange(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self._stray = True  # the answer ended in this same read; what follows answers nothing
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._stray:
+            return
         name = name.lower()
         if name == b"content-length":
             self._has_length = True
@@ -194,16 +204,20 @@ class EngineExchange(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._stray:
+            return
         self.status = self._parser.get_status_code()
         self._head_done = True
 
     def on_body(self, body: bytes) -> None:
-        if self._grace is not None:
-            return  # after a whole answer, released: nobody reads it
+        if self._grace is not None or self._stray:
+            return  # after a whole answer (released, or a stray message after it): nobody reads it
         self._body.append(body)
         self._buffered += len(body)
 
     def on_message_complete(self) -> None:
+        if self._stray:
+            return
         self.complete = True
         self._keep_alive = self._parser.should_keep_alive()
         self.idle_since = self.quiet_since  # the read that brought the last byte
@@ -294,7 +308,7 @@ class EngineExchange(asyncio.Protocol):
         it has; within ``BODY_END_GRACE_S`` if the relay set ``answered``), else closed."""
         if self.error is None and self._transport is not None:
             if self.complete:
-                if self._keep_alive:
+                if self._keep_alive and not self._stray:
                     self._pool.put(self)
                     return
             elif self.answered:

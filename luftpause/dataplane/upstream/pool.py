@@ -155,12 +155,13 @@ class EnginePool:
 
     def put(self, exchange: EngineExchange) -> None:
         self.busy.discard(exchange)
-        if len(self._idle) >= self.max_idle:
-            exchange.abort()  # as many idle as the pool keeps: more are never needed at once
-            return
         exchange._reset_for_reuse()
         exchange._idle = True
         self._idle[exchange] = None
+        while len(self._idle) > self.max_idle:
+            # as many idle as the pool keeps (more are never needed at once): the one idle longest
+            # goes, the nearest to the engine's own idle close
+            next(iter(self._idle)).abort()
 
     def lost(self, exchange: EngineExchange) -> None:
         self.busy.discard(exchange)

@@ -282,7 +282,7 @@ class State:
     """How long a tool-paused interactive run keeps its headroom slot (:mod:`.policies.pause_hold`)."""
     caller_pauses: OrderedDict[str, list[float]] = field(default_factory=OrderedDict)
     """Caller -> the last tool pauses its runs showed (seconds), the hold's fallback signal; the
-    :data:`MAX_REMEMBERED_CALLERS` callers that showed one most recently (:func:`caller_entry`)."""
+    :data:`MAX_REMEMBERED_CALLERS` callers that showed one most recently (:func:`bound_callers`)."""
     hold_ends: list[tuple[float, str, float]] = field(default_factory=list)
     """Heap of ``(hold end, run id, pause start)`` of every pause hold begun (stale entries are
     dropped when they come up on a tick)."""
