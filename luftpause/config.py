@@ -241,7 +241,9 @@ class SchedulerConfig(_Section):
     """Where an idle run's next turn goes (a chat's next message, an agent whose tool calls the
     proxy does not see): ``wait`` (the default) to the replica that holds its prefix, held for it
     a bounded time learned from what a prefill miss costs (docs/architecture.md "Rules");
-    ``off``, ``prefer`` (there only when it has room) and ``pin`` (no bound): for measuring."""
+    ``off``, ``prefer`` (there only when it has room) and ``pin`` (until the window ends): for
+    measuring. The dataplane reads it too, from its own file, for the placements it makes under a
+    capacity lease: a dataplane on another host needs the same value in its ``[scheduler]`` table."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
     admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""
