@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import unquote
 
+from jsonpointer import EndOfList, JsonPointer, JsonPointerException
+
 MAX_SHAPE_DEPTH: Final = 6
 """Nesting shown in an expected shape before it says ``…``."""
 
@@ -46,25 +48,21 @@ def declared_types(schema: Mapping[str, Any]) -> list[str]:
 
 
 def local_ref(root: Mapping[str, Any], ref: str) -> object | None:
-    """The part of ``root`` a local JSON Pointer reference (RFC 6901 in a URI fragment) names, or
-    None when ``ref`` is not local or names nothing."""
+    """The part of ``root`` a local JSON Pointer reference (RFC 6901 in a URI fragment, section 6:
+    percent-decoded first) names, or None when ``ref`` is not local or names nothing. The pointer is
+    resolved by ``jsonpointer`` (python-json-pointer); ``-`` (past a list's end) names nothing."""
     if not ref.startswith("#"):
         return None
-    node: object = root
     pointer = unquote(ref[1:])
     if not pointer:
         return root
     if not pointer.startswith("/"):
         return None  # an anchor ("#name"): left to the validator
-    for token in pointer[1:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
+    try:
+        node = JsonPointer(pointer).resolve(root)
+    except JsonPointerException:
+        return None
+    return None if isinstance(node, EndOfList) else node
 
 
 def _shape(schema: object, root: Mapping[str, Any], depth: int) -> str:

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from luftpause.runtime.agent.schema_shape import local_ref
 from luftpause.runtime.agent.tool_arguments import (
     MAX_NESTING,
     ToolArgumentsError,
@@ -615,3 +616,32 @@ def test_all_of_shows_every_part_not_any() -> None:
     assert expected_shape(schema) == '{"a"?: integer}'  # the bare "required" part shows nothing
     both = {"allOf": [{"type": "integer"}, {"type": "number"}]}
     assert expected_shape(both) == "integer & number"
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("#", "root"),
+        ("#/$defs/a~1b", {"type": "string"}),  # "~1" is "/"
+        ("#/$defs/x~0y", {"type": "integer"}),  # "~0" is "~"
+        ("#/$defs/a%7E1b", {"type": "string"}),  # a URI fragment is percent-decoded first
+        ("#/$defs/list/0", {"type": "null"}),
+        ("#/$defs/list/5", None),
+        ("#/$defs/list/-", None),  # past the list's end: names nothing
+        ("#/$defs/list/x", None),
+        ("#/$defs/nope", None),
+        ("#/$defs/scalar/x", None),
+        ("#anchor", None),  # an anchor: the validator's
+        ("other.json#/a", None),  # not local
+    ],
+)
+def test_a_local_ref_is_resolved_as_rfc_6901_says(ref: str, expected: object) -> None:
+    root = {
+        "$defs": {
+            "a/b": {"type": "string"},
+            "x~y": {"type": "integer"},
+            "list": [{"type": "null"}],
+            "scalar": 3,
+        }
+    }
+    assert local_ref(root, ref) == (root if expected == "root" else expected)
