@@ -44,7 +44,8 @@ def measure(venv: Path) -> dict[str, object]:
     python = venv / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(f"{python}: not a venv")
-    done = subprocess.run([str(python), "-c", _LIST], capture_output=True, text=True, check=True)
+    # -I: isolated, so the working directory (a checkout with its .egg-info) is not on the path
+    done = subprocess.run([str(python), "-I", "-c", _LIST], capture_output=True, text=True, check=True)
     packages = json.loads(done.stdout)
     total = sum(p["bytes"] for p in packages)
     return {"packages": packages, "count": len(packages), "mb": round(total / 1e6, 1)}
