@@ -34,7 +34,8 @@ import orjson
 from aiohttp import hdrs, web
 from pydantic import ValidationError
 
-from luftpause.config import ReplicaConfig, describe_fields
+from luftpause.config import ReplicaConfig
+from luftpause.config_faults import describe_fields
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import error_response
 
