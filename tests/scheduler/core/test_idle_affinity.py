@@ -67,7 +67,7 @@ def _replicas(**flags: bool) -> tuple[Replica, ...]:
         ("its replica's breaker open", IdleAffinity(), _run(), _replicas(tripped=True), 20.0, None),
         ("its replica draining", IdleAffinity(), _run(), _replicas(draining=True), 20.0, None),
         ("its replica being removed", IdleAffinity(), _run(), _replicas(removing=True), 20.0, None),
-        ("its replica not serving the model", IdleAffinity(), _run(last="c"), _replicas(), 20.0, None),
+        ("its replica not among the serving", IdleAffinity(), _run(last="c"), _replicas(), 20.0, None),
     ],
 )
 def test_the_soft_replica(
