@@ -48,6 +48,7 @@ from luftpause.dataplane.apis._chat_events import (
     ChatEvents,
     StreamIncomplete,
     TranslationBroken,
+    named_call,
     read_chunk,
     usage_of,
 )
@@ -379,15 +380,8 @@ class ResponsesStream:
     def _tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str | None) -> bytes:
         output_index = self._calls.get(index)
         if output_index is None:
-            pending = self._pending.setdefault(index, [None, ""])
-            if call_id is not None and pending[0] is None:
-                pending[0] = call_id
-            if arguments:
-                pending[1] += arguments
-            if name is None:
-                return b""
-            del self._pending[index]
-            return self._open_call(index, pending, name)
+            named = named_call(self._pending, index, call_id, name, arguments)
+            return b"" if named is None else self._open_call(index, named, name)
         if not arguments:
             return b""
         item = self._output[output_index]
