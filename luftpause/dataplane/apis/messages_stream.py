@@ -247,7 +247,7 @@ class MessagesStream:
         block = self._calls.get(index)
         if block is None:
             named = named_call(self._pending, index, call_id, name, arguments)
-            return b"" if named is None else self._open_tool(index, named, name)
+            return b"" if named is None or name is None else self._open_tool(index, named, name)
         if not arguments:
             return b""
         delta = {"type": "input_json_delta", "partial_json": arguments}

@@ -381,7 +381,7 @@ class ResponsesStream:
         output_index = self._calls.get(index)
         if output_index is None:
             named = named_call(self._pending, index, call_id, name, arguments)
-            return b"" if named is None else self._open_call(index, named, name)
+            return b"" if named is None or name is None else self._open_call(index, named, name)
         if not arguments:
             return b""
         item = self._output[output_index]
