@@ -49,7 +49,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from luftpause import health as probes
-from luftpause import metrics
+from luftpause import metrics, pages
 from luftpause.auth.hosts import HostAllowList
 from luftpause.auth.tokens import CHALLENGE, REFUSED, bearer_matches
 from luftpause.config import ListenerLimits
@@ -129,11 +129,12 @@ _INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.DOTALL)
 
 
 def page_html() -> bytes:
-    """The live page, ``luftpause/scheduler/page.html``, as UTF-8 bytes.
+    """The live page, ``luftpause/scheduler/page.html`` with the shared look and state vocabulary
+    inlined (:mod:`luftpause.pages`), as UTF-8 bytes.
 
     Raises ``FileNotFoundError`` when the package was installed without its data file.
     """
-    return resources.files(__package__).joinpath(PAGE_RESOURCE).read_bytes()
+    return pages.assemble(resources.files(__package__).joinpath(PAGE_RESOURCE).read_bytes())
 
 
 def page_csp(page: bytes) -> str:

@@ -127,6 +127,8 @@ def test_the_wheel_carries_both_compiled_twins_the_pages_and_the_type_markers(di
         "luftpause/v1/scheduler_pb2.pyi",
         "luftpause/scheduler/page.html",
         "luftpause/runtime/web/monitor.html",
+        "luftpause/pages/look.html",
+        "luftpause/pages/states.html",
     ):
         assert needed in names
     assert not any(n.startswith(("_speedups/", "tests/")) or n.endswith((".pyx", ".c")) for n in names)
@@ -144,6 +146,8 @@ def test_the_sdist_carries_the_sources_the_build_needs_and_no_generated_c(dist: 
         "proto/luftpause/v1/scheduler.proto",
         "luftpause/py.typed",
         "luftpause/scheduler/page.html",
+        "luftpause/pages/look.html",
+        "luftpause/pages/states.html",
     ):
         assert needed in names, needed
     assert not any(n.endswith(".c") or n.endswith(".so") for n in names)

@@ -1,6 +1,7 @@
 """The scheduler's page and the runtime's monitor share one look and one vocabulary for run states:
-the same blocks of style and script, byte for byte, in two self-contained files (no asset, no
-build step), each allowed by its own Content-Security-Policy. (Both are driven in Chromium by
+the blocks of style and script in ``luftpause/pages/``, inlined into both as each is read, so each
+page is served self-contained (no asset, no build step), every block allowed by its own
+Content-Security-Policy. (Both are driven in Chromium by
 ``test_scheduler_page.py`` and ``test_runtime_monitor_page.py``.)"""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 
 import pytest
 
+from luftpause import pages
 from luftpause.runtime.web import monitor
 from luftpause.scheduler import status_http
 
@@ -30,6 +32,13 @@ def test_the_two_pages_share_their_look_and_their_chart_and_state_code_byte_for_
     assert blocks(MONITOR, b"script")[:1] == scripts[:1]
     assert b"const luftpausePages" in scripts[0]
     assert len(blocks(MONITOR, b"style")) == 3 and len(blocks(MONITOR, b"script")) == 2
+    assert b"luftpause.pages:" not in SCHEDULER and b"luftpause.pages:" not in MONITOR  # all inlined
+    assert pages.assemble(b"<!-- luftpause.pages: look.html -->\n").startswith(b"<style>")
+
+
+def test_a_part_the_package_lacks_is_refused() -> None:
+    with pytest.raises(FileNotFoundError):
+        pages.assemble(b"<!-- luftpause.pages: nope.html -->\n")
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from luftpause import pages
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.pods.actors import PERSON
 from luftpause.runtime.pods.operations import PodOperations
@@ -75,8 +76,9 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 
 
 def page_html() -> bytes:
-    """The page's bytes (package data); raises ``FileNotFoundError`` if installed without it."""
-    return resources.files(__package__).joinpath(PAGE_RESOURCE).read_bytes()
+    """The page's bytes (package data, the shared look and state vocabulary inlined:
+    :mod:`luftpause.pages`); raises ``FileNotFoundError`` if installed without them."""
+    return pages.assemble(resources.files(__package__).joinpath(PAGE_RESOURCE).read_bytes())
 
 
 def _hashes(page: bytes, tag: bytes) -> str:
