@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -65,14 +64,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
     finally:
         running.stop()
-
-
-@pytest.fixture
-def home() -> Iterator[str]:
-    root = os.path.expanduser("~/.cache/luftpause")
-    os.makedirs(root, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="harness-", dir=root) as folder:
-        yield folder
 
 
 def _status(stack: Stack) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -78,14 +77,6 @@ apis = ["chat", "messages", "responses"]
             yield running
         finally:
             running.stop()
-
-
-@pytest.fixture
-def home() -> Iterator[str]:
-    root = os.path.expanduser("~/.cache/luftpause")
-    os.makedirs(root, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="harness-", dir=root) as folder:
-        yield folder
 
 
 def _endpoints(stack: Stack, caller: str) -> Endpoints:
