@@ -35,6 +35,12 @@ class SchedulerAndDataplane:
             result: dict[str, Any] = orjson.loads(response.read())
             return result
 
+    def counters(self) -> dict[str, int]:
+        """The scheduler's ``/status`` counters (turns finished, failed, held, ...)."""
+        with urllib.request.urlopen(self.status_url, timeout=10) as response:
+            counters: dict[str, int] = orjson.loads(response.read())["counters"]
+            return counters
+
     def metric(self, line_prefix: str) -> float:
         """The value of the first line of the dataplane's ``/metrics`` starting with ``line_prefix``
         (a name with its labels, e.g. ``'luftpause_dataplane_turns_held '``); 0 when absent."""

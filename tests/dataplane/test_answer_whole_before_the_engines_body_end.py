@@ -155,25 +155,17 @@ def _turns(pair: SchedulerAndDataplane, replica: str) -> dict[str, float]:
     return counts
 
 
-def _scheduler_counters(pair: SchedulerAndDataplane) -> dict[str, int]:
-    with urllib.request.urlopen(pair.status_url, timeout=10) as response:
-        counters: dict[str, int] = orjson.loads(response.read())["counters"]
-        return counters
-
-
 def _settled(pair: SchedulerAndDataplane, finished: int) -> dict[str, int]:
     """The scheduler's counters once ``finished`` turns have been reported there in all (30 s at
     most), and none in flight on the dataplane."""
-    wait_until(
-        lambda: _scheduler_counters(pair)["finished"] >= finished and pair.health()["in_flight"] == 0, 30
-    )
-    return _scheduler_counters(pair)
+    wait_until(lambda: pair.counters()["finished"] >= finished and pair.health()["in_flight"] == 0, 30)
+    return pair.counters()
 
 
 def test_an_openai_stream_whose_body_ends_1_s_after_done_is_a_finished_turn(
     pair: SchedulerAndDataplane, request: pytest.FixtureRequest
 ) -> None:
-    before = _scheduler_counters(pair)
+    before = pair.counters()
     client = openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60)
     request.addfinalizer(client.close)
     stream = client.chat.completions.create(
@@ -200,7 +192,7 @@ def test_the_clients_response_ends_at_done_without_waiting_for_the_engines_end(
     """The engine writes its end only once the client's body has ended (:data:`ON_SIGNAL`): a relay
     that waited for the engine's end would never end the client's body (the read would time out)."""
     END_NOW.clear()
-    before = _scheduler_counters(pair)
+    before = pair.counters()
     body = {"model": ON_SIGNAL, "messages": MESSAGES, "stream": True}
     try:
         with (
@@ -223,7 +215,7 @@ def test_a_translated_stream_whose_engine_ends_late_is_finished_and_closed_at_it
     pair: SchedulerAndDataplane, api: str, request: pytest.FixtureRequest
 ) -> None:
     END_NOW.clear()
-    before = _scheduler_counters(pair)
+    before = pair.counters()
     try:
         if api == "messages":
             client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
@@ -252,7 +244,7 @@ def test_a_translated_stream_whose_engine_ends_late_is_finished_and_closed_at_it
 
 def test_a_native_messages_stream_whose_body_ends_late_is_finished(pair: SchedulerAndDataplane) -> None:
     END_NOW.clear()
-    before = _scheduler_counters(pair)
+    before = pair.counters()
     client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
     try:
         with client.messages.stream(
@@ -275,7 +267,7 @@ def test_a_client_leaving_after_the_first_of_two_choices_finished_fails_the_turn
     """With ``n = 2`` the first finish reason is not the end of the answer (review2.md): a client that
     leaves then fails the turn, and the engine's request is closed at once, not kept for the body's
     end (it would go on generating choice 1 for the 0.5 s grace and more)."""
-    before = _scheduler_counters(pair)
+    before = pair.counters()
     body = {"model": TWO_CHOICES, "messages": MESSAGES, "stream": True, "n": 2}
     with (
         httpx2.Client(timeout=20) as http,
@@ -284,9 +276,9 @@ def test_a_client_leaving_after_the_first_of_two_choices_finished_fails_the_turn
         for line in response.iter_lines():
             if '"finish_reason":"stop"' in line:
                 break  # choice 0 is done: the client leaves
-    after = wait_until(lambda: _scheduler_counters(pair)["failed"] > before["failed"], 30)
+    after = wait_until(lambda: pair.counters()["failed"] > before["failed"], 30)
     assert after, pair.logs()
-    counters = _scheduler_counters(pair)
+    counters = pair.counters()
     assert counters["finished"] == before["finished"]
     assert wait_until(lambda: bool(TWO_CHOICES_SENT), 10)
     assert TWO_CHOICES_SENT[-1] < 50  # it saw the close long before its 5 s of choice 1 were over
