@@ -68,6 +68,7 @@ class PodTools:
         sent = _pod_call(self.pods.send, Actor.of_caller(caller_of(ctx)), handle, message)
         if sent["delivered"] == "now":  # re-opened: its drive's task has not run yet
             spans.reopened(sent["handle"], ctx)
+        await self.pods.registry.durable()  # the message survives a kill after this answer
         return sent
 
     async def read(
@@ -78,16 +79,21 @@ class PodTools:
     ) -> dict[str, Any]:
         actor = Actor.of_caller(caller_of(ctx))
         if not tracing.active:
-            return _pod_call(self.pods.read, actor, handle, since)
-        try:
-            touched = [self.pods.resolve(actor, handle).handle]  # a name: linked to the run it names
-        except RuntimeFault:
-            touched = []  # refused below, with its message
-        with spans.touching("read", touched, ctx):
-            return _pod_call(self.pods.read, actor, handle, since)
+            read = _pod_call(self.pods.read, actor, handle, since)
+        else:
+            try:
+                touched = [self.pods.resolve(actor, handle).handle]  # a name: linked to the run it names
+            except RuntimeFault:
+                touched = []  # refused below, with its message
+            with spans.touching("read", touched, ctx):
+                read = _pod_call(self.pods.read, actor, handle, since)
+        await self.pods.registry.durable()  # the events it consumed stay read after a kill
+        return read
 
     async def stop(self, handle: Handle, ctx: Context) -> dict[str, Any]:
-        return _pod_call(self.pods.stop, Actor.of_caller(caller_of(ctx)), handle)
+        stopped = _pod_call(self.pods.stop, Actor.of_caller(caller_of(ctx)), handle)
+        await self.pods.registry.durable()  # a kill after this answer does not bring the run back
+        return stopped
 
     async def list_(
         self,

@@ -152,6 +152,7 @@ class RunTools:
             stopped += self.pods.end_idle(self.registry.get(handle), "cancel")
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
+        await self.registry.durable()  # the ends survive a kill after this answer
         return {"handle": handle, "cancelled": [run.handle for run in stopped]}
 
     async def approve(
@@ -167,6 +168,7 @@ class RunTools:
             approval = self.approvals.answer(handle, allow, call)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
+        await self.registry.durable()  # the decision is not asked again after a kill
         return {
             "handle": handle,
             "call": approval.id,

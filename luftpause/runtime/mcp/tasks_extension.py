@@ -116,9 +116,11 @@ class TasksExtension(Extension):
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> HandlerResult:
         require_client_extension(ctx, TASKS_EXTENSION)
         self.tasks.update(params.task_id, params.input_responses)
+        await self.tasks.runs.durable()  # the decisions are not asked again after a kill
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
         require_client_extension(ctx, TASKS_EXTENSION)
         self.tasks.cancel(params.task_id)
+        await self.tasks.runs.durable()  # the cancelled runs stay ended after a kill
         return {"resultType": "complete"}

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -254,6 +255,7 @@ class Journal:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last: concurrent.futures.Future[None] | None = None
 
     @property
     def size(self) -> int:
@@ -340,6 +342,7 @@ class Journal:
         line = encode(record)
         done.add_done_callback(lambda f: self._settled(record, f))
         self._queue.put((line, done))
+        self._last = done
         self._queued_size += len(line)
         if self._queued_size > self._compact_at and self._snapshot is not None:
             self.compact_later(self._snapshot())
@@ -348,6 +351,17 @@ class Journal:
     async def write(self, record: Record) -> None:
         """Append ``record`` and wait until it is durable; raises :class:`JournalWriteError`."""
         await asyncio.wrap_future(self.append(record))
+
+    async def written(self) -> None:
+        """Wait until every record appended so far is written and fsynced, or has failed (the
+        writer keeps their order, so the last one's future settles after all of them; a failure
+        was logged and reported to ``on_failure``). For an answer that must not be given before
+        the change it reports is durable: a kill after the answer must not lose it."""
+        last = self._last
+        if last is None:
+            return
+        with contextlib.suppress(OSError):
+            await asyncio.wrap_future(last)
 
     def _settled(self, record: Record, done: concurrent.futures.Future[None]) -> None:
         exc = done.exception()

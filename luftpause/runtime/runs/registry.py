@@ -281,6 +281,13 @@ class RunRegistry:
         run.durability.last_written = written
         return written
 
+    async def durable(self) -> None:
+        """Wait until every change journaled so far is durable (:meth:`Journal.written`; at once
+        without a journal). A tool or route that changes a run awaits this before it answers, so a
+        change it reported survives a kill right after the answer."""
+        if self.journal is not None:
+            await self.journal.written()
+
     def _journal_failed(self, record: dict[str, Any], error: OSError) -> None:
         run = self._runs.get(str(record.get("handle")))
         if run is not None and run.durability.error is None:

@@ -226,10 +226,14 @@ def monitor_routes(
         message = body.get("message") if isinstance(body, dict) else None
         if not isinstance(message, str) or not message.strip():
             raise ValueError("expected a JSON body {'message': non-empty text}")
-        return pods.send(PERSON, request.path_params["handle"], message)
+        sent = pods.send(PERSON, request.path_params["handle"], message)
+        await pods.registry.durable()  # as the MCP tools do: answered, it survives a kill
+        return sent
 
     async def stop(request: Request) -> dict[str, Any]:
-        return pods.stop(PERSON, request.path_params["handle"])
+        stopped = pods.stop(PERSON, request.path_params["handle"])
+        await pods.registry.durable()
+        return stopped
 
     return [
         Route("/monitor", monitor_page, methods=["GET"]),

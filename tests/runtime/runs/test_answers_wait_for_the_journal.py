@@ -1,0 +1,92 @@
+"""A tool that changes a run answers only once the change is durable: a kill right after the answer
+does not undo it (CI's input: ``stop`` answered ``stopped``, the runtime was killed at once, and
+after the restart the run was ``idle`` again; its ``stop`` record was still queued for the journal).
+
+In-process: the runtime as ``luftpause up`` builds it, its journal in a temporary state directory,
+the real ``mcp`` client over the SDK's in-memory transport, and the journal's fsync held by a gate
+the test opens. Each changing tool (``stop``, ``send``, ``cancel``) must still be waiting while the
+gate is shut, and must answer once it opens; ``list`` changes nothing and answers at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.types import CallToolResult, Implementation
+from runtime_helpers import MINIMAL_CONFIG, make_run, with_state_dir
+
+from luftpause.runtime.runs import journal as journal_module
+from luftpause.runtime.runs.journal import read_records
+from luftpause.runtime.wiring import build_runtime
+
+CALLER = "durable-caller"
+
+
+@pytest.fixture
+def fsync_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The journal's fsync waits until the returned event is set (set: fsync as usual)."""
+    gate = threading.Event()
+    gate.set()
+    real_fsync = os.fsync
+
+    def gated(fd: int) -> None:
+        gate.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated)
+    yield gate
+    gate.set()
+
+
+async def _answered_only_after_the_gate(
+    gate: threading.Event, call: asyncio.Task[CallToolResult]
+) -> CallToolResult:
+    await asyncio.sleep(0.3)  # ample for an in-memory tool call that does not wait
+    assert not call.done(), "answered before its journal record was durable"
+    gate.set()
+    result = await asyncio.wait_for(call, 10)
+    assert not result.is_error, result
+    return result
+
+
+def test_stop_send_and_cancel_answer_once_their_records_are_durable(
+    tmp_path: Path, fsync_gate: threading.Event
+) -> None:
+    runtime = build_runtime(with_state_dir(MINIMAL_CONFIG, tmp_path))
+    registry = runtime.registry
+
+    async def idle(run: Any) -> None:  # a re-opened run's drive: this test sends no turns
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        async with registry.serving(idle):
+            for handle in ("run-stop", "run-send", "run-cancel"):
+                run = registry.add(make_run(handle, caller=CALLER))
+                registry.finish(run, "completed", answer="done")
+            await registry.durable()
+            async with Client(runtime.mcp, client_info=Implementation(name=CALLER, version="1")) as client:
+
+                async def gated(tool: str, arguments: dict[str, Any]) -> CallToolResult:
+                    fsync_gate.clear()
+                    call = asyncio.ensure_future(client.call_tool(tool, arguments))
+                    return await _answered_only_after_the_gate(fsync_gate, call)
+
+                await gated("stop", {"handle": "run-stop"})
+                await gated("cancel", {"handle": "run-cancel"})
+                await gated("send", {"handle": "run-send", "message": "once more"})
+
+                fsync_gate.clear()
+                listed = await asyncio.wait_for(client.call_tool("list", {"caller": CALLER}), 5)
+                assert not listed.is_error
+                fsync_gate.set()
+
+    asyncio.run(scenario())
+    kinds = {(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)}
+    assert {("stop", "run-stop"), ("stop", "run-cancel"), ("message", "run-send")} <= kinds, kinds
