@@ -703,9 +703,13 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.caller_cold[self.state.runs[run_id].caller] = rate
             self.finished_turns[run_id] = self.finished_turns.get(run_id, 0) + 1
         if run_id in self.shadow and self.latest.get(run_id) in (None, turn_id):
-            self.end_pause(run_id)
-            if phase == "tool_paused":
-                self.begin_pause(run_id)
+            # A run tool-paused already stays in the pause it began (another of its turns ending
+            # in a tool call, e.g. an older one placed beside it, neither restarts nor lengthens
+            # its hold: CI's input, r0's hold moved from 6.5 s to 9.7 s in the machine only).
+            if not (phase == "tool_paused" and self.shadow[run_id][0] == "tool_paused"):
+                self.end_pause(run_id)
+                if phase == "tool_paused":
+                    self.begin_pause(run_id)
             self.shadow[run_id] = (phase, self.placed_on[turn_id])
             self.latest.pop(run_id, None)
             if finished and phase == "idle":
@@ -1671,3 +1675,21 @@ def test_a_resync_listing_meets_the_runs_the_hold_ending_tick_changed(
     assert machine.holding and [turn.turn_id for turn in machine.state.held] == ["t1"]
     machine.resync_listing(adopt=None, leases=False, model="m1", pick=0)
     assert not machine.holding and "t1" in machine.state.placed
+
+
+def test_an_older_turn_ending_in_a_tool_call_keeps_the_pause_its_run_began() -> None:
+    """CI's input, shrunk: run r0 has two turns placed; the later one ends in a tool call (the run's
+    pause begins), then the older one does too. The run stays in the pause it began: the core's
+    pause and hold are unchanged, and so are the machine's (it had restarted its pause)."""
+    machine = LimitedSchedulerMachine()
+    machine.start()
+    machine.arrive("r0", "m1", False, "x", "dp")
+    machine.arrive("r0", "m1", False, "x", "dp")
+    assert list(machine.state.placed) == ["t0", "t1"]
+    machine.finish(1, True)  # t1, the run's latest turn
+    run = machine.state.runs["r0"]
+    began = (run.paused_at, run.hold_until)
+    machine.finish(0, True)  # t0, placed before it
+    assert (run.paused_at, run.hold_until) == began
+    machine.headroom_matches_paused_interactive_runs_within_their_hold()
+    machine.runs_match_the_shadow()
