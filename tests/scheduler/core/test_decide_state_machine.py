@@ -362,13 +362,18 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if isinstance(event, Resynced):
                     assert action.turn_id in {turn.turn_id for turn in event.turns}
             if isinstance(action, Place):
+                if action.turn_id in self.batch:
+                    # with the runs' replicas as this placement found them: a batch turn placed
+                    # moves its own run there, and so may pin that run's held interactive turns to
+                    # the replica it just filled (CI's input: r2's t3 held for b, r2's batch turn
+                    # placed on a, checked after the move: "t3 held behind batch on a")
+                    self.no_interactive_waits_for(action.replica)
                 self.on_place(action)
                 if action.turn_id in held_keys and not isinstance(event, Resynced):
                     self.placed_in_run_order(action, held_keys[action.turn_id])
                 replica = self.state.replicas[action.replica]
                 assert replica.inflight <= self.capacity(replica.name), f"{replica.name} over capacity"
                 if action.turn_id in self.batch:
-                    self.no_interactive_waits_for(replica.name)
                     if not isinstance(event, Resynced) and action.turn_id not in self.single:
                         self.batch_took_no_kept_slot(action, actions[index + 1 :])
             elif isinstance(action, RetireReplica):
@@ -1693,3 +1698,20 @@ def test_an_older_turn_ending_in_a_tool_call_keeps_the_pause_its_run_began() -> 
     assert (run.paused_at, run.hold_until) == began
     machine.headroom_matches_paused_interactive_runs_within_their_hold()
     machine.runs_match_the_shadow()
+
+
+def test_a_batch_turn_moving_its_own_run_is_no_batch_turn_taking_an_interactive_slot() -> None:
+    """CI's input, shrunk: run r2 generates on b (one slot) and its second interactive turn t3 is
+    held for b; a batch turn of r2 for another model is placed on a, filling it. That placement
+    moves r2 to a, so t3 now waits for a: a move the batch turn made, not a slot it took from an
+    interactive turn that could have used it then."""
+    machine = SchedulerMachine()
+    machine.start()
+    machine.arrive(run="r0", model="m1", batch=False, caller="", dataplane="dp")
+    machine.arrive(run="r1", model="m2", batch=False, caller="", dataplane="dp")
+    machine.arrive(run="r2", model="m1", batch=False, caller="", dataplane="dp")
+    machine.arrive(run="r2", model="m1", batch=False, caller="", dataplane="dp")
+    assert [turn.turn_id for turn in machine.state.held] == ["t3"]
+    machine.arrive(run="r2", model="m2", batch=True, caller="", dataplane="dp")
+    assert machine.state.placed["t4"].replica == "a"
+    machine.held_turn_never_waits_beside_room()
