@@ -1382,9 +1382,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         name = names[pick % len(names)]
         self.advance(0.1)  # the hold-ending tick first: it places before this event
+        # the turns held for it as their soft replica wait no more (idle affinity): they may be
+        # placed elsewhere at once; nothing else is (CI's input: a drain placed t28, whose idle
+        # run's replica it was)
+        waited = {t.turn_id for t in self.state.held if t.soft == name and self.soft_waiting(t.turn_id)}
         self.draining.add(name)
         actions = self.feed(ReplicaDrained(name, self.now))
-        assert not [a for a in answers(actions) if isinstance(a, Place | Reject)], "a drain places nothing"
+        placed = [a for a in answers(actions) if isinstance(a, Place | Reject)]
+        assert all(isinstance(a, Place) and a.turn_id in waited for a in placed), (
+            f"a drain places only the turns that waited for it: {placed}"
+        )
         event("replica drained")
 
     @rule(pick=st.integers(0, 1000))
@@ -1715,3 +1722,20 @@ def test_a_batch_turn_moving_its_own_run_is_no_batch_turn_taking_an_interactive_
     machine.arrive(run="r2", model="m2", batch=True, caller="", dataplane="dp")
     assert machine.state.placed["t4"].replica == "a"
     machine.held_turn_never_waits_beside_room()
+
+
+def test_a_drain_places_the_turns_that_waited_for_it_as_their_idle_runs_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI's input, shrunk: an idle run comes back to its full replica and is held for it (idle
+    affinity); that replica drains. Its wait is over, so it is placed elsewhere at once: the one
+    placement a drain may make."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)  # outside a test
+    machine = SchedulerMachine()
+    machine.start()
+    machine.flood_does_not_starve_a_caller(batch=False)
+    machine.session_cut_off_in_a_tool_call(after=0.5, pick=0)
+    machine.idle_run_comes_back_to_a_full_replica(batch=False, pick=0, taught=False, then="nothing")
+    (held,) = [turn for turn in machine.state.held if turn.soft is not None]
+    machine.drain_replica(pick=0)
+    assert held.turn_id in machine.state.placed
