@@ -36,9 +36,9 @@ does a chat turn's:
 Framing, the bound on an event's size, ``events``, ``event_count``, ``oversized_events`` and
 ``buffered_bytes`` are the chat scanner's own (WHATWG HTML 9.2.6; these classes subclass the pure
 twin and replace only its ``_payload`` hook, what a dispatched event's data means; the compiled
-twins in ``_speedups/_sse_c.pyx`` do the same on the compiled scanner). Once the first token has been seen,
-an event whose ``type`` (the payload's first key, as both APIs write it) is a plain content delta
-is not parsed: it can say nothing more. Never raises on what the engine sends.
+twins in ``_speedups/_facts_c.pyx`` do the same on the compiled scanner). Once the first token has
+been seen, an event whose ``type`` (the payload's first key, as both APIs write it) is a plain
+content delta is not parsed: it can say nothing more. Never raises on what the engine sends.
 
 :func:`message_facts` and :func:`response_facts` read the same from a whole (non-streamed) answer.
 The compiled twins behave identically; ``tests/dataplane/front_doors/test_native_answer_facts.py``

@@ -42,7 +42,7 @@ class Twin:
 TWINS = {"py": Twin(_facts_py.MessagesScanner, _facts_py.ResponsesScanner)}
 if not NO_EXTENSIONS:
     # An ImportError here is a failure, not a skip: a normal install must have built the twin.
-    _compiled: Any = importlib.import_module("luftpause.dataplane._sse_c")
+    _compiled: Any = importlib.import_module("luftpause.dataplane.apis._facts_c")
     TWINS["c"] = Twin(_compiled.MessagesScanner, _compiled.ResponsesScanner)
 
 
