@@ -211,6 +211,7 @@ cdef class MessagesScanner(_NativeScanner):
                         self.finish_reason = _TOOL_CALLS
                     else:
                         self.finish_reason = _MESSAGES_FINISH.get(reason, reason)
+                    self.choices_finished = True
             self._usage(d.get("usage"))
         elif kind == "message_stop":
             self.done = True
@@ -276,6 +277,7 @@ cdef class ResponsesScanner(_NativeScanner):
                 details = (<dict>response).get("incomplete_details")
                 reason = (<dict>details).get("reason") if type(details) is dict else None
                 self.finish_reason = "content_filter" if reason == "content_filter" else "length"
+            self.choices_finished = True
             usage = (<dict>response).get("usage")
             if type(usage) is dict:
                 tokens = _count((<dict>usage).get("input_tokens"))

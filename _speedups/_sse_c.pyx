@@ -136,24 +136,33 @@ cdef object _error_message(dict d):
 cdef class SSEScanner:
     """Scan one turn's event stream, fed in reads of any size, and keep what it says.
 
-    ``SSEScanner(keep_events=False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``; raises
-    ``TypeError`` if ``max_event_bytes`` is not an integer, ``ValueError`` if it is below 1 or
-    above ``sys.maxsize``.
+    ``SSEScanner(keep_events=False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES, choices=1)``; raises
+    ``TypeError`` if ``max_event_bytes`` or ``choices`` is not an integer, ``ValueError`` if it is
+    below 1 or above ``sys.maxsize``.
 
     Attributes are read-only from Python: ``first_token_seen``, ``finish_reason``,
-    ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``, ``completion_tokens``, ``done``,
-    ``error``, ``event_count``, ``events``, ``oversized_events``, ``buffered_bytes``, ``max_event_bytes``;
-    their meaning is given in ``luftpause.dataplane._sse_py``. Its C attributes and methods are
-    declared in ``luftpause.dataplane._sse_c.pxd``, where the dialects of ``_facts_c.pyx`` that
-    subclass it read them.
+    ``choices_finished``, ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``,
+    ``completion_tokens``, ``done``, ``error``, ``event_count``, ``events``, ``oversized_events``,
+    ``buffered_bytes``, ``max_event_bytes``, ``choices``; their meaning is given in
+    ``luftpause.dataplane._sse_py``. Its C attributes and methods are declared in
+    ``luftpause.dataplane._sse_c.pxd``, where the dialects of ``_facts_c.pyx`` that subclass it read
+    them.
     """
 
-    def __init__(self, keep_events: bool = False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES) -> None:
+    def __init__(
+        self, keep_events: bool = False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES, choices=1
+    ) -> None:
         # untyped: an ``int`` annotation would make Cython accept 1.5 as 1
         bound = _index(max_event_bytes)
         if not 1 <= bound <= _MAXSIZE:
             raise ValueError(f"max_event_bytes must be at least 1 and at most {_MAXSIZE}, not {bound}")
+        count = _index(choices)
+        if not 1 <= count <= _MAXSIZE:
+            raise ValueError(f"choices must be at least 1 and at most {_MAXSIZE}, not {count}")
         self.max_event_bytes = bound
+        self.choices = count
+        self.choices_finished = False
+        self._finished_choices = set()
         self.oversized_events = 0
         self.first_token_seen = False
         self.finish_reason = None
@@ -387,4 +396,17 @@ cdef class SSEScanner:
             reason = (<dict>choice).get("finish_reason")
             if type(reason) is str and len(<str>reason) > 0:
                 self.finish_reason = _TOOL_CALLS if self.saw_tool_calls else reason
+                if not self.choices_finished:
+                    self._choice_finished((<dict>choice).get("index"))
+        return 0
+
+    cdef int _choice_finished(self, object index) except -1:
+        """The choice numbered ``index`` (``None`` when absent or null, taken as 0) said its finish
+        reason; every one of ``choices`` has once each index below it did."""
+        if index is None:
+            index = 0
+        if type(index) is int and 0 <= index < self.choices:
+            self._finished_choices.add(index)
+            if len(self._finished_choices) == self.choices:
+                self.choices_finished = True
         return 0

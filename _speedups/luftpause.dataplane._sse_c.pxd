@@ -14,6 +14,7 @@ cdef inline Py_ssize_t _skip_json_space(const unsigned char* s, Py_ssize_t i, Py
 cdef class SSEScanner:
     cdef readonly bint first_token_seen
     cdef readonly object finish_reason
+    cdef readonly bint choices_finished
     cdef readonly bint saw_tool_calls
     cdef readonly list tool_call_ids
     cdef readonly object prompt_tokens
@@ -24,9 +25,12 @@ cdef class SSEScanner:
     cdef readonly list events
     cdef readonly Py_ssize_t oversized_events
     cdef readonly Py_ssize_t max_event_bytes
+    cdef readonly Py_ssize_t choices
 
     cdef bint _keep_events
     cdef set _seen_ids
+    # the indexes below ``choices`` whose finish reason came
+    cdef set _finished_choices
     # the line read so far whose end has not arrived yet
     cdef bytearray _tail
     # data of the event being read: the first data line alone, and all of them joined once there
@@ -52,3 +56,4 @@ cdef class SSEScanner:
     # what one dispatched event's data says: the dialect's hook
     cdef int _payload(self, bytes data) except -1
     cdef int _read_chunk_object(self, bytes data) except -1
+    cdef int _choice_finished(self, object index) except -1

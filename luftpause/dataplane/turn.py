@@ -197,6 +197,9 @@ class Turn:
     turn never reaches a replica."""
     client_priority: bool = False
     """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
+    choices: int = 1
+    """How many choices the request asked for (Chat Completions' ``n``): a streamed answer is whole
+    only once each of them said its finish reason, or at ``[DONE]``."""
     upstream_path: str = ""
     translation: Translation | None = None
     native: Native | None = None

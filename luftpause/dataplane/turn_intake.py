@@ -12,7 +12,9 @@ the header and a class the key may use (absent: its first), 403 otherwise. The r
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from typing import Any
 
 from luftpause.auth.callers import Access, CallerRefused
 from luftpause.dataplane.apis.errors import Api
@@ -25,7 +27,7 @@ from luftpause.dataplane.tool_calls import request_tool_call_ids
 from luftpause.dataplane.turn import Turn
 from luftpause.v1 import scheduler_pb2 as pb
 
-__all__ = ["CLASSES", "TurnIntake"]
+__all__ = ["CLASSES", "TurnIntake", "requested_choices"]
 
 CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 """``x-luftpause-class`` values and the ``ServiceClass`` each is."""
@@ -105,6 +107,7 @@ class TurnIntake:
             arrived=now,
             new_run=new_run,
             client_priority="priority" in payload,
+            choices=requested_choices(payload),
         )
 
     def front_door_turn(self, exchange: Exchange, api: Api, body: bytes, front_doors: FrontDoors) -> Turn:
@@ -159,3 +162,22 @@ class TurnIntake:
             single_pass=True,
             arrived=self._now(),
         )
+
+
+def requested_choices(payload: dict[str, Any]) -> int:
+    """How many choices a Chat Completions request asks for: its ``n`` (OpenAI API reference,
+    "Create chat completion": an integer, default 1), also when written as a float or a string
+    that holds an integer, as an engine that coerces its fields reads it (vLLM's pydantic models);
+    else 1 (the engine then refuses the request, or serves one choice). At most ``sys.maxsize``.
+
+    Counting too few would take the first choices' finish reasons for the answer's end; too many
+    only makes a stream that ends without ``[DONE]`` count as cut short."""
+    n = payload.get("n")
+    if type(n) is float and n.is_integer():
+        n = int(n)
+    elif type(n) is str:
+        try:
+            n = int(n)
+        except ValueError:
+            return 1
+    return min(n, sys.maxsize) if type(n) is int and n > 1 else 1
