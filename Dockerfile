@@ -4,11 +4,11 @@
 # read that file too; `docker run -e LUFTPAUSE_CONFIG= IMAGE up` runs the embedded default, but on
 # the container's loopback, unreachable from outside: use compose.yaml for the whole stack.
 #
-# Stage "build" compiles the Cython hot path (setup.py: luftpause.dataplane._sse_c and
-# luftpause.dataplane._tool_calls_c) into a wheel, beside wheels of every dependency, so the runtime
-# stage needs no compiler. setup.py keeps a failed extension build quiet (the pure twins serve);
-# an image must not ship without them, so the runtime stage imports both and fails the build if
-# either is missing.
+# Stage "build" compiles the Cython hot path (setup.py: luftpause.dataplane._sse_c,
+# luftpause.dataplane.apis._facts_c and luftpause.dataplane._tool_calls_c) into a wheel, beside
+# wheels of every dependency, so the runtime stage needs no compiler. setup.py keeps a failed
+# extension build quiet (the pure twins serve); an image must not ship without them, so the
+# runtime stage imports them all and fails the build if one is missing.
 #
 # BASE_IMAGE replaces python:3.11-slim in both stages, for a machine that cannot pull it: any Debian
 # with python, pip and useradd will do (tools/image.sh builds one with debootstrap and builds this
@@ -33,7 +33,7 @@ FROM ${BASE_IMAGE} AS runtime
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels 'luftpause[otel]' \
     && rm -rf /wheels \
-    && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane._tool_calls_c"
+    && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane.apis._facts_c, luftpause.dataplane._tool_calls_c"
 # A fixed uid, so a volume's owner is the same on every host; no login shell, no home to write.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin luftpause \
     && mkdir -p /var/lib/luftpause /etc/luftpause \

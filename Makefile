@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: up test install browser bench bench-e2e bench-regress bench-regress-save bench-flood bench-flood-sim bench-fanout bench-all lint clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx _speedups/*.pxd)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	@# setuptools warns on every editable install ("Editable installation ... folders with the same
@@ -69,4 +69,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check luftpause tests bench
 
 clean:
-	rm -rf build *.egg-info luftpause/dataplane/_sse_c*.so luftpause/dataplane/_tool_calls_c*.so _speedups/*.c $(STAMP)
+	rm -rf build *.egg-info luftpause/dataplane/_sse_c*.so luftpause/dataplane/_tool_calls_c*.so luftpause/dataplane/apis/_facts_c*.so _speedups/*.c $(STAMP)

@@ -1,7 +1,9 @@
 """Build the optional Cython hot path.
 
 Every ``_speedups/<name>.pyx`` becomes the extension module named in ``_EXTENSIONS`` (inside the
-``luftpause`` package, beside its pure-Python twin). The extensions are optional, as in aiohttp and
+``luftpause`` package, beside its pure-Python twin); ``_facts_c`` cimports ``_sse_c``'s declarations
+from ``_speedups/luftpause.dataplane._sse_c.pxd``, which Cython finds beside the sources by that
+module's full name. The extensions are optional, as in aiohttp and
 yarl: without Cython or a C compiler, or with ``LUFTPAUSE_NO_EXTENSIONS=1``, the package installs as
 pure Python and the selectors fall back to the twins.
 """
@@ -17,6 +19,7 @@ from setuptools.command.build_ext import build_ext
 # source under _speedups/ -> module inside the package
 _EXTENSIONS = {
     "_speedups/_sse_c.pyx": "luftpause.dataplane._sse_c",
+    "_speedups/_facts_c.pyx": "luftpause.dataplane.apis._facts_c",
     "_speedups/_tool_calls_c.pyx": "luftpause.dataplane._tool_calls_c",
 }
 

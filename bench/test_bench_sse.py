@@ -153,7 +153,7 @@ def _native_class(api: str, twin: str) -> Any:
     if twin == "py":
         return getattr(importlib.import_module("luftpause.dataplane.apis._facts_py"), name)
     try:
-        return getattr(importlib.import_module("luftpause.dataplane._sse_c"), name)
+        return getattr(importlib.import_module("luftpause.dataplane.apis._facts_c"), name)
     except ImportError:
         pytest.skip("the compiled twin is not built (pip install -e . --no-deps --no-build-isolation)")
 

@@ -67,10 +67,12 @@ _NO_ERROR_MESSAGE = "engine error"
 class SSEScanner:
     """Scan one turn's event stream, fed in reads of any size, and keep what it says.
 
-    ``SSEScanner(keep_events=False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``: ``keep_events``
-    keeps each dispatched event's data in ``events``; ``max_event_bytes`` (bytes, at least 1) bounds
-    what is held of one event (see the module docstring). Raises ``TypeError`` if
-    ``max_event_bytes`` is not an integer, ``ValueError`` if it is below 1 or above ``sys.maxsize``.
+    ``SSEScanner(keep_events=False, max_event_bytes=DEFAULT_MAX_EVENT_BYTES, choices=1)``:
+    ``keep_events`` keeps each dispatched event's data in ``events``; ``max_event_bytes`` (bytes, at
+    least 1) bounds what is held of one event (see the module docstring); ``choices`` is how many
+    choices the request asked for (its ``n``, at least 1). Raises ``TypeError`` if
+    ``max_event_bytes`` or ``choices`` is not an integer, ``ValueError`` if it is below 1 or above
+    ``sys.maxsize``.
 
     Attributes (read them; the scanner alone writes them):
 
@@ -81,8 +83,15 @@ class SSEScanner:
       in a chunk, or ``[DONE]``. Then the engine's last non-null ``finish_reason`` (``str``; ``None``
       after a ``[DONE]`` with none), but ``"tool_calls"`` when any tool-call delta was seen, whatever
       the engine said (some engines say ``"stop"`` after emitting tool calls, and the scheduler must
-      know a tool round follows). A tool-call delta alone never sets it: the relay takes a finish
-      reason as the answer's end, and a stream cut after a tool call's first delta has not ended.
+      know a tool round follows). A tool-call delta alone never sets it: a stream cut after a tool
+      call's first delta has not ended.
+    * ``choices_finished`` -- every choice the request asked for has said its finish reason: for
+      each index from 0 to ``choices - 1``, a chunk's choice with that ``index`` (absent or null: 0)
+      carried a non-empty ``finish_reason``. Indexes outside that range count for nothing, a choice
+      that says it twice counts once, and ``[DONE]`` does not set it (``done`` says that). The relay
+      takes ``done or choices_finished`` as the answer's end: with ``n`` > 1 choices the first
+      finish reason is not the end, and a stream that ends before every choice said one was cut
+      short (docs/architecture.md "Failure contract").
     * ``saw_tool_calls`` -- some delta carried a non-empty ``tool_calls`` list.
     * ``tool_call_ids`` -- each distinct non-empty ``tool_calls[].id`` string, in order of first
       appearance (continuation deltas carry no id or an empty one).
@@ -105,12 +114,15 @@ class SSEScanner:
       unfinished line; at most ``max_event_bytes`` between calls to :meth:`feed` (read-only
       property).
     * ``max_event_bytes`` -- the bound given to the constructor, in bytes (read-only property).
+    * ``choices`` -- the choices given to the constructor (read-only property).
     """
 
     __slots__ = (
         "_at_start",
+        "_choices",
         "_data",
         "_data_size",
+        "_finished_choices",
         "_keep_events",
         "_line_open",
         "_max_event_bytes",
@@ -119,6 +131,7 @@ class SSEScanner:
         "_skip_lf",
         "_skipping",
         "_tail",
+        "choices_finished",
         "completion_tokens",
         "done",
         "error",
@@ -131,14 +144,20 @@ class SSEScanner:
         "tool_call_ids",
     )
 
-    def __init__(self, keep_events: bool = False, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+    def __init__(
+        self, keep_events: bool = False, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, choices: int = 1
+    ) -> None:
         max_event_bytes = operator.index(max_event_bytes)
         if not 1 <= max_event_bytes <= sys.maxsize:  # the compiled twin holds it in a Py_ssize_t
             raise ValueError(
                 f"max_event_bytes must be at least 1 and at most {sys.maxsize}, not {max_event_bytes}"
             )
+        choices = operator.index(choices)
+        if not 1 <= choices <= sys.maxsize:
+            raise ValueError(f"choices must be at least 1 and at most {sys.maxsize}, not {choices}")
         self.first_token_seen: bool = False
         self.finish_reason: str | None = None
+        self.choices_finished: bool = False
         self.saw_tool_calls: bool = False
         self.tool_call_ids: list[str] = []
         self.prompt_tokens: int = -1
@@ -151,6 +170,9 @@ class SSEScanner:
         self._max_event_bytes = max_event_bytes
         self._oversized_events = 0
         self._seen_ids: set[str] = set()
+        self._choices = choices
+        # the indexes below ``choices`` whose finish reason came
+        self._finished_choices: set[int] = set()
         # the line read so far whose end has not arrived yet
         self._tail = bytearray()
         # data lines of the event being read, and their size once joined with LF
@@ -169,6 +191,11 @@ class SSEScanner:
     def max_event_bytes(self) -> int:
         """The bound on what is held of one event, in bytes."""
         return self._max_event_bytes
+
+    @property
+    def choices(self) -> int:
+        """How many choices the request asked for."""
+        return self._choices
 
     @property
     def oversized_events(self) -> int:
@@ -364,6 +391,19 @@ class SSEScanner:
             reason = choice.get("finish_reason")
             if type(reason) is str and reason:
                 self.finish_reason = "tool_calls" if self.saw_tool_calls else reason
+                if not self.choices_finished:
+                    self._choice_finished(choice.get("index"))
+
+    def _choice_finished(self, index: object) -> None:
+        """The choice numbered ``index`` (a chunk choice's ``index``: ``None`` when absent or null,
+        taken as 0) said its finish reason."""
+        if index is None:
+            index = 0
+        if type(index) is int and 0 <= index < self._choices:
+            finished = self._finished_choices
+            finished.add(index)
+            if len(finished) == self._choices:
+                self.choices_finished = True
 
 
 # The byte runs a payload can matter through once the first token has been seen (the keys, with

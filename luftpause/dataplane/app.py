@@ -35,8 +35,9 @@ with its ``tracestate`` (both sent on to the engine).
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``, or the
 token as ``x-api-key`` (what the Anthropic clients send); with caller keys, a configured key
 instead (sent either way), which also decides the turn's caller and the service classes it may
-use (:mod:`luftpause.auth.callers`; 403 for another class). Errors on the Messages and Responses
-routes take their API's shape (``front_doors.error_body``).
+use (:mod:`luftpause.auth.callers`; 403 for another class): what a request becomes before it is
+admitted is ``turn_intake``. Errors on the Messages and Responses routes take their API's shape
+(``front_doors.error_body``).
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an
 answer to a request refused before it became a turn (401, 413, 415, malformed body or headers) carries
@@ -58,7 +59,7 @@ from pydantic import ValidationError
 
 from luftpause import health as probes
 from luftpause import tracing
-from luftpause.auth.callers import Access, CallerRefused
+from luftpause.auth.callers import Access
 from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.config import Config, ReplicaConfig, load_config
 from luftpause.dataplane import turn_spans
@@ -78,7 +79,6 @@ from luftpause.dataplane.asgi import (
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
-    Forbidden,
     MethodNotAllowed,
     NotFound,
     TooManyRequests,
@@ -94,15 +94,13 @@ from luftpause.dataplane.request_checks import (
     acceptable_run_id,
     allow,
     client_run_id,
-    header_of,
-    json_with_model,
     read_body,
-    truncate_caller,
 )
 from luftpause.dataplane.run_identity import RunIdentity
 from luftpause.dataplane.runs import RunTable
-from luftpause.dataplane.tool_calls import ToolCallTable, request_tool_call_ids
+from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
+from luftpause.dataplane.turn_intake import TurnIntake
 from luftpause.dataplane.upstream import Upstream
 from luftpause.orphans import exit_with_parent
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
@@ -118,15 +116,9 @@ MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
 DECIDE_PATH = "/v1/decide"
 
-_CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 _JSON: Headers = [(b"content-type", b"application/json")]
 _RUN_ID = RUN_ID_HEADER.encode()
 _METRICS_HEAD: Headers = [(b"content-type", METRICS_CONTENT_TYPE.encode())]
-_CALLER = b"x-luftpause-caller"
-_CLASS = b"x-luftpause-class"
-_TRACEPARENT = b"traceparent"
-_TRACESTATE = b"tracestate"
-_X_API_KEY = b"x-api-key"
 _ANTHROPIC_VERSION = b"anthropic-version"
 _MODELS_PREFIX = "/v1/models/"
 
@@ -157,6 +149,8 @@ class Dataplane:
         )
         self.access = Access.from_config(config)
         """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
+        self.intake = TurnIntake(self.access, self.identity, self._now)
+        """What a ``/v1`` request becomes: its access, class, caller, run and turn."""
         self._models = config.models
         self.models_body = models_body(self._models, anthropic=False)
         self.anthropic_models_body = models_body(self._models, anthropic=True)
@@ -242,6 +236,11 @@ class Dataplane:
         await self.link.close()
         if self._upstream is not None:
             await self._upstream.close()
+
+    def _now(self) -> float:
+        """The worker loop's time (seconds): a turn's ``arrived``, a run's last activity."""
+        assert self._loop is not None
+        return self._loop.time()
 
     def _learn_replicas(self, replicas: pb.ReplicaSet) -> None:
         """The scheduler's replica set (the source of truth: the admin API and SIGHUP change it):
@@ -334,7 +333,7 @@ class Dataplane:
             return
         if not path.startswith("/v1/"):
             raise NotFound(f"no route {method} {path}")
-        self._authorize(exchange)
+        self.intake.authorize(exchange)
         if path == "/v1/chat/completions":
             allow(path, method, "POST")
             await self._chat_completions(exchange)
@@ -391,118 +390,19 @@ class Dataplane:
             "replicas": replicas,
         }
 
-    def _credential(self, exchange: Exchange) -> bytes | None:
-        """The request's ``Authorization`` value, or its ``x-api-key`` as ``Bearer <key>`` (the
-        Anthropic clients' way to send a key)."""
-        given = exchange.headers.get(b"authorization")
-        if not given and (key := exchange.headers.get(_X_API_KEY)):
-            given = b"Bearer " + key
-        return given
-
-    def _authorize(self, exchange: Exchange) -> None:
-        if not self.access.allows(self._credential(exchange)):
-            raise Unauthorized(self.access.refusal())
-
-    def _who(self, exchange: Exchange) -> tuple[int, str]:
-        """A turn's ``ServiceClass`` and caller: ``x-luftpause-class`` (absent: interactive) and
-        ``x-luftpause-caller`` (cut to ``CALLER_MAX_BYTES``); with caller keys, the key's caller
-        narrowed by the header and a class the key may use (absent: its first), 403 otherwise
-        (:mod:`luftpause.auth.callers`). :class:`BadRequest` for a class that is neither."""
-        class_name = exchange.header(_CLASS)
-        if class_name is not None and class_name not in _CLASSES:
-            raise BadRequest(f"x-luftpause-class must be 'interactive' or 'batch', not {class_name!r}")
-        try:
-            class_name, caller = self.access.resolve(
-                self._credential(exchange), class_name, exchange.header(_CALLER)
-            )
-        except CallerRefused as exc:
-            raise (Unauthorized if exc.status == 401 else Forbidden)(str(exc)) from None
-        return _CLASSES[class_name], truncate_caller(caller)
-
     # --- chat completions ------------------------------------------------------------------------
-
-    def _parse_turn(self, exchange: Exchange, body: bytes) -> Turn:
-        payload, model = json_with_model(body)
-        messages = payload.get("messages")
-        if not isinstance(messages, list):
-            raise BadRequest("'messages' must be an array")
-        service_class, caller = self._who(exchange)
-        assert self._loop is not None
-        now = self._loop.time()
-        run_id, new_run = self.identity.run_of(
-            header_of(exchange), service_class, caller, now, lambda: request_tool_call_ids(messages)
-        )
-        return Turn(
-            turn_id=Turn.new_id(),
-            run_id=run_id,
-            model=model,
-            service_class=service_class,
-            caller=caller,
-            body=body,
-            traceparent=exchange.header(_TRACEPARENT),
-            tracestate=exchange.header(_TRACESTATE),
-            arrived=now,
-            new_run=new_run,
-            client_priority="priority" in payload,
-        )
 
     async def _front_door(self, exchange: Exchange, api: Api) -> None:
         """``POST /v1/messages`` or ``POST /v1/responses``: planned (``front_doors``), then
         admitted and relayed as a chat turn is."""
         body = await read_body(exchange)
-        payload, model = json_with_model(body)
-        planned = self.front_doors.plan(api, payload, body, model)
-        service_class, caller = self._who(exchange)
-        assert self._loop is not None
-        now = self._loop.time()
-        run_id, new_run = self.identity.run_of(
-            header_of(exchange), service_class, caller, now, lambda: planned.echoed_ids, payload
-        )
-        turn = Turn(
-            turn_id=Turn.new_id(),
-            run_id=run_id,
-            model=model,
-            service_class=service_class,
-            caller=caller,
-            body=planned.body,
-            traceparent=exchange.header(_TRACEPARENT),
-            tracestate=exchange.header(_TRACESTATE),
-            arrived=now,
-            new_run=new_run,
-            translation=planned.translation,
-            native=planned.native,
-        )
-        await self._run_turn(turn, exchange)
-
-    def _parse_single_pass(self, exchange: Exchange, body: bytes) -> Turn:
-        """A ``/v1/decide`` request: vLLM's classification request, ``{"model": str, "input": str |
-        [str, ...]}`` (other keys pass through untouched); :class:`BadRequest` otherwise."""
-        payload, model = json_with_model(body)
-        given = payload.get("input")
-        if not (
-            isinstance(given, str)
-            or (isinstance(given, list) and given and all(isinstance(item, str) for item in given))
-        ):
-            raise BadRequest("'input' must be a string or a non-empty array of strings")
-        service_class, caller = self._who(exchange)
-        return Turn(
-            turn_id=Turn.new_id(),
-            run_id="",
-            model=model,
-            service_class=service_class,
-            caller=caller,
-            body=body,
-            traceparent=exchange.header(_TRACEPARENT),
-            tracestate=exchange.header(_TRACESTATE),
-            single_pass=True,
-            arrived=self._loop.time() if self._loop is not None else 0.0,
-        )
+        await self._run_turn(self.intake.front_door_turn(exchange, api, body, self.front_doors), exchange)
 
     async def _chat_completions(self, exchange: Exchange) -> None:
-        await self._run_turn(self._parse_turn(exchange, await read_body(exchange)), exchange)
+        await self._run_turn(self.intake.chat_turn(exchange, await read_body(exchange)), exchange)
 
     async def _decide(self, exchange: Exchange) -> None:
-        await self._run_turn(self._parse_single_pass(exchange, await read_body(exchange)), exchange)
+        await self._run_turn(self.intake.single_pass_turn(exchange, await read_body(exchange)), exchange)
 
     async def _run_turn(self, turn: Turn, exchange: Exchange) -> None:
         """Admit ``turn``, forward it and relay its answer, racing the client leaving."""

@@ -3,8 +3,8 @@ becomes before it is admitted, and each API's error shape.
 
 ``POST /v1/messages`` (Anthropic Messages; ``?beta=true``, which Claude Code adds, is ignored) and
 ``POST /v1/responses`` (OpenAI Responses) are scheduled like chat turns (the route in ``app.py``
-reads the body, identifies the run, asks the scheduler). What differs is planned here, once per
-request, by :meth:`FrontDoors.plan`:
+reads the body, ``turn_intake`` makes the turn, the scheduler places it). What differs is planned
+here, once per request, by :meth:`FrontDoors.plan`:
 
 * **Native**: a replica whose ``[[replicas]] apis`` names the request's API gets the client's bytes
   unchanged at the same path, and its answer reaches the client unchanged, its facts read by the
@@ -24,7 +24,7 @@ every replica serving the model speaks the API natively, nothing is translated a
 refused here (the engine judges the request). No replica serving the model: nothing is planned,
 and admission answers 404.
 
-Run identity (``app.py``, in this order): ``x-luftpause-run-id``; the harness's session headers
+Run identity (``run_identity``, in this order): ``x-luftpause-run-id``; the harness's session headers
 (``apis.sessions``: Claude Code's ``X-Claude-Code-Session-Id`` and ``-Agent-Id``, Codex's
 ``thread-id``); the tool ids the request echoes (:attr:`Planned.echoed_ids`: ``tool_use_id`` of
 ``tool_result`` blocks, ``call_id`` of ``function_call_output`` items) that an earlier answer of a

@@ -327,9 +327,10 @@ class Relay:
         engine's body has not ended yet (its connection waits for that end on its own, see
         :meth:`~luftpause.dataplane.upstream.EngineExchange.release`); a client that leaves before
         that event fails the turn and the engine's request is closed at once, even after a finish
-        reason (with n > 1 choices the first to finish is not the last). Known gap: an engine that
-        ends its body cleanly after one of n > 1 choices finished, with no ``[DONE]``, ends the
-        client's stream cleanly too (the scanner tracks one finish reason, not one per choice)."""
+        reason (with n > 1 choices the first to finish is not the last). An engine that ends its
+        body cleanly without that event has answered whole only if every choice the turn asked
+        for (``turn.choices``) said its finish reason (``scanner.choices_finished``); else the answer
+        was cut short and the client's stream is broken, as when the engine fails mid-stream."""
         translation = turn.translation.stream() if turn.translation is not None else None
         if translation is not None and decoder is False:
             raise EngineError("its stream is in an encoding the relay cannot read to translate")
@@ -338,7 +339,7 @@ class Relay:
         elif turn.native_served and turn.native is not None:
             scanner = turn.native.scanner()  # the API's own events, relayed unchanged
         else:
-            scanner = SSEScanner()
+            scanner = SSEScanner(choices=turn.choices)
         scan = scanner.feed if decoder is not False and translation is None else None
 
         def take_in(data: bytes) -> bytes:
@@ -370,7 +371,7 @@ class Relay:
                         if ended:
                             data += decoder.flush()
                     out = take_in(data)
-                    if not ended and decoder is None and (scanner.done or scanner.finish_reason):
+                    if not ended and decoder is None and (scanner.done or scanner.choices_finished):
                         # The answer is over but its HTTP body has not ended yet (an engine writes
                         # the end after its last event): one turn of the loop lets the end be read,
                         # so the last events and the end go out in one send (a send costs ~0.04 ms
@@ -386,9 +387,10 @@ class Relay:
                         # first to finish is not the last, and a client leaving then must stop the
                         # engine at once.
                         upstream.answered = True
-                    if ended and readable and not (scanner.done or scanner.finish_reason or scanner.error):
-                        # The engine ended its body before the answer was complete: to the client
-                        # that is a broken stream too, so its connection is aborted, not ended.
+                    if ended and readable and not (scanner.done or scanner.choices_finished or scanner.error):
+                        # The engine ended its body before the answer was complete (with n > 1
+                        # choices: before every choice said its finish reason): to the client that
+                        # is a broken stream too, so its connection is aborted, not ended.
                         if out:
                             await send({"type": "http.response.body", "body": out, "more_body": True})
                             relayed += len(out)

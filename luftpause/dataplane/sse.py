@@ -4,14 +4,16 @@
 ``setup.py`` from building the extension. ``USING_EXTENSION`` tells which twin was taken; both behave the same
 (see ``luftpause.dataplane._sse_py`` for the interface). ``DEFAULT_MAX_EVENT_BYTES`` (16 MiB) is the
 default bound on what a scanner holds of one event: ``SSEScanner(keep_events=False,
-max_event_bytes=DEFAULT_MAX_EVENT_BYTES)``.
+max_event_bytes=DEFAULT_MAX_EVENT_BYTES, choices=1)``, ``choices`` being how many choices the
+request asked for (its ``n``).
 
 What a scanner reports, read from its attributes: ``first_token_seen``, ``finish_reason``,
+``choices_finished`` (every choice asked for gave its finish reason),
 ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``, ``completion_tokens``, ``done``, ``error``
 (the message, at most 500 characters, of the first error event an engine sent in the stream -- a
 payload with a top-level ``"error"`` key, or ``"object": "error"`` -- else ``None``; an error does
 not change ``done`` or ``finish_reason``, the caller decides the turn failed), ``event_count``,
-``events``, ``oversized_events``, ``buffered_bytes``, ``max_event_bytes``.
+``events``, ``oversized_events``, ``buffered_bytes``, ``max_event_bytes``, ``choices``.
 """
 
 from __future__ import annotations

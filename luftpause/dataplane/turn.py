@@ -141,7 +141,7 @@ def with_priority(body: bytes, order: EnginePriority, service_class: int) -> byt
     """``body`` with ``"priority":N,`` spliced in right after its opening brace, ``N`` from
     :data:`PRIORITY_VALUES` for ``order`` and ``service_class`` (a ``ServiceClass``).
 
-    ``body`` must be what the front door took: a JSON object (``_json_with_model`` in ``app.py``:
+    ``body`` must be what the front door took: a JSON object (``json_with_model`` in ``request_checks``:
     only JSON whitespace may precede its brace, and orjson refuses a byte order mark) with at least
     one member (``model``), so the comma is followed by one, and without a ``priority`` member of
     its own (a client's explicit choice is sent as it came; the caller checks). Nothing else is
@@ -197,6 +197,9 @@ class Turn:
     turn never reaches a replica."""
     client_priority: bool = False
     """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
+    choices: int = 1
+    """How many choices the request asked for (Chat Completions' ``n``): a streamed answer is whole
+    only once each of them said its finish reason, or at ``[DONE]``."""
     upstream_path: str = ""
     translation: Translation | None = None
     native: Native | None = None

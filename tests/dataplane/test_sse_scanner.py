@@ -31,6 +31,7 @@ DEFAULT = sse.DEFAULT_MAX_EVENT_BYTES
 ATTRIBUTES = (
     "first_token_seen",
     "finish_reason",
+    "choices_finished",
     "saw_tool_calls",
     "tool_call_ids",
     "prompt_tokens",
@@ -209,6 +210,7 @@ def test_fresh_scanner_reports_nothing(scanner_cls: ScannerClass) -> None:
     assert state(scanner) == {
         "first_token_seen": False,
         "finish_reason": None,
+        "choices_finished": False,
         "saw_tool_calls": False,
         "tool_call_ids": [],
         "prompt_tokens": -1,

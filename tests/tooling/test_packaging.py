@@ -118,7 +118,7 @@ def test_twine_accepts_both_files(dist: Path) -> None:
 def test_the_wheel_carries_both_compiled_twins_the_pages_and_the_type_markers(dist: Path) -> None:
     with zipfile.ZipFile(the_wheel(dist)) as archive:
         names = archive.namelist()
-    for module in ("_sse_c", "_tool_calls_c"):
+    for module in ("_sse_c", "_tool_calls_c", "apis/_facts_c"):
         assert any(n.startswith(f"luftpause/dataplane/{module}.") and n.endswith(".so") for n in names), (
             module
         )
@@ -139,6 +139,8 @@ def test_the_sdist_carries_the_sources_the_build_needs_and_no_generated_c(dist: 
         names = {n.removeprefix(f"{NAME}/") for n in archive.getnames()}
     for needed in (
         "_speedups/_sse_c.pyx",
+        "_speedups/luftpause.dataplane._sse_c.pxd",
+        "_speedups/_facts_c.pyx",
         "_speedups/_tool_calls_c.pyx",
         "setup.py",
         "pyproject.toml",
@@ -172,17 +174,20 @@ def test_the_installed_command_reports_its_version(venv: Path) -> None:
 def test_both_compiled_twins_were_built_from_the_sdist_and_are_the_ones_taken(venv: Path) -> None:
     code = (
         "import luftpause.dataplane._sse_c as a, luftpause.dataplane._tool_calls_c as b\n"
+        "import luftpause.dataplane.apis._facts_c as c\n"
         "from luftpause.dataplane import sse, tool_calls\n"
-        "print(a.__file__); print(b.__file__); print(sse.USING_EXTENSION, tool_calls.USING_EXTENSION)"
+        "from luftpause.dataplane.apis import facts\n"
+        "print(a.__file__); print(b.__file__); print(c.__file__)\n"
+        "print(sse.USING_EXTENSION, tool_calls.USING_EXTENSION, facts.MessagesScanner is c.MessagesScanner)"
     )
     done = run_in(
         venv, "python", "-c", code, env={k: v for k, v in os.environ.items() if "LUFTPAUSE" not in k}
     )
     assert done.returncode == 0, done.stderr
-    sse_file, tool_calls_file, using = done.stdout.splitlines()
-    for file in (sse_file, tool_calls_file):
+    sse_file, tool_calls_file, facts_file, using = done.stdout.splitlines()
+    for file in (sse_file, tool_calls_file, facts_file):
         assert file.startswith(str(venv)) and file.endswith(".so"), file
-    assert using == "True True"
+    assert using == "True True True"
 
 
 def test_the_core_install_has_no_extra_and_says_which_to_install(venv: Path) -> None:

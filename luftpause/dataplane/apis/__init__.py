@@ -14,7 +14,7 @@ One module per concern:
 ``responses_stream``     ``ResponsesStream`` (chat SSE -> Responses SSE); ``completion_to_response``
 ``facts``                ``MessagesScanner`` / ``ResponsesScanner``: the chat ``SSEScanner``'s
                          interface over natively served answers (compiled twins in
-                         ``_speedups/_sse_c.pyx``, pure ones in ``_facts_py``);
+                         ``_speedups/_facts_c.pyx``, pure ones in ``_facts_py``);
                          ``message_facts`` / ``response_facts`` for whole ones
 ``errors``               ``TranslationError`` (400), ``error_body(api, status, message)``,
                          ``engine_refusal_body``: each API's error shape for the failure contract

@@ -21,8 +21,9 @@ does a chat turn's:
   as they are); Responses' ``response.completed`` -> ``stop``, ``response.incomplete`` ->
   ``length`` (``max_output_tokens``) or ``content_filter``. ``tool_calls`` when any call was seen,
   whatever the end said, as for chat; but only once the end was said: a tool call alone sets no
-  finish reason (the relay takes one as the answer's end). ``stop_reason`` keeps the native value
-  (Messages' ``stop_reason``, Responses' ``status``).
+  finish reason. ``stop_reason`` keeps the native value (Messages' ``stop_reason``, Responses'
+  ``status``).
+* ``choices_finished``: set with the finish reason (an answer of these APIs is one choice).
 * ``prompt_tokens`` / ``completion_tokens``: Messages' ``usage`` of ``message_start`` and every
   ``message_delta`` (cumulative; ``input_tokens`` plus ``cache_read_input_tokens`` and
   ``cache_creation_input_tokens``, since a Chat Completions prompt count includes cached tokens;
@@ -36,9 +37,9 @@ does a chat turn's:
 Framing, the bound on an event's size, ``events``, ``event_count``, ``oversized_events`` and
 ``buffered_bytes`` are the chat scanner's own (WHATWG HTML 9.2.6; these classes subclass the pure
 twin and replace only its ``_payload`` hook, what a dispatched event's data means; the compiled
-twins in ``_speedups/_sse_c.pyx`` do the same on the compiled scanner). Once the first token has been seen,
-an event whose ``type`` (the payload's first key, as both APIs write it) is a plain content delta
-is not parsed: it can say nothing more. Never raises on what the engine sends.
+twins in ``_speedups/_facts_c.pyx`` do the same on the compiled scanner). Once the first token has
+been seen, an event whose ``type`` (the payload's first key, as both APIs write it) is a plain
+content delta is not parsed: it can say nothing more. Never raises on what the engine sends.
 
 :func:`message_facts` and :func:`response_facts` read the same from a whole (non-streamed) answer.
 The compiled twins behave identically; ``tests/dataplane/front_doors/test_native_answer_facts.py``
@@ -176,6 +177,7 @@ class MessagesScanner(_NativeScanner):
                     self.finish_reason = (
                         "tool_calls" if self.saw_tool_calls else MESSAGES_FINISH.get(reason, reason)
                     )
+                    self.choices_finished = True
             self._usage(obj.get("usage"))
         elif kind == "message_stop":
             self.done = True
@@ -228,6 +230,7 @@ class ResponsesScanner(_NativeScanner):
                 self.finish_reason = "tool_calls"
             else:
                 self.finish_reason = "stop" if kind == "response.completed" else _incomplete(response)
+            self.choices_finished = True
             usage = response.get("usage")
             if isinstance(usage, dict):
                 tokens = _count(usage.get("input_tokens"))

@@ -1,8 +1,9 @@
 """Pick the fact scanners for natively served Messages and Responses answers: the compiled twins if
 they were built, else the pure-Python ones.
 
-The compiled twins live beside the compiled chat scanner (``_speedups/_sse_c.pyx``, a dialect of it:
-the same framing, another reading of each payload), so the chat scanner's selector decides:
+The compiled twins (``_speedups/_facts_c.pyx``, built as ``luftpause.dataplane.apis._facts_c``) are
+dialects of the compiled chat scanner (``_speedups/_sse_c.pyx``: the same framing, another reading
+of each payload), so the chat scanner's selector decides:
 ``LUFTPAUSE_NO_EXTENSIONS`` forces the pure twins, and ``USING_EXTENSION`` is
 ``luftpause.dataplane.sse``'s. The interface (see ``_facts_py``): ``MessagesScanner`` and
 ``ResponsesScanner`` with the chat scanner's ``feed(chunk) -> bool`` and attributes plus
@@ -22,4 +23,4 @@ __all__ = ["USING_EXTENSION", "MessagesScanner", "ResponsesScanner", "message_fa
 if TYPE_CHECKING or not USING_EXTENSION:
     from luftpause.dataplane.apis._facts_py import MessagesScanner, ResponsesScanner
 else:
-    from luftpause.dataplane._sse_c import MessagesScanner, ResponsesScanner
+    from luftpause.dataplane.apis._facts_c import MessagesScanner, ResponsesScanner

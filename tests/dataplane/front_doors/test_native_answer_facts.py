@@ -28,7 +28,7 @@ from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_
 from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
 from luftpause.dataplane.sse import NO_EXTENSIONS, SSEScanner
 
-Facts = tuple[bool, str | None, bool, list[str], int, int, bool, str | None]
+Facts = tuple[bool, str | None, bool, list[str], int, int, bool, str | None, bool]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Twin:
 TWINS = {"py": Twin(_facts_py.MessagesScanner, _facts_py.ResponsesScanner)}
 if not NO_EXTENSIONS:
     # An ImportError here is a failure, not a skip: a normal install must have built the twin.
-    _compiled: Any = importlib.import_module("luftpause.dataplane._sse_c")
+    _compiled: Any = importlib.import_module("luftpause.dataplane.apis._facts_c")
     TWINS["c"] = Twin(_compiled.MessagesScanner, _compiled.ResponsesScanner)
 
 
@@ -99,13 +99,14 @@ def facts(scanner: Any) -> Facts:
         scanner.completion_tokens,
         scanner.done,
         scanner.error,
+        scanner.choices_finished,  # an answer of these APIs is one choice: set with its end
     )
 
 
 def as_answered(chat_facts: Facts) -> Facts:
     """Both APIs require token counts: an engine that reported no usage is answered with 0."""
-    first, finish, tools, ids, prompt, completion, done, error = chat_facts
-    return first, finish, tools, ids, max(prompt, 0), max(completion, 0), done, error
+    first, finish, tools, ids, prompt, completion, done, error, finished = chat_facts
+    return first, finish, tools, ids, max(prompt, 0), max(completion, 0), done, error, finished
 
 
 def scan(scanner: Any, body: bytes, pieces: int | None = None) -> Any:
@@ -282,7 +283,7 @@ def test_nonsense_is_read_past(twin: Twin) -> None:
     scanner = twin.messages(keep_events=True)
     scanner.feed(b'data: not json\n\ndata: [1, 2]\n\n: comment\n\ndata: {"type": 5}\n\n')
     assert scanner.event_count == 3 and len(scanner.events) == 3
-    assert facts(scanner) == (False, None, False, [], -1, -1, False, None)
+    assert facts(scanner) == (False, None, False, [], -1, -1, False, None, False)
 
 
 @pytest.mark.parametrize("tool", [None, "f"])
