@@ -488,8 +488,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def after_decide(self, event: Event, actions: list[Action]) -> None:
         if self.expect_rate_refusal is not None:
             turn_id, refuse = self.expect_rate_refusal
-            refused = any(isinstance(a, Reject) and a.turn_id == turn_id for a in actions)
-            assert refused == refuse, f"{turn_id}: refused {refused}, the bucket says {refuse}"
+            # by the rate: a turn with tokens left may still be refused by its held-turn limit
+            refused = any(
+                isinstance(a, Reject) and a.turn_id == turn_id and "token rate" in a.reason for a in actions
+            )
+            assert refused == refuse, f"{turn_id}: refused {refused} by the rate, the bucket says {refuse}"
         if isinstance(event, TurnArrived) and event.turn_id in self.state.held and self.protection.on:
             these = self.protection.of(event.caller, event.service_class)
             assert these.max_held is None or self.held_before < these.max_held, (
@@ -1377,10 +1380,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         name = names[pick % len(names)]
         self.advance(0.1)  # the hold-ending tick first: it places before this event
+        # the turns held waiting for it as their soft replica wait no more: they may go elsewhere
+        freed = {
+            turn.turn_id for turn in self.state.held if turn.soft == name and self.soft_waiting(turn.turn_id)
+        }
         self.draining.add(name)
         actions = self.feed(ReplicaDrained(name, self.now))
-        assert not [a for a in answers(actions) if isinstance(a, Place | Reject)], "a drain places nothing"
-        event("replica drained")
+        moved = [a for a in answers(actions) if isinstance(a, Place | Reject)]
+        assert all(isinstance(a, Place) and a.turn_id in freed and a.replica != name for a in moved), (
+            f"a drain placed or refused {moved}: only turns whose soft replica it was may go, elsewhere"
+        )
+        event("replica drained" + (": a soft wait it ended placed a turn elsewhere" if moved else ""))
 
     @rule(pick=st.integers(0, 1000))
     def restore_replica(self, pick: int) -> None:
@@ -1693,3 +1703,40 @@ def test_an_older_turn_ending_in_a_tool_call_keeps_the_pause_its_run_began() -> 
     assert (run.paused_at, run.hold_until) == began
     machine.headroom_matches_paused_interactive_runs_within_their_hold()
     machine.runs_match_the_shadow()
+
+
+def test_a_turn_refused_by_its_held_limit_with_tokens_left_is_no_rate_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found while extending the machine to sub-callers (its input, shrunk, of caller ``y`` alone:
+    the machine had this fault before): caller ``y``'s batch bucket had tokens left when its third
+    held batch turn was refused by the held-turn limit (2), and the machine took any refusal of a
+    turn whose bucket it tracked for a token-rate refusal."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = LimitedSchedulerMachine()
+    machine.start()
+    machine.arrive("r0", "m2", True, "y", "dp")  # placed; 15 tokens: y's batch bucket has 5 left
+    machine.finish(0, False)
+    for run in ("r1", "r2", "r3"):
+        machine.arrive(run, "m1", False, "x", "dp")  # a (2 slots) and b (1) full
+    machine.arrive("r4", "m1", True, "y", "dp")
+    machine.arrive("r5", "m1", True, "y", "dp")  # y holds 2 batch turns: its limit
+    machine.arrive("r0", "m1", True, "y", "dp")
+    assert machine.state.counters.limited_held == 1 and machine.state.counters.limited_token_rate == 0
+    assert machine.state.buckets[("y", "batch")].level >= 1.0
+
+
+def test_a_drain_ends_the_soft_wait_of_a_turn_held_for_that_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the thorough profile (its input, shrunk: the machine had this fault before): r0's
+    next turn was held for its soft replica ``a`` (full), ``a`` was drained, and the turn, its wait
+    over, was placed on ``c``, as the core's rule 16 says; the machine held that a drain places
+    nothing."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = SchedulerMachine()
+    machine.start()
+    machine.arrive(batch=True, caller="", dataplane="dp", model="m2", run="r0")
+    machine.idle_run_comes_back_to_a_full_replica(batch=False, pick=0, taught=False, then="nothing")
+    (held,) = machine.state.held
+    assert held.soft == "a" and held.queue == ("replica", "a")
+    machine.drain_replica(pick=0)  # a
+    assert machine.state.placed[held.turn_id].replica == "c"
