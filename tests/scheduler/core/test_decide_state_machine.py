@@ -8,18 +8,20 @@ turns reported abandoned, run ends, empty resyncs of one dataplane (its placed t
 resyncs listing every placed turn (and adopting a single-pass turn never seen), dataplanes lost
 (their Connect stream ended; their held Admits cancelled) and returning (a new stream's resync),
 probes that flip replicas' health and report engine load, clock ticks that jump far enough
-for expiry, and a flood from one caller. Beside the core it keeps its own record of each run's phase
-and last replica, of replicas' health and engine load, of the abandoned turn ids, of the lost
-dataplanes and of which turns are single-pass, built only from the events it sent and the actions
-it got back, and checks the core against it (after every step, by an ``@invariant``, unless said
-otherwise):
+for expiry, and a flood from one caller (or from seven sub-callers of it). Callers form a tree
+(``y/j1`` and ``y/j2`` under ``y``, ``x/j1`` under ``x``). Beside the core it keeps its own record
+of each run's phase and last replica, of replicas' health and engine load, of the abandoned turn
+ids, of the lost dataplanes and of which turns are single-pass, built only from the events it sent
+and the actions it got back, and checks the core against it (after every step, by an
+``@invariant``, unless said otherwise):
 
 * no replica ever has more placed turns than its configured capacity, nor, when a turn is placed
   on it, more than its effective capacity (engine load: the running count once a queue forms;
   checked at each ``Place``);
 * no single-pass turn is ever on a generative replica, nor a generative turn on a single-pass one,
   and each turn is placed only on a replica of its kind serving its model (checked at each
-  ``Place`` and after every step); each caller's in-flight counts, one per kind, match the turns;
+  ``Place`` and after every step); each caller's in-flight counts, one per kind, match the turns,
+  and so does each root's (the sum over the callers under it);
 * a single-pass turn never changes run state: every field of every run (and the runs' order) is
   the same after any event about a single-pass turn (its arrival, finish, failure, abandon, report
   or adoption by a resync) as before it, no run ever lists one, and no run exists that no generative
@@ -52,6 +54,10 @@ otherwise):
 * the run order: a held turn placed goes before every turn still held of its class and caller that
   could use the same replica (by the rank the core gave each, its run's start by default, then
   arrival; checked at each ``Place`` of a held turn);
+* fairness over the caller tree: a held turn placed had the smallest ``(its root's in-flight
+  turns, its caller's own, rank, arrival)`` of every turn held of its class and kind that could use
+  the same replica, by the machine's own counts at that moment (checked at each ``Place`` of a held
+  turn, but on a tick or a resync, whose ends and placements interleave);
 * a turn reported abandoned is neither held nor placed, and its Admit is refused with 499 for as
   long as its tombstone lives (120 s, dropped by the next tick);
 * after any tick, no turn placed for a dataplane lost for the grace (60 s) or more is in flight;
@@ -117,6 +123,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.core.held import queues_served_by
 from luftpause.scheduler.core.policies import engine_load, idle_affinity, pause_hold
+from luftpause.scheduler.core.policies.limits import ClassLimits
 from luftpause.scheduler.core.state import Run
 
 HOLD_S = 1.0  # the startup hold (rule 15), short enough that most sequences outlive it
@@ -163,6 +170,7 @@ SERVING = {"m1": ("a", "b"), "m2": ("a", "c")}
 SINGLE_PASS_MODELS = ["m1", "cls", "m2"]  # m2: no single-pass replica serves it
 SINGLE_PASS_SERVING = {"m1": ("s", "s2"), "cls": ("s2",)}
 RUNS = [f"r{i}" for i in range(6)]
+CALLERS = ["", "x", "y", "y/j1", "y/j2", "x/j1"]  # roots "", x and y; y/j1, y/j2 share y's part
 DATAPLANES = ["dp", "dp2"]
 ABANDONED = Reject("", "turn was abandoned by its dataplane", 499)  # turn id filled in per use
 ADDABLE = {  # replicas a rule may add at run time: (kind, models, max_inflight)
@@ -355,6 +363,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             for turn_id, reported_at in list(self.tombstones.items()):
                 if event.at - reported_at >= TOMBSTONE_S:
                     del self.tombstones[turn_id]
+        placements = [i for i, a in enumerate(actions) if isinstance(a, Place) and a.turn_id not in placed_at]
         for index, action in enumerate(actions):
             if isinstance(action, Place) and self.holding:
                 # only answers for turns already running: adopted by the resync, or retried
@@ -365,6 +374,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.on_place(action)
                 if action.turn_id in held_keys and not isinstance(event, Resynced):
                     self.placed_in_run_order(action, held_keys[action.turn_id])
+                    if not isinstance(event, Tick):  # a tick's expiries and releases come between
+                        from_here = [actions[i] for i in placements if i >= index]
+                        self.placed_in_caller_order(action, held_keys, from_here)  # type: ignore[arg-type]
                 replica = self.state.replicas[action.replica]
                 assert replica.inflight <= self.capacity(replica.name), f"{replica.name} over capacity"
                 if action.turn_id in self.batch:
@@ -442,12 +454,34 @@ class SchedulerMachine(RuleBasedStateMachine):
             and self.sp_serving.get(event.model)
         ):  # fmt: skip
             assert isinstance(event, TurnArrived)
-            key = (event.caller, event.service_class)
-            self.held_before = sum(1 for t in self.state.held if (t.caller, t.service_class) == key)
-            these = self.protection.of(*key)
+            key = (self.holder(event.caller), event.service_class)
+            self.held_before = self.held_for(*key)
+            these = self.limits_of(event.caller, event.service_class)
             if self.protection.on and these.tokens_per_s is not None and key in self.buckets:
                 level = self.level(key, these.tokens_per_s, these.burst)
                 self.expect_rate_refusal = (event.turn_id, level < 1.0)
+
+    def holder(self, caller: str) -> str:
+        """The name ``caller``'s limits are counted for, as the machine reads rule 18: the longest
+        configured name made of its first ``/``-separated parts, else its first part (its root)."""
+        parts = caller.split("/")
+        for length in range(len(parts), 0, -1):
+            name = "/".join(parts[:length])
+            if name in self.protection.callers:
+                return name
+        return parts[0]
+
+    def limits_of(self, caller: str, service_class: str) -> ClassLimits:
+        """``caller``'s limits of a class: the class defaults, with its holder's configured keys."""
+        base = self.protection.classes.get(service_class, ClassLimits())
+        override = self.protection.callers.get(self.holder(caller))
+        return base if override is None else base.over(override)
+
+    def held_for(self, holder: str, service_class: str) -> int:
+        """Turns of ``service_class`` held now whose caller's holder is ``holder``."""
+        return sum(
+            1 for t in self.state.held if t.service_class == service_class and self.holder(t.caller) == holder
+        )
 
     def level(self, key: tuple[str, str], rate: float, burst: float) -> float:
         bucket = self.buckets[key]
@@ -456,10 +490,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         return bucket[0]
 
     def spend(self, caller: str, service_class: str, tokens: int) -> None:
-        these = self.protection.of(caller, service_class)  # type: ignore[arg-type]
+        """A finished turn of ``caller`` drains its holder's bucket (the root's for every caller
+        under an unconfigured or configured root, a configured sub-caller's for its own)."""
+        these = self.limits_of(caller, service_class)
         if not self.protection.on or these.tokens_per_s is None or tokens <= 0:
             return
-        key = (caller, service_class)
+        key = (self.holder(caller), service_class)
         if key not in self.buckets:
             self.buckets[key] = [these.burst, self.now]
         self.buckets[key][0] = self.level(key, these.tokens_per_s, these.burst) - tokens
@@ -476,7 +512,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         assert isinstance(event, TurnArrived) and event.turn_id == turn_id, f"{action} answers {event}"
         self.rejected.add(turn_id)
-        these = self.protection.of(event.caller, event.service_class)
+        these = self.limits_of(event.caller, event.service_class)
+        holder = self.holder(event.caller)
+        who = f"caller '{holder}'" if holder else "the anonymous caller"
+        if event.caller != holder:
+            who += f" (for '{event.caller}')"
+        assert action.reason.startswith(f"{who} "), f"{action.reason!r} does not name {who}"
         if "token rate" in action.reason:
             assert self.expect_rate_refusal == (turn_id, True), f"{turn_id} refused with tokens left"
         else:
@@ -484,6 +525,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert these.max_held is not None and self.held_before >= these.max_held
         event_name = "rate" if "token rate" in action.reason else "held"
         globals()["event"](f"limit: refused by {event_name}")
+        if event.caller != holder:
+            globals()["event"](f"limit: a sub-caller refused by its holder's {event_name}")
 
     def after_decide(self, event: Event, actions: list[Action]) -> None:
         if self.expect_rate_refusal is not None:
@@ -494,13 +537,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             )
             assert refused == refuse, f"{turn_id}: refused {refused} by the rate, the bucket says {refuse}"
         if isinstance(event, TurnArrived) and event.turn_id in self.state.held and self.protection.on:
-            these = self.protection.of(event.caller, event.service_class)
+            these = self.limits_of(event.caller, event.service_class)
             assert these.max_held is None or self.held_before < these.max_held, (
                 f"{event.turn_id} held past its limit"
             )
         if isinstance(event, Tick) and self.protection.on:
             for turn in self.state.held:
-                these = self.protection.of(turn.caller, turn.service_class)
+                these = self.limits_of(turn.caller, turn.service_class)
                 timeout = these.queue_timeout_s
                 assert timeout is None or event.at - turn.arrived_at < timeout, (
                     f"{turn.turn_id} held past its timeout"
@@ -674,6 +717,57 @@ class SchedulerMachine(RuleBasedStateMachine):
             ):
                 assert key < (turn.rank, turn.seq), f"{action.turn_id} placed before {turn.turn_id}"
 
+    def placed_in_caller_order(
+        self, action: Place, held_keys: dict[str, tuple[float, int]], from_here: list[Place]
+    ) -> None:
+        """Fairness among callers (rule 5, over the caller tree): a held turn placed on a replica
+        had, at that moment, the smallest ``(its root's in-flight turns, its caller's own, rank,
+        arrival)`` of every turn held before the event and still held, of its class and kind, that
+        could use that replica (an arriving turn is filed after what its run's change placed).
+
+        The counts at that moment are the machine's own: the turns placed after the event, of the
+        same kind (each pool counts apart), less this and the later placements of the event (the
+        event's one end, if any, came before them all), summed per root (the caller's part before
+        its first ``/``). Not for a tick (its expiries and releases come between its placements)
+        nor a resync.
+        """
+        single = action.turn_id in self.single
+        loads: dict[str, int] = {}
+        for turn_id in self.state.placed:
+            if (turn_id in self.single) == single:
+                loads[self.callers[turn_id]] = loads.get(self.callers[turn_id], 0) + 1
+        for placed in from_here:
+            loads[self.callers[placed.turn_id]] -= 1
+        roots: dict[str, int] = {}
+        for caller, count in loads.items():
+            roots[caller.split("/")[0]] = roots.get(caller.split("/")[0], 0) + count
+
+        def order(turn_id: str, rank_seq: tuple[float, int]) -> tuple[int, int, float, int]:
+            caller = self.callers[turn_id]
+            return (roots.get(caller.split("/")[0], 0), loads.get(caller, 0), *rank_seq)
+
+        mine = order(action.turn_id, held_keys[action.turn_id])
+        batch = action.turn_id in self.batch
+        for turn in self.state.held:
+            if (
+                turn.turn_id in held_keys
+                and (turn.turn_id in self.batch) == batch
+                and (turn.turn_id in self.single) == single
+                and action.replica in self.usable(turn.turn_id)
+            ):
+                theirs = order(turn.turn_id, (turn.rank, turn.seq))
+                assert mine < theirs, (
+                    f"{action.turn_id} ({self.callers[action.turn_id]!r}, {mine}) placed on {action.replica} "
+                    f"before {turn.turn_id} ({self.callers[turn.turn_id]!r}, {theirs})"
+                )
+                if (
+                    mine[0] < theirs[0]
+                    and self.callers[turn.turn_id].split("/")[0] != self.callers[action.turn_id].split("/")[0]
+                ):
+                    event("fairness: a root with fewer in flight went first")
+                elif mine[0] == theirs[0] and mine[1] < theirs[1]:
+                    event("fairness: within a root, a sub-caller with fewer in flight went first")
+
     def batch_took_no_kept_slot(self, action: Place, later: list[Action]) -> None:
         """Headroom: placing a batch turn left its replica within its capacity less the kept slots.
 
@@ -788,7 +882,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         run=st.sampled_from(RUNS),
         model=st.sampled_from(MODELS),
         batch=st.booleans(),
-        caller=st.sampled_from(["", "x", "y"]),
+        caller=st.sampled_from(CALLERS),
         dataplane=st.sampled_from(DATAPLANES),
     )
     def arrive(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
@@ -805,7 +899,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         run=st.sampled_from(RUNS),
         model=st.sampled_from(SINGLE_PASS_MODELS),
         batch=st.booleans(),
-        caller=st.sampled_from(["", "x", "y"]),
+        caller=st.sampled_from(CALLERS),
         dataplane=st.sampled_from(DATAPLANES),
     )
     def arrive_single_pass(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
@@ -1083,10 +1177,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             and not (self.draining or self.removing)
         )
     )
-    @rule(batch=st.booleans())
-    def flood_does_not_starve_a_caller(self, batch: bool) -> None:
+    @rule(batch=st.booleans(), spread=st.booleans())
+    def flood_does_not_starve_a_caller(self, batch: bool, spread: bool) -> None:
         """Liveness: caller ``flood`` keeps the pool busy and a backlog of turns older than the one
         held turn of caller ``lone``; ``lone``'s turn is placed within a bounded number of slot frees.
+        With ``spread``, the flood's turns come from seven sub-callers of ``flood`` (a caller key's
+        holder narrowing its turns): they share one root's part, so the bound is the same (ranked
+        as callers of their own, each would have 0 in flight as often as ``lone`` and come first on
+        the tie, being older, and the limits of ``flood``, 1,000 held, hold for them together).
 
         Each free is the oldest placed turn finishing, and each brings two more flood turns. Every
         replica is probed healthy and unloaded first, and a batch flood needs two slots of ``m1``
@@ -1117,7 +1215,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.now += 0.01
             run = f"flood{self.next_flood}"
             self.next_flood += 1
-            flood.append(self.new_turn(run, "m1", batch, "flood", "dp")[0])
+            caller = f"flood/{self.next_flood % 7}" if spread else "flood"
+            flood.append(self.new_turn(run, "m1", batch, caller, "dp")[0])
 
         for _ in range(bound + capacity + 5):
             more_flood()
@@ -1133,7 +1232,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             frees += 1
             more_flood()
             more_flood()
-        event(f"flood: lone placed after {min(frees, 3)}{'+' if frees >= 3 else ''} frees")
+        after = f"{min(frees, 3)}{'+' if frees >= 3 else ''}"
+        event(f"flood{' spread' if spread else ''}: lone placed after {after} frees")
         for turn_id in flood:  # the flood stops: its clients leave
             if turn_id in self.state.held:
                 self.now += 0.001
@@ -1276,7 +1376,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         run=st.sampled_from(RUNS),
         model=st.sampled_from(["m1", "m2"]),
         batch=st.booleans(),
-        caller=st.sampled_from(["", "x", "y"]),
+        caller=st.sampled_from(CALLERS),
         dataplane=st.sampled_from(DATAPLANES),
     )
     def place_under_lease(self, run: str, model: str, batch: bool, caller: str, dataplane: str) -> None:
@@ -1446,12 +1546,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     def no_caller_holds_past_its_limit(self) -> None:
         if not self.protection.on:
             return
-        counts: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[str, str], int] = {}  # per holder: narrowing escapes no limit
         for turn in self.state.held:
-            counts[(turn.caller, turn.service_class)] = counts.get((turn.caller, turn.service_class), 0) + 1
-        for (caller, cls), count in counts.items():
-            these = self.protection.of(caller, cls)  # type: ignore[arg-type]
-            assert these.max_held is None or count <= these.max_held, f"{caller}/{cls}: {count} held"
+            key = (self.holder(turn.caller), turn.service_class)
+            counts[key] = counts.get(key, 0) + 1
+        for (holder, cls), count in counts.items():
+            these = self.limits_of(holder, cls)
+            assert these.max_held is None or count <= these.max_held, f"{holder}/{cls}: {count} held"
 
     @invariant()
     def no_replica_above_capacity(self) -> None:
@@ -1517,6 +1618,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if (turn_id in self.single) == kind_single:
                     expected[self.callers[turn_id]] = expected.get(self.callers[turn_id], 0) + 1
             assert counts == expected
+            roots: dict[str, int] = {}  # each root's: its own and its sub-callers' together
+            for caller, count in expected.items():
+                roots[caller.split("/")[0]] = roots.get(caller.split("/")[0], 0) + count
+            assert (
+                self.state.single_pass_root_inflight if kind_single else self.state.root_inflight
+            ) == roots
 
     @invariant()
     def single_pass_turns_have_no_run_state(self) -> None:
@@ -1627,6 +1734,9 @@ max_held = 2
 tokens_per_s = 2
 burst_tokens = 20
 
+[scheduler.protection.callers."x/j1"]
+max_held = 1
+
 [scheduler.protection.callers.flood]
 max_held = 1000
 """,
@@ -1636,10 +1746,15 @@ max_held = 1000
 class LimitedSchedulerMachine(SchedulerMachine):
     """The same machine with protection limits on (rules 17, 18): at most 3 interactive and 2
     batch turns held per caller, interactive turns refused after 45 s held, caller ``y`` at 2
-    tokens/s (a finished turn costs it 15), a replica out of rotation after 2 engine failures in a
-    row. Every invariant above still holds, and: no caller holds more than its limit, no turn is
-    held past its timeout after a tick, a token-rate refusal comes exactly when the machine's own
-    bucket is empty, and the breaker trips and closes where the machine's count says."""
+    tokens/s (a finished turn costs it 15), ``x/j1`` at most 1 held of a class, a replica out of
+    rotation after 2 engine failures in a row. Limits hold for a name of the caller tree, as the
+    machine reads rule 18: a caller's are those of the longest configured name its own starts
+    with (``x/j1``'s its own; ``y/j1``'s and ``y/j2``'s ``y``'s), else the class defaults, counted
+    for that name, else for its root (``x``'s sub-callers but ``x/j1`` count with ``x``). Every
+    invariant above still holds, and: no name holds more than its limit, no turn is held past its
+    timeout after a tick, a token-rate refusal comes exactly when the machine's own bucket (one per
+    name and class) is empty, a refusal names the name whose limit it was and the caller it was
+    for, and the breaker trips and closes where the machine's count says."""
 
     config_text = LIMITED_CONFIG
 
