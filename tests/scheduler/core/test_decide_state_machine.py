@@ -182,6 +182,10 @@ TURN_EXPIRY_S = 600.0
 GRACE_S = 60.0  # the default dataplane_grace_s
 
 
+Moved = tuple[str, tuple[str, str]] | None
+"""A run and its record (phase, last replica) before a placement moved it (``SchedulerMachine.moved_by``)."""
+
+
 def answers(actions: list[Action]) -> list[Action]:
     """The actions that are not lease changes nor retirements (those may follow any event that
     frees a slot or holds a turn)."""
@@ -371,16 +375,19 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if isinstance(event, Resynced):
                     assert action.turn_id in {turn.turn_id for turn in event.turns}
             if isinstance(action, Place):
+                # its run's record before this placement moves the run there: its other held turns
+                # could use only what that record allowed when this one was placed
+                moved = self.moved_by(action.turn_id)
                 self.on_place(action)
                 if action.turn_id in held_keys and not isinstance(event, Resynced):
-                    self.placed_in_run_order(action, held_keys[action.turn_id])
+                    self.placed_in_run_order(action, held_keys[action.turn_id], moved)
                     if not isinstance(event, Tick):  # a tick's expiries and releases come between
                         from_here = [actions[i] for i in placements if i >= index]
-                        self.placed_in_caller_order(action, held_keys, from_here)  # type: ignore[arg-type]
+                        self.placed_in_caller_order(action, held_keys, from_here, moved)  # type: ignore[arg-type]
                 replica = self.state.replicas[action.replica]
                 assert replica.inflight <= self.capacity(replica.name), f"{replica.name} over capacity"
                 if action.turn_id in self.batch:
-                    self.no_interactive_waits_for(replica.name)
+                    self.no_interactive_waits_for(replica.name, moved)
                     if not isinstance(event, Resynced) and action.turn_id not in self.single:
                         self.batch_took_no_kept_slot(action, actions[index + 1 :])
             elif isinstance(action, RetireReplica):
@@ -613,9 +620,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             if turn.turn_id in self.soft and self.turns[turn.turn_id][0] == run_id:
                 self.soft_waiting(turn.turn_id)
 
-    def usable(self, turn_id: str) -> tuple[str, ...]:
+    def moved_by(self, turn_id: str) -> Moved:
+        """``(run, its record)`` as they stand before ``turn_id`` (a generative turn) is placed
+        and its run moves to that replica (rule 6); ``None`` for a single-pass turn."""
+        if turn_id in self.single:
+            return None
+        run_id = self.turns[turn_id][0]
+        return run_id, self.shadow.get(run_id, ("idle", ""))
+
+    def usable(self, turn_id: str, moved: Moved = None) -> tuple[str, ...]:
         """The replicas a held turn may use now: its run's healthy last replica, else any serving;
-        none while the startup hold is in force."""
+        none while the startup hold is in force. ``moved``: its run's record is taken as it was
+        before a placement of another of its turns moved it (:meth:`moved_by`), when it is that run.
+        """
         if self.holding:
             return ()
         run_id, model = self.turns[turn_id]
@@ -623,7 +640,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                  if self.usable_replica(n) and n not in self.draining]  # fmt: skip
         if turn_id in self.single:
             return tuple(fresh)
-        phase, last = self.shadow.get(run_id, ("idle", ""))
+        if moved is not None and moved[0] == run_id:
+            phase, last = moved[1]
+        else:
+            phase, last = self.shadow.get(run_id, ("idle", ""))
         if phase != "idle" and last in self.serving.get(model, ()) and self.usable_replica(last):
             return (last,)
         if turn_id in self.soft and self.soft_waiting(turn_id):
@@ -704,7 +724,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         replica = self.state.replicas[name]
         return replica.inflight < self.capacity(name) - (self.kept(name) if batch else 0)
 
-    def placed_in_run_order(self, action: Place, key: tuple[float, int]) -> None:
+    def placed_in_run_order(self, action: Place, key: tuple[float, int], moved: Moved = None) -> None:
         """The run order: a held turn placed on a replica goes before every turn still held of its
         class and caller that could use that replica (their rank, then arrival, is larger)."""
         cls = "batch" if action.turn_id in self.batch else "interactive"
@@ -713,12 +733,16 @@ class SchedulerMachine(RuleBasedStateMachine):
                 ("batch" if turn.turn_id in self.batch else "interactive") == cls
                 and self.callers[turn.turn_id] == self.callers[action.turn_id]
                 and (turn.turn_id in self.single) == (action.turn_id in self.single)
-                and action.replica in self.usable(turn.turn_id)
+                and action.replica in self.usable(turn.turn_id, moved)
             ):
                 assert key < (turn.rank, turn.seq), f"{action.turn_id} placed before {turn.turn_id}"
 
     def placed_in_caller_order(
-        self, action: Place, held_keys: dict[str, tuple[float, int]], from_here: list[Place]
+        self,
+        action: Place,
+        held_keys: dict[str, tuple[float, int]],
+        from_here: list[Place],
+        moved: Moved = None,
     ) -> None:
         """Fairness among callers (rule 5, over the caller tree): a held turn placed on a replica
         had, at that moment, the smallest ``(its root's in-flight turns, its caller's own, rank,
@@ -729,7 +753,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         same kind (each pool counts apart), less this and the later placements of the event (the
         event's one end, if any, came before them all), summed per root (the caller's part before
         its first ``/``). Not for a tick (its expiries and releases come between its placements)
-        nor a resync.
+        nor a resync. Which turns could use the replica is judged with the placed turn's run as it
+        stood before (``moved``): the placement itself moves the run's other held turns there.
         """
         single = action.turn_id in self.single
         loads: dict[str, int] = {}
@@ -753,7 +778,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 turn.turn_id in held_keys
                 and (turn.turn_id in self.batch) == batch
                 and (turn.turn_id in self.single) == single
-                and action.replica in self.usable(turn.turn_id)
+                and action.replica in self.usable(turn.turn_id, moved)
             ):
                 theirs = order(turn.turn_id, (turn.rank, turn.seq))
                 assert mine < theirs, (
@@ -781,10 +806,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         limit = self.capacity(action.replica) - self.kept(action.replica)
         assert least <= limit, f"batch {action.turn_id} took a slot kept on {action.replica}"
 
-    def no_interactive_waits_for(self, name: str) -> None:
+    def no_interactive_waits_for(self, name: str, moved: Moved = None) -> None:
+        """No interactive turn is held that could use ``name`` when a batch turn was placed there
+        (``moved``: that turn's run before it moved there, see :meth:`usable`)."""
         for turn in self.state.held:
             if turn.service_class == "interactive":
-                assert name not in self.usable(turn.turn_id), f"{turn.turn_id} held behind batch on {name}"
+                usable = self.usable(turn.turn_id, moved)
+                assert name not in usable, f"{turn.turn_id} held behind batch on {name}"
 
     def end_placed(self, turn_id: str, phase: str, finished: bool = False) -> None:
         """A placed turn ended (``finished``: a ``TurnFinished`` with 10 prompt tokens); the run's
@@ -1855,3 +1883,25 @@ def test_a_drain_ends_the_soft_wait_of_a_turn_held_for_that_replica(monkeypatch:
     assert held.soft == "a" and held.queue == ("replica", "a")
     machine.drain_replica(pick=0)  # a
     assert machine.state.placed[held.turn_id].replica == "c"
+
+
+def test_a_runs_batch_turn_placed_elsewhere_takes_its_held_interactive_turn_along(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the thorough profile (its input, shrunk: the machine had this fault before): run r4
+    generates on b (m1) and has two turns held, a batch m2 turn (b serves no m2: it may go anywhere,
+    a and c are full) and an interactive m1 turn pinned to b. Replica d joins: the batch turn is
+    placed there, the first turn that could use d, and r4 then generates on d, so its interactive
+    turn waits for d from then on. The machine judged that turn by r4's record after the
+    placement and took it for an interactive turn that could have had d."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = SchedulerMachine()
+    machine.start()
+    for run in ("f0", "f1", "f2", "f3"):
+        machine.arrive(run, "m2", True, "x", "dp")  # a and c full
+    machine.arrive("r4", "m1", False, "", "dp")  # on b
+    machine.arrive("r4", "m2", True, "", "dp")  # t5: held, may go anywhere serving m2
+    machine.arrive("r4", "m1", False, "", "dp")  # t6: held, pinned to b
+    machine.add_replica("d")
+    assert machine.state.placed["t5"].replica == "d"
+    assert [(turn.turn_id, turn.queue) for turn in machine.state.held] == [("t6", ("replica", "d"))]
