@@ -99,8 +99,9 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     does, since no run pauses there). Single-pass replicas take only single-pass turns, so the two
     kinds never count against each other's capacity. Held single-pass turns wait in their own
     queue per model, in the order of rule 5, the root and caller terms counting their placed
-    single-pass turns (each pool counts apart); they are placed when a single-pass slot frees (an end, an abandon, expiry, a
-    resync or a lost dataplane releasing one, a probe raising capacity or health). A resync adopts
+    single-pass turns (each pool counts apart); they are placed when a single-pass slot frees (an
+    end, an abandon, expiry, a resync or a lost dataplane releasing one, a probe raising capacity
+    or health). A resync adopts
     an in-flight turn on a single-pass replica as a single-pass turn (the replica's kind tells),
     and a retried, abandoned or tombstoned single-pass turn is answered as in rules 7 and 11.
 
@@ -185,8 +186,8 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     counted for that name (its *holder*; with none configured, its root) over every caller under
     it but those under a configured name of their own, so narrowing never escapes a limit. An
     arrival that would be held while its holder has ``max_held`` turns of its class held, or whose
-    holder's token bucket for its class holds less than one token, is refused
-    at once, ``Reject(turn, reason, 429, retry_after_s)``, and records nothing (judged before the
+    holder's token bucket for its class holds less than one token, is refused at once,
+    ``Reject(turn, reason, 429, retry_after_s)``, and records nothing (judged before the
     arrival changes its run; a turn placed at once is never refused by ``max_held``); a held turn
     ``queue_timeout_s`` old is refused the same way on the next tick. Buckets are drained by each
     finished turn's prompt and completion tokens. Refusals are counted (``limited_held``,

@@ -260,10 +260,16 @@ class HeldTurns:
                     return turn
         return None
 
-    def load_changed(self, caller: str, single_pass: bool = False) -> None:
+    def load_changed(self, caller: str, single_pass: bool = False, fell: bool = True) -> None:
         """``caller``'s in-flight turns in one pool changed, and with them its root's: re-rank it
         among its root's callers, and its root among the roots, in that pool's lanes (every lane
-        its root has turns in: its siblings' turns move with the root's count)."""
+        its root has turns in: its siblings' turns move with the root's count).
+
+        ``fell=False`` says the counts rose: then nothing is pushed, since every entry out of date
+        is too small and is corrected when it reaches the top (a fall needs fresh entries, or the
+        stale larger ones would keep the caller and its root back)."""
+        if not fell:
+            return
         top = root(caller)
         lane_keys = self._root_lanes.get(top)
         if not lane_keys:

@@ -285,7 +285,7 @@ def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> N
         roots[top] = count
     else:
         roots.pop(top, None)
-    state.held.load_changed(caller, single_pass)
+    state.held.load_changed(caller, single_pass, fell=delta < 0)
 
 
 def _reserve(state: State, run: Run, at: float) -> Replica | None:

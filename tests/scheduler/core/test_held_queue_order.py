@@ -48,10 +48,11 @@ def test_head_is_the_first_turn_in_order(steps: list[tuple[object, ...]]) -> Non
     held.bind_loads(loads, None, roots)
 
     def change(caller: str, count: int) -> None:
+        fell = count < loads.get(caller, 0)
         loads[caller] = count
         roots.clear()
         roots.update(roots_of(loads))
-        held.load_changed(caller)
+        held.load_changed(caller, fell=fell)  # as decide says it: a rise pushes nothing
 
     live: dict[str, HeldTurn] = {}
     seq = 0
@@ -116,7 +117,7 @@ def test_a_caller_whose_load_falls_comes_first_at_once() -> None:
     held.load_changed("x")
     assert held.head(queue) is x
     loads["x"] = roots["x"] = 4
-    held.load_changed("x")
+    held.load_changed("x", fell=False)
     assert held.head(queue) is y
 
 
