@@ -19,14 +19,16 @@ single-pass turns on single-pass replicas for single-pass queues (dicts bound by
 
 Both caller terms change while turns wait, so a queue is split into one *lane* per service class,
 and a lane into one heap of ``(rank, arrival number, turn id)`` per caller; over them, one heap per
-root of ``(caller's in-flight turns, its first turn's rank and arrival number, caller)``; over the
-roots, one heap of ``(root's in-flight turns, that root's first entry, root)``. The heaps are kept
-lazily: an entry whose key is out of date is corrected when it reaches the top, and when a
-caller's count changes (:meth:`HeldTurns.load_changed`) it gets a fresh entry in its root's heap
-and its root a fresh one in every lane the root has turns in, so the siblings' turns, whose root
-count changed with it, are re-ranked by one entry per lane and not one per sibling. The top, once
-correct, is the true first: finding a head costs O(log) amortised, never a scan of every held
-turn, caller or root.
+root of ``(caller's in-flight turns, its first turn's rank and arrival number, caller)`` (kept only
+while the root has two callers or more in the lane: a root of one caller, the common case, is read
+through that caller); over the roots, one heap of ``(root's in-flight turns, that root's first
+entry, root)``. The heaps are kept lazily: an entry whose key is out of date is corrected when it
+reaches the top, and when a caller's count falls (:meth:`HeldTurns.load_changed`) it gets a fresh
+entry in its root's heap and its root a fresh one in every lane the root has turns in, so the
+siblings' turns, whose root count fell with it, are re-ranked by one entry per lane and not one
+per sibling; a count that rises needs none (every stale entry is then too small, and sinks when it
+reaches the top). The top, once correct, is the true first: finding a head costs O(log)
+amortised, never a scan of every held turn, caller or root.
 
 Removed and re-filed turns leave stale entries, dropped when they reach the top or when stale
 entries outnumber live ones four to one.
@@ -278,7 +280,7 @@ class HeldTurns:
             if is_single_pass(queue) != single_pass:
                 continue
             lane = self._lanes[(queue, rank)]
-            if caller in lane.live:
+            if caller in lane.live and len(lane.members[top]) > 1:
                 turn = self._caller_head(queue, lane, caller)
                 if turn is not None:
                     group = lane.groups[top]
@@ -313,6 +315,10 @@ class HeldTurns:
         return None
 
     def _group_head(self, queue: QueueKey, lane: _Lane, top: str) -> HeldTurn | None:
+        members = lane.members.get(top)
+        if members is not None and len(members) == 1:
+            for only in members:  # a root of one caller here (the most common): no heap to keep
+                return self._caller_head(queue, lane, only)
         heap = lane.groups.get(top)
         while heap:
             load, rank, seq, caller = heap[0]
@@ -357,15 +363,20 @@ class HeldTurns:
                 lane.groups[top] = []
                 self._root_lanes.setdefault(top, set()).add(key)
             members.add(caller)
+            joined = len(members) == 2
         else:
             lane.live[caller] += 1
+            joined = False
         entry = (turn.rank, turn.seq, turn.turn_id)
         heapq.heappush(heap, entry)
         if heap[0] == entry:  # the caller's new first turn here: rank it, and its root, by that
             load = lane.loads.get(caller, 0)
-            heapq.heappush(lane.groups[top], (load, turn.rank, turn.seq, caller))
+            if joined:  # a second caller: the root's heap of callers is kept from now on
+                self._compact_group(turn.queue, lane, top, fresh=True)
+            elif len(lane.members[top]) > 1:
+                heapq.heappush(lane.groups[top], (load, turn.rank, turn.seq, caller))
+                self._compact_group(turn.queue, lane, top)
             heapq.heappush(lane.roots, (lane.root_loads.get(top, 0), load, turn.rank, turn.seq, top))
-            self._compact_group(turn.queue, lane, top)
             self._compact_roots(turn.queue, lane)
 
     def _unfile(self, turn: HeldTurn, queue: QueueKey) -> None:
@@ -406,18 +417,23 @@ class HeldTurns:
             heap[:] = list(kept)
             heapq.heapify(heap)
 
-    def _compact_group(self, queue: QueueKey, lane: _Lane, top: str) -> None:
+    def _compact_group(self, queue: QueueKey, lane: _Lane, top: str, fresh: bool = False) -> None:
+        """Rebuild ``top``'s heap of callers from its members when stale entries outnumber them (or
+        when ``fresh``); a root of one caller keeps none (:meth:`_group_head` reads its caller)."""
         heap = lane.groups[top]
         members = lane.members[top]
-        if len(heap) <= _COMPACT_MIN or len(heap) <= 4 * len(members):
+        if len(members) <= 1:
+            heap.clear()
             return
-        fresh = []
+        if not fresh and (len(heap) <= _COMPACT_MIN or len(heap) <= 4 * len(members)):
+            return
+        entries = []
         for caller in members:
             turn = self._caller_head(queue, lane, caller)
             if turn is not None:
-                fresh.append((lane.loads.get(caller, 0), turn.rank, turn.seq, caller))
-        heapq.heapify(fresh)
-        heap[:] = fresh
+                entries.append((lane.loads.get(caller, 0), turn.rank, turn.seq, caller))
+        heapq.heapify(entries)
+        heap[:] = entries
 
     def _compact_roots(self, queue: QueueKey, lane: _Lane) -> None:
         if len(lane.roots) <= _COMPACT_MIN or len(lane.roots) <= 4 * len(lane.members):
