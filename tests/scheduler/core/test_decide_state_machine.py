@@ -1251,7 +1251,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now += 0.01
         lone, _ = self.new_turn(f"lone{self.next_flood}", "m1", batch, "lone", "dp")
         frees = 0
-        while lone not in self.state.placed:
+        if lone in self.rejected:  # lone holds its most turns of the class already (limits on)
+            event("flood: lone refused by its own held limit")
+        while lone not in self.state.placed and lone not in self.rejected:
             assert frees < bound, f"{lone} still held after {frees} slot frees under a flood"
             oldest = next(iter(self.state.placed))
             self.now += 0.01
@@ -1905,3 +1907,20 @@ def test_a_runs_batch_turn_placed_elsewhere_takes_its_held_interactive_turn_alon
     machine.add_replica("d")
     assert machine.state.placed["t5"].replica == "d"
     assert [(turn.turn_id, turn.queue) for turn in machine.state.held] == [("t6", ("replica", "d"))]
+
+
+def test_a_flood_whose_lone_caller_is_refused_by_its_own_limit_waits_for_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the thorough profile (its input, shrunk: the machine had this fault before): caller
+    ``lone`` already held two batch turns (its class's limit) when the flood rule's lone batch turn
+    arrived; it was refused 429, as rule 18 says, and the rule waited for it to be placed."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = LimitedSchedulerMachine()
+    machine.start()
+    for run in ("r1", "r2", "r3"):
+        machine.arrive(run, "m1", False, "x", "dp")  # a and b full
+    machine.arrive("r4", "m1", True, "lone", "dp")
+    machine.arrive("r5", "m1", True, "lone", "dp")  # lone holds 2 batch turns: its limit
+    machine.flood_does_not_starve_a_caller(batch=True, spread=False)
+    assert machine.state.counters.limited_held >= 1
