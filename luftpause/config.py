@@ -201,7 +201,8 @@ class ProtectionConfig(_Section):
     """Limits of batch turns, per caller."""
     callers: dict[str, LimitsConfig] = Field(default_factory=dict)
     """Per caller (``x-luftpause-caller``; ``""`` the anonymous one): keys that replace the class
-    limits for every class of that caller."""
+    limits for every class of that caller and of every caller under it (``team-a`` holds for
+    ``team-a/job-7`` unless a more specific name is configured), counted for it over them all."""
 
     def policy(self) -> Protection:
         """These settings as the core's :class:`~luftpause.scheduler.core.policies.limits.Protection`."""

@@ -18,10 +18,18 @@ Two modes at the dataplane's ``/v1`` routes:
     ``runtime/<MCP caller>``), no header can name a caller outside its key, and nothing a client
     could not hurt anyone with is refused. The whole caller is then cut to 128 bytes, which never
     reaches into the key's part (at most 64 bytes).
-  - a key with ``narrow = false`` ignores the header: its caller is always the key's. Narrowed
-    callers are ranked as callers of their own by the scheduler (its order counts in-flight turns
-    per caller), so a key that splits its turns over many narrowed callers gets the share of many
-    against other keys; a key whose holder should not be able to do that is configured so.
+  - a narrowed caller is a sub-caller of the key's caller (``/`` separates them), and the
+    scheduler shares the pool between root callers first, by the in-flight turns of each root and
+    everything under it, then between the sub-callers of each root
+    (``luftpause/scheduler/core/policies/ordering.py``); its protection limits hold for a caller and
+    everything under it, counted for the most specific configured name, else the root
+    (``luftpause/scheduler/core/policies/limits.py``). So a key that splits its turns over many
+    narrowed callers gets the share of one caller against other keys, and escapes none of the
+    limits of its caller (a key's caller with a ``/`` of its own is below that root too: keys of
+    ``lab/a`` and ``lab/b`` share ``lab``'s part). The cut to 128 bytes never changes a root. The
+    same rule holds without keys, for whatever the header says.
+  - a key with ``narrow = false`` ignores the header: its caller is always the key's (its holder
+    cannot split even its own share among its jobs).
   - a key names the service classes it may use (default both); ``x-luftpause-class`` naming
     another is refused 403 with the JSON error body; absent, the key's first class is used.
   - a request with no key, or one that is not configured, is refused 401.

@@ -29,7 +29,12 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    model). An ``idle`` or new run may go anywhere: to the replica with the fewest placed turns among
    those with room for its class, ties in configuration order.
 5. Held turns wait filed under their pinned replica or under their model, in order: interactive
-   first, then the caller with the fewest placed turns, then the turn's rank, then arrival. The
+   first, then the root caller with the fewest placed turns (its own and its sub-callers': ``/``
+   separates a caller from its sub-callers, ``team-a/job-7`` is under root ``team-a``,
+   :mod:`.policies.caller_tree`), then, within a root, the caller with the fewest placed turns of
+   its own, then the turn's rank, then arrival. Root callers thus share the pool fairly with each
+   other and sub-callers their root's part among themselves: a caller key's holder that narrows its
+   turns into many callers gets one root's share, not many. The
    rank (:mod:`.policies.run_order`, fixed when the turn arrives) is by default its run's start:
    among a caller's turns of one class, the run the scheduler saw first goes first, so a run in
    progress never waits for a run that started after it, a replica serves a few runs at a time and
@@ -93,9 +98,10 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     2 and 3: health, ``max_inflight`` and the engine-load cap apply the same way; headroom never
     does, since no run pauses there). Single-pass replicas take only single-pass turns, so the two
     kinds never count against each other's capacity. Held single-pass turns wait in their own
-    queue per model, in the order of rule 5, the caller term counting the caller's placed
-    single-pass turns; they are placed when a single-pass slot frees (an end, an abandon, expiry, a
-    resync or a lost dataplane releasing one, a probe raising capacity or health). A resync adopts
+    queue per model, in the order of rule 5, the root and caller terms counting their placed
+    single-pass turns (each pool counts apart); they are placed when a single-pass slot frees (an
+    end, an abandon, expiry, a resync or a lost dataplane releasing one, a probe raising capacity
+    or health). A resync adopts
     an in-flight turn on a single-pass replica as a single-pass turn (the replica's kind tells),
     and a retried, abandoned or tombstoned single-pass turn is answered as in rules 7 and 11.
 
@@ -175,9 +181,13 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     once, before its slot is given to a held turn, as an unhealthy probe would (rule 2); a finished
     turn starts the count again; the next healthy probe puts it back.
 18. Protection limits (:mod:`.policies.limits`, ``[scheduler.protection]``, off by default), per
-    caller and class: an arrival that would be held while its caller has ``max_held`` turns of its
-    class held, or whose caller's token bucket for its class holds less than one token, is refused
-    at once, ``Reject(turn, reason, 429, retry_after_s)``, and records nothing (judged before the
+    caller and class, held by a name of the caller tree: a caller's limits are those of the most
+    specific configured name among it and the callers above it, else the class defaults, and are
+    counted for that name (its *holder*; with none configured, its root) over every caller under
+    it but those under a configured name of their own, so narrowing never escapes a limit. An
+    arrival that would be held while its holder has ``max_held`` turns of its class held, or whose
+    holder's token bucket for its class holds less than one token, is refused at once,
+    ``Reject(turn, reason, 429, retry_after_s)``, and records nothing (judged before the
     arrival changes its run; a turn placed at once is never refused by ``max_held``); a held turn
     ``queue_timeout_s`` old is refused the same way on the next tick. Buckets are drained by each
     finished turn's prompt and completion tokens. Refusals are counted (``limited_held``,

@@ -1,6 +1,8 @@
 """Protection limits (rule 18 of :mod:`.decide`, :mod:`.policies.limits`): refusing an arrival over
-its caller's held-turn limit or token rate, refusing held turns past their queue timeout on a tick,
-and draining the token buckets with the usage of finished turns."""
+its holder's held-turn limit or token rate, refusing held turns past their queue timeout on a tick,
+and draining the token buckets with the usage of finished turns. A caller's *holder* is the most
+specific configured name of its lineage, else its root (:meth:`.policies.limits.Protection.holder`):
+its turns count, and its bucket drains, for that name."""
 
 from __future__ import annotations
 
@@ -37,18 +39,21 @@ def refusal(state: State, event: TurnArrived, turn: HeldTurn, serving: tuple[Rep
     if not protection.on:
         return None
     caller, service_class = event.caller, event.service_class
-    these = protection.of(caller, service_class)
+    holder = protection.holder(caller)
+    these = protection.of(holder, service_class)
     if these.tokens_per_s is not None:
-        bucket = state.buckets.get((caller, service_class))
+        bucket = state.buckets.get((holder, service_class))
         if bucket is not None:
             retry = limits.rate_retry_after(limits.refill(bucket, these, event.at), these)
             if retry is not None:
                 state.counters.rejected += 1
                 state.counters.limited_token_rate += 1
                 _count(state, caller, service_class, "token_rate")
-                reason = limits.rate_reason(caller, service_class, these)
+                reason = limits.rate_reason(holder, caller, service_class, these)
                 return Reject(event.turn_id, reason, limits.LIMITED_STATUS, retry)
-    held = state.held.count(caller, service_class)
+    if these.max_held is None:
+        return None
+    held = held_by(state, holder, service_class)
     if not limits.held_over(held, these):
         return None
     run = None if event.single_pass else state.runs.get(event.run_id)
@@ -58,20 +63,31 @@ def refusal(state: State, event: TurnArrived, turn: HeldTurn, serving: tuple[Rep
     state.counters.rejected += 1
     state.counters.limited_held += 1
     _count(state, caller, service_class, "held")
-    reason = limits.held_reason(caller, service_class, held, these)
+    reason = limits.held_reason(holder, caller, service_class, held, these)
     return Reject(event.turn_id, reason, limits.LIMITED_STATUS, limits.RETRY_AFTER_S)
 
 
+def held_by(state: State, holder: str, service_class: ServiceClass) -> int:
+    """The turns of ``service_class`` held for ``holder`` (a name :meth:`~.policies.limits.
+    Protection.holder` gives): those of every caller under it, less those under the configured
+    names below it that hold their own limits."""
+    held = state.held.count(holder, service_class)
+    for name in state.protection.carved(holder):
+        held -= state.held.count(name, service_class)
+    return held
+
+
 def spend(state: State, placed: PlacedTurn, tokens: int, at: float) -> None:
-    """A placed turn finished having used ``tokens`` (prompt and completion): its caller's bucket
+    """A placed turn finished having used ``tokens`` (prompt and completion): its holder's bucket
     for its class is drained by them, when that pair has a token rate."""
     protection = state.protection
     if not protection.on or tokens <= 0:
         return
-    these = protection.of(placed.caller, placed.service_class)
+    holder = protection.holder(placed.caller)
+    these = protection.of(holder, placed.service_class)
     if these.tokens_per_s is None:
         return
-    key = (placed.caller, placed.service_class)
+    key = (holder, placed.service_class)
     bucket = state.buckets.get(key)
     if bucket is None:
         if len(state.buckets) >= limits.MAX_BUCKETS:

@@ -26,6 +26,7 @@ from luftpause.scheduler.core.held import (
 )
 from luftpause.scheduler.core.policies import (
     affinity,
+    caller_tree,
     capacity,
     draining,
     headroom,
@@ -227,8 +228,11 @@ def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> b
     if state.holding or not state.held or not health.usable(replica) or not capacity.has_room(replica):
         return False
     queues = queues_of(replica)
-    loads = state.single_pass_inflight if replica.kind == "single_pass" else state.caller_inflight
-    turn = ordering.first((state.held.head(queue) for queue in queues), loads)
+    if replica.kind == "single_pass":
+        loads, roots = state.single_pass_inflight, state.single_pass_root_inflight
+    else:
+        loads, roots = state.caller_inflight, state.root_inflight
+    turn = ordering.first((state.held.head(queue) for queue in queues), loads, roots)
     if turn is None or not capacity.has_room(replica, turn.service_class):
         return False
     state.held.remove(turn.turn_id)
@@ -260,18 +264,28 @@ def _fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out
 
 
 def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> None:
-    """``caller`` has ``delta`` more placed turns of one kind; re-rank its held turns of that kind.
+    """``caller`` (and so its root) has ``delta`` more placed turns of one kind; re-rank the held
+    turns of that kind under its root (its own and its siblings').
 
     Each kind counts apart (ordering policy, rule 13): the turns a caller has on one pool do not
     push back its turns held for the other.
     """
-    loads = state.single_pass_inflight if single_pass else state.caller_inflight
+    if single_pass:
+        loads, roots = state.single_pass_inflight, state.single_pass_root_inflight
+    else:
+        loads, roots = state.caller_inflight, state.root_inflight
     count = loads.get(caller, 0) + delta
     if count:
         loads[caller] = count
     else:
         loads.pop(caller, None)
-    state.held.load_changed(caller, single_pass)
+    top = caller_tree.root(caller)
+    count = roots.get(top, 0) + delta
+    if count:
+        roots[top] = count
+    else:
+        roots.pop(top, None)
+    state.held.load_changed(caller, single_pass, fell=delta < 0)
 
 
 def _reserve(state: State, run: Run, at: float) -> Replica | None:

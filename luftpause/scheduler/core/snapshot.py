@@ -33,6 +33,8 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
       "runs_by_class": {"interactive": int, "batch": int},
       "runs_by_caller": {caller: int, ...},                           # callers with runs only
       "inflight_by_caller": {caller: int, ...},    # placed generative turns; callers with any only
+      "inflight_by_root": {root: int, ...},        # the same summed per root caller (the part
+                                                   # before the first "/"), what fairness ranks first
       "counters": {"arrived": int, "admitted": int, "adopted": int, "finished": int, "failed": int,
                    "rejected": int, "abandoned": int, "abandoned_held": int,
                    "abandoned_placed": int, "held_adopted": int, "expired_turns": int,
@@ -53,7 +55,9 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                  "refused": {"held": int, "queue_timeout": int, "token_rate": int},
                  "refused_by_class": {class: {"held" | "queue_timeout" | "token_rate": int}},
                  "refused_by_caller": {caller: int, ...},   # at most 1,000 callers, then "*"
-                 "token_buckets": {caller: {class: float}}},  # tokens left, buckets not full only
+                 "token_buckets": {holder: {class: float}}},  # tokens left, buckets not full only;
+                                                   # by the name holding the limit (its root, or a
+                                                   # configured caller above or at the turn's)
     }
 
 Every ``oldest_wait_s*`` is 0.0 where nothing of that kind, class or caller is held. The counters
@@ -140,6 +144,7 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
         "runs_by_class": runs_by_class,
         "runs_by_caller": runs_by_caller,
         "inflight_by_caller": dict(state.caller_inflight),
+        "inflight_by_root": dict(state.root_inflight),
         "counters": asdict(state.counters),
         "leases": {
             dataplane_id: {name: holding.count for name, holding in holdings.items() if holding.count}
@@ -158,10 +163,10 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
 def _limits(state: State, now: float) -> dict[str, Any]:
     protection = state.protection
     buckets: dict[str, dict[str, float]] = {}
-    for (caller, service_class), bucket in state.buckets.items():
-        these = protection.of(caller, service_class)  # type: ignore[arg-type]
+    for (holder, service_class), bucket in state.buckets.items():
+        these = protection.of(holder, service_class)  # type: ignore[arg-type]
         level = min(these.burst, bucket.level + (these.tokens_per_s or 0.0) * max(0.0, now - bucket.at))
-        buckets.setdefault(caller, {})[service_class] = round(level, 1)
+        buckets.setdefault(holder, {})[service_class] = round(level, 1)
     c = state.counters
     return {
         "on": protection.on,

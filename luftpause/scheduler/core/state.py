@@ -253,6 +253,12 @@ class State:
     single_pass_inflight: dict[str, int] = field(default_factory=dict)
     """Caller -> its placed single-pass turns (callers with none are absent): the same signal among
     held single-pass turns, which compete for other replicas."""
+    root_inflight: dict[str, int] = field(default_factory=dict)
+    """Root caller -> the placed generative turns of it and all its sub-callers (roots with none
+    are absent; :mod:`.policies.caller_tree`): the first fairness signal among held generative
+    turns, so that sub-callers share their root's part (:mod:`.policies.ordering`)."""
+    single_pass_root_inflight: dict[str, int] = field(default_factory=dict)
+    """Root caller -> the placed single-pass turns under it: the same among held single-pass turns."""
     lost_dataplanes: OrderedDict[str, float] = field(default_factory=OrderedDict)
     """Dataplane id -> when (seconds) its last Connect stream ended, oldest first; an id leaves when
     the dataplane comes back (its next stream's resync) or when its turns are released."""
@@ -299,8 +305,9 @@ class State:
     """Protection limits and the circuit breaker (rules 17, 18, :mod:`.policies.limits`); none by
     default."""
     buckets: dict[tuple[str, str], Bucket] = field(default_factory=dict)
-    """``(caller, class)`` -> its token bucket, for the pairs with a token rate that spent any
-    (full ones are dropped on a tick)."""
+    """``(holder, class)`` -> its token bucket, for the pairs with a token rate that spent any
+    (full ones are dropped on a tick); a holder is the name a caller's limits are counted for
+    (:meth:`.policies.limits.Protection.holder`: its root, or a configured caller of its lineage)."""
     limited_by_caller: dict[str, int] = field(default_factory=dict)
     """Caller -> its turns refused by a protection limit (at most ``MAX_LIMITED_CALLERS`` callers;
     the rest counted under ``"*"``)."""
@@ -326,8 +333,13 @@ class State:
         return arrivals, (c.admitted + c.adopted, ends)
 
     def __post_init__(self) -> None:
-        # the held queues order callers by their in-flight turns: they read this same dict
-        self.held.bind_loads(self.caller_inflight, self.single_pass_inflight)
+        # the held queues order roots and callers by their in-flight turns: they read these dicts
+        self.held.bind_loads(
+            self.caller_inflight,
+            self.single_pass_inflight,
+            self.root_inflight,
+            self.single_pass_root_inflight,
+        )
 
 
 def state_from_replicas(

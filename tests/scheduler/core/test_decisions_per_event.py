@@ -1444,6 +1444,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
         "runs_by_class": {"interactive": 3, "batch": 1},
         "runs_by_caller": {"": 1, "ci": 1, "alice": 2},
         "inflight_by_caller": {"": 1},
+        "inflight_by_root": {"": 1},
         "counters": {
             "arrived": 4,
             "admitted": 1,

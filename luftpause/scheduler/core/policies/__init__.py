@@ -12,13 +12,16 @@
 * :mod:`.pause_hold` - how long a paused run keeps its slot (a TTL learned from its pauses);
 * :mod:`.capacity` - whether a replica has room for a turn of a class (the three above, in-flight);
 * :mod:`.least_loaded` - which of the replicas with room takes a free turn (in-flight turns);
-* :mod:`.ordering` - which held turn gets a freed slot first (class, caller's in-flight, rank, arrival);
+* :mod:`.caller_tree` - callers and their sub-callers (``team-a/job-7`` under ``team-a``): roots, lineages;
+* :mod:`.ordering` - which held turn gets a freed slot first (class, root's in-flight, caller's
+  in-flight, rank, arrival);
 * :mod:`.run_order` - the rank: whose run goes first among a caller's turns (run start, by default);
 * :mod:`.expiry` - when a placed turn or an idle run is given up (placement time, last activity);
 * :mod:`.abandoned` - how long an abandoned turn id is remembered and how its Admit is refused;
 * :mod:`.lost_dataplane` - when a dataplane without a Connect stream is gone for good (time of loss);
 * :mod:`.leases` - which replicas may be leased and how many slots (health, queue, capacity, headroom);
-* :mod:`.limits` - protection limits (opt-in): held turns, queue timeout, token rate per caller and class.
+* :mod:`.limits` - protection limits (opt-in): held turns, queue timeout, token rate per caller and
+  class, held and counted by the most specific configured name of the caller tree, else the root.
 
 A later scorer (KV usage, prefix cache hit rate, both recorded from probes already) is a new module
 here, composed in :mod:`luftpause.scheduler.core.decide`.

@@ -2,11 +2,21 @@
 wait, and how many tokens per second its turns may use; off, a held turn waits without bound.
 
 Per caller and service class (docs/architecture.md "Auth": protection limits are opt-in), from
-``[scheduler.protection]``: per-class defaults,
-and per-caller overrides that replace a default key by key for every class of that caller. The
-counts and buckets are always kept per ``(caller, class)``.
+``[scheduler.protection]``: per-class defaults, and per-caller overrides that replace a default key
+by key for every class of that caller.
 
-* ``max_held``: a turn that would be held while its caller already has this many turns of its
+Callers form a tree (:mod:`.caller_tree`: ``team-a/job-7`` is under ``team-a``), and a limit is
+held by a *name* of it, never escaped by narrowing: the limits of caller ``a/b/c`` are those of the
+most specific configured name among ``a/b/c``, ``a/b`` and ``a``, else the class defaults; and its
+held turns and token bucket are counted for that name, the *holder* (:meth:`Protection.holder`):
+with no configured name in its lineage, its root. So ``team-a/job-1`` and ``team-a/job-2`` count
+together against ``team-a``'s limits (the class defaults, when ``team-a`` is not configured), and
+narrowing into a hundred callers yields no more than one root is allowed. A configured sub-caller
+(``callers."team-a/ci"``) is a holder of its own: its limits replace ``team-a``'s for it and
+everything under it, whose turns count for it and not for ``team-a`` (:meth:`Protection.carved`).
+The counts and buckets are kept per ``(holder, class)``.
+
+* ``max_held``: a turn that would be held while its holder already has this many turns of its
   class held is refused at once (it never arrives: nothing is held or recorded of it). A turn
   placed at once is never refused by it.
 * ``queue_timeout_s``: a turn held this long is refused on the next clock tick (1 s), its Admit
@@ -14,14 +24,17 @@ counts and buckets are always kept per ``(caller, class)``.
 * ``tokens_per_s``: a token bucket of ``burst_tokens`` (by default ``tokens_per_s`` times
   :data:`BURST_S`), full at first, filling at ``tokens_per_s`` and drained by the prompt and
   completion tokens of each finished turn (the usage the dataplane reports; the bucket may go below
-  zero, since usage is known only after the fact). A turn arriving while its bucket holds less than
-  one token is refused at once, its ``Retry-After`` the time the bucket takes to get back to one.
+  zero, since usage is known only after the fact). A turn arriving while its holder's bucket holds
+  less than one token is refused at once, its ``Retry-After`` the time the bucket takes to get back
+  to one.
 
 Every refusal is an HTTP 429 (``Reject(..., 429, retry_after_s)``: the dataplane answers it with
-``Retry-After`` and the JSON error); held-turn and queue-timeout refusals say
-``Retry-After: 1`` (:data:`RETRY_AFTER_S`).
+``Retry-After`` and the JSON error), naming the holder whose limit was hit and, when it is not the
+turn's own caller, that caller too (``caller 'team-a' (for 'team-a/job-7') has 3 interactive
+turns held, ...``); held-turn and queue-timeout refusals say ``Retry-After: 1``
+(:data:`RETRY_AFTER_S`).
 
-Reads: the turn's caller and class, the caller's held turns of that class, how long a held turn has
+Reads: the turn's caller and class, the holder's held turns of that class, how long a held turn has
 waited, the bucket's level and when it was last filled (seconds of the shell's clock), the finished
 turn's token counts.
 """
@@ -32,6 +45,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
+
+from luftpause.scheduler.core.policies import caller_tree
 
 if TYPE_CHECKING:
     from luftpause.scheduler.core.events import ServiceClass
@@ -92,19 +107,45 @@ class Protection:
     breaker_failures: int = 0
     """Turns failing in a row on one replica that take it out of rotation (:mod:`.breaker`); 0: off."""
 
+    _carved: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    """Holder -> the configured names that are holders of their own below it (see :meth:`carved`)."""
+
     def __post_init__(self) -> None:
         if self.breaker_failures < 0:
             raise ValueError("breaker_failures must be >= 0")
+        carved: dict[str, list[str]] = {}
+        for name in sorted(self.callers):
+            above = caller_tree.parent(name)
+            if above is not None:
+                carved.setdefault(self.holder(above), []).append(name)
+        object.__setattr__(self, "_carved", {holder: tuple(names) for holder, names in carved.items()})
 
     @property
     def on(self) -> bool:
         """True when any held, timeout or rate limit is set (the breaker apart)."""
         return any(limits != OFF for limits in (*self.classes.values(), *self.callers.values()))
 
+    def holder(self, caller: str) -> str:
+        """The name that holds ``caller``'s limits and counts: the most specific configured name of
+        its lineage (itself, then each caller above it), else its root."""
+        callers = self.callers
+        name = caller
+        while name not in callers:
+            cut = name.rfind(caller_tree.SEPARATOR)
+            if cut < 0:
+                return name  # the root, not configured: the class defaults, counted for it
+            name = name[:cut]
+        return name
+
+    def carved(self, holder: str) -> tuple[str, ...]:
+        """The configured names below ``holder`` that hold their own limits (the nearest ones: none
+        of them is below another): what is held under them is not ``holder``'s to count."""
+        return self._carved.get(holder, ())
+
     def of(self, caller: str, service_class: ServiceClass) -> ClassLimits:
-        """The limits of ``caller``'s turns of ``service_class``."""
+        """The limits of ``caller``'s turns of ``service_class``: those of its holder."""
         limits = self.classes.get(service_class, OFF)
-        override = self.callers.get(caller)
+        override = self.callers.get(self.holder(caller))
         return limits if override is None else limits.over(override)
 
     @property
@@ -152,15 +193,25 @@ def timed_out(arrived_at: float, now: float, limits: ClassLimits) -> bool:
     return limits.queue_timeout_s is not None and now - arrived_at >= limits.queue_timeout_s
 
 
-def held_reason(caller: str, service_class: ServiceClass, held: int, limits: ClassLimits) -> str:
-    who = f"caller '{caller}'" if caller else "the anonymous caller"
-    return f"{who} has {held} {service_class} turns held, its limit (max_held = {limits.max_held})"
+def _who(holder: str, caller: str) -> str:
+    """The holder a refusal names, and the turn's caller when that is another (below it)."""
+    who = f"caller '{holder}'" if holder else "the anonymous caller"
+    return who if caller == holder else f"{who} (for '{caller}')"
+
+
+def held_reason(holder: str, caller: str, service_class: ServiceClass, held: int, limits: ClassLimits) -> str:
+    """``caller 'team-a' (for 'team-a/job-7') has 3 interactive turns held, its limit (max_held =
+    3)``; ``holder`` is ``caller``'s (:meth:`Protection.holder`), named alone when it is ``caller``."""
+    return (
+        f"{_who(holder, caller)} has {held} {service_class} turns held, its limit "
+        f"(max_held = {limits.max_held})"
+    )
 
 
 def timeout_reason(waited: float, limits: ClassLimits) -> str:
     return f"turn held {waited:.0f} s, past its queue timeout ({limits.queue_timeout_s:g} s)"
 
 
-def rate_reason(caller: str, service_class: ServiceClass, limits: ClassLimits) -> str:
-    who = f"caller '{caller}'" if caller else "the anonymous caller"
-    return f"{who} used up its {service_class} token rate ({limits.tokens_per_s:g} tokens/s)"
+def rate_reason(holder: str, caller: str, service_class: ServiceClass, limits: ClassLimits) -> str:
+    """``caller 'team-a' (for 'team-a/job-7') used up its interactive token rate (2 tokens/s)``."""
+    return f"{_who(holder, caller)} used up its {service_class} token rate ({limits.tokens_per_s:g} tokens/s)"
