@@ -273,6 +273,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.soft: dict[str, str] = {}  # turn -> its soft replica
         self.soft_wait: dict[str, tuple[float, float | None]] = {}  # held turn -> (since, until)
         self.soft_over: set[str] = set()
+        self.pinned_before_tick: dict[str, str] = {}  # run -> its replica before the tick being fed
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -356,6 +357,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         # placements the tick caused (a turn placed by the tick is not in ``before``); the tick
         # expires turns first, then releases those of dataplanes lost past the grace
         # (a resync likewise drops the placed turns its dataplane no longer lists, before it places)
+        # where each run was pinned before the tick: the core fills the slot each expiry frees before
+        # it expires the next turn, so a run whose later turn expires is still pinned there then
+        self.pinned_before_tick = (
+            {run: last for run, (phase, last) in self.shadow.items() if phase != "idle"}
+            if isinstance(event, Tick)
+            else {}
+        )
         if isinstance(event, Tick | Resynced):
             gone = [turn_id for turn_id in before if turn_id not in self.state.placed]
             if isinstance(event, Tick):
@@ -600,8 +608,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         if pinned and self.usable_replica(last):
             assert action.replica == last, f"affinity broken: {run_id} on {last}, not {action.replica}"
         if action.replica in self.draining and not crossed:
-            # no new run on a draining replica: only a run pinned there (rule 16)
-            assert pinned and last == action.replica, f"{run_id} placed on draining {action.replica}"
+            # no new run on a draining replica: only a run pinned there (rule 16), also one pinned
+            # there before a tick whose expiries it meets only after this placement
+            pinned_here = (pinned and last == action.replica) or (
+                self.pinned_before_tick.get(run_id) == action.replica
+            )
+            assert pinned_here, f"{run_id} placed on draining {action.replica}"
         if turn_id in self.soft:
             where = "on its soft replica" if action.replica == self.soft[turn_id] else "elsewhere"
             event(f"idle affinity: placed {where}")
@@ -1071,9 +1083,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         lost_at = self.now
         assert answers(self.feed(DataplaneLost(dataplane, self.now))) == []
         for turn_id in sorted(t.turn_id for t in self.state.held if self.dataplane[t.turn_id] == dataplane):
-            self.now += 0.1
-            self.ended.add(turn_id)
-            assert answers(self.feed(TurnAbandoned(turn_id, self.now))) == []
+            # the hold-ending tick first: it (or the slot an earlier one of these freed) may have
+            # placed the turn before its cancel arrives, which then frees that slot
+            self.advance(0.1)
+            held = turn_id in self.state.held
+            if held:
+                self.ended.add(turn_id)
+            else:
+                self.end_placed(turn_id, "idle")
+            actions = self.feed(TurnAbandoned(turn_id, self.now))
+            if held:
+                assert answers(actions) == []
         if wait is not None:
             self.now = lost_at + wait
             self.last_tick = self.now
@@ -1924,3 +1944,47 @@ def test_a_flood_whose_lone_caller_is_refused_by_its_own_limit_waits_for_nothing
     machine.arrive("r5", "m1", True, "lone", "dp")  # lone holds 2 batch turns: its limit
     machine.flood_does_not_starve_a_caller(batch=True, spread=False)
     assert machine.state.counters.limited_held >= 1
+
+
+def test_a_tick_fills_the_slot_an_expiry_frees_before_it_expires_the_next_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the thorough profile (its input, shrunk: the machine had this fault before): r0
+    generates on ``a`` (its turn t4), ``a`` drains, and r0's next turn t6 is held for ``a``. A tick
+    600 s on expires fill2's older turn first, fills that slot with t6 (r0 still pinned there),
+    then expires t4, which no longer moves r0 (t6 is its latest). The machine applied every
+    expiry before the tick's placements and took r0 for an idle run placed on a draining replica."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = SchedulerMachine()
+    machine.start()
+    machine.arrive(batch=False, caller="", dataplane="dp", model="m1", run="r0")
+    machine.idle_run_comes_back_to_a_full_replica(batch=False, pick=0, taught=False, then="nothing")
+    machine.idle_run_comes_back_to_a_full_replica(
+        batch=False, pick=0, taught=False, then="its replica drains"
+    )
+    machine.arrive(batch=False, caller="", dataplane="dp", model="m1", run="r0")
+    held = [turn.turn_id for turn in machine.state.held if turn.run_id == "r0"]
+    machine.tick(seconds=600.0)
+    assert all(machine.state.placed[turn_id].replica == "a" for turn_id in held)
+    assert machine.state.runs["r0"].phase == "generating"
+
+
+def test_a_lost_dataplanes_held_turn_placed_by_the_hold_ending_tick_is_abandoned_placed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the thorough profile (its input, shrunk: the machine had this fault before): a
+    resync started the startup hold and r0's turn t1 was held; its dataplane was lost, and before
+    t1's cancel came the tick ending the hold placed it. The cancel then freed its slot and left
+    r0 idle, but the machine had counted t1 as held and kept r0 generating in its record."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = LimitedSchedulerMachine()
+    machine.start()
+    machine.report_unknown_turn()
+    machine.report_unknown_turn()
+    machine.resync_listing(adopt="s", leases=False, model="m1", pick=0)
+    machine.arrive(batch=False, caller="", dataplane="dp", model="m1", run="r0")
+    assert machine.holding and [turn.turn_id for turn in machine.state.held] == ["t1"]
+    machine.abandon(held=False, pick=0)
+    machine.lose_dataplane(pick=0, wait=None)  # the tick places t1 first; its cancel then frees it
+    assert not machine.holding and "t1" not in machine.state.placed
+    machine.runs_match_the_shadow()
