@@ -41,9 +41,3 @@ def parent(caller: str) -> str | None:
     """The caller just above ``caller`` (``"a/b/c"`` -> ``"a/b"``); ``None`` for a root."""
     cut = caller.rfind(SEPARATOR)
     return None if cut < 0 else caller[:cut]
-
-
-def is_under(caller: str, name: str) -> bool:
-    """True when ``caller`` is ``name`` or one of its sub-callers (``"a/b"`` is under ``"a"``,
-    ``"ab"`` is not)."""
-    return caller == name or caller.startswith(name + SEPARATOR)
