@@ -336,6 +336,11 @@ class Journal:
         fsynced, or fails with :class:`JournalWriteError`. Starts a compaction when the file has
         grown past its threshold. On a closed journal the future is already failed."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # Running from the start, so no awaiter can cancel it: a task awaiting it through
+        # asyncio.wrap_future and cancelled (a client gone, a run cancelled) would cancel it too,
+        # and the writer's set_result on a cancelled future raised and ended the writer thread,
+        # after which no record was written and every wait for one hung.
+        done.set_running_or_notify_cancel()
         if self._thread is None:
             done.set_exception(JournalWriteError(f"journal {self.path} is not open"))
             return done

@@ -90,3 +90,35 @@ def test_stop_send_and_cancel_answer_once_their_records_are_durable(
     asyncio.run(scenario())
     kinds = {(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)}
     assert {("stop", "run-stop"), ("stop", "run-cancel"), ("message", "run-send")} <= kinds, kinds
+
+
+def test_a_wait_for_the_journal_that_is_cancelled_leaves_the_journal_writing(
+    tmp_path: Path, fsync_gate: threading.Event
+) -> None:
+    """The input the fresh-clone suite hung on: sub-agents over MCP were cancelled at a deadline
+    while their ``cancel`` answers waited for the journal. Cancelling such a wait cancelled the
+    journal's own future through ``asyncio.wrap_future``; the writer's ``set_result`` on it raised
+    and ended the writer thread, and every later ``cancel`` hung. A cancelled wait must cost
+    nothing: the record is written, and so is every later one."""
+    runtime = build_runtime(with_state_dir(MINIMAL_CONFIG, tmp_path))
+    registry = runtime.registry
+
+    async def scenario() -> None:
+        async with registry:
+            fsync_gate.clear()
+            first = registry.add(make_run("run-first", caller=CALLER))
+            waiting = asyncio.ensure_future(registry.durable())
+            await asyncio.sleep(0.05)
+            waiting.cancel()  # the client went away while its answer waited
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            fsync_gate.set()
+            registry.finish(first, "completed", answer="done")
+            later = registry.add(make_run("run-later", caller=CALLER))
+            await asyncio.wait_for(registry.durable(), 10)  # hung: the writer thread had ended
+            assert later.durability.error is None
+
+    asyncio.run(scenario())
+    records = [(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)]
+    runs = [record for record in records if record[0] in ("start", "end")]  # not the pods' events
+    assert runs == [("start", "run-first"), ("end", "run-first"), ("start", "run-later")], records
