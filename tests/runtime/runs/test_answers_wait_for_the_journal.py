@@ -17,13 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, Implementation
 from runtime_helpers import MINIMAL_CONFIG, make_run, with_state_dir
+from starlette.applications import Starlette
 
 from luftpause.runtime.runs import journal as journal_module
 from luftpause.runtime.runs.journal import read_records
+from luftpause.runtime.web.monitor import monitor_routes
 from luftpause.runtime.wiring import build_runtime
 
 CALLER = "durable-caller"
@@ -122,3 +125,39 @@ def test_a_wait_for_the_journal_that_is_cancelled_leaves_the_journal_writing(
     records = [(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)]
     runs = [record for record in records if record[0] in ("start", "end")]  # not the pods' events
     assert runs == [("start", "run-first"), ("end", "run-first"), ("start", "run-later")], records
+
+
+def test_the_monitors_stop_and_send_answer_once_their_records_are_durable(
+    tmp_path: Path, fsync_gate: threading.Event
+) -> None:
+    """The monitor page's ``stop`` and ``send`` routes wait as the MCP tools do (the same input:
+    a kill right after the answer must not bring the run back or lose the message)."""
+    runtime = build_runtime(with_state_dir(MINIMAL_CONFIG, tmp_path))
+    registry = runtime.registry
+    app = Starlette(routes=monitor_routes(runtime.pods, listen_host="127.0.0.1"))
+
+    async def idle(run: Any) -> None:
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        async with registry.serving(idle):
+            for handle in ("run-stop", "run-send"):
+                registry.finish(registry.add(make_run(handle, caller=CALLER)), "completed", answer="done")
+            await registry.durable()
+            headers = {"content-type": "application/json", "origin": "http://127.0.0.1"}
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                for path, body in (("run-stop/stop", b"{}"), ("run-send/send", b'{"message": "more"}')):
+                    fsync_gate.clear()
+                    call = asyncio.ensure_future(
+                        client.post(f"/monitor/runs/{path}", content=body, headers=headers)
+                    )
+                    await asyncio.sleep(0.3)
+                    assert not call.done(), f"{path} answered before its journal record was durable"
+                    fsync_gate.set()
+                    answer = await asyncio.wait_for(call, 10)
+                    assert answer.status_code == 200, answer.text
+
+    asyncio.run(scenario())
+    kinds = {(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)}
+    assert {("stop", "run-stop"), ("message", "run-send")} <= kinds, kinds
