@@ -6,15 +6,32 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test install browser bench bench-e2e bench-regress bench-regress-save bench-flood bench-flood-sim bench-fanout bench-all lint clean
+.PHONY: up test install lock browser bench bench-e2e bench-regress bench-regress-save bench-flood bench-flood-sim bench-fanout bench-all lint clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard _speedups/*.pyx _speedups/*.pxd)
-	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+LOCK   := requirements/dev.lock
+
+# The dev install takes every version from $(LOCK) (uv's resolution of .[dev], committed), so a
+# fresh clone installs what the suite last passed with; pyproject.toml keeps ranges for users of
+# the package. `make lock` refreshes the pins on purpose.
+$(STAMP): pyproject.toml setup.py $(LOCK) $(wildcard _speedups/*.pyx _speedups/*.pxd)
+	@test -x $(VENV)/bin/python || { echo "luftpause: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "luftpause: installing luftpause and its dev tools into $(VENV) from $(LOCK)"
+	@echo "           (about 140 packages: 3-5 minutes on a fresh machine, seconds once pip's cache is warm)"
+	@$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	@echo "luftpause: [1/2] dependencies"
+	@$(VENV)/bin/python -m pip install --quiet --progress-bar off -r $(LOCK)
+	@echo "luftpause: [2/2] luftpause itself (compiles the Cython hot path)"
 	@# setuptools warns on every editable install ("Editable installation ... folders with the same
 	@# name as your package"): harmless here (the package is the folder), silenced by its message.
-	PYTHONWARNINGS='ignore:Editable installation' $(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	@PYTHONWARNINGS='ignore:Editable installation' $(VENV)/bin/python -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	@touch $(STAMP)
+	@echo "luftpause: installed"
+
+# Re-resolve the dev install's pins (needs the network); commit the result with the test run it
+# passed.
+lock: $(STAMP)
+	$(VENV)/bin/python -m uv pip compile pyproject.toml --extra dev --universal --python-version 3.11 \
+	  --custom-compile-command "make lock" -o $(LOCK) --upgrade
 
 install: $(STAMP)
 
