@@ -129,6 +129,35 @@ class Page:
         )
         return (rect[0], rect[1]) if rect else None
 
+    async def visible_without_scrolling(self, selector: str) -> bool:
+        """Whether every element ``selector`` matches (one at least) is shown and wholly inside the
+        window as it is now (its box between the top and the bottom of the viewport)."""
+        inside = await self.evaluate(
+            f"(() => {{ const all = [...document.querySelectorAll({json.dumps(selector)})];"
+            " return all.length > 0 && all.every((e) => { const r = e.getBoundingClientRect();"
+            " return r.height > 0 && r.top >= 0 && r.bottom <= innerHeight"
+            " && r.left >= 0 && r.right <= innerWidth; }); })()"
+        )
+        return bool(inside)
+
+    async def line_boxes(self, selector: str) -> dict[str, int]:
+        """For each element ``selector`` matches, by its text: how many line boxes it is laid out
+        in (``getClientRects``; an inline element broken across lines has one per line)."""
+        found: dict[str, int] = await self.evaluate(
+            f"Object.fromEntries([...document.querySelectorAll({json.dumps(selector)})]"
+            ".map((e) => [e.textContent, e.getClientRects().length]))"
+        )
+        return found
+
+    async def scroll_to(self, selector: str) -> float:
+        """Scroll the page until ``selector`` is in the middle of the window; the page's ``scrollY``."""
+        found = await self.evaluate(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
+            " e.scrollIntoView({block: 'center'}); return scrollY; })()"
+        )
+        assert found is not None, f"no {selector} on the page"
+        return float(found)
+
     async def click(self, selector: str) -> None:
         """A real mouse click (press and release) at the element's centre."""
         point = await until(lambda: self.center(selector), f"{selector} on the page")

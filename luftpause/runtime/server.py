@@ -6,7 +6,7 @@ Serves, on ``[runtime] listen``:
   tools of :mod:`luftpause.runtime.mcp.server`; an answer to a client without a caller of its own
   may set the ``luftpause-caller`` cookie (:mod:`luftpause.runtime.mcp.callers`);
 * ``GET /status``: JSON ``{"runs": [run], "upstream": [server]}``, the run tree: every run this
-  process holds, oldest first, as ``{"id", "state", "parent", "children": [ids], "task" (the first
+  process holds, oldest first, as ``{"id", "name", "state", "parent", "children": [ids], "task" (the first
   200 characters and ``…``; never the whole task), "taskChars", "model", "serviceClass", "caller",
   "error"?, "own": costs, "subtree": costs, "limits"?, "used"?, "exceeded"?}`` where costs are
   ``{"turns", "toolCalls", "failedToolCalls", "promptTokens", "completionTokens", "turnSeconds",

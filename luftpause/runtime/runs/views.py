@@ -95,7 +95,7 @@ def run_tree(
     subtrees are counted in it), in the order given (``GET /status``: every held run, oldest
     first), with ``budget_report(run)`` (the registry's limits, used, exceeded) merged in::
 
-    {"id", "state", "parent", "children": [ids], "task" (summary), "taskChars", "model",
+    {"id", "name", "state", "parent", "children": [ids], "task" (summary), "taskChars", "model",
      "serviceClass", "caller", "error"?, "own": {COUNTER_KEYS}, "subtree": {COUNTER_KEYS},
      "limits"?, "used"?, "exceeded"?}
     """
@@ -104,6 +104,7 @@ def run_tree(
     for run in runs:
         item: dict[str, Any] = {
             "id": run.handle,
+            "name": run.name,
             "state": run.display_state,
             "parent": run.parent,
             "children": [h for h in run.children if h in held],

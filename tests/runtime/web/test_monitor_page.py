@@ -161,6 +161,39 @@ def test_a_failed_child_is_shown_failed_not_idle(pod: Pod, browser: int) -> None
     assert "engine sim-a: overloaded" in title
 
 
+def test_the_token_box_appears_when_the_runtime_asks_for_its_token(pod: Pod, browser: int) -> None:
+    # It was on the page whether or not the runtime needed a token (it needs none by default);
+    # now the page offers it once the runtime answers 401. (Without a token, never:
+    # test_monitor_long_tree.py.)
+    async def token_box_shown(page: Page) -> bool:
+        shown = "getComputedStyle(document.getElementById('token-form')).display !== 'none'"
+        return bool(await page.evaluate(shown))
+
+    async def go() -> None:
+        async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:
+            handle = (await call(client, "spawn", task=script({"say": "hello"}), name="greeter"))["handle"]
+            page = await open_page(browser, f"{pod.url}/monitor", session)  # no ?token=
+            try:
+                await until(lambda: token_box_shown(page), "the token box")
+                assert "needs its token (LUFTPAUSE_TOKEN)" in await page.text("#notice")
+                assert await page.evaluate("document.activeElement.id") == "token"
+                await page.click("#token")
+                await page.type(TOKEN)
+                await page.click("#token-form button")
+                card = f'li[data-handle="{handle}"] .run'
+                await until(lambda: page.center(card), "the runs, with the token")
+
+                async def box_gone() -> bool:
+                    return not await token_box_shown(page)
+
+                await until(box_gone, "the token box gone once the token works")
+                assert await page.evaluate("document.getElementById('notice').hidden") is True
+            finally:
+                await page.ws.close()
+
+    asyncio.run(go())
+
+
 async def _action_says(page: Page, text: str) -> bool:
     return text in await page.text("#action-result")
 
