@@ -213,3 +213,32 @@ def test_the_charts_share_the_whole_width(browser: int, tree: LongTree) -> None:
         assert box["height"] <= 120, box  # and no taller for it
 
     run_in(go)
+
+
+def test_a_run_opens_from_the_keyboard(browser: int, tree: LongTree) -> None:
+    """A card is a button: Tab reaches it and Enter opens the run (the cards were spans that only
+    a mouse could open)."""
+
+    async def go() -> None:
+        async with monitor(browser, tree) as page:
+            card = f'li[data-handle="{tree.handles["done-2"]}"] > .run'
+            await page.evaluate(f"document.querySelector({json.dumps(card)}).focus()")
+            assert await page.evaluate("document.activeElement.dataset.handle") == tree.handles["done-2"]
+            for kind in ("keyDown", "keyUp"):
+                await page.send(
+                    "Input.dispatchKeyEvent",
+                    type=kind,
+                    key="Enter",
+                    code="Enter",
+                    windowsVirtualKeyCode=13,
+                    **({"text": "\r"} if kind == "keyDown" else {}),
+                )
+
+            async def opened() -> bool:
+                return "done 2" in await page.text("#conversation")
+
+            await until(opened, "done-2's conversation, opened with Enter")
+            # the tree was drawn again (the open run marked); the keyboard stays on the card
+            assert await page.evaluate("document.activeElement.dataset.handle") == tree.handles["done-2"]
+
+    run_in(go)
