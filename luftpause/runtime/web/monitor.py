@@ -42,8 +42,11 @@ shares it) and an unchanged poll costs a comparison; a selected conversation is 
 only its new messages.
 
 The page polls ``/monitor/runs`` every second and shows the runs as a tree (parent above
-children) with state, scope held and the first line of the last answer; clicking a run opens its
-conversation, with a form to send it a message and a stop button. Data enters the DOM only as
+children), live first and newest first within a state (the route sends them oldest first), with
+state, the scope held and the first line of the last answer where a run has them, filtered in the
+page by state and text (docs/pages.md); clicking a run opens its conversation in a pane that stays
+in view, with a form to send it a message and a stop button. It shows a box for the token only
+once a route answers 401. Data enters the DOM only as
 text (never as markup), and its Content-Security-Policy allows only its own inline script and
 style and requests to its own origin.
 """
