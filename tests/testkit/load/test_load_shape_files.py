@@ -4,6 +4,7 @@ its name."""
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -140,3 +141,41 @@ def test_tool_times_are_drawn_from_their_distribution(tool: ToolTime, median: fl
     draws = sorted(tool.draw(rng) for _ in range(20_000))
     assert draws[len(draws) // 2] == pytest.approx(median, rel=0.05)
     assert draws[int(len(draws) * 0.99)] == pytest.approx(p99, rel=0.15)
+
+
+def test_flood_matrix_runs_shape_files_and_names_the_best_peer(tmp_path: Path) -> None:
+    out = tmp_path / "matrix.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/flood_matrix.py",
+            "--shapes",
+            "bench/shapes/published.toml",
+            "--seeds",
+            "0",
+            "--duration-s",
+            "30",
+            "--arrangements",
+            "router,thunderagent,luftpause",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| published | router |" in done.stdout and "luftpause vs best peer" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["simulated"] is True
+    (shape,) = result["shapes"]
+    rows = {row["arrangement"]: row for row in shape["rows"]}
+    assert set(rows) == {"router", "thunderagent", "luftpause"}
+    batch = shape["luftpause"]["batchRunsPerMinute"]
+    best = max(("router", "thunderagent"), key=lambda name: rows[name]["batchRunsPerMinute"])
+    assert batch["bestPeer"] == best
+    assert batch["vsBestPeer"] == pytest.approx(
+        rows["luftpause"]["batchRunsPerMinute"] / rows[best]["batchRunsPerMinute"], abs=0.001
+    )
