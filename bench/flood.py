@@ -117,15 +117,19 @@ class Load:
     via: str = "own_loop"
 
     def groups(self, arrangement: str = "") -> list[AgentGroup]:
-        """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``."""
+        """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``,
+        through ThunderAgent its run as ``program_id``."""
 
         def extra(service_class: str) -> tuple[tuple[str, str], ...]:
             return (("x-smg-priority", SMG_HEADERS[service_class]),) if arrangement == "smg" else ()
 
         interactive, batch = CALLERS[self.via]
-        groups = [AgentGroup(self.interactive_agents, "interactive", interactive, extra("interactive"))]
+        program = arrangement == "thunderagent"
+        groups = [
+            AgentGroup(self.interactive_agents, "interactive", interactive, extra("interactive"), program)
+        ]
         if self.batch_agents:
-            groups.append(AgentGroup(self.batch_agents, "batch", batch, extra("batch")))
+            groups.append(AgentGroup(self.batch_agents, "batch", batch, extra("batch"), program))
         return groups
 
     def spawned(self, arrangement: str) -> bool:
