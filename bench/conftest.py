@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import baseline_machine
 import pytest
+
+pytest_benchmark_compare_machine_info = baseline_machine.pytest_benchmark_compare_machine_info
+"""A baseline saved on other hardware is reported, not fatal (``baseline_machine``)."""
 
 # group -> twin -> median seconds per round
 _MEDIANS: dict[str, dict[str, float]] = {}
@@ -46,6 +50,7 @@ def record_against_baseline(benchmark: object) -> Callable[[str, str, int], None
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    baseline_machine.pytest_terminal_summary(terminalreporter)
     against = {group: by_label for group, by_label in _AGAINST.items() if "baseline" in by_label}
     if against:
         terminalreporter.section("against the baseline of each group (median per round, same run)")

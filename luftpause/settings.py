@@ -1,6 +1,6 @@
 """Every key of the typed configuration as an environment variable, a help line and, for a few, a flag.
 
-The naming rule (README "Configuration"): key ``listen`` of table ``[dataplane]`` is the variable
+The naming rule (docs/operating.md, "Configuration"): key ``listen`` of table ``[dataplane]`` is the variable
 ``LUFTPAUSE_DATAPLANE__LISTEN``: :data:`ENV_PREFIX`, the table, :data:`ENV_DELIMITER` (two
 underscores), the key, in capitals (lower case is read too); a whole table may also be given as a
 JSON object in ``LUFTPAUSE_DATAPLANE`` (its per-key variables win over it). A flag is the key with
@@ -362,7 +362,8 @@ def help_text(
             lines += _wrapped(f"  [{table}.{key}] {'(unset) ' if info.default is None else ''}", info, width)
             for sub_key, sub_info in sub.model_fields.items():
                 lines += _key_help((table, key, sub_key), sub_info, flags, file_only, width)
-    out = textwrap.wrap(f"settings this process reads ({PRECEDENCE}; README: Configuration):", width)
+    heading = f"settings this process reads ({PRECEDENCE}; docs/operating.md: Configuration):"
+    out = textwrap.wrap(heading, width)
     for title, lines in groups.items():
         out += ["", title, *lines]
     return "\n".join(out)

@@ -5,7 +5,7 @@ with the runtime's bearer token, and draws the runs as a tree (spawner above its
 line each: name, handle, state, service class, turns, tool calls, the scope it holds and the
 first line of its last answer. A header counts the runs by state and names the runtime.
 
-States are in the words both pages use (README "Run states"): the run's own state (the monitor's
+States are in the words both pages use (docs/pods.md, "Run states"): the run's own state (the monitor's
 ``runState``) as ``running``, ``awaiting approval``, ``completed``, ``failed`` or ``cancelled``,
 with ``(stopped)`` after a run stopped once it had completed or failed (it takes no more
 messages; the monitor's ``state``, the pod state, says so).

@@ -218,10 +218,10 @@ def address_mismatches(config: Config) -> list[str]:
 
 def mismatch_message(mismatches: list[str], config: Config) -> str:
     """Why ``up`` refuses to start: one line per mismatch, naming both keys, their values and
-    the README section on changing addresses in pairs."""
+    the docs' section on changing addresses in pairs (docs/operating.md, "Moving the ports")."""
     where = config.source or "embedded default"
     return "\n".join(
-        f"luftpause up: {where}: {line}; give both the same port (README: Configuration, Moving the ports)"
+        f"luftpause up: {where}: {line}; give both the same port (docs/operating.md: Moving the ports)"
         for line in mismatches
     )
 
@@ -257,7 +257,7 @@ def busy_message(busy: list[str], config: Config) -> str:
         move = f"or change these addresses in {config.source}"
     return (
         f"luftpause up: already in use: {', '.join(busy)}; stop what listens there first, {move} "
-        "(README: Configuration, Moving the ports)"
+        "(docs/operating.md: Moving the ports)"
     )
 
 

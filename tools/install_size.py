@@ -5,8 +5,8 @@
 
 Runs VENV's own interpreter to list its distributions (``importlib.metadata``), leaving out pip,
 setuptools and wheel (what ``python -m venv`` brings, not what luftpause needs), and adds up the
-sizes of the files each distribution's RECORD names (MB = 10^6 bytes). The README's core-install
-figure is this, on a fresh venv with ``pip install luftpause`` (no extras).
+sizes of the files each distribution's RECORD names (MB = 10^6 bytes). The core-install figure
+of docs/install.md is this, on a fresh venv with ``pip install luftpause`` (no extras).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ DEFAULT_RETRY_AFTER_SECONDS = 1.0
 """Wait after a 429 without a usable ``Retry-After`` header."""
 
 CALLER_HEADER_MAX_BYTES = 128
-"""Longest ``x-luftpause-caller`` value the dataplane keeps (README, headers table)."""
+"""Longest ``x-luftpause-caller`` value the dataplane keeps (docs/proxy.md, "Headers")."""
 
 RUN_END_TIMEOUT_SECONDS = 5.0
 """Longest one ``DELETE /v1/runs/{handle}`` may take (seconds)."""
@@ -75,8 +75,8 @@ def header_safe(value: str, max_bytes: int = CALLER_HEADER_MAX_BYTES) -> str:
 
     Header values cross HTTP as latin-1 at best and the dataplane refuses a value that is not
     UTF-8, so raw UTF-8 cannot cross; ASCII crosses both unchanged. Nobody decodes it: the
-    dataplane and the scheduler take the caller as an opaque id of at most 128 bytes (README,
-    headers table). An encoding is one-to-one, so two callers never share a fairness slot by it."""
+    dataplane and the scheduler take the caller as an opaque id of at most 128 bytes (docs/proxy.md,
+    "Headers"). An encoding is one-to-one, so two callers never share a fairness slot by it."""
     out: list[str] = []
     size = 0
     for ch in value:

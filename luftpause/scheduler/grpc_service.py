@@ -474,8 +474,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
             if event is None:
                 return
             if type(event) is TurnFailed:
-                # The one place a failed turn's trace id is seen here: logged, to find its trace.
-                log.warning(
+                # The one place a failed turn's trace id is seen here: logged, to find its trace. A
+                # client that left mid-stream (an agent interrupted, a load run at its deadline) is
+                # no fault of an engine or of luftpause: INFO, as a turn abandoned while held is.
+                log.log(
+                    logging.WARNING if event.engine_fault else logging.INFO,
                     "turn %s of run %s failed: %s",
                     message.turn_id,
                     message.run_id,

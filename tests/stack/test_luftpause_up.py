@@ -210,7 +210,7 @@ def test_a_taken_port_says_how_to_move_the_stack(monkeypatch: pytest.MonkeyPatch
     assert "already in use: 127.0.0.1:8080" in embedded
     assert "luftpause up --print-config > luftpause.toml" in embedded
     assert "luftpause up --config luftpause.toml --simulate" in embedded
-    assert "README: Configuration, Moving the ports" in embedded
+    assert "docs/operating.md: Moving the ports" in embedded
     path = tmp_path / "mine.toml"
     path.write_text('[[replicas]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n')
     from_file = busy_message(["127.0.0.1:8080"], load_config(path))
@@ -631,7 +631,7 @@ models = ["m"]
     (line,) = done.stderr.decode().splitlines()
     assert f'[runtime] dataplane = "http://127.0.0.1:{ports["elsewhere"]}"' in line
     assert f'[dataplane] listen = "127.0.0.1:{ports["dataplane"]}"' in line
-    assert "README: Configuration, Moving the ports" in line
+    assert "docs/operating.md: Moving the ports" in line
     assert b"starting" not in done.stdout
     assert not any(port_open("127.0.0.1", p) for p in ports.values())
 

@@ -7,7 +7,7 @@ model no replica serves. Then:
 
 * what each process counts agrees with what was done, and across processes (the dataplane's
   finished turns are the scheduler's, the runtime's tool calls the runs' own);
-* the README's "Metrics" list is exactly what the processes expose: names, types and labels;
+* the "Metrics" list of docs/operating.md is exactly what the processes expose: names, types and labels;
 * every metric the Grafana dashboard and the Prometheus rules name is one the processes expose
   (or a recording rule's, or Prometheus' own ``up``);
 * a real Prometheus (Debian's binary; skipped, saying why, where it is absent) scrapes all three,
@@ -294,15 +294,15 @@ def test_every_process_has_its_process_collectors_and_no_created_series(driven: 
         assert all(name.startswith((f"luftpause_{process}_", "luftpause_build_info")) for name in own), own
 
 
-README_ROW = re.compile(r"^\| `(luftpause_[a-z_]+)` \| (counter|gauge|histogram) \|([^|]*)\|", re.MULTILINE)
+DOC_ROW = re.compile(r"^\| `(luftpause_[a-z_]+)` \| (counter|gauge|histogram) \|([^|]*)\|", re.MULTILINE)
 
 
 def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "operating.md").read_text()
     section = text.split("\n### Metrics\n", 1)[1].split("\n## ", 1)[0]
     return {
         name: (kind, frozenset(re.findall(r"`([a-z_]+)`", labels)))
-        for name, kind, labels in README_ROW.findall(section)
+        for name, kind, labels in DOC_ROW.findall(section)
     }
 
 
@@ -314,7 +314,7 @@ def test_the_readme_lists_every_metric_the_processes_expose_with_its_type_and_la
             if name.startswith("luftpause_"):
                 exposed[name] = family
     assert set(listed) == set(exposed), (
-        f"in the README only: {sorted(set(listed) - set(exposed))}; "
+        f"in docs/operating.md only: {sorted(set(listed) - set(exposed))}; "
         f"exposed only: {sorted(set(exposed) - set(listed))}"
     )
     for name, family in exposed.items():

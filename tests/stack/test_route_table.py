@@ -1,4 +1,4 @@
-"""README's route table ("Security", "Every route") is what the processes do: every row walked
+"""The route table of docs/operating.md ("Security", "Every route") is what the processes do: every row walked
 against a real stack with ``LUFTPAUSE_TOKEN`` set, without the token, with it, and with a foreign
 ``Host``; and every route the processes declare has a row (a route added without one fails here).
 """
@@ -23,7 +23,7 @@ from luftpause.scheduler.status_http import status_app
 from luftpause.testkit.stack import Stack
 from luftpause.v1 import scheduler_pb2 as pb
 
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "operating.md"
 MARKER = "<!-- route table: tests/stack/test_route_table.py"
 TOKEN = "route-table-token"
 FOREIGN = "evil.example"
@@ -50,9 +50,9 @@ class Row:
 
 
 def route_table() -> list[Row]:
-    """The rows of README's route table."""
-    text = README.read_text()
-    assert MARKER in text, "README has no route table marker"
+    """The rows of the route table in docs/operating.md."""
+    text = DOC.read_text()
+    assert MARKER in text, "docs/operating.md has no route table marker"
     lines = text[text.index(MARKER) :].splitlines()[1:]
     rows = []
     started = False
@@ -124,8 +124,8 @@ def test_every_declared_route_has_a_row(tmp_path: Path) -> None:
             for method in service.methods
         }
     )
-    assert declared - documented == set(), "routes with no row in README's route table"
-    assert documented - declared == set(), "rows of README's route table no process declares"
+    assert declared - documented == set(), "routes with no row in the route table of docs/operating.md"
+    assert documented - declared == set(), "rows of the route table of docs/operating.md no process declares"
 
 
 # --- every row against a real stack ------------------------------------------------------------

@@ -9,7 +9,7 @@
 * ``deploy/compose.toml`` is the embedded default with service names for hosts.
 * The Dockerfile's stages (and their ``BASE_IMAGE``), user, volume, entrypoint, extension check and
   otel extra; ``tools/image.sh`` naming what it needs.
-* Jaeger pinned to a 1.x release, and the Compose release the files need named in the README.
+* Jaeger pinned to a 1.x release, and the Compose release the files need named in docs/operating.md.
 
 Interpolation and merging are done here, after the Compose specification ("Interpolation" and
 "Merge and override"), only as far as these files use them: ``${VAR}``, ``${VAR:-default}``,
@@ -385,12 +385,12 @@ def test_jaeger_is_pinned_to_a_release() -> None:
 
 def test_the_readme_names_the_compose_release_the_files_need() -> None:
     """Top-level ``configs.content`` came with Docker Compose 2.23.1 (its configs reference); the
-    overlays use it, so the README and compose.yaml say so."""
+    overlays use it, so docs/operating.md and compose.yaml say so."""
     uses_content = [
         p.name for p in OVERLAYS if any("content" in c for c in load(p).get("configs", {}).values())
     ]
     assert uses_content == ["compose.hosted.yaml", "compose.ollama.yaml"]
-    for text in ((ROOT / "README.md").read_text(), BASE.read_text()):
+    for text in ((ROOT / "docs" / "operating.md").read_text(), BASE.read_text()):
         assert "Compose 2.23.1 or later" in text
 
 

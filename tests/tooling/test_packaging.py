@@ -233,7 +233,8 @@ def _read_until(stream: IO[str], process: subprocess.Popen[str], marker: str, ti
 @pytest.fixture
 def up(venv: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """The installed ``luftpause up --config FILE --simulate``, FILE being ``up --print-config``
-    with every port moved to a free one (the README's recipe); (up, the dataplane's listen)."""
+    with every port moved to a free one (docs/operating.md's recipe, "Moving the ports"); (up, the
+    dataplane's listen)."""
     text = run_in(venv, "luftpause", "up", "--print-config").stdout
     for default in ("5000", "5001", "8080", "7000", "30001", "30002", "7100"):
         assert f":{default}" in text, default

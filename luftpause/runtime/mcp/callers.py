@@ -10,7 +10,7 @@ In order, the first that applies (:func:`caller_of`):
 2. the MCP session id (``Mcp-Session-Id``): every 2025-era connection is its own caller;
 3. the client's declared ``clientInfo.name`` (2026-07-28 has no session; each request declares
    it in ``_meta``), unless it is an SDK's default (:data:`SDK_DEFAULT_CLIENT_NAMES`): a client
-   named by its author is one caller across its reconnections, as the README says;
+   named by its author is one caller across its reconnections, as docs/pods.md says ("Finding runs again");
 4. a caller minted for the client: :class:`CallerCookie` sets ``luftpause-caller=client-<hex>``
    on its first answer (``Path=/mcp; HttpOnly; SameSite=Strict``) and HTTP clients that keep
    cookies (the Python SDK's httpx client does, for its whole life) send it back, so each such
