@@ -348,7 +348,7 @@ class CaptureServer(ThreadedApp):
                 content_type="application/json",
             )
         stream = MessagesStream(
-            turn.model, f"msg_capture{next(self._ids):04d}", turn.thinking, turn.stop_sequences
+            turn.model, f"msg_capture{next(self._ids):04d}", turn.stop_sequences
         )
         fault = self._take_fault()
         if fault is not None:
@@ -359,7 +359,6 @@ class CaptureServer(ThreadedApp):
                 completion,
                 turn.model,
                 f"msg_capture{next(self._ids):04d}",
-                turn.thinking,
                 turn.stop_sequences,
             )
             return web.json_response(message)

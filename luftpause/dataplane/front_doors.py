@@ -152,13 +152,11 @@ class FrontDoors:
         message_id = f"msg_{new_id()}"
 
         def whole(body: bytes) -> bytes:
-            message = completion_to_message(
-                _completion(body), turn.model, message_id, turn.thinking, turn.stop_sequences
-            )
+            message = completion_to_message(_completion(body), turn.model, message_id, turn.stop_sequences)
             return orjson.dumps(message)
 
         translation = Translation(
-            stream=lambda: MessagesStream(turn.model, message_id, turn.thinking, turn.stop_sequences),
+            stream=lambda: MessagesStream(turn.model, message_id, turn.stop_sequences),
             whole=whole,
             refusal=lambda status, body: engine_refusal_body("messages", status, body),
         )

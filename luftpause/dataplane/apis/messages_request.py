@@ -25,7 +25,9 @@ Translated:
   ``any`` -> ``"required"``, ``tool`` -> that function, ``none`` -> ``"none"``;
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``), ``max_tokens``,
   ``stop_sequences`` -> ``stop``, ``temperature``, ``top_p``, ``stream`` (with
-  ``stream_options.include_usage`` so the answer can report usage), ``metadata.user_id`` ->
+  ``stream_options.include_usage`` so the answer can report usage, and
+  ``continuous_usage_stats``, which vLLM and SGLang read, so their first chunk gives the prompt's
+  tokens for ``message_start``), ``metadata.user_id`` ->
   ``user``, ``output_config.format`` (``json_schema``) -> ``response_format``.
 * ``top_k`` is passed on as the extra field ``top_k``, which vLLM, SGLang and llama.cpp's server
   read as a sampling parameter (decision: dropping it would change sampling without a word).
@@ -126,7 +128,7 @@ def messages_to_chat(payload: dict[str, Any]) -> MessagesTurn:
     stream = bool(shape.boolean(payload["stream"], "stream")) if "stream" in payload else False
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     stops: tuple[str, ...] = ()
     if payload.get("stop_sequences") is not None:
         values = shape.array(payload["stop_sequences"], "stop_sequences")

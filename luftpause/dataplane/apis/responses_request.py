@@ -25,7 +25,8 @@ Translated:
   offers it on every turn; luftpause has no search to serve, so the model is not offered it).
 * ``tool_choice`` (``auto`` / ``none`` / ``required`` / a function), ``parallel_tool_calls``,
   ``max_output_tokens`` -> ``max_tokens``, ``temperature``, ``top_p``, ``stream`` (with
-  ``stream_options.include_usage``), ``text.format`` (``json_schema`` -> ``response_format``
+  ``stream_options.include_usage`` and ``continuous_usage_stats``: the prompt's tokens in the
+  engine's first chunk, for ``response.created``), ``text.format`` (``json_schema`` -> ``response_format``
   ``json_schema``; ``json_object``; ``text``), ``reasoning.effort`` -> ``reasoning_effort``,
   ``safety_identifier`` / ``user`` -> ``user``.
 
@@ -161,7 +162,7 @@ def responses_to_chat(payload: dict[str, Any]) -> ResponsesTurn:
     stream = shape.boolean(payload["stream"], "stream") if payload.get("stream") is not None else False
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if payload.get("max_output_tokens") is not None:
         body["max_tokens"] = shape.integer(payload["max_output_tokens"], "max_output_tokens", 1)
     for key in ("temperature", "top_p"):

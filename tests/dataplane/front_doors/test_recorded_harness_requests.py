@@ -46,7 +46,10 @@ def test_every_recorded_turn_translates(session: str) -> None:
     for request in turns(session):
         if request["path"] == "/v1/messages":
             turn = messages_to_chat(request["body"])
-            assert turn.stream and turn.body["stream_options"] == {"include_usage": True}
+            assert turn.stream and turn.body["stream_options"] == {
+                "include_usage": True,
+                "continuous_usage_stats": True,
+            }
             system = turn.body["messages"][0]
             assert system["role"] == "system" and not system["content"].startswith(
                 "x-anthropic-billing-header"

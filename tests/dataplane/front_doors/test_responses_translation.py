@@ -211,7 +211,10 @@ def test_parameters_and_ignored_bookkeeping() -> None:
         }
     )
     body = turn.body
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True and body["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
     assert (body["max_tokens"], body["temperature"], body["top_p"], body["parallel_tool_calls"]) == (
         100,
         0.2,
