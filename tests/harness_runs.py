@@ -95,6 +95,7 @@ def run_codex(url: str, home: str, prompt: str, mcp: bool = False, timeout: floa
 model_provider = "capture"
 approval_policy = "never"
 sandbox_mode = "read-only"
+web_search = "disabled"
 
 [model_providers.capture]
 name = "capture"

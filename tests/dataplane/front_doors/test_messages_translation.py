@@ -148,6 +148,7 @@ def test_tool_use_and_tool_result_round_trip_with_the_ids_unchanged() -> None:
     assert assistant == {
         "role": "assistant",
         "content": "Calling.",
+        "reasoning_content": "hmm",
         "tool_calls": [
             {"id": "toolu_01", "type": "function", "function": {"name": "count", "arguments": '{"limit":3}'}},
             {"id": "toolu_02", "type": "function", "function": {"name": "pid", "arguments": "{}"}},
@@ -160,9 +161,11 @@ def test_tool_use_and_tool_result_round_trip_with_the_ids_unchanged() -> None:
     assert after == {"role": "user", "content": "and then?"}
 
 
-def test_an_assistant_turn_of_only_thinking_is_kept_as_an_empty_turn() -> None:
-    body = chat(messages=[{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}])
-    assert body["messages"] == [{"role": "assistant", "content": ""}]
+def test_an_assistant_turn_of_only_thinking_is_kept_as_an_empty_turn_with_its_reasoning() -> None:
+    body = chat(
+        messages=[{"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}]
+    )
+    assert body["messages"] == [{"role": "assistant", "content": "", "reasoning_content": "x"}]
 
 
 @pytest.mark.parametrize(
@@ -223,6 +226,7 @@ def test_tools_sampling_stops_metadata_and_stream() -> None:
         "user": '{"session_id":"s1"}',
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "chat_template_kwargs": {"enable_thinking": True},
     }
     assert turn.stream and turn.thinking and turn.stop_sequences == ("END",)
 
