@@ -12,6 +12,9 @@ One module per concern:
                          namespace tool names, the parameters a Response repeats);
                          ``call_output_ids``
 ``responses_stream``     ``ResponsesStream`` (chat SSE -> Responses SSE); ``completion_to_response``
+``_answer``              ``Assembler``: the answer's parts (text, reasoning, each tool call) from
+                         the engine's deltas, each opened once and closed when whole; both
+                         stream translators write its ops as their events
 ``facts``                ``MessagesScanner`` / ``ResponsesScanner``: the chat ``SSEScanner``'s
                          interface over natively served answers (compiled twins in
                          ``_speedups/_facts_c.pyx``, pure ones in ``_facts_py``);
