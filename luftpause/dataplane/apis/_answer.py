@@ -141,11 +141,12 @@ class Assembler:
         return ops
 
     def close_open(self) -> list[Op]:
-        """At an engine error: the open part's held content and its close; the parts not opened
-        are left unsent with the failed answer."""
+        """At an engine error: the open part's held content and its close, unless it is a call
+        whose arguments are not whole (never closed partial); the parts not opened are left unsent
+        with the failed answer."""
         live = self._live
         self._live, self._queue = None, []
-        if live is None or live.position < 0:
+        if live is None or live.position < 0 or (live.kind == "call" and not _whole_object(live.content())):
             return []
         ops: list[Op] = []
         self._send_held(live, ops)

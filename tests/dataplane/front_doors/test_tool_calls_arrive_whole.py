@@ -247,3 +247,18 @@ def test_response_created_carries_the_prompts_tokens() -> None:
         assert first.response.usage.input_tokens == 1234
         for _ in stream:
             pass
+
+
+def test_an_engine_error_never_closes_a_call_whose_arguments_are_partial() -> None:
+    engine = stream_of(
+        tool_delta(0, "call_a", "read", '{"path": "a'),
+        b'data: {"error": {"object": "error", "message": "out of KV cache", "code": 500}}\n\n',
+    )
+    answer = translate(messages, [engine])
+    check_messages_order(answer)
+    assert [name for name, _ in sse_events(answer)][-1] == "error"
+    assert "content_block_stop" not in [name for name, _ in sse_events(answer)]
+    response = translate(responses, [engine])
+    check_responses_order(response)
+    names = [name for name, _ in sse_events(response)]
+    assert names[-1] == "response.failed" and "response.function_call_arguments.done" not in names
