@@ -485,6 +485,8 @@ def completion_to_response(
         output.append(item)
     has_calls = any(item["type"] == "function_call" for item in output)
     reason = choice.get("finish_reason")
+    if reason == "tool_calls" and not has_calls:
+        log.warning("response %s: the engine finished with tool_calls but sent no tool call", response_id)
     incomplete = None if has_calls else _INCOMPLETE.get(reason if isinstance(reason, str) else "")
     usage = completion.get("usage")
     return response_object(

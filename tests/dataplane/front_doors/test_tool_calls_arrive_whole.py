@@ -29,7 +29,7 @@ from test_messages_translation import final_message
 from test_responses_translation import final_response
 
 from luftpause.dataplane.apis.messages_stream import MessagesStream, TranslationBroken, completion_to_message
-from luftpause.dataplane.apis.responses_stream import ResponsesStream
+from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
 
 
 def messages() -> MessagesStream:
@@ -202,7 +202,11 @@ def test_an_engine_claiming_tool_calls_without_one_is_end_turn_whole(
     with caplog.at_level(logging.WARNING):
         message = completion_to_message(completion, "m", "msg_2")
     assert message["stop_reason"] == "end_turn"
-    assert "tool_calls but sent no tool call" in caplog.text
+    assert "message msg_2: the engine finished with tool_calls but sent no tool call" in caplog.text
+    with caplog.at_level(logging.WARNING):
+        response = completion_to_response(completion, "resp_2", "m", 1)
+    assert response["status"] == "completed" and [i["type"] for i in response["output"]] == ["message"]
+    assert "response resp_2: the engine finished with tool_calls but sent no tool call" in caplog.text
 
 
 def test_a_call_delivered_after_a_stop_finish_is_tool_use() -> None:
