@@ -29,7 +29,8 @@ block's stop or an item's ``.done``):
 
 :class:`Assembler` turns deltas into :class:`Op` s (``open`` / ``delta`` / ``close`` of a
 :class:`Part`); the Messages and Responses translators write each op as their API's events. Only
-parts that wait behind an unfinished call are buffered.
+parts that wait behind an unfinished call are buffered, besides each call's arguments (and, for
+a Responses stream, the text its ``.done`` events repeat).
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ class Part:
     held: list[str] = field(default_factory=list)  # what the client was not sent yet
     position: int = -1
     closed: bool = False
+    keep: bool = True  # keep the whole content (a call's always: its arguments must be checked)
 
     def add(self, text: str) -> None:
-        self.parts.append(text)
+        if self.keep:
+            self.parts.append(text)
         self.held.append(text)
 
     def content(self) -> str:
@@ -96,11 +99,14 @@ class Assembler:
 
     ``text(kind, text)`` for a content or reasoning delta, ``tool(index, id, name, arguments)`` for
     a tool-call fragment (``None`` for what it lacks), ``finish()`` at the engine's finish: each
-    returns the ops to write now, in order. ``calls``: the calls opened, in order."""
+    returns the ops to write now, in order. ``calls``: the calls opened, in order.
+    ``keep_text``: keep the whole text and reasoning of each part (:meth:`Part.content`), which a
+    Responses stream repeats in its ``.done`` events; a Messages stream needs only what waits."""
 
-    __slots__ = ("_by_id", "_by_index", "_live", "_opened", "_queue", "calls")
+    __slots__ = ("_by_id", "_by_index", "_keep_text", "_live", "_opened", "_queue", "calls")
 
-    def __init__(self) -> None:
+    def __init__(self, keep_text: bool = True) -> None:
+        self._keep_text = keep_text
         self._live: Part | None = None
         self._queue: list[Part] = []
         self._by_id: dict[str, Part] = {}
@@ -113,7 +119,7 @@ class Assembler:
     def text(self, kind: Literal["text", "reasoning"], text: str) -> list[Op]:
         last = self._queue[-1] if self._queue else self._live
         if last is None or last.kind != kind or last.closed:
-            last = Part(kind)
+            last = Part(kind, keep=self._keep_text)
             self._add(last)
         last.add(text)
         return self._flow()

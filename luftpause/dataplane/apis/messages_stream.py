@@ -138,7 +138,7 @@ class MessagesStream:
         self._message_id = message_id
         self._stops = stop_sequences
         self._events = ChatEvents()
-        self._answer = Assembler()
+        self._answer = Assembler(keep_text=False)
         self._started = False
         self._failed = False
         self._flushed = False
