@@ -22,15 +22,20 @@ def chunk(
     delta: dict[str, Any] | None = None,
     finish: str | None = None,
     usage: dict[str, Any] | None = None,
+    usage_inline: dict[str, Any] | None = None,
     **choice: Any,
 ) -> bytes:
-    """One ``data:`` event of a ``chat.completion.chunk`` (``usage`` alone: the usage-only chunk)."""
+    """One ``data:`` event of a ``chat.completion.chunk`` (``usage`` alone: the usage-only chunk;
+    ``usage_inline``: the usage a chunk carries beside its choice, as with vLLM's and SGLang's
+    ``stream_options.continuous_usage_stats``)."""
     doc: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     if usage is not None:
         doc["choices"] = []
         doc["usage"] = usage
     else:
         doc["choices"] = [{"index": 0, "delta": delta or {}, "finish_reason": finish, **choice}]
+        if usage_inline is not None:
+            doc["usage"] = usage_inline
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
@@ -120,3 +125,86 @@ def sse_events(body: bytes) -> list[tuple[str, dict[str, Any]]]:
         lines = dict(line.split(": ", 1) for line in block.split("\n"))
         out.append((lines["event"], json.loads(lines["data"])))
     return out
+
+
+def check_messages_order(body: bytes) -> None:
+    """Assert a translated Messages stream is in an order Anthropic's API itself sends: one
+    ``message_start`` first; blocks numbered from 0 as they start, one open at a time; each delta
+    of the open block's kind (a ``tool_use`` block's ``partial_json`` together a JSON object, or
+    empty); no delta after a stop; ``message_delta`` after every block closed, ``message_stop``
+    last (or an ``error`` ending the stream)."""
+    events = sse_events(body)
+    assert events and events[0][0] == "message_start", "message_start first"
+    open_block: dict[str, Any] | None = None
+    opened = 0
+    kinds = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
+    arguments: list[str] = []
+    ended = False
+    for name, data in events[1:]:
+        assert not ended, f"{name} after message_stop"
+        assert name == data["type"]
+        if name == "ping":
+            continue
+        if name == "content_block_start":
+            assert open_block is None, "a block started while another was open"
+            assert data["index"] == opened, "blocks numbered in order"
+            open_block, arguments = data["content_block"], []
+            opened += 1
+        elif name == "content_block_delta":
+            assert open_block is not None and data["index"] == opened - 1, "a delta for a block not open"
+            assert data["delta"]["type"] == kinds[open_block["type"]]
+            if open_block["type"] == "tool_use":
+                arguments.append(data["delta"]["partial_json"])
+        elif name == "content_block_stop":
+            assert open_block is not None and data["index"] == opened - 1, "a stop for a block not open"
+            if open_block["type"] == "tool_use" and "".join(arguments):
+                assert isinstance(json.loads("".join(arguments)), dict), "a tool_use closed before whole"
+            open_block = None
+        elif name == "message_delta":
+            assert open_block is None, "message_delta while a block was open"
+        elif name in ("message_stop", "error"):
+            ended = True
+        else:
+            raise AssertionError(f"unknown event {name}")
+    assert ended, "the stream ends with message_stop or error"
+
+
+def check_responses_order(body: bytes) -> None:
+    """Assert a translated Responses stream is in an order OpenAI's API itself sends:
+    ``sequence_number`` from 0 by 1; ``response.created`` then ``response.in_progress``; items
+    added with ``output_index`` in order, one open at a time; deltas only for the open item; each
+    ``.done`` carrying exactly what its deltas said (a call's arguments whole JSON, when given);
+    ``output_item.done`` last for an item; the final response's output equal to the items done."""
+    events = sse_events(body)
+    assert [e[1]["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e[0] for e in events[:2]] == ["response.created", "response.in_progress"]
+    items: list[dict[str, Any]] = []
+    open_index: int | None = None
+    said: list[str] = []
+    for name, data in events[2:-1]:
+        assert name == data["type"]
+        if name == "response.output_item.added":
+            assert open_index is None, "an item added while another was open"
+            assert data["output_index"] == len(items)
+            open_index, said = data["output_index"], []
+            items.append(data["item"])
+            continue
+        assert open_index is not None and data["output_index"] == open_index, f"{name} for an item not open"
+        if name.endswith(".delta"):
+            said.append(data["delta"])
+        elif name in ("response.output_text.done", "response.reasoning_text.done"):
+            assert data["text"] == "".join(said)
+        elif name == "response.function_call_arguments.done":
+            assert data["arguments"] == "".join(said)
+            if data["arguments"]:
+                assert isinstance(json.loads(data["arguments"]), dict), "a call done before whole"
+        elif name == "response.output_item.done":
+            items[open_index] = data["item"]
+            open_index = None
+        else:
+            assert name in ("response.content_part.added", "response.content_part.done"), name
+    last, final = events[-1]
+    assert last in ("response.completed", "response.incomplete", "response.failed")
+    if last != "response.failed":  # a failed response may leave an item unfinished
+        assert open_index is None, "the response ended with an item open"
+        assert final["response"]["output"] == items

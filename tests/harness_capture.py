@@ -347,9 +347,7 @@ class CaptureServer(ThreadedApp):
                 body=error_body("messages", 400, str(exc), exc.param),
                 content_type="application/json",
             )
-        stream = MessagesStream(
-            turn.model, f"msg_capture{next(self._ids):04d}", turn.thinking, turn.stop_sequences
-        )
+        stream = MessagesStream(turn.model, f"msg_capture{next(self._ids):04d}", turn.stop_sequences)
         fault = self._take_fault()
         if fault is not None:
             return await self._faulty(request, "messages", fault, stream)
@@ -359,7 +357,6 @@ class CaptureServer(ThreadedApp):
                 completion,
                 turn.model,
                 f"msg_capture{next(self._ids):04d}",
-                turn.thinking,
                 turn.stop_sequences,
             )
             return web.json_response(message)

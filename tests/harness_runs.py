@@ -73,8 +73,10 @@ def run_claude_code(
                 {"mcpServers": {"fake": {"type": "stdio", "command": FAKE_MCP[0], "args": FAKE_MCP[1:]}}}, f
             )
         cmd += ["--mcp-config", config, "--strict-mcp-config", "--allowedTools", "mcp__fake__*"]
-        # else claude -p may send its first turn before the server's tools are listed
+        # else claude -p may send its first turn before the server's tools are listed; and the
+        # server's start (Python imports) can take seconds on a loaded machine: wait up to 60 s
         env["MCP_CONNECTION_NONBLOCKING"] = "false"
+        env["MCP_TIMEOUT"] = "60000"
     # --allowedTools takes several values: the options after it end them
     cmd += ["--output-format", "json"]
     done = subprocess.run([*cmd, prompt], env=env, cwd=home, capture_output=True, text=True, timeout=timeout)
@@ -95,6 +97,7 @@ def run_codex(url: str, home: str, prompt: str, mcp: bool = False, timeout: floa
 model_provider = "capture"
 approval_policy = "never"
 sandbox_mode = "read-only"
+web_search = "disabled"
 
 [model_providers.capture]
 name = "capture"

@@ -7,6 +7,8 @@ Routes (docs/architecture.md "The proxy"):
 ``POST /v1/messages``          Anthropic Messages (``?beta=true`` too), streamed or not; admitted
                                alike, relayed natively or translated (``front_doors``)
 ``POST /v1/responses``         OpenAI Responses, streamed or not; the same
+``POST /v1/messages/           ``{"input_tokens": N}``, the engine's count (``token_count``); not a
+count_tokens``                 turn: neither admitted nor scheduled
 ``POST /v1/decide``            a single-pass turn in vLLM's ``/classify`` shape (``{"model": str,
                                "input": str | [str, ...]}``), forwarded to a single-pass replica's
                                ``/classify`` and its answer relayed unchanged
@@ -84,7 +86,13 @@ from luftpause.dataplane.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from luftpause.dataplane.front_doors import MESSAGES_PATH, RESPONSES_PATH, FrontDoors, api_of
+from luftpause.dataplane.front_doors import (
+    COUNT_TOKENS_PATH,
+    MESSAGES_PATH,
+    RESPONSES_PATH,
+    FrontDoors,
+    api_of,
+)
 from luftpause.dataplane.front_doors import error_body as api_error_body
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
@@ -94,10 +102,12 @@ from luftpause.dataplane.request_checks import (
     acceptable_run_id,
     allow,
     client_run_id,
+    json_with_model,
     read_body,
 )
 from luftpause.dataplane.run_identity import RunIdentity
 from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.token_count import count_tokens
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
 from luftpause.dataplane.turn_intake import TurnIntake
@@ -346,6 +356,13 @@ class Dataplane:
         elif path == RESPONSES_PATH:
             allow(path, method, "POST")
             await self._front_door(exchange, "responses")
+        elif path == COUNT_TOKENS_PATH:
+            allow(path, method, "POST")
+            raw = await read_body(exchange)
+            payload, model = json_with_model(raw)
+            replica, plan = self.front_doors.count_plan(payload, raw, model)
+            assert self._relay is not None
+            await exchange.respond(200, _JSON, await count_tokens(self._relay.pool_of(replica), plan))
         elif path == "/v1/models":
             allow(path, method, "GET", "HEAD")
             anthropic = wants_anthropic(exchange.header(_ANTHROPIC_VERSION))

@@ -53,20 +53,31 @@ from luftpause.dataplane.apis.messages_request import messages_to_chat, tool_res
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat
 from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
-from luftpause.dataplane.errors import DataplaneError
+from luftpause.dataplane.errors import DataplaneError, NotFound
 from luftpause.dataplane.turn import Native, Translation, new_id
 from luftpause.dataplane.upstream import EngineError
 
-__all__ = ["MESSAGES_PATH", "RESPONSES_PATH", "FrontDoors", "Planned", "api_of", "error_body"]
+__all__ = [
+    "COUNT_TOKENS_PATH",
+    "MESSAGES_PATH",
+    "RESPONSES_PATH",
+    "CountPlan",
+    "FrontDoors",
+    "Planned",
+    "api_of",
+    "error_body",
+]
 
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+TOKENIZE_PATH = "/tokenize"
 RESPONSES_PATH = "/v1/responses"
 _PATHS: dict[Api, str] = {"messages": MESSAGES_PATH, "responses": RESPONSES_PATH}
 
 
 def api_of(path: str, anthropic_version: bytes | None = None) -> Api | None:
     """The front door whose error shape answers a request for ``path``: ``"messages"`` for
-    ``/v1/messages`` and below it (``/v1/messages/count_tokens``, not served, gets its 404 so),
+    ``/v1/messages`` and below it (``/v1/messages/count_tokens`` too),
     and for any other ``/v1`` route asked by an Anthropic client (one that sends
     ``anthropic-version``, as ``client.models.retrieve`` does); ``"responses"`` for
     ``/v1/responses`` and below; else ``None`` (the chat route's shape)."""
@@ -98,6 +109,18 @@ class Planned:
     translation: Translation | None
     native: Native | None
     echoed_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class CountPlan:
+    """Where ``POST /v1/messages/count_tokens`` asks (``luftpause.dataplane.token_count``):
+    ``replica`` (its name), ``path`` on it and ``body``; ``native``: the replica speaks Messages and
+    gets the client's request unchanged (else the engine's ``/tokenize`` in vLLM's chat form)."""
+
+    replica: str
+    path: str
+    body: bytes
+    native: bool
 
 
 def _completion(body: bytes) -> dict[str, Any]:
@@ -146,19 +169,41 @@ class FrontDoors:
             body, translation = self._responses(payload)
         return Planned(model, body, translation, native, echoed)
 
+    def count_plan(self, payload: dict[str, Any], raw: bytes, model: str) -> tuple[ReplicaConfig, CountPlan]:
+        """Where to count the tokens of a count_tokens request (its ``payload``, bytes ``raw``,
+        ``model``): the first replica serving the model, at its ``/tokenize`` (one that serves no
+        Chat Completions: at its own count_tokens route). Raises :class:`NotFound` (404) when none
+        does, :class:`TranslationError` (400) for a request that cannot be translated."""
+        replicas = self._serving.get(model)
+        if not replicas:
+            raise NotFound(f"no replica serves model {model!r}")
+        replica = replicas[0]
+        if "chat" not in replica.apis:  # a replica of Messages alone counts for itself
+            return replica, CountPlan(replica.name, COUNT_TOKENS_PATH, raw, True)
+        if "max_tokens" in payload:
+            raise TranslationError("'max_tokens' is not a field of a count_tokens request", "max_tokens")
+        chat = messages_to_chat({**payload, "max_tokens": 1, "stream": False}).body
+        tokenize: dict[str, Any] = {
+            "model": model,
+            "messages": chat["messages"],
+            "add_generation_prompt": True,
+        }
+        for key in ("tools", "chat_template_kwargs"):
+            if key in chat:
+                tokenize[key] = chat[key]
+        return replica, CountPlan(replica.name, TOKENIZE_PATH, orjson.dumps(tokenize), False)
+
     @staticmethod
     def _messages(payload: dict[str, Any]) -> tuple[bytes, Translation]:
         turn = messages_to_chat(payload)
         message_id = f"msg_{new_id()}"
 
         def whole(body: bytes) -> bytes:
-            message = completion_to_message(
-                _completion(body), turn.model, message_id, turn.thinking, turn.stop_sequences
-            )
+            message = completion_to_message(_completion(body), turn.model, message_id, turn.stop_sequences)
             return orjson.dumps(message)
 
         translation = Translation(
-            stream=lambda: MessagesStream(turn.model, message_id, turn.thinking, turn.stop_sequences),
+            stream=lambda: MessagesStream(turn.model, message_id, turn.stop_sequences),
             whole=whole,
             refusal=lambda status, body: engine_refusal_body("messages", status, body),
         )

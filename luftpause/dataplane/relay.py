@@ -212,6 +212,10 @@ class Relay:
         )
         self.metrics.turn_ended("finished", turn.service_class, turn.replica)
 
+    def pool_of(self, replica: ReplicaConfig) -> EnginePool:
+        """``replica``'s connection pool, for a request that is not a turn (count_tokens)."""
+        return self._pool(replica)
+
     def _pool(self, replica: ReplicaConfig) -> EnginePool:
         # As many idle connections as turns the replica runs at once: more are never busy at once.
         return self.upstream.pool(

@@ -5,13 +5,16 @@ One module per concern:
 
 =======================  =====================================================================
 ``messages_request``     ``messages_to_chat(payload) -> MessagesTurn`` (the Chat Completions
-                         body, model, stream, thinking, stop sequences); ``tool_result_ids``
+                         body, model, stream, stop sequences); ``tool_result_ids``
 ``messages_stream``      ``MessagesStream`` (chat SSE -> Anthropic SSE, ``feed`` / ``finish``);
                          ``completion_to_message`` for a whole answer
 ``responses_request``    ``responses_to_chat(payload) -> ResponsesTurn`` (body, model, stream,
                          namespace tool names, the parameters a Response repeats);
                          ``call_output_ids``
 ``responses_stream``     ``ResponsesStream`` (chat SSE -> Responses SSE); ``completion_to_response``
+``_answer``              ``Assembler``: the answer's parts (text, reasoning, each tool call) from
+                         the engine's deltas, each opened once and closed when whole; both
+                         stream translators write its ops as their events
 ``facts``                ``MessagesScanner`` / ``ResponsesScanner``: the chat ``SSEScanner``'s
                          interface over natively served answers (compiled twins in
                          ``_speedups/_facts_c.pyx``, pure ones in ``_facts_py``);
@@ -29,7 +32,7 @@ serve natively::
 
     turn = messages_to_chat(payload)                     # TranslationError -> 400, API's shape
     body = orjson.dumps(turn.body)                       # sent to /v1/chat/completions
-    stream = MessagesStream(turn.model, message_id, turn.thinking, turn.stop_sequences)
+    stream = MessagesStream(turn.model, message_id, turn.stop_sequences)
     send(stream.start())                                 # at the engine's 200 (optional)
     for read in engine:  send(stream.feed(read))         # TranslationBroken -> abort
     send(stream.finish())                                # StreamIncomplete -> abort

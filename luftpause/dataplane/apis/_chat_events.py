@@ -22,7 +22,6 @@ __all__ = [
     "ChatEvents",
     "StreamIncomplete",
     "TranslationBroken",
-    "named_call",
     "read_chunk",
     "usage_of",
 ]
@@ -155,20 +154,3 @@ def usage_of(usage: dict[str, Any] | None) -> tuple[int, int, int]:
     prompt = prompt if type(prompt) is int and prompt >= 0 else 0
     cached = cached if type(cached) is int and 0 <= cached <= prompt else 0
     return prompt, completion if type(completion) is int and completion >= 0 else 0, cached
-
-
-def named_call(
-    pending: dict[int, list[Any]], index: int, call_id: str | None, name: str | None, arguments: str | None
-) -> list[Any] | None:
-    """Buffer a tool call's first fragments until its name comes: ``pending`` maps the engine's
-    tool index to ``[id, arguments so far]``. Returns that pair (and drops it from ``pending``) once
-    a fragment names the call, so the translator can open the call's block or item; ``None`` while
-    the name is still to come. A call never named is flushed by the translator at the stream's end."""
-    buffered = pending.setdefault(index, [None, ""])
-    if call_id is not None and buffered[0] is None:
-        buffered[0] = call_id
-    if arguments:
-        buffered[1] += arguments
-    if name is None:
-        return None
-    return pending.pop(index)

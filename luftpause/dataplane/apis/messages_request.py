@@ -19,25 +19,28 @@ Translated:
   messages as a ``user`` message, since engines take no images in ``tool`` messages). Tool messages
   come first, the rest of the user's blocks after them, as Chat Completions requires.
 * ``assistant`` content: ``text`` -> ``content``; ``tool_use`` -> ``tool_calls`` (``arguments`` =
-  the ``input`` as JSON); ``thinking`` / ``redacted_thinking`` are dropped: Chat Completions has no
-  field for past reasoning and chat templates drop it anyway.
+  the ``input`` as JSON); ``thinking`` -> ``reasoning_content`` (vLLM, SGLang and llama.cpp's
+  server pass it to chat templates that keep past reasoning).
 * ``tools`` (``input_schema`` -> ``parameters``), ``tool_choice`` (``auto`` -> ``"auto"``,
   ``any`` -> ``"required"``, ``tool`` -> that function, ``none`` -> ``"none"``;
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``), ``max_tokens``,
   ``stop_sequences`` -> ``stop``, ``temperature``, ``top_p``, ``stream`` (with
-  ``stream_options.include_usage`` so the answer can report usage), ``metadata.user_id`` ->
+  ``stream_options.include_usage`` so the answer can report usage, and
+  ``continuous_usage_stats``, which vLLM and SGLang read, so their first chunk gives the prompt's
+  tokens for ``message_start``), ``metadata.user_id`` ->
   ``user``, ``output_config.format`` (``json_schema``) -> ``response_format``.
+* ``thinking`` (Claude Code sends ``{"type": "adaptive"}`` on every main-agent turn) ->
+  ``chat_template_kwargs.enable_thinking`` (``enabled`` / ``adaptive`` true, ``disabled`` false),
+  which the chat templates of reasoning models (Qwen3, DeepSeek, ...) read; reasoning the engine
+  streams is answered as ``thinking`` blocks. ``budget_tokens`` is held by ``max_tokens`` only, as
+  Anthropic counts thinking in it (engines have no separate reasoning cap).
 * ``top_k`` is passed on as the extra field ``top_k``, which vLLM, SGLang and llama.cpp's server
   read as a sampling parameter (decision: dropping it would change sampling without a word).
 
 Ignored, with the reason:
 
-* ``thinking`` (Claude Code sends ``{"type": "adaptive"}`` on every main-agent turn): an engine
-  reasons or not by its model and chat template; when it streams reasoning, the answer carries it
-  as ``thinking`` blocks if the request enabled thinking (``MessagesTurn.thinking``), else drops it.
-  ``budget_tokens`` is not enforced.
 * ``context_management`` (server-side edits of past thinking and tool results): luftpause keeps no
-  conversation to edit, and drops past thinking anyway.
+  conversation to edit: the messages the client sends are the conversation.
 * ``output_config.effort``, ``service_tier``, ``cache_control`` on any block or tool: hints to
   Anthropic's service (engines cache prefixes by themselves).
 * A ``system`` text block starting ``x-anthropic-billing-header:`` (Claude Code's first block, with
@@ -45,7 +48,8 @@ Ignored, with the reason:
   first block it would keep an engine from sharing the long system prompt's prefix cache across
   sessions.
 
-Refused: any other top-level field (``mcp_servers``, ``container``, ...), server tools (a tool whose
+Refused: ``redacted_thinking`` blocks (Anthropic's encrypted reasoning: no engine can read it),
+any other top-level field (``mcp_servers``, ``container``, ...), server tools (a tool whose
 ``type`` is not ``custom``), ``document``, ``search_result`` and server-tool blocks, ``n``-like
 fields, and malformed shapes.
 
@@ -126,7 +130,7 @@ def messages_to_chat(payload: dict[str, Any]) -> MessagesTurn:
     stream = bool(shape.boolean(payload["stream"], "stream")) if "stream" in payload else False
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     stops: tuple[str, ...] = ()
     if payload.get("stop_sequences") is not None:
         values = shape.array(payload["stop_sequences"], "stop_sequences")
@@ -155,7 +159,10 @@ def messages_to_chat(payload: dict[str, Any]) -> MessagesTurn:
     if payload.get("output_config") is not None:
         _output_config(shape.obj(payload["output_config"], "output_config"), body)
     shape.no_tool_choice_without_tools(body)
-    return MessagesTurn(body, model, stream, _thinking(payload.get("thinking")), stops)
+    thinking = _thinking(payload.get("thinking"))
+    if thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": thinking}
+    return MessagesTurn(body, model, stream, bool(thinking), stops)
 
 
 def tool_result_ids(payload: dict[str, Any]) -> list[str]:
@@ -188,9 +195,10 @@ def tool_result_ids(payload: dict[str, Any]) -> list[str]:
     return ids
 
 
-def _thinking(value: Any) -> bool:
+def _thinking(value: Any) -> bool | None:
+    """Whether the request enables thinking (``None``: it does not say)."""
     if value is None:
-        return False
+        return None
     thinking = shape.obj(value, "thinking")
     kind = thinking.get("type")
     if kind not in ("enabled", "adaptive", "disabled"):
@@ -261,6 +269,7 @@ def _user(blocks: list[Any], path: str, chat: list[dict[str, Any]]) -> None:
 
 def _assistant(blocks: list[Any], path: str, chat: list[dict[str, Any]]) -> None:
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for i, block in enumerate(blocks):
         where = f"{path}[{i}]"
@@ -282,8 +291,15 @@ def _assistant(blocks: list[Any], path: str, chat: list[dict[str, Any]]) -> None
                     "function": {"name": name, "arguments": shape.json_text(arguments)},
                 }
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue
+        elif kind == "thinking":
+            shape.known_keys(block, ("type", "thinking", "signature", "cache_control"), where, "Messages")
+            thoughts.append(shape.string(block.get("thinking"), f"{where}.thinking"))
+        elif kind == "redacted_thinking":
+            raise TranslationError(
+                f"'{where}.type' 'redacted_thinking' cannot be served: its reasoning is encrypted by "
+                "Anthropic, and no engine can read it (luftpause never sends one); leave the block out",
+                f"{where}.type",
+            )
         else:
             raise TranslationError(
                 f"'{where}.type' {kind!r} is not supported in an assistant message", f"{where}.type"
@@ -293,6 +309,8 @@ def _assistant(blocks: list[Any], path: str, chat: list[dict[str, Any]]) -> None
         message["tool_calls"] = calls
     elif not texts:
         message["content"] = ""  # only thinking: still a turn of the assistant's
+    if thoughts:
+        message["reasoning_content"] = "".join(thoughts)
     chat.append(message)
 
 

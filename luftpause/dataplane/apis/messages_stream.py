@@ -6,22 +6,26 @@ engine's ``text/event-stream`` of ``chat.completion.chunk`` s into Anthropic's e
     message_start  ping  (content_block_start  content_block_delta*  content_block_stop)*
     message_delta  message_stop
 
-* ``message_start`` (and one ``ping``) opens the answer at the first :meth:`MessagesStream.feed`
-  (or at :meth:`MessagesStream.start`, to send it as soon as the engine answered 200), with
-  ``usage.input_tokens`` 0: the engine reports usage at the end, and ``message_delta`` carries it.
-* Content arrives as blocks, one open at a time, numbered from 0 in order: ``text`` (``text_delta``),
-  ``thinking`` (``thinking_delta``, only when the request enabled thinking, ``signature`` empty:
-  luftpause signs nothing) and ``tool_use`` (``input_json_delta`` with the engine's argument
-  fragments as they come). A tool call of a new ``index`` closes the block before it, so parallel
-  tool calls are several blocks. A tool call's block opens when its name is known (an engine that
-  sends the name after the first fragment has those fragments held until then). The tool id is
-  the engine's, unchanged (so the dataplane's ``tool_call_id -> run`` table needs no mapping);
-  where the engine sent none, ``toolu_<message id>_<n>``. :attr:`MessagesStream.tool_call_ids` are
-  the ids the client saw, in order: remember those.
+* ``message_start`` (and one ``ping``) opens the answer at the engine's first chunk, its
+  ``usage.input_tokens`` the prompt's tokens as the engine counted them: the translated request
+  asks for ``stream_options.continuous_usage_stats`` (vLLM, SGLang), so that chunk carries them
+  (an engine that ignores it: 0 there, the count in ``message_delta``).
+* Content arrives as blocks, one open at a time, numbered from 0 in order (``apis._answer`` keeps
+  the order and holds back what must wait): ``text`` (``text_delta``), ``thinking``
+  (``thinking_delta``: the engine's ``reasoning_content``, ``signature`` empty: luftpause signs
+  nothing) and ``tool_use`` (``input_json_delta``). A tool call is told apart by its id, or by its
+  index where the engine gives no distinct ids; its block opens once, when its name is known, and
+  stops only when its arguments are whole (they parse as a JSON object when the engine moved on,
+  or the engine finished), so parallel calls are several blocks whatever index they came under,
+  and fragments of a call that come while another call's block is open wait, whole, for it to
+  stop. The tool id is the engine's, unchanged (so the dataplane's ``tool_call_id -> run`` table
+  needs no mapping); where the engine sent none (or reused one), ``toolu_<message id>_<n>``.
+  :attr:`MessagesStream.tool_call_ids` are the ids the client saw, in order: remember those.
 * ``message_delta`` gives ``stop_reason``: ``stop`` -> ``end_turn`` (or ``stop_sequence`` with
   ``stop_sequence`` set, when the engine named the stop string that matched: vLLM's
-  ``stop_reason``, SGLang's ``matched_stop``), ``length`` -> ``max_tokens``, ``tool_calls`` (or any
-  tool call seen) -> ``tool_use``, ``content_filter`` -> ``refusal``; and ``usage``
+  ``stop_reason``, SGLang's ``matched_stop``), ``length`` -> ``max_tokens``, any tool call
+  delivered -> ``tool_use`` (and only then: an engine that says ``tool_calls`` but sent none gets
+  ``end_turn``, logged), ``content_filter`` -> ``refusal``; and ``usage``
   (``cache_read_input_tokens`` from ``prompt_tokens_details.cached_tokens``, and
   ``input_tokens`` the prompt tokens less those, as Anthropic counts them; ``output_tokens``).
 * An engine error event (vLLM's and SGLang's ``{"error": ...}`` in place of a chunk) becomes
@@ -30,23 +34,25 @@ engine's ``text/event-stream`` of ``chat.completion.chunk`` s into Anthropic's e
   a finish reason nor ``[DONE]``, is the relay's to abort: :meth:`MessagesStream.finish` raises
   :class:`StreamIncomplete` then, so a truncated answer never looks complete.
 
-The events are written ``event: <type>\\ndata: <json>\\n\\n``. Nothing is buffered beyond the
-scanner's one incomplete event and a tool call's fragments before its name.
+The events are written ``event: <type>\\ndata: <json>\\n\\n``. Buffered: the scanner's one
+incomplete event, a tool call's fragments before its name, and the parts that wait behind a call
+whose arguments are not whole yet.
 
 Whole (``stream`` false): :func:`completion_to_message` turns a ``chat.completion`` into a Message.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
 
+from luftpause.dataplane.apis._answer import Assembler, Op
 from luftpause.dataplane.apis._chat_events import (
     ChatEvents,
     StreamIncomplete,
     TranslationBroken,
-    named_call,
     read_chunk,
     usage_of,
 )
@@ -54,6 +60,8 @@ from luftpause.dataplane.apis.errors import anthropic_error
 from luftpause.dataplane.sse import SSEScanner
 
 __all__ = ["MessagesStream", "StreamIncomplete", "TranslationBroken", "completion_to_message", "stop_reason"]
+
+log = logging.getLogger(__name__)
 
 
 def stop_reason(
@@ -75,11 +83,28 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
+def _input_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic's input counts: ``input_tokens`` the prompt less its cached part, which is
+    ``cache_read_input_tokens`` (present when not 0)."""
+    prompt, _, cached = usage_of(usage)
+    counted: dict[str, Any] = {"input_tokens": prompt - cached}
+    if cached:
+        counted["cache_read_input_tokens"] = cached
+    return counted
+
+
+_START_BLOCK: dict[str, dict[str, Any]] = {
+    "text": {"type": "text", "text": ""},
+    "reasoning": {"type": "thinking", "thinking": "", "signature": ""},
+}
+_DELTA_KEY = {"text": ("text_delta", "text"), "reasoning": ("thinking_delta", "thinking")}
+
+
 class MessagesStream:
     """Translate one turn's Chat Completions stream to Anthropic's; see the module docstring.
 
-    ``MessagesStream(model, message_id, thinking=False, stop_sequences=())``: ``model`` as the client
-    named it, ``message_id`` the Message's id (``msg_...``), ``thinking`` and ``stop_sequences`` from
+    ``MessagesStream(model, message_id, stop_sequences=())``: ``model`` as the client named it,
+    ``message_id`` the Message's id (``msg_...``), ``stop_sequences`` from
     :class:`~luftpause.dataplane.apis.messages_request.MessagesTurn`.
 
     ``feed(chunk) -> bytes`` takes each read from the engine (cut anywhere) and returns the bytes
@@ -93,39 +118,32 @@ class MessagesStream:
     """
 
     __slots__ = (
-        "_block",
-        "_calls",
+        "_answer",
+        "_claimed_calls",
         "_events",
         "_failed",
         "_finish_reason",
-        "_index",
+        "_flushed",
         "_matched",
         "_message_id",
         "_model",
-        "_pending",
         "_started",
         "_stops",
-        "_thinking",
         "_usage",
         "tool_call_ids",
     )
 
-    def __init__(
-        self, model: str, message_id: str, thinking: bool = False, stop_sequences: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, model: str, message_id: str, stop_sequences: tuple[str, ...] = ()) -> None:
         self._model = model
         self._message_id = message_id
-        self._thinking = thinking
         self._stops = stop_sequences
         self._events = ChatEvents()
+        self._answer = Assembler(keep_text=False)
         self._started = False
         self._failed = False
-        # the open block: ("text" | "thinking", None) or ("tool_use", engine tool index); None: none
-        self._block: tuple[str, int | None] | None = None
-        self._index = -1  # the open (or last) block's index
-        self._calls: dict[int, int] = {}  # engine tool index -> block index
-        self._pending: dict[int, list[Any]] = {}  # engine tool index -> [id, arguments] before its name
+        self._flushed = False
         self._finish_reason: str | None = None
+        self._claimed_calls = False
         self._matched: str | None = None
         self._usage: dict[str, Any] | None = None
         self.tool_call_ids: list[str] = []
@@ -135,7 +153,9 @@ class MessagesStream:
         return self._events.scanner
 
     def start(self) -> bytes:
-        """``message_start`` and a ``ping``, once; empty afterwards."""
+        """``message_start`` and a ``ping``, once; empty afterwards. ``usage.input_tokens`` is the
+        prompt's count if the engine reported it yet (``stream_options.continuous_usage_stats``
+        puts it in the engine's first chunk), else 0."""
         if self._started:
             return b""
         self._started = True
@@ -147,37 +167,42 @@ class MessagesStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {**_input_usage(self._usage), "output_tokens": 0},
         }
         return _event("message_start", {"type": "message_start", "message": message}) + _event(
             "ping", {"type": "ping"}
         )
 
     def feed(self, chunk: bytes | bytearray) -> bytes:
-        out = [self.start()]
+        out: list[bytes] = []
+        answer = self._answer
         for data in self._events.feed(chunk):
             if self._failed:
                 break
             parsed = read_chunk(data)
             if parsed is None:
                 continue
+            if parsed.usage is not None:
+                self._usage = parsed.usage
+            if not self._started:
+                out.append(self.start())
             if parsed.error is not None:
-                out.append(self._close_block())
+                out.append(self._write(answer.close_open()))
                 out.append(_event("error", anthropic_error(500, parsed.error)))
                 self._failed = True
                 break
-            if parsed.usage is not None:
-                self._usage = parsed.usage
-            if parsed.reasoning and self._thinking:
-                out.append(self._delta("thinking", {"type": "thinking_delta", "thinking": parsed.reasoning}))
+            if parsed.reasoning:
+                out.append(self._write(answer.text("reasoning", parsed.reasoning)))
             if parsed.content:
-                out.append(self._delta("text", {"type": "text_delta", "text": parsed.content}))
+                out.append(self._write(answer.text("text", parsed.content)))
             for index, call_id, name, arguments in parsed.tool_calls:
-                out.append(self._tool_delta(index, call_id, name, arguments))
-            if parsed.finish_reason is not None:
-                self._finish_reason = parsed.finish_reason
+                out.append(self._write(answer.tool(index, call_id, name, arguments)))
             if parsed.matched_stop is not None:
                 self._matched = parsed.matched_stop
+            if parsed.finish_reason is not None:
+                self._finish_reason = parsed.finish_reason
+                self._claimed_calls = self._claimed_calls or parsed.finish_reason == "tool_calls"
+                out.append(self._write(answer.finish()))
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -190,16 +215,19 @@ class MessagesStream:
         scanner = self.scanner
         if self._finish_reason is None and not scanner.done:
             raise StreamIncomplete("the engine ended its stream before the answer finished")
-        out = [self.start()]
-        for index in sorted(self._pending):  # a call never named: sent now, named by its id
-            out.append(self._open_tool(index, self._pending.pop(index), ""))
-        out.append(self._close_block())
-        reason = "tool_calls" if self._calls else self._finish_reason
+        out = [self.start(), self._write(self._answer.finish())]
+        reason = self._finish_reason
+        if self._answer.calls:
+            reason = "tool_calls"
+        elif reason == "tool_calls":
+            log.warning(
+                "message %s: the engine finished with tool_calls but sent no tool call; answered end_turn",
+                self._message_id,
+            )
+            reason = "stop"
         kind, sequence = stop_reason(reason, self._matched, self._stops)
-        prompt, completion, cached = usage_of(self._usage)
-        usage: dict[str, Any] = {"input_tokens": prompt - cached, "output_tokens": completion}
-        if cached:
-            usage["cache_read_input_tokens"] = cached
+        _, completion, _ = usage_of(self._usage)
+        usage = {**_input_usage(self._usage), "output_tokens": completion}
         out.append(
             _event(
                 "message_delta",
@@ -213,66 +241,48 @@ class MessagesStream:
         out.append(_event("message_stop", {"type": "message_stop"}))
         return b"".join(out)
 
-    # --- blocks -----------------------------------------------------------------------------------
-
-    def _close_block(self) -> bytes:
-        if self._block is None:
+    def _write(self, ops: list[Op]) -> bytes:
+        """The Anthropic events of the answer's ops: a block per part, numbered as they open."""
+        if not ops:
             return b""
-        self._block = None
-        return _event("content_block_stop", {"type": "content_block_stop", "index": self._index})
-
-    def _open(self, block: dict[str, Any], key: tuple[str, int | None]) -> bytes:
-        closed = self._close_block()
-        self._index += 1
-        self._block = key
-        return closed + _event(
-            "content_block_start",
-            {"type": "content_block_start", "index": self._index, "content_block": block},
-        )
-
-    def _delta(self, kind: str, delta: dict[str, Any]) -> bytes:
-        opened = b""
-        if self._block is None or self._block[0] != kind:
-            start = (
-                {"type": "text", "text": ""}
-                if kind == "text"
-                else {"type": "thinking", "thinking": "", "signature": ""}
-            )
-            opened = self._open(start, (kind, None))
-        return opened + _event(
-            "content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta}
-        )
-
-    def _tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str | None) -> bytes:
-        block = self._calls.get(index)
-        if block is None:
-            named = named_call(self._pending, index, call_id, name, arguments)
-            return b"" if named is None or name is None else self._open_tool(index, named, name)
-        if not arguments:
-            return b""
-        delta = {"type": "input_json_delta", "partial_json": arguments}
-        # A late fragment of an earlier call (engines send calls one after another, so this is
-        # rare) is sent with that call's block index, which the client applies to that block.
-        return _event("content_block_delta", {"type": "content_block_delta", "index": block, "delta": delta})
-
-    def _open_tool(self, index: int, pending: list[Any], name: str) -> bytes:
-        call_id = pending[0] or f"toolu_{self._message_id}_{len(self.tool_call_ids)}"
-        self.tool_call_ids.append(call_id)
-        out = self._open({"type": "tool_use", "id": call_id, "name": name, "input": {}}, ("tool_use", index))
-        self._calls[index] = self._index
-        if pending[1]:
-            delta = {"type": "input_json_delta", "partial_json": pending[1]}
-            out += _event(
-                "content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta}
-            )
-        return out
+        out: list[bytes] = []
+        for op, part, text in ops:
+            if op == "delta":
+                if part.kind == "call":
+                    delta = {"type": "input_json_delta", "partial_json": text}
+                else:
+                    kind, key = _DELTA_KEY[part.kind]
+                    delta = {"type": kind, key: text}
+                out.append(
+                    _event(
+                        "content_block_delta",
+                        {"type": "content_block_delta", "index": part.position, "delta": delta},
+                    )
+                )
+            elif op == "open":
+                if part.kind == "call":
+                    call_id = part.call_id or f"toolu_{self._message_id}_{len(self.tool_call_ids)}"
+                    self.tool_call_ids.append(call_id)
+                    block = {"type": "tool_use", "id": call_id, "name": part.name or "", "input": {}}
+                else:
+                    block = _START_BLOCK[part.kind]
+                out.append(
+                    _event(
+                        "content_block_start",
+                        {"type": "content_block_start", "index": part.position, "content_block": block},
+                    )
+                )
+            else:
+                out.append(
+                    _event("content_block_stop", {"type": "content_block_stop", "index": part.position})
+                )
+        return b"".join(out)
 
 
 def completion_to_message(
     completion: dict[str, Any],
     model: str,
     message_id: str,
-    thinking: bool = False,
     stop_sequences: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """A whole ``chat.completion`` (parsed JSON) as an Anthropic Message (the rules of the stream).
@@ -290,7 +300,7 @@ def completion_to_message(
     assert isinstance(message, dict)
     content: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if thinking and isinstance(reasoning, str) and reasoning:
+    if isinstance(reasoning, str) and reasoning:
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     text = message.get("content")
     if isinstance(text, str) and text:
@@ -318,7 +328,15 @@ def completion_to_message(
         )
     has_calls = any(block["type"] == "tool_use" for block in content)
     matched = choice.get("stop_reason") or choice.get("matched_stop")
-    reason = "tool_calls" if has_calls else choice.get("finish_reason")
+    reason = choice.get("finish_reason")
+    if has_calls:
+        reason = "tool_calls"
+    elif reason == "tool_calls":
+        log.warning(
+            "message %s: the engine finished with tool_calls but sent no tool call; answered end_turn",
+            message_id,
+        )
+        reason = "stop"
     kind, sequence = stop_reason(
         reason if isinstance(reason, str) else None,
         matched if isinstance(matched, str) else None,

@@ -15,32 +15,34 @@ Translated:
   ``input_image`` parts (``image_url``, with ``detail``); ``function_call`` -> an assistant
   ``tool_calls`` entry (consecutive calls, and assistant text just before them, join one assistant
   message); ``function_call_output`` -> a ``tool`` message (``output`` a string, or text parts
-  joined with LF; images in it follow as a ``user`` message); ``reasoning`` items are dropped,
-  like past thinking (Chat Completions has no field for it).
+  joined with LF; images in it follow as a ``user`` message); ``reasoning`` -> the
+  ``reasoning_content`` of the assistant message after it (its ``content`` text, else its
+  ``summary`` text), which chat templates that keep past reasoning read; one that holds only
+  ``encrypted_content`` is refused (no engine can read it).
 * ``tools``: ``function`` tools (flat shape: ``name``, ``description``, ``parameters``,
   ``strict``) -> chat functions; ``namespace`` tools (Codex sends its MCP servers' tools so:
   ``{"type": "namespace", "name": "mcp__fake", "tools": [...]}``) -> one chat function per member,
   named ``<namespace>__<name>`` (:data:`NAMESPACE_JOIN`); the answer maps the name back
-  (``ResponsesTurn.tool_names``). ``web_search`` / ``web_search_preview`` are dropped (Codex
-  offers it on every turn; luftpause has no search to serve, so the model is not offered it).
+  (``ResponsesTurn.tool_names``).
 * ``tool_choice`` (``auto`` / ``none`` / ``required`` / a function), ``parallel_tool_calls``,
   ``max_output_tokens`` -> ``max_tokens``, ``temperature``, ``top_p``, ``stream`` (with
-  ``stream_options.include_usage``), ``text.format`` (``json_schema`` -> ``response_format``
+  ``stream_options.include_usage`` and ``continuous_usage_stats``: the prompt's tokens in the
+  engine's first chunk, for ``response.created``), ``text.format`` (``json_schema`` -> ``response_format``
   ``json_schema``; ``json_object``; ``text``), ``reasoning.effort`` -> ``reasoning_effort``,
   ``safety_identifier`` / ``user`` -> ``user``.
 
 Ignored, with the reason:
 
-* ``store`` (true or false): luftpause stores no response, whatever it says; a later
-  ``previous_response_id`` is refused, so nothing silently depends on a stored one (decision: the
-  API's default is ``true``, so refusing it would refuse every client that leaves it unset).
+* ``store: false`` (what Codex sends): luftpause stores no response anyway.
 * ``include`` (e.g. ``reasoning.encrypted_content``): luftpause returns no encrypted reasoning.
 * ``prompt_cache_key``, ``client_metadata``, ``metadata``, ``service_tier``, ``truncation``,
   ``text.verbosity``, ``reasoning.summary``, ``stream_options``: hints or bookkeeping of OpenAI's
   service (``prompt_cache_key`` and Codex's headers are read as session signals, ``sessions``).
 
-Refused: ``previous_response_id`` and ``conversation`` (luftpause keeps no responses), ``background``,
-``prompt``, hosted tools other than web search, ``custom`` tools and tool calls, ``item_reference``
+Refused: ``store: true`` (luftpause stores no responses: refusing it says so before a later
+``previous_response_id`` would), ``previous_response_id`` and ``conversation``, ``background``,
+``prompt``, hosted tools (``web_search``, which Codex offers unless ``web_search = "disabled"``,
+as Messages refuses server tools), ``custom`` tools and tool calls, ``item_reference``
 items, images by ``file_id``, files, and any other field.
 
 ``call_output_ids(payload)`` gives the ``call_id`` s of the request's latest tool round
@@ -100,7 +102,6 @@ _ECHOED = (
     "metadata",
     "truncation",
 )
-_DROPPED_TOOLS = {"web_search", "web_search_preview"}
 _TEXT_PARTS = {"input_text", "output_text", "refusal", "text"}
 
 
@@ -137,6 +138,12 @@ def responses_to_chat(payload: dict[str, Any]) -> ResponsesTurn:
             "conversation",
         )
     shape.known_keys(payload, _TOP_LEVEL, "", "Responses")
+    if payload.get("store") is not None and shape.boolean(payload["store"], "store"):
+        raise TranslationError(
+            "'store': true cannot be served: luftpause stores no responses; send 'store': false (or "
+            "leave it out) and the whole conversation in 'input'",
+            "store",
+        )
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise TranslationError("'model' must be a non-empty string", "model")
@@ -161,7 +168,7 @@ def responses_to_chat(payload: dict[str, Any]) -> ResponsesTurn:
     stream = shape.boolean(payload["stream"], "stream") if payload.get("stream") is not None else False
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if payload.get("max_output_tokens") is not None:
         body["max_tokens"] = shape.integer(payload["max_output_tokens"], "max_output_tokens", 1)
     for key in ("temperature", "top_p"):
@@ -228,8 +235,12 @@ def _tool(
             names[flat] = (namespace, function["name"])
             function["name"] = flat
             _add(function, where, tools, names)
-    elif kind in _DROPPED_TOOLS:
-        return
+    elif kind in ("web_search", "web_search_preview"):
+        raise TranslationError(
+            f"'{path}.type' {kind!r}: luftpause has no web search to serve (a hosted tool); offer "
+            'function tools only (Codex: web_search = "disabled" in its config)',
+            f"{path}.type",
+        )
     else:
         raise TranslationError(
             f"'{path}.type' {kind!r}: luftpause serves function tools only (and namespaces of them)",
@@ -354,9 +365,37 @@ def _item(item: dict[str, Any], path: str, chat: list[dict[str, Any]]) -> None:
                 }
             )
     elif kind == "reasoning":
-        return
+        _reasoning(item, path, chat)
     else:
         raise TranslationError(f"'{path}.type' {kind!r} is not supported as an input item", f"{path}.type")
+
+
+def _reasoning(item: dict[str, Any], path: str, chat: list[dict[str, Any]]) -> None:
+    """A past ``reasoning`` item -> ``reasoning_content`` of the assistant message it belongs to
+    (the calls or text after it join that message), which chat templates that keep reasoning read;
+    its ``content`` text, else its ``summary`` text."""
+    shape.known_keys(
+        item, ("type", "id", "summary", "content", "encrypted_content", "status"), path, "Responses"
+    )
+    texts: list[str] = []
+    for key, part_kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        for j, part in enumerate(shape.array(item.get(key) or [], f"{path}.{key}")):
+            where = f"{path}.{key}[{j}]"
+            part = shape.obj(part, where)
+            if part.get("type") != part_kind:
+                raise TranslationError(f"'{where}.type' must be '{part_kind}'", f"{where}.type")
+            texts.append(shape.string(part.get("text"), f"{where}.text"))
+        if texts:
+            break
+    if not texts:
+        if item.get("encrypted_content") is not None:
+            raise TranslationError(
+                f"'{path}.encrypted_content': encrypted reasoning cannot be read by an engine (luftpause "
+                "issues none); send the reasoning's text in 'content', or leave the item out",
+                f"{path}.encrypted_content",
+            )
+        return  # a reasoning item with no text says nothing to pass on
+    chat.append({"role": "assistant", "content": "", "reasoning_content": "\n".join(texts)})
 
 
 def _message(item: dict[str, Any], path: str, chat: list[dict[str, Any]]) -> None:
@@ -369,6 +408,19 @@ def _message(item: dict[str, Any], path: str, chat: list[dict[str, Any]]) -> Non
             f"'{path}.role' must be 'user', 'assistant', 'system' or 'developer'", f"{path}.role"
         )
     content = item.get("content")
+    last = chat[-1] if chat else None
+    if (
+        role == "assistant"
+        and last is not None
+        and last["role"] == "assistant"
+        and "reasoning_content" in last
+    ):
+        if not last["content"] and "tool_calls" not in last:
+            chat.pop()  # the reasoning before this text: one assistant message with both
+            reasoning = last["reasoning_content"]
+            _message(item, path, chat)
+            chat[-1]["reasoning_content"] = reasoning
+            return
     if isinstance(content, str):
         chat.append({"role": role, "content": content})
         return

@@ -12,14 +12,21 @@ turns the engine's ``chat.completion.chunk`` s into::
       response.output_item.done )*
     response.completed | response.incomplete | response.failed
 
-Every event carries ``sequence_number``, from 0. Output items are numbered (``output_index``) in the
-order they open, one open at a time: the engine's reasoning (``reasoning_content``) becomes a
-``reasoning`` item, its text a ``message`` item with one ``output_text`` part, each tool call a
-``function_call`` item (a call of a new ``index`` closes the item before it, so parallel calls are
-several items). A ``function_call`` item's ``call_id`` is the engine's tool-call id unchanged
-(``call_<response id>_<n>`` where it sent none) and its ``id`` is ``fc_...``; a call of a
-namespace member (``ResponsesTurn.tool_names``) carries ``namespace`` and the member's ``name``.
-:attr:`ResponsesStream.tool_call_ids` are the ``call_id`` s the client saw, in order.
+Every event carries ``sequence_number``, from 0. ``response.created`` and ``response.in_progress``
+go at the engine's first chunk, their ``usage`` the prompt's tokens as the engine counted them
+(``stream_options.continuous_usage_stats``; ``null`` from an engine that ignores it). Output items
+are numbered (``output_index``) in the order they open, one open at a time (``apis._answer``
+keeps the order and holds back what must wait): the engine's reasoning (``reasoning_content``)
+becomes a ``reasoning`` item, its text a ``message`` item with one ``output_text`` part, each tool
+call a ``function_call`` item. A call is told apart by its id, or by its index where the engine
+gives no distinct ids; its item is added once, when its name is known, and done only when its
+arguments are whole (they parse as a JSON object when the engine moved on, or the engine
+finished): every ``response.function_call_arguments.done`` carries whole arguments, and nothing of
+an item follows its ``output_item.done``. A ``function_call`` item's ``call_id`` is the engine's
+tool-call id unchanged (``call_<response id>_<n>`` where it sent none, or reused one) and its
+``id`` is ``fc_...``; a call of a namespace member (``ResponsesTurn.tool_names``) carries
+``namespace`` and the member's ``name``. :attr:`ResponsesStream.tool_call_ids` are the
+``call_id`` s the client saw, in order.
 
 The end: ``response.completed`` with the whole output and ``usage`` in Responses' names
 (``input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``,
@@ -32,23 +39,25 @@ body breaks, or ends without a finish reason or ``[DONE]``, is the relay's to ab
 :meth:`ResponsesStream.finish` raises :class:`StreamIncomplete` then, so a truncated answer never
 gets ``response.completed``.
 
-State held: the current item's text or arguments (for its ``.done`` events) and the finished
-items (for ``response.completed``), as the API requires; no event is held back.
+State held: each item's text or arguments (for its ``.done`` events) and the finished items (for
+``response.completed``), as the API requires; events are held back only for the parts that wait
+behind a call whose arguments are not whole yet.
 
 Whole (``stream`` false): :func:`completion_to_response` turns a ``chat.completion`` into a Response.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
 
+from luftpause.dataplane.apis._answer import Assembler, Op, Part
 from luftpause.dataplane.apis._chat_events import (
     ChatEvents,
     StreamIncomplete,
     TranslationBroken,
-    named_call,
     read_chunk,
     usage_of,
 )
@@ -61,6 +70,8 @@ __all__ = [
     "completion_to_response",
     "response_object",
 ]
+
+log = logging.getLogger(__name__)
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -118,6 +129,17 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _prompt_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The usage a Response in progress reports: the prompt's tokens, none generated yet."""
+    if usage is None:
+        return None
+    counted = _usage(usage)
+    counted["output_tokens"] = 0
+    counted["output_tokens_details"] = {"reasoning_tokens": 0}
+    counted["total_tokens"] = counted["input_tokens"]
+    return counted
+
+
 class ResponsesStream:
     """Translate one turn's Chat Completions stream to Responses events; see the module docstring.
 
@@ -134,18 +156,15 @@ class ResponsesStream:
     """
 
     __slots__ = (
+        "_answer",
         "_base",
-        "_calls",
         "_created_at",
         "_echo",
         "_events",
         "_failed",
         "_finish_reason",
-        "_item",
         "_model",
-        "_open",
         "_output",
-        "_pending",
         "_response_id",
         "_sequence",
         "_started",
@@ -169,16 +188,11 @@ class ResponsesStream:
         self._echo = echo or {}
         self._tool_names = tool_names or {}
         self._events = ChatEvents()
+        self._answer = Assembler()
         self._sequence = 0
         self._started = False
         self._failed = False
         self._output: list[dict[str, Any]] = []  # every item opened, by output_index
-        self._open: tuple[str, int | None] | None = (
-            None  # ("message" | "reasoning", None) or ("function_call", index)
-        )
-        self._item: list[str] = []  # the open item's text or arguments so far
-        self._calls: dict[int, int] = {}  # engine tool index -> output_index
-        self._pending: dict[int, list[Any]] = {}  # engine tool index -> [id, arguments] before its name
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self.tool_call_ids: list[str] = []
@@ -197,28 +211,39 @@ class ResponsesStream:
         return response_object(self._response_id, self._model, self._created_at, self._echo, status, **extra)
 
     def start(self) -> bytes:
-        """``response.created`` and ``response.in_progress``, once; empty afterwards."""
+        """``response.created`` and ``response.in_progress``, once; empty afterwards. Their
+        ``usage`` gives the prompt's tokens once the engine reported them (its first chunk, with
+        ``stream_options.continuous_usage_stats``), else ``null``."""
         if self._started:
             return b""
         self._started = True
-        return self._event(
-            {"type": "response.created", "response": self._response("in_progress", output=[])}
-        ) + (
-            self._event(
-                {"type": "response.in_progress", "response": self._response("in_progress", output=[])}
-            )
+        usage = _prompt_usage(self._usage)
+        created = self._event(
+            {"type": "response.created", "response": self._response("in_progress", output=[], usage=usage)}
+        )
+        return created + self._event(
+            {
+                "type": "response.in_progress",
+                "response": self._response("in_progress", output=[], usage=usage),
+            }
         )
 
     def feed(self, chunk: bytes | bytearray) -> bytes:
-        out = [self.start()]
+        out: list[bytes] = []
+        answer = self._answer
         for data in self._events.feed(chunk):
             if self._failed:
                 break
             parsed = read_chunk(data)
             if parsed is None:
                 continue
+            if parsed.usage is not None:
+                self._usage = parsed.usage
+            if not self._started:
+                out.append(self.start())
             if parsed.error is not None:
                 self._failed = True
+                self._write(answer.close_open())  # the open item is not sent done: the answer failed
                 error = {"code": "server_error", "message": parsed.error}
                 output = [item for item in self._output if item.get("status") == "completed"]
                 out.append(
@@ -230,16 +255,15 @@ class ResponsesStream:
                     )
                 )
                 break
-            if parsed.usage is not None:
-                self._usage = parsed.usage
             if parsed.reasoning:
-                out.append(self._text("reasoning", parsed.reasoning))
+                out.append(self._write(answer.text("reasoning", parsed.reasoning)))
             if parsed.content:
-                out.append(self._text("message", parsed.content))
+                out.append(self._write(answer.text("text", parsed.content)))
             for index, call_id, name, arguments in parsed.tool_calls:
-                out.append(self._tool_delta(index, call_id, name, arguments))
+                out.append(self._write(answer.tool(index, call_id, name, arguments)))
             if parsed.finish_reason is not None:
                 self._finish_reason = parsed.finish_reason
+                out.append(self._write(answer.finish()))
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -249,11 +273,12 @@ class ResponsesStream:
             return b""
         if self._finish_reason is None and not self.scanner.done:
             raise StreamIncomplete("the engine ended its stream before the answer finished")
-        out = [self.start()]
-        for index in sorted(self._pending):
-            out.append(self._open_call(index, self._pending.pop(index), ""))
-        incomplete = None if self._calls else _INCOMPLETE.get(self._finish_reason or "")
-        out.append(self._close("incomplete" if incomplete else "completed"))
+        out = [self.start(), self._write(self._answer.finish())]
+        incomplete = None if self._answer.calls else _INCOMPLETE.get(self._finish_reason or "")
+        if self._finish_reason == "tool_calls" and not self._answer.calls:
+            log.warning(
+                "response %s: the engine finished with tool_calls but sent no tool call", self._response_id
+            )
         usage = _usage(self._usage)
         if incomplete:
             response = self._response("incomplete", output=self._output, usage=usage, incomplete=incomplete)
@@ -265,19 +290,92 @@ class ResponsesStream:
 
     # --- items ------------------------------------------------------------------------------------
 
-    def _close(self, status: str = "completed") -> bytes:
-        if self._open is None:
+    def _write(self, ops: list[Op]) -> bytes:
+        """The Responses events of the answer's ops: an item per part, numbered as they open."""
+        if not ops:
             return b""
-        kind = self._open[0]
-        self._open = None
-        index = len(self._output) - 1
+        out: list[bytes] = []
+        for op, part, text in ops:
+            if op == "delta":
+                out.append(self._delta(part, text))
+            elif op == "open":
+                out.append(self._add(part))
+            else:
+                out.append(self._close(part))
+        return b"".join(out)
+
+    def _add(self, part: Part) -> bytes:
+        index = part.position
+        if part.kind == "text":
+            item: dict[str, Any] = {
+                "type": "message",
+                "id": f"msg_{self._base}_{index}",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
+        elif part.kind == "reasoning":
+            item = {
+                "type": "reasoning",
+                "id": f"rs_{self._base}_{index}",
+                "status": "in_progress",
+                "summary": [],
+                "content": [],
+            }
+        else:
+            call_id = part.call_id or f"call_{self._base}_{index}"
+            self.tool_call_ids.append(call_id)
+            item = {
+                "type": "function_call",
+                "id": f"fc_{self._base}_{index}",
+                "status": "in_progress",
+                "call_id": call_id,
+                "arguments": "",
+            }
+            name = part.name or ""
+            namespaced = self._tool_names.get(name)
+            if namespaced is not None:
+                item["namespace"], item["name"] = namespaced
+            else:
+                item["name"] = name
+        self._output.append(item)
+        out = self._event({"type": "response.output_item.added", "output_index": index, "item": dict(item)})
+        if part.kind == "text":
+            out += self._event(
+                {
+                    "type": "response.content_part.added",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                }
+            )
+        return out
+
+    def _delta(self, part: Part, text: str) -> bytes:
+        index = part.position
+        event: dict[str, Any] = {"item_id": self._output[index]["id"], "output_index": index}
+        if part.kind == "call":
+            event["type"] = "response.function_call_arguments.delta"
+        else:
+            event["type"] = (
+                "response.output_text.delta" if part.kind == "text" else "response.reasoning_text.delta"
+            )
+            event["content_index"] = 0
+        event["delta"] = text
+        if part.kind == "text":
+            event["logprobs"] = []
+        return self._event(event)
+
+    def _close(self, part: Part) -> bytes:
+        index = part.position
         item = self._output[index]
-        text = "".join(self._item)
-        self._item = []
-        item["status"] = status
-        if kind == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            item["content"] = [part]
+        text = part.content()
+        cut = self._finish_reason in _INCOMPLETE and not self._answer.calls  # the part the finish cut
+        item["status"] = "incomplete" if cut else "completed"
+        if part.kind == "text":
+            done = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            item["content"] = [done]
             out = self._event(
                 {
                     "type": "response.output_text.done",
@@ -294,10 +392,10 @@ class ResponsesStream:
                     "item_id": item["id"],
                     "output_index": index,
                     "content_index": 0,
-                    "part": part,
+                    "part": done,
                 }
             )
-        elif kind == "reasoning":
+        elif part.kind == "reasoning":
             item["content"] = [{"type": "reasoning_text", "text": text}]
             out = self._event(
                 {
@@ -320,113 +418,6 @@ class ResponsesStream:
                 }
             )
         return out + self._event({"type": "response.output_item.done", "output_index": index, "item": item})
-
-    def _add(self, item: dict[str, Any], key: tuple[str, int | None]) -> bytes:
-        out = self._close()
-        self._open = key
-        self._output.append(item)
-        added = dict(item)
-        if "content" in added:
-            added["content"] = []
-        return out + self._event(
-            {"type": "response.output_item.added", "output_index": len(self._output) - 1, "item": added}
-        )
-
-    def _text(self, kind: str, text: str) -> bytes:
-        out = b""
-        index = len(self._output)
-        if self._open is None or self._open[0] != kind:
-            if kind == "message":
-                item: dict[str, Any] = {
-                    "type": "message",
-                    "id": f"msg_{self._base}_{index}",
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-            else:
-                item = {
-                    "type": "reasoning",
-                    "id": f"rs_{self._base}_{index}",
-                    "status": "in_progress",
-                    "summary": [],
-                    "content": [],
-                }
-            out = self._add(item, (kind, None))
-            if kind == "message":
-                out += self._event(
-                    {
-                        "type": "response.content_part.added",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                    }
-                )
-        index = len(self._output) - 1
-        self._item.append(text)
-        kind_event = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        event: dict[str, Any] = {
-            "type": kind_event,
-            "item_id": self._output[index]["id"],
-            "output_index": index,
-            "content_index": 0,
-            "delta": text,
-        }
-        if kind == "message":
-            event["logprobs"] = []
-        return out + self._event(event)
-
-    def _tool_delta(self, index: int, call_id: str | None, name: str | None, arguments: str | None) -> bytes:
-        output_index = self._calls.get(index)
-        if output_index is None:
-            named = named_call(self._pending, index, call_id, name, arguments)
-            return b"" if named is None or name is None else self._open_call(index, named, name)
-        if not arguments:
-            return b""
-        item = self._output[output_index]
-        if self._open == ("function_call", index):
-            self._item.append(arguments)
-        else:  # a late fragment of an earlier call (rare): kept in that item for response.completed
-            item["arguments"] += arguments
-        return self._event(
-            {
-                "type": "response.function_call_arguments.delta",
-                "item_id": item["id"],
-                "output_index": output_index,
-                "delta": arguments,
-            }
-        )
-
-    def _open_call(self, index: int, pending: list[Any], name: str) -> bytes:
-        output_index = len(self._output)
-        call_id = pending[0] or f"call_{self._base}_{output_index}"
-        self.tool_call_ids.append(call_id)
-        item: dict[str, Any] = {
-            "type": "function_call",
-            "id": f"fc_{self._base}_{output_index}",
-            "status": "in_progress",
-            "call_id": call_id,
-            "arguments": "",
-        }
-        namespaced = self._tool_names.get(name)
-        if namespaced is not None:
-            item["namespace"], item["name"] = namespaced
-        else:
-            item["name"] = name
-        out = self._add(item, ("function_call", index))
-        self._calls[index] = output_index
-        if pending[1]:
-            self._item.append(pending[1])
-            out += self._event(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item["id"],
-                    "output_index": output_index,
-                    "delta": pending[1],
-                }
-            )
-        return out
 
 
 def completion_to_response(
@@ -494,6 +485,8 @@ def completion_to_response(
         output.append(item)
     has_calls = any(item["type"] == "function_call" for item in output)
     reason = choice.get("finish_reason")
+    if reason == "tool_calls" and not has_calls:
+        log.warning("response %s: the engine finished with tool_calls but sent no tool call", response_id)
     incomplete = None if has_calls else _INCOMPLETE.get(reason if isinstance(reason, str) else "")
     usage = completion.get("usage")
     return response_object(

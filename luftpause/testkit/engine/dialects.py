@@ -107,7 +107,10 @@ class _ChatWriter:
         self.ids, self.reply, self.chat = ids, reply, chat
 
     def opening(self, prompt_tokens: int, cached_tokens: int) -> list[bytes]:
-        return [wire.chunk(self.ids, {"role": "assistant", "content": ""})]
+        # With continuous_usage_stats the first chunk says the prompt's tokens, as vLLM's does
+        # (the simulator's later chunks carry none; the usage chunk at the end says all).
+        usage = wire.usage(prompt_tokens, 0, cached_tokens) if self.chat.continuous_usage else None
+        return [wire.chunk(self.ids, {"role": "assistant", "content": ""}, with_usage=usage)]
 
     def piece(self, piece: Piece) -> list[bytes]:
         return [wire.piece_chunk(self.ids, self.reply, piece, self.chat)]

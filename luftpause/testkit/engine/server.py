@@ -6,6 +6,7 @@ Routes, as SGLang and vLLM serve them:
 * with ``EngineSettings.apis``, ``POST /v1/messages`` (Anthropic Messages) and ``POST
   /v1/responses`` (OpenAI Responses) served natively, the same turn in their formats
   (:mod:`.dialects`), as vLLM and llama.cpp's server serve them;
+* ``POST /tokenize``: the prompt's token count, in vLLM's shape (:mod:`.tokenize`);
 * ``GET /health`` -> ``{}``; ``GET /v1/models``; ``GET /metrics`` (see :mod:`.metrics`);
 * ``GET /server_info``, ``/get_server_info``, ``/model_info``, ``/get_model_info``: the little
   SGLang's router asks of a worker;
@@ -79,6 +80,7 @@ from luftpause.testkit.engine.scheduling import EngineStats
 from luftpause.testkit.engine.settings import EngineSettings
 from luftpause.testkit.engine.slotted import MIN_SLEEP_S, SlottedBackend
 from luftpause.testkit.engine.stepped import SteppedBackend
+from luftpause.testkit.engine.tokenize import tokenize
 
 __all__ = [
     "REQUEST_BYTES_KEPT",
@@ -136,6 +138,7 @@ class SimulatedEngine:
             middlewares.append(idle_close_middleware(self.settings.idle_close_ms, self.stats))
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/tokenize", functools.partial(tokenize, self.settings.models))
         for api in self.settings.apis:
             if api != "chat":
                 dialect = DIALECTS[api]

@@ -59,6 +59,7 @@ class ChatRequest:
     messages: Sequence[Mapping[str, Any]]
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False
     max_tokens: int = 0
     tools: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     tool_choice: Any = None
@@ -119,6 +120,7 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     stream = _optional(body, "stream", bool, False)
     stream_options = _optional(body, "stream_options", dict, {})
     include_usage = stream_options.get("include_usage") is True
+    continuous_usage = stream_options.get("continuous_usage_stats") is True
     max_tokens = _limit(body, "max_completion_tokens") or _limit(body, "max_tokens")
     n = _optional(body, "n", int, 1)
     if n != 1:
@@ -144,6 +146,7 @@ def parse_chat_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         messages=messages,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         max_tokens=max_tokens,
         tools=tools,
         tool_choice=tool_choice,
@@ -238,20 +241,26 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 def chunk(
-    ids: ResponseIds, delta: Mapping[str, Any], logprobs: Any = None, finish: str | None = None
+    ids: ResponseIds,
+    delta: Mapping[str, Any],
+    logprobs: Any = None,
+    finish: str | None = None,
+    with_usage: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """A ``chat.completion.chunk`` event with one choice."""
+    """A ``chat.completion.chunk`` event with one choice (and ``with_usage`` as its ``usage``, as
+    vLLM and SGLang add it with ``stream_options.continuous_usage_stats``)."""
     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-    return sse(
-        {
-            "id": ids.id,
-            "object": "chat.completion.chunk",
-            "created": ids.created,
-            "model": ids.model,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-            "choices": [choice],
-        }
-    )
+    doc: dict[str, Any] = {
+        "id": ids.id,
+        "object": "chat.completion.chunk",
+        "created": ids.created,
+        "model": ids.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [choice],
+    }
+    if with_usage is not None:
+        doc["usage"] = with_usage
+    return sse(doc)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:

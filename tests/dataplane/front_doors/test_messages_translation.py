@@ -148,6 +148,7 @@ def test_tool_use_and_tool_result_round_trip_with_the_ids_unchanged() -> None:
     assert assistant == {
         "role": "assistant",
         "content": "Calling.",
+        "reasoning_content": "hmm",
         "tool_calls": [
             {"id": "toolu_01", "type": "function", "function": {"name": "count", "arguments": '{"limit":3}'}},
             {"id": "toolu_02", "type": "function", "function": {"name": "pid", "arguments": "{}"}},
@@ -160,9 +161,11 @@ def test_tool_use_and_tool_result_round_trip_with_the_ids_unchanged() -> None:
     assert after == {"role": "user", "content": "and then?"}
 
 
-def test_an_assistant_turn_of_only_thinking_is_kept_as_an_empty_turn() -> None:
-    body = chat(messages=[{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}])
-    assert body["messages"] == [{"role": "assistant", "content": ""}]
+def test_an_assistant_turn_of_only_thinking_is_kept_as_an_empty_turn_with_its_reasoning() -> None:
+    body = chat(
+        messages=[{"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}]
+    )
+    assert body["messages"] == [{"role": "assistant", "content": "", "reasoning_content": "x"}]
 
 
 @pytest.mark.parametrize(
@@ -222,7 +225,8 @@ def test_tools_sampling_stops_metadata_and_stream() -> None:
         "top_k": 40,
         "user": '{"session_id":"s1"}',
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "chat_template_kwargs": {"enable_thinking": True},
     }
     assert turn.stream and turn.thinking and turn.stop_sequences == ("END",)
 
@@ -391,8 +395,7 @@ def test_a_tool_call_named_after_its_first_fragment_and_one_without_id() -> None
     assert message.stop_reason == "tool_use"
 
 
-@pytest.mark.parametrize("thinking", [True, False])
-def test_reasoning_is_a_thinking_block_only_when_thinking_was_asked(thinking: bool) -> None:
+def test_reasoning_the_engine_streams_is_a_thinking_block_whatever_the_request_said() -> None:
     engine = stream_of(
         chunk({"reasoning_content": "Think "}),
         chunk({"reasoning_content": "twice."}),
@@ -400,9 +403,9 @@ def test_reasoning_is_a_thinking_block_only_when_thinking_was_asked(thinking: bo
         chunk({}, "stop"),
         DONE,
     )
-    message = final_message(translate_every_split(lambda: messages_stream(thinking=thinking), engine))
+    message = final_message(translate_every_split(messages_stream, engine))
     kinds = [(b.type, getattr(b, "thinking", getattr(b, "text", None))) for b in message.content]
-    assert kinds == ([("thinking", "Think twice.")] if thinking else []) + [("text", "Done.")]
+    assert kinds == [("thinking", "Think twice."), ("text", "Done.")]
 
 
 @pytest.mark.parametrize(
@@ -496,7 +499,7 @@ def test_a_whole_completion_becomes_a_message_the_sdk_reads() -> None:
         ],
         "usage": USAGE,
     }
-    doc = completion_to_message(completion, "m", "msg_9", thinking=True)
+    doc = completion_to_message(completion, "m", "msg_9")
     client = anthropic_client(orjson.dumps(doc), "application/json")
     message = client.messages.create(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use", "tool_use"]

@@ -122,7 +122,7 @@ def scan(scanner: Any, body: bytes, pieces: int | None = None) -> Any:
 def test_a_translated_messages_stream_says_what_the_chat_stream_said(twin: Twin, name: str) -> None:
     chat = CHAT_STREAMS[name]
     expected = as_answered(facts(scan(SSEScanner(), chat)))
-    native = translate(lambda: MessagesStream("m", "msg_1", thinking=True), [chat])
+    native = translate(lambda: MessagesStream("m", "msg_1"), [chat])
     assert facts(scan(twin.messages(), native)) == expected
     assert facts(scan(twin.messages(), native, pieces=1)) == expected
 

@@ -12,6 +12,7 @@ import pytest
 from harness_runs import SESSIONS, harness_bin, record
 from repo_paths import DATA
 
+from luftpause.dataplane.apis.errors import TranslationError
 from luftpause.dataplane.apis.messages_request import messages_to_chat, tool_result_ids
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat
 from luftpause.dataplane.apis.sessions import harness_session
@@ -32,6 +33,22 @@ def turns(session: str) -> list[dict[str, Any]]:
     ]
 
 
+def as_configured(body: dict[str, Any]) -> dict[str, Any]:
+    """A recorded Codex body as Codex sends it configured as docs/harnesses.md says
+    (``web_search = "disabled"``: the samples were recorded without, and offer ``web_search``,
+    which luftpause refuses)."""
+    tools = [t for t in body.get("tools", []) if t.get("type") != "web_search"]
+    return {**body, "tools": tools}
+
+
+def test_codexs_web_search_tool_is_refused_naming_it() -> None:
+    (request,) = turns("codex-text")
+    position = [t.get("type") for t in request["body"]["tools"]].index("web_search")
+    with pytest.raises(TranslationError, match='web_search = "disabled"') as refused:
+        responses_to_chat(request["body"])
+    assert refused.value.param == f"tools[{position}].type"
+
+
 def headers(request: dict[str, Any]) -> dict[str, str]:
     return {name.lower(): value for name, value in request["headers"]}
 
@@ -46,13 +63,16 @@ def test_every_recorded_turn_translates(session: str) -> None:
     for request in turns(session):
         if request["path"] == "/v1/messages":
             turn = messages_to_chat(request["body"])
-            assert turn.stream and turn.body["stream_options"] == {"include_usage": True}
+            assert turn.stream and turn.body["stream_options"] == {
+                "include_usage": True,
+                "continuous_usage_stats": True,
+            }
             system = turn.body["messages"][0]
             assert system["role"] == "system" and not system["content"].startswith(
                 "x-anthropic-billing-header"
             )
         else:
-            turn_r = responses_to_chat(request["body"])
+            turn_r = responses_to_chat(as_configured(request["body"]))
             assert turn_r.stream
             names = [t["function"]["name"] for t in turn_r.body["tools"]]
             assert "exec_command" in names and "web_search" not in names
@@ -118,10 +138,10 @@ def test_codex_routes_headers_and_body_signals() -> None:
 
 def test_codexs_tool_round_and_namespaces() -> None:
     first, second = turns("codex-tool")
-    turn = responses_to_chat(first["body"])
+    turn = responses_to_chat(as_configured(first["body"]))
     assert turn.tool_names["mcp__fake__count_items"] == ("mcp__fake", "count_items")
     assert call_output_ids(second["body"]) == ["call_capture0001"]
-    chat = responses_to_chat(second["body"]).body["messages"]
+    chat = responses_to_chat(as_configured(second["body"])).body["messages"]
     call = chat[-2]["tool_calls"][0]
     assert (call["id"], call["function"]["name"]) == ("call_capture0001", "mcp__fake__count_items")
     assert chat[-1]["role"] == "tool" and chat[-1]["tool_call_id"] == "call_capture0001"
@@ -135,7 +155,7 @@ def test_codex_is_one_run_per_thread() -> None:
     sub = session_of(child)
     assert sub.run_id != root.run_id and sub.parent_run_id == root.run_id
     offered = [
-        {t["function"]["name"] for t in responses_to_chat(r["body"]).body["tools"]}
+        {t["function"]["name"] for t in responses_to_chat(as_configured(r["body"])).body["tools"]}
         for r in (parent_first, child)
     ]
     assert "multi_agent_v1__spawn_agent" in offered[0] and "multi_agent_v1__spawn_agent" not in offered[1]

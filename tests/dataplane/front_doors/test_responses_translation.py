@@ -48,7 +48,7 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 
 def test_a_string_input_and_instructions() -> None:
-    turn = responses_to_chat({"model": "m", "input": "hi", "instructions": "Be brief.", "store": True})
+    turn = responses_to_chat({"model": "m", "input": "hi", "instructions": "Be brief.", "store": False})
     assert turn.body == {
         "model": "m",
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
@@ -81,7 +81,7 @@ def test_message_items_of_every_role_and_part() -> None:
                 "status": "completed",
                 "content": [{"type": "output_text", "text": "ok", "annotations": []}],
             },
-            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "zzz"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
         ]
     )
     assert body["messages"] == [
@@ -105,7 +105,6 @@ def test_function_calls_and_outputs_with_namespaces() -> None:
             "tools": [
                 NAMESPACE_TOOL,
                 {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
-                {"type": "web_search", "external_web_access": False},
             ],
             "input": [
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "count"}]},
@@ -211,7 +210,10 @@ def test_parameters_and_ignored_bookkeeping() -> None:
         }
     )
     body = turn.body
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True and body["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
     assert (body["max_tokens"], body["temperature"], body["top_p"], body["parallel_tool_calls"]) == (
         100,
         0.2,
@@ -270,8 +272,8 @@ def test_what_cannot_be_translated_is_refused_naming_the_field(fields: dict[str,
     }
 
 
-def test_no_tool_choice_once_only_dropped_tools_remain() -> None:
-    body = chat(tools=[{"type": "web_search"}], tool_choice="auto", parallel_tool_calls=True)
+def test_no_tool_choice_without_tools() -> None:
+    body = chat(tools=[], tool_choice="auto", parallel_tool_calls=True)
     assert "tools" not in body and "tool_choice" not in body and "parallel_tool_calls" not in body
 
 
