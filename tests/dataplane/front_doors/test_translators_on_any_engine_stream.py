@@ -6,7 +6,7 @@ order the APIs themselves keep (``api_helpers.check_*_order``).
 
 The translators are fed directly (no sockets); the end-to-end tests through real processes are in
 ``test_messages_and_responses_routes``, ``test_input_tokens_through_the_dataplane`` and
-``tests/stack/harnesses/test_parallel_tool_calls_through_luftpause`` (the real harnesses).
+``tests/stack/harnesses/test_parallel_tool_calls_through_luftpause.py`` (the real harnesses).
 """
 
 from __future__ import annotations
