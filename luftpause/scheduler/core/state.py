@@ -66,6 +66,9 @@ class Replica:
     """Fraction of the engine's KV cache in use at the last probe (0..1), if reported."""
     cache_hit_rate: float | None = None
     """The engine's prefix cache hit rate at the last probe (0..1), if reported."""
+    turn_s: float | None = None
+    """Moving mean of its finished generative turns' times, placement to end (seconds;
+    :func:`.policies.pause_hold.learn_turn_time`); ``None`` before the first."""
     reserved_for: set[str] = field(default_factory=set)
     """Interactive runs tool-paused here: one slot each is kept from batch turns (headroom)."""
     leased: int = 0

@@ -257,6 +257,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # the pause hold, as the machine reads it: per run, when its pause began, when its hold
         # ends (None: never), whether it ended or the run came back; the pauses seen per run/caller
         self.pause: dict[str, tuple[float, float | None]] = {}
+        self.turn_s: dict[str, float] = {}  # replica -> mean turn time, as the pause hold reads it
         self.hold_over: set[str] = set()
         self.returned: set[str] = set()
         self.run_pauses: dict[str, list[float]] = {}
@@ -400,6 +401,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                         self.batch_took_no_kept_slot(action, actions[index + 1 :])
             elif isinstance(action, RetireReplica):
                 self.retired(action.replica, before)
+                self.turn_s.pop(action.replica, None)  # one added later under its name is new
             elif isinstance(action, Reject) and action.http_status == 429:
                 self.limited(event, action, held_keys)
             elif isinstance(action, Reject) and action.http_status == 499:
@@ -695,10 +697,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         """``run_id`` enters ``tool_paused`` now: its hold's TTL from the pauses seen so far."""
         run = self.state.runs.get(run_id)
         caller = run.caller if run is not None else ""
+        if run is None or run.service_class != "interactive":
+            self.pause[run_id] = (self.now, None)  # a batch run keeps no slot: no hold to time
+            return
+        last = self.shadow.get(run_id, ("idle", ""))[1]
+        saved = None
+        if last in self.state.replicas:
+            saved = pause_hold.saved_wait(self.turn_s.get(last), self.capacity(last))
         ttl = pause_hold.ttl(
-            self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, [])
+            self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, []), saved
         )
         self.pause[run_id] = (self.now, None if ttl is None else self.now + ttl)
+        if ttl is not None and ttl <= 0:
+            self.hold_over.add(run_id)  # worth no slot: it keeps none from the start
 
     def end_pause(self, run_id: str) -> None:
         self.pause.pop(run_id, None)
@@ -725,12 +736,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.returned.add(run_id)
         started, _ = self.pause[run_id]
         run = self.state.runs[run_id]
-        for history in (
-            self.run_pauses.setdefault(run_id, []),
-            self.caller_pauses.setdefault(run.caller, []),
+        for history, keep in (
+            (self.run_pauses.setdefault(run_id, []), pause_hold.HISTORY),
+            (self.caller_pauses.setdefault(run.caller, []), pause_hold.CALLER_HISTORY),
         ):
             history.append(max(0.0, at - started))
-            del history[: max(0, len(history) - pause_hold.HISTORY)]
+            del history[: max(0, len(history) - keep)]
 
     def room(self, name: str, batch: bool) -> bool:
         replica = self.state.replicas[name]
@@ -831,6 +842,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         phase follows only its latest placed turn."""
         run_id, _ = self.turns[turn_id]
         self.ended.add(turn_id)
+        placed = self.state.placed.get(turn_id)
+        if finished and placed is not None and not placed.single_pass:
+            # the replica's mean turn time, which sizes the pause hold (placement to end)
+            name = placed.replica
+            self.turn_s[name] = pause_hold.learn_turn_time(self.turn_s.get(name), self.now - placed.placed_at)
         if turn_id in self.orphans or turn_id in self.single:
             return
         if finished and run_id in self.state.runs and turn_id in self.state.runs[run_id].turns:
