@@ -62,6 +62,9 @@ class Replica:
     batch_capacity: int | None = None
     """Requests its engine runs at once, learned from probes (:mod:`.policies.engine_load`):
     ``None`` until a probe shows a queue, and again after ill health or a probe with no load."""
+    queued: bool = False
+    """Its last probe showed a queue (:mod:`.policies.engine_load`: a queue on two probes in a row is
+    the engine's bound)."""
     kv_usage: float | None = None
     """Fraction of the engine's KV cache in use at the last probe (0..1), if reported."""
     cache_hit_rate: float | None = None

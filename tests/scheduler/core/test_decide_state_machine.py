@@ -123,6 +123,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.core.held import queues_served_by
 from luftpause.scheduler.core.policies import engine_load, idle_affinity, pause_hold
+from luftpause.scheduler.core.policies.engine_load import KV_FULL
 from luftpause.scheduler.core.policies.limits import ClassLimits
 from luftpause.scheduler.core.state import Run
 
@@ -244,6 +245,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_flood = 0
         self.load: dict[str, tuple[int | None, int | None]] = {}  # replica -> last (running, waiting)
         self.batch_cap: dict[str, int | None] = {}  # replica -> the engine's batch capacity learned
+        self.queued: dict[str, bool] = {}  # replica -> its last probe showed a queue
         self.hold_until: float | None = None  # the startup hold: first event + HOLD_S
         self.holding = False
         # capacity leases: what the scheduler holds for each dataplane per its actions, what travels
@@ -582,6 +584,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tripped.discard(name)
         self.failures.pop(name, None)
         self.batch_cap.pop(name, None)
+        self.queued.pop(name, None)
         self.load.pop(name, None)
         for holdings in self.sched_leases.values():
             holdings.pop(name, None)
@@ -1148,8 +1151,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         healthy=st.booleans(),
         running=st.none() | st.integers(0, 3),
         waiting=st.none() | st.integers(0, 2),
+        kv=st.sampled_from([None, 0.3, 0.95]),
     )
-    def probe(self, name: str, healthy: bool, running: int | None, waiting: int | None) -> None:
+    def probe(
+        self, name: str, healthy: bool, running: int | None, waiting: int | None, kv: float | None
+    ) -> None:
         if name not in self.state.replicas:
             return  # not in the set (removed, or not added yet): the prober does not probe it
         self.now += 0.1
@@ -1161,21 +1167,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = self.capacity(name)
         was_loaded = self.healthy[name] and self.load.get(name, (None, None))[1] is not None
         # the engine-load rule, as the machine reads it: a queue sets the batch capacity to the
-        # running count; running above it with no queue raises it there; running at it with no
-        # queue while turns wait for the replica raises it by one; ill health or no load forgets it
+        # running count (while none is known, a lone queue with KV to spare does not: the engine
+        # may still be admitting); running above it with no queue raises it there; running at it
+        # with no queue while turns wait for the replica raises it by one; ill health or no load
+        # forgets it
         learned = self.batch_cap.get(name)
+        queued_before = self.queued.get(name, False)
+        usage = None if running is None else kv
         if not healthy or running is None or waiting is None:
             learned = None
         elif waiting > 0:
-            learned = running
+            lone = learned is None and not queued_before and usage is not None and usage < KV_FULL
+            if lone:
+                event("engine load: a lone queue with KV to spare taught no bound")
+            else:
+                learned = running
         elif learned is not None and running > learned:
             learned = running
         elif learned is not None and running == learned and turns_wait:
             learned += 1
         self.batch_cap[name] = learned
+        self.queued[name] = healthy and running is not None and waiting is not None and waiting > 0
         self.healthy[name] = healthy
         self.load[name] = (running, waiting)
-        usage = None if running is None else 0.5
         self.feed(ReplicaProbed(name, self.now, healthy, running, waiting, usage, None))
         after = engine_load.capacity(replica)
         assert after == self.capacity(name), f"{name}: effective capacity {after}, not {self.capacity(name)}"
@@ -1259,7 +1273,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         backlog is longer than that, so with arrival order alone ``lone`` would wait longer.
         """
         for name in sorted(self.state.replicas):
-            self.probe(name, True, None, None)
+            self.probe(name, True, None, None, None)
         slots = sum(
             max(
                 0,
@@ -1392,7 +1406,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.end_placed(mine[0], "idle", finished=True)
                 self.feed(TurnFinished(mine[0], self.now, "stop", False, 10, 5))
         elif then == "its replica unhealthy" and name in self.state.replicas:
-            self.probe(name, False, None, None)
+            self.probe(name, False, None, None, None)
         elif then == "its replica drains" and name in self.state.replicas and name not in self.draining:
             self.now += 0.1
             self.draining.add(name)
