@@ -17,6 +17,10 @@ its own. The same load is sent, one arrangement after another, with fresh engine
   that holds its prefix;
 * ``luftpause-idle-off`` (only when asked for): the same with idle affinity off
   (``[scheduler] idle_affinity = "off"``), to show what keeping an idle run on its last replica gains.
+* ``thunderagent`` (only when asked for): ThunderAgent's capacity scheduler (``--router tr``) in
+  front of the engines as SGLang backends, each turn naming its run as ``program_id`` and each
+  run's end releasing it; ThunderAgent runs from an install of its own (``thunderagent`` on
+  ``PATH``, or ``LUFTPAUSE_BENCH_THUNDERAGENT``; see ``bench/pools.py`` for its resume-loop fix).
 
 Then a light-load control (4 interactive runs only: the engines never queue), where every
 arrangement should perform alike. Reported per arrangement: interactive runs/min, interactive run
@@ -117,15 +121,19 @@ class Load:
     via: str = "own_loop"
 
     def groups(self, arrangement: str = "") -> list[AgentGroup]:
-        """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``."""
+        """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``,
+        through ThunderAgent its run as ``program_id``."""
 
         def extra(service_class: str) -> tuple[tuple[str, str], ...]:
             return (("x-smg-priority", SMG_HEADERS[service_class]),) if arrangement == "smg" else ()
 
         interactive, batch = CALLERS[self.via]
-        groups = [AgentGroup(self.interactive_agents, "interactive", interactive, extra("interactive"))]
+        program = arrangement == "thunderagent"
+        groups = [
+            AgentGroup(self.interactive_agents, "interactive", interactive, extra("interactive"), program)
+        ]
         if self.batch_agents:
-            groups.append(AgentGroup(self.batch_agents, "batch", batch, extra("batch")))
+            groups.append(AgentGroup(self.batch_agents, "batch", batch, extra("batch"), program))
         return groups
 
     def spawned(self, arrangement: str) -> bool:

@@ -3,6 +3,7 @@
     .venv/bin/python bench/flood_sim.py                                  # the published table's shape
     .venv/bin/python bench/flood_sim.py --slots 8 --via mcp --json /tmp/flood-sim.json
     .venv/bin/python bench/flood_sim.py --replay trace.jsonl             # a recorded trace, replayed
+    .venv/bin/python bench/flood_sim.py --shape bench/shapes/heavy-tail.toml  # a load shape file
 
 One discrete-event simulation per arrangement and seed (:mod:`luftpause.testkit.sim`): no process,
 no socket, deterministic for a seed. The engines are engine models (:mod:`luftpause.testkit.engine.
@@ -11,10 +12,15 @@ model`, ``--profile``, default SGLang serving Llama-3.2-1B FP8 on an 8 GB GPU), 
 pool). The load is the published table's (:func:`luftpause.testkit.sim.workload.published_shape`:
 48 batch + 4 interactive closed-loop agents, Llama-3-counted 8,000-character contexts, 3 tool
 rounds of ``--tool-seconds``, 256 reply tokens, ``--duration-s``); ``--via mcp`` makes them
-sub-agents over MCP. Arrangements (``--arrangements``): ``router`` (SGLang's router 0.3.2,
-``cache_aware``, the baseline), ``smg`` (SGLang Model Gateway at its best: sticky by run id,
-priority classes), ``luftpause``, ``luftpause-moving`` (strict affinity off), ``direct``. Then a
-light-load control (the interactive agents alone), where every arrangement should perform alike.
+sub-agents over MCP. ``--shape FILE.toml`` runs a whole load shape instead (its agents, engines,
+seeds and window; :mod:`luftpause.testkit.sim.shapes`; ``--seeds`` and ``--duration-s`` given
+still win). ``--queue`` and ``--pool-scale`` set every arrangement's engines alike (SGLang's
+``lpm`` or priority scheduling; a larger or smaller KV pool). Arrangements (``--arrangements``):
+``router`` (SGLang's router 0.3.2, ``cache_aware``, the baseline), ``smg`` (SGLang Model Gateway:
+sticky by run id, priority classes; ``--smg-capacity load`` sets its slot pool for the load),
+``thunderagent`` (its ``tr`` scheduler), ``continuum`` (its engines behind the router),
+``luftpause``, ``luftpause-moving`` (strict affinity off), ``direct``. Then a light-load control
+(the interactive agents alone), where every arrangement should perform alike.
 
 Each figure is the median over ``--seeds``; ratios are against the router. Every figure is
 SIMULATED. ``--json PATH`` writes ``{"simulated": true, "settings", "flood": [rows], "control":
@@ -35,9 +41,10 @@ from typing import Any
 
 from luftpause.scheduler.core.policies.idle_affinity import IDLE_MODES, IdleAffinity
 from luftpause.scheduler.core.policies.pause_hold import HOLD_MODES, PauseHold
-from luftpause.testkit.sim.flood import ARRANGEMENTS, FloodSpec, by_class, simulate
+from luftpause.testkit.sim.flood import ARRANGEMENTS, QUEUES, FloodSpec, by_class, simulate
 from luftpause.testkit.sim.gateway import GatewaySettings
 from luftpause.testkit.sim.replay import Trace, load_trace, replay_shape
+from luftpause.testkit.sim.shapes import ShapeError, ShapeFile, load_shape_file
 from luftpause.testkit.sim.workload import LoadShape, llamacpp_shape, published_shape
 
 PROFILE = "sglang-llama-3.2-1b-fp8-8gb"
@@ -48,17 +55,26 @@ def row_of(report: dict[str, Any]) -> dict[str, Any]:
     groups = report["groups"]
     prompt = sum(g["promptTokens"] for g in groups)
     cached = sum((g["cacheHitRate"] or 0.0) * g["promptTokens"] for g in groups)
+    interactive = by_class(report, "interactive", "runsPerMinute")
+    batch = by_class(report, "batch", "runsPerMinute")
     return {
-        "interactiveRunsPerMinute": by_class(report, "interactive", "runsPerMinute"),
+        "interactiveRunsPerMinute": interactive,
         "interactiveRunTimeP50": by_class(report, "interactive", "runTimeP50"),
-        "batchRunsPerMinute": by_class(report, "batch", "runsPerMinute"),
+        "batchRunsPerMinute": batch,
+        "totalRunsPerMinute": (interactive or 0.0) + (batch or 0.0),
         "cacheHitRate": round(cached / prompt, 4) if prompt else None,
         "failed": sum(g["failed"] for g in groups),
         "movedRuns": sum(g["movedRuns"] for g in groups),
     }
 
 
-KEYS = ("interactiveRunsPerMinute", "interactiveRunTimeP50", "batchRunsPerMinute", "cacheHitRate")
+KEYS = (
+    "interactiveRunsPerMinute",
+    "interactiveRunTimeP50",
+    "batchRunsPerMinute",
+    "totalRunsPerMinute",
+    "cacheHitRate",
+)
 
 
 def series(
@@ -127,8 +143,12 @@ def _field_value(item: str, parser: argparse.ArgumentParser) -> tuple[str, int |
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration-s", type=float, default=180.0, help="seconds per flood (default 180)")
-    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    parser.add_argument(
+        "--duration-s", type=float, default=None, help="seconds per flood (default 180, or the shape file's)"
+    )
+    parser.add_argument(
+        "--seeds", default=None, help="comma-separated seeds (default 0,1, or the shape file's)"
+    )
     parser.add_argument(
         "--batch", type=int, default=None, help="batch agents (default: the shape's, 48 or 6)"
     )
@@ -136,9 +156,31 @@ def main(argv: list[str] | None = None) -> int:
         "--interactive", type=int, default=None, help="interactive agents (default: the shape's, 4 or 1)"
     )
     parser.add_argument(
-        "--slots", default="none", help="running requests per engine at most, or none (default: none)"
+        "--slots",
+        default=None,
+        help="running requests per engine at most, or none (default: none, or the shape file's)",
     )
-    parser.add_argument("--profile", default=PROFILE, help=f"engine model profile (default {PROFILE})")
+    parser.add_argument(
+        "--profile", default=None, help=f"engine model profile (default {PROFILE}, or the shape file's)"
+    )
+    parser.add_argument(
+        "--queue",
+        choices=QUEUES,
+        default=None,
+        help="the engines' waiting-queue order, every arrangement alike (default fcfs, or the shape file's)",
+    )
+    parser.add_argument(
+        "--pool-scale",
+        type=float,
+        default=None,
+        help="multiply the profile's KV pool (default 1, or the shape file's)",
+    )
+    parser.add_argument(
+        "--smg-capacity",
+        choices=("reported", "load"),
+        default="reported",
+        help="SGLang Model Gateway's slot pool: the engines' reported bound, or set for the load",
+    )
     parser.add_argument(
         "--profile-set",
         action="append",
@@ -148,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--shape",
-        choices=("published", "llamacpp"),
         default="published",
-        help="the published table's load (default) or the REAL ENGINE llama.cpp flood's",
+        help="published (the published table's load, default), llamacpp (the REAL ENGINE llama.cpp "
+        "flood's) or the path of a load shape file (.toml)",
     )
     parser.add_argument("--via", choices=("own_loop", "mcp"), default="own_loop")
     parser.add_argument("--tool-seconds", type=float, default=0.5, help="seconds per tool call (default 0.5)")
@@ -199,13 +241,29 @@ def main(argv: list[str] | None = None) -> int:
     arrangements = [a for a in args.arrangements.split(",") if a]
     if unknown := [a for a in arrangements if a not in ARRANGEMENTS]:
         parser.error(f"unknown arrangements {unknown}; choose from {ARRANGEMENTS}")
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    slots = None if args.slots == "none" else int(args.slots)
+    shape_file: ShapeFile | None = None
+    if args.shape not in ("published", "llamacpp"):
+        if args.batch is not None or args.interactive is not None:
+            parser.error("--batch and --interactive are for the built-in shapes; a shape file has its groups")
+        try:
+            shape_file = load_shape_file(Path(args.shape))
+        except ShapeError as error:
+            parser.error(str(error))
+    default_seeds = ",".join(map(str, shape_file.seeds)) if shape_file else "0,1"
+    seeds = [int(s) for s in (args.seeds or default_seeds).split(",") if s]
+    if args.slots is not None:
+        slots = None if args.slots == "none" else int(args.slots)
+    else:
+        slots = shape_file.slots if shape_file else None
     idle_changes: dict[str, Any] = dict(_field_value(item, parser) for item in args.idle_set)
     spec: dict[str, Any] = {
-        "profile": args.profile,
+        "profile": args.profile or (shape_file.profile if shape_file else PROFILE),
         "profile_changes": dict(_field_value(item, parser) for item in args.profile_set),
         "slots": slots,
+        "replicas": shape_file.replicas if shape_file else 2,
+        "queue": args.queue or (shape_file.queue if shape_file else "fcfs"),
+        "pool_scale": args.pool_scale or (shape_file.pool_scale if shape_file else 1.0),
+        "smg_capacity": args.smg_capacity,
         "gateway": GatewaySettings(interactive_floor=args.smg_interactive_floor, preempt=args.smg_preempt),
         "policy": {
             "pause_hold": PauseHold(mode=args.hold),
@@ -222,11 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     llama = args.shape == "llamacpp"
     interactive = args.interactive if args.interactive is not None else (1 if llama else 4)
     batch = args.batch if args.batch is not None else (6 if llama else 48)
+    duration_s = args.duration_s or (shape_file.load.duration_s if shape_file else 180.0)
 
     def shape_of(batch: int, **more: Any) -> LoadShape:
+        if shape_file is not None:
+            load = shape_file.load
+            groups = load.groups if batch else tuple(g for g in load.groups if g.service_class != "batch")
+            return dataclasses.replace(load, groups=groups, duration_s=duration_s, **more)
         if llama:
-            return llamacpp_shape(interactive, batch, args.duration_s, **changes, **more)
-        return published_shape(interactive, batch, args.duration_s, via=args.via, **changes, **more)
+            return llamacpp_shape(interactive, batch, duration_s, **changes, **more)
+        return published_shape(interactive, batch, duration_s, via=args.via, **changes, **more)
 
     shape: LoadShape | Trace
     if args.replay:
@@ -238,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         "simulated": True,
         "settings": {
             "argv": sys.argv[1:] if argv is None else argv,
-            "profile": args.profile,
+            "profile": spec["profile"],
             "slots": slots,
+            "queue": spec["queue"],
+            "poolScale": spec["pool_scale"],
+            "shapeFile": args.shape if shape_file else None,
             "seeds": seeds,
             "shape": repr(shape),
         },

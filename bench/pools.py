@@ -21,6 +21,8 @@ group when the pool closes.
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +31,16 @@ from luftpause.config import DEFAULT_MODEL
 from luftpause.testkit import llama_server
 from luftpause.testkit.procs import ChildProcess, free_port
 
-ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity", "luftpause-idle-off")
+ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity", "luftpause-idle-off", "thunderagent")
 DEFAULT_ARRANGEMENTS = ARRANGEMENTS[:4]
-"""What flood.py and fanout.py measure unless told: ``luftpause-idle-off`` only when asked for."""
+"""What flood.py and fanout.py measure unless told: ``luftpause-idle-off`` and ``thunderagent``
+only when asked for."""
+THUNDERAGENT_ENV = "LUFTPAUSE_BENCH_THUNDERAGENT"
+"""The ``thunderagent`` executable to run (default: the one on ``PATH``). ThunderAgent is not on
+PyPI: fetch ``HaoKang-Timmy/ThunderAgent`` and ``pip install`` it into a virtual environment of its
+own; as published its scheduler never resumes a paused program (the resume loop in
+``ThunderAgent/scheduler/router.py`` reads ``step_count`` from ``(id, state, info)`` tuples), so
+unpack the tuple there first."""
 DIRECT = "direct"
 """The engines with nothing in front; measured when asked for (flood.py's default for llama-server)."""
 
@@ -73,9 +82,15 @@ def unavailable(arrangement: str) -> str | None:
         return "sglang-router is not installed (pip install sglang-router==0.3.2)"
     if arrangement == "smg" and importlib.util.find_spec("smg") is None:
         return "SGLang Model Gateway is not installed (pip install smg)"
+    if arrangement == "thunderagent" and _thunderagent() is None:
+        return f"ThunderAgent is not installed (no thunderagent on PATH; or set {THUNDERAGENT_ENV})"
     if arrangement not in (*ARRANGEMENTS, DIRECT):
         return f"unknown arrangement {arrangement!r}"
     return None
+
+
+def _thunderagent() -> str | None:
+    return shutil.which(os.environ.get(THUNDERAGENT_ENV, "thunderagent"))
 
 
 class Pool:
@@ -175,6 +190,9 @@ class Pool:
         if self.arrangement == "smg":
             self._start_smg(engines)
             return
+        if self.arrangement == "thunderagent":
+            self._start_thunderagent(engines)
+            return
         grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
         affinity = {
             "luftpause-no-affinity": "strict_affinity = false",
@@ -245,4 +263,26 @@ class Pool:
             "smg", argv, self.workdir / "smg.log", ready_url=f"http://127.0.0.1:{port}/health", program=()
         )
         self._child(gateway, timeout=60)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def _start_thunderagent(self, engines: list[str]) -> None:
+        """ThunderAgent's capacity scheduler (``--router tr``) over the engines as SGLang backends,
+        reading their KV capacity from their server info and their load from ``/metrics``; the
+        agents name each run as the body's ``program_id`` and release it at its end."""
+        executable = _thunderagent()
+        if executable is None:
+            raise RuntimeError(unavailable("thunderagent"))
+        port = free_port()
+        argv = [
+            executable, "--host", "127.0.0.1", "--port", str(port), "--backends", ",".join(engines),
+            "--backend-type", "sglang", "--router", "tr", "--metrics", "--log-level", "warning",
+        ]  # fmt: skip
+        scheduler = ChildProcess(
+            "thunderagent",
+            argv,
+            self.workdir / "thunderagent.log",
+            ready_url=f"http://127.0.0.1:{port}/health",
+            program=(),
+        )
+        self._child(scheduler, timeout=60)
         self.url = f"http://127.0.0.1:{port}"

@@ -79,12 +79,15 @@ TOOL_ROUNDS_BY = ("model", "agent")
 @dataclass(frozen=True, slots=True)
 class AgentGroup:
     """``agents`` concurrent closed-loop agents of one service class and caller; ``headers`` are
-    sent with every turn besides luftpause's (e.g. a gateway's own class header)."""
+    sent with every turn besides luftpause's (e.g. a gateway's own class header). ``program_id``:
+    each turn's body also names its run as ``program_id`` and the run's end also posts ``POST
+    /programs/release`` (ThunderAgent's program API)."""
 
     agents: int
     service_class: str = "interactive"
     caller: str = ""
     headers: tuple[tuple[str, str], ...] = ()
+    program_id: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +285,8 @@ async def run_once(
                 "max_tokens": settings.max_tokens,
                 "stream_options": {"include_usage": True},
             }
+            if spec.program_id:
+                body["program_id"] = run_id
             offer_tool = outcome.tool_rounds < settings.tool_rounds
             if offer_tool:
                 body["tools"] = [LOOKUP_TOOL]
@@ -313,6 +318,8 @@ async def run_once(
         outcome.seconds = time.perf_counter() - started
     # A run cut at the deadline is cancelled above and never gets here: closed_loop ends it.
     await end_run(session, settings, run_id)
+    if spec.program_id:
+        await release_program(session, settings, run_id)
 
 
 def _agent_tool_call(run_id: str, round_: int, content: str) -> dict[str, Any]:
@@ -335,6 +342,22 @@ async def end_run(session: aiohttp.ClientSession, settings: AgentSettings, run_i
     url = f"{settings.proxy}/v1/runs/{run_id}"
     try:
         async with session.delete(url, headers=headers, timeout=aiohttp.ClientTimeout(END_RUN_TIMEOUT_S)):
+            pass
+    except (aiohttp.ClientError, TimeoutError):
+        pass
+
+
+async def release_program(session: aiohttp.ClientSession, settings: AgentSettings, run_id: str) -> None:
+    """``POST /programs/release`` with ``{"program_id": run_id}`` (ThunderAgent), within
+    :data:`END_RUN_TIMEOUT_S`; errors are ignored, as :func:`end_run`'s."""
+    url = f"{settings.proxy}/programs/release"
+    try:
+        async with session.post(
+            url,
+            data=orjson.dumps({"program_id": run_id}),
+            headers={"content-type": "application/json"},
+            timeout=aiohttp.ClientTimeout(END_RUN_TIMEOUT_S),
+        ):
             pass
     except (aiohttp.ClientError, TimeoutError):
         pass

@@ -22,6 +22,7 @@ from luftpause.testkit.engine.model import (
     EngineModel,
     EngineRequest,
     FirstTokenGenerated,
+    PrefixNode,
     RequestFinished,
 )
 from luftpause.testkit.sim.clock import Timer, VirtualClock
@@ -55,11 +56,28 @@ class Listener(Protocol):
     def finished(self, turn: Turn, replica: int, usage: Usage, now: float) -> None: ...
 
 
-class EnginePool:
-    """``engines`` engine models on ``clock``, one per replica, named ``names``."""
+CLASS_PRIORITY = {"interactive": 1, "batch": 0}
+"""The ``priority`` each class's agents put in their requests' bodies (a higher value is more
+urgent; an engine that serves lower values first gets them negated, see
+:attr:`EnginePool.priority_sign`). Only an engine started with priority scheduling reads it."""
 
-    def __init__(self, clock: VirtualClock, engines: Sequence[EngineModel], names: Sequence[str]) -> None:
+
+class EnginePool:
+    """``engines`` engine models on ``clock``, one per replica, named ``names``.
+
+    ``priority_sign``: ``1`` for engines that serve higher ``priority`` values first (SGLang's
+    ``--enable-priority-scheduling``), ``-1`` for lower first (vLLM's ``--scheduling-policy
+    priority``)."""
+
+    def __init__(
+        self,
+        clock: VirtualClock,
+        engines: Sequence[EngineModel],
+        names: Sequence[str],
+        priority_sign: int = 1,
+    ) -> None:
         self.clock = clock
+        self.priority_sign = priority_sign
         self.engines = list(engines)
         self.names = list(names)
         self._timers = [Timer(clock, self._firer(index)) for index in range(len(self.engines))]
@@ -76,8 +94,12 @@ class EnginePool:
     def _firer(self, index: int) -> Callable[[], None]:
         return lambda: self._advance(index)
 
-    def submit(self, replica: int, turn: Turn, listener: Listener, priority: int = 0) -> None:
-        """Send ``turn`` to ``replica``'s engine now; ``listener`` hears of its first token and end."""
+    def submit(self, replica: int, turn: Turn, listener: Listener) -> None:
+        """Send ``turn`` to ``replica``'s engine now; ``listener`` hears of its first token and end.
+
+        The request carries its class's priority (:data:`CLASS_PRIORITY`) and its run's start as
+        its program's arrival, as every arrangement relays the agents' request bodies."""
+        priority = CLASS_PRIORITY[turn.run.service_class] * self.priority_sign
         self._pending[turn.turn_id] = (turn, replica, listener)
         self.submitted[replica] += 1
         turn.run.replicas.append(self.names[replica])
@@ -88,6 +110,7 @@ class EnginePool:
             reply=turn.reply,
             priority=priority,
             max_tokens=max(turn.max_tokens, turn.output_tokens),
+            program_arrival=turn.run.started_at,
         )
         self.engines[replica].submit(request, self.clock.now)
         self._rearm(replica)
@@ -102,6 +125,16 @@ class EnginePool:
         self.engines[replica].cancel(turn_id, self.clock.now)
         self._rearm(replica)
         return turn, replica
+
+    def hold(self, replica: int, nodes: tuple[PrefixNode, ...]) -> int | None:
+        """Pin ``nodes`` in ``replica``'s prefix cache (:meth:`EngineModel.hold`): a handle, or
+        ``None`` when the cache holds none of them."""
+        return self.engines[replica].hold(nodes, self.clock.now)
+
+    def release(self, replica: int, handle: int) -> None:
+        """Undo a :meth:`hold`; a turn waiting for the room may start."""
+        self.engines[replica].release(handle, self.clock.now)
+        self._rearm(replica)
 
     def probe(self, replica: int) -> Probe:
         """What ``replica``'s ``/metrics`` would say now."""

@@ -31,6 +31,7 @@ Randomness (agent start times within ``start_spread_s``, tool time jitter) comes
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,18 +48,74 @@ ServiceClass = Literal["interactive", "batch"]
 Via = Literal["own_loop", "mcp"]
 
 
+Z_99 = 2.3263478740408408
+"""The standard normal's 99th percentile: a lognormal's ``sigma`` is ``ln(p99 / median) / Z_99``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolTime:
+    """How long one tool call takes, in seconds: ``constant`` (``seconds``), ``lognormal`` (its
+    ``median`` and 99th percentile ``p99``, ``p99 >= median > 0``) or ``choice`` (one of
+    ``values`` with ``weights``). Raises ``ValueError`` for anything else."""
+
+    dist: Literal["constant", "lognormal", "choice"]
+    seconds: float = 0.0
+    median: float = 0.0
+    p99: float = 0.0
+    values: tuple[float, ...] = ()
+    weights: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dist == "constant" and not self.seconds >= 0:
+            raise ValueError(f"a constant tool time must be >= 0 s, got {self.seconds}")
+        if self.dist == "lognormal" and not (self.median > 0 and self.p99 >= self.median):
+            raise ValueError(f"a lognormal tool time needs p99 >= median > 0, got {self.median}, {self.p99}")
+        if self.dist == "choice" and not (
+            self.values
+            and len(self.values) == len(self.weights)
+            and min(self.values) >= 0
+            and min(self.weights) >= 0
+            and sum(self.weights) > 0
+        ):
+            raise ValueError("a choice of tool times needs values >= 0 and as many weights >= 0, not all 0")
+        if self.dist not in ("constant", "lognormal", "choice"):
+            raise ValueError(f"dist must be constant, lognormal or choice, got {self.dist!r}")
+
+    def draw(self, rng: random.Random) -> float:
+        """One tool call's seconds (a constant draws nothing from ``rng``)."""
+        if self.dist == "constant":
+            return self.seconds
+        if self.dist == "lognormal":
+            sigma = math.log(self.p99 / self.median) / Z_99
+            return rng.lognormvariate(math.log(self.median), sigma)
+        return rng.choices(self.values, self.weights)[0]
+
+    def mean(self) -> float:
+        """The distribution's mean, in seconds."""
+        if self.dist == "constant":
+            return self.seconds
+        if self.dist == "lognormal":
+            sigma = math.log(self.p99 / self.median) / Z_99
+            return self.median * math.exp(sigma * sigma / 2)
+        return sum(v * w for v, w in zip(self.values, self.weights, strict=True)) / sum(self.weights)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentGroup:
     """``agents`` concurrent closed-loop agents of one service class and caller.
 
     ``via``: ``"own_loop"`` (an agent keeping its own loop, through the dataplane) or ``"mcp"``
     (sub-agents the runtime drives for an MCP client; ``caller`` is that client's MCP caller).
+    ``tool_rounds`` and ``tool_seconds``: this group's, instead of the shape's (``None``: the
+    shape's; a group's ``tool_seconds`` holds over MCP too, as the MCP tool's time).
     """
 
     agents: int
     service_class: ServiceClass = "interactive"
     caller: str = ""
     via: Via = "own_loop"
+    tool_rounds: int | None = None
+    tool_seconds: ToolTime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,9 +355,14 @@ class Agents:
         prompt = PrefixPath(((root, self.shape.context_tokens), (_key(root, "task"), self.shape.task_tokens)))
         self._send(run, 0, prompt)
 
+    def rounds(self, group_index: int) -> int:
+        """Tool rounds per run of group ``group_index``."""
+        rounds = self.shape.groups[group_index].tool_rounds
+        return self.shape.tool_rounds if rounds is None else rounds
+
     def _send(self, run: Run, index: int, prompt: PrefixPath) -> None:
         shape = self.shape
-        tool_call = index < shape.tool_rounds
+        tool_call = index < self.rounds(run.group)
         last = prompt.nodes[-1][0]
         reply = (_key(last, "reply"), shape.tool_call_tokens if tool_call else shape.reply_tokens)
         turn = Turn(
@@ -338,7 +400,9 @@ class Agents:
             self._next_run(run)
             return
         group = self.shape.groups[run.group]
-        if group.via == "mcp":
+        if group.tool_seconds is not None:
+            pause = group.tool_seconds.draw(self.rng)
+        elif group.via == "mcp":
             pause = self.rng.uniform(*self.shape.mcp_tool_seconds)
         else:
             jitter = self.shape.tool_jitter

@@ -29,6 +29,7 @@ class ScriptedProxy:
     turns: list[dict[str, str]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -66,12 +67,17 @@ class ScriptedProxy:
         self.deleted.append(request.match_info["run_id"])
         return web.json_response({})
 
+    async def release(self, request: web.Request) -> web.Response:
+        self.released.append(orjson.loads(await request.read())["program_id"])
+        return web.json_response({})
+
 
 @asynccontextmanager
 async def serving(proxy: ScriptedProxy) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", proxy.chat)
     app.router.add_delete("/v1/runs/{run_id}", proxy.delete)
+    app.router.add_post("/programs/release", proxy.release)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -125,6 +131,18 @@ def test_every_turn_carries_the_group_s_class_and_caller() -> None:
     _run(proxy, duration_s=0.3, group=AgentGroup(1, "batch", "bulk"))
     assert proxy.turns
     assert {(t["x-luftpause-class"], t["x-luftpause-caller"]) for t in proxy.turns} == {("batch", "bulk")}
+
+
+def test_a_program_id_group_names_its_run_in_every_body_and_releases_it_at_the_end() -> None:
+    proxy = ScriptedProxy("parallel")
+    outcomes = _run(proxy, duration_s=0.3, group=AgentGroup(1, "batch", "bulk", program_id=True))
+    done = _completed(outcomes)
+    assert done and proxy.bodies
+    assert {body["program_id"] for body in proxy.bodies} <= {o.run_id for o in outcomes}
+    assert {o.run_id for o in done} <= set(proxy.released)
+    plain = ScriptedProxy("parallel")
+    _run(plain, duration_s=0.2)
+    assert plain.bodies and not any("program_id" in body for body in plain.bodies) and not plain.released
 
 
 def test_a_run_cut_at_the_deadline_is_ended_on_the_proxy_too() -> None:

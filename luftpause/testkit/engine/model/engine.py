@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from luftpause.testkit.engine.model.kv_pool import KVPool
 from luftpause.testkit.engine.model.llamacpp_style import LlamaCppScheduler
 from luftpause.testkit.engine.model.profiles import EngineProfile
-from luftpause.testkit.engine.model.requests import EngineEvent, EngineLoad, EngineRequest
+from luftpause.testkit.engine.model.queue_order import SCHEDULE_POLICIES, reorder
+from luftpause.testkit.engine.model.requests import EngineEvent, EngineLoad, EngineRequest, PrefixNode
 from luftpause.testkit.engine.model.sglang_style import SglangScheduler
 from luftpause.testkit.engine.model.state import EngineState, RequestState
 from luftpause.testkit.engine.model.steps import Planned, StepScheduler
@@ -38,7 +39,14 @@ class EngineModel:
 
     ``priority_order``: ``"fcfs"`` (the request's priority is ignored), ``"lower_first"``
     (vLLM ``--scheduling-policy priority``) or ``"higher_first"`` (SGLang
-    ``--enable-priority-scheduling``). ``time_scale`` multiplies every step's duration.
+    ``--enable-priority-scheduling``). ``schedule_policy``: how the waiting queue is reordered
+    before each step (:mod:`.queue_order`: ``"fcfs"``, SGLang's ``"lpm"``, Continuum's
+    ``"program"``); the last two need a shared pool (SGLang or vLLM style) and ``priority_order``
+    ``"fcfs"``, else ``ValueError``. ``time_scale`` multiplies every step's duration.
+
+    :meth:`hold` pins a finished request's prefix in the KV pool (Continuum's time-to-live pin)
+    until :meth:`release`; while anything is held the engine may idle with requests waiting for
+    the room the holds take.
 
     Call :meth:`advance` with the current time before :meth:`submit` or :meth:`cancel` whenever
     a step may have ended (at or after :meth:`next_event_time`): a call with ``now`` past the end
@@ -47,10 +55,25 @@ class EngineModel:
     """
 
     def __init__(
-        self, profile: EngineProfile, *, priority_order: str = "fcfs", time_scale: float = 1.0
+        self,
+        profile: EngineProfile,
+        *,
+        priority_order: str = "fcfs",
+        time_scale: float = 1.0,
+        schedule_policy: str = "fcfs",
     ) -> None:
         if not (math.isfinite(time_scale) and time_scale > 0):
             raise ValueError(f"time_scale must be a positive number, got {time_scale}")
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}")
+        if schedule_policy != "fcfs" and (profile.style == "llamacpp" or priority_order != "fcfs"):
+            raise ValueError(
+                f"schedule_policy {schedule_policy!r} needs a shared KV pool (an sglang or vllm "
+                f"profile) and priority_order 'fcfs'; got {profile.style!r} and {priority_order!r}"
+            )
+        self.schedule_policy = schedule_policy
+        self._held: dict[int, list[bytes]] = {}
+        self._hold_ids = itertools.count(1)
         self.profile = profile
         self.time_scale = time_scale
         if profile.style == "llamacpp":
@@ -99,6 +122,37 @@ class EngineModel:
         self._state.cancel(held)
         self._scheduler.released(held)
         return True
+
+    def hold(self, nodes: tuple[PrefixNode, ...], now: float) -> int | None:
+        """Pin the leading ``nodes`` (a prompt path, its reply node last) that the prefix cache
+        holds, so that no eviction takes them; a handle for :meth:`release`, or ``None`` when the
+        cache holds none of them. Only for a shared pool (SGLang or vLLM style)."""
+        self._check_time(now)
+        pool = self._state.pools[0]
+        found = pool.match(nodes)
+        if not found:
+            return None
+        keys = [key for key, _ in nodes[:found]]
+        pool.lock(keys)
+        handle = next(self._hold_ids)
+        self._held[handle] = keys
+        return handle
+
+    def release(self, handle: int, now: float) -> None:
+        """Unpin what :meth:`hold` pinned (it stays cached, evictable); a request waiting for that
+        room may start now. An unknown handle is ignored."""
+        self._check_time(now)
+        keys = self._held.pop(handle, None)
+        if keys is None:
+            return
+        self._state.pools[0].unlock(keys)
+        if self._step is None and self._state.waiting:
+            self._start(now)
+
+    @property
+    def held(self) -> int:
+        """Holds not yet released."""
+        return len(self._held)
 
     def next_event_time(self) -> float | None:
         """When the step in flight ends (seconds); ``None`` while the engine is idle."""
@@ -182,6 +236,7 @@ class EngineModel:
         # An empty plan with requests waiting happens once: vLLM preempted its only running
         # request, and admits no waiting request in that step; the next plan admits.
         for _ in range(2):
+            reorder(self._state, self._state.pools[0], self.schedule_policy)
             planned = self._scheduler.plan(now)
             if planned:
                 computed = sum(p.tokens for p in planned)
@@ -193,7 +248,7 @@ class EngineModel:
             if not self._state.waiting:
                 break
         self._step = None
-        if self._state.requests:
+        if self._state.requests and not self._held:
             raise AssertionError(f"the engine stalled holding {len(self._state.requests)} requests")
 
     def _complete(self, step: _Step) -> None:

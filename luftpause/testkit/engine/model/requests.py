@@ -43,6 +43,9 @@ class EngineRequest:
     * ``max_tokens``: the request's ``max_tokens`` (``None``: ``output_tokens``). SGLang reserves
       KV room for ``max_tokens`` (scaled by its new-token ratio), not for what the request will
       really generate; a real model usually stops before ``max_tokens``.
+    * ``program_arrival``: when the request's program (an agent's run) sent its first request,
+      seconds on the caller's clock, or ``None`` (a program of its own); only the ``program``
+      schedule policy reads it (:mod:`.queue_order`).
 
     Raises ``ValueError`` for an empty prompt, ``output_tokens < 1``, ``max_tokens <
     output_tokens``, or a node or reply of fewer than 0 tokens.
@@ -54,6 +57,7 @@ class EngineRequest:
     reply: PrefixNode | None = None
     priority: int = 0
     max_tokens: int | None = None
+    program_arrival: float | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt.nodes or self.prompt.tokens < 1:

@@ -49,6 +49,7 @@ class RequestState:
     submitted: float
     arrival: int = 0
     order: tuple[int, int] = (0, 0)
+    """``(rank, sequence)``: the waiting queue is kept sorted by it (see :mod:`.queue_order`)."""
     generated: int = 0
     kv: int = 0
     pool: KVPool | None = None

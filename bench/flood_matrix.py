@@ -1,0 +1,197 @@
+"""A matrix of load shapes, every arrangement in each, in virtual time: one table.
+
+    .venv/bin/python bench/flood_matrix.py                                  # every bench/shapes/*.toml
+    .venv/bin/python bench/flood_matrix.py --shapes bench/shapes/published.toml,bench/shapes/lpm.toml \
+        --seeds 0 --duration-s 90 --json /tmp/matrix.json
+
+Each shape file (:mod:`luftpause.testkit.sim.shapes`) is run as ``bench/flood_sim.py --shape``
+runs it, under every arrangement of ``--arrangements`` (default: SGLang's router, SGLang Model
+Gateway with its slot pool set for the load (``--worker-capacity-override``), ThunderAgent,
+Continuum, luftpause), on the same engines and settings, medians over the shape's seeds (or
+``--seeds``). Per shape and arrangement: interactive and batch runs/min, their total, the
+interactive run time's p50, the prompt tokens cached; then luftpause's ratios against the best
+peer on each figure (the highest runs/min, the lowest p50; the peer named) and against the router.
+A light-load control (the shape's interactive agents alone, under the router) says whether the
+flood matters in that shape: the router's interactive p50 above twice the control's.
+
+Every figure is SIMULATED. ``--json PATH`` writes ``{"simulated": true, "settings", "shapes":
+[{"shape", "file", "floodMatters", "controlP50", "rows": [flood_sim rows], "luftpause": {ratios}}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flood_sim import series
+
+from luftpause.testkit.sim.flood import ARRANGEMENTS, PEERS
+from luftpause.testkit.sim.shapes import ShapeError, ShapeFile, load_shape_file
+
+SHAPES = Path(__file__).parent / "shapes"
+DEFAULT_ARRANGEMENTS = ("router", "smg", "thunderagent", "continuum", "luftpause")
+HIGHER = ("interactiveRunsPerMinute", "batchRunsPerMinute", "totalRunsPerMinute")
+LOWER = ("interactiveRunTimeP50",)
+
+
+def run_shape(
+    shape: ShapeFile, arrangements: list[str], seeds: list[int], duration_s: float | None
+) -> dict[str, Any]:
+    """Every arrangement on ``shape``, and the router alone on its light-load control."""
+    load = shape.load
+    if duration_s is not None:
+        load = dataclasses.replace(load, duration_s=duration_s)
+    spec: dict[str, Any] = {
+        "profile": shape.profile,
+        "slots": shape.slots,
+        "replicas": shape.replicas,
+        "queue": shape.queue,
+        "pool_scale": shape.pool_scale,
+        "smg_capacity": "load",
+    }
+    rows = series(load, arrangements, seeds, **spec)
+    control_load = dataclasses.replace(
+        load, groups=tuple(g for g in load.groups if g.service_class == "interactive")
+    )
+    control = series(control_load, ["router"], seeds, **spec)[0]
+    router = next((r for r in rows if r["arrangement"] == "router"), None)
+    control_p50 = control["interactiveRunTimeP50"]
+    matters = (
+        router is not None
+        and control_p50 is not None
+        and router["interactiveRunTimeP50"] is not None
+        and router["interactiveRunTimeP50"] > 2 * control_p50
+    )
+    for row in rows:
+        row.pop("seeds")
+    return {
+        "shape": shape.name,
+        "floodMatters": matters,
+        "controlP50": control_p50,
+        "rows": rows,
+        "luftpause": ratios(rows),
+    }
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """luftpause's figures over the best peer's (named) and over the router's, per figure."""
+    ours = next((r for r in rows if r["arrangement"] == "luftpause"), None)
+    peers = [r for r in rows if r["arrangement"] in PEERS]
+    if ours is None or not peers:
+        return {}
+    result: dict[str, Any] = {}
+    for key in HIGHER + LOWER:
+        present = [r for r in peers if r[key] is not None]
+        if ours[key] is None or not present:
+            continue
+        if key in HIGHER:
+            best = max(present, key=lambda r: r[key])
+            ratio = ours[key] / best[key] if best[key] else None
+        else:
+            best = min(present, key=lambda r: r[key])
+            ratio = best[key] / ours[key] if ours[key] else None  # above 1: luftpause is faster
+        router = next((r for r in present if r["arrangement"] == "router"), None)
+        versus_router = None
+        if router is not None and router[key]:
+            versus_router = ours[key] / router[key] if key in HIGHER else router[key] / ours[key]
+        result[key] = {
+            "bestPeer": best["arrangement"],
+            "vsBestPeer": None if ratio is None else round(ratio, 3),
+            "vsRouter": None if versus_router is None else round(versus_router, 3),
+        }
+    return result
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    """One markdown table: a row per shape and arrangement, luftpause's ratios on its own row."""
+    lines = [
+        "| shape | arrangement | interactive runs/min | batch runs/min | total runs/min "
+        "| interactive p50 s | cache hits |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for result in results:
+        name = result["shape"] + ("" if result["floodMatters"] else " (no flood)")
+        for row in result["rows"]:
+            lines.append(
+                f"| {name} | {row['arrangement']} | {_cell(row['interactiveRunsPerMinute'], '.1f')} "
+                f"| {_cell(row['batchRunsPerMinute'], '.1f')} | {_cell(row['totalRunsPerMinute'], '.1f')} "
+                f"| {_cell(row['interactiveRunTimeP50'], '.2f')} | {_cell(row['cacheHitRate'], '.1%')} |"
+            )
+            name = ""
+        mine = result["luftpause"]
+        if mine:
+            cells = []
+            for key in (
+                "interactiveRunsPerMinute",
+                "batchRunsPerMinute",
+                "totalRunsPerMinute",
+                "interactiveRunTimeP50",
+            ):
+                entry = mine.get(key)
+                if entry is None:
+                    cells.append("-")
+                else:
+                    cells.append(
+                        f"{_cell(entry['vsBestPeer'], '.2f')}x {entry['bestPeer']}; "
+                        f"{_cell(entry['vsRouter'], '.2f')}x router"
+                    )
+            lines.append(f"| | luftpause vs best peer; vs router | {' | '.join(cells)} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help="comma-separated shape files (default: every bench/shapes/*.toml)",
+    )
+    parser.add_argument(
+        "--arrangements",
+        default=",".join(DEFAULT_ARRANGEMENTS),
+        help=f"of {', '.join(ARRANGEMENTS)} (default {','.join(DEFAULT_ARRANGEMENTS)})",
+    )
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: each shape's)")
+    parser.add_argument(
+        "--duration-s", type=float, default=None, help="seconds per flood (default: each shape's)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    arrangements = [a for a in args.arrangements.split(",") if a]
+    if unknown := [a for a in arrangements if a not in ARRANGEMENTS]:
+        parser.error(f"unknown arrangements {unknown}; choose from {ARRANGEMENTS}")
+    paths = [Path(p) for p in args.shapes.split(",") if p] if args.shapes else sorted(SHAPES.glob("*.toml"))
+    try:
+        shapes = [load_shape_file(path) for path in paths]
+    except ShapeError as error:
+        parser.error(str(error))
+    started = time.monotonic()
+    results = []
+    for path, shape in zip(paths, shapes, strict=True):
+        seeds = [int(s) for s in args.seeds.split(",") if s] if args.seeds else list(shape.seeds)
+        result = run_shape(shape, arrangements, seeds, args.duration_s)
+        result["file"] = str(path)
+        result["seeds"] = seeds
+        results.append(result)
+        print(f"{shape.name}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    print("Flood matrix (SIMULATED; medians over seeds)")
+    print(render(results))
+    if args.json:
+        settings = {"argv": sys.argv[1:] if argv is None else argv, "arrangements": arrangements}
+        Path(args.json).write_text(
+            json.dumps({"simulated": True, "settings": settings, "shapes": results}, indent=1, default=str)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
