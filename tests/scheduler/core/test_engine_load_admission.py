@@ -63,6 +63,7 @@ LEARN = [
     Learn("no queue ever seen: unknown", None, True, 4, 0, True, None),
     Learn("the queue drained: it is kept (the flip-flop)", 4, True, 4, 0, False, 4),
     Learn("drained, fewer running: kept", 4, True, 1, 0, True, 4),
+    Learn("drained, fewer running, nothing held for it: forgotten", 4, True, 1, 0, False, None),
     Learn("running at it, no queue, turns waiting: grows by one", 4, True, 4, 0, True, 5),
     Learn("running at it, no queue, nothing waiting: no growth", 4, True, 4, 0, False, 4),
     Learn("running above it with no queue: raised to what runs", 4, True, 9, 0, False, 9),

@@ -27,6 +27,10 @@ while a queue existed is remembered as what it is, the engine's *batch capacity*
   replica could take, raises it by one: so a larger engine (or one with freed KV cache) is found,
   one slot per probe (2 s), and a wrong guess costs at most one turn in the engine's queue, which
   the next probe sees and takes back;
+* a probe that shows the engine running fewer than it, no queue, while no held turn waits that
+  the replica could take, forgets it: the load fell off the engine's bound (a start's burst, a
+  flood that ended), and with nothing held nothing rushes into the engine when the cap goes; a
+  queue that comes back is learned again as above;
 * an unhealthy probe (the engine may be restarting, with another configuration), or one that
   reports no load, forgets it.
 
@@ -89,6 +93,8 @@ def learn(
         return Learned(running)
     if running == known and turns_wait:
         return Learned(known + 1)
+    if running < known and not turns_wait:
+        return Learned(None)  # room to spare and nothing held for it: the load fell off the bound
     return Learned(known)
 
 
