@@ -10,7 +10,9 @@ routing:
   into the chosen engine's queue.
 
 The others: :class:`~.gateway.Gateway` (SGLang Model Gateway with sticky sessions and its priority
-scheduler) and :class:`~.scheduler.Luftpause` (the real scheduler core).
+scheduler), :class:`~.thunderagent.ThunderAgent` (its ``tr`` capacity scheduler),
+:class:`~.continuum.Continuum` (Continuum's engines behind the router) and
+:class:`~.scheduler.Luftpause` (the real scheduler core).
 """
 
 from __future__ import annotations
