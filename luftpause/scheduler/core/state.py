@@ -420,13 +420,14 @@ def index_models(state: State) -> None:
 
 def new_state(config: Config) -> State:
     """An empty state for ``config``'s replicas, dataplane grace, affinity (strict and idle),
-    leases, startup hold and protection limits."""
+    leases, startup hold, pause hold and protection limits."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
         config.scheduler.strict_affinity,
         config.scheduler.leases,
         config.scheduler.resync_hold_s,
+        pause_hold=PauseHold(config.scheduler.pause_hold, worth=config.scheduler.pause_hold_worth),
         protection=config.scheduler.protection.policy(),
         idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
     )

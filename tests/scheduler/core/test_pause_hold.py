@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 from decide_helpers import arrive, feed, finish, make_state, placements
 
+from luftpause.config import parse_config
 from luftpause.scheduler.core import Place, RunEnded, Tick, decide
 from luftpause.scheduler.core.policies import pause_hold
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
-from luftpause.scheduler.core.state import State
+from luftpause.scheduler.core.state import State, new_state
 
 TTL = PauseHold(mode="ttl")
 
@@ -236,3 +237,14 @@ def test_a_caller_whose_tools_all_outlast_what_a_return_saves_keeps_no_slot() ->
     assert state.replicas["a"].reserved_for == set()
     feed(state, [arrive("b1", "rb", at=11.2, cls="batch", caller="bulk")])
     assert placements(state) == {"b1": "a"}
+
+
+def test_the_configuration_names_the_hold_and_its_worth() -> None:
+    """``[scheduler] pause_hold`` and ``pause_hold_worth`` reach the core's state."""
+    replica = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
+    default = new_state(parse_config(replica, "f.toml"))
+    assert default.pause_hold == PauseHold()
+    chosen = new_state(
+        parse_config('[scheduler]\npause_hold = "ttl"\npause_hold_worth = 4\n' + replica, "f.toml")
+    )
+    assert chosen.pause_hold == PauseHold(mode="ttl", worth=4.0)
