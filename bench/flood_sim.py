@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from luftpause.scheduler.core.policies.idle_affinity import IDLE_MODES, IdleAffinity
-from luftpause.scheduler.core.policies.pause_hold import PauseHold
+from luftpause.scheduler.core.policies.pause_hold import HOLD_MODES, PauseHold
 from luftpause.testkit.sim.flood import ARRANGEMENTS, QUEUES, FloodSpec, by_class, simulate
 from luftpause.testkit.sim.gateway import GatewaySettings
 from luftpause.testkit.sim.replay import Trace, load_trace, replay_shape
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cutoff-every", type=int, default=0, help="cut every N-th run off in a tool call")
     parser.add_argument(
-        "--hold", choices=("ttl", "pause", "off"), default="ttl", help="luftpause's pause hold (default ttl)"
+        "--hold", choices=HOLD_MODES, default="cost", help="luftpause's pause hold (default cost)"
     )
     parser.add_argument(
         "--idle",

@@ -246,6 +246,14 @@ class SchedulerConfig(_Section):
     ``off``, ``prefer`` (there only when it has room) and ``pin`` (until the window ends): for
     measuring. The dataplane reads it too, from its own file, for the placements it makes under a
     capacity lease: a dataplane on another host needs the same value in its ``[scheduler]`` table."""
+    pause_hold: Literal["cost", "ttl", "pause", "off"] = "cost"
+    """How long a tool-paused interactive run keeps a slot of its replica from batch turns:
+    ``cost`` (the default) for the pause length that its caller's pauses say pays, the wait a
+    return saves against the slot kept idle (docs/architecture.md "Rules"); ``ttl`` (twice the
+    longest recent pause), ``pause`` (the whole pause) and ``off`` (no headroom): for measuring."""
+    pause_hold_worth: float = Field(default=8.0, gt=0)
+    """``cost``: slot-seconds of batch service one second of an interactive run's waiting is worth;
+    larger holds longer (more interactive, less batch)."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
     admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""

@@ -72,8 +72,10 @@ def probe(
     healthy: bool = True,
     running: int | None = None,
     waiting: int | None = None,
+    kv_usage: float | None = None,
 ) -> ReplicaProbed:
-    return ReplicaProbed(replica, at, healthy, running, waiting, 0.5 if running is not None else None, None)
+    """A probe; ``kv_usage`` not reported unless given (a queue is then the engine's bound)."""
+    return ReplicaProbed(replica, at, healthy, running, waiting, kv_usage, None)
 
 
 def inflight(turn: str, run: str, replica: str, model: str = "m") -> InFlightRecord:

@@ -125,6 +125,14 @@ REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
             "scheduler.idle_affinity: expected 'wait', 'off', 'prefer' or 'pin', got 'sticky'",
         ),
         (
+            '[scheduler]\npause_hold = "forever"\n' + REPLICA,
+            "scheduler.pause_hold: expected 'cost', 'ttl', 'pause' or 'off', got 'forever'",
+        ),
+        (
+            "[scheduler]\npause_hold_worth = 0\n" + REPLICA,
+            "scheduler.pause_hold_worth",
+        ),
+        (
             '[scheduler]\nresync_hold_s = "2"\n' + REPLICA,
             "scheduler.resync_hold_s: expected a number, got '2'",
         ),
@@ -242,6 +250,7 @@ def test_strict_types_still_take_what_toml_writes_naturally() -> None:
     assert config.scheduler.dataplane_grace_s == 2.0 and config.scheduler.resync_hold_s == 0.0
     assert config.scheduler.strict_affinity is False
     assert config.scheduler.idle_affinity == "wait"  # the default
+    assert (config.scheduler.pause_hold, config.scheduler.pause_hold_worth) == ("cost", 8.0)
     assert config.replicas[0].health_path == ""
     assert config.replicas[0].load_from == ("https://e1:9", "http://e2:9")
     assert config.mcp_servers[0].path_arguments == {"t": ("p",), "u": {"p": "read"}}

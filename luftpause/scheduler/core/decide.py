@@ -13,13 +13,15 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
 3. Capacity. A replica has room for a turn when it is healthy and its placed turns are below its
    effective capacity: the engine's batch capacity learned from its probes, at most
    ``max_inflight``, or ``max_inflight`` while none is known (:mod:`.policies.engine_load`: a
-   probe showing a queue sets it to the running count, one showing more running with no queue
-   raises it to that, one showing it full with no queue while turns wait for the replica raises it
-   by one; ill health or a probe with no load forgets it). A drained queue thus does not reopen
-   the replica to ``max_inflight``. A probe round (``ReplicasProbed``; a lone ``ReplicaProbed`` is
-   a round of one) is applied whole, then the replicas it opened are filled least loaded first,
-   one turn at a time, as every fill of several replicas at once is (a resync, a release, a
-   withdrawn lease, a run re-filed). Placed by
+   probe showing a queue sets it to the running count (while none is known, only a queue the probe
+   before showed too, or one with the KV cache full or its usage not reported), one showing more
+   running with no queue raises it to that, one showing it full with no queue while turns wait for
+   the replica raises it by one; one showing fewer running, no queue and no turn waiting for the
+   replica, ill health or a probe with no load forgets it). A drained queue thus does not reopen
+   the replica to ``max_inflight`` while turns wait for it. A probe round (``ReplicasProbed``; a
+   lone ``ReplicaProbed`` is a round of one) is applied whole, then the replicas it opened are
+   filled least loaded first, one turn at a time, as every fill of several replicas at once is (a
+   resync, a release, a withdrawn lease, a run re-filed). Placed by
    ``Place`` (or adopted on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned``,
    ``AbandonReported``, expiry or a resync that no longer lists it. Headroom: a batch turn may not
    take the last free slots kept for interactive runs tool-paused on that replica, one per run
@@ -54,8 +56,11 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    them go somewhere with room). An interactive run entering ``tool_paused`` keeps one slot of its
    replica from batch turns until it leaves that phase, ends or expires, or its pause outlives its
    hold (:mod:`.policies.pause_hold`): each pause's hold lasts a TTL fixed when the pause begins,
-   twice the longest of the run's last pauses (else its caller's), within 1 to 60 s, 10 s before
-   any was seen; a pause's length is the time from its start to the arrival of the run's next turn.
+   the one that maximizes the wait a return saves (its replica's mean turn time over its effective
+   capacity, weighed ``worth`` slot-seconds a second) times the chance the run is back within it,
+   less the slot-seconds kept idle, over its caller's last pauses (else the run's own); at most
+   60 s, 10 s before any pause or finished turn was seen; a TTL of 0 keeps no slot at all. A
+   pause's length is the time from its start to the arrival of the run's next turn.
    A pause that outlives its hold keeps no slot for the rest of that pause (the run keeps its
    affinity), so a session cut off in the middle of a tool call gives its slot back.
 7. ``TurnAbandoned`` (an Admit call cancelled): a held turn leaves its queue (no action); a placed

@@ -54,7 +54,9 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
             run.returned = True
             pause = event.at - run.paused_at
             pause_hold.remember(run.pauses, pause)
-            pause_hold.remember(state.caller_pauses.setdefault(run.caller, []), pause)
+            pause_hold.remember(
+                state.caller_pauses.setdefault(run.caller, []), pause, pause_hold.CALLER_HISTORY
+            )
             bound_callers(state.caller_pauses, run.caller)
         run.service_class = event.service_class
         run.caller = event.caller
@@ -296,10 +298,14 @@ def _reserve(state: State, run: Run, at: float) -> Replica | None:
         if run.paused_at is None:
             run.paused_at = at
             run.returned = run.hold_expired = False
-            ttl = pause_hold.ttl(state.pause_hold, run.pauses, state.caller_pauses.get(run.caller, ()))
-            run.hold_until = None if ttl is None else at + ttl
-            if run.hold_until is not None:
-                heapq.heappush(state.hold_ends, (run.hold_until, run.run_id, at))
+            run.hold_until = None
+            if headroom.reserves(run.service_class, run.phase, run.last_replica) is not None:
+                ttl = _pause_ttl(state, run)
+                if ttl is not None and ttl <= 0:
+                    run.hold_expired = True  # worth no slot at all
+                elif ttl is not None:
+                    run.hold_until = at + ttl
+                    heapq.heappush(state.hold_ends, (run.hold_until, run.run_id, at))
     else:
         run.paused_at = run.hold_until = None
         run.returned = run.hold_expired = False
@@ -315,6 +321,16 @@ def _reserve(state: State, run: Run, at: float) -> Replica | None:
         state.replicas[want].reserved_for.add(run.run_id)
         run.reserved_on = want
     return released
+
+
+def _pause_ttl(state: State, run: Run) -> float | None:
+    """The hold of ``run``'s pause beginning now (:func:`.policies.pause_hold.ttl`), from its own and
+    its caller's pauses and the wait a slot of its replica saves."""
+    replica = state.replicas.get(run.last_replica or "")
+    saved = None
+    if replica is not None:
+        saved = pause_hold.saved_wait(replica.turn_s, capacity.limit(replica))
+    return pause_hold.ttl(state.pause_hold, run.pauses, state.caller_pauses.get(run.caller, ()), saved)
 
 
 def _unreserve(state: State, run: Run) -> Replica | None:

@@ -37,9 +37,16 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
         replica.engine_waiting = event.waiting
         replica.kv_usage = event.kv_usage
         replica.cache_hit_rate = event.cache_hit_rate
-        replica.batch_capacity = engine_load.learn(
-            replica.batch_capacity, event.healthy, event.running, event.waiting, turns_wait
+        learned = engine_load.learn(
+            replica.batch_capacity,
+            event.healthy,
+            event.running,
+            event.waiting,
+            turns_wait,
+            event.kv_usage,
+            replica.queued,
         )
+        replica.batch_capacity, replica.queued = learned.capacity, learned.queued
         probed.append(replica)
         if was_usable != health.usable(replica):
             flipped.append(replica)

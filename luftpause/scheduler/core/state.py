@@ -62,10 +62,16 @@ class Replica:
     batch_capacity: int | None = None
     """Requests its engine runs at once, learned from probes (:mod:`.policies.engine_load`):
     ``None`` until a probe shows a queue, and again after ill health or a probe with no load."""
+    queued: bool = False
+    """Its last probe showed a queue (:mod:`.policies.engine_load`: a queue on two probes in a row is
+    the engine's bound)."""
     kv_usage: float | None = None
     """Fraction of the engine's KV cache in use at the last probe (0..1), if reported."""
     cache_hit_rate: float | None = None
     """The engine's prefix cache hit rate at the last probe (0..1), if reported."""
+    turn_s: float | None = None
+    """Moving mean of its finished generative turns' times, placement to end (seconds;
+    :func:`.policies.pause_hold.learn_turn_time`); ``None`` before the first."""
     reserved_for: set[str] = field(default_factory=set)
     """Interactive runs tool-paused here: one slot each is kept from batch turns (headroom)."""
     leased: int = 0
@@ -414,13 +420,14 @@ def index_models(state: State) -> None:
 
 def new_state(config: Config) -> State:
     """An empty state for ``config``'s replicas, dataplane grace, affinity (strict and idle),
-    leases, startup hold and protection limits."""
+    leases, startup hold, pause hold and protection limits."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
         config.scheduler.strict_affinity,
         config.scheduler.leases,
         config.scheduler.resync_hold_s,
+        pause_hold=PauseHold(config.scheduler.pause_hold, worth=config.scheduler.pause_hold_worth),
         protection=config.scheduler.protection.policy(),
         idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
     )

@@ -46,6 +46,8 @@ def _end_placed(
         return False
     replica = state.replicas[placed.replica]
     replica.inflight -= 1
+    if finished is not None and not placed.single_pass:
+        replica.turn_s = pause_hold.learn_turn_time(replica.turn_s, at - placed.placed_at)
     _count_placed(state, placed.caller, -1, placed.single_pass)
     run = state.runs.get(placed.run_id)
     # not a turn of a run that ended meanwhile, nor a single-pass turn (never one of a run's turns)

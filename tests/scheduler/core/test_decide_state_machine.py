@@ -123,6 +123,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.core.held import queues_served_by
 from luftpause.scheduler.core.policies import engine_load, idle_affinity, pause_hold
+from luftpause.scheduler.core.policies.engine_load import KV_FULL
 from luftpause.scheduler.core.policies.limits import ClassLimits
 from luftpause.scheduler.core.state import Run
 
@@ -244,6 +245,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_flood = 0
         self.load: dict[str, tuple[int | None, int | None]] = {}  # replica -> last (running, waiting)
         self.batch_cap: dict[str, int | None] = {}  # replica -> the engine's batch capacity learned
+        self.queued: dict[str, bool] = {}  # replica -> its last probe showed a queue
         self.hold_until: float | None = None  # the startup hold: first event + HOLD_S
         self.holding = False
         # capacity leases: what the scheduler holds for each dataplane per its actions, what travels
@@ -257,6 +259,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # the pause hold, as the machine reads it: per run, when its pause began, when its hold
         # ends (None: never), whether it ended or the run came back; the pauses seen per run/caller
         self.pause: dict[str, tuple[float, float | None]] = {}
+        self.turn_s: dict[str, float] = {}  # replica -> mean turn time, as the pause hold reads it
         self.hold_over: set[str] = set()
         self.returned: set[str] = set()
         self.run_pauses: dict[str, list[float]] = {}
@@ -400,6 +403,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                         self.batch_took_no_kept_slot(action, actions[index + 1 :])
             elif isinstance(action, RetireReplica):
                 self.retired(action.replica, before)
+                self.turn_s.pop(action.replica, None)  # one added later under its name is new
             elif isinstance(action, Reject) and action.http_status == 429:
                 self.limited(event, action, held_keys)
             elif isinstance(action, Reject) and action.http_status == 499:
@@ -580,6 +584,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tripped.discard(name)
         self.failures.pop(name, None)
         self.batch_cap.pop(name, None)
+        self.queued.pop(name, None)
         self.load.pop(name, None)
         for holdings in self.sched_leases.values():
             holdings.pop(name, None)
@@ -695,10 +700,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         """``run_id`` enters ``tool_paused`` now: its hold's TTL from the pauses seen so far."""
         run = self.state.runs.get(run_id)
         caller = run.caller if run is not None else ""
+        if run is None or run.service_class != "interactive":
+            self.pause[run_id] = (self.now, None)  # a batch run keeps no slot: no hold to time
+            return
+        last = self.shadow.get(run_id, ("idle", ""))[1]
+        saved = None
+        if last in self.state.replicas:
+            saved = pause_hold.saved_wait(self.turn_s.get(last), self.capacity(last))
         ttl = pause_hold.ttl(
-            self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, [])
+            self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, []), saved
         )
         self.pause[run_id] = (self.now, None if ttl is None else self.now + ttl)
+        if ttl is not None and ttl <= 0:
+            self.hold_over.add(run_id)  # worth no slot: it keeps none from the start
 
     def end_pause(self, run_id: str) -> None:
         self.pause.pop(run_id, None)
@@ -725,12 +739,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.returned.add(run_id)
         started, _ = self.pause[run_id]
         run = self.state.runs[run_id]
-        for history in (
-            self.run_pauses.setdefault(run_id, []),
-            self.caller_pauses.setdefault(run.caller, []),
+        for history, keep in (
+            (self.run_pauses.setdefault(run_id, []), pause_hold.HISTORY),
+            (self.caller_pauses.setdefault(run.caller, []), pause_hold.CALLER_HISTORY),
         ):
             history.append(max(0.0, at - started))
-            del history[: max(0, len(history) - pause_hold.HISTORY)]
+            del history[: max(0, len(history) - keep)]
 
     def room(self, name: str, batch: bool) -> bool:
         replica = self.state.replicas[name]
@@ -831,6 +845,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         phase follows only its latest placed turn."""
         run_id, _ = self.turns[turn_id]
         self.ended.add(turn_id)
+        placed = self.state.placed.get(turn_id)
+        if finished and placed is not None and not placed.single_pass:
+            # the replica's mean turn time, which sizes the pause hold (placement to end)
+            name = placed.replica
+            self.turn_s[name] = pause_hold.learn_turn_time(self.turn_s.get(name), self.now - placed.placed_at)
         if turn_id in self.orphans or turn_id in self.single:
             return
         if finished and run_id in self.state.runs and turn_id in self.state.runs[run_id].turns:
@@ -1132,8 +1151,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         healthy=st.booleans(),
         running=st.none() | st.integers(0, 3),
         waiting=st.none() | st.integers(0, 2),
+        kv=st.sampled_from([None, 0.3, 0.95]),
     )
-    def probe(self, name: str, healthy: bool, running: int | None, waiting: int | None) -> None:
+    def probe(
+        self, name: str, healthy: bool, running: int | None, waiting: int | None, kv: float | None
+    ) -> None:
         if name not in self.state.replicas:
             return  # not in the set (removed, or not added yet): the prober does not probe it
         self.now += 0.1
@@ -1145,28 +1167,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = self.capacity(name)
         was_loaded = self.healthy[name] and self.load.get(name, (None, None))[1] is not None
         # the engine-load rule, as the machine reads it: a queue sets the batch capacity to the
-        # running count; running above it with no queue raises it there; running at it with no
-        # queue while turns wait for the replica raises it by one; ill health or no load forgets it
+        # running count (while none is known, a lone queue with KV to spare does not: the engine
+        # may still be admitting); running above it with no queue raises it there; running at it
+        # with no queue while turns wait for the replica raises it by one; ill health or no load
+        # forgets it
         learned = self.batch_cap.get(name)
+        queued_before = self.queued.get(name, False)
+        usage = None if running is None else kv
         if not healthy or running is None or waiting is None:
             learned = None
         elif waiting > 0:
-            learned = running
+            lone = learned is None and not queued_before and usage is not None and usage < KV_FULL
+            if lone:
+                event("engine load: a lone queue with KV to spare taught no bound")
+            else:
+                learned = running
         elif learned is not None and running > learned:
             learned = running
         elif learned is not None and running == learned and turns_wait:
             learned += 1
+        elif learned is not None and running < learned and not turns_wait:
+            learned = None  # the load fell off the bound: forgotten, with nothing held to rush in
         self.batch_cap[name] = learned
+        self.queued[name] = healthy and running is not None and waiting is not None and waiting > 0
         self.healthy[name] = healthy
         self.load[name] = (running, waiting)
-        usage = None if running is None else 0.5
         self.feed(ReplicaProbed(name, self.now, healthy, running, waiting, usage, None))
         after = engine_load.capacity(replica)
         assert after == self.capacity(name), f"{name}: effective capacity {after}, not {self.capacity(name)}"
         if was_loaded and healthy and running is not None and waiting is not None:
-            # no flip-flop: a queue that drains does not reopen the replica to max_inflight; its
-            # capacity grows by at most one per probe, or to what the engine showed it runs
-            assert after <= max(before + 1, running), f"{name}: capacity {before} -> {after}"
+            # no flip-flop: a queue that drains does not reopen the replica to max_inflight while
+            # turns wait for it; its capacity then grows by at most one per probe, or to what the
+            # engine showed it runs
+            if turns_wait:
+                assert after <= max(before + 1, running), f"{name}: capacity {before} -> {after}"
 
     @rule()
     def report_unknown_turn(self) -> None:
@@ -1243,7 +1277,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         backlog is longer than that, so with arrival order alone ``lone`` would wait longer.
         """
         for name in sorted(self.state.replicas):
-            self.probe(name, True, None, None)
+            self.probe(name, True, None, None, None)
         slots = sum(
             max(
                 0,
@@ -1376,7 +1410,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.end_placed(mine[0], "idle", finished=True)
                 self.feed(TurnFinished(mine[0], self.now, "stop", False, 10, 5))
         elif then == "its replica unhealthy" and name in self.state.replicas:
-            self.probe(name, False, None, None)
+            self.probe(name, False, None, None, None)
         elif then == "its replica drains" and name in self.state.replicas and name not in self.draining:
             self.now += 0.1
             self.draining.add(name)

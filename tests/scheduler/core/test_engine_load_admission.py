@@ -63,6 +63,7 @@ LEARN = [
     Learn("no queue ever seen: unknown", None, True, 4, 0, True, None),
     Learn("the queue drained: it is kept (the flip-flop)", 4, True, 4, 0, False, 4),
     Learn("drained, fewer running: kept", 4, True, 1, 0, True, 4),
+    Learn("drained, fewer running, nothing held for it: forgotten", 4, True, 1, 0, False, None),
     Learn("running at it, no queue, turns waiting: grows by one", 4, True, 4, 0, True, 5),
     Learn("running at it, no queue, nothing waiting: no growth", 4, True, 4, 0, False, 4),
     Learn("running above it with no queue: raised to what runs", 4, True, 9, 0, False, 9),
@@ -75,7 +76,53 @@ LEARN = [
 @pytest.mark.parametrize("case", LEARN, ids=[case.name for case in LEARN])
 def test_the_batch_capacity_is_learned_from_probes(case: Learn) -> None:
     learned = engine_load.learn(case.known, case.healthy, case.running, case.waiting, case.turns_wait)
-    assert learned == case.learned
+    assert learned.capacity == case.learned
+    assert learned.queued == (case.healthy and bool(case.waiting) and case.running is not None)
+
+
+# -- a lone queue with KV to spare (issue 23: the light load was not neutral) ------------------------
+
+
+@dataclass
+class LoneQueue:
+    name: str
+    known: int | None
+    running: int
+    waiting: int
+    kv_usage: float | None
+    queued_before: bool
+    learned: int | None
+
+
+LONE = [
+    LoneQueue("a lone queue with KV to spare: the engine may be admitting", None, 4, 2, 0.19, False, None),
+    LoneQueue("the same queue on the next probe too: the bound", None, 4, 2, 0.19, True, 4),
+    LoneQueue("a lone queue with the KV cache full: the bound", None, 19, 7, 0.91, False, 19),
+    LoneQueue("a lone queue, no KV usage reported: taken as the bound", None, 4, 2, None, False, 4),
+    LoneQueue("once known, any queue sets it", 8, 5, 1, 0.2, False, 5),
+]
+
+
+@pytest.mark.parametrize("case", LONE, ids=[case.name for case in LONE])
+def test_a_lone_queue_with_kv_to_spare_teaches_no_bound(case: LoneQueue) -> None:
+    learned = engine_load.learn(
+        case.known, True, case.running, case.waiting, True, case.kv_usage, case.queued_before
+    )
+    assert (learned.capacity, learned.queued) == (case.learned, True)
+
+
+def test_a_light_load_whose_engine_is_still_admitting_is_not_capped() -> None:
+    """The light-load input (SIMULATED, 6 agents per replica, slots unbounded): a probe caught the
+    engine with 4 running and 2 still waiting to be admitted, 19 % of its KV in use; that capped the
+    replica at 4 and held the next turns for seconds. Now only a queue the next probe still shows
+    caps it."""
+    state = make_state([("a", ["m"], 32)])
+    flood(state, 6)
+    feed(state, [ReplicaProbed("a", 2.0, True, 4, 2, 0.19)])
+    flood(state, 3, at=2.5, first=10)
+    assert placed_on(state, "a") == 9 and not state.held
+    feed(state, [ReplicaProbed("a", 4.0, True, 8, 1, 0.4)])  # still queued: that is its bound
+    assert engine_load.capacity(state.replicas["a"]) == 8
 
 
 # -- the flip-flop of the review: 4-slot engines under the default max_inflight = 32 ----------------
