@@ -88,7 +88,7 @@ from luftpause.dataplane.front_doors import MESSAGES_PATH, RESPONSES_PATH, Front
 from luftpause.dataplane.front_doors import error_body as api_error_body
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import Relay
+from luftpause.dataplane.relay import FailOver, Relay
 from luftpause.dataplane.request_checks import (
     RUN_ID_MAX_BYTES,
     acceptable_run_id,
@@ -111,7 +111,8 @@ log = logging.getLogger("luftpause.dataplane")
 ENGINE_READ_TIMEOUT_ENV = "LUFTPAUSE_ENGINE_READ_TIMEOUT_S"
 """Overrides the engine read timeout (seconds), for tests; by default the scheduler's turn expiry."""
 PRUNE_EVERY_S = 60.0
-"""How often expired runs, tool-call ids and ended runs are forgotten (one task for all three)."""
+"""How often expired runs, tool-call ids and ended runs are forgotten (one task for all three); a
+sixth of ``[dataplane] run_expiry_s`` when that is shorter."""
 MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
 DECIDE_PATH = "/v1/decide"
@@ -128,8 +129,10 @@ class Dataplane:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.runs = RunTable()
-        self.tool_calls = ToolCallTable()
+        expiry_s = config.dataplane.run_expiry_s
+        self.runs = RunTable(idle_expiry_s=expiry_s)
+        self.tool_calls = ToolCallTable(ttl_s=expiry_s)
+        self._prune_every_s = min(PRUNE_EVERY_S, expiry_s / 6)
         self.ended_runs: dict[str, float] = {}
         """Run id -> ``loop.time()`` its ``DELETE`` came, oldest first: a tool-call id it emitted
         no longer resolves to it. A set beside the table rather than a run -> ids index, which
@@ -209,16 +212,24 @@ class Dataplane:
         read_timeout = float(os.environ.get(ENGINE_READ_TIMEOUT_ENV) or TURN_EXPIRY_S)
         self._upstream = Upstream(read_timeout)
         self._upstream.start()
-        self._relay = Relay(self._upstream, self.link, self.runs, self.metrics, self.tool_calls)
+        self._relay = Relay(
+            self._upstream,
+            self.link,
+            self.runs,
+            self.metrics,
+            self.tool_calls,
+            self.config.dataplane.failover,
+        )
         self._prune_task = self._loop.create_task(self._prune_forever())
         await self.link.start()
 
     async def _prune_forever(self) -> None:
-        """Every ``PRUNE_EVERY_S`` seconds: forget idle runs, expired tool-call ids and ended runs
-        older than the tool-call ids' ttl (no id of theirs can be looked up any more)."""
+        """Every ``PRUNE_EVERY_S`` seconds (or a sixth of the run expiry): forget idle runs, expired
+        tool-call ids and ended runs older than the tool-call ids' ttl (no id of theirs can be
+        looked up any more)."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(PRUNE_EVERY_S)
+            await asyncio.sleep(self._prune_every_s)
             now = loop.time()
             self.runs.prune(now)
             self.tool_calls.prune(now)
@@ -476,17 +487,39 @@ class Dataplane:
         if name is None:
             watch()  # the turn may be held: its client leaving must take it out of the queue at once
             name = await self._admit(turn)
-        replica = self._replicas.get(name)
-        if replica is None:
-            self._relay.abandoned(turn)
-            if turn.new_run:
-                self.runs.forget_unplaced(turn.run_id)
-            self.metrics.turn_ended("failed", turn.service_class)
-            raise DataplaneError(
-                f"the scheduler placed the turn on replica {name!r}, "
-                "which this dataplane's configuration does not name"
-            )
-        await self._relay.forward(turn, replica, exchange)
+        failover = self.config.dataplane.failover
+        if failover.undelivered or failover.retry_statuses:
+            turn.failovers_left = 1
+        while True:
+            replica = self._replicas.get(name)
+            if replica is None:
+                self._relay.abandoned(turn)
+                if turn.new_run:
+                    self.runs.forget_unplaced(turn.run_id)
+                self.metrics.turn_ended("failed", turn.service_class)
+                raise DataplaneError(
+                    f"the scheduler placed the turn on replica {name!r}, "
+                    "which this dataplane's configuration does not name"
+                )
+            translation = turn.translation  # a native send drops it; another replica may need it
+            try:
+                await self._relay.forward(turn, replica, exchange)
+                return
+            except FailOver as exc:
+                # Nothing reached the client and the turn was reported failed (with its replica
+                # unreachable, the scheduler has taken that one out of rotation): it is admitted
+                # again, through the scheduler (never a lease), to go to another replica.
+                turn = turn.again(translation)
+                self.metrics.failed_over("unreachable" if exc.unreachable else "status")
+                log.warning(
+                    "turn of run %s: %s; admitted again as turn %s for another replica",
+                    turn.run_id,
+                    exc,
+                    turn.turn_id,
+                    extra={"run_id": turn.run_id, "turn_id": turn.turn_id, "replica": replica.name},
+                )
+                watch()
+                name = await self._admit(turn)
 
     async def _admit(self, turn: Turn) -> str:
         """Ask the scheduler to place ``turn``: the replica's name. Raises :class:`DataplaneError`
@@ -500,6 +533,7 @@ class Dataplane:
             caller=turn.caller,
             dataplane_id=self.link.dataplane_id,
             single_pass=turn.single_pass,
+            failover=turn.failover,
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent

@@ -45,6 +45,10 @@ class TurnArrived:
     at: float
     single_pass: bool = False
     trace_id: str = ""
+    failover: bool = False
+    """``AdmitRequest.failover``: the turn comes again because its replica was unreachable
+    (docs/failover.md): refused 502 at once when no replica of its model is usable now, rather
+    than held until one is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,9 @@ class TurnFailed:
     at: float
     error: str
     engine_fault: bool = True
+    unreachable: bool = False
+    """The engine was never reached (connection refused, or reset or timed out before any byte of
+    its answer): the replica's breaker opens at once (rule 17), whatever its threshold."""
 
 
 @dataclass(frozen=True, slots=True)
