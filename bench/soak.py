@@ -261,6 +261,9 @@ def soak(args: argparse.Namespace, expiry_s: float, workdir: Path) -> dict[str, 
             child.stop()
 
 
+_COMMANDS = frozenset({"fake-engine", "fake-mcp", "scheduler", "dataplane", "runtime"})
+
+
 def tree_rss_mb(leader: int) -> float:
     """RSS of process group ``leader`` (a child of ``up``, in its own session: the process and its
     granian workers), in MB."""
@@ -288,9 +291,12 @@ def up_children(up: int) -> dict[str, int]:
         except OSError:
             continue
         words = [a.decode() for a in argv if a]
-        command = words[words.index("luftpause") + 1] if "luftpause" in words else " ".join(words[:3])
+        # python -m luftpause <command> ..., or a server's own title (luftpause <command> ...)
+        at = words.index("luftpause") if "luftpause" in words else 0 if words[0].endswith("luftpause") else -1
+        if at < 0 or at + 1 >= len(words) or words[at + 1] not in _COMMANDS:
+            continue  # not one of the stack's processes (up's reaper)
         port = words[words.index("--port") + 1] if "--port" in words else ""
-        named[f"{command} {port}".strip()] = int(entry)
+        named[f"{words[at + 1]} {port}".strip()] = int(entry)
     return named
 
 
