@@ -290,7 +290,8 @@ def up_children(up: int) -> dict[str, int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        words = [a.decode() for a in argv if a]
+        # a server that sets its title (granian) writes it as one string: split on spaces too
+        words = b" ".join(argv).decode(errors="replace").split()
         # python -m luftpause <command> ..., or a server's own title (luftpause <command> ...)
         at = words.index("luftpause") if "luftpause" in words else 0 if words[0].endswith("luftpause") else -1
         if at < 0 or at + 1 >= len(words) or words[at + 1] not in _COMMANDS:

@@ -68,6 +68,7 @@ from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
 from luftpause.dataplane.asgi import (
     WATCH_AFTER_S,
+    BodyCutShort,
     ClientGone,
     Exchange,
     Headers,
@@ -291,6 +292,8 @@ class Dataplane:
         except DataplaneError as exc:
             if exchange.started:
                 raise StreamBroken(str(exc)) from None  # cannot happen by design; never a clean end
+            if isinstance(exc, BodyCutShort):
+                log.info("%s %s: %s", exchange.method, exchange.path, exc)
             if exc.run_id is None and exchange.path != DECIDE_PATH:
                 exc.run_id = client_run_id(exchange)
             headers = _JSON if exc.run_id is None else [*_JSON, (_RUN_ID, exc.run_id.encode())]
