@@ -153,7 +153,11 @@ class Dataplane:
         )
         self.access = Access.from_config(config)
         """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
-        self.intake = TurnIntake(self.access, self.identity, self._now)
+        self._context_lengths: dict[str, int] = {}
+        """Model -> the largest context length (tokens) its replicas' engines report, from the
+        scheduler's replica set: a turn's output-token cap where ``[dataplane] max_tokens`` names
+        none."""
+        self.intake = TurnIntake(self.access, self.identity, self._now, self.token_cap)
         """What a ``/v1`` request becomes: its access, class, caller, run and turn."""
         self._models = config.models
         self.models_body = models_body(self._models, anthropic=False)
@@ -249,6 +253,11 @@ class Dataplane:
         if self._upstream is not None:
             await self._upstream.close()
 
+    def token_cap(self, model: str) -> int | None:
+        """The most output tokens a turn of ``model`` may ask for: ``[dataplane] max_tokens`` for
+        it, else the largest context length its replicas report, else ``None`` (no cap)."""
+        return self.config.dataplane.max_tokens.get(model) or self._context_lengths.get(model)
+
     def _now(self) -> float:
         """The worker loop's time (seconds): a turn's ``arrived``, a run's last activity."""
         assert self._loop is not None
@@ -259,7 +268,11 @@ class Dataplane:
         turns go to these replicas and ``/v1/models`` lists their models from now on. A spec
         this dataplane cannot read is kept as it was, logged."""
         learned: dict[str, ReplicaConfig] = {}
+        lengths: dict[str, int] = {}
         for spec in replicas.replicas:
+            if spec.max_model_len:
+                for model in spec.models:
+                    lengths[model] = max(lengths.get(model, 0), spec.max_model_len)
             try:
                 learned[spec.name] = ReplicaConfig.model_validate(
                     {
@@ -279,6 +292,7 @@ class Dataplane:
         if learned.keys() != self._replicas.keys():
             log.info("replicas from the scheduler: %s", ", ".join(learned) or "none")
         self._replicas = learned
+        self._context_lengths = lengths
         self._models = list(dict.fromkeys(m for r in learned.values() for m in r.models))
         self.models_body = models_body(self._models, anthropic=False)
         self.anthropic_models_body = models_body(self._models, anthropic=True)
