@@ -34,9 +34,9 @@ def arrive(
     at: float = 0.0,
     cls: str = "interactive",
     caller: str = "",
-    failover: bool = False,
+    failover_from: str = "",
 ) -> TurnArrived:
-    return TurnArrived(turn, run, model, cls, caller, "dp", at, failover=failover)  # type: ignore[arg-type]
+    return TurnArrived(turn, run, model, cls, caller, "dp", at, failover_from=failover_from)  # type: ignore[arg-type]
 
 
 def single(

@@ -550,7 +550,7 @@ class Dataplane:
             caller=turn.caller,
             dataplane_id=self.link.dataplane_id,
             single_pass=turn.single_pass,
-            failover=turn.failover,
+            failover_from=turn.failover_from,
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent

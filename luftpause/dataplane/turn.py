@@ -213,8 +213,9 @@ class Turn:
     failovers_left: int = 0
     """How many more times it may go to another replica when its own failed before answering
     (``[dataplane.failover]``, docs/failover.md): 1 at intake when failover is on, then 0."""
-    failover: bool = False
-    """It comes again after its replica failed before answering (``AdmitRequest.failover``)."""
+    failover_from: str = ""
+    """The replica that failed it before answering, when it comes again
+    (``AdmitRequest.failover_from``); ``""`` for a first send."""
 
     def again(self, translation: Translation | None) -> Turn:
         """This turn once more, for another replica: a new turn id, one failover fewer, nothing of
@@ -228,7 +229,7 @@ class Turn:
             native_served=False,
             replica="",
             failovers_left=self.failovers_left - 1,
-            failover=True,
+            failover_from=self.replica,
         )
 
     @staticmethod

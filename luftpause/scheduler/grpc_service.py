@@ -355,7 +355,7 @@ class _Stream:
             # Kept with the turn whether or not this scheduler traces: the log line of its
             # expiry or abandon names the trace (luftpause.scheduler.host).
             trace_id=tracing.trace_id_of(request.traceparent),
-            failover=request.failover,
+            failover_from=request.failover_from,
         )
         try:
             self.host.arrive(arrived, answer)

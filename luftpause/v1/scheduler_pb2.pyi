@@ -96,7 +96,7 @@ class ReplicaSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ..., apis: _Optional[_Iterable[str]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent", "failover")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent", "failover_from")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -105,7 +105,7 @@ class AdmitRequest(_message.Message):
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
-    FAILOVER_FIELD_NUMBER: _ClassVar[int]
+    FAILOVER_FROM_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -114,8 +114,8 @@ class AdmitRequest(_message.Message):
     dataplane_id: str
     single_pass: bool
     traceparent: str
-    failover: bool
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ..., failover: _Optional[bool] = ...) -> None: ...
+    failover_from: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ..., failover_from: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("replica",)

@@ -50,11 +50,16 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         reason = routing.unknown_model_reason(event.model, event.single_pass)
         out.append(Reject(event.turn_id, reason, routing.UNKNOWN_MODEL_STATUS))
         return
-    if event.failover and not any(health.usable(replica) for replica in serving):
-        # its replica was unreachable (its breaker just opened) and no other can take it: the
-        # client hears so now rather than waiting for a replica to come back
+    if event.failover_from:
+        # its replica failed it before answering: another one, now, or the client hears so at
+        # once rather than waiting for a replica to come back
+        serving = tuple(replica for replica in serving if replica.name != event.failover_from)
+    if event.failover_from and not any(health.usable(replica) for replica in serving):
         state.counters.rejected += 1
-        reason = f"engine unreachable, and no other healthy replica serves model {event.model!r}"
+        reason = (
+            f"replica {event.failover_from} failed the turn before answering, and no other healthy "
+            f"replica serves model {event.model!r}"
+        )
         out.append(Reject(event.turn_id, reason, FAILOVER_REFUSED_STATUS))
         return
     turn = HeldTurn(

@@ -45,10 +45,10 @@ class TurnArrived:
     at: float
     single_pass: bool = False
     trace_id: str = ""
-    failover: bool = False
-    """``AdmitRequest.failover``: the turn comes again because its replica was unreachable
-    (docs/failover.md): refused 502 at once when no replica of its model is usable now, rather
-    than held until one is."""
+    failover_from: str = ""
+    """``AdmitRequest.failover_from``: the turn comes again because this replica failed it before
+    answering (docs/failover.md): it goes to another usable replica of its model, refused 502 at
+    once when there is none now rather than held until one is; ``""``: a first admission."""
 
 
 @dataclass(frozen=True, slots=True)

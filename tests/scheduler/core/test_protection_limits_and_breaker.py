@@ -309,7 +309,7 @@ def test_an_unreachable_engine_opens_its_breaker_at_once_even_with_the_breaker_o
     assert state.replicas["a"].tripped and held_turns(state) == ["t3"]  # not given a's slot
     assert state.counters.breaker_trips == 1
     # admitted again: it goes to b once b has room, never to a while a is out
-    feed(state, [arrive("t1b", "r1", at=1.1, failover=True)])
+    feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")])
     feed(state, [finish("t2", at=1.2)])
     assert "a" not in placements(state).values()
     assert feed(state, [probe("a", at=2.0)])[0] == BreakerChanged("a", opened=False)
@@ -320,8 +320,18 @@ def test_a_turn_admitted_again_with_no_usable_replica_left_is_refused_at_once_no
     state = limited(Protection(), caps=(1,))
     feed(state, [arrive("t1", "r1")])
     feed(state, [TurnFailed("t1", 1.0, "engine a: reset", unreachable=True)])
-    actions = feed(state, [arrive("t1b", "r1", at=1.1, failover=True)])
-    reason = f"engine unreachable, and no other healthy replica serves model 'm'"
+    actions = feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")])
+    reason = "replica a failed the turn before answering, and no other healthy replica serves model 'm'"
     assert actions == [Reject("t1b", reason, 502)] and held_turns(state) == []
     # a turn that is not a failover is held for the replica, as ever
     assert feed(state, [arrive("t2", "r2", at=1.2)]) == [] and held_turns(state) == ["t2"]
+
+
+def test_a_turn_admitted_again_goes_to_another_replica_even_when_its_own_stays_in_rotation() -> None:
+    # an engine status [dataplane.failover] retries: a is still healthy, but the turn must not go
+    # back to it (nor wait for it as the idle run's last replica)
+    state = limited(Protection(), caps=(1, 1))
+    assert feed(state, [arrive("t1", "r1")]) == [Place("t1", "a")]
+    feed(state, [TurnFailed("t1", 1.0, "engine answered 503")])
+    assert not state.replicas["a"].tripped
+    assert feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")]) == [Place("t1b", "b")]
