@@ -80,6 +80,7 @@ from luftpause.dataplane.asgi import (
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
+    EngineUnreachable,
     MethodNotAllowed,
     NotFound,
     TooManyRequests,
@@ -536,7 +537,13 @@ class Dataplane:
                     extra={"run_id": turn.run_id, "turn_id": turn.turn_id, "replica": replica.name},
                 )
                 watch()
-                name = await self._admit(turn)
+                try:
+                    name = await self._admit(turn)
+                except DataplaneError as refused:
+                    if refused.status != 502:
+                        raise
+                    # no other replica: the client hears what happened to its turn first
+                    raise EngineUnreachable(f"{exc}; {refused}") from None
 
     async def _admit(self, turn: Turn) -> str:
         """Ask the scheduler to place ``turn``: the replica's name. Raises :class:`DataplaneError`

@@ -59,10 +59,18 @@ def urls(engines: list[ChildProcess]) -> list[str]:
     return [str(engine.ready_url).removesuffix("/health") for engine in engines]
 
 
+def client_of(pair: SchedulerAndDataplane) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
 def load(
     pair: SchedulerAndDataplane, stop: threading.Event, outcomes: Counter[str], errors: list[str]
 ) -> None:
-    client = openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60)
+    with client_of(pair) as client:
+        turns(client, stop, outcomes, errors)
+
+
+def turns(client: openai.OpenAI, stop: threading.Event, outcomes: Counter[str], errors: list[str]) -> None:
     streamed = False
     while not stop.is_set():
         streamed = not streamed
@@ -128,18 +136,19 @@ def test_an_engine_5xx_goes_to_another_replica_only_when_the_policy_names_it(tmp
             two_engines(workdir, refusing) as engines,
             scheduler_and_dataplane(workdir, urls(engines), dataplane=policy) as pair,
         ):
-            client = openai.OpenAI(
-                base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60
-            )
             statuses: Counter[int] = Counter()
-            for i in range(24):  # new runs: the scheduler spreads them over both replicas
-                try:
-                    client.chat.completions.create(
-                        model=MODEL, messages=HI, max_tokens=2, extra_headers={"x-luftpause-run-id": f"r{i}"}
-                    )  # type: ignore[arg-type]
-                    statuses[200] += 1
-                except openai.APIStatusError as exc:
-                    statuses[exc.status_code] += 1
+            with client_of(pair) as client:
+                for i in range(24):  # new runs, each placed on the least loaded (the first)
+                    try:
+                        client.chat.completions.create(
+                            model=MODEL,
+                            messages=HI,
+                            max_tokens=2,
+                            extra_headers={"x-luftpause-run-id": f"r{i}"},
+                        )  # type: ignore[arg-type]
+                        statuses[200] += 1
+                    except openai.APIStatusError as exc:
+                        statuses[exc.status_code] += 1
             retried = pair.metric('luftpause_dataplane_failovers_total{reason="status"}')
         if expect_refusals:
             assert statuses[503] > 0 and retried == 0, statuses  # off by default: relayed unchanged
@@ -152,8 +161,8 @@ def test_no_other_healthy_replica_answers_502_at_once(tmp_path: Path) -> None:
     dead = "http://127.0.0.1:9"  # discard port: nothing listens there
     replicas = f'\n[[replicas]]\nname = "gone"\nurl = "{dead}"\nmodels = ["{MODEL}"]\nhealth_path = ""\n'
     with scheduler_and_dataplane(tmp_path, [], replicas=replicas) as pair:
-        client = openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=60)
-        with pytest.raises(openai.APIStatusError) as raised:
+        with client_of(pair) as client, pytest.raises(openai.APIStatusError) as raised:
             client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)  # type: ignore[arg-type]
         assert raised.value.status_code == 502
-        assert "no other healthy replica" in raised.value.message
+        message = raised.value.response.json()["error"]["message"]
+        assert message.startswith("engine gone: cannot connect") and "no other healthy replica" in message

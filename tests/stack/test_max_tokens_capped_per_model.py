@@ -51,15 +51,16 @@ def refused_once_known(call: Callable[[], object], error: type[Exception]) -> Ex
         time.sleep(0.5)
 
 
-def chat(pair: SchedulerAndDataplane) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=30)
+@pytest.fixture
+def client(pair: SchedulerAndDataplane) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=30) as opened:
+        yield opened
 
 
 HI = [{"role": "user", "content": "hi"}]
 
 
-def test_chat_max_tokens_past_the_engines_context_length_is_400(pair: SchedulerAndDataplane) -> None:
-    client = chat(pair)
+def test_chat_max_tokens_past_the_engines_context_length_is_400(client: openai.OpenAI) -> None:
     exc = refused_once_known(
         lambda: client.chat.completions.create(model=MODEL, messages=HI, max_tokens=10**12),  # type: ignore[arg-type]
         openai.BadRequestError,
@@ -72,25 +73,23 @@ def test_chat_max_tokens_past_the_engines_context_length_is_400(pair: SchedulerA
     assert answer.choices[0].message is not None
 
 
-def test_a_configured_cap_wins_over_the_context_length(pair: SchedulerAndDataplane) -> None:
-    client = chat(pair)
+def test_a_configured_cap_wins_over_the_context_length(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="at most 50 output tokens"):
         client.chat.completions.create(model=CONFIGURED, messages=HI, max_tokens=51)  # type: ignore[arg-type]
     assert client.chat.completions.create(model=CONFIGURED, messages=HI, max_tokens=50).choices  # type: ignore[arg-type]
 
 
 def test_messages_max_tokens_past_the_cap_is_400_in_anthropics_shape(pair: SchedulerAndDataplane) -> None:
-    client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=30)
-    exc = refused_once_known(
-        lambda: client.messages.create(model=MODEL, max_tokens=10**9, messages=HI),  # type: ignore[arg-type]
-        anthropic.BadRequestError,
-    )
+    with anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=30) as client:
+        exc = refused_once_known(
+            lambda: client.messages.create(model=MODEL, max_tokens=10**9, messages=HI),  # type: ignore[arg-type]
+            anthropic.BadRequestError,
+        )
     assert isinstance(exc, anthropic.BadRequestError)
     assert exc.body["type"] == "error" and "max_tokens" in exc.body["error"]["message"]  # type: ignore[index]
 
 
-def test_responses_max_output_tokens_past_the_cap_is_400(pair: SchedulerAndDataplane) -> None:
-    client = chat(pair)
+def test_responses_max_output_tokens_past_the_cap_is_400(client: openai.OpenAI) -> None:
     exc = refused_once_known(
         lambda: client.responses.create(model=MODEL, input="hi", max_output_tokens=10**9),
         openai.BadRequestError,
