@@ -24,6 +24,18 @@ first and the second half of the soak, the run table's size at the end (the data
 
     .venv/bin/python bench/soak.py [--agents 64] [--duration-s 360] [--expiry-s 60] [--control]
                                    [--tracemalloc] [--sample-s 15] [--json PATH]
+
+``--stack`` soaks every process instead: ``luftpause up --config FILE --simulate`` (two simulated
+engines, the fake MCP server, scheduler, dataplane, runtime) with the retention windows shortened by
+configuration alone (``[scheduler] run_expiry_s`` and ``[dataplane] run_expiry_s`` set to
+``--expiry-s``; ``[runtime] retained_bytes`` to ``--retained-bytes``), own-loop agents through the
+dataplane (``--agents``) and, at the same time, sub-agents through the runtime (``luftpause loadgen
+--spawn --spawn-agents``, one pass after another until the end). The RSS of every process (each
+process with its granian workers) is sampled every ``--sample-s``; the report gives each one's
+slope in the first and the second half.
+
+    .venv/bin/python bench/soak.py --stack [--agents 8] [--spawn-agents 4] [--duration-s 2400]
+                                   [--expiry-s 120] [--retained-bytes 2097152] [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ from typing import Any
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port, stat_fields
+from luftpause.testkit.procs import ChildProcess, free_port, group_pids, stat_fields
 
 # The dataplane under test: its expiries patched, then served as `luftpause dataplane` serves it.
 # granian forks its worker from this process, so the worker sees the patched module constants;
@@ -249,6 +261,144 @@ def soak(args: argparse.Namespace, expiry_s: float, workdir: Path) -> dict[str, 
             child.stop()
 
 
+_COMMANDS = frozenset({"fake-engine", "fake-mcp", "scheduler", "dataplane", "runtime"})
+
+
+def tree_rss_mb(leader: int) -> float:
+    """RSS of process group ``leader`` (a child of ``up``, in its own session: the process and its
+    granian workers), in MB."""
+    total = 0.0
+    for pid in group_pids(leader):
+        try:
+            total += rss_mb(pid)
+        except (OSError, RuntimeError):
+            pass  # gone between the listing and the read
+    return total
+
+
+def up_children(up: int) -> dict[str, int]:
+    """The processes ``luftpause up`` (pid ``up``) started, by their command (``fake-engine
+    --port 9101``, ``dataplane``, ...), each its process group leader."""
+    named: dict[str, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = stat_fields(int(entry))
+        if fields is None or int(fields[1]) != up:
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # a server that sets its title (granian) writes it as one string: split on spaces too
+        words = b" ".join(argv).decode(errors="replace").split()
+        # python -m luftpause <command> ..., or a server's own title (luftpause <command> ...)
+        at = words.index("luftpause") if "luftpause" in words else 0 if words[0].endswith("luftpause") else -1
+        if at < 0 or at + 1 >= len(words) or words[at + 1] not in _COMMANDS:
+            continue  # not one of the stack's processes (up's reaper)
+        port = words[words.index("--port") + 1] if "--port" in words else ""
+        named[f"{words[at + 1]} {port}".strip()] = int(entry)
+    return named
+
+
+def soak_stack(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Every process of ``luftpause up`` under a steady load, retention shortened by configuration."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    engines = [free_port(), free_port()]
+    mcp, grpc_port, status_port, dp_port, rt_port = (free_port() for _ in range(5))
+    replicas = "".join(
+        f'[[replicas]]\nname = "sim-{i}"\nurl = "http://127.0.0.1:{port}"\nmodels = ["{DEFAULT_MODEL}"]\n'
+        for i, port in enumerate(engines)
+    )
+    config = workdir / "luftpause.toml"
+    config.write_text(
+        f'[scheduler]\ngrpc = "127.0.0.1:{grpc_port}"\nhttp = "127.0.0.1:{status_port}"\n'
+        f"run_expiry_s = {args.expiry_s}\n"
+        f'[dataplane]\nlisten = "127.0.0.1:{dp_port}"\nscheduler = "127.0.0.1:{grpc_port}"\n'
+        f"run_expiry_s = {args.expiry_s}\n"
+        f'[runtime]\nlisten = "127.0.0.1:{rt_port}"\ndataplane = "http://127.0.0.1:{dp_port}"\n'
+        f'state_dir = "{workdir / "state"}"\ndefault_model = "{DEFAULT_MODEL}"\n'
+        f"retained_bytes = {args.retained_bytes}\n"
+        f'{replicas}[[mcp_servers]]\nname = "tools"\nurl = "http://127.0.0.1:{mcp}/mcp"\n'
+    )
+    env = {"LUFTPAUSE_TOKEN": ""}
+    up = ChildProcess(
+        "up",
+        ["up", "--config", str(config), "--simulate", "--logs", str(workdir / "logs")],
+        workdir / "up.log",
+        ready_url=f"http://127.0.0.1:{rt_port}/readyz",
+        env=env,
+    )
+    loads: list[subprocess.Popen[bytes]] = []
+    spawner: subprocess.Popen[bytes] | None = None
+    try:
+        up.start()
+        up.wait_ready(180)
+        assert up.proc is not None
+        time.sleep(2)
+        children = up_children(up.proc.pid)
+        base = f"http://127.0.0.1:{dp_port}"
+        agents = subprocess.Popen(
+            [sys.executable, "-m", "luftpause", "loadgen", "--agents", str(args.agents),
+             "--duration-s", str(args.duration_s), "--proxy", base, "--tool-rounds",
+             str(args.tool_rounds), "--tool-seconds", str(args.tool_seconds), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, **env},
+        )  # fmt: skip
+        loads.append(agents)
+        spawn_cmd = [sys.executable, "-m", "luftpause", "loadgen", "--config", str(config),
+                     "--spawn", str(args.spawn_agents), "--json", "--timeout", "300"]  # fmt: skip
+        started = time.monotonic()
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in children}
+        spawn_passes = spawn_failures = 0
+        while agents.poll() is None:
+            at = round(time.monotonic() - started, 1)
+            if spawner is None or spawner.poll() is not None:
+                if spawner is not None:
+                    spawn_passes += 1
+                    spawn_failures += spawner.returncode != 0
+                if at < args.duration_s - 30:
+                    spawner = subprocess.Popen(
+                        spawn_cmd,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        env={**os.environ, **env},
+                    )
+            for name, leader in children.items():
+                samples[name].append((at, round(tree_rss_mb(leader), 2)))
+            print(
+                f"  {at:6.0f} s  " + "  ".join(f"{n} {s[-1][1]:.1f}" for n, s in samples.items()), flush=True
+            )
+            time.sleep(args.sample_s)
+        out, _ = agents.communicate()
+        half = args.duration_s / 2
+        processes = {
+            name: {
+                "rss_first_mb": s[0][1] if s else None,
+                "rss_last_mb": s[-1][1] if s else None,
+                "rss_max_mb": max(m for _, m in s) if s else None,
+                "slope_first_half_mb_per_min": round(slope_mb_per_min([x for x in s if x[0] <= half]), 3),
+                "slope_second_half_mb_per_min": round(slope_mb_per_min([x for x in s if x[0] > half]), 3),
+                "rss_mb": s,
+            }
+            for name, s in samples.items()
+        }
+        return {
+            "expiry_s": args.expiry_s,
+            "retained_bytes": args.retained_bytes,
+            "processes": processes,
+            "spawn_passes": spawn_passes,
+            "spawn_passes_failed": spawn_failures,
+            "loadgen": orjson.loads(out) if out.strip() else None,
+            "dataplane_health_at_end": get_json(f"{base}/health"),
+        }
+    finally:
+        for proc in [*loads, *([spawner] if spawner is not None else [])]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        up.stop(timeout=30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=64)
@@ -263,7 +413,25 @@ def main() -> int:
     parser.add_argument("--tool-rounds", type=int, default=2)
     parser.add_argument("--tool-seconds", type=float, default=0.2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--stack", action="store_true", help="every process of luftpause up (see above)")
+    parser.add_argument("--spawn-agents", type=int, default=4, help="--stack: sub-agents per spawn pass")
+    parser.add_argument(
+        "--retained-bytes", type=int, default=2 * 1024 * 1024, help="--stack: [runtime] retained_bytes"
+    )
     args = parser.parse_args()
+    if args.stack:
+        with tempfile.TemporaryDirectory(prefix="soak-stack-") as tmp:
+            stack = soak_stack(args, Path(tmp) / "stack")
+        report = {"engine": "SIMULATED", "args": vars(args) | {"json": str(args.json)}, "stack": stack}
+        for name, p in stack["processes"].items():
+            print(
+                f"{name}: RSS {p['rss_first_mb']} -> {p['rss_last_mb']} MB (max {p['rss_max_mb']}); slope "
+                f"{p['slope_first_half_mb_per_min']} MB/min (first half), "
+                f"{p['slope_second_half_mb_per_min']} MB/min (second half)"
+            )
+        if args.json is not None:
+            args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        return 0
     results: dict[str, Any] = {
         "engine": "SIMULATED",
         "load_average": os.getloadavg(),

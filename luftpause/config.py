@@ -268,8 +268,32 @@ class SchedulerConfig(_Section):
     policy (``bench/flood_sim.py --replay``); ``""`` (the default): no trace."""
     protection: ProtectionConfig = ProtectionConfig()
     """Protection limits per caller and class, and the circuit breaker: opt-in, off by default."""
+    run_expiry_s: float = Field(default=1800.0, gt=0)
+    """Seconds with no turn after which the scheduler forgets a run (its affinity and headroom)."""
 
     _check = field_validator("grpc", "http")(_host_port)
+
+
+class FailoverConfig(_Section):
+    """``[dataplane.failover]``: what a turn whose replica failed before its answer began may do
+    (docs/failover.md; after SGLang Model Gateway's ``--retry-*`` options, which retry 408, 429,
+    500, 502, 503 and 504)."""
+
+    undelivered: bool = True
+    """A turn whose engine could not be connected to, or closed or reset the connection before
+    any byte of its answer, is admitted once more (the scheduler places it on another healthy
+    replica of its model) and the replica is marked unhealthy at once."""
+    retry_statuses: tuple[int, ...] = ()
+    """Engine statuses (5xx) that send the turn once more to another replica instead of relaying
+    the refusal, e.g. ``[502, 503, 504]``. Empty (the default): none, as an engine that answered
+    may have worked on the turn."""
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 500 <= status <= 599 for status in value):
+            raise ValueError(f"expected 5xx statuses, got {list(value)!r}")
+        return value
 
 
 class DataplaneConfig(_Section):
@@ -288,8 +312,26 @@ class DataplaneConfig(_Section):
     """Slow clients and connections at the HTTP listener."""
     scheduler_tls: TlsPeer | None = None
     """TLS on the link to the scheduler (for a scheduler with ``[scheduler.tls]``)."""
+    run_expiry_s: float = Field(default=1800.0, gt=0)
+    """Seconds the dataplane remembers an idle run, and the ``tool_call_id``s its turns emitted
+    (how a turn without ``x-luftpause-run-id`` finds its run)."""
+    max_tokens: dict[str, int] = Field(default_factory=dict)
+    """Model -> the most tokens a turn may ask for (``max_tokens``, ``max_completion_tokens``,
+    ``max_output_tokens``); more is refused 400. A model not named here is capped by the largest
+    context length its replicas report (vLLM's and SGLang's ``max_model_len``), else not at all
+    (docs/failover.md)."""
+    failover: FailoverConfig = FailoverConfig()
+    """Turns sent again to another replica when theirs failed before answering (docs/failover.md)."""
 
     _check = field_validator("listen", "scheduler")(_host_port)
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, value: dict[str, int]) -> dict[str, int]:
+        for model, cap in value.items():
+            if cap < 1:
+                raise ValueError(f"expected a cap of at least 1 token, got {cap!r} for {model!r}")
+        return value
 
 
 class RuntimeConfig(_Section):

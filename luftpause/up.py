@@ -12,9 +12,17 @@ for each process's ``GET /readyz`` (:mod:`luftpause.health`), but for a dataplan
 it did not start, whose engines may come later: that one it waits for until it is alive
 (``/livez``), and the banner says what it is not ready for yet. It prints every endpoint's and
 page's URL once everything answers (:func:`banner`), and stops
-every child on Ctrl-C / SIGTERM or as soon as one of them dies, printing that child's last log
-lines. Exit status: 0 after Ctrl-C, 1 when a port it needs is taken or a child died, 2 for a bad
-configuration (also when two addresses that must name the same place name different ports).
+every child on Ctrl-C / SIGTERM.
+
+It supervises (:class:`Supervisor`): a child that dies is logged with its last log lines and
+started again after a backoff (0.5 s, doubling per restart in the window, at most 10 s), its log
+appended to; the others keep serving meanwhile. Only a crash loop stops the stack: a child that
+dies more than ``--max-restarts`` times (default 5) within ``--restart-window-s`` seconds (default
+60), named in the message (docs/failover.md "luftpause up").
+
+Exit status: 0 after Ctrl-C, 1 when a port it needs is taken, a child failed to start or a child
+is in a crash loop, 2 for a bad configuration (also when two addresses that must name the same
+place name different ports).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 from urllib.parse import urlencode, urlsplit
 
 import orjson
@@ -40,6 +49,8 @@ from luftpause.ports import address_in_use
 from luftpause.testkit.procs import ChildProcess
 
 READY_TIMEOUT_S = 60.0
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
 
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
@@ -57,6 +68,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --config, also start a simulated engine per replica and a fake MCP server per "
         "MCP server URL, on the ports the file names (always so without --config)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="a child that dies is started again, unless it died more than N times within "
+        "--restart-window-s: a crash loop, which stops the stack (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--restart-window-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="the window of --max-restarts, in seconds (default: %(default)s)",
     )
     parser.add_argument(
         "--print-config",
@@ -323,6 +349,65 @@ def config_text(config: Config) -> str:
     return Path(config.source).read_text(encoding="utf-8").strip()
 
 
+class CrashLoop(Exception):
+    """A child died more often than the supervisor allows; ``str(err)`` names it."""
+
+
+class Supervisor:
+    """Starts a dead child again, with backoff, until it dies too often.
+
+    ``Supervisor(children, max_restarts, window_s)``; call :meth:`check` every loop turn with the
+    clock (``time.monotonic()`` seconds). A child found dead is logged (to ``err``) with its exit
+    status and last log lines, and started again ``FIRST_BACKOFF_S`` later, doubling for each
+    restart it had within ``window_s`` up to ``MAX_BACKOFF_S``; the one restart more than
+    ``max_restarts`` within ``window_s`` raises :class:`CrashLoop` instead. ``children`` is
+    updated in place (a restarted child is a new :class:`ChildProcess`, its log appended to).
+    """
+
+    def __init__(self, children: list[ChildProcess], max_restarts: int, window_s: float, err: TextIO) -> None:
+        self.children = children
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.err = err
+        self.restarts: dict[str, list[float]] = {}
+        """Child name -> when it died, within the window."""
+        self.due: dict[str, float] = {}
+        """Child name -> when it is started again."""
+
+    def check(self, now: float) -> None:
+        """Notice dead children and start again those whose backoff is over. Raises :class:`CrashLoop`."""
+        for index, child in enumerate(self.children):
+            name = child.name
+            if name in self.due:
+                if now >= self.due[name]:
+                    del self.due[name]
+                    fresh = child.again()
+                    self.children[index] = fresh.start()
+                    print(f"luftpause up: {name} started again (pid {fresh.pid})", file=self.err, flush=True)
+                continue
+            code = child.poll()
+            if code is None:
+                continue
+            died = [t for t in self.restarts.get(name, []) if now - t < self.window_s] + [now]
+            self.restarts[name] = died
+            print(f"luftpause up: {name} exited with {code}", file=self.err, flush=True)
+            print(child.log_tail(), file=self.err, flush=True)
+            if len(died) > self.max_restarts:
+                raise CrashLoop(
+                    f"{name} exited {len(died)} times within {self.window_s:g} s "
+                    f"(--max-restarts {self.max_restarts}): a crash loop; stopping the stack"
+                )
+            backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (len(died) - 1))
+            self.due[name] = now + backoff
+            print(
+                f"luftpause up: starting {name} again in {backoff:g} s "
+                f"(restart {len(died)} of at most {self.max_restarts} within {self.window_s:g} s); "
+                "the others keep serving",
+                file=self.err,
+                flush=True,
+            )
+
+
 class _Stop(Exception):
     """Raised by the first SIGINT / SIGTERM, wherever ``run`` is, to begin the shutdown."""
 
@@ -371,17 +456,14 @@ def run(args: argparse.Namespace) -> int:
             child.wait_ready(READY_TIMEOUT_S)
         token_set = bool(os.environ.get(TOKEN_ENV))
         print(banner(config, logs, args.simulate, token_set, not_ready(config)), flush=True)
+        supervisor = Supervisor(started, args.max_restarts, args.restart_window_s, sys.stderr)
         while True:
-            for child in started:
-                code = child.poll()
-                if code is not None:
-                    _ignore_ending_signals()
-                    print(
-                        f"luftpause up: {child.name} exited with {code}; stopping the rest", file=sys.stderr
-                    )
-                    print(child.log_tail(), file=sys.stderr)
-                    return 1
+            supervisor.check(time.monotonic())
             time.sleep(0.2)
+    except CrashLoop as exc:
+        _ignore_ending_signals()
+        print(f"luftpause up: {exc}", file=sys.stderr, flush=True)
+        return 1
     except _Stop:
         print("stopping ...", flush=True)
         return 0

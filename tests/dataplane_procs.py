@@ -90,9 +90,11 @@ def scheduler_and_dataplane(
     max_inflight: int = 4,
     replicas: str | None = None,
     env: dict[str, str] | None = None,
+    dataplane: str = "",
 ) -> Iterator[SchedulerAndDataplane]:
     """Start a scheduler and a dataplane (one replica per engine URL, serving :data:`MODEL`, or the
-    ``[[replicas]]`` TOML given as ``replicas``; ``env`` added to the dataplane's environment), wait
+    ``[[replicas]]`` TOML given as ``replicas``; ``env`` added to the dataplane's environment;
+    ``dataplane``: more lines of its ``[dataplane]`` table), wait
     until the dataplane is connected; stop both at the end, even on failure."""
     grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
     if replicas is None:
@@ -111,6 +113,7 @@ http = "127.0.0.1:{status_port}"
 [dataplane]
 listen = "127.0.0.1:{dp_port}"
 scheduler = "127.0.0.1:{grpc_port}"
+{dataplane}
 {replicas}"""
     )
     pair = SchedulerAndDataplane(f"http://127.0.0.1:{dp_port}", f"http://127.0.0.1:{status_port}/status")

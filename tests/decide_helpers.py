@@ -28,9 +28,15 @@ from luftpause.scheduler.core import (
 
 
 def arrive(
-    turn: str, run: str, model: str = "m", at: float = 0.0, cls: str = "interactive", caller: str = ""
+    turn: str,
+    run: str,
+    model: str = "m",
+    at: float = 0.0,
+    cls: str = "interactive",
+    caller: str = "",
+    failover_from: str = "",
 ) -> TurnArrived:
-    return TurnArrived(turn, run, model, cls, caller, "dp", at)  # type: ignore[arg-type]
+    return TurnArrived(turn, run, model, cls, caller, "dp", at, failover_from=failover_from)  # type: ignore[arg-type]
 
 
 def single(

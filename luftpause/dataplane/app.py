@@ -70,6 +70,7 @@ from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
 from luftpause.dataplane.asgi import (
     WATCH_AFTER_S,
+    BodyCutShort,
     ClientGone,
     Exchange,
     Headers,
@@ -81,6 +82,7 @@ from luftpause.dataplane.asgi import (
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
+    EngineUnreachable,
     MethodNotAllowed,
     NotFound,
     TooManyRequests,
@@ -96,7 +98,7 @@ from luftpause.dataplane.front_doors import (
 from luftpause.dataplane.front_doors import error_body as api_error_body
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import Relay
+from luftpause.dataplane.relay import FailOver, Relay
 from luftpause.dataplane.request_checks import (
     RUN_ID_MAX_BYTES,
     acceptable_run_id,
@@ -121,7 +123,8 @@ log = logging.getLogger("luftpause.dataplane")
 ENGINE_READ_TIMEOUT_ENV = "LUFTPAUSE_ENGINE_READ_TIMEOUT_S"
 """Overrides the engine read timeout (seconds), for tests; by default the scheduler's turn expiry."""
 PRUNE_EVERY_S = 60.0
-"""How often expired runs, tool-call ids and ended runs are forgotten (one task for all three)."""
+"""How often expired runs, tool-call ids and ended runs are forgotten (one task for all three); a
+sixth of ``[dataplane] run_expiry_s`` when that is shorter."""
 MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
 DECIDE_PATH = "/v1/decide"
@@ -138,8 +141,10 @@ class Dataplane:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.runs = RunTable()
-        self.tool_calls = ToolCallTable()
+        expiry_s = config.dataplane.run_expiry_s
+        self.runs = RunTable(idle_expiry_s=expiry_s)
+        self.tool_calls = ToolCallTable(ttl_s=expiry_s)
+        self._prune_every_s = min(PRUNE_EVERY_S, expiry_s / 6)
         self.ended_runs: dict[str, float] = {}
         """Run id -> ``loop.time()`` its ``DELETE`` came, oldest first: a tool-call id it emitted
         no longer resolves to it. A set beside the table rather than a run -> ids index, which
@@ -159,7 +164,11 @@ class Dataplane:
         )
         self.access = Access.from_config(config)
         """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
-        self.intake = TurnIntake(self.access, self.identity, self._now)
+        self._context_lengths: dict[str, int] = {}
+        """Model -> the largest context length (tokens) its replicas' engines report, from the
+        scheduler's replica set: a turn's output-token cap where ``[dataplane] max_tokens`` names
+        none."""
+        self.intake = TurnIntake(self.access, self.identity, self._now, self.token_cap)
         """What a ``/v1`` request becomes: its access, class, caller, run and turn."""
         self._models = config.models
         self.models_body = models_body(self._models, anthropic=False)
@@ -219,16 +228,24 @@ class Dataplane:
         read_timeout = float(os.environ.get(ENGINE_READ_TIMEOUT_ENV) or TURN_EXPIRY_S)
         self._upstream = Upstream(read_timeout)
         self._upstream.start()
-        self._relay = Relay(self._upstream, self.link, self.runs, self.metrics, self.tool_calls)
+        self._relay = Relay(
+            self._upstream,
+            self.link,
+            self.runs,
+            self.metrics,
+            self.tool_calls,
+            self.config.dataplane.failover,
+        )
         self._prune_task = self._loop.create_task(self._prune_forever())
         await self.link.start()
 
     async def _prune_forever(self) -> None:
-        """Every ``PRUNE_EVERY_S`` seconds: forget idle runs, expired tool-call ids and ended runs
-        older than the tool-call ids' ttl (no id of theirs can be looked up any more)."""
+        """Every ``PRUNE_EVERY_S`` seconds (or a sixth of the run expiry): forget idle runs, expired
+        tool-call ids and ended runs older than the tool-call ids' ttl (no id of theirs can be
+        looked up any more)."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(PRUNE_EVERY_S)
+            await asyncio.sleep(self._prune_every_s)
             now = loop.time()
             self.runs.prune(now)
             self.tool_calls.prune(now)
@@ -247,6 +264,11 @@ class Dataplane:
         if self._upstream is not None:
             await self._upstream.close()
 
+    def token_cap(self, model: str) -> int | None:
+        """The most output tokens a turn of ``model`` may ask for: ``[dataplane] max_tokens`` for
+        it, else the largest context length its replicas report, else ``None`` (no cap)."""
+        return self.config.dataplane.max_tokens.get(model) or self._context_lengths.get(model)
+
     def _now(self) -> float:
         """The worker loop's time (seconds): a turn's ``arrived``, a run's last activity."""
         assert self._loop is not None
@@ -257,7 +279,11 @@ class Dataplane:
         turns go to these replicas and ``/v1/models`` lists their models from now on. A spec
         this dataplane cannot read is kept as it was, logged."""
         learned: dict[str, ReplicaConfig] = {}
+        lengths: dict[str, int] = {}
         for spec in replicas.replicas:
+            if spec.max_model_len:
+                for model in spec.models:
+                    lengths[model] = max(lengths.get(model, 0), spec.max_model_len)
             try:
                 learned[spec.name] = ReplicaConfig.model_validate(
                     {
@@ -277,6 +303,7 @@ class Dataplane:
         if learned.keys() != self._replicas.keys():
             log.info("replicas from the scheduler: %s", ", ".join(learned) or "none")
         self._replicas = learned
+        self._context_lengths = lengths
         self._models = list(dict.fromkeys(m for r in learned.values() for m in r.models))
         self.models_body = models_body(self._models, anthropic=False)
         self.anthropic_models_body = models_body(self._models, anthropic=True)
@@ -290,6 +317,8 @@ class Dataplane:
         except DataplaneError as exc:
             if exchange.started:
                 raise StreamBroken(str(exc)) from None  # cannot happen by design; never a clean end
+            if isinstance(exc, BodyCutShort):
+                log.info("%s %s: %s", exchange.method, exchange.path, exc)
             if exc.run_id is None and exchange.path != DECIDE_PATH:
                 exc.run_id = client_run_id(exchange)
             headers = _JSON if exc.run_id is None else [*_JSON, (_RUN_ID, exc.run_id.encode())]
@@ -493,17 +522,45 @@ class Dataplane:
         if name is None:
             watch()  # the turn may be held: its client leaving must take it out of the queue at once
             name = await self._admit(turn)
-        replica = self._replicas.get(name)
-        if replica is None:
-            self._relay.abandoned(turn)
-            if turn.new_run:
-                self.runs.forget_unplaced(turn.run_id)
-            self.metrics.turn_ended("failed", turn.service_class)
-            raise DataplaneError(
-                f"the scheduler placed the turn on replica {name!r}, "
-                "which this dataplane's configuration does not name"
-            )
-        await self._relay.forward(turn, replica, exchange)
+        failover = self.config.dataplane.failover
+        if failover.undelivered or failover.retry_statuses:
+            turn.failovers_left = 1
+        while True:
+            replica = self._replicas.get(name)
+            if replica is None:
+                self._relay.abandoned(turn)
+                if turn.new_run:
+                    self.runs.forget_unplaced(turn.run_id)
+                self.metrics.turn_ended("failed", turn.service_class)
+                raise DataplaneError(
+                    f"the scheduler placed the turn on replica {name!r}, "
+                    "which this dataplane's configuration does not name"
+                )
+            translation = turn.translation  # a native send drops it; another replica may need it
+            try:
+                await self._relay.forward(turn, replica, exchange)
+                return
+            except FailOver as exc:
+                # Nothing reached the client and the turn was reported failed (with its replica
+                # unreachable, the scheduler has taken that one out of rotation): it is admitted
+                # again, through the scheduler (never a lease), to go to another replica.
+                turn = turn.again(translation)
+                self.metrics.failed_over("unreachable" if exc.unreachable else "status")
+                log.warning(
+                    "turn of run %s: %s; admitted again as turn %s for another replica",
+                    turn.run_id,
+                    exc,
+                    turn.turn_id,
+                    extra={"run_id": turn.run_id, "turn_id": turn.turn_id, "replica": replica.name},
+                )
+                watch()
+                try:
+                    name = await self._admit(turn)
+                except DataplaneError as refused:
+                    if refused.status != 502:
+                        raise
+                    # no other replica: the client hears what happened to its turn first
+                    raise EngineUnreachable(f"{exc}; {refused}") from None
 
     async def _admit(self, turn: Turn) -> str:
         """Ask the scheduler to place ``turn``: the replica's name. Raises :class:`DataplaneError`
@@ -517,6 +574,7 @@ class Dataplane:
             caller=turn.caller,
             dataplane_id=self.link.dataplane_id,
             single_pass=turn.single_pass,
+            failover_from=turn.failover_from,
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent

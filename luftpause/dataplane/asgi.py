@@ -52,6 +52,20 @@ class ClientGone(Exception):
     """The client went away before its answer began; there is nobody to answer."""
 
 
+class BodyCutShort(BadRequest):
+    """400: the request body ended before it was whole. granian reports a malformed chunked body
+    (a chunk size that is not hex, a chunk without its CRLF) as ``http.disconnect`` with the
+    connection still open, exactly as it reports a client that left mid-body; either way the
+    answer is this 400 (sent to nobody in the second case), never granian's own plain-text 500
+    for an application that answered nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the request body ended before it was whole: its chunked encoding is malformed, or "
+            "the client stopped sending it"
+        )
+
+
 class StreamBroken(Exception):
     """Raised out of the application after a response began, so that granian aborts the
     connection: the client then sees its stream broken (no final chunk), never a clean end."""
@@ -99,7 +113,8 @@ class Exchange:
 
     async def read_body(self, limit: int, too_large: Callable[[], Exception]) -> bytes:
         """The request body; ``too_large()`` is raised as soon as it passes ``limit`` bytes, and
-        :class:`ClientGone` when the client leaves before it has sent all of it.
+        :class:`BodyCutShort` (400) when it ends before it is whole (malformed chunked encoding, or
+        the client leaving before it has sent all of it).
 
         With ``Content-Length`` the body ends at that length: the closing empty message granian
         sends after it is not waited for (a watch reads it, :meth:`watch`).
@@ -109,7 +124,7 @@ class Exchange:
         receive = self.receive
         message = await receive()
         if message["type"] != "http.request":
-            raise ClientGone
+            raise BodyCutShort
         body: bytes = message.get("body", b"")
         if not message.get("more_body") or len(body) == declared:
             if len(body) > limit:
@@ -120,7 +135,7 @@ class Exchange:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                raise ClientGone
+                raise BodyCutShort
             part = message.get("body", b"")
             size += len(part)
             if size > limit:

@@ -21,6 +21,12 @@ replica}``                                                             read) to 
                                                                        placed at once under a capacity
                                                                        lease sends no Admit and is not
                                                                        observed (it would add a 0)
+``luftpause_dataplane_failovers_total{reason}``                        turns sent again to another
+                                                                       replica (docs/failover.md):
+                                                                       ``unreachable`` (the engine never
+                                                                       had it) or ``status`` (a
+                                                                       ``retry_statuses`` answer); the
+                                                                       first send counts as ``failed``
 ``luftpause_dataplane_relayed_bytes_total``                            response body bytes relayed from
                                                                        engines to clients
 ``luftpause_dataplane_turns_in_flight``                                turns sent to an engine, not yet
@@ -65,6 +71,9 @@ CLASS_NAMES: dict[int, str] = {
     pb.SERVICE_CLASS_UNSPECIFIED: "interactive",
 }
 """``ServiceClass`` enum value -> the ``service_class`` label (unspecified is interactive)."""
+
+FAILOVER_REASONS = ("unreachable", "status")
+"""Values of the ``reason`` label of ``luftpause_dataplane_failovers_total``."""
 
 NO_REPLICA = ""
 """The ``replica`` label of a turn that reached no replica (held, refused, the scheduler failed)."""
@@ -114,6 +123,7 @@ class DataplaneMetrics:
         self._held = {name: Histogram(_HELD_BUCKETS) for name in _LABELS}
         self._held_by_class = {value: self._held[name] for value, name in CLASS_NAMES.items()}
         self._relayed_bytes = 0
+        self._failovers = {reason: 0 for reason in FAILOVER_REASONS}
         self.registry = new_registry([self])
 
     def turn_ended(self, outcome: str, service_class: int, replica: str = NO_REPLICA) -> None:
@@ -147,6 +157,10 @@ class DataplaneMetrics:
         """Observe one turn's held time: seconds from its Admit sent to its placement (only for a
         turn that waited for the scheduler's decision, never one placed under a lease)."""
         self._held_by_class[service_class].observe(held_seconds)
+
+    def failed_over(self, reason: str) -> None:
+        """Count one turn sent again to another replica (``reason`` in :data:`FAILOVER_REASONS`)."""
+        self._failovers[reason] += 1
 
     def relayed(self, size: int) -> None:
         """Add ``size`` bytes of engine response body relayed to a client."""
@@ -192,6 +206,15 @@ class DataplaneMetrics:
         for name, histogram in self._held.items():
             held.add_metric([name], histogram.buckets(), histogram.total)
         yield held
+        failovers = CounterMetricFamily(
+            "luftpause_dataplane_failovers",
+            "Turns sent again to another replica after theirs failed before answering: unreachable "
+            "(the engine never had the turn) or status (an engine status [dataplane.failover] retries).",
+            labels=["reason"],
+        )
+        for reason, count in self._failovers.items():
+            failovers.add_metric([reason], count)
+        yield failovers
         relayed = CounterMetricFamily(
             "luftpause_dataplane_relayed_bytes", "Response body bytes relayed from engines to clients."
         )

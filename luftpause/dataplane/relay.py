@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from luftpause import tracing
-from luftpause.config import ReplicaConfig
+from luftpause.config import FailoverConfig, ReplicaConfig
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.asgi import Exchange, Headers, StreamBroken
@@ -35,7 +35,7 @@ from luftpause.dataplane.turn import RUN_ID_HEADER, StreamTranslation, Turn, new
 from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.v1 import scheduler_pb2 as pb
 
-__all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "Relay", "Turn", "new_id", "relayable_headers"]
+__all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -116,6 +116,17 @@ def _fixed_headers(replica: ReplicaConfig) -> list[tuple[str, str]]:
     return headers
 
 
+class FailOver(EngineUnreachable):
+    """Raised by :meth:`Relay.forward` instead of answering: the turn's replica failed before its
+    answer began, nothing was sent to the client, the turn was reported failed, and it may go to
+    another replica (``turn.failovers_left`` > 0; docs/failover.md). ``unreachable``: the engine
+    never had it (not a refusal it answered). Left unhandled it is the 502 it would have been."""
+
+    def __init__(self, message: str, unreachable: bool) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
 class Relay:
     """Forwards admitted turns to replicas (one :class:`~luftpause.dataplane.upstream.EnginePool`
     each) and reports them.
@@ -136,7 +147,10 @@ class Relay:
         runs: RunTable,
         metrics: DataplaneMetrics,
         tool_calls: ToolCallTable,
+        failover: FailoverConfig | None = None,
     ) -> None:
+        self.failover = failover or FailoverConfig()
+        """When a turn whose replica failed before answering goes to another (:class:`FailOver`)."""
         self.upstream = upstream
         self.link = link
         self.runs = runs
@@ -173,10 +187,15 @@ class Relay:
             turn_spans.ended(turn.span, kind, fields)
         self._event(turn, kind, **fields)
 
-    def failed(self, turn: Turn, error: str) -> None:
-        """The turn ended without a completion: free its slot, leave the run idle (once per turn)."""
+    def failed(self, turn: Turn, error: str, unreachable: bool = False) -> None:
+        """The turn ended without a completion: free its slot, leave the run idle (once per turn).
+        ``unreachable``: its engine was never reached, so the scheduler takes the replica out of
+        rotation at once (``TurnEvent.unreachable``)."""
         if self._end(turn, False):
-            self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500])
+            if unreachable:
+                self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500], unreachable=True)
+            else:
+                self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500])
             self.metrics.turn_ended("failed", turn.service_class, turn.replica)
 
     def abandoned(self, turn: Turn) -> None:
@@ -288,9 +307,13 @@ class Relay:
                     await self._relay_whole(turn, upstream, out, exchange, decoder)
             except (EngineError, zlib.error) as exc:
                 # Errors after a stream began are handled in _relay_stream, so nothing was answered
-                # yet: the client gets a 502 naming the replica.
+                # yet: the client gets a 502 naming the replica, unless the engine never had the
+                # turn and it may go to another replica (docs/failover.md).
                 message = f"engine {replica.name}: {str(exc) or type(exc).__name__}"
-                self.failed(turn, message)
+                undelivered = isinstance(exc, EngineError) and exc.undelivered
+                self.failed(turn, message, unreachable=undelivered)
+                if undelivered and turn.failovers_left > 0 and self.failover.undelivered:
+                    raise FailOver(message, unreachable=True) from None
                 raise EngineUnreachable(message) from None
         except asyncio.CancelledError:
             self.failed(turn, "client disconnected")
@@ -306,11 +329,14 @@ class Relay:
     async def _relay_refusal(
         self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
     ) -> None:
-        # 429 / 5xx: status, body and Retry-After reach the client unchanged.
+        # 429 / 5xx: status, body and Retry-After reach the client unchanged (or, for a status
+        # [dataplane.failover] retry_statuses names, the turn goes to another replica instead).
         body = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)
         if decoder:
             body = decoder.decompress(body) + decoder.flush()
         self.failed(turn, f"engine answered {upstream.status}")
+        if upstream.status in self.failover.retry_statuses and turn.failovers_left > 0:
+            raise FailOver(f"engine {turn.replica} answered {upstream.status}", unreachable=False)
         if turn.translation is not None:
             body = turn.translation.refusal(upstream.status, body)
         await exchange.respond(upstream.status, headers, body)

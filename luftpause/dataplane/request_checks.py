@@ -1,6 +1,6 @@
 """What a request must be before it becomes a turn, checked the same way on every route: its body's
-size (413) and encoding (415), JSON with a ``model`` (400), its method (405), and the bounds of a
-run id and a caller."""
+size (413) and encoding (415), JSON with a ``model`` (400), output tokens within the model's cap
+(400), its method (405), and the bounds of a run id and a caller."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ __all__ = [
     "json_with_model",
     "read_body",
     "refuse_encoded_body",
+    "refuse_over_token_cap",
     "truncate_caller",
 ]
 
@@ -110,3 +111,26 @@ def json_with_model(body: bytes) -> tuple[dict[str, Any], str]:
 def allow(path: str, method: str, *allowed: str) -> None:
     if method not in allowed:
         raise MethodNotAllowed(f"{path} takes {', '.join(allowed)}, not {method}", allow=", ".join(allowed))
+
+
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+"""How each front door names a turn's output tokens: Chat Completions ``max_tokens`` (deprecated)
+and ``max_completion_tokens``, Anthropic Messages ``max_tokens``, OpenAI Responses
+``max_output_tokens``."""
+
+
+def refuse_over_token_cap(payload: dict[str, Any], model: str, cap: int | None) -> None:
+    """:class:`BadRequest` (400) when one of :data:`TOKEN_FIELDS` in ``payload`` asks for more than
+    ``cap`` tokens (``None``: no cap); an integer written as a float counts as that integer, as an
+    engine reads it. Other values are left for the engine to judge."""
+    if cap is None:
+        return
+    for name in TOKEN_FIELDS:
+        value = payload.get(name)
+        if type(value) is float and value.is_integer():
+            value = int(value)
+        if type(value) is int and value > cap:
+            raise BadRequest(
+                f"'{name}' is {value}: model {model!r} takes at most {cap} output tokens "
+                "([dataplane] max_tokens, else its replicas' context length; docs/failover.md)"
+            )

@@ -2,10 +2,11 @@
 
 On every (re)connect the dataplane hands this to the scheduler before any new admission, so that
 affinity (each run's last replica and phase) and capacity counts (in-flight turns) survive a
-scheduler restart (docs/architecture.md "Resync"). Runs with no turn for ``RUN_IDLE_EXPIRY_S`` are pruned,
-and the table holds at most ``MAX_RUNS`` runs: past it the least recently active run is forgotten
-(the runs dict is kept in order of activity, oldest first). A forgotten run loses only its affinity
-hint at the next scheduler restart (and the use of a lease for its next turn, which then asks).
+scheduler restart (docs/architecture.md "Resync"). Runs with no turn for ``RUN_IDLE_EXPIRY_S``
+(``[dataplane] run_expiry_s``) are pruned, and the table holds at most ``MAX_RUNS`` runs: past it
+the least recently active run is forgotten (the runs dict is kept in order of activity, oldest
+first). A forgotten run loses only its affinity hint at the next scheduler restart (and the use of a
+lease for its next turn, which then asks).
 
 The resync is built in two steps so that a large table never stalls the event loop for long: an
 atomic snapshot of plain tuples (:meth:`RunTable.snapshot`), then ``ResyncRequest`` parts of at most
@@ -72,6 +73,8 @@ class RunTable:
     inflight: dict[str, InFlight] = field(default_factory=dict)
     max_runs: int = MAX_RUNS
     evicted: int = 0
+    idle_expiry_s: float = RUN_IDLE_EXPIRY_S
+    """Seconds with no turn after which :meth:`prune` forgets a run (``[dataplane] run_expiry_s``)."""
 
     def _add(self, run: RunRecord) -> None:
         runs = self.runs
@@ -126,11 +129,10 @@ class RunTable:
         self.runs.pop(run_id, None)
 
     def prune(self, now: float) -> int:
-        """Drop runs idle for longer than ``RUN_IDLE_EXPIRY_S`` with nothing in flight."""
+        """Drop runs idle for longer than ``idle_expiry_s`` with nothing in flight."""
         busy = {t.run_id for t in self.inflight.values()}
-        stale = [
-            rid for rid, r in self.runs.items() if rid not in busy and now - r.last_seen > RUN_IDLE_EXPIRY_S
-        ]
+        expiry = self.idle_expiry_s
+        stale = [rid for rid, r in self.runs.items() if rid not in busy and now - r.last_seen > expiry]
         for rid in stale:
             del self.runs[rid]
         return len(stale)

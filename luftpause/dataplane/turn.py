@@ -12,6 +12,7 @@ by that API's own scanner. A Chat Completions turn has neither: its answer is re
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import secrets
 from collections.abc import Callable
@@ -209,6 +210,27 @@ class Turn:
     """The relay sent it natively (set when it was sent)."""
     replica: str = ""
     """Where the turn was sent, once it was."""
+    failovers_left: int = 0
+    """How many more times it may go to another replica when its own failed before answering
+    (``[dataplane.failover]``, docs/failover.md): 1 at intake when failover is on, then 0."""
+    failover_from: str = ""
+    """The replica that failed it before answering, when it comes again
+    (``AdmitRequest.failover_from``); ``""`` for a first send."""
+
+    def again(self, translation: Translation | None) -> Turn:
+        """This turn once more, for another replica: a new turn id, one failover fewer, nothing of
+        its first send kept (``translation``: the one it had before it was sent, which a native
+        send drops)."""
+        return dataclasses.replace(
+            self,
+            turn_id=new_id(),
+            first_token_at=None,
+            translation=translation,
+            native_served=False,
+            replica="",
+            failovers_left=self.failovers_left - 1,
+            failover_from=self.replica,
+        )
 
     @staticmethod
     def new_id() -> str:

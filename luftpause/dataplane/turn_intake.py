@@ -21,7 +21,12 @@ from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.asgi import Exchange
 from luftpause.dataplane.errors import BadRequest, Forbidden, Unauthorized
 from luftpause.dataplane.front_doors import FrontDoors
-from luftpause.dataplane.request_checks import header_of, json_with_model, truncate_caller
+from luftpause.dataplane.request_checks import (
+    header_of,
+    json_with_model,
+    refuse_over_token_cap,
+    truncate_caller,
+)
 from luftpause.dataplane.run_identity import RunIdentity
 from luftpause.dataplane.tool_calls import request_tool_call_ids
 from luftpause.dataplane.turn import Turn
@@ -44,13 +49,24 @@ class TurnIntake:
     (``access``), which run a turn belongs to (``identity``), and ``now()``, the loop's time in
     seconds (a turn's ``arrived``, a run's last activity).
 
+    ``token_cap(model)``: the most output tokens a turn of ``model`` may ask for (``None``: no
+    cap), refused 400 beyond it.
+
     Every method raises a :class:`~luftpause.dataplane.errors.DataplaneError` (401, 403, 400) for a
     request that may not become a turn; none reads the body (the routes read it: 413, 415)."""
 
-    def __init__(self, access: Access, identity: RunIdentity, now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        access: Access,
+        identity: RunIdentity,
+        now: Callable[[], float],
+        token_cap: Callable[[str], int | None] = lambda model: None,
+    ) -> None:
         self.access = access
         self.identity = identity
         self._now = now
+        self._token_cap = token_cap
+        """Model -> the most output tokens a turn of it may ask for (``None``: no cap)."""
 
     def credential(self, exchange: Exchange) -> bytes | None:
         """The request's ``Authorization`` value, or its ``x-api-key`` as ``Bearer <key>`` (the
@@ -90,6 +106,7 @@ class TurnIntake:
         messages = payload.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be an array")
+        refuse_over_token_cap(payload, model, self._token_cap(model))
         service_class, caller = self.who(exchange)
         now = self._now()
         run_id, new_run = self.identity.run_of(
@@ -117,6 +134,7 @@ class TurnIntake:
         Raises :class:`~luftpause.dataplane.apis.errors.TranslationError` (400) for a request a
         replica of its model would need translated and cannot be."""
         payload, model = json_with_model(body)
+        refuse_over_token_cap(payload, model, self._token_cap(model))
         planned = front_doors.plan(api, payload, body, model)
         service_class, caller = self.who(exchange)
         now = self._now()

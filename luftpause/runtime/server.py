@@ -66,6 +66,7 @@ from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.mcp.callers import CallerCookie
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.web.auth import TOKEN_ENV, BearerTokenGate, token_from_env
+from luftpause.runtime.web.mcp_errors import McpErrorBodies, loopback_security
 from luftpause.runtime.web.metrics import RuntimeMetrics, readiness
 from luftpause.runtime.web.monitor import monitor_routes
 from luftpause.runtime.web.status import StatusCors, http_error, internal_error, json_response, mcp_routes
@@ -93,7 +94,7 @@ def create_app(
     host, _ = split_host_port(config.runtime.listen)
     # The SDK turns on DNS-rebinding protection for loopback hosts itself; bound elsewhere, the
     # operator's network decides who may connect (REFERENCES.md, "transport_security").
-    mcp_app = runtime.mcp.streamable_http_app(host=host)
+    mcp_app = runtime.mcp.streamable_http_app(host=host, transport_security=loopback_security(host))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -154,6 +155,7 @@ def create_app(
             Middleware(StatusCors, scheduler_http=config.scheduler.http, listen_host=host),
             Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"})),
             Middleware(CallerCookie, path="/mcp"),
+            Middleware(McpErrorBodies, path="/mcp"),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,

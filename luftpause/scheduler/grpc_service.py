@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -194,7 +194,7 @@ def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
         # the dataplane's words for a client that left mid-stream (luftpause.dataplane.relay):
         # no fault of the engine, so the circuit breaker does not count it
         engine_fault = not message.error.startswith(CLIENT_GONE_ERROR)
-        return TurnFailed(message.turn_id, at, message.error, engine_fault)
+        return TurnFailed(message.turn_id, at, message.error, engine_fault, message.unreachable)
     if kind == pb.TurnEvent.STARTED:
         return TurnStarted(message.turn_id, at)
     if kind == pb.TurnEvent.FIRST_TOKEN:
@@ -225,8 +225,12 @@ def admitted(outcome: Outcome) -> pb.SchedulerItem:
     return pb.SchedulerItem(admitted=reply)
 
 
-def replica_set(replicas: Iterable[ReplicaConfig]) -> pb.SchedulerItem:
-    """The stream item telling a dataplane the whole replica set (what it needs to send turns)."""
+def replica_set(
+    replicas: Iterable[ReplicaConfig], context_lengths: Mapping[str, int] | None = None
+) -> pb.SchedulerItem:
+    """The stream item telling a dataplane the whole replica set (what it needs to send turns);
+    ``context_lengths``: replica -> the context length (tokens) its engine reported, where one did."""
+    lengths = context_lengths or {}
     return pb.SchedulerItem(
         replicas=pb.ReplicaSet(
             replicas=[
@@ -238,6 +242,7 @@ def replica_set(replicas: Iterable[ReplicaConfig]) -> pb.SchedulerItem:
                     api_key_env=replica.api_key_env or "",
                     priority=replica.priority or "",
                     apis=replica.apis,
+                    max_model_len=lengths.get(replica.name, 0),
                 )
                 for replica in replicas
             ]
@@ -350,6 +355,7 @@ class _Stream:
             # Kept with the turn whether or not this scheduler traces: the log line of its
             # expiry or abandon names the trace (luftpause.scheduler.host).
             trace_id=tracing.trace_id_of(request.traceparent),
+            failover_from=request.failover_from,
         )
         try:
             self.host.arrive(arrived, answer)
@@ -445,8 +451,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                         )
                     )
             # the scheduler's replica set, now and whenever it changes (the admin API, SIGHUP)
-            stream.put(replica_set(self.host.replicas.values()))
-            unwatch = self.host.watch_replicas(lambda: stream.put(replica_set(self.host.replicas.values())))
+            host = self.host
+            stream.put(replica_set(host.replicas.values(), host.context_lengths))
+            unwatch = host.watch_replicas(
+                lambda: stream.put(replica_set(host.replicas.values(), host.context_lengths))
+            )
             self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
             apply = self._apply
             for item in rest:

@@ -28,6 +28,7 @@ from luftpause.config import Config, ReplicaConfig
 from luftpause.scheduler.core import (
     AbandonReported,
     Action,
+    BreakerChanged,
     Event,
     Forget,
     GrantLease,
@@ -93,6 +94,8 @@ class SchedulerHost:
         """The replica set as it stands (rule 16 of the core): what the prober probes and the
         dataplanes learn over their streams; a removed replica stays until it is retired."""
         self._replica_watchers: list[Callable[[], None]] = []
+        self.context_lengths: dict[str, int] = {}
+        """Replica -> the context length (tokens) its engine reported (:meth:`note_context_length`)."""
         self._waiters: dict[str, list[Answer]] = {}
         self._lessees: dict[str, LeaseSink] = {}
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -175,6 +178,20 @@ class SchedulerHost:
                     sink(action)
             elif isinstance(action, Forget):
                 log.debug("forgot run %s", action.run_id)
+            elif isinstance(action, BreakerChanged):
+                if action.opened:
+                    log.warning(
+                        "replica %s out of rotation, its circuit breaker open: %s",
+                        action.replica,
+                        action.reason,
+                        extra={"replica": action.replica, "breaker": "open"},
+                    )
+                else:
+                    log.warning(
+                        "replica %s back in rotation: a healthy probe closed its circuit breaker",
+                        action.replica,
+                        extra={"replica": action.replica, "breaker": "closed"},
+                    )
             elif isinstance(action, RetireReplica):
                 self.replicas.pop(action.replica, None)
                 log.warning("replica %s left the set", action.replica, extra={"replica": action.replica})
@@ -303,6 +320,15 @@ class SchedulerHost:
             del self._waiters[turn_id]
             return False
         return True
+
+    def note_context_length(self, replica: str, tokens: int) -> None:
+        """The context length (tokens) ``replica``'s engine reports (``GET /v1/models``'
+        ``max_model_len``), 0 for none: the dataplanes are told when it changes, and cap a turn's
+        output tokens by it (docs/failover.md)."""
+        if self.context_lengths.get(replica, 0) != tokens:
+            self.context_lengths[replica] = tokens
+            log.info("replica %s reports a context length of %d tokens", replica, tokens)
+            self._replicas_changed()
 
     def note_load(self, replica: str, engine: str | None, unknown: str | None) -> None:
         """What the last probe of ``replica`` read its load from (``engine``: ``"sglang"``,

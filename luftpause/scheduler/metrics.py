@@ -41,6 +41,8 @@ refusals by reason, the admission latency and probe outcomes.
                                                                        ``token_rate``
 ``luftpause_scheduler_breaker_trips_total``                            times a replica's circuit breaker
                                                                        took it out of rotation
+``luftpause_scheduler_breaker_closes_total``                           times a healthy probe put such a
+                                                                       replica back in rotation
 ``luftpause_scheduler_lease_revocations_total``                        leases withdrawn
 ``luftpause_scheduler_lost_dataplanes``                                dataplanes whose stream ended and
                                                                        that have not come back
@@ -277,6 +279,11 @@ class SchedulerMetrics:
             "luftpause_scheduler_breaker_trips",
             "Times a replica's circuit breaker took it out of rotation.",
             value=counters["breaker_trips"],
+        )
+        yield CounterMetricFamily(
+            "luftpause_scheduler_breaker_closes",
+            "Times a healthy probe put a replica whose circuit breaker was open back in rotation.",
+            value=counters["breaker_closes"],
         )
         yield CounterMetricFamily(
             "luftpause_scheduler_lease_revocations",

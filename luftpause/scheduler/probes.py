@@ -12,7 +12,12 @@ Per replica and round, at once and each with a 2 s timeout (docs/architecture.md
   keeps taking turns, capped only by its ``max_inflight``, and why its load is unknown is logged
   once (WARNING, when the reason changes) and shown by ``GET /status`` (``load_unknown``).
 
-Both carry the replica's key (``api_key_env``) as ``Authorization: Bearer``, as turns do.
+* ``GET <url>/v1/models``, until it has been read once: the context length its engine reports
+  (``max_model_len`` of its models' entries, as vLLM and SGLang give it; the largest when they
+  differ), which caps a turn's output tokens at the dataplane (docs/failover.md). An answer
+  without it is final (0: not reported); a failed request is tried again the next round.
+
+All carry the replica's key (``api_key_env``) as ``Authorization: Bearer``, as turns do.
 
 Metric names, per engine (REFERENCES.md "Engines"; llama.cpp's from the server it builds,
 ``tools/server/server-task.cpp`` ``to_metrics``, llama-cpp-python 0.3.36's vendored tree):
@@ -191,6 +196,32 @@ async def probe_replica(session: aiohttp.ClientSession, replica: ReplicaConfig) 
     return bool(healthy), combine(item for item in loads if isinstance(item, EngineLoad))
 
 
+async def context_length(session: aiohttp.ClientSession, replica: ReplicaConfig) -> int | None:
+    """The context length (tokens) ``replica``'s engine reports in ``GET /v1/models``: the largest
+    ``max_model_len`` among its entries for the replica's models (vLLM, SGLang); 0 when it reports
+    none; ``None`` when the request failed (to be tried again). Never raises."""
+    key = replica.api_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with session.get(f"{replica.url}/v1/models", headers=headers) as response:
+            if response.status != 200:
+                return 0 if 400 <= response.status < 500 else None
+            body = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.debug("models of %s: %r", replica.name, exc)
+        return None
+    entries = body.get("data") if isinstance(body, dict) else None
+    lengths = [
+        entry["max_model_len"]
+        for entry in (entries if isinstance(entries, list) else [])
+        if isinstance(entry, dict)
+        and entry.get("id") in replica.models
+        and type(entry.get("max_model_len")) is int
+        and entry["max_model_len"] > 0
+    ]
+    return max(lengths, default=0)
+
+
 def _same_origin(a: str, b: str) -> bool:
     first, second = urlsplit(a), urlsplit(b)
     return (first.scheme, first.hostname, first.port) == (second.scheme, second.hostname, second.port)
@@ -262,6 +293,7 @@ class Prober:
         self._session = session
         self._task: asyncio.Task[None] | None = None
         self._unknown: dict[str, str | None] = {}  # replica -> why its load was unknown last round
+        self._context_read: set[str] = set()  # replicas whose /v1/models was read
 
     def start(self) -> None:
         """Begin probing on the running loop."""
@@ -291,10 +323,17 @@ class Prober:
     async def _round(self, session: aiohttp.ClientSession) -> float:
         """Probe every replica once and feed the results; returns when they were stamped."""
         replicas = list(self.host.replicas.values())  # the set as it stands (the admin API, SIGHUP)
-        results = await asyncio.gather(
-            *(probe_replica(session, replica) for replica in replicas),
-            return_exceptions=True,
+        unread = [replica for replica in replicas if replica.name not in self._context_read]
+        results, lengths = await asyncio.gather(
+            asyncio.gather(
+                *(probe_replica(session, replica) for replica in replicas), return_exceptions=True
+            ),
+            asyncio.gather(*(context_length(session, replica) for replica in unread)),
         )
+        for replica, length in zip(unread, lengths, strict=True):
+            if length is not None:
+                self._context_read.add(replica.name)
+                self.host.note_context_length(replica.name, length)
         now = self.host.now()  # stamped when fed: event times must not go backwards
         probed: list[ReplicaProbed] = []
         for replica, result in zip(replicas, results, strict=True):

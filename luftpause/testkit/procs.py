@@ -242,12 +242,37 @@ class ChildProcess:
         self.env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        self._append = False
+
+    def again(self) -> ChildProcess:
+        """A child like this one, not started, whose :meth:`start` appends to the same log (a
+        supervisor's restart: ``luftpause up``)."""
+        fresh = ChildProcess(
+            self.name,
+            self.args,
+            self.log_path,
+            self.env,
+            self.ready_url,
+            self.ready_port,
+            program=self.program,
+            cwd=self.cwd,
+            replace_env=True,
+            ready_context=self.ready_context,
+        )
+        fresh._append = True
+        return fresh
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id once started, else ``None``."""
+        return None if self.proc is None else self.proc.pid
 
     def start(self) -> ChildProcess:
         """Start the process (once); ``self``. ``RuntimeError`` when it was started before."""
         if self.proc is not None:
             raise RuntimeError(f"{self.name} was already started (pid {self.proc.pid})")
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        mode = "ab" if self._append else "wb"
+        out = open(self.log_path, mode) if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
                 self.argv,

@@ -76,7 +76,7 @@ class ReplicaSet(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaSpec, _Mapping]]] = ...) -> None: ...
 
 class ReplicaSpec(_message.Message):
-    __slots__ = ("name", "url", "models", "kind", "api_key_env", "priority", "apis")
+    __slots__ = ("name", "url", "models", "kind", "api_key_env", "priority", "apis", "max_model_len")
     NAME_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class ReplicaSpec(_message.Message):
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     APIS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     url: str
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -91,10 +92,11 @@ class ReplicaSpec(_message.Message):
     api_key_env: str
     priority: str
     apis: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ..., apis: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_model_len: int
+    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ..., apis: _Optional[_Iterable[str]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent", "failover_from")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +105,7 @@ class AdmitRequest(_message.Message):
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    FAILOVER_FROM_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -111,7 +114,8 @@ class AdmitRequest(_message.Message):
     dataplane_id: str
     single_pass: bool
     traceparent: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    failover_from: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ..., failover_from: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("replica",)
@@ -146,7 +150,7 @@ class CancelAdmit(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ...) -> None: ...
 
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s", "trace_id")
+    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s", "trace_id", "unreachable")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[TurnEvent.Kind]
@@ -173,6 +177,7 @@ class TurnEvent(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_AGO_S_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     kind: TurnEvent.Kind
@@ -183,7 +188,8 @@ class TurnEvent(_message.Message):
     error: str
     first_token_ago_s: float
     trace_id: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    unreachable: bool
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ..., trace_id: _Optional[str] = ..., unreachable: _Optional[bool] = ...) -> None: ...
 
 class RunRecord(_message.Message):
     __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller")

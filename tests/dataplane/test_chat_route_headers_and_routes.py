@@ -644,7 +644,8 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
     label_names = {
         name for (sample, labels) in after if sample.startswith("luftpause_") for name, _ in labels
     }
-    assert label_names <= {"outcome", "service_class", "replica", "le", "process", "version"}
+    # reason: the failovers' two values (FAILOVER_REASONS)
+    assert label_names <= {"outcome", "service_class", "replica", "le", "process", "version", "reason"}
 
 
 def test_metrics_need_no_token_and_take_only_get(front: FrontDoor) -> None:

@@ -32,6 +32,7 @@ class FakeHost:
         self.fed: list[Event] = []
         self.notes: list[tuple[str, str | None, str | None]] = []
         self.replicas: dict[str, ReplicaConfig] = {}
+        self.context_lengths: dict[str, int] = {}
 
     def now(self) -> float:
         return self.clock
@@ -42,6 +43,9 @@ class FakeHost:
 
     def note_load(self, replica: str, engine: str | None, unknown: str | None) -> None:
         self.notes.append((replica, engine, unknown))
+
+    def note_context_length(self, replica: str, tokens: int) -> None:
+        self.context_lengths[replica] = tokens
 
 
 @asynccontextmanager

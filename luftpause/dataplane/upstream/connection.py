@@ -51,11 +51,17 @@ DEFAULT_MAX_IDLE = 32
 
 
 class EngineError(Exception):
-    """The engine request failed; ``str(err)`` says how (it goes into the client's 502)."""
+    """The engine request failed; ``str(err)`` says how (it goes into the client's 502).
+
+    ``undelivered``: no byte of an answer came before the failure, and no connection was made or
+    it ended (closed, reset, timed out) before its head: the turn may go to another replica
+    (docs/failover.md). Set by :meth:`EnginePool.send`."""
+
+    undelivered = False
 
 
 class EngineConnectError(EngineError):
-    pass
+    undelivered = True
 
 
 class EngineClosed(EngineError):

@@ -17,6 +17,7 @@ from luftpause.dataplane.upstream.connection import (
     EngineClosed,
     EngineConnectError,
     EngineExchange,
+    EngineTimeout,
     log,
 )
 
@@ -115,6 +116,10 @@ class EnginePool:
         try:
             exchange._write(head, body)
             await exchange._head()
+        except (EngineClosed, EngineTimeout) as exc:
+            exchange.abort()
+            exc.undelivered = not exchange._received
+            raise
         except BaseException:
             exchange.abort()
             raise

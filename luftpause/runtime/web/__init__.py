@@ -1,7 +1,8 @@
 """The runtime's HTTP edge, besides ``/mcp`` itself.
 
 Owns: the bearer token and the JSON error body (:mod:`.auth`), ``GET /status`` with its CORS and
-the JSON answers of routing errors (:mod:`.status`), the monitor page and its routes
+the JSON answers of routing errors (:mod:`.status`), JSON-RPC error bodies and accepted hosts on
+``/mcp`` (:mod:`.mcp_errors`), the monitor page and its routes
 (:mod:`.monitor`, ``monitor.html``), ``GET /metrics`` and ``/readyz``'s checks (:mod:`.metrics`).
 
 May import: :mod:`luftpause.runtime.errors`, :mod:`luftpause.runtime.runs`,

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from luftpause.config import split_host_port
 from luftpause.runtime.runs.journal import encode
 from luftpause.runtime.web.auth import error_body
+from luftpause.runtime.web.mcp_errors import JSONRPC_INVALID_REQUEST
 from luftpause.runtime.web.monitor import host_allowed
 
 
@@ -125,7 +126,9 @@ class StatusCors:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if not host_allowed(headers.get("host"), self.listen_host):
-            body = error_body(f"Host {headers.get('host')!r} is not served here")
+            # on /mcp a JSON-RPC error object too (JSON-RPC 2.0 section 5.1: invalid request)
+            code = JSONRPC_INVALID_REQUEST if scope["path"] == "/mcp" else None
+            body = error_body(f"Host {headers.get('host')!r} is not served here", code)
             await send({"type": "http.response.start", "status": 421, "headers": _json_headers(body)})
             await send({"type": "http.response.body", "body": body})
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 from luftpause.scheduler.core.actions import (
     AckResync,
     Action,
+    BreakerChanged,
     Forget,
     GrantLease,
     Place,
@@ -53,6 +54,7 @@ __all__ = [
     "AbandonReported",
     "AckResync",
     "Action",
+    "BreakerChanged",
     "DataplaneLost",
     "Event",
     "FirstToken",

@@ -3,7 +3,8 @@
 Actions are imperatives, frozen and slotted. ``Place`` and ``Reject`` answer the Admit waiting for
 that turn id; ``Forget`` and ``AckResync`` tell the shell what became of runs and of a resync;
 ``GrantLease`` and ``RevokeLease`` go to one dataplane's stream (rule 14, capacity leases);
-``RetireReplica`` says a removed replica has left the set (rule 16).
+``RetireReplica`` says a removed replica has left the set (rule 16); ``BreakerChanged`` that a
+replica's circuit breaker opened or closed (rule 17), for the shell to log.
 """
 
 from __future__ import annotations
@@ -84,4 +85,14 @@ class RetireReplica:
     replica: str
 
 
-Action = Place | Reject | Forget | AckResync | GrantLease | RevokeLease | RetireReplica
+@dataclass(frozen=True, slots=True)
+class BreakerChanged:
+    """Replica ``replica``'s circuit breaker opened (``opened``: out of rotation, ``reason`` says
+    why) or closed (a healthy probe: back in rotation)."""
+
+    replica: str
+    opened: bool
+    reason: str = ""
+
+
+Action = Place | Reject | Forget | AckResync | GrantLease | RevokeLease | RetireReplica | BreakerChanged

@@ -21,11 +21,16 @@ from luftpause.scheduler.core.placement import _begin_soft_wait, _place, _run_of
 from luftpause.scheduler.core.policies import (
     abandoned,
     capacity,
+    health,
     idle_affinity,
     routing,
     run_order,
 )
 from luftpause.scheduler.core.state import State
+
+FAILOVER_REFUSED_STATUS = 502
+"""A turn admitted again after its replica was unreachable, with no other usable replica: what
+the client would have had without the failover (docs/failover.md)."""
 
 
 def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
@@ -44,6 +49,18 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
         state.counters.rejected += 1
         reason = routing.unknown_model_reason(event.model, event.single_pass)
         out.append(Reject(event.turn_id, reason, routing.UNKNOWN_MODEL_STATUS))
+        return
+    if event.failover_from:
+        # its replica failed it before answering: another one, now, or the client hears so at
+        # once rather than waiting for a replica to come back
+        serving = tuple(replica for replica in serving if replica.name != event.failover_from)
+    if event.failover_from and not any(health.usable(replica) for replica in serving):
+        state.counters.rejected += 1
+        reason = (
+            f"replica {event.failover_from} failed the turn before answering, and no other healthy "
+            f"replica serves model {event.model!r}"
+        )
+        out.append(Reject(event.turn_id, reason, FAILOVER_REFUSED_STATUS))
         return
     turn = HeldTurn(
         event.turn_id,

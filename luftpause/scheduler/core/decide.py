@@ -184,7 +184,10 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     default: off). The N-th turn in a row to fail on a replica with an engine fault
     (``TurnFailed.engine_fault``; a client leaving mid-stream is none) takes it out of rotation at
     once, before its slot is given to a held turn, as an unhealthy probe would (rule 2); a finished
-    turn starts the count again; the next healthy probe puts it back.
+    turn starts the count again; the next healthy probe puts it back. A turn whose engine was never
+    reached (``TurnFailed.unreachable``) opens it at once, whatever the threshold (even 0): the
+    dataplane admits that turn again, and it must not go back there. Each opening and closing is
+    a ``BreakerChanged`` for the shell to log, counted (``breaker_trips``, ``breaker_closes``).
 18. Protection limits (:mod:`.policies.limits`, ``[scheduler.protection]``, off by default), per
     caller and class, held by a name of the caller tree: a caller's limits are those of the most
     specific configured name among it and the callers above it, else the class defaults, and are
@@ -214,7 +217,7 @@ the state before the event must copy it first.
 
 from __future__ import annotations
 
-from luftpause.scheduler.core.actions import Action
+from luftpause.scheduler.core.actions import Action, BreakerChanged
 from luftpause.scheduler.core.arrivals import _arrived
 from luftpause.scheduler.core.events import (
     AbandonReported,
@@ -282,9 +285,16 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             tripped = None
             if placed is not None:
                 replica = state.replicas[placed.replica]
-                if breaker.failed(replica, event.engine_fault, state.protection.breaker_failures):
+                threshold = state.protection.breaker_failures
+                if breaker.failed(replica, event.engine_fault, threshold, event.unreachable):
                     tripped = replica  # out of rotation before its slot is given to a held turn
                     state.counters.breaker_trips += 1
+                    why = (
+                        "engine unreachable"
+                        if event.unreachable
+                        else f"{replica.failures} failed turns in a row"
+                    )
+                    out.append(BreakerChanged(replica.name, opened=True, reason=f"{why}: {event.error}"))
             if _end_placed(state, event.turn_id, event.at, "idle", out):
                 state.counters.failed += 1
             if tripped is not None:

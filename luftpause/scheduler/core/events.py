@@ -45,6 +45,10 @@ class TurnArrived:
     at: float
     single_pass: bool = False
     trace_id: str = ""
+    failover_from: str = ""
+    """``AdmitRequest.failover_from``: the turn comes again because this replica failed it before
+    answering (docs/failover.md): it goes to another usable replica of its model, refused 502 at
+    once when there is none now rather than held until one is; ``""``: a first admission."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,9 @@ class TurnFailed:
     at: float
     error: str
     engine_fault: bool = True
+    unreachable: bool = False
+    """The engine was never reached (connection refused, or reset or timed out before any byte of
+    its answer): the replica's breaker opens at once (rule 17), whatever its threshold."""
 
 
 @dataclass(frozen=True, slots=True)

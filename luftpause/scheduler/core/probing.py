@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from luftpause.scheduler.core.actions import (
     Action,
+    BreakerChanged,
 )
 from luftpause.scheduler.core.events import (
     ReplicaProbed,
@@ -31,7 +32,9 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
         turns_wait = bool(state.held) and _takes_held(state, replica)
         was_usable = health.usable(replica)
         replica.healthy = event.healthy
-        breaker.probed(replica, event.healthy)  # a healthy probe closes a tripped breaker
+        if breaker.probed(replica, event.healthy):  # a healthy probe closes a tripped breaker
+            state.counters.breaker_closes += 1
+            out.append(BreakerChanged(replica.name, opened=False))
         replica.probed_at = event.at
         replica.engine_running = event.running
         replica.engine_waiting = event.waiting

@@ -44,7 +44,8 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                    "lease_revocations": int,        # leases: rule 14 of decide
                    "limited_held": int, "limited_token_rate": int,   # refused by a limit (rule 18;
                    "held_timed_out": int,                            # parts of rejected / held fates)
-                   "breaker_trips": int, "replicas_added": int, "replicas_retired": int},
+                   "breaker_trips": int, "breaker_closes": int,
+                   "replicas_added": int, "replicas_retired": int},
       "leases": {dataplane_id: {replica: int, ...}, ...},   # unused slots each lessee holds
                                                            # ({} for a lessee holding none)
       "lost_dataplanes": {dataplane_id: float, ...}   # seconds since its last Connect stream ended,

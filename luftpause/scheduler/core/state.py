@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
+from luftpause.scheduler.core.policies.expiry import RUN_EXPIRY_S
 from luftpause.scheduler.core.policies.idle_affinity import IdleAffinity
 from luftpause.scheduler.core.policies.limits import Bucket, Protection
 from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
@@ -225,6 +226,8 @@ class Counters:
     """Held turns refused (429) past their queue timeout: they leave the queue unplaced."""
     breaker_trips: int = 0
     """Times a replica's circuit breaker took it out of rotation."""
+    breaker_closes: int = 0
+    """Times a healthy probe put a replica whose breaker was open back in rotation."""
     replicas_added: int = 0
     replicas_retired: int = 0
     """Removed replicas that left the set (their last turn ended)."""
@@ -319,6 +322,9 @@ class State:
     the rest counted under ``"*"``)."""
     limited_by_class: dict[str, dict[str, int]] = field(default_factory=dict)
     """Class -> reason (``held``, ``queue_timeout``, ``token_rate``) -> turns refused."""
+    run_expiry_s: float = RUN_EXPIRY_S
+    """Seconds with no turn after which a run is forgotten (``[scheduler] run_expiry_s``,
+    :mod:`.policies.expiry`)."""
     removing: set[str] = field(default_factory=set)
     """Replicas being removed (rule 16): each leaves the set once nothing is placed or leased on it."""
     next_replica_index: int = 0
@@ -358,6 +364,7 @@ def state_from_replicas(
     run_order: RunOrder = "run",
     protection: Protection | None = None,
     idle_affinity: IdleAffinity | None = None,
+    run_expiry_s: float = RUN_EXPIRY_S,
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
@@ -369,7 +376,7 @@ def state_from_replicas(
     ``run_order``: which held turn of a caller and class goes first (:mod:`.policies.run_order`).
     ``protection``: limits and circuit breaker (:mod:`.policies.limits`; ``None``: none).
     ``idle_affinity``: where idle runs' next turns go (:mod:`.policies.idle_affinity`; ``None``:
-    its defaults).
+    its defaults). ``run_expiry_s``: seconds with no turn after which a run is forgotten.
     """
     replicas: dict[str, Replica] = {}
     for index, spec in enumerate(specs):
@@ -388,6 +395,7 @@ def state_from_replicas(
         protection=protection or Protection(),
         idle_affinity=idle_affinity or IdleAffinity(),
         next_replica_index=len(replicas),
+        run_expiry_s=run_expiry_s,
     )
     index_models(state)
     return state
@@ -430,4 +438,5 @@ def new_state(config: Config) -> State:
         pause_hold=PauseHold(config.scheduler.pause_hold, worth=config.scheduler.pause_hold_worth),
         protection=config.scheduler.protection.policy(),
         idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
+        run_expiry_s=config.scheduler.run_expiry_s,
     )

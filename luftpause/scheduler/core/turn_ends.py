@@ -174,7 +174,7 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         state.counters.expired_turns += 1
     while state.runs:
         run = next(iter(state.runs.values()))
-        if not expiry.run_expired(run.last_activity, now):
+        if not expiry.run_expired(run.last_activity, now, state.run_expiry_s):
             break
         if run.turns:
             _touch(state, run, now)  # a run with a held or placed turn is active

@@ -165,8 +165,17 @@ class SimulatedEngine:
         return web.json_response({})
 
     async def models(self, request: web.Request) -> web.Response:
+        # max_model_len: the context length, as vLLM and SGLang report it
+        context = self.backend.server_info().get("context_length")
         data = [
-            {"id": m, "object": "model", "created": self.started, "owned_by": "luftpause-sim", "root": m}
+            {
+                "id": m,
+                "object": "model",
+                "created": self.started,
+                "owned_by": "luftpause-sim",
+                "root": m,
+                **({"max_model_len": context} if isinstance(context, int) else {}),
+            }
             for m in self.settings.models
         ]
         return web.json_response({"object": "list", "data": data})

@@ -1469,6 +1469,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
             "limited_token_rate": 0,
             "held_timed_out": 0,
             "breaker_trips": 0,
+            "breaker_closes": 0,
             "replicas_added": 0,
             "replicas_retired": 0,
         },

@@ -7,7 +7,7 @@ import pytest
 from decide_helpers import arrive, fail, feed, finish, held_turns, make_state, placements, probe
 
 from luftpause.config import ConfigError, parse_config
-from luftpause.scheduler.core import Place, Reject, State, Tick, TurnFailed, decide, snapshot
+from luftpause.scheduler.core import BreakerChanged, Place, Reject, State, Tick, TurnFailed, decide, snapshot
 from luftpause.scheduler.core.policies import limits
 from luftpause.scheduler.core.policies.limits import Bucket, ClassLimits, Protection
 
@@ -260,12 +260,14 @@ def test_a_replica_failing_turns_in_a_row_leaves_rotation_until_a_healthy_probe(
     assert placements(state) == {"t2": "b", "t3": "a"}
     feed(state, [arrive("t4", "r4", at=1.2)])  # held: both full
     actions = feed(state, [fail("t3", at=2.0)])  # the second in a row: a is out before its slot is given
-    assert actions == [] and state.replicas["a"].tripped and held_turns(state) == ["t4"]
+    opened = BreakerChanged("a", opened=True, reason="2 failed turns in a row: engine a: connection refused")
+    assert actions == [opened] and state.replicas["a"].tripped and held_turns(state) == ["t4"]
     assert snapshot(state, 2.0)["replicas"][0]["tripped"] is True
     assert state.counters.breaker_trips == 1
     assert feed(state, [probe("a", at=2.5, healthy=False)]) == []  # still out
-    assert feed(state, [probe("a", at=3.0)]) == [Place("t4", "a")]  # a healthy probe closes it
-    assert state.replicas["a"].failures == 0
+    # a healthy probe closes it, said before the held turn goes there
+    assert feed(state, [probe("a", at=3.0)]) == [BreakerChanged("a", opened=False), Place("t4", "a")]
+    assert state.replicas["a"].failures == 0 and state.counters.breaker_closes == 1
 
 
 def test_a_finished_turn_or_a_client_leaving_breaks_no_run_of_failures() -> None:
@@ -285,7 +287,7 @@ def test_a_tripped_replica_gives_up_the_runs_pinned_there() -> None:
     feed(state, [finish("t3", at=0.7)])
     assert placements(state) == {"t1": "a"} and held_turns(state) == ["t2"]  # pinned to a
     _, actions = decide(state, fail("t1", at=1.0))
-    assert actions == [Place("t2", "b")]
+    assert [a for a in actions if not isinstance(a, BreakerChanged)] == [Place("t2", "b")]
 
 
 def test_the_breaker_is_off_by_default() -> None:
@@ -293,3 +295,43 @@ def test_the_breaker_is_off_by_default() -> None:
     for i in range(20):
         feed(state, [arrive(f"t{i}", f"r{i}", at=float(i)), fail(f"t{i}", at=i + 0.5)])
     assert not state.replicas["a"].tripped
+
+
+def test_an_unreachable_engine_opens_its_breaker_at_once_even_with_the_breaker_off() -> None:
+    # docs/failover.md: the dataplane says the engine was never reached; the next probe may be 2 s
+    # away, and the turn it admits again must not go back there
+    state = limited(Protection(), caps=(1, 1))
+    feed(state, [arrive("t1", "r1"), arrive("t2", "r2"), arrive("t3", "r3", at=0.5)])
+    assert placements(state) == {"t1": "a", "t2": "b"} and held_turns(state) == ["t3"]
+    gone = TurnFailed("t1", 1.0, "engine a: cannot connect: Connection refused", unreachable=True)
+    actions = feed(state, [gone])
+    assert actions == [BreakerChanged("a", opened=True, reason="engine unreachable: " + gone.error)]
+    assert state.replicas["a"].tripped and held_turns(state) == ["t3"]  # not given a's slot
+    assert state.counters.breaker_trips == 1
+    # admitted again: it goes to b once b has room, never to a while a is out
+    feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")])
+    feed(state, [finish("t2", at=1.2)])
+    assert "a" not in placements(state).values()
+    assert feed(state, [probe("a", at=2.0)])[0] == BreakerChanged("a", opened=False)
+    assert not state.replicas["a"].tripped and state.counters.breaker_closes == 1
+
+
+def test_a_turn_admitted_again_with_no_usable_replica_left_is_refused_at_once_not_held() -> None:
+    state = limited(Protection(), caps=(1,))
+    feed(state, [arrive("t1", "r1")])
+    feed(state, [TurnFailed("t1", 1.0, "engine a: reset", unreachable=True)])
+    actions = feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")])
+    reason = "replica a failed the turn before answering, and no other healthy replica serves model 'm'"
+    assert actions == [Reject("t1b", reason, 502)] and held_turns(state) == []
+    # a turn that is not a failover is held for the replica, as ever
+    assert feed(state, [arrive("t2", "r2", at=1.2)]) == [] and held_turns(state) == ["t2"]
+
+
+def test_a_turn_admitted_again_goes_to_another_replica_even_when_its_own_stays_in_rotation() -> None:
+    # an engine status [dataplane.failover] retries: a is still healthy, but the turn must not go
+    # back to it (nor wait for it as the idle run's last replica)
+    state = limited(Protection(), caps=(1, 1))
+    assert feed(state, [arrive("t1", "r1")]) == [Place("t1", "a")]
+    feed(state, [TurnFailed("t1", 1.0, "engine answered 503")])
+    assert not state.replicas["a"].tripped
+    assert feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")]) == [Place("t1b", "b")]
