@@ -12,10 +12,12 @@ until the run is done, so an ``idle`` run counts as done there. Where one word i
 run (``list``'s ``state``, the monitor), an idle run that failed is shown with ``runState``
 ``failed`` beside it, so no one takes a failure for a rest.
 
-``send`` / ``read`` / ``stop`` take a handle (always first) or a name, looked up only among the
-actor's own children. A busy run's inbox holds at most :data:`MAX_INBOX` messages. ``stop``
-answers with what the run's scope does (:meth:`RunScopes.stop_summary`): what returns to its
-spawner and when, and what stays with its live descendants.
+``send`` / ``read`` / ``stop`` take a handle (always first) or a name, looked up among the
+actor's descendants, nearest level first (its own children, then theirs). A busy run's inbox
+holds at most :data:`MAX_INBOX` messages. ``stop`` answers with what the run's scope does
+(:meth:`RunScopes.stop_summary`): what returns to its spawner and when, and what stays with its
+live descendants; a running run asked to stop shows ``stopping`` (who asked) in ``stop``,
+``status``, ``list`` and the monitor until its current turn ends.
 
 Independence: a run belongs to no connection. Any MCP connection can ``status``, ``read``,
 ``send`` and ``stop`` it by handle, and ``list(handle=...)`` shows its children.
@@ -60,21 +62,34 @@ class PodOperations:
         self.tree = tree
 
     def resolve(self, actor: Actor, target: str) -> Run:
-        """The run ``target`` names (a handle, or a live child's name of ``actor``). A sub-agent
-        reaches only its descendants. Raises :class:`UnknownRun` / :class:`PodRefused`."""
+        """The run ``target`` names: a handle, or a name among ``actor``'s descendants (its own
+        children first, then theirs, level by level: the nearest level that has the name wins,
+        a live run over a stopped one, then the newest). A sub-agent reaches only its
+        descendants. Raises :class:`UnknownRun` / :class:`PodRefused`."""
         run = self.registry.find(target)
         if run is None:
             if actor.run is not None or actor.caller is not None:
-                named = [r for r in self.children_of(actor) if r.name == target]
-                live = [r for r in named if r.pod_state != "stopped"]
-                candidates = live or named
-                run = candidates[-1] if candidates else None
+                run = self._named(actor, target)
             if run is None:
                 self.registry.get(target)  # raises UnknownRun or ExpiredRun, whichever it is
                 raise UnknownRun(target)
         if actor.run is not None and not descends(run, actor.run.handle, self.registry.find):
             raise PodRefused(f"run {run.handle} is not one of your descendants")
         return run
+
+    def _named(self, actor: Actor, name: str) -> Run | None:
+        """The run called ``name`` nearest below ``actor`` (:meth:`resolve`), or ``None``."""
+        level = self.children_of(actor)
+        seen: set[str] = set()
+        while level:
+            named = [r for r in level if r.name == name]
+            if named:
+                live = [r for r in named if r.pod_state != "stopped"]
+                return (live or named)[-1]
+            seen.update(r.handle for r in level)
+            parents = {r.handle for r in level}
+            level = [r for r in self.registry.all() if r.parent in parents and r.handle not in seen]
+        return None
 
     def children_of(self, actor: Actor) -> list[Run]:
         """The runs ``actor`` spawned and still held: a run's children, a caller's top-level runs."""
@@ -152,12 +167,16 @@ class PodOperations:
             raise PodRefused("a run cannot stop itself; answer instead")
         summary = self.scopes.stop_summary(run, self.registry.find)
         self.registry.request_stop(run, actor.label)
-        return {"handle": run.handle, "name": run.name, "state": run.pod_state, "scope": summary}
+        out = {"handle": run.handle, "name": run.name, "state": run.pod_state, "scope": summary}
+        if run.stopping:
+            out["stopping"] = {"by": run.stopped_by}
+        return out
 
     def describe(self, run: Run) -> dict[str, Any]:
         """One run as ``list`` and the monitor show it::
 
-        {"handle", "name", "state": running|idle|stopped, "runState", "parent", "caller",
+        {"handle", "name", "state": running|idle|stopped, "stopping"?: {"by"} (asked to stop,
+         its current turn finishing), "runState", "parent", "caller",
          "task" (summary), "scope": {"granted", "heldByChildren"} | null, "lastAnswer" (first
          line, 200 chars) | null, "error"?, "journalError"? (a restart found its journal
          damaged: what and where), "children": [handles], "pendingEvents": n}
@@ -176,6 +195,8 @@ class PodOperations:
             "children": list(run.children),
             "pendingEvents": self.notifications.pending_count(run.handle),
         }
+        if run.stopping:
+            item["stopping"] = {"by": run.stopped_by}
         if run.error is not None:
             item["error"] = run.error
         if run.durability.damaged is not None:
