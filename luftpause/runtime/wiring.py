@@ -120,8 +120,13 @@ class Runtime:
 
     def status(self) -> dict[str, Any]:
         """``GET /status``: ``{"runs": RunRegistry.tree(), "upstream": [UpstreamPool.describe()
-        item]}``; each run's task is summarized (:func:`luftpause.runtime.runs.record.summarize`)."""
-        return {"runs": self.registry.tree(), "upstream": self.upstream.describe()}
+        item], "journal": JournalReport.to_json()}``; each run's task is summarized
+        (:func:`luftpause.runtime.runs.record.summarize`)."""
+        return {
+            "runs": self.registry.tree(),
+            "upstream": self.upstream.describe(),
+            "journal": self.registry.journal_report.to_json(),
+        }
 
     @asynccontextmanager
     async def serving(self, *, with_mcp_sessions: bool = True) -> AsyncIterator[Runtime]:

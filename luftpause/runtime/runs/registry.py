@@ -75,7 +75,7 @@ from luftpause.runtime.runs.record import (
     summarize,
     take_message,
 )
-from luftpause.runtime.runs.replay import Replayed, journal_snapshot, replay_journal
+from luftpause.runtime.runs.replay import JournalReport, Replayed, journal_snapshot, replay_journal
 from luftpause.runtime.runs.retention import (
     DEFAULT_MAX_EXPIRED_HANDLES,
     DEFAULT_MAX_FINISHED,
@@ -179,6 +179,8 @@ class RunRegistry:
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
         self.counts = RunCounts()
+        self.journal_report = JournalReport()
+        """The damage the journal's replay met (``GET /status``'s ``journal``, ``/readyz``)."""
         self.ready = False
         """True from when the journal is replayed and its unfinished runs resumed (:meth:`serving`)
         until the registry is left: the runtime's readiness."""
@@ -222,8 +224,11 @@ class RunRegistry:
     async def __aenter__(self) -> RunRegistry:
         if self.journal is not None:
             replayed = replay_journal(self.journal, self.listeners, self._foreign)
+            self.journal_report = replayed.report
             self._install(replayed)
-            self.journal.open(snapshot=self.journal_snapshot, on_failure=self._journal_failed)
+            self.journal.open(
+                snapshot=self.journal_snapshot, on_failure=self._journal_failed, held=list(replayed.runs)
+            )
             for run in replayed.failed:  # failed for a damaged journal: now an outcome like any
                 self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
                 for listener in self.listeners:
