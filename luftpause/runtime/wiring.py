@@ -58,7 +58,7 @@ from luftpause.config import Config, split_host_port
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.agent.loop import SubAgentLoop
 from luftpause.runtime.agent.upstream import UpstreamPool
-from luftpause.runtime.dataplane import DataplaneClient
+from luftpause.runtime.dataplane import DataplaneClient, RetryPolicy
 from luftpause.runtime.decide import Decider
 from luftpause.runtime.mcp.pod_tools import PodTools
 from luftpause.runtime.mcp.run_tools import RunTools
@@ -192,6 +192,7 @@ def build_runtime(
         settings.dataplane_key() or token,
         transport=transport,
         verify=client_context(peer, "runtime.dataplane_tls") if peer is not None else True,
+        retry=RetryPolicy(seconds=settings.turn_retry_seconds, max_wait=settings.turn_retry_max_wait),
     )
     approvals = Approvals(registry, upstream)
     models = generative_models(config)
