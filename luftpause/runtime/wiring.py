@@ -75,6 +75,7 @@ from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.retention import DEFAULT_RETENTION_SECONDS
 from luftpause.runtime.runs.series import RunSeries
+from luftpause.runtime.runs.tenants import Tenant, visible
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner
@@ -118,15 +119,25 @@ class Runtime:
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}/mcp"
 
-    def status(self) -> dict[str, Any]:
-        """``GET /status``: ``{"runs": RunRegistry.tree(), "upstream": [UpstreamPool.describe()
-        item], "journal": JournalReport.to_json()}``; each run's task is summarized
+    def status(self, tenant: Tenant | None = None) -> dict[str, Any]:
+        """``GET /status``: ``{"runs": RunRegistry.tree(tenant), "upstream": [UpstreamPool.describe()
+        item], "journal": JournalReport.to_json()}`` for a request of ``tenant`` (``None``: no
+        caller keys; another tenant's runs are left out, and so are they from the journal
+        section's handles); each run's task is summarized
         (:func:`luftpause.runtime.runs.record.summarize`)."""
+        journal = self.registry.journal_report.to_json()
+        if tenant is not None and not tenant.admin:
+            for field in ("runsPossiblyLost", "runsLost"):
+                journal[field] = [h for h in journal[field] if self._sees(h, tenant)]
         return {
-            "runs": self.registry.tree(),
+            "runs": self.registry.tree(tenant),
             "upstream": self.upstream.describe(),
-            "journal": self.registry.journal_report.to_json(),
+            "journal": journal,
         }
+
+    def _sees(self, handle: str, tenant: Tenant) -> bool:
+        run = self.registry.find(handle)
+        return run is not None and visible(run, tenant)
 
     @asynccontextmanager
     async def serving(self, *, with_mcp_sessions: bool = True) -> AsyncIterator[Runtime]:

@@ -20,7 +20,8 @@ live descendants; a running run asked to stop shows ``stopping`` (who asked) in 
 ``status``, ``list`` and the monitor until its current turn ends.
 
 Independence: a run belongs to no connection. Any MCP connection can ``status``, ``read``,
-``send`` and ``stop`` it by handle, and ``list(handle=...)`` shows its children.
+``send`` and ``stop`` it by handle, and ``list(handle=...)`` shows its children, within its
+tenant: with caller keys, another tenant's run is not found (:mod:`~luftpause.runtime.runs.tenants`).
 ``list(caller=...)`` lists the top-level runs of a caller named explicitly (a reconnecting
 client's old caller: :mod:`luftpause.runtime.mcp.callers`); ``list()`` lists the current caller's.
 
@@ -45,6 +46,7 @@ from luftpause.runtime.runs.record import (
     summarize,
 )
 from luftpause.runtime.runs.registry import Run, RunRegistry
+from luftpause.runtime.runs.tenants import Tenant, only_visible, visible
 
 MAX_INBOX = 100
 """Messages waiting in one busy run's inbox at most; ``send`` is refused beyond (retry later)."""
@@ -67,6 +69,8 @@ class PodOperations:
         a live run over a stopped one, then the newest). A sub-agent reaches only its
         descendants. Raises :class:`UnknownRun` / :class:`PodRefused`."""
         run = self.registry.find(target)
+        if run is not None and not visible(run, actor.tenant):
+            raise UnknownRun(target)  # another tenant's: answered as a handle that does not exist
         if run is None:
             if actor.run is not None or actor.caller is not None:
                 run = self._named(actor, target)
@@ -95,7 +99,8 @@ class PodOperations:
         """The runs ``actor`` spawned and still held: a run's children, a caller's top-level runs."""
         if actor.run is not None:
             return [r for r in self.registry.all() if r.parent == actor.run.handle]
-        return [r for r in self.registry.all() if r.parent is None and r.caller == actor.caller]
+        held = self.registry.all()
+        return [r for r in held if r.parent is None and r.caller == actor.caller and visible(r, actor.tenant)]
 
     def send(self, actor: Actor, target: str, message: str) -> dict[str, Any]:
         """``send``: ``{"handle", "name", "state", "delivered": "now" | "next turn"}``."""
@@ -117,7 +122,7 @@ class PodOperations:
             raise PodRefused(f"run {run.handle} has {MAX_INBOX} messages waiting already; send later")
         message_id = f"msg-{secrets.token_hex(6)}"
         reopened = self.registry.deliver(run, text, actor.label, message_id)
-        if not reopened and actor is not PERSON:
+        if not reopened and actor.key != PERSON.key:
             self.notifications.message_waiting(message_id, actor.key)
         if reopened:
             self.registry.start(run)
@@ -212,12 +217,13 @@ class PodOperations:
             parent = self.resolve(actor, of)
             runs = [r for r in self.registry.all() if r.parent == parent.handle]
         elif caller is not None:
-            runs = [r for r in self.registry.all() if r.parent is None and r.caller == caller]
+            held = only_visible(self.registry.all(), actor.tenant)
+            runs = [r for r in held if r.parent is None and r.caller == caller]
         else:
             runs = self.children_of(actor)
         return {"runs": [self.describe(r) for r in runs]}
 
-    def network(self) -> list[dict[str, Any]]:
+    def network(self, tenant: Tenant | None = None) -> list[dict[str, Any]]:
         """Every held run, :meth:`describe`\\ d, oldest first (the monitor's tree), with what a
         person watching the network also wants: ``serviceClass``, ``turns`` and ``toolCalls``
         (the run's own counters; ``luftpause top`` shows them)."""
@@ -228,17 +234,19 @@ class PodOperations:
                 "turns": r.costs.turns,
                 "toolCalls": r.costs.tool_calls,
             }
-            for r in self.registry.all()
+            for r in only_visible(self.registry.all(), tenant)
         ]
 
-    def conversation(self, handle: str, since: int | None = None) -> dict[str, Any]:
+    def conversation(
+        self, handle: str, since: int | None = None, tenant: Tenant | None = None
+    ) -> dict[str, Any]:
         """``{"run": describe, "messages": [...], "from", "cursor", "pendingEvents": [event],
         "conversationDropped"?: true}``: the conversation's messages from index ``since`` (all
         without it), ``from`` the index the first one returned has (``0`` when ``since`` is past
         the conversation: it was dropped, or the cursor came from elsewhere; start over), and
         ``cursor`` the count of messages (the next ``since``). A conversation only grows while it
         is held, so a cursor stays valid."""
-        run = self.registry.get(handle)
+        run = self.registry.get_for(handle, tenant)
         start = since if since is not None and 0 <= since <= len(run.messages) else 0
         out: dict[str, Any] = {
             "run": self.describe(run),

@@ -83,6 +83,7 @@ from luftpause.runtime.runs.retention import (
     DEFAULT_RETENTION_SECONDS,
     FinishedRuns,
 )
+from luftpause.runtime.runs.tenants import Tenant, only_visible, visible
 from luftpause.runtime.runs.views import run_tree
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
 
@@ -497,9 +498,19 @@ class RunRegistry:
         """``run``'s children still held, oldest first."""
         return [self._runs[h] for h in run.children if h in self._runs]
 
-    def tree(self) -> list[dict[str, Any]]:
-        """Every held run with its own and subtree costs (:func:`~luftpause.runtime.runs.views.run_tree`)."""
-        runs = self.all()
+    def get_for(self, handle: str, tenant: Tenant | None) -> Run:
+        """:meth:`get`, for a request of ``tenant``: another tenant's run raises
+        :class:`UnknownRun`, exactly as a handle that does not exist (handles must not be
+        probeable; :mod:`~luftpause.runtime.runs.tenants`)."""
+        run = self.get(handle)
+        if not visible(run, tenant):
+            raise UnknownRun(handle)
+        return run
+
+    def tree(self, tenant: Tenant | None = None) -> list[dict[str, Any]]:
+        """Every held run ``tenant`` may see with its own and subtree costs
+        (:func:`~luftpause.runtime.runs.views.run_tree`)."""
+        runs = only_visible(self.all(), tenant)
         return run_tree(runs, self._runs, self.budget_report)
 
     # The journal.

@@ -46,6 +46,7 @@ from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.record import Run, new_handle
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.spec import DEFAULT_MAX_TOOL_CALLS, RunSpec, SpawnArguments
+from luftpause.runtime.runs.tenants import spawned_tenant
 from luftpause.runtime.spawn.instructions import Instructions
 
 _BUDGETS = (
@@ -198,6 +199,8 @@ class Spawner:
                 "instruction": instruction,
                 "parent": parent.handle if parent is not None else None,
                 "caller": caller,
+                # A sub-agent's child is its spawner's tenant's; an MCP caller's run its key's.
+                "tenant": by.run.spec.tenant if by.run is not None else spawned_tenant(by.tenant),
                 "approve_tools": sorted(arguments.approve_tools or ()),
             }
         )
@@ -217,7 +220,7 @@ class Spawner:
             return None, arguments
         handle = arguments.parent
         try:
-            parent = self.registry.get(handle)
+            parent = self.registry.get_for(handle, by.tenant)
         except RuntimeFault as exc:
             raise SpawnRefused(f"parent: {exc}") from None
         if parent.state == "cancelled":
