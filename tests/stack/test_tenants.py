@@ -14,7 +14,9 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx2
@@ -25,6 +27,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 from mcp_types import Request, Result
+from pods_helpers import script, start_pod, until
 from pydantic import TypeAdapter
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
@@ -118,14 +121,17 @@ class _Tasks(ClientExtension):
 RAW = TypeAdapter(dict[str, Any])
 
 
-def _client(stack: Stack, key: str, *, tasks: bool = False) -> Any:
-    http = httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=120)
-    )
-    transport = streamable_http_client(stack.runtime_url, http_client=http)
-    if tasks:
-        return Client(transport, mode="2026-07-28", extensions=[_Tasks()])
-    return Client(transport)
+@asynccontextmanager
+async def _client(stack: Stack | str, key: str, *, tasks: bool = False) -> AsyncIterator[Client]:
+    """An MCP client of the runtime (a stack's, or at a URL) carrying ``key``; with ``tasks``, a
+    2026-07-28 client declaring the Tasks extension."""
+    url = stack.runtime_url if isinstance(stack, Stack) else stack
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
+        transport = streamable_http_client(url, http_client=http)
+        client = Client(transport, mode="2026-07-28", extensions=[_Tasks()]) if tasks else Client(transport)
+        async with client:
+            yield client
 
 
 def _text(result: CallToolResult) -> str:
@@ -278,3 +284,46 @@ def test_another_tenants_run_is_not_found_by_any_tool_or_route(keyed: Stack) -> 
 
 async def _send(session: ClientSession, kind: Any, task_id: str) -> dict[str, Any]:
     return await session.send_request(kind(params=TaskIdParams(task_id=task_id)), RAW)
+
+
+def test_the_tenant_holds_after_a_restart(keyed: Stack) -> None:
+    async def spawn() -> str:
+        async with _client(keyed, TEAM_A) as a:
+            return str((await _ok(a, "spawn", task="count to two", maxTokens=8))["handle"])
+
+    handle = asyncio.run(spawn())
+    keyed.restart("runtime")
+
+    async def ask() -> None:
+        async with _client(keyed, TEAM_A) as a, _client(keyed, TEAM_B) as b:
+            assert (await _ok(a, "status", handle=handle))["run"]["handle"] == handle
+            refused = await _refused(b, "status", handle=handle)
+            assert refused.replace(handle, NOWHERE) == await _refused(b, "status", handle=NOWHERE)
+
+    asyncio.run(ask())
+
+
+def test_a_sub_agents_own_spawns_belong_to_its_tenant(tmp_path: Path) -> None:
+    keys = [{"caller": "team-a", "key": TEAM_A}, {"caller": "team-b", "key": TEAM_B}]
+    kid = script({"hold": "kid", "say": "kid done"})
+    parent = script({"call": "spawn", "args": {"task": kid, "name": "kid"}}, {"say": "spawned"})
+    with start_pod(tmp_path, workspace=None, env={CALLER_KEYS_ENV: json.dumps(keys)}) as pod:
+
+        async def go() -> None:
+            async with _client(f"{pod.url}/mcp", TEAM_A) as a, _client(f"{pod.url}/mcp", TEAM_B) as b:
+                top = (await _ok(a, "spawn", task=parent, orchestrate=True))["handle"]
+
+                async def kid_held() -> Any:
+                    kids = (await _ok(a, "list", handle=top))["runs"]
+                    return kids[0]["handle"] if kids and pod.engine.holding(kids[0]["handle"]) else None
+
+                child = await until(kid_held, "the sub-agent's child, held at the engine")
+                assert (await _ok(a, "read", handle="kid"))["handle"] == child
+                refused = await _refused(b, "read", handle=child)
+                assert refused.replace(child, NOWHERE) == await _refused(b, "read", handle=NOWHERE)
+                assert (await _ok(b, "list"))["runs"] == []
+                pod.engine.release("kid")
+
+        asyncio.run(go())
+        starts = {r["handle"]: r for r in pod.journal() if r["type"] == "start"}
+        assert {r["tenant"] for r in starts.values()} == {"team-a"} and len(starts) == 2
