@@ -364,6 +364,13 @@ class RuntimeConfig(_Section):
     """Slow clients and connections at the HTTP listener."""
     dataplane_tls: TlsPeer | None = None
     """TLS options towards an ``https://`` dataplane (its CA, this runtime's client certificate)."""
+    turn_retry_seconds: float = Field(default=120.0, ge=0)
+    """How long a sub-agent's turn (and ``decide``) is retried when the dataplane answers 429,
+    502 or 503 or cannot be reached, from its first try (seconds; 0: never retried); then the run
+    fails with the last error (:mod:`luftpause.runtime.dataplane`)."""
+    turn_retry_max_wait: float = Field(default=10.0, gt=0)
+    """The longest one wait between two tries (seconds): waits grow exponentially, jittered,
+    up to it."""
     instructions_dir: str | None = None
     """Folder of named system prompts: ``spawn(instruction="reviewer")`` gives the run the text of
     ``<dir>/reviewer.md``, and ``default.md``, when there is one, is the system prompt of a run

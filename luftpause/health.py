@@ -2,9 +2,12 @@
 
 Both answer ``application/json``::
 
-    {"status": "ok" | "unready", "checks": {name: {"ok": bool, "detail": str}, ...}}
+    {"status": "ok" | "degraded" | "unready",
+     "checks": {name: {"ok": bool, "detail": str, "degraded"?: true}, ...}}
 
-with 200 when every check is ok and 503 otherwise (the status a Kubernetes probe, a compose
+with 200 when every check is ok and 503 otherwise (``degraded``: every check is ok, so the
+process serves and answers 200, but one found something a person must look at, which its detail
+says) (the status a Kubernetes probe, a compose
 healthcheck or ``luftpause up`` reads; the body says which check failed and why). ``/livez`` has
 no checks: a process that answers it is alive, and restarting it would not help with anything
 ``/readyz`` waits for. ``/readyz`` has each process's own (docs/architecture.md "Health"):
@@ -13,7 +16,8 @@ no checks: a process that answers it is alive, and restarting it would not help 
   counts as healthy, unseen);
 * dataplane: ``scheduler``, its link to the scheduler is resynced; ``replicas``, the scheduler
   counts at least one replica healthy;
-* runtime: ``journal``, its journal has been replayed (runs restored and resumed).
+* runtime: ``journal``, its journal has been replayed (runs restored and resumed); ``degraded``
+  when the replay met damage (records skipped, a truncated or emptied journal).
 
 ``GET /health`` stays each process's older answer, unchanged, for those who read it.
 """
@@ -36,16 +40,26 @@ class Check:
 
     ok: bool
     detail: str
+    degraded: bool = False
+    """Passing, but with something wrong a person must see (the whole answer is ``degraded``)."""
 
 
 def report(checks: Mapping[str, Check]) -> tuple[int, bytes]:
     """The HTTP status (200 or 503) and JSON body of a probe answer with ``checks``."""
     ready = all(check.ok for check in checks.values())
+    degraded = any(check.degraded for check in checks.values())
     body = {
-        "status": "ok" if ready else "unready",
-        "checks": {name: {"ok": check.ok, "detail": check.detail} for name, check in checks.items()},
+        "status": ("degraded" if degraded else "ok") if ready else "unready",
+        "checks": {name: _check_json(check) for name, check in checks.items()},
     }
     return (200 if ready else 503), orjson.dumps(body)
+
+
+def _check_json(check: Check) -> dict[str, object]:
+    out: dict[str, object] = {"ok": check.ok, "detail": check.detail}
+    if check.degraded:
+        out["degraded"] = True
+    return out
 
 
 LIVE = report({})

@@ -9,7 +9,9 @@ conversation, so a run re-opened by ``send`` takes the next step. Steps: ``{"cal
 {...}}`` (one tool call), ``{"calls": [{"call": tool, "args": {...}}, ...]}`` (several in one
 reply, ids ``call_<step>_<index>``), ``{"say": text}`` (an answer), ``{"echo": "new-system"}`` (answer with
 the system messages that arrived since the run's last assistant message, or ``none``),
-``{"refuse": 503, "error": text}`` (answer that status: the turn, and so the run, fails), ``"sleep"``
+``{"refuse": 503, "error": text}`` (answer that status: the turn, and so the run, fails; with
+``"times": n`` only the step's first ``n`` tries are refused, and the next is answered as the rest
+of the step says), ``"sleep"``
 seconds to wait before answering, and ``"hold": gate`` to wait before answering until the test
 calls ``engine.release(gate)`` (so a run is busy exactly as long as a test needs, without timing).
 
@@ -61,6 +63,10 @@ def _reply(content: str | None, calls: list[dict[str, Any]] | None = None) -> di
     }
 
 
+def _assistants(body: dict[str, Any]) -> int:
+    return sum(1 for m in body["messages"] if m["role"] == "assistant")
+
+
 class ScriptedEngine(ThreadedApp):
     """The runtime's dataplane: an aiohttp app in its own thread and event loop."""
 
@@ -99,7 +105,8 @@ class ScriptedEngine(ThreadedApp):
                 await self._gate(step["hold"]).wait()
             finally:
                 self.open.discard(run_id)
-        if "refuse" in step:  # the engine's error status: the run's turn fails
+        tries = sum(1 for asked in self.requests[run_id] if _assistants(asked) == done)
+        if "refuse" in step and tries <= int(step.get("times", tries)):  # the engine's error status
             error = {"error": {"message": step.get("error", "refused")}}
             return web.json_response(error, status=int(step["refuse"]))
         if "call" in step:
@@ -179,6 +186,11 @@ class Pod:
         self.runtime.start()
         self.runtime.wait_ready()
 
+    def runtime_log(self) -> str:
+        """Everything the runtime process has logged so far (``runtime.log``)."""
+        path = self.workdir / "runtime.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def journal(self) -> list[dict[str, Any]]:
         return list(read_records(self.workdir / "state" / JOURNAL_NAME))
 
@@ -194,6 +206,7 @@ def start_pod(
     extra_toml: str = "",
     runtime_toml: str = "",
     env: Mapping[str, str] | None = None,
+    engine_started: bool = True,
 ) -> Iterator[Pod]:
     """The scripted engine and a runtime over it (its dataplane and only replica), ready; both
     stopped when the ``with`` block ends, on failure too.
@@ -204,7 +217,8 @@ def start_pod(
     ``[runtime]`` limits, left out when ``None``. ``extra_toml``: appended to the file as it is
     (``[[mcp_servers]]`` and more ``[[replicas]]`` tables; ``{engine_url}`` in it is the scripted
     engine's URL); ``runtime_toml``: more ``[runtime]`` keys. ``env``: more environment for the
-    runtime process.
+    runtime process. ``engine_started=False``: the engine's port is chosen but nothing listens on
+    it until the test calls ``pod.engine.start()`` (a dataplane that is down).
     """
     folder: Path | None = None
     settings = ""
@@ -219,7 +233,9 @@ def start_pod(
     if max_children is not None:
         settings += f"max_children = {max_children}\n"
     settings += runtime_toml
-    engine = ScriptedEngine().start()
+    engine = ScriptedEngine()
+    if engine_started:
+        engine.start()
     running: Pod | None = None
     try:
         port = free_port()

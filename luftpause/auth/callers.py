@@ -41,6 +41,7 @@ The file (TOML)::
     key_sha256 = "9f86d081884c7d65..." # the SHA-256 of the key, hex: printf %s "$KEY" | sha256sum
     classes = ["batch"]                # optional: the service classes it may use (default both)
     narrow = false                     # optional (default true)
+    admin = false                      # optional: at the runtime, sees every tenant's runs
 
     [[keys]]
     caller = "runtime"
@@ -104,6 +105,8 @@ class CallerKey(BaseModel):
     key_sha256: str | None = None
     classes: tuple[ServiceClassName, ...] = Field(default=SERVICE_CLASSES, min_length=1)
     narrow: bool = True
+    admin: bool = False
+    """At the runtime only: the key sees every tenant's runs (docs/security-tenants.md)."""
 
     @field_validator("caller")
     @classmethod
@@ -161,6 +164,13 @@ class Identity:
     caller: str
     classes: tuple[str, ...]
     narrow: bool = True
+    admin: bool = False
+
+    @property
+    def tenant(self) -> str:
+        """The root caller of the key (``lab`` for ``lab/a``): whose runs its holder sees at the
+        runtime (docs/security-tenants.md)."""
+        return self.caller.split("/", 1)[0]
 
     def caller_for(self, header: str | None) -> str:
         """The turn's caller for an ``x-luftpause-caller`` value (``None``: none sent), narrowed as
@@ -219,7 +229,7 @@ def _entries(items: Iterable[CallerKey], where: str) -> list[tuple[bytes, Identi
             digest = item.digest()
         except ValueError as exc:
             raise ConfigError(f"{where}: keys[{index}]: {exc}") from None
-        out.append((digest, Identity(item.caller, tuple(item.classes), item.narrow)))
+        out.append((digest, Identity(item.caller, tuple(item.classes), item.narrow, item.admin)))
     return out
 
 

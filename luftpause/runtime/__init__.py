@@ -6,7 +6,8 @@ Its parts, bottom up; each may import only the parts above it in this list (and
 
     errors.py      every error of the runtime, with its HTTP status
     runs/          runs: what a run is asked (spawn's one contract), its record, the registry that
-                   owns every run's task, the journal, replay, budgets, retention, waiting
+                   owns every run's task, the journal (and its manifest), replay, budgets,
+                   retention, waiting, tenants (whose runs a request sees)
     pods/          scopes held by runs, notifications, tree limits, send/read/stop/list
     dataplane.py   the one client of the dataplane (turns, decide, run ends)
     agent/         the sub-agent loop, upstream MCP tool servers, tool arguments, the approval
@@ -14,7 +15,7 @@ Its parts, bottom up; each may import only the parts above it in this list (and
     decide.py      ``decide``: classification through the dataplane
     spawn/         the one spawn path, named instructions, a sub-agent's built-in tools
     mcp/           the MCP surface: the tools, their annotations, callers, elicitation, Tasks
-    web/           the HTTP edge: bearer token, ``/status``, the monitor page
+    web/           the HTTP edge: bearer token or caller keys, ``/status``, the monitor page
     wiring.py      the object graph, built in dependency order, and its lifespan
     server.py      the ASGI app and ``luftpause runtime`` (granian)
 

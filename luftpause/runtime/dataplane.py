@@ -23,6 +23,15 @@ could otherwise eat into the turn. A request the caller cancels (a run cancelled
 its connection, which is how the dataplane learns to take the turn out of its queue or stop the
 engine's generation.
 
+Transient failures (docs/architecture.md "The runtime's dataplane client"): a 429, 502 or 503
+answer, or a dataplane that cannot be reached or drops the connection (refused, reset, closed
+before its answer), is retried with capped, jittered exponential backoff (tenacity's full jitter:
+a wait drawn between 0 and ``first_wait * 2**n`` seconds, at most ``max_wait``), for at most
+:attr:`RetryPolicy.seconds` from the first try; a ``Retry-After`` header (429, 503) is waited
+instead, up to :data:`RETRY_AFTER_CAP_SECONDS`. A wait that would end past the window is not
+taken: the request fails with the last error and how long it was retried. A turn sent again is
+an LLM call made again, never a tool call: nothing it answered had been taken into the run.
+
 Errors: :class:`~luftpause.runtime.errors.TurnFailed` for a turn,
 :class:`~luftpause.runtime.errors.DataplaneFailed` for :meth:`DataplaneClient.post_json`; the
 end of a run is best effort and never raises.
@@ -35,23 +44,65 @@ import json
 import logging
 import math
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_before_delay
+from tenacity.wait import wait_random_exponential
 
 from luftpause.runtime.errors import DataplaneFailed, TurnFailed
 
 log = logging.getLogger("luftpause.runtime.dataplane")
+
+T = TypeVar("T")
 
 TURN_TIMEOUT_SECONDS = 600.0
 """One turn, queue wait at the dataplane included (docs/architecture.md "Constants": 10 min)."""
 
 DEFAULT_RETRY_AFTER_SECONDS = 1.0
 """Wait after a 429 without a usable ``Retry-After`` header."""
+
+RETRY_AFTER_CAP_SECONDS = 30.0
+"""Longest one ``Retry-After`` is waited (seconds): a dataplane asking for longer is asked again
+then, while the retry window lasts."""
+
+TRANSIENT_STATUSES = frozenset({429, 502, 503})
+"""Answers of the dataplane worth asking again: held back (429), no engine answered (502),
+nothing to serve it now (503)."""
+
+_UNREACHABLE = (httpx2.ConnectError, httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
+"""Transport errors of a dataplane that is down or restarting: refused, reset, closed early."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long transient failures are retried (module docstring): ``seconds`` from the first
+    try (``[runtime] turn_retry_seconds``; 0: never), each wait jittered up to ``first_wait *
+    2**n`` seconds and at most ``max_wait`` (``[runtime] turn_retry_max_wait``)."""
+
+    seconds: float = 120.0
+    max_wait: float = 10.0
+    first_wait: float = 0.25
+
+
+class _Transient(Exception):
+    """A failure worth retrying: its message, and the ``Retry-After`` the answer asked (seconds)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _transient_answer(response: httpx2.Response, what: str) -> _Transient:
+    header = response.headers.get("Retry-After")
+    after = retry_after_seconds(header) if header is not None or response.status_code == 429 else None
+    return _Transient(_answered(response.status_code, response.content, what), after)
+
 
 CALLER_HEADER_MAX_BYTES = 128
 """Longest ``x-luftpause-caller`` value the dataplane keeps (docs/proxy.md, "Headers")."""
@@ -165,9 +216,55 @@ class DataplaneClient:
         *,
         transport: httpx2.AsyncBaseTransport | None = None,
         verify: ssl.SSLContext | bool = True,
+        retry: RetryPolicy = RetryPolicy(),
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.http = new_http_client(self.base_url, token, transport, verify)
+        self.retry = retry
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]], within: float, what: str) -> T:
+        """``attempt()`` until it returns, retrying while it raises :class:`_Transient` (module
+        docstring), for at most ``within`` seconds; the last transient failure is raised as
+        :class:`DataplaneFailed` saying how long it was retried (the caller re-raises it as its own
+        error)."""
+        policy = self.retry
+        backoff = wait_random_exponential(multiplier=policy.first_wait, max=policy.max_wait)
+
+        def wait(state: RetryCallState) -> float:
+            failed = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(failed, _Transient) and failed.retry_after is not None:
+                return min(failed.retry_after, RETRY_AFTER_CAP_SECONDS)
+            return float(backoff(state))
+
+        def before_sleep(state: RetryCallState) -> None:
+            failed = state.outcome.exception() if state.outcome is not None else None
+            log.warning(
+                "%s: %s; try %d failed, again in %.2f s",
+                what,
+                failed,
+                state.attempt_number,
+                state.upcoming_sleep,
+            )
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Transient),
+            wait=wait,
+            stop=stop_before_delay(within),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        tries = 0
+        try:
+            async for each in retrying:
+                with each:
+                    tries += 1
+                    return await attempt()
+        except _Transient as exc:
+            spent = loop.time() - began
+            raise DataplaneFailed(f"{exc} (tried {tries} times in {spent:.1f} s)") from None
+        raise AssertionError("unreachable: tenacity either returns, raises, or retries")
 
     async def __aenter__(self) -> DataplaneClient:
         return self
@@ -194,9 +291,10 @@ class DataplaneClient:
         """POST one non-streamed chat completion of run ``run_id`` (its class and caller as the
         scheduler's headers; ``headers`` added, e.g. the turn's ``traceparent``); the reply.
 
-        A 429 is waited out (``Retry-After`` seconds, else 1 s) and retried until the caller is
-        cancelled. Raises :class:`TurnFailed` for any other HTTP error status, a connection error,
-        the 600 s turn timeout or a reply that is not a JSON object.
+        A 429, 502 or 503, or a dataplane unreachable, is retried (module docstring) within
+        :attr:`RetryPolicy.seconds`. Raises :class:`TurnFailed` with the last such error once the
+        window is spent, for any other HTTP error status, the 600 s turn timeout or a reply that
+        is not a JSON object.
         """
         url = f"{self.base_url}/v1/chat/completions"
         sent = {
@@ -205,40 +303,48 @@ class DataplaneClient:
             "x-luftpause-caller": header_safe(caller),
             **(headers or {}),
         }
-        while True:
+
+        async def attempt() -> httpx2.Response:
             try:
                 async with asyncio.timeout(TURN_TIMEOUT_SECONDS):
                     response = await self.http.post("/v1/chat/completions", json=body, headers=sent)
-            except httpx2.TimeoutException as exc:
+            except (httpx2.TimeoutException, TimeoutError) as exc:
                 raise TurnFailed(f"dataplane {url}: no reply within {TURN_TIMEOUT_SECONDS:.0f} s") from exc
-            except TimeoutError as exc:
-                raise TurnFailed(f"dataplane {url}: no reply within {TURN_TIMEOUT_SECONDS:.0f} s") from exc
+            except _UNREACHABLE as exc:
+                raise _Transient(f"dataplane {url}: {exc or type(exc).__name__}") from exc
             except httpx2.HTTPError as exc:
                 raise TurnFailed(f"dataplane {url}: {exc or type(exc).__name__}") from exc
-            if response.status_code == 429:
-                await asyncio.sleep(retry_after_seconds(response.headers.get("Retry-After")))
-                continue
-            if response.status_code >= 400:
-                raise TurnFailed(_answered(response.status_code, response.content))
-            try:
-                reply = json.loads(response.content)
-            except ValueError as exc:
-                raise TurnFailed(f"dataplane reply is not JSON: {exc}") from exc
-            if not isinstance(reply, dict):
-                raise TurnFailed("dataplane reply is not a JSON object")
-            return reply
+            if response.status_code in TRANSIENT_STATUSES:
+                raise _transient_answer(response, "dataplane")
+            return response
+
+        try:
+            response = await self._retrying(attempt, self.retry.seconds, f"turn of {run_id}")
+        except DataplaneFailed as exc:
+            raise TurnFailed(str(exc)) from None
+        if response.status_code >= 400:
+            raise TurnFailed(_answered(response.status_code, response.content))
+        try:
+            reply = json.loads(response.content)
+        except ValueError as exc:
+            raise TurnFailed(f"dataplane reply is not JSON: {exc}") from exc
+        if not isinstance(reply, dict):
+            raise TurnFailed("dataplane reply is not a JSON object")
+        return reply
 
     async def post_json(
         self, path: str, body: dict[str, Any], headers: Mapping[str, str], *, within: float
     ) -> dict[str, Any]:
-        """POST ``body`` to ``path``; the reply as a JSON object. A 429 is waited out after its
-        ``Retry-After`` (else 1 s, as a run's turn is) and retried, all within ``within`` seconds.
-        Raises :class:`DataplaneFailed` with the dataplane's status and message, a connection
-        error, no answer in time, or a reply that is not a JSON object."""
+        """POST ``body`` to ``path``; the reply as a JSON object. A 429, 502 or 503, or a dataplane
+        unreachable, is retried as a turn is (module docstring), all within ``within`` seconds
+        (and the policy's window). Raises :class:`DataplaneFailed` with the dataplane's status and
+        message (the last one, once retries are spent), no answer in time, or a reply that is not
+        a JSON object."""
         url = f"{self.base_url}/{path.lstrip('/')}"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
-        while True:
+
+        async def attempt() -> httpx2.Response:
             left = deadline - loop.time()
             if left <= 0:
                 raise DataplaneFailed(f"dataplane {url}: no answer within {within:.0f} s")
@@ -247,17 +353,17 @@ class DataplaneClient:
                     response = await self.http.post(url, json=body, headers=dict(headers))
             except (httpx2.TimeoutException, TimeoutError) as exc:
                 raise DataplaneFailed(f"dataplane {url}: no answer within {within:.0f} s") from exc
+            except _UNREACHABLE as exc:
+                raise _Transient(f"dataplane {url}: {exc or type(exc).__name__}") from exc
             except httpx2.HTTPError as exc:
                 raise DataplaneFailed(f"dataplane {url}: {exc or type(exc).__name__}") from exc
-            if response.status_code == 429:
-                delay = retry_after_seconds(response.headers.get("Retry-After"))
-                if loop.time() + delay >= deadline:
-                    raise DataplaneFailed(_answered(429, response.content, f"dataplane {path}"))
-                await asyncio.sleep(delay)
-                continue
-            if response.status_code >= 400:
-                raise DataplaneFailed(_answered(response.status_code, response.content, f"dataplane {path}"))
-            break
+            if response.status_code in TRANSIENT_STATUSES:
+                raise _transient_answer(response, f"dataplane {path}")
+            return response
+
+        response = await self._retrying(attempt, min(within, self.retry.seconds), f"{path}")
+        if response.status_code >= 400:
+            raise DataplaneFailed(_answered(response.status_code, response.content, f"dataplane {path}"))
         try:
             reply = json.loads(response.content)
         except ValueError as exc:

@@ -57,6 +57,7 @@ from starlette.routing import Route
 
 from luftpause import health as probes
 from luftpause import logs, metrics, tracing
+from luftpause.auth.callers import load_caller_keys
 from luftpause.auth.tls import check_listener, check_peer
 from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, ConfigError, split_host_port
@@ -65,6 +66,7 @@ from luftpause.orphans import exit_with_parent
 from luftpause.ports import refuse_if_in_use
 from luftpause.runtime.mcp.callers import CallerCookie
 from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.tenants import tenant_in
 from luftpause.runtime.web.auth import TOKEN_ENV, BearerTokenGate, token_from_env
 from luftpause.runtime.web.mcp_errors import McpErrorBodies, loopback_security
 from luftpause.runtime.web.metrics import RuntimeMetrics, readiness
@@ -90,6 +92,7 @@ def create_app(
     replaces the network to the dataplane (tests).
     """
     token = (token if token is not None else token_from_env()) or None
+    keys = load_caller_keys(config)  # the dataplane's key table: tenants (docs/security-tenants.md)
     runtime = build_runtime(config, token, transport=transport)
     host, _ = split_host_port(config.runtime.listen)
     # The SDK turns on DNS-rebinding protection for loopback hosts itself; bound elsewhere, the
@@ -99,7 +102,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         exit_with_parent()  # granian's worker: a SIGKILLed main process must not leave it serving
-        if token is None:
+        if keys is not None:
+            log.info(
+                "caller keys (%d): /mcp, /status and the monitor take them; each sees its tenant's runs",
+                len(keys),
+            )
+        elif token is None:
             log.warning("%s is not set: /mcp and /status accept every request without a token", TOKEN_ENV)
         async with AsyncExitStack() as stack:
             # Spans over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, from the worker that makes
@@ -111,7 +119,7 @@ def create_app(
             yield
 
     async def status(request: Request) -> Response:
-        return json_response(runtime.status())
+        return json_response(runtime.status(tenant_in(request.scope)))
 
     async def health(request: Request) -> Response:
         return json_response({"ok": True})
@@ -153,7 +161,7 @@ def create_app(
         ],
         middleware=[
             Middleware(StatusCors, scheduler_http=config.scheduler.http, listen_host=host),
-            Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"})),
+            Middleware(BearerTokenGate, token=token, jsonrpc_paths=frozenset({"/mcp"}), keys=keys),
             Middleware(CallerCookie, path="/mcp"),
             Middleware(McpErrorBodies, path="/mcp"),
         ],

@@ -58,7 +58,7 @@ from luftpause.config import Config, split_host_port
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.agent.loop import SubAgentLoop
 from luftpause.runtime.agent.upstream import UpstreamPool
-from luftpause.runtime.dataplane import DataplaneClient
+from luftpause.runtime.dataplane import DataplaneClient, RetryPolicy
 from luftpause.runtime.decide import Decider
 from luftpause.runtime.mcp.pod_tools import PodTools
 from luftpause.runtime.mcp.run_tools import RunTools
@@ -75,6 +75,7 @@ from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.retention import DEFAULT_RETENTION_SECONDS
 from luftpause.runtime.runs.series import RunSeries
+from luftpause.runtime.runs.tenants import Tenant, visible
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner
@@ -118,10 +119,25 @@ class Runtime:
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}/mcp"
 
-    def status(self) -> dict[str, Any]:
-        """``GET /status``: ``{"runs": RunRegistry.tree(), "upstream": [UpstreamPool.describe()
-        item]}``; each run's task is summarized (:func:`luftpause.runtime.runs.record.summarize`)."""
-        return {"runs": self.registry.tree(), "upstream": self.upstream.describe()}
+    def status(self, tenant: Tenant | None = None) -> dict[str, Any]:
+        """``GET /status``: ``{"runs": RunRegistry.tree(tenant), "upstream": [UpstreamPool.describe()
+        item], "journal": JournalReport.to_json()}`` for a request of ``tenant`` (``None``: no
+        caller keys; another tenant's runs are left out, and so are they from the journal
+        section's handles); each run's task is summarized
+        (:func:`luftpause.runtime.runs.record.summarize`)."""
+        journal = self.registry.journal_report.to_json()
+        if tenant is not None and not tenant.admin:
+            for field in ("runsPossiblyLost", "runsLost"):
+                journal[field] = [h for h in journal[field] if self._sees(h, tenant)]
+        return {
+            "runs": self.registry.tree(tenant),
+            "upstream": self.upstream.describe(),
+            "journal": journal,
+        }
+
+    def _sees(self, handle: str, tenant: Tenant) -> bool:
+        run = self.registry.find(handle)
+        return run is not None and visible(run, tenant)
 
     @asynccontextmanager
     async def serving(self, *, with_mcp_sessions: bool = True) -> AsyncIterator[Runtime]:
@@ -187,6 +203,7 @@ def build_runtime(
         settings.dataplane_key() or token,
         transport=transport,
         verify=client_context(peer, "runtime.dataplane_tls") if peer is not None else True,
+        retry=RetryPolicy(seconds=settings.turn_retry_seconds, max_wait=settings.turn_retry_max_wait),
     )
     approvals = Approvals(registry, upstream)
     models = generative_models(config)

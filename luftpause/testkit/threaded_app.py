@@ -52,5 +52,6 @@ class ThreadedApp:
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        if self._thread.is_alive():  # never started: nothing to wait for
+            self._thread.join(10)
         self._loop.close()

@@ -496,7 +496,8 @@ def test_spent_tool_budget_offers_no_tools(runtime: Runtime) -> None:
 
 
 def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> None:
-    script: Script = [(503, {"error": {"message": "engine sim-a: overloaded"}}, {})]
+    # A 500 is not retried (a 502, 503 or 429 is: tests/runtime/test_turns_ride_out_a_failing_dataplane.py).
+    script: Script = [(500, {"error": {"message": "engine sim-a: overloaded"}}, {})]
     run = make_run("run-refused")
 
     async def scenario() -> ScriptedDataplane:
@@ -506,7 +507,7 @@ def test_dataplane_error_fails_the_run_with_its_message_and_still_ends_it() -> N
 
     dataplane = asyncio.run(scenario())
     assert run.state == "failed"
-    assert run.error == "dataplane answered 503: engine sim-a: overloaded"
+    assert run.error == "dataplane answered 500: engine sim-a: overloaded"
     assert dataplane.deleted == ["run-refused"]
 
 

@@ -330,7 +330,8 @@ def test_the_runtimes_own_turns_carry_its_key_and_its_mcp_callers_below_it(keyed
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
-        headers = {"Authorization": f"Bearer {TOKEN}"}
+        # With caller keys the runtime takes them too (docs/security-tenants.md), not the shared token.
+        headers = {"Authorization": f"Bearer {TEAM_A}"}
         async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
             async with Client(streamable_http_client(keyed.runtime_url, http_client=http)) as client:
                 task = {

@@ -32,6 +32,9 @@ from http.cookies import CookieError, SimpleCookie
 from mcp.server.mcpserver import Context
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from luftpause.runtime.pods.actors import Actor
+from luftpause.runtime.runs.tenants import Tenant, tenant_in
+
 CALLER_HEADER = "x-luftpause-caller"
 """An MCP request's explicit caller (as on the proxy's turns)."""
 
@@ -58,8 +61,30 @@ def _cookie_caller(cookie_header: str | None) -> str | None:
     return value if value.startswith(MINTED_PREFIX) and 0 < len(value) <= 64 else None
 
 
+def tenant_of(ctx: Context) -> Tenant | None:
+    """The tenant of the MCP request behind ``ctx``, as the HTTP edge found it from its caller key
+    (``None``: no caller keys configured; :mod:`luftpause.runtime.runs.tenants`)."""
+    try:
+        request = ctx.request_context.request
+    except (ValueError, AttributeError, LookupError):  # no request (in-process clients)
+        return None
+    return tenant_in(getattr(request, "scope", None))
+
+
+def actor_of(ctx: Context) -> Actor:
+    """The MCP caller behind ``ctx`` as an actor on runs, with its tenant."""
+    return Actor.of_caller(caller_of(ctx), tenant_of(ctx))
+
+
 def caller_of(ctx: Context) -> str:
-    """The caller of the MCP request behind ``ctx`` (module docstring)."""
+    """The caller of the MCP request behind ``ctx`` (module docstring); with caller keys, narrowed
+    under the key's caller (:meth:`Tenant.narrow`)."""
+    tenant = tenant_of(ctx)
+    caller = _caller_of(ctx)
+    return tenant.narrow(caller) if tenant is not None else caller
+
+
+def _caller_of(ctx: Context) -> str:
     headers = ctx.headers
     if headers is not None:
         named = headers.get(CALLER_HEADER)

@@ -26,9 +26,8 @@ from luftpause import tracing
 from luftpause.runtime.agent import spans
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
-from luftpause.runtime.mcp.callers import caller_of
+from luftpause.runtime.mcp.callers import actor_of
 from luftpause.runtime.mcp.run_tools import check_text
-from luftpause.runtime.pods.actors import Actor
 from luftpause.runtime.pods.operations import PodOperations
 
 Handle = Annotated[str, Field(min_length=1, description="a run's handle or name")]
@@ -65,7 +64,7 @@ class PodTools:
         ctx: Context,
     ) -> dict[str, Any]:
         check_text("message", message)
-        sent = _pod_call(self.pods.send, Actor.of_caller(caller_of(ctx)), handle, message)
+        sent = _pod_call(self.pods.send, actor_of(ctx), handle, message)
         if sent["delivered"] == "now":  # re-opened: its drive's task has not run yet
             spans.reopened(sent["handle"], ctx)
         await self.pods.registry.durable()  # the message survives a kill after this answer
@@ -77,7 +76,7 @@ class PodTools:
         ctx: Context,
         since: Annotated[int | None, Field(ge=0, description="cursor from an earlier read")] = None,
     ) -> dict[str, Any]:
-        actor = Actor.of_caller(caller_of(ctx))
+        actor = actor_of(ctx)
         if not tracing.active:
             read = _pod_call(self.pods.read, actor, handle, since)
         else:
@@ -91,7 +90,7 @@ class PodTools:
         return read
 
     async def stop(self, handle: Handle, ctx: Context) -> dict[str, Any]:
-        stopped = _pod_call(self.pods.stop, Actor.of_caller(caller_of(ctx)), handle)
+        stopped = _pod_call(self.pods.stop, actor_of(ctx), handle)
         await self.pods.registry.durable()  # a kill after this answer does not bring the run back
         return stopped
 
@@ -101,7 +100,7 @@ class PodTools:
         handle: Annotated[str | None, Field(description="a run whose children to list")] = None,
         caller: Annotated[str | None, Field(description="list this caller's runs instead")] = None,
     ) -> dict[str, Any]:
-        return _pod_call(self.pods.list_runs, Actor.of_caller(caller_of(ctx)), handle, caller)
+        return _pod_call(self.pods.list_runs, actor_of(ctx), handle, caller)
 
 
 SEND_DESCRIPTION = (

@@ -42,11 +42,12 @@ from luftpause.runtime.agent.upstream import UpstreamPool, tool_listing
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, Decider
 from luftpause.runtime.errors import RuntimeFault, UnknownModel
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
-from luftpause.runtime.mcp.callers import caller_of
+from luftpause.runtime.mcp.callers import caller_of, tenant_of
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.runs.spec import text_size_problem
+from luftpause.runtime.runs.tenants import only_visible
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 
 DEFAULT_STATUS_LIST = 100
@@ -125,9 +126,10 @@ class RunTools:
         offset: Annotated[int, Field(ge=0, description="runs to skip, oldest first (paging)")] = 0,
     ) -> dict[str, Any]:
         registry = self.registry
+        tenant = tenant_of(ctx)
         if handle is None:
             caller = caller_of(ctx)
-            held = registry.of_caller(caller)
+            held = only_visible(registry.of_caller(caller), tenant)
             page = held[offset : offset + limit]
             listing: dict[str, Any] = {
                 "runs": [listed_status(registry.status_of(run)) for run in page],
@@ -141,12 +143,13 @@ class RunTools:
                 listing["events"] = events
             return listing
         try:
-            return {"run": registry.status_of(registry.get(handle), full_task=True)}
+            return {"run": registry.status_of(registry.get_for(handle, tenant), full_task=True)}
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
 
-    async def cancel(self, handle: str) -> dict[str, Any]:
+    async def cancel(self, handle: str, ctx: Context) -> dict[str, Any]:
         try:
+            self.registry.get_for(handle, tenant_of(ctx))
             stopped = self.registry.cancel(handle)
             # An idle run (and idle ones below it) ends too: stopped, its scope returned (pods/).
             stopped += self.pods.end_idle(self.registry.get(handle), "cancel")
@@ -159,12 +162,14 @@ class RunTools:
         self,
         handle: str,
         allow: bool,
+        ctx: Context,
         call: Annotated[
             str | None,
             Field(description="the approval id (pendingApprovals[].id); needed when several wait"),
         ] = None,
     ) -> dict[str, Any]:
         try:
+            self.registry.get_for(handle, tenant_of(ctx))
             approval = self.approvals.answer(handle, allow, call)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
@@ -223,12 +228,13 @@ class RunTools:
 
     async def tools(
         self,
+        ctx: Context,
         handle: Annotated[str | None, Field(description="a run's handle; default: any run")] = None,
     ) -> dict[str, Any]:
         if handle is None:
             return {"servers": self.upstream.catalog(None)}
         try:
-            run = self.registry.get(handle)
+            run = self.registry.get_for(handle, tenant_of(ctx))
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         return {"servers": self.offered_catalog(run)}

@@ -39,17 +39,17 @@ from pydantic import Field
 
 from luftpause.runtime.agent import spans
 from luftpause.runtime.agent.approvals import Approvals
-from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.errors import RuntimeFault, UnknownRun
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
-from luftpause.runtime.mcp.callers import caller_of
+from luftpause.runtime.mcp.callers import actor_of, caller_of, tenant_of
 from luftpause.runtime.mcp.elicitation import elicits_forms, request_state, wait_asking
 from luftpause.runtime.mcp.signatures import tool_function
 from luftpause.runtime.mcp.tasks import TaskRegistry
 from luftpause.runtime.mcp.tasks_extension import task_slot
-from luftpause.runtime.pods.actors import Actor
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.runs.spec import SpawnArguments
+from luftpause.runtime.runs.tenants import visible
 from luftpause.runtime.spawn.spawner import Spawner
 
 MAX_AWAIT_SECONDS = 600.0
@@ -174,7 +174,7 @@ class SpawnTools:
         run then fails without taking a turn), so no handle is acknowledged that a restart would
         lose."""
         try:
-            run = self.spawner.spawn(arguments, Actor.of_caller(caller_of(ctx)), trace=ctx)
+            run = self.spawner.spawn(arguments, actor_of(ctx), trace=ctx)
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         try:
@@ -196,7 +196,7 @@ class SpawnTools:
         handle = request_state(ctx).get("run")
         if isinstance(handle, str):  # a 2026-07-28 retry with approval answers: the run exists already
             try:
-                run = self.registry.get(handle)
+                run = self.registry.get_for(handle, tenant_of(ctx))
             except RuntimeFault as exc:
                 raise ToolError(str(exc)) from None
         else:
@@ -221,6 +221,10 @@ class SpawnTools:
     ) -> dict[str, Any] | InputRequiredResult:
         try:
             runs = self.registry.lookup(handles)
+            tenant = tenant_of(ctx)
+            hidden = [run.handle for run in runs if not visible(run, tenant)]
+            if hidden:  # another tenant's: answered as a handle that does not exist
+                raise UnknownRun(hidden[0])
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         with spans.touching("await", [run.handle for run in runs], ctx):  # linked to each run's trace

@@ -97,6 +97,7 @@ from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
 from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
+from luftpause.runtime.runs.tenants import Tenant, visible
 
 log = logging.getLogger("luftpause.runtime.mcp.tasks")
 
@@ -270,11 +271,15 @@ class TaskRegistry:
         self._watchers[task.task_id] = self._group.create_task(self._watch(task, run), name=task.task_id)
         return task
 
-    def get(self, task_id: str) -> Task:
+    def get(self, task_id: str, tenant: Tenant | None = None) -> Task:
         """The task ``task_id``, its state brought up to date with its run. Raises ``MCPError``
-        ``-32602`` for an unknown (or dropped) task."""
+        ``-32602`` for an unknown (or dropped) task, and for another ``tenant``'s (the same
+        answer: task ids must not be probeable)."""
         self._evict()
         task = self._tasks.get(task_id)
+        run = self.runs.find(task.handle) if task is not None else None
+        if task is not None and tenant is not None and (run is None or not visible(run, tenant)):
+            task = None
         if task is None:
             raise MCPError(
                 INVALID_PARAMS,
@@ -308,11 +313,11 @@ class TaskRegistry:
             out["error"] = task.error
         return out
 
-    def update(self, task_id: str, responses: InputResponses) -> int:
+    def update(self, task_id: str, responses: InputResponses, tenant: Tenant | None = None) -> int:
         """``tasks/update``: apply the answers to the task's outstanding approval questions (one
         input request each); returns how many were applied (others are ignored, as the spec
         says). Raises ``MCPError`` ``-32602`` for an unknown task."""
-        task = self.get(task_id)
+        task = self.get(task_id, tenant)
         if task.ended:
             return 0
         applied = 0
@@ -325,11 +330,11 @@ class TaskRegistry:
             self._observe(task)
         return applied
 
-    def cancel(self, task_id: str) -> None:
+    def cancel(self, task_id: str, tenant: Tenant | None = None) -> None:
         """``tasks/cancel``: cancel the task's run and its running descendants (as ``cancel``
         does); the task ends ``cancelled`` unless the run had already ended. Raises ``MCPError``
         ``-32602`` for an unknown task."""
-        task = self.get(task_id)
+        task = self.get(task_id, tenant)
         if task.ended:
             return
         task.cancel_requested = True

@@ -20,6 +20,7 @@ from mcp_types import CallToolRequestParams, InputResponses, RequestParams
 from pydantic import Field
 
 from luftpause.runtime.mcp.tasks import Task, TaskRegistry
+from luftpause.runtime.runs.tenants import Tenant, tenant_in
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 """The extension's identifier (client and server capabilities ``extensions``)."""
@@ -111,16 +112,21 @@ class TasksExtension(Extension):
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
         require_client_extension(ctx, TASKS_EXTENSION)
-        return {"resultType": "complete", **self.tasks.describe(self.tasks.get(params.task_id))}
+        return {"resultType": "complete", **self.tasks.describe(self.tasks.get(params.task_id, _tenant(ctx)))}
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> HandlerResult:
         require_client_extension(ctx, TASKS_EXTENSION)
-        self.tasks.update(params.task_id, params.input_responses)
+        self.tasks.update(params.task_id, params.input_responses, _tenant(ctx))
         await self.tasks.runs.durable()  # the decisions are not asked again after a kill
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
         require_client_extension(ctx, TASKS_EXTENSION)
-        self.tasks.cancel(params.task_id)
+        self.tasks.cancel(params.task_id, _tenant(ctx))
         await self.tasks.runs.durable()  # the cancelled runs stay ended after a kill
         return {"resultType": "complete"}
+
+
+def _tenant(ctx: ServerRequestContext[Any, Any]) -> Tenant | None:
+    """The tenant of the request behind ``ctx`` (:mod:`luftpause.runtime.runs.tenants`)."""
+    return tenant_in(getattr(getattr(ctx, "request", None), "scope", None))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from luftpause.runtime.runs.record import Run, summarize
+from luftpause.runtime.runs.tenants import Tenant
 
 SUMMARY_CHARS = 200
 """Characters of a last answer's first line shown by ``list`` and the monitor."""
@@ -21,20 +22,29 @@ SUMMARY_CHARS = 200
 class Actor:
     """Who acts: ``key`` is how events and names are scoped (a run's handle, ``caller:<id>``, or
     ``person``), ``run`` the sub-agent when it is one (it may then act on its descendants only),
-    ``label`` how the spawner is told who did it, ``caller`` the MCP caller it acts for."""
+    ``label`` how the spawner is told who did it, ``caller`` the MCP caller it acts for,
+    ``tenant`` whose runs it may see (``None``: no caller keys, all;
+    :mod:`~luftpause.runtime.runs.tenants`)."""
 
     key: str
     label: str
     run: Run | None = None
     caller: str | None = None
+    tenant: Tenant | None = None
 
     @classmethod
     def of_run(cls, run: Run) -> Actor:
-        return cls(run.handle, f"run {run.name or run.handle}", run, run.caller)
+        tenant = Tenant(run.spec.tenant) if run.spec.tenant is not None else None
+        return cls(run.handle, f"run {run.name or run.handle}", run, run.caller, tenant)
 
     @classmethod
-    def of_caller(cls, caller: str) -> Actor:
-        return cls(f"caller:{caller}", f"MCP caller {caller}", None, caller)
+    def of_caller(cls, caller: str, tenant: Tenant | None = None) -> Actor:
+        return cls(f"caller:{caller}", f"MCP caller {caller}", None, caller, tenant)
+
+    @classmethod
+    def person(cls, tenant: Tenant | None = None) -> Actor:
+        """A person on the monitor, seeing ``tenant``'s runs (``None``: all)."""
+        return cls("person", "a person (monitor)", tenant=tenant)
 
 
 PERSON = Actor("person", "a person (monitor)")

@@ -12,13 +12,16 @@ until the run is done, so an ``idle`` run counts as done there. Where one word i
 run (``list``'s ``state``, the monitor), an idle run that failed is shown with ``runState``
 ``failed`` beside it, so no one takes a failure for a rest.
 
-``send`` / ``read`` / ``stop`` take a handle (always first) or a name, looked up only among the
-actor's own children. A busy run's inbox holds at most :data:`MAX_INBOX` messages. ``stop``
-answers with what the run's scope does (:meth:`RunScopes.stop_summary`): what returns to its
-spawner and when, and what stays with its live descendants.
+``send`` / ``read`` / ``stop`` take a handle (always first) or a name, looked up among the
+actor's descendants, nearest level first (its own children, then theirs). A busy run's inbox
+holds at most :data:`MAX_INBOX` messages. ``stop`` answers with what the run's scope does
+(:meth:`RunScopes.stop_summary`): what returns to its spawner and when, and what stays with its
+live descendants; a running run asked to stop shows ``stopping`` (who asked) in ``stop``,
+``status``, ``list`` and the monitor until its current turn ends.
 
 Independence: a run belongs to no connection. Any MCP connection can ``status``, ``read``,
-``send`` and ``stop`` it by handle, and ``list(handle=...)`` shows its children.
+``send`` and ``stop`` it by handle, and ``list(handle=...)`` shows its children, within its
+tenant: with caller keys, another tenant's run is not found (:mod:`~luftpause.runtime.runs.tenants`).
 ``list(caller=...)`` lists the top-level runs of a caller named explicitly (a reconnecting
 client's old caller: :mod:`luftpause.runtime.mcp.callers`); ``list()`` lists the current caller's.
 
@@ -43,6 +46,7 @@ from luftpause.runtime.runs.record import (
     summarize,
 )
 from luftpause.runtime.runs.registry import Run, RunRegistry
+from luftpause.runtime.runs.tenants import Tenant, only_visible, visible
 
 MAX_INBOX = 100
 """Messages waiting in one busy run's inbox at most; ``send`` is refused beyond (retry later)."""
@@ -60,15 +64,16 @@ class PodOperations:
         self.tree = tree
 
     def resolve(self, actor: Actor, target: str) -> Run:
-        """The run ``target`` names (a handle, or a live child's name of ``actor``). A sub-agent
-        reaches only its descendants. Raises :class:`UnknownRun` / :class:`PodRefused`."""
+        """The run ``target`` names: a handle, or a name among ``actor``'s descendants (its own
+        children first, then theirs, level by level: the nearest level that has the name wins,
+        a live run over a stopped one, then the newest). A sub-agent reaches only its
+        descendants. Raises :class:`UnknownRun` / :class:`PodRefused`."""
         run = self.registry.find(target)
+        if run is not None and not visible(run, actor.tenant):
+            raise UnknownRun(target)  # another tenant's: answered as a handle that does not exist
         if run is None:
             if actor.run is not None or actor.caller is not None:
-                named = [r for r in self.children_of(actor) if r.name == target]
-                live = [r for r in named if r.pod_state != "stopped"]
-                candidates = live or named
-                run = candidates[-1] if candidates else None
+                run = self._named(actor, target)
             if run is None:
                 self.registry.get(target)  # raises UnknownRun or ExpiredRun, whichever it is
                 raise UnknownRun(target)
@@ -76,11 +81,26 @@ class PodOperations:
             raise PodRefused(f"run {run.handle} is not one of your descendants")
         return run
 
+    def _named(self, actor: Actor, name: str) -> Run | None:
+        """The run called ``name`` nearest below ``actor`` (:meth:`resolve`), or ``None``."""
+        level = self.children_of(actor)
+        seen: set[str] = set()
+        while level:
+            named = [r for r in level if r.name == name]
+            if named:
+                live = [r for r in named if r.pod_state != "stopped"]
+                return (live or named)[-1]
+            seen.update(r.handle for r in level)
+            parents = {r.handle for r in level}
+            level = [r for r in self.registry.all() if r.parent in parents and r.handle not in seen]
+        return None
+
     def children_of(self, actor: Actor) -> list[Run]:
         """The runs ``actor`` spawned and still held: a run's children, a caller's top-level runs."""
         if actor.run is not None:
             return [r for r in self.registry.all() if r.parent == actor.run.handle]
-        return [r for r in self.registry.all() if r.parent is None and r.caller == actor.caller]
+        held = self.registry.all()
+        return [r for r in held if r.parent is None and r.caller == actor.caller and visible(r, actor.tenant)]
 
     def send(self, actor: Actor, target: str, message: str) -> dict[str, Any]:
         """``send``: ``{"handle", "name", "state", "delivered": "now" | "next turn"}``."""
@@ -102,7 +122,7 @@ class PodOperations:
             raise PodRefused(f"run {run.handle} has {MAX_INBOX} messages waiting already; send later")
         message_id = f"msg-{secrets.token_hex(6)}"
         reopened = self.registry.deliver(run, text, actor.label, message_id)
-        if not reopened and actor is not PERSON:
+        if not reopened and actor.key != PERSON.key:
             self.notifications.message_waiting(message_id, actor.key)
         if reopened:
             self.registry.start(run)
@@ -152,12 +172,16 @@ class PodOperations:
             raise PodRefused("a run cannot stop itself; answer instead")
         summary = self.scopes.stop_summary(run, self.registry.find)
         self.registry.request_stop(run, actor.label)
-        return {"handle": run.handle, "name": run.name, "state": run.pod_state, "scope": summary}
+        out = {"handle": run.handle, "name": run.name, "state": run.pod_state, "scope": summary}
+        if run.stopping:
+            out["stopping"] = {"by": run.stopped_by}
+        return out
 
     def describe(self, run: Run) -> dict[str, Any]:
         """One run as ``list`` and the monitor show it::
 
-        {"handle", "name", "state": running|idle|stopped, "runState", "parent", "caller",
+        {"handle", "name", "state": running|idle|stopped, "stopping"?: {"by"} (asked to stop,
+         its current turn finishing), "runState", "parent", "caller",
          "task" (summary), "scope": {"granted", "heldByChildren"} | null, "lastAnswer" (first
          line, 200 chars) | null, "error"?, "journalError"? (a restart found its journal
          damaged: what and where), "children": [handles], "pendingEvents": n}
@@ -176,6 +200,8 @@ class PodOperations:
             "children": list(run.children),
             "pendingEvents": self.notifications.pending_count(run.handle),
         }
+        if run.stopping:
+            item["stopping"] = {"by": run.stopped_by}
         if run.error is not None:
             item["error"] = run.error
         if run.durability.damaged is not None:
@@ -191,12 +217,13 @@ class PodOperations:
             parent = self.resolve(actor, of)
             runs = [r for r in self.registry.all() if r.parent == parent.handle]
         elif caller is not None:
-            runs = [r for r in self.registry.all() if r.parent is None and r.caller == caller]
+            held = only_visible(self.registry.all(), actor.tenant)
+            runs = [r for r in held if r.parent is None and r.caller == caller]
         else:
             runs = self.children_of(actor)
         return {"runs": [self.describe(r) for r in runs]}
 
-    def network(self) -> list[dict[str, Any]]:
+    def network(self, tenant: Tenant | None = None) -> list[dict[str, Any]]:
         """Every held run, :meth:`describe`\\ d, oldest first (the monitor's tree), with what a
         person watching the network also wants: ``serviceClass``, ``turns`` and ``toolCalls``
         (the run's own counters; ``luftpause top`` shows them)."""
@@ -207,17 +234,19 @@ class PodOperations:
                 "turns": r.costs.turns,
                 "toolCalls": r.costs.tool_calls,
             }
-            for r in self.registry.all()
+            for r in only_visible(self.registry.all(), tenant)
         ]
 
-    def conversation(self, handle: str, since: int | None = None) -> dict[str, Any]:
+    def conversation(
+        self, handle: str, since: int | None = None, tenant: Tenant | None = None
+    ) -> dict[str, Any]:
         """``{"run": describe, "messages": [...], "from", "cursor", "pendingEvents": [event],
         "conversationDropped"?: true}``: the conversation's messages from index ``since`` (all
         without it), ``from`` the index the first one returned has (``0`` when ``since`` is past
         the conversation: it was dropped, or the cursor came from elsewhere; start over), and
         ``cursor`` the count of messages (the next ``since``). A conversation only grows while it
         is held, so a cursor stays valid."""
-        run = self.registry.get(handle)
+        run = self.registry.get_for(handle, tenant)
         start = since if since is not None and 0 <= since <= len(run.messages) else 0
         out: dict[str, Any] = {
             "run": self.describe(run),

@@ -52,12 +52,17 @@ grant, minus, for writing only, whatever its live children were granted::
   re-parented to its parent and keep what they hold; when they end, it returns to that parent.
   The chain A → B → D with B ending first: D keeps its part (A still cannot write it); when D
   ends, it returns to A. A root's live children become roots.
+* ``grant(h, scope, parent=P, adopt=[D...])``: as ``grant``, and the live holders ``D`` (children
+  of ``P``, each within ``scope``) become ``h``'s children, keeping what they hold. A run that went
+  idle and is re-opened takes back its scope this way while a descendant it delegated to still
+  holds a part: the part is withheld from it only while that descendant lives, and returns to it
+  when the descendant ends (rather than staying denied to it for good).
 
 Journal records (camelCase, as in ``runs.jsonl``; the types do not collide with the journal's run
 records)::
 
     {"type": "scopeGrant", "handle", "parent": handle | null, "name": str | null,
-     "scope": [rule json], "grantedBy"?: handle | null}
+     "scope": [rule json], "grantedBy"?: handle | null, "adopt"?: [handle]}
     {"type": "scopeEnd", "handle"}
 
 (``grantedBy``, only in a compacted grant, is the parent it was first granted from when that one
@@ -418,21 +423,49 @@ class ScopeLedger:
         """``effective(handle).check(path, mode)``."""
         return self.effective(handle).check(path, mode)
 
-    def grant(self, handle: str, scope: Scope, *, parent: str | None, name: str | None = None) -> Record:
-        """Give ``handle`` ``scope`` carved from ``parent``'s effective scope (``None``: a root).
+    def grant(
+        self,
+        handle: str,
+        scope: Scope,
+        *,
+        parent: str | None,
+        name: str | None = None,
+        adopt: Sequence[str] = (),
+    ) -> Record:
+        """Give ``handle`` ``scope`` carved from ``parent``'s effective scope (``None``: a root),
+        and make the live holders ``adopt`` (children of ``parent``) its children: they keep what
+        they hold, which returns to ``handle`` when they end.
 
         Returns the ``scopeGrant`` record. Raises :class:`ScopeExceeded` when ``scope`` is not
-        within it (for a root: when it would write what a live root writes), :class:`UnknownRun`
-        for an unknown ``parent``, :class:`BadScope` when ``handle`` is already live.
+        within it, less what ``adopt`` hold (for a root: when it would write what a live root
+        writes), :class:`UnknownRun` for an unknown ``parent``, :class:`BadScope` when ``handle``
+        is already live, or a holder of ``adopt`` is not a child of ``parent`` or holds more than
+        ``scope``.
         """
         if handle in self._entries:
             raise BadScope(f"{handle!r} already holds a scope")
-        excess = is_within(scope, self.effective(parent))
+        siblings = self._roots if parent is None else self._entry(parent).children
+        for child in adopt:
+            if child not in siblings:
+                raise BadScope(f"{child!r} is not a live holder under {parent!r}, so it cannot be adopted")
+            if (beyond := is_within(self._entries[child].scope, scope)) is not None:
+                raise BadScope(f"{child!r} holds more than {handle!r} would: {beyond}")
+        source = self.effective(parent)
+        kept = tuple(h for h in source.held if h.handle not in adopt)
+        excess = is_within(scope, EffectiveScope(source.granted, kept))
         if excess is not None:
             raise ScopeExceeded(excess)
-        self._entries[handle] = _Entry(handle, parent, name, scope, granted_by=parent)
-        (self._roots if parent is None else self._entries[parent].children).append(handle)
-        return _grant_record(handle, scope, parent, name)
+        entry = _Entry(handle, parent, name, scope, granted_by=parent)
+        self._entries[handle] = entry
+        for child in adopt:
+            siblings.remove(child)
+            self._entries[child].parent = handle
+            entry.children.append(child)
+        siblings.append(handle)
+        record = _grant_record(handle, scope, parent, name)
+        if adopt:
+            record["adopt"] = list(adopt)
+        return record
 
     def end(self, handle: str) -> Record:
         """``handle`` leaves: its holdings return to its parent, except what its live children hold,
@@ -458,6 +491,7 @@ class ScopeLedger:
                     Scope.from_json(record["scope"]),
                     parent=record["parent"],
                     name=record.get("name"),
+                    adopt=list(record.get("adopt") or ()),
                 )
                 if "grantedBy" in record:
                     self._entries[record["handle"]].granted_by = record["grantedBy"]

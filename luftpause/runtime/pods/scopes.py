@@ -15,9 +15,9 @@ and what it delegated onward stays with its live descendants (the ledger's re-pa
 run (answered or failed) that is sent more work gets the scope it returned granted again before
 it goes on (``scopeReturned`` records what to give back), carved from its nearest ancestor that
 holds a scope now (the workspace at the top: an idle spawner gave its own back), less what its
-own live descendants still hold (``deny write`` rules for their parts, which return above it
-when they end); if another run was given any of it meanwhile, the ``send`` is refused with what is
-held by whom.
+own live descendants still hold (they become its ledger children again: their parts return to
+it when they end); if another run was given any of it meanwhile, the ``send`` is refused with what
+is held by whom.
 
 Journal records (besides the ledger's ``scopeGrant`` / ``scopeEnd``)::
 
@@ -33,7 +33,6 @@ may not pass them at all.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -57,8 +56,6 @@ from luftpause.runtime.pods.workspace import check_path_arguments, path_argument
 from luftpause.runtime.runs.changes import NetworkChanges
 from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.record import Run
-
-log = logging.getLogger("luftpause.runtime.pods")
 
 WORKSPACE = "workspace"
 """The ledger principal holding the configured workspace; MCP callers' runs are carved from it."""
@@ -137,15 +134,13 @@ class RunScopes:
         kind = record.get("type")
         if kind not in self.record_types:
             return
-        try:
-            if kind == RETURNED:
-                self.returned[str(record["handle"])] = Scope.from_json(record["scope"])
-                return
-            self.ledger.apply(record)
-            if kind == GRANT:
-                self.returned.pop(str(record["handle"]), None)
-        except (RuntimeFault, KeyError, TypeError, ValueError) as exc:
-            log.warning("journal: a %s record of %s skipped: %s", kind, record.get("handle"), exc)
+        # What does not apply raises: the replay counts it as journal damage and names the run.
+        if kind == RETURNED:
+            self.returned[str(record["handle"])] = Scope.from_json(record["scope"])
+            return
+        self.ledger.apply(record)
+        if kind == GRANT:
+            self.returned.pop(str(record["handle"]), None)
 
     def replayed(self, runs: Mapping[str, Run]) -> None:
         """End the scope of every holder whose run is gone or not running (its ``scopeEnd`` was
@@ -249,23 +244,22 @@ class RunScopes:
                 source = ancestor.handle
                 break
             ancestor = lookup(ancestor.parent) if ancestor.parent is not None else None
-        # What its own live descendants hold (they kept it when it went idle) stays theirs: the
-        # run gets its scope back without those parts, which return to the ledger's holder above
-        # them when they end.
-        withheld = [
-            Rule("deny", frozenset({"write"}), rule.path)
-            for holder in self._descendant_holders(run, lookup)
-            for rule in self.ledger.granted(holder).rules
-            if rule.effect == "allow" and "write" in rule.access
-        ]
-        if withheld:
-            scope = Scope.of(*scope.rules, *withheld)
+        # What its own live descendants hold (they kept it when it went idle) stays theirs while
+        # they live: the topmost of them (now under the source) become its children again, so
+        # their parts are withheld from it only until they end, and then return to it.
         if source is None:
             raise PodRefused(NO_WORKSPACE)  # a journal from a configuration that had one
-        excess = is_within(scope, self.ledger.effective(source))
-        if excess is not None:
-            raise PodRefused(f"run {run.handle} cannot continue: the scope it held is not free now: {excess}")
-        self._journal(self.ledger.grant(run.handle, scope, parent=source, name=run.name))
+        adopt = [
+            holder for holder in self._descendant_holders(run, lookup) if self.ledger.parent(holder) == source
+        ]
+        try:
+            record = self.ledger.grant(run.handle, scope, parent=source, name=run.name, adopt=adopt)
+        except (ScopeExceeded, BadScope) as exc:
+            detail = exc.excess if isinstance(exc, ScopeExceeded) else exc
+            raise PodRefused(
+                f"run {run.handle} cannot continue: the scope it held is not free now: {detail}"
+            ) from None
+        self._journal(record)
         del self.returned[run.handle]
 
     def _descendant_holders(self, run: Run, lookup: Lookup) -> list[str]:

@@ -15,7 +15,6 @@ Journal record::
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from luftpause.runtime.errors import PodRefused
@@ -23,8 +22,6 @@ from luftpause.runtime.runs.changes import NetworkChanges
 from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.record import Run
 from luftpause.runtime.runs.spec import MAX_NAME_CHARS
-
-log = logging.getLogger("luftpause.runtime.pods")
 
 POD = "pod"
 """Journal record ``{"type": "pod", "handle", "depth"}``: a run's level in its tree, fixed at spawn."""
@@ -95,10 +92,7 @@ class TreeLimits:
     def replay(self, record: Record) -> None:
         if record.get("type") != POD:
             return
-        try:
-            self.depths[str(record["handle"])] = int(record["depth"])
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("journal: a pod record of %s skipped: %s", record.get("handle"), exc)
+        self.depths[str(record["handle"])] = int(record["depth"])  # raises: counted as damage
 
     def replayed(self, runs: Mapping[str, Run]) -> None:
         pass

@@ -73,6 +73,11 @@ one ``round`` holding every completed round. Finished runs the registry has drop
 and each finished run is written as the registry retains it (``[runtime] retained_bytes``), so the
 compacted file is about the retained bytes plus the running runs.
 The rewrite goes to ``runs.jsonl.tmp``, is fsynced, then renamed over the journal.
+
+Beside it, ``runs.jsonl.manifest`` (:mod:`luftpause.runtime.runs.manifest`) says how many bytes
+and which runs it held when it was last opened, compacted or closed, so a journal found shorter
+than that at the next start (truncated, emptied) is reported with the runs it lost
+(:meth:`Journal.shrunk`), not taken for a fresh start.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +100,12 @@ from typing import Any
 import orjson
 
 from luftpause.runtime.errors import JournalWriteError
+from luftpause.runtime.runs.manifest import MANIFEST_NAME, Manifest, Shrunk, read_manifest, write_manifest
 
 log = logging.getLogger("luftpause.runtime.runs.journal")
 
 JOURNAL_NAME = "runs.jsonl"
+
 
 COMPACT_BYTES = 64 * 1024 * 1024
 """Journal size (bytes) past which it is rewritten with finished runs as single records."""
@@ -195,6 +203,14 @@ def read_records(path: Path, on_damaged: Callable[[DamagedLine], None] | None = 
     an error naming its line number and given to ``on_damaged`` (called in order, between the
     records around it). Neither is ever fatal.
     """
+    for _, record in read_numbered(path, on_damaged):
+        yield record
+
+
+def read_numbered(
+    path: Path, on_damaged: Callable[[DamagedLine], None] | None = None
+) -> Iterator[tuple[int, Record]]:
+    """:func:`read_records` with each record's line number (1-based)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -212,7 +228,7 @@ def read_records(path: Path, on_damaged: Callable[[DamagedLine], None] | None = 
             except ValueError:
                 record, problem = None, f"not JSON ({exc})"
         if isinstance(record, dict) and isinstance(record.get("handle"), str):
-            yield record
+            yield number, record
             continue
         if number == len(lines) and not data.endswith(b"\n"):
             log.warning("%s line %d: torn last record (%d bytes), skipped", path, number, len(line))
@@ -245,7 +261,10 @@ class Journal:
     def __init__(self, state_dir: Path, compact_bytes: int = COMPACT_BYTES) -> None:
         self.state_dir = state_dir
         self.path = state_dir / JOURNAL_NAME
+        self.manifest_path = state_dir / MANIFEST_NAME
         self.compact_bytes = compact_bytes
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
         self._snapshot: Callable[[], Iterable[Record]] | None = None
         self._on_failure: Callable[[Record, OSError], None] | None = None
         self._fd: int | None = None
@@ -266,6 +285,33 @@ class Journal:
         """The records on disk (see :func:`read_records`)."""
         return read_records(self.path, on_damaged)
 
+    def numbered(
+        self, on_damaged: Callable[[DamagedLine], None] | None = None
+    ) -> Iterator[tuple[int, Record]]:
+        """The records on disk with their line numbers (see :func:`read_numbered`)."""
+        return read_numbered(self.path, on_damaged)
+
+    def manifest(self) -> Manifest | None:
+        """The manifest beside the journal (:func:`read_manifest`)."""
+        return read_manifest(self.manifest_path)
+
+    def shrunk(self) -> Shrunk | None:
+        """Whether the journal on disk is shorter than its manifest says it was (truncated or
+        emptied since it was last opened, compacted or closed), before it is opened."""
+        manifest = self.manifest()
+        if manifest is None:
+            return None
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size >= manifest.bytes:
+            return None
+        return Shrunk(size, manifest.bytes, manifest.runs, manifest)
+
+    def _write_manifest(self, why: str, size: int, runs: Iterable[str]) -> None:
+        write_manifest(self.manifest_path, Manifest(size, tuple(sorted(runs)), why, time.time()))
+
     def check_writable(self) -> None:
         """Create the state directory if needed and make sure a file can be created in it. Raises
         ``OSError`` naming the path (read-only file system, permissions)."""
@@ -279,17 +325,22 @@ class Journal:
         self,
         snapshot: Callable[[], Iterable[Record]] | None = None,
         on_failure: Callable[[Record, OSError], None] | None = None,
+        held: Iterable[str] = (),
     ) -> None:
         """Open for appending and start the writer thread; ``snapshot`` and ``on_failure`` as the
         class docstring says (without a ``snapshot`` the journal is never compacted). A torn last
-        line is cut off first, so the next record starts on a line of its own. Creates the state
-        directory if needed; raises ``OSError``."""
+        line is cut off first, so the next record starts on a line of its own. ``held``: the runs
+        the replay found, written to the manifest with the journal's size (:class:`Manifest`).
+        Creates the state directory if needed; raises ``OSError``."""
         self._snapshot = snapshot
         self._on_failure = on_failure
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._cut_torn_tail()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._size = self._queued_size = os.fstat(self._fd).st_size
+        with self._held_lock:
+            self._held = set(held)
+            self._write_manifest("open", self._size, self._held)
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -330,6 +381,8 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            with self._held_lock:
+                self._write_manifest("close", self._size, self._held)
 
     def append(self, record: Record) -> concurrent.futures.Future[None]:
         """Queue ``record`` for the writer thread; the future resolves once it is written and
@@ -345,6 +398,9 @@ class Journal:
             done.set_exception(JournalWriteError(f"journal {self.path} is not open"))
             return done
         line = encode(record)
+        if record.get("type") == "start":
+            with self._held_lock:
+                self._held.add(str(record["handle"]))
         done.add_done_callback(lambda f: self._settled(record, f))
         self._queue.put((line, done))
         self._last = done
@@ -441,6 +497,7 @@ class Journal:
         self._compact_now(records)
 
     def _compact_now(self, records: Iterable[Record]) -> None:
+        records = list(records)
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -448,8 +505,15 @@ class Journal:
                 for record in records:
                     write_all(fd, encode(record))
                 os.fsync(fd)
+                size = os.fstat(fd).st_size
             finally:
                 os.close(fd)
+            held = {str(r["handle"]) for r in records if r.get("type") in ("start", "run")}
+            with self._held_lock:
+                # Before the rename: a crash between the two leaves a journal longer than its
+                # manifest says, never shorter (which would read as records lost).
+                self._held = held
+                self._write_manifest("compaction", size, held)
             os.replace(tmp, self.path)
             dir_fd = os.open(self.state_dir, os.O_RDONLY)
             try:

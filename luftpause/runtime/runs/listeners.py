@@ -14,13 +14,15 @@ from luftpause.runtime.runs.record import Run
 
 class RunListener(Protocol):
     """A part that keeps state beside the runs and follows their lives (pods' scopes,
-    notifications, tree depths). Called on the event loop; must not raise."""
+    notifications, tree depths). Called on the event loop; must not raise, but for :meth:`replay`."""
 
     record_types: frozenset[str]
     """The journal record types it owns: replayed to it, never read as a run's."""
 
     def replay(self, record: Record) -> None:
-        """Every journal record at start, in order: its own and the runs' (it may read those too)."""
+        """Every journal record at start, in order: its own and the runs' (it may read those too).
+        A record of its own it cannot apply raises (``KeyError``, ``TypeError``, ``ValueError`` or
+        a :class:`~luftpause.runtime.errors.RuntimeFault`): the replay counts it as damage."""
 
     def replayed(self, runs: Mapping[str, Run]) -> None:
         """The replay is over; ``runs`` are the runs held now, by handle."""

@@ -348,6 +348,12 @@ class Run:
         return "stopped" if self.state == "cancelled" or self.stopped_by is not None else "idle"
 
     @property
+    def stopping(self) -> bool:
+        """Asked to stop (``stop``) while running: its current turn (and tool round) finishes,
+        then it ends ``stopped``; until then :attr:`pod_state` stays ``running``."""
+        return self.state == "running" and self.stopped_by is not None
+
+    @property
     def message_refusal(self) -> str | None:
         """Why the run takes no message (``send``), for the sender to read; ``None`` when it takes
         one: not stopped, its conversation kept, its start record whole."""

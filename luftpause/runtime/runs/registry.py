@@ -75,7 +75,7 @@ from luftpause.runtime.runs.record import (
     summarize,
     take_message,
 )
-from luftpause.runtime.runs.replay import Replayed, journal_snapshot, replay_journal
+from luftpause.runtime.runs.replay import JournalReport, Replayed, journal_snapshot, replay_journal
 from luftpause.runtime.runs.retention import (
     DEFAULT_MAX_EXPIRED_HANDLES,
     DEFAULT_MAX_FINISHED,
@@ -83,6 +83,7 @@ from luftpause.runtime.runs.retention import (
     DEFAULT_RETENTION_SECONDS,
     FinishedRuns,
 )
+from luftpause.runtime.runs.tenants import Tenant, only_visible, visible
 from luftpause.runtime.runs.views import run_tree
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
 
@@ -179,6 +180,8 @@ class RunRegistry:
         # its own because eviction may drop them from ``_runs`` before the server ends them.
         self.interrupted: list[Run] = []
         self.counts = RunCounts()
+        self.journal_report = JournalReport()
+        """The damage the journal's replay met (``GET /status``'s ``journal``, ``/readyz``)."""
         self.ready = False
         """True from when the journal is replayed and its unfinished runs resumed (:meth:`serving`)
         until the registry is left: the runtime's readiness."""
@@ -222,8 +225,11 @@ class RunRegistry:
     async def __aenter__(self) -> RunRegistry:
         if self.journal is not None:
             replayed = replay_journal(self.journal, self.listeners, self._foreign)
+            self.journal_report = replayed.report
             self._install(replayed)
-            self.journal.open(snapshot=self.journal_snapshot, on_failure=self._journal_failed)
+            self.journal.open(
+                snapshot=self.journal_snapshot, on_failure=self._journal_failed, held=list(replayed.runs)
+            )
             for run in replayed.failed:  # failed for a damaged journal: now an outcome like any
                 self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
                 for listener in self.listeners:
@@ -492,9 +498,19 @@ class RunRegistry:
         """``run``'s children still held, oldest first."""
         return [self._runs[h] for h in run.children if h in self._runs]
 
-    def tree(self) -> list[dict[str, Any]]:
-        """Every held run with its own and subtree costs (:func:`~luftpause.runtime.runs.views.run_tree`)."""
-        runs = self.all()
+    def get_for(self, handle: str, tenant: Tenant | None) -> Run:
+        """:meth:`get`, for a request of ``tenant``: another tenant's run raises
+        :class:`UnknownRun`, exactly as a handle that does not exist (handles must not be
+        probeable; :mod:`~luftpause.runtime.runs.tenants`)."""
+        run = self.get(handle)
+        if not visible(run, tenant):
+            raise UnknownRun(handle)
+        return run
+
+    def tree(self, tenant: Tenant | None = None) -> list[dict[str, Any]]:
+        """Every held run ``tenant`` may see with its own and subtree costs
+        (:func:`~luftpause.runtime.runs.views.run_tree`)."""
+        runs = only_visible(self.all(), tenant)
         return run_tree(runs, self._runs, self.budget_report)
 
     # The journal.

@@ -13,11 +13,20 @@ run vanish:
   records) and marked ``start_lost``: it takes no more turns;
 * a damaged line that names a run already held is damage to one of its later records.
 
+* a damaged line whose run cannot be told (garbage, or a record with its handle gone) may have
+  been a record of any run open at that point of the journal: each of them is marked with it.
+
 A run found damaged that has no journaled outcome after the damage is not resumed (it could repeat
 or lose what the line held) but failed, with the reason as its error (``Replayed.failed``: the
 registry journals their ends). One that ended after it keeps its outcome. Either way the damage is
-shown (``journalError`` in ``await`` and ``status``). A damaged line whose run cannot be told at
-all is logged as an error, with its line number.
+shown (``journalError`` in ``await`` and ``status``).
+
+Every line or record that could not be applied is counted (:class:`JournalReport`: ``GET
+/status``'s ``journal`` and ``/readyz``'s ``degraded``), with the first one's line number and the
+runs it may have lost, which the log names. So is a journal shorter than its manifest says it was
+(:meth:`~luftpause.runtime.runs.journal.Journal.shrunk`): truncated or emptied, its lost records
+are an error reported, never a fresh start; the runs it held then and the replay does not find
+are named as lost.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.runs.journal import DamagedLine
 from luftpause.runtime.runs.record import (
     Counters,
@@ -89,14 +99,72 @@ def journal_snapshot(
 
 
 @dataclass
+class JournalReport:
+    """The damage a replay met (module docstring): ``skipped`` lines and records that could not be
+    applied, the first one's ``first_line`` (1-based), the ``runs`` they may have lost (handles),
+    ``unidentified`` of them whose run could not be told at all, and ``shrunk``: the journal is
+    shorter than its manifest says it was (its description). Clean: :attr:`damaged` is false."""
+
+    skipped: int = 0
+    first_line: int | None = None
+    runs: set[str] = field(default_factory=set)
+    unidentified: int = 0
+    shrunk: str | None = None
+    lost: set[str] = field(default_factory=set)
+    """Runs the manifest names that the shrunk journal no longer holds at all."""
+
+    @property
+    def damaged(self) -> bool:
+        return self.skipped > 0 or self.shrunk is not None
+
+    def skip(self, line: int | None, handle: str | None) -> None:
+        self.skipped += 1
+        if line is not None and (self.first_line is None or line < self.first_line):
+            self.first_line = line
+        if handle is None:
+            self.unidentified += 1
+        else:
+            self.runs.add(handle)
+
+    def summary(self) -> str:
+        """One line for a person (``/readyz``'s detail, the log): what was found."""
+        parts = []
+        if self.shrunk is not None:
+            parts.append(f"{self.shrunk}; {len(self.lost)} runs lost with it")
+        if self.skipped:
+            unknown = f" ({self.unidentified} naming no run that could be told)" if self.unidentified else ""
+            parts.append(
+                f"{self.skipped} records skipped{unknown}, the first at line {self.first_line}; "
+                f"{len(self.runs)} runs may have lost records"
+            )
+        return "; ".join(parts) or "replayed whole"
+
+    def to_json(self) -> dict[str, Any]:
+        """``GET /status``'s ``journal``: ``{"damaged": bool, "recordsSkipped", "firstBadLine":
+        int | null, "unidentifiedRecords", "runsPossiblyLost": [handle], "shrunk": str | null,
+        "runsLost": [handle], "summary"}``."""
+        return {
+            "damaged": self.damaged,
+            "recordsSkipped": self.skipped,
+            "firstBadLine": self.first_line,
+            "unidentifiedRecords": self.unidentified,
+            "runsPossiblyLost": sorted(self.runs | self.lost),
+            "shrunk": self.shrunk,
+            "runsLost": sorted(self.lost),
+            "summary": self.summary(),
+        }
+
+
+@dataclass
 class Replayed:
     """What a journal rebuilt: every run by handle (parents linked to their children), each
-    unfinished run's counters at its last completed round, and the runs it failed for damage
-    (module docstring), whose ``end`` records are not journaled yet."""
+    unfinished run's counters at its last completed round, the runs it failed for damage
+    (module docstring), whose ``end`` records are not journaled yet, and the damage it met."""
 
     runs: dict[str, Run] = field(default_factory=dict)
     checkpoints: dict[str, Counters] = field(default_factory=dict)
     failed: list[Run] = field(default_factory=list)
+    report: JournalReport = field(default_factory=JournalReport)
 
 
 LOST_TASK = "(unknown: its start record is lost)"
@@ -133,16 +201,30 @@ class _Damage:
     """The damage a replay met, by run: lines given by :func:`read_records` as they come, and
     start records that do not fit. A run's damage is *settled* by an outcome journaled after it."""
 
-    def __init__(self, runs: dict[str, Run], path: Path) -> None:
+    def __init__(self, runs: dict[str, Run], path: Path, report: JournalReport) -> None:
         self.runs = runs
         self.path = path
+        self.report = report
         self.unsettled: set[str] = set()
 
     def line(self, line: DamagedLine) -> None:
         handle = line.handle
         described = line.describe(self.path)
+        self.report.skip(line.number, handle)
         if handle is None:
-            log.error("journal %s: %s; it names no run that could be told", self.path, described)
+            # It may have been a record of any run open here: each is marked, none looks clean.
+            open_runs = [held for held in self.runs.values() if not held.done]
+            for held in open_runs:
+                self.mark(held, f"{described}; it names no run, so it may have been one of this run's")
+                self.report.runs.add(held.handle)
+            named = ", ".join(held.handle for held in open_runs) or "none open here"
+            log.error(
+                "journal %s: %s; it names no run that could be told: it may have been a record of "
+                "any run open at that line (%s), or the start of one now lost without a trace",
+                self.path,
+                described,
+                named,
+            )
             return
         run = self.runs.get(handle)
         if run is None:  # the first line of a run: its start
@@ -206,13 +288,26 @@ def replay_journal(
     field missing) is skipped with a warning."""
     out = Replayed()
     runs = out.runs
+    report = out.report
     listeners = tuple(listeners)
-    damage = _Damage(runs, journal.path)
-    for record in journal.records(on_damaged=damage.line):
+    damage = _Damage(runs, journal.path, report)
+    shrunk = journal.shrunk()
+    for number, record in journal.numbered(on_damaged=damage.line):
         kind, handle = record.get("type"), record["handle"]
         try:
             for listener in listeners:
-                listener.replay(record)
+                try:
+                    listener.replay(record)
+                except (RuntimeFault, KeyError, TypeError, ValueError) as exc:
+                    report.skip(number, handle)
+                    log.error(
+                        "journal %s line %d: a %s record of %s could not be applied, skipped: %s",
+                        journal.path,
+                        number,
+                        kind,
+                        handle,
+                        _short(exc),
+                    )
             if kind in foreign:
                 continue
             if kind in ("start", "run"):
@@ -275,8 +370,32 @@ def replay_journal(
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (KeyError, TypeError, ValueError) as exc:
-            log.warning("journal %s: a %s record of %s skipped: %r", journal.path, kind, handle, exc)
+            report.skip(number, handle)
+            log.error(
+                "journal %s line %d: a %s record of %s could not be applied, skipped: %s",
+                journal.path,
+                number,
+                kind,
+                handle,
+                _short(exc),
+            )
+    if shrunk is not None:
+        report.shrunk = shrunk.describe(journal.path)
+        for run in runs.values():  # its later records may be what was cut off
+            if not run.done:
+                damage.mark(run, f"{report.shrunk}: its records after the last one left may be lost")
+                report.runs.add(run.handle)
+        report.lost = set(shrunk.held) - set(runs)
+        lost = ", ".join(sorted(report.lost)) or "none of those it held then"
+        log.error("journal %s: %s; records are lost; runs lost: %s", journal.path, report.shrunk, lost)
     out.failed = damage.fail_unsettled()
+    if report.skipped:
+        log.error(
+            "journal %s: %s; runs that may have lost records: %s",
+            journal.path,
+            report.summary(),
+            ", ".join(sorted(report.runs)) or "none that could be told",
+        )
     for run in runs.values():
         parent = runs.get(run.parent) if run.parent is not None else None
         if parent is not None:

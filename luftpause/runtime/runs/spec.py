@@ -234,6 +234,9 @@ class RunSpec(SpawnArguments):
 
     model: str  # resolved: always set here
     caller: str = "anonymous"
+    tenant: str | None = None
+    """The root caller of the key that spawned it, with caller keys configured (a sub-agent's
+    child inherits it): whose run it is (:mod:`luftpause.runtime.runs.tenants`)."""
     scope: None = None  # held by the ledger, never in the record
 
     def start_record(self, handle: str, at: float) -> dict[str, Any]:

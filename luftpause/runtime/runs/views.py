@@ -23,7 +23,8 @@ def _rounded(counters: Counters) -> Counters:
 def run_result(run: Run) -> dict[str, Any]:
     """The run as ``await`` reports it (MCP tool result, camelCase)::
 
-    {"handle", "state", "podState": running|idle|stopped, "answer"? (completed),
+    {"handle", "state", "podState": running|idle|stopped, "stopping"?: {"by"} (asked to stop:
+     its current turn finishes first), "answer"? (completed),
      "error"? (failed, cancelled),
      "pendingApprovals"?: [{"id", "tool", "arguments", "repeat"?}] (state "AwaitingApproval"),
      "pendingApproval"?: the first of them (clients that expect one question at a time),
@@ -37,6 +38,8 @@ def run_result(run: Run) -> dict[str, Any]:
     (:meth:`RunRegistry.result`).
     """
     out: dict[str, Any] = {"handle": run.handle, "state": run.display_state, "podState": run.pod_state}
+    if run.stopping:
+        out["stopping"] = {"by": run.stopped_by}
     waiting = run.approvals.open()
     if waiting and not run.done:
         out["pendingApprovals"] = [approval.shown() for approval in waiting]

@@ -10,7 +10,8 @@ anything is recorded:
 
 1. the parent: it must be held, not cancelled, not stopped; a sub-agent's child is narrowed to its
    spawner's limits (:func:`child_arguments`), an MCP caller's child under a parent to its tools
-   and approval list;
+   and approval list, and refused when it asks a budget larger than the parent's chain allows
+   (:func:`check_budgets`; the subtree's budget would bound it anyway, so it is said, not hidden);
 2. the model: among the generative replicas' models (:class:`~luftpause.runtime.errors.UnknownModel`);
 3. the system prompt: inline ``system``, a named ``instruction``, or the default instruction
    (:mod:`luftpause.runtime.spawn.instructions`);
@@ -45,6 +46,7 @@ from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.record import Run, new_handle
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.spec import DEFAULT_MAX_TOOL_CALLS, RunSpec, SpawnArguments
+from luftpause.runtime.runs.tenants import spawned_tenant
 from luftpause.runtime.spawn.instructions import Instructions
 
 _BUDGETS = (
@@ -71,6 +73,27 @@ def inherited_approvals(spawner: Run, approve_tools: Iterable[str] | None) -> li
     """The tools whose calls wait for approval in a child of ``spawner``: the spawner's plus
     ``approve_tools`` (what needs approval for the spawner needs it for the child)."""
     return sorted(spawner.spec.approval_tools | set(approve_tools or ()))
+
+
+def check_budgets(arguments: SpawnArguments, chain: Sequence[Run], own: str) -> None:
+    """Refuse a child's budgets (tokens, tool calls, seconds) larger than the tightest same budget
+    of ``chain`` (its parent and the parent's held ancestors, nearest first), which bounds the
+    child's subtree anyway: a spawn that asks more is told so rather than clamped silently.
+    ``own`` names the parent's budget in the message (``"your own"``, ``"the parent run 'x''s"``).
+    Raises :class:`SpawnRefused` naming the budget, what was asked and the bound."""
+    for field, wire in _BUDGETS:
+        asked = getattr(arguments, field)
+        if asked is None:
+            continue
+        bounds = [(run, getattr(run.spec, field)) for run in chain if getattr(run.spec, field) is not None]
+        if bounds:
+            holder, limit = min(bounds, key=lambda pair: pair[1])
+            if asked > limit:
+                whose = own if holder is chain[0] else f"run {holder.handle}'s"
+                raise SpawnRefused(
+                    f"{wire}: {asked:g} is more than {whose} ({limit:g}), which bounds the child anyway; "
+                    "a child may only narrow it"
+                )
 
 
 def child_arguments(spawner: Run, arguments: SpawnArguments, chain: Sequence[Run]) -> SpawnArguments:
@@ -104,19 +127,7 @@ def child_arguments(spawner: Run, arguments: SpawnArguments, chain: Sequence[Run
     parallel = arguments.parallel_tool_calls if "parallel_tool_calls" in given else spec.parallel_tool_calls
     if parallel and not spec.parallel_tool_calls:
         raise wider("parallelToolCalls", "true", "false")
-    for field, wire in _BUDGETS:
-        asked = getattr(arguments, field)
-        if asked is None:
-            continue
-        bounds = [(run, getattr(run.spec, field)) for run in chain if getattr(run.spec, field) is not None]
-        if bounds:
-            holder, limit = min(bounds, key=lambda pair: pair[1])
-            if asked > limit:
-                whose = "your own" if holder is spawner else f"run {holder.handle}'s"
-                raise SpawnRefused(
-                    f"{wire}: {asked:g} is more than {whose} ({limit:g}), which bounds the child anyway; "
-                    "a child may only narrow it"
-                )
+    check_budgets(arguments, chain, "your own")
     return arguments.model_copy(
         update={
             "model": arguments.model if "model" in given and arguments.model else spec.model,
@@ -188,6 +199,8 @@ class Spawner:
                 "instruction": instruction,
                 "parent": parent.handle if parent is not None else None,
                 "caller": caller,
+                # A sub-agent's child is its spawner's tenant's; an MCP caller's run its key's.
+                "tenant": by.run.spec.tenant if by.run is not None else spawned_tenant(by.tenant),
                 "approve_tools": sorted(arguments.approve_tools or ()),
             }
         )
@@ -207,14 +220,16 @@ class Spawner:
             return None, arguments
         handle = arguments.parent
         try:
-            parent = self.registry.get(handle)
+            parent = self.registry.get_for(handle, by.tenant)
         except RuntimeFault as exc:
             raise SpawnRefused(f"parent: {exc}") from None
         if parent.state == "cancelled":
             raise SpawnRefused(f"parent run {handle!r} is cancelled; its subtree takes no new runs")
         if parent.pod_state == "stopped":
             raise SpawnRefused(f"parent run {handle!r} is stopped; its subtree takes no new runs")
-        # As a sub-agent's own spawn does: the parent's tools or fewer, its approval list and more.
+        # As a sub-agent's own spawn does: the parent's tools or fewer, its approval list and more,
+        # budgets no larger than the tightest on its way up (refused, not clamped in silence).
+        check_budgets(arguments, list(self._chain(parent)), f"the parent run {handle!r}'s")
         tools = inherited_tools(parent, arguments.tools, f"the parent run {handle!r}")
         approve = inherited_approvals(parent, arguments.approve_tools)
         return parent, arguments.model_copy(update={"tools": tools, "approve_tools": approve})

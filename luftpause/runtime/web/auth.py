@@ -24,6 +24,9 @@ from collections.abc import Mapping
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from luftpause.auth.callers import CallerKeys
+from luftpause.runtime.runs.tenants import SCOPE_KEY, Tenant
+
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
 
 OPEN_PATHS = frozenset({"/health", "/livez", "/readyz", "/metrics", "/monitor"})  # the page holds no data
@@ -76,14 +79,48 @@ def bearer_matches(authorization: bytes | None, token: bytes) -> bool:
 class BearerTokenGate:
     """ASGI middleware: with a token, refuse every HTTP request but :data:`OPEN_PATHS` that does not
     carry it (401, JSON error body; a JSON-RPC error object on ``jsonrpc_paths``); with
-    ``token=None``, pass everything through."""
+    ``token=None``, pass everything through.
 
-    def __init__(self, app: ASGIApp, token: str | None, jsonrpc_paths: frozenset[str] = frozenset()) -> None:
+    With caller ``keys`` (:mod:`luftpause.auth.callers`) the keys are taken instead of the token
+    (``Authorization: Bearer <key>``, or ``x-api-key``): a request with no known key is refused
+    401, and one with a key carries its :class:`~luftpause.runtime.runs.tenants.Tenant` (the key's
+    root caller; ``admin`` for an admin key) in its scope for the routes and tools to read
+    (docs/security-tenants.md)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        jsonrpc_paths: frozenset[str] = frozenset(),
+        keys: CallerKeys | None = None,
+    ) -> None:
         self.app = app
         self.token = token.encode("utf-8") if token else None
         self.jsonrpc_paths = jsonrpc_paths
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.keys is not None and scope["type"] == "http":
+            scope.pop(SCOPE_KEY, None)  # only this gate says who a request is
+            if scope["path"] in OPEN_PATHS:
+                await self.app(scope, receive, send)
+                return
+            headers = dict(scope["headers"])
+            api_key = headers.get(b"x-api-key")
+            authorization = headers.get(b"authorization") or (b"Bearer " + api_key if api_key else None)
+            identity = self.keys.identify(authorization)
+            if identity is None:
+                await send_error(
+                    send,
+                    401,
+                    "missing or unknown caller key (Authorization: Bearer <your key>, or x-api-key)",
+                    {"WWW-Authenticate": 'Bearer realm="luftpause"'},
+                    JSONRPC_UNAUTHORIZED if scope["path"] in self.jsonrpc_paths else None,
+                )
+                return
+            tenant = Tenant(identity.tenant, identity.admin, identity.caller)
+            await self.app({**scope, SCOPE_KEY: tenant}, receive, send)
+            return
         if self.token is not None and scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
             if not bearer_matches(authorization, self.token):

@@ -67,8 +67,12 @@ class LoopCountsView(Protocol):
 
 
 def readiness(registry: RunRegistry) -> dict[str, Check]:
-    """``/readyz``'s checks: ``journal``, replayed and its unfinished runs resumed."""
+    """``/readyz``'s checks: ``journal``, replayed and its unfinished runs resumed; degraded (still
+    ready) when the replay met damage, which the detail says (``GET /status``'s ``journal``)."""
     if registry.ready:
+        report = registry.journal_report
+        if report.damaged:
+            return {"journal": Check(True, f"replayed with damage: {report.summary()}", degraded=True)}
         return {"journal": Check(True, "replayed; unfinished runs resumed")}
     return {"journal": Check(False, "not replayed yet, or the runtime is stopping")}
 

@@ -68,9 +68,10 @@ from starlette.routing import Route
 
 from luftpause import pages
 from luftpause.runtime.errors import RuntimeFault
-from luftpause.runtime.pods.actors import PERSON
+from luftpause.runtime.pods.actors import Actor
 from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.runs.series import RunSeries
+from luftpause.runtime.runs.tenants import Tenant, tenant_in
 from luftpause.runtime.web.auth import error_body
 from luftpause.series import SeriesRing, parse_after
 
@@ -161,6 +162,10 @@ def _fault(exc: RuntimeFault) -> Response:
     return Response(error_body(str(exc)), status_code=status, media_type="application/json")
 
 
+MAX_CACHED_TENANTS = 64
+"""Tenants whose network JSON the monitor keeps built at once (cleared past it)."""
+
+
 def monitor_routes(
     pods: PodOperations, listen_host: str | None = None, series: RunSeries | None = None
 ) -> list[Route]:
@@ -197,16 +202,20 @@ def monitor_routes(
         return endpoint
 
     boot = secrets.token_hex(4)
-    built: list[Any] = [None, b""]  # [version, the network's JSON at that version]
+    built: dict[Tenant | None, tuple[str, bytes]] = {}  # per tenant: (version, its network's JSON)
 
-    def network_json() -> tuple[str, bytes]:
+    def network_json(tenant: Tenant | None) -> tuple[str, bytes]:
         version = f"{boot}.{pods.registry.version}"
-        if built[0] != version:
-            built[0], built[1] = version, _json({"version": version, "runs": pods.network()}).body
-        return version, built[1]
+        cached = built.get(tenant)
+        if cached is None or cached[0] != version:
+            if len(built) > MAX_CACHED_TENANTS:
+                built.clear()
+            body = bytes(_json({"version": version, "runs": pods.network(tenant)}).body)
+            cached = built[tenant] = (version, body)
+        return cached
 
     async def runs(request: Request) -> Any:
-        version, body = network_json()
+        version, body = network_json(tenant_in(request.scope))
         if request.query_params.get("version") == version:
             return {"version": version, "unchanged": True}
         return Response(body, media_type="application/json")
@@ -215,7 +224,8 @@ def monitor_routes(
         since = request.query_params.get("since")
         if since is not None and not since.isdigit():
             raise ValueError(f"since: expected a message index (0 or more), got {since!r}")
-        return pods.conversation(request.path_params["handle"], int(since) if since is not None else None)
+        at = int(since) if since is not None else None
+        return pods.conversation(request.path_params["handle"], at, tenant_in(request.scope))
 
     async def recent(request: Request) -> dict[str, Any]:
         return ring.since(parse_after(request.query_params.get("after")))
@@ -229,12 +239,12 @@ def monitor_routes(
         message = body.get("message") if isinstance(body, dict) else None
         if not isinstance(message, str) or not message.strip():
             raise ValueError("expected a JSON body {'message': non-empty text}")
-        sent = pods.send(PERSON, request.path_params["handle"], message)
+        sent = pods.send(Actor.person(tenant_in(request.scope)), request.path_params["handle"], message)
         await pods.registry.durable()  # as the MCP tools do: answered, it survives a kill
         return sent
 
     async def stop(request: Request) -> dict[str, Any]:
-        stopped = pods.stop(PERSON, request.path_params["handle"])
+        stopped = pods.stop(Actor.person(tenant_in(request.scope)), request.path_params["handle"])
         await pods.registry.durable()
         return stopped
 

@@ -184,7 +184,7 @@ def test_http_status_answers_even_with_values_orjson_refuses() -> None:
 
 
 def test_an_unexpected_error_is_a_json_500(monkeypatch: pytest.MonkeyPatch) -> None:
-    def explode(self: Runtime) -> dict[str, Any]:
+    def explode(self: Runtime, tenant: object = None) -> dict[str, Any]:
         raise RuntimeError("status exploded")
 
     monkeypatch.setattr(Runtime, "status", explode)

@@ -131,7 +131,7 @@ def test_a_person_sends_a_message_and_stops_a_run_from_the_page(pod: Pod, browse
 
 def test_a_failed_child_is_shown_failed_not_idle(pod: Pod, browser: int) -> None:
     # It was shown "idle", like a child that answered: a failure looked like a rest.
-    child = script({"refuse": 503, "error": "engine sim-a: overloaded"})
+    child = script({"refuse": 500, "error": "engine sim-a: overloaded"})
     parent = script({"call": "spawn", "args": {"task": child, "name": "broken"}}, {"say": "A waits"})
 
     async def go() -> tuple[str, str, str]:
@@ -336,7 +336,7 @@ def test_the_monitor_draws_the_last_minutes_and_says_completed_not_idle(
     The screenshot (``monitor.png`` and the chart's own, in the test's tmp dir) is read back: the
     finished-runs chart has the completed and the failed lines' colours in it."""
     answered = [script({"say": f"answer {i}"}) for i in range(2)]
-    broken = script({"refuse": 503, "error": "engine sim-a: overloaded"})
+    broken = script({"refuse": 500, "error": "engine sim-a: overloaded"})
 
     async def go() -> None:
         async with runtime_client(f"{pod.url}/mcp", TOKEN) as client, aiohttp.ClientSession() as session:

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.pods.actors import PERSON
 from luftpause.runtime.runs.record import Run
+from luftpause.runtime.runs.tenants import Tenant
 from luftpause.runtime.web.monitor import monitor_routes
 
 CONFIG = f'[[replicas]]\nname = "r"\nurl = "http://127.0.0.1:1"\nmodels = ["{DEFAULT_MODEL}"]\n'
@@ -33,9 +34,9 @@ def test_runs_poll_answers_unchanged_until_the_network_changes_and_builds_once_p
     builds: list[int] = []
     network = pods.network
 
-    def counted() -> list[dict[str, Any]]:
+    def counted(tenant: Tenant | None = None) -> list[dict[str, Any]]:
         builds.append(1)
-        return network()
+        return network(tenant)
 
     pods.network = counted  # type: ignore[method-assign]
     app = Starlette(routes=monitor_routes(pods))

@@ -1,0 +1,329 @@
+"""Tenants in the runtime (issue 25, item 1): with caller keys configured, ``/mcp``, ``/status``
+and the monitor take the keys; a run belongs to the root caller of the key that spawned it; another
+tenant's handle is answered exactly as one that does not exist, and lists, ``/status``, the monitor
+and ``await`` show only the caller's own runs; an admin key sees all.
+
+A real stack on loopback (scheduler, dataplane, runtime, simulated engines, the fake MCP server)
+with a keys file, driven through the real ``mcp`` client with two tenants' keys: team B tries every
+tool and route on team A's run (docs/security-tenants.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx2
+import pytest
+from mcp import Client, MCPError
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
+from mcp_types import Request, Result
+from pods_helpers import script, start_pod, until
+from pydantic import TypeAdapter
+
+from luftpause.auth.callers import CALLER_KEYS_ENV
+from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams
+from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
+from luftpause.testkit.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+TEAM_A = "team-a-key-0123456789abcdef"
+TEAM_B = "team-b-key-0123456789abcdef"
+ADMIN = "operator-key-0123456789abcd"
+RUNTIME_KEY = "runtime-key-0123456789abcdef"
+NOWHERE = "run-00000000000000000000"
+
+KEYS_FILE = f"""
+[[keys]]
+caller = "team-a"
+key = "{TEAM_A}"
+
+[[keys]]
+caller = "team-b"
+key = "{TEAM_B}"
+
+[[keys]]
+caller = "operator"
+key = "{ADMIN}"
+admin = true
+
+[[keys]]
+caller = "runtime"
+key_env = "LUFTPAUSE_RUNTIME_KEY"
+"""
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("tenants")
+    keys = workdir / "callers.toml"
+    keys.write_text(KEYS_FILE)
+    stack = Stack.start(
+        workdir,
+        env={
+            "LUFTPAUSE_TOKEN": "shared-token-of-the-stack",
+            "LUFTPAUSE_RUNTIME_KEY": RUNTIME_KEY,
+            CALLER_KEYS_ENV: "",
+        },
+        sections={
+            "dataplane": f'caller_keys = "{keys}"\n',
+            "runtime": 'dataplane_key_env = "LUFTPAUSE_RUNTIME_KEY"\n',
+        },
+    )
+    try:
+        stack.wait_connected()
+        yield stack
+    finally:
+        stack.stop()
+
+
+# The Tasks extension, as a 2026-07-28 client declares it.
+
+
+class _CreatedTask(Result):
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+
+
+class _GetTask(Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+class _CancelTask(Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+class _Tasks(ClientExtension):
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=_CreatedTask, resolve=self.resolve)]
+
+    async def resolve(self, task: _CreatedTask, ctx: ClaimContext) -> CallToolResult:
+        raise AssertionError("the test reads its tasks itself")
+
+
+RAW = TypeAdapter(dict[str, Any])
+
+
+@asynccontextmanager
+async def _client(stack: Stack | str, key: str, *, tasks: bool = False) -> AsyncIterator[Client]:
+    """An MCP client of the runtime (a stack's, or at a URL) carrying ``key``; with ``tasks``, a
+    2026-07-28 client declaring the Tasks extension."""
+    url = stack.runtime_url if isinstance(stack, Stack) else stack
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
+        transport = streamable_http_client(url, http_client=http)
+        client = Client(transport, mode="2026-07-28", extensions=[_Tasks()]) if tasks else Client(transport)
+        async with client:
+            yield client
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, TextContent))
+
+
+async def _ok(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments, read_timeout_seconds=120)
+    assert not result.is_error, _text(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def _refused(client: Client, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments, read_timeout_seconds=60)
+    assert result.is_error, (tool, result.structured_content)
+    return _text(result)
+
+
+def _http(
+    stack: Stack, method: str, path: str, key: str | None, body: bytes | None = None
+) -> tuple[int, Any]:
+    base = stack.runtime_url.removesuffix("/mcp")
+    request = urllib.request.Request(f"{base}{path}", data=body, method=method)
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    if body is not None:  # as the monitor page posts: its own origin, JSON
+        request.add_header("Content-Type", "application/json")
+        request.add_header("Origin", base)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_another_tenants_run_is_not_found_by_any_tool_or_route(keyed: Stack) -> None:
+    held = {"task": "look it up", "tools": ["lookup"], "approveTools": ["lookup"], "maxToolCalls": 1}
+
+    async def go() -> None:
+        async with _client(keyed, TEAM_A) as a, _client(keyed, TEAM_B) as b:
+            mine = await _ok(a, "spawn", name="alpha", **held)
+            handle = mine["handle"]
+            assert mine["caller"].startswith("team-a/"), mine
+            waiting = await _ok(a, "await", handles=[handle], timeout=120)
+            assert waiting["runs"][0]["state"] == "AwaitingApproval", waiting
+
+            # Every tool naming A's run answers B as it answers a handle that does not exist.
+            def same_as_nowhere(tool: str, **arguments: Any) -> Any:
+                async def check() -> None:
+                    theirs = await _refused(b, tool, **arguments)
+                    swapped = {
+                        k: (NOWHERE if v == handle else [NOWHERE] if v == [handle] else v)
+                        for k, v in arguments.items()
+                    }
+                    nowhere = await _refused(b, tool, **swapped)
+                    assert theirs.replace(handle, NOWHERE) == nowhere, (tool, theirs, nowhere)
+
+                return check()
+
+            await same_as_nowhere("status", handle=handle)
+            await same_as_nowhere("await", handles=[handle], timeout=1)
+            await same_as_nowhere("cancel", handle=handle)
+            await same_as_nowhere("approve", handle=handle, allow=True)
+            await same_as_nowhere("tools", handle=handle)
+            await same_as_nowhere("send", handle=handle, message="hi")
+            await same_as_nowhere("read", handle=handle)
+            await same_as_nowhere("stop", handle=handle)
+            await same_as_nowhere("list", handle=handle)
+            await same_as_nowhere("spawn", task="under it", parent=handle)
+            await same_as_nowhere("run", task="under it", parent=handle, timeout=1)
+            # ... and by name: A's "alpha" is no name of B's.
+            assert "alpha" in await _refused(b, "send", handle="alpha", message="hi")
+
+            # Lists: B sees its own runs only, also when it names A's caller.
+            theirs = await _ok(b, "spawn", task="count to three", maxTokens=8)
+            listed = await _ok(b, "status")
+            assert [r["handle"] for r in listed["runs"]] == [theirs["handle"]]
+            assert (await _ok(b, "list", caller=mine["caller"]))["runs"] == []
+            assert [r["handle"] for r in (await _ok(b, "list"))["runs"]] == [theirs["handle"]]
+            assert [r["handle"] for r in (await _ok(a, "list"))["runs"]] == [handle]
+            # Tools that name no run answer both as before.
+            assert (await _ok(b, "tools"))["servers"]
+            decided = await _ok(b, "decide", input="is water wet?", labels=["yes", "no"])
+            assert decided["label"] in ("yes", "no")
+
+            # A still has its run, untouched by all of that.
+            status = (await _ok(a, "status", handle=handle))["run"]
+            assert status["state"] == "AwaitingApproval" and "stopping" not in status
+            await _ok(a, "approve", handle=handle, allow=False)
+            done = await _ok(a, "await", handles=[handle], timeout=120)
+            assert done["runs"][0]["state"] == "completed", done
+
+        # Tasks: B cannot get or cancel A's task; its answer is an unknown task's.
+        async with (
+            _client(keyed, TEAM_A, tasks=True) as a_tasks,
+            _client(keyed, TEAM_B, tasks=True) as b_tasks,
+        ):
+            created = await a_tasks.session.call_tool(
+                "run",
+                {"task": "tell me about otters", "maxTokens": 8},
+                read_timeout_seconds=30,
+                allow_claimed=True,
+            )
+            assert isinstance(created, _CreatedTask), created
+            answers = []
+            for task_id in (created.task_id, "task-00000000000000000000000000000000"):
+                for kind in (_GetTask, _CancelTask):
+                    with pytest.raises(MCPError) as raised:
+                        await _send(b_tasks.session, kind, task_id)
+                    answers.append(
+                        (raised.value.error.code, raised.value.error.message.replace(task_id, "?"))
+                    )
+            assert answers[:2] == answers[2:], answers
+            got = await _send(a_tasks.session, _GetTask, created.task_id)
+            assert got["taskId"] == created.task_id
+
+        return handle, theirs["handle"]
+
+    handle, theirs = asyncio.run(go())
+
+    # The HTTP routes: /status and the monitor show B its runs only; A's run is not found.
+    status, body = _http(keyed, "GET", "/status", TEAM_B)
+    assert status == 200 and handle not in json.dumps(body["runs"]) and theirs in json.dumps(body["runs"])
+    status, body = _http(keyed, "GET", "/monitor/runs", TEAM_B)
+    assert status == 200 and [r["handle"] for r in body["runs"]] == [theirs]
+    for method, path, data in (
+        ("GET", "/monitor/runs/{}", None),
+        ("POST", "/monitor/runs/{}/send", b'{"message": "hi"}'),
+        ("POST", "/monitor/runs/{}/stop", b"{}"),
+    ):
+        hidden = _http(keyed, method, path.format(handle), TEAM_B, data)
+        missing = _http(keyed, method, path.format(NOWHERE), TEAM_B, data)
+        assert hidden[0] == missing[0] == 404, (path, hidden, missing)
+        assert json.dumps(hidden[1]).replace(handle, NOWHERE) == json.dumps(missing[1]), (hidden, missing)
+    # No key, the shared token or an unknown key: 401 everywhere but the open paths.
+    for key in (None, "shared-token-of-the-stack", "not-a-key-0123456789abcdef"):
+        for path in ("/status", "/monitor/runs", f"/monitor/runs/{handle}"):
+            assert _http(keyed, "GET", path, key)[0] == 401, (key, path)
+    # The admin key sees every tenant's runs.
+    status, body = _http(keyed, "GET", "/monitor/runs", ADMIN)
+    assert {handle, theirs} <= {r["handle"] for r in body["runs"]}
+    assert _http(keyed, "GET", f"/monitor/runs/{handle}", ADMIN)[0] == 200
+    # Each run's tenant is in its journal record, for a restart to find.
+    starts = {
+        r["handle"]: r for r in read_records(keyed.workdir / "state" / JOURNAL_NAME) if r["type"] == "start"
+    }
+    assert starts[handle]["tenant"] == "team-a" and starts[theirs]["tenant"] == "team-b"
+
+
+async def _send(session: ClientSession, kind: Any, task_id: str) -> dict[str, Any]:
+    return await session.send_request(kind(params=TaskIdParams(task_id=task_id)), RAW)
+
+
+def test_the_tenant_holds_after_a_restart(keyed: Stack) -> None:
+    async def spawn() -> str:
+        async with _client(keyed, TEAM_A) as a:
+            return str((await _ok(a, "spawn", task="count to two", maxTokens=8))["handle"])
+
+    handle = asyncio.run(spawn())
+    keyed.restart("runtime")
+
+    async def ask() -> None:
+        async with _client(keyed, TEAM_A) as a, _client(keyed, TEAM_B) as b:
+            assert (await _ok(a, "status", handle=handle))["run"]["handle"] == handle
+            refused = await _refused(b, "status", handle=handle)
+            assert refused.replace(handle, NOWHERE) == await _refused(b, "status", handle=NOWHERE)
+
+    asyncio.run(ask())
+
+
+def test_a_sub_agents_own_spawns_belong_to_its_tenant(tmp_path: Path) -> None:
+    keys = [{"caller": "team-a", "key": TEAM_A}, {"caller": "team-b", "key": TEAM_B}]
+    kid = script({"hold": "kid", "say": "kid done"})
+    parent = script({"call": "spawn", "args": {"task": kid, "name": "kid"}}, {"say": "spawned"})
+    with start_pod(tmp_path, workspace=None, env={CALLER_KEYS_ENV: json.dumps(keys)}) as pod:
+
+        async def go() -> None:
+            async with _client(f"{pod.url}/mcp", TEAM_A) as a, _client(f"{pod.url}/mcp", TEAM_B) as b:
+                top = (await _ok(a, "spawn", task=parent, orchestrate=True))["handle"]
+
+                async def kid_held() -> Any:
+                    kids = (await _ok(a, "list", handle=top))["runs"]
+                    return kids[0]["handle"] if kids and pod.engine.holding(kids[0]["handle"]) else None
+
+                child = await until(kid_held, "the sub-agent's child, held at the engine")
+                assert (await _ok(a, "read", handle="kid"))["handle"] == child
+                refused = await _refused(b, "read", handle=child)
+                assert refused.replace(child, NOWHERE) == await _refused(b, "read", handle=NOWHERE)
+                assert (await _ok(b, "list"))["runs"] == []
+                pod.engine.release("kid")
+
+        asyncio.run(go())
+        starts = {r["handle"]: r for r in pod.journal() if r["type"] == "start"}
+        assert {r["tenant"] for r in starts.values()} == {"team-a"} and len(starts) == 2
