@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from luftpause.config_faults import arrays_as_tuples, describe_layered
+from luftpause.config_faults import arrays_as_tuples, describe_layered, fault_lines
 from luftpause.settings import KeyPath, Layer, from_environment, from_flags, merge
 
 if TYPE_CHECKING:
@@ -95,7 +95,12 @@ class ConfigError(Exception):
     """The configuration file is unreadable or does not have the expected shape.
 
     The message names the file, the key and what was expected; the processes print it and exit 2.
+    ``problems`` holds the same faults one line each (``luftpause check-config`` prints them so).
     """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 class _Section(BaseModel):
@@ -506,7 +511,7 @@ def parse_config(text: str, source: str | None = None, layer: Layer | None = Non
     where = source or "embedded default"
     layer = layer or Layer()
     if layer.refused:
-        raise ConfigError("; ".join(layer.refused))
+        raise ConfigError("; ".join(layer.refused), list(layer.refused))
     try:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -517,7 +522,9 @@ def parse_config(text: str, source: str | None = None, layer: Layer | None = Non
         merged = arrays_as_tuples(merge(data, layer.values))
         return Config.model_validate({**merged, "source": source})
     except ValidationError as exc:
-        raise ConfigError(describe_layered(exc, where, layer)) from None
+        raise ConfigError(
+            describe_layered(exc, where, layer, Config), fault_lines(exc, where, layer, Config)
+        ) from None
 
 
 def load_config(
