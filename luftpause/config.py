@@ -285,6 +285,10 @@ class DataplaneConfig(_Section):
     """Slow clients and connections at the HTTP listener."""
     scheduler_tls: TlsPeer | None = None
     """TLS on the link to the scheduler (for a scheduler with ``[scheduler.tls]``)."""
+    usage_window_s: float = Field(default=3600.0, ge=1)
+    """Seconds of one window of the token usage per caller and model that ``GET /status`` and
+    ``GET /admin/usage`` show (the current window and the one before), aligned on the wall clock
+    (3600: each hour from :00 UTC); docs/operating-metrics.md."""
 
     _check = field_validator("listen", "scheduler")(_host_port)
 

@@ -209,6 +209,9 @@ class Turn:
     """The relay sent it natively (set when it was sent)."""
     replica: str = ""
     """Where the turn was sent, once it was."""
+    engine_span: Span | None = None
+    """The span of its engine request (kind CLIENT, child of ``span``) while tracing is active,
+    from the request sent to the turn's end (:func:`luftpause.dataplane.turn_spans.engine_start`)."""
 
     @staticmethod
     def new_id() -> str:

@@ -772,14 +772,18 @@ def test_the_plain_once_frame_is_the_live_frame_without_styles(width: int, which
     """``--once`` prints :func:`plain_frame` (no rich needed); it shows what the live frame shows."""
     from luftpause.top import plain_frame
 
-    runs = {"network": _network(40, running_every=3), "hostile": _hostile_network(), "wide": _network(3)}[which]
+    networks = {"network": _network(40, running_every=3), "hostile": _hostile_network(), "wide": _network(3)}
+    runs = networks[which]
     if which == "wide":
         runs[1]["name"] = "名前のある走り" * 3  # two columns a character
         runs[2]["lastAnswer"] = "e\u0301" * 50  # combining accents take none
     assert plain_frame(runs, "http://127.0.0.1:7000", width).splitlines() == _render(runs, None, width)
 
 
-_WITHOUT_RICH = "import sys; sys.modules['rich'] = None; from luftpause.cli import main; raise SystemExit(main(sys.argv[1:]))"
+_WITHOUT_RICH = (
+    "import sys; sys.modules['rich'] = None; "
+    "from luftpause.cli import main; raise SystemExit(main(sys.argv[1:]))"
+)
 
 
 def test_once_needs_no_rich_but_live_mode_does() -> None:
