@@ -486,6 +486,7 @@ def test_a_real_prometheus_scrapes_every_process_evaluates_the_rules_and_answers
         assert _value(base, 'sum(luftpause_runtime_runs_started_total{job="luftpause-runtime"})') == 3
         # every rule evaluated, none failing; a recording rule holds what it should
         assert wait_until(lambda: _value(base, "luftpause:scheduler_replica_healthy:sum") == 2, 60)
+        assert wait_until(lambda: _value(base, "luftpause:scheduler_replica_usable:sum") == 2, 60)
 
         def rules() -> list[dict[str, Any]]:
             with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=10) as response:
