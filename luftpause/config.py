@@ -223,6 +223,49 @@ class ProtectionConfig(_Section):
         )
 
 
+class DiscoveryConfig(_Section):
+    """``[scheduler.discovery]``: engine replicas discovered from the Kubernetes API by label
+    selector (:mod:`luftpause.scheduler.discovery`), besides the file's ``[[replicas]]``. Every
+    ``interval_s`` the scheduler lists the pods of ``namespace`` that match ``label_selector``; each
+    running, ready pod with an IP is a replica named after the pod, at ``http://<pod IP>:<port>``,
+    serving ``models`` (or the models its ``luftpause.io/models`` annotation names, comma
+    separated), with the other keys of a ``[[replicas]]`` table below. A pod gone or not ready is
+    removed (its placed turns end where they are)."""
+
+    namespace: str = Field(min_length=1)
+    """The namespace whose pods are listed."""
+    label_selector: str = Field(min_length=1)
+    """A Kubernetes label selector (``app=sglang,tier=gpu``)."""
+    port: int = Field(ge=1, le=65535)
+    """The engines' HTTP port in each pod."""
+    models: tuple[str, ...] = ()
+    """The models the discovered engines serve, unless a pod's ``luftpause.io/models`` annotation
+    names its own; a pod with neither is skipped (logged once)."""
+    kind: Literal["generative", "single_pass"] = "generative"
+    """The discovered replicas' kind, as ``[[replicas]] kind``."""
+    api_key_env: str | None = None
+    """As ``[[replicas]] api_key_env``."""
+    health_path: str = "/health"
+    """As ``[[replicas]] health_path``."""
+    max_inflight: int = Field(default=32, ge=1)
+    """As ``[[replicas]] max_inflight``."""
+    apis: tuple[FrontDoorApi, ...] = ("chat",)
+    """As ``[[replicas]] apis``."""
+    interval_s: float = Field(default=10.0, gt=0)
+    """Seconds between two listings."""
+    api_server: str = "https://kubernetes.default.svc"
+    """The Kubernetes API server (in a pod: its Service; a service account's token reads it)."""
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    """The bearer token sent to the API server (re-read at every listing: tokens rotate)."""
+    ca_file: str | None = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    """CA certificates (PEM) the API server's certificate must chain to; unset: the system's roots."""
+
+    @field_validator("api_server")
+    @classmethod
+    def _api_server(cls, value: str) -> str:
+        return _http_url(value)
+
+
 class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
@@ -265,6 +308,8 @@ class SchedulerConfig(_Section):
     policy (``bench/flood_sim.py --replay``); ``""`` (the default): no trace."""
     protection: ProtectionConfig = ProtectionConfig()
     """Protection limits per caller and class, and the circuit breaker: opt-in, off by default."""
+    discovery: DiscoveryConfig | None = None
+    """Replicas discovered from the Kubernetes API by label selector (opt-in; docs/kubernetes.md)."""
 
     _check = field_validator("grpc", "http")(_host_port)
 

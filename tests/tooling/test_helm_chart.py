@@ -338,6 +338,7 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "noPodDisruptionBudget": {"dataplane": {"podDisruptionBudget": {"enabled": False}}},
     "autoscaling": {"dataplane": {"autoscaling": {"enabled": True}}},
     "networkPolicy": {"networkPolicy": {"enabled": True}},
+    "discovery": {"scheduler": {"discovery": {"enabled": True, "models": ["qwen2.5-0.5b-instruct"]}}},
 }
 """Each documented switch of values.yaml, as the values that turn it (away from its default)."""
 
@@ -367,7 +368,7 @@ _VALIDATED: set[tuple[str, str]] = set()
 
 @pytest.mark.parametrize("names", COMBINATIONS, ids=lambda names: "+".join(names) or "default")
 def test_every_documented_combination_renders_and_validates(names: tuple[str, ...]) -> None:
-    """All 64 combinations of the switches, each object valid (strict) for the oldest Kubernetes
+    """All 128 combinations of the switches, each object valid (strict) for the oldest Kubernetes
     the chart declares and the newest the package knows (an object already checked in an earlier
     combination is not checked again)."""
     objects = render(combination(names))
@@ -376,6 +377,8 @@ def test_every_documented_combination_renders_and_validates(names: tuple[str, ..
     assert ("PodDisruptionBudget" in kinds) == ("noPodDisruptionBudget" not in names)
     assert ("HorizontalPodAutoscaler" in kinds) == ("autoscaling" in names)
     assert ("NetworkPolicy" in kinds) == ("networkPolicy" in names)
+    assert ("RoleBinding" in kinds) == ("discovery" in names)
+    assert (config_of(objects).scheduler.discovery is not None) == ("discovery" in names)
     for obj in objects:
         if (obj["apiVersion"], obj["kind"]) in CRDS:
             continue
@@ -487,3 +490,23 @@ def test_network_policies_let_in_only_who_needs_the_scheduler_and_the_runtime() 
     closed = render({"networkPolicy": {"enabled": True, "runtimeClients": [], "metricsScrapers": []}})
     assert by_kind(closed, "NetworkPolicy")[f"{PREFIX}-runtime"]["spec"]["ingress"] == []
     assert len(by_kind(closed, "NetworkPolicy")[f"{PREFIX}-scheduler"]["spec"]["ingress"]) == 1
+
+
+def test_discovery_lists_pods_with_a_service_account_that_may_only_read_pods_there() -> None:
+    objects = render(_merge(TOGGLES["discovery"], {"scheduler": {"discovery": {"namespace": "gpu"}}}))
+    discovery = config_of(objects).scheduler.discovery
+    assert discovery is not None
+    assert (discovery.namespace, discovery.label_selector, discovery.port) == ("gpu", "app=sglang", 30000)
+    assert discovery.models == ("qwen2.5-0.5b-instruct",)
+    (account,) = by_kind(objects, "ServiceAccount").values()
+    scheduler = workloads(objects)["scheduler"]
+    assert scheduler["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    (role,) = by_kind(objects, "Role").values()
+    assert role["metadata"]["namespace"] == "gpu"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    (binding,) = by_kind(objects, "RoleBinding").values()
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ns"}
+    ]
+    assert "serviceAccountName" not in workloads(DEFAULT)["scheduler"]["spec"]["template"]["spec"]
