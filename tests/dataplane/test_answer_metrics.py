@@ -78,7 +78,9 @@ def test_a_finished_turn_adds_its_times_and_tokens_under_bounded_labels() -> Non
 
 def test_usage_per_caller_and_model_over_the_life_and_per_window() -> None:
     clock = Clock(7200.0 + 10)  # 10 s into a window of 3600
-    metrics = DataplaneMetrics(lambda: 0, lambda: 0, callers=["team-a"], usage_window_s=3600, wall_clock=clock)
+    metrics = DataplaneMetrics(
+        lambda: 0, lambda: 0, callers=["team-a"], usage_window_s=3600, wall_clock=clock
+    )
     add = metrics.answers.finished
     add("m", "r", pb.INTERACTIVE, "team-a/x", 0, 0.1, 1, 10, 5, 4)
     add("m", "r2", pb.BATCH, "team-a", 0, 0.1, 1, 20, 6, 0)  # another replica and class: one row
