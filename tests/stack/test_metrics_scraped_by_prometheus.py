@@ -22,6 +22,7 @@ import contextlib
 import json
 import re
 import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -284,6 +285,23 @@ def test_the_dataplane_and_the_scheduler_count_the_same_turns_by_replica(driven:
     dataplane = driven.after["dataplane"]
     assert total(dataplane, "luftpause_dataplane_scheduler_connected") == 1
     assert total(dataplane, "luftpause_dataplane_healthy_replicas") == 2
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not found (Debian: apt-get install prometheus)")
+@pytest.mark.parametrize("process", PROCESSES)
+def test_promtool_check_metrics_accepts_what_each_process_serves(driven: Driven, process: str) -> None:
+    assert PROMTOOL is not None
+    checked = subprocess.run(
+        [PROMTOOL, "check", "metrics"],
+        input=scrape_text(driven.stack, process),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_every_process_has_its_process_collectors_and_no_created_series(driven: Driven) -> None:
