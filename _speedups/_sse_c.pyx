@@ -142,7 +142,7 @@ cdef class SSEScanner:
 
     Attributes are read-only from Python: ``first_token_seen``, ``finish_reason``,
     ``choices_finished``, ``saw_tool_calls``, ``tool_call_ids``, ``prompt_tokens``,
-    ``completion_tokens``, ``done``, ``error``, ``event_count``, ``events``, ``oversized_events``,
+    ``completion_tokens``, ``cached_tokens``, ``response_id``, ``response_model``, ``done``, ``error``, ``event_count``, ``events``, ``oversized_events``,
     ``buffered_bytes``, ``max_event_bytes``, ``choices``; their meaning is given in
     ``luftpause.dataplane._sse_py``. Its C attributes and methods are declared in
     ``luftpause.dataplane._sse_c.pxd``, where the dialects of ``_facts_c.pyx`` that subclass it read
@@ -170,6 +170,9 @@ cdef class SSEScanner:
         self.tool_call_ids = []
         self.prompt_tokens = -1
         self.completion_tokens = -1
+        self.cached_tokens = -1
+        self.response_id = None
+        self.response_model = None
         self.done = False
         self.error = None
         self.event_count = 0
@@ -348,7 +351,7 @@ cdef class SSEScanner:
     cdef int _read_chunk_object(self, bytes data) except -1:
         """Take an error, first token, finish reason, tool-call ids and usage from one payload."""
         cdef dict d
-        cdef object usage, tokens, choices, choice, delta, tool_calls, call, call_id, text, reason
+        cdef object usage, tokens, details, choices, choice, delta, tool_calls, call, call_id, text, reason
         try:
             obj = _loads(data)
         except ValueError:  # orjson.JSONDecodeError: not JSON, or not UTF-8
@@ -358,6 +361,8 @@ cdef class SSEScanner:
         d = <dict>obj
         if self.error is None:
             self.error = _error_message(d)
+        if self.response_model is None or self.response_id is None:
+            self._read_identity(d)
         usage = d.get("usage")
         if type(usage) is dict:
             tokens = (<dict>usage).get("prompt_tokens")
@@ -366,6 +371,11 @@ cdef class SSEScanner:
             tokens = (<dict>usage).get("completion_tokens")
             if type(tokens) is int and tokens >= 0:
                 self.completion_tokens = tokens
+            details = (<dict>usage).get("prompt_tokens_details")
+            if type(details) is dict:
+                tokens = (<dict>details).get("cached_tokens")
+                if type(tokens) is int and tokens >= 0:
+                    self.cached_tokens = tokens
         choices = d.get("choices")
         if type(choices) is not list:
             return 0
@@ -398,6 +408,19 @@ cdef class SSEScanner:
                 self.finish_reason = _TOOL_CALLS if self.saw_tool_calls else reason
                 if not self.choices_finished:
                     self._choice_finished((<dict>choice).get("index"))
+        return 0
+
+    cdef int _read_identity(self, dict d) except -1:
+        """The answer's ``id`` and ``model``, from the first chunk object that has them."""
+        cdef object value
+        if self.response_id is None:
+            value = d.get("id")
+            if type(value) is str and len(<str>value) > 0:
+                self.response_id = value
+        if self.response_model is None:
+            value = d.get("model")
+            if type(value) is str and len(<str>value) > 0:
+                self.response_model = value
         return 0
 
     cdef int _choice_finished(self, object index) except -1:

@@ -19,6 +19,9 @@ cdef class SSEScanner:
     cdef readonly list tool_call_ids
     cdef readonly object prompt_tokens
     cdef readonly object completion_tokens
+    cdef readonly object cached_tokens
+    cdef readonly object response_id
+    cdef readonly object response_model
     cdef readonly bint done
     cdef readonly object error
     cdef readonly Py_ssize_t event_count
@@ -56,4 +59,5 @@ cdef class SSEScanner:
     # what one dispatched event's data says: the dialect's hook
     cdef int _payload(self, bytes data) except -1
     cdef int _read_chunk_object(self, bytes data) except -1
+    cdef int _read_identity(self, dict d) except -1
     cdef int _choice_finished(self, object index) except -1

@@ -6,8 +6,11 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_metrics.py --benchmark-only -
 * ``per turn`` -- one turn's updates as the dataplane makes them (held time, first token, bytes
   relayed, the turn's end): ``by class`` keys them by service class only, as the dataplane did
   before its metrics took a ``replica`` label (the same plain integers and histogram); ``by class
-  and replica`` is :class:`~luftpause.dataplane.metrics.DataplaneMetrics` now. The ratio of the two
-  medians is the label's cost.
+  and replica`` is :class:`~luftpause.dataplane.metrics.DataplaneMetrics` as it was before the
+  GenAI families; ``with the GenAI families`` adds what a finished turn now also records
+  (:meth:`~luftpause.dataplane.answer_metrics.AnswerMetrics.finished`: its label set by model,
+  replica, class and caller root, four histograms, three token counts and the usage per caller) and
+  the answer's status code. The ratios of the medians are each addition's cost.
 * ``scrape`` -- one ``GET /metrics`` body built (what the serving loop spends per scrape): the
   dataplane's with two replicas, the scheduler's with 10,000 held turns of 200 callers on 8
   replicas (the snapshot walks every held turn and run: what a ``GET /status`` costs too).
@@ -84,11 +87,29 @@ def test_per_turn_by_class_and_replica(benchmark: Any) -> None:
     benchmark(turns)
 
 
+def test_per_turn_with_the_genai_families(benchmark: Any) -> None:
+    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"], callers=["team-a"])
+    answers = dataplane.answers
+
+    def turns() -> None:
+        for _ in range(1000):
+            dataplane.placed(INTERACTIVE, 0.001)
+            dataplane.first_token(INTERACTIVE, 0.02, "sim-0")
+            dataplane.relayed(1234)
+            dataplane.turn_ended("finished", INTERACTIVE, "sim-0")
+            answers.finished("m", "sim-0", INTERACTIVE, "team-a/job-7", 1.0, 1.02, 1.5, 812, 64, 512)
+            answers.responded(200)
+
+    benchmark.group = "per turn (1,000 turns)"
+    benchmark(turns)
+
+
 def test_scrape_dataplane(benchmark: Any) -> None:
     dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"])
-    for _ in range(100):
+    for n in range(100):
         dataplane.turn_ended("finished", INTERACTIVE, "sim-0")
         dataplane.first_token(INTERACTIVE, 0.02, "sim-1")
+        dataplane.answers.finished("m", f"sim-{n % 2}", INTERACTIVE, f"c{n}", 1.0, 1.02, 1.5, 812, 64, 512)
     benchmark.group = "scrape"
     body = benchmark(dataplane.exposition)
     assert b"luftpause_dataplane_turns_total" in body

@@ -41,6 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "load over MCP (--spawn) or through the proxy (--agents), and a summary",
     ),
     "top": ("luftpause.top", "watch the runtime's run network in the terminal (the monitor's tree)"),
+    "check-config": (
+        "luftpause.check_config",
+        "check the configuration (file, environment, flags) as a start would, start nothing",
+    ),
 }
 
 
@@ -87,6 +91,16 @@ def add_setting_arguments(parser: argparse.ArgumentParser, command: str) -> None
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
+def setting_flags(args: argparse.Namespace) -> dict[settings.KeyPath, tuple[str, str]]:
+    """The setting flags given on the command line, as :func:`~luftpause.config.load_config` takes
+    them: ``{("dataplane", "listen"): ("--listen", "0.0.0.0:8080")}``."""
+    return {
+        tuple(dest.removeprefix(_FLAG_DEST).split(".")): (settings.flag_name(dest.rsplit(".", 1)[1]), value)
+        for dest, value in vars(args).items()
+        if dest.startswith(_FLAG_DEST) and value is not None
+    }
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration ``--config`` names (or the default), with the ``LUFTPAUSE_<TABLE>__<KEY>``
     environment variables and the setting flags given laid over it; a bad one ends the command.
@@ -94,13 +108,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     Prints ``luftpause <command>: <file>: <key>: <what was expected>`` (or ``<variable>: ...``,
     ``<flag>: ...``) to stderr and raises ``SystemExit(2)``.
     """
-    flags = {
-        tuple(dest.removeprefix(_FLAG_DEST).split(".")): (settings.flag_name(dest.rsplit(".", 1)[1]), value)
-        for dest, value in vars(args).items()
-        if dest.startswith(_FLAG_DEST) and value is not None
-    }
     try:
-        return load_config(args.config, flags)
+        return load_config(args.config, setting_flags(args))
     except ConfigError as exc:
         command = getattr(args, "command", None)
         print(f"luftpause {command}: {exc}" if command else f"luftpause: {exc}", file=sys.stderr)

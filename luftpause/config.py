@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from luftpause.config_faults import arrays_as_tuples, describe_layered
+from luftpause.config_faults import arrays_as_tuples, describe_layered, fault_lines
 from luftpause.settings import KeyPath, Layer, from_environment, from_flags, merge
 
 if TYPE_CHECKING:
@@ -95,7 +95,12 @@ class ConfigError(Exception):
     """The configuration file is unreadable or does not have the expected shape.
 
     The message names the file, the key and what was expected; the processes print it and exit 2.
+    ``problems`` holds the same faults one line each (``luftpause check-config`` prints them so).
     """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 class _Section(BaseModel):
@@ -218,6 +223,49 @@ class ProtectionConfig(_Section):
         )
 
 
+class DiscoveryConfig(_Section):
+    """``[scheduler.discovery]``: engine replicas discovered from the Kubernetes API by label
+    selector (:mod:`luftpause.scheduler.discovery`), besides the file's ``[[replicas]]``. Every
+    ``interval_s`` the scheduler lists the pods of ``namespace`` that match ``label_selector``; each
+    running, ready pod with an IP is a replica named after the pod, at ``http://<pod IP>:<port>``,
+    serving ``models`` (or the models its ``luftpause.io/models`` annotation names, comma
+    separated), with the other keys of a ``[[replicas]]`` table below. A pod gone or not ready is
+    removed (its placed turns end where they are)."""
+
+    namespace: str = Field(min_length=1)
+    """The namespace whose pods are listed."""
+    label_selector: str = Field(min_length=1)
+    """A Kubernetes label selector (``app=sglang,tier=gpu``)."""
+    port: int = Field(ge=1, le=65535)
+    """The engines' HTTP port in each pod."""
+    models: tuple[str, ...] = ()
+    """The models the discovered engines serve, unless a pod's ``luftpause.io/models`` annotation
+    names its own; a pod with neither is skipped (logged once)."""
+    kind: Literal["generative", "single_pass"] = "generative"
+    """The discovered replicas' kind, as ``[[replicas]] kind``."""
+    api_key_env: str | None = None
+    """As ``[[replicas]] api_key_env``."""
+    health_path: str = "/health"
+    """As ``[[replicas]] health_path``."""
+    max_inflight: int = Field(default=32, ge=1)
+    """As ``[[replicas]] max_inflight``."""
+    apis: tuple[FrontDoorApi, ...] = ("chat",)
+    """As ``[[replicas]] apis``."""
+    interval_s: float = Field(default=10.0, gt=0)
+    """Seconds between two listings."""
+    api_server: str = "https://kubernetes.default.svc"
+    """The Kubernetes API server (in a pod: its Service; a service account's token reads it)."""
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    """The bearer token sent to the API server (re-read at every listing: tokens rotate)."""
+    ca_file: str | None = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    """CA certificates (PEM) the API server's certificate must chain to; unset: the system's roots."""
+
+    @field_validator("api_server")
+    @classmethod
+    def _api_server(cls, value: str) -> str:
+        return _http_url(value)
+
+
 class SchedulerConfig(_Section):
     grpc: str = "127.0.0.1:5000"
     """gRPC listen address (``host:port``) for Admit / Report / Resync."""
@@ -270,6 +318,8 @@ class SchedulerConfig(_Section):
     """Protection limits per caller and class, and the circuit breaker: opt-in, off by default."""
     run_expiry_s: float = Field(default=1800.0, gt=0)
     """Seconds with no turn after which the scheduler forgets a run (its affinity and headroom)."""
+    discovery: DiscoveryConfig | None = None
+    """Replicas discovered from the Kubernetes API by label selector (opt-in; docs/kubernetes.md)."""
 
     _check = field_validator("grpc", "http")(_host_port)
 
@@ -322,6 +372,10 @@ class DataplaneConfig(_Section):
     (docs/failover.md)."""
     failover: FailoverConfig = FailoverConfig()
     """Turns sent again to another replica when theirs failed before answering (docs/failover.md)."""
+    usage_window_s: float = Field(default=3600.0, ge=1)
+    """Seconds of one window of the token usage per caller and model that ``GET /status`` and
+    ``GET /admin/usage`` show (the current window and the one before), aligned on the wall clock
+    (3600: each hour from :00 UTC); docs/operating-metrics.md."""
 
     _check = field_validator("listen", "scheduler")(_host_port)
 
@@ -563,7 +617,7 @@ def parse_config(text: str, source: str | None = None, layer: Layer | None = Non
     where = source or "embedded default"
     layer = layer or Layer()
     if layer.refused:
-        raise ConfigError("; ".join(layer.refused))
+        raise ConfigError("; ".join(layer.refused), list(layer.refused))
     try:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -574,7 +628,9 @@ def parse_config(text: str, source: str | None = None, layer: Layer | None = Non
         merged = arrays_as_tuples(merge(data, layer.values))
         return Config.model_validate({**merged, "source": source})
     except ValidationError as exc:
-        raise ConfigError(describe_layered(exc, where, layer)) from None
+        raise ConfigError(
+            describe_layered(exc, where, layer, Config), fault_lines(exc, where, layer, Config)
+        ) from None
 
 
 def load_config(

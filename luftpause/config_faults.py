@@ -6,12 +6,13 @@ arrays as tuples for the strict models."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from luftpause.settings import Layer, toml_value
+from luftpause.settings import Layer, model_class, toml_value
 
 # What pydantic's strict type errors mean in TOML's words (a tuple is a TOML array).
 _EXPECTED_TYPE = {
@@ -33,13 +34,44 @@ _EXPECTED_TYPE = {
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
-def _explain(item: Any) -> str:
-    """One pydantic error as ``expected ..., got ...`` (the form of the module docstring)."""
+def keys_at(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """The keys the table at ``loc`` (a pydantic error's location inside ``model``) may have;
+    ``[]`` where ``loc`` is not a table."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, str) and "[" in part:  # a union's branch, no key
+            continue
+        table = model_class(current)
+        if table is not None:
+            if not isinstance(part, str) or part not in table.model_fields:
+                return []
+            current = table.model_fields[part].annotation
+        elif get_origin(current) is tuple and isinstance(part, int):
+            current = get_args(current)[0]
+        elif get_origin(current) is dict:
+            current = get_args(current)[1]
+        else:
+            return []
+    table = model_class(current)
+    return [key for key in table.model_fields if key != "source"] if table is not None else []
+
+
+def _unknown_key(loc: Sequence[str | int], model: type[BaseModel] | None) -> str:
+    """``unknown key``, with ``(did you mean 'listen'?)`` when a key of that table is close."""
+    if model is None or not loc or not isinstance(loc[-1], str):
+        return "unknown key"
+    close = difflib.get_close_matches(loc[-1], keys_at(model, loc[:-1]), n=1)
+    return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
+
+
+def _explain(item: Any, model: type[BaseModel] | None = None) -> str:
+    """One pydantic error as ``expected ..., got ...`` (the form of the module docstring);
+    ``model``, the validated class, names the key an unknown one may be a typo of."""
     kind: str = item["type"]
     ctx: dict[str, Any] = item.get("ctx") or {}
     got = toml_value(item["input"])
     if kind == "extra_forbidden":
-        return "unknown key"
+        return _unknown_key(item["loc"], model)
     if kind == "missing":
         return "expected a value, none given"
     if kind == "literal_error":
@@ -71,9 +103,28 @@ def _key(loc: Sequence[str | int]) -> str:
     return key
 
 
-def describe_layered(error: ValidationError, where: str, layer: Layer) -> str:
+def describe_layered(
+    error: ValidationError, where: str, layer: Layer, model: type[BaseModel] | None = None
+) -> str:
     """Every fault as ``key: expected ..., got ...``: the file's faults after ``where`` (the file
     or ``embedded default``), then one per variable or flag, named by it (``--listen: ...``)."""
+    in_file, overridden = _faults(error, layer, model)
+    file_part = [f"{where}: {'; '.join(in_file)}"] if in_file else []
+    return "; ".join(file_part + overridden)
+
+
+def fault_lines(
+    error: ValidationError, where: str, layer: Layer, model: type[BaseModel] | None = None
+) -> list[str]:
+    """The faults of :func:`describe_layered`, one line each, every one of the file's after
+    ``where`` (``luftpause.toml: replicas[0].url: expected ...``)."""
+    in_file, overridden = _faults(error, layer, model)
+    return [f"{where}: {fault}" for fault in in_file] + overridden
+
+
+def _faults(
+    error: ValidationError, layer: Layer, model: type[BaseModel] | None
+) -> tuple[list[str], list[str]]:
     in_file, overridden = [], []
     items = error.errors()
     failed_inside = {item["loc"][0] for item in items if len(item["loc"]) > 1}
@@ -85,13 +136,14 @@ def describe_layered(error: ValidationError, where: str, layer: Layer) -> str:
         source = layer.source_of(loc)
         if source is not None:
             label, rest = source
-            overridden.append(f"{label}: {_key(rest) + ': ' if rest else ''}{_explain(item)}")
+            overridden.append(f"{label}: {_key(rest) + ': ' if rest else ''}{_explain(item, model)}")
         elif within := layer.sources_within(loc):  # a check of a whole table they changed a key of
-            overridden.append(f"{_key(loc) or '(top level)'} (with {', '.join(within)}): {_explain(item)}")
+            overridden.append(
+                f"{_key(loc) or '(top level)'} (with {', '.join(within)}): {_explain(item, model)}"
+            )
         else:
-            in_file.append(f"{_key(loc) or '(top level)'}: {_explain(item)}")
-    file_part = [f"{where}: {'; '.join(in_file)}"] if in_file else []
-    return "; ".join(file_part + overridden)
+            in_file.append(f"{_key(loc) or '(top level)'}: {_explain(item, model)}")
+    return in_file, overridden
 
 
 def describe_fields(error: ValidationError) -> str:

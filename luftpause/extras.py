@@ -7,8 +7,9 @@ The core install serves turns and runs; an extra adds what only some commands ne
   without the SDK every span is the API's no-op.
 * ``tui``: ``rich``, for the terminal views of ``luftpause top`` and ``luftpause loadgen``.
 
-A module that needs an extra imports it under a guard that raises :class:`MissingExtra`; the CLI
-prints its one line and exits 2 (:func:`luftpause.cli.main`).
+A module that needs an extra imports it under a guard that raises :class:`MissingExtra`, where it
+draws (:func:`require_tui`), so that a command drawing nothing (``loadgen --json``, ``top
+--once``) runs without it; the CLI prints its one line and exits 2 (:func:`luftpause.cli.main`).
 """
 
 from __future__ import annotations
@@ -29,3 +30,12 @@ class MissingExtra(ImportError):
             name=missing.name,
         )
         self.extra = extra
+
+
+def require_tui(what: str) -> None:
+    """Raise :class:`MissingExtra` naming ``what`` (``"its summary table"``) when ``rich`` (the
+    ``tui`` extra) cannot be imported; return quietly when it can."""
+    try:
+        import rich  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtra("tui", what, exc) from None

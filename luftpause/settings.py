@@ -60,13 +60,13 @@ def flag_name(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def _model_class(annotation: Any) -> type[BaseModel] | None:
+def model_class(annotation: Any) -> type[BaseModel] | None:
     """The model ``annotation`` is, or is optional of (``X | None``); else ``None``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     members = [arg for arg in get_args(annotation) if arg is not type(None)]
     if get_origin(annotation) is not tuple and len(members) == 1:
-        return _model_class(members[0])
+        return model_class(members[0])
     return None
 
 
@@ -75,7 +75,7 @@ def _array_item_class(annotation: Any) -> type[BaseModel] | None:
     if get_origin(annotation) is tuple:
         args = get_args(annotation)
         if len(args) == 2 and args[1] is Ellipsis:
-            return _model_class(args[0])
+            return model_class(args[0])
     return None
 
 
@@ -83,7 +83,7 @@ def tables(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
     """The fields of ``model`` that are tables (``[scheduler]``...): the ones variables override."""
     found = {}
     for name, info in model.model_fields.items():
-        table = _model_class(info.annotation)
+        table = model_class(info.annotation)
         if table is not None:
             found[name] = table
     return found
@@ -166,7 +166,7 @@ def _field_at(model: type[BaseModel], path: KeyPath) -> FieldInfo | None:
         if current is None or key not in current.model_fields:
             return None
         info = current.model_fields[key]
-        current = _model_class(info.annotation)
+        current = model_class(info.annotation)
     return info
 
 
@@ -273,6 +273,8 @@ def toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple | list):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, BaseModel):  # a table's value: its keys that are set, never a repr
+        value = value.model_dump(exclude_none=True)
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + "}"
     return repr(value)
@@ -299,7 +301,7 @@ def default_text(info: FieldInfo) -> str:
 
 def sub_table(info: FieldInfo) -> type[BaseModel] | None:
     """The table class of a key that is a sub-table (``[dataplane] limits``, ``tls``); else ``None``."""
-    return _model_class(info.annotation)
+    return model_class(info.annotation)
 
 
 def _wrapped(head: str, info: FieldInfo, width: int) -> list[str]:
@@ -327,6 +329,23 @@ def _key_help(
     return _wrapped(
         "  ".join(item for item in (f"  {key} {default_text(info)}", *names) if item), info, width
     )
+
+
+def _sub_table_help(
+    path: KeyPath, info: FieldInfo, sub: type[BaseModel], flags: Mapping[KeyPath, str], width: int
+) -> list[str]:
+    """A sub-table (``[dataplane.limits]``, ``[scheduler.protection.batch]``): its description,
+    then each of its keys, which has a variable of its own
+    (``LUFTPAUSE_DATAPLANE__LIMITS__BODY_TIMEOUT_S``), its own sub-tables in turn."""
+    unset = "(unset) " if info.default is None else ""
+    lines = _wrapped(f"  [{'.'.join(path)}] {unset}", info, width)
+    for key, key_info in sub.model_fields.items():
+        inner = sub_table(key_info)
+        if inner is None:
+            lines += _key_help((*path, key), key_info, flags, False, width)
+        else:
+            lines += _sub_table_help((*path, key), key_info, inner, flags, width)
+    return lines
 
 
 def help_text(
@@ -357,13 +376,8 @@ def help_text(
             if sub is None or file_only:
                 lines += _key_help((table, key), info, flags, file_only, width)
                 continue
-            # A sub-table ([dataplane.limits]): its description, then each of its keys, which has
-            # a variable of its own (LUFTPAUSE_DATAPLANE__LIMITS__BODY_TIMEOUT_S).
-            lines += _wrapped(f"  [{table}.{key}] {'(unset) ' if info.default is None else ''}", info, width)
-            for sub_key, sub_info in sub.model_fields.items():
-                lines += _key_help((table, key, sub_key), sub_info, flags, file_only, width)
-    heading = f"settings this process reads ({PRECEDENCE}; docs/operating.md: Configuration):"
-    out = textwrap.wrap(heading, width)
+            lines += _sub_table_help((table, key), info, sub, flags, width)
+    out = textwrap.wrap(f"settings this process reads ({PRECEDENCE}; docs/operating.md: Configuration):", width)
     for title, lines in groups.items():
         out += ["", title, *lines]
     return "\n".join(out)

@@ -51,29 +51,31 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from luftpause.cli import add_config_argument, config_from_args
+from luftpause.config import listen_url
 from luftpause.extras import MissingExtra
+from luftpause.monitor_client import NetworkPoller, TopError, one_line, parse_url
+from luftpause.runtime.web.auth import TOKEN_ENV
 
+_rich_missing: ImportError | None = None
 try:
     from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
     from rich.live import Live
     from rich.segment import Segment
     from rich.table import Table
     from rich.text import Text
-except ImportError as exc:
-    raise MissingExtra("tui", "its terminal view", exc) from None
-
-from luftpause.cli import add_config_argument, config_from_args
-from luftpause.config import listen_url
-from luftpause.monitor_client import NetworkPoller, TopError, one_line, parse_url
-from luftpause.runtime.web.auth import TOKEN_ENV
+except ImportError as exc:  # live mode needs it; --once prints plain text (plain_frame) without it
+    _rich_missing = exc
 
 DEFAULT_INTERVAL_SECONDS = 1.0
 """Seconds between polls (the page polls every second too; an unchanged poll costs the runtime a
@@ -406,8 +408,78 @@ def frame(
     """One screen: the header (URL, counts or ``error``) and the tree of ``runs`` (the monitor's
     ``runs`` list; ``None``: none read yet), at most ``height`` lines in all (``None``: every
     run). Every line is one terminal line: columns are dropped or cut (``…``) to fit the width,
-    never wrapped; every string is shown :func:`~luftpause.monitor_client.printable`."""
+    never wrapped; every string is shown :func:`~luftpause.monitor_client.printable`.
+
+    Raises :class:`~luftpause.extras.MissingExtra` without ``rich`` (the ``tui`` extra)."""
+    if _rich_missing is not None:
+        raise MissingExtra("tui", "its terminal view", _rich_missing)
     return Frame(runs, url, height, error, updated)
+
+
+# --- the same frame as plain text (--once: drawn by nothing, so rich is not needed) ---------------
+
+
+def cell_width(text: str) -> int:
+    """Terminal columns ``text`` takes: 2 for an East Asian wide or full-width character, 0 for a
+    combining one, else 1 (what rich's ``cell_len`` counts for the characters a run shows)."""
+    width = 0
+    for char in text:
+        if unicodedata.combining(char):
+            continue
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` columns, cut with ``…`` as rich's ``overflow="ellipsis"``."""
+    if cell_width(text) <= width:
+        return text
+    kept, used = "", 0
+    for char in text:
+        step = cell_width(char)
+        if used + step > width - 1:
+            break
+        kept += char
+        used += step
+    return kept + " " * (width - 1 - used) + "…"  # a wide character that did not fit: a space
+
+
+def _plain_row(guide: str, run: Mapping[str, Any]) -> dict[str, str]:
+    name = run.get("name") or "(unnamed)"
+    answer = run.get("lastAnswer") or (f"error: {run['error']}" if run.get("error") else "")
+    return {
+        "RUN": guide + one_line(str(name)),
+        "HANDLE": one_line(str(run.get("handle"))),
+        "STATE": one_line(state_word(run)) + (" (stopped)" if stopped(run) else ""),
+        "CLASS": one_line(str(run.get("serviceClass") or "-")),
+        "TURNS": _number(run.get("turns")),
+        "TOOLS": _number(run.get("toolCalls")),
+        "SCOPE": one_line(short_scope(run.get("scope"))),
+        "LAST ANSWER": one_line(str(answer)),
+    }
+
+
+def plain_frame(runs: Sequence[Mapping[str, Any]] | None, url: str, width: int) -> str:
+    """What :func:`frame` shows of every run at ``width`` columns, as plain text with no style:
+    the same lines, columns and cuts, no line ending in spaces. ``luftpause top --once`` prints it."""
+    lines = [_cut(f"luftpause top  {one_line(url)}", width), _cut(one_line(counts_line(runs or ())), width)]
+    if runs:
+        rows = [_plain_row(guide, run) for guide, run in fit(runs, None).lines]
+        desired = {
+            name: min(
+                COLUMN_CAPS.get(name, width), max([len(name), *(cell_width(row[name]) for row in rows)])
+            )
+            for name in COLUMNS
+        }
+        widths = column_widths(desired, width)
+        for row in [{name: name for name in COLUMNS}, *rows]:
+            cells = []
+            for name, column_width in widths.items():
+                cell = _cut(row[name], column_width)
+                pad = " " * (column_width - cell_width(cell))
+                cells.append(pad + cell if name in ("TURNS", "TOOLS") else cell + pad)
+            lines.append((" " * COLUMN_GAP).join(cells).rstrip(" "))
+    return "\n".join(lines)
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -467,6 +539,8 @@ def run(args: argparse.Namespace) -> int:
             return USAGE_EXIT
     else:
         base = listen_url(config_from_args(args).runtime.listen)
+    if not args.once and _rich_missing is not None:
+        raise MissingExtra("tui", "its terminal view", _rich_missing)
     if not args.once and not sys.stdout.isatty():
         print(
             "luftpause top: standard output is not a terminal: live mode draws on a terminal; "
@@ -485,9 +559,12 @@ def _once(poller: NetworkPoller) -> int:
     except TopError as exc:
         print(f"luftpause top: {exc}", file=sys.stderr)
         return 1
-    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else ONCE_WIDTH
-    # A reader that leaves early (``| head``) ends the output quietly: rich's Console does that.
-    Console(width=width).print(frame(runs, poller.base, height=None))
+    terminal = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    width = shutil.get_terminal_size((ONCE_WIDTH, 25)).columns if terminal else ONCE_WIDTH
+    try:
+        print(plain_frame(runs, poller.base, width), flush=True)
+    except BrokenPipeError:  # a reader that left early (``| head``): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -211,6 +211,11 @@ class CallerKeys:
     def __len__(self) -> int:
         return len(self._by_digest)
 
+    @property
+    def callers(self) -> list[str]:
+        """The callers the keys name, each once, in the order of the keys."""
+        return list(dict.fromkeys(identity.caller for identity in self._by_digest.values()))
+
     def identify(self, authorization: str | bytes | None) -> Identity | None:
         """The identity of the bearer key in ``authorization``; ``None`` for none or an unknown one."""
         given = bearer(authorization)

@@ -97,6 +97,12 @@ class SSEScanner:
       appearance (continuation deltas carry no id or an empty one).
     * ``prompt_tokens``, ``completion_tokens`` -- from the last ``usage`` object that carried them
       as non-negative integers (tokens), else ``-1``.
+    * ``cached_tokens`` -- the prompt tokens the engine's prefix cache served: the last ``usage``'s
+      ``prompt_tokens_details.cached_tokens`` (OpenAI's, SGLang's, vLLM's, llama.cpp's name) as a
+      non-negative integer, else ``-1``.
+    * ``response_id``, ``response_model`` -- the ``id`` and ``model`` strings (non-empty) of the
+      first chunk object that had them (the engine's completion id and the model that answered),
+      else ``None``; read until both are known, so from the first chunk on a usual stream.
     * ``done`` -- a ``data: [DONE]`` event was seen.
     * ``error`` -- the message (``str``, at most 500 characters) of the first error event, else
       ``None``. An error event is a payload whose top-level object has an ``"error"`` key that is not
@@ -131,6 +137,7 @@ class SSEScanner:
         "_skip_lf",
         "_skipping",
         "_tail",
+        "cached_tokens",
         "choices_finished",
         "completion_tokens",
         "done",
@@ -140,6 +147,8 @@ class SSEScanner:
         "finish_reason",
         "first_token_seen",
         "prompt_tokens",
+        "response_id",
+        "response_model",
         "saw_tool_calls",
         "tool_call_ids",
     )
@@ -162,6 +171,9 @@ class SSEScanner:
         self.tool_call_ids: list[str] = []
         self.prompt_tokens: int = -1
         self.completion_tokens: int = -1
+        self.cached_tokens: int = -1
+        self.response_id: str | None = None
+        self.response_model: str | None = None
         self.done: bool = False
         self.error: str | None = None
         self.event_count: int = 0
@@ -354,6 +366,8 @@ class SSEScanner:
             return
         if self.error is None:
             self.error = _error_message(obj)
+        if self.response_model is None or self.response_id is None:
+            self._read_identity(obj)
         usage = obj.get("usage")
         if type(usage) is dict:
             tokens = usage.get("prompt_tokens")
@@ -362,6 +376,11 @@ class SSEScanner:
             tokens = usage.get("completion_tokens")
             if type(tokens) is int and tokens >= 0:
                 self.completion_tokens = tokens
+            details = usage.get("prompt_tokens_details")
+            if type(details) is dict:
+                tokens = details.get("cached_tokens")
+                if type(tokens) is int and tokens >= 0:
+                    self.cached_tokens = tokens
         choices = obj.get("choices")
         if type(choices) is not list:
             return
@@ -393,6 +412,17 @@ class SSEScanner:
                 self.finish_reason = "tool_calls" if self.saw_tool_calls else reason
                 if not self.choices_finished:
                     self._choice_finished(choice.get("index"))
+
+    def _read_identity(self, obj: dict[str, object]) -> None:
+        """The answer's ``id`` and ``model``, from the first chunk object that has them."""
+        if self.response_id is None:
+            value = obj.get("id")
+            if type(value) is str and value:
+                self.response_id = value
+        if self.response_model is None:
+            value = obj.get("model")
+            if type(value) is str and value:
+                self.response_model = value
 
     def _choice_finished(self, index: object) -> None:
         """The choice numbered ``index`` (a chunk choice's ``index``: ``None`` when absent or null,

@@ -25,6 +25,10 @@ count_tokens``                 turn: neither admitted nor scheduled
                                it was ``leased_turns``, which read as turns leased now: 12 on an
                                idle pool)
 ``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
+``GET /status``                ``{"usage": usage}``: tokens per caller and model over the process's
+                               life and per window (:meth:`luftpause.dataplane.usage.Usage.report`);
+                               with ``LUFTPAUSE_TOKEN`` set, only with it (``Authorization: Bearer``)
+``GET /admin/usage``           the same ``usage`` alone, for billing and budget scripts (the same token)
 ``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
                                ready while the scheduler link is resynced and the scheduler counts
                                a replica healthy
@@ -63,9 +67,11 @@ from luftpause import health as probes
 from luftpause import tracing
 from luftpause.auth.callers import Access
 from luftpause.auth.grpc_link import LinkCredentials
-from luftpause.config import Config, ReplicaConfig, load_config
+from luftpause.auth.tokens import bearer_matches
+from luftpause.config import Config, ReplicaConfig, load_config, split_host_port
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
+from luftpause.dataplane.answer_metrics import CLIENT_LEFT
 from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
 from luftpause.dataplane.asgi import (
@@ -128,6 +134,8 @@ sixth of ``[dataplane] run_expiry_s`` when that is shorter."""
 MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
 DECIDE_PATH = "/v1/decide"
+TURN_PATHS = frozenset({"/v1/chat/completions", MESSAGES_PATH, RESPONSES_PATH, DECIDE_PATH})
+"""The routes whose answers ``luftpause_dataplane_turn_responses_total`` counts by status."""
 
 _JSON: Headers = [(b"content-type", b"application/json")]
 _RUN_ID = RUN_ID_HEADER.encode()
@@ -186,7 +194,10 @@ class Dataplane:
             connected=lambda: self.link.connected,
             healthy_replicas=lambda: self.link.healthy_replicas,
             replicas=self._replicas,
+            callers=configured_callers(config, self.access),
+            usage_window_s=config.dataplane.usage_window_s,
         )
+        self._server_address = split_host_port(config.dataplane.listen)
         self.link.on_placed = self.metrics.placed  # turns that waited for a decision, not leased ones
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -313,6 +324,14 @@ class Dataplane:
 
     async def _http(self, exchange: Exchange) -> None:
         try:
+            await self._answer(exchange)
+        finally:
+            if exchange.path in TURN_PATHS:
+                self.metrics.answers.responded(exchange.status or CLIENT_LEFT)
+
+    async def _answer(self, exchange: Exchange) -> None:
+        """Route the request; answer an error of its with the JSON error body."""
+        try:
             await self._route(exchange)
         except DataplaneError as exc:
             if exchange.started:
@@ -364,6 +383,12 @@ class Dataplane:
         if path == "/metrics":
             allow(path, method, "GET", "HEAD")
             await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition())
+            return
+        if path == "/status" or path == "/admin/usage":
+            allow(path, method, "GET", "HEAD")
+            self._authorize_operator(exchange)
+            usage = self.metrics.answers.usage.report()
+            await exchange.respond(200, _JSON, orjson.dumps({"usage": usage} if path == "/status" else usage))
             return
         if path == "/livez" or path == "/readyz":
             allow(path, method, "GET", "HEAD")
@@ -419,6 +444,13 @@ class Dataplane:
             await exchange.respond(204, [(_RUN_ID, run_id.encode())])
         else:
             raise NotFound(f"no route {method} {path}")
+
+    def _authorize_operator(self, exchange: Exchange) -> None:
+        """:class:`Unauthorized` unless the request carries ``LUFTPAUSE_TOKEN`` (when it is set):
+        the usage of every caller is the operator's to read, not a caller key's."""
+        token = self.access.token
+        if token is not None and not bearer_matches(exchange.headers.get(b"authorization"), token):
+            raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <LUFTPAUSE_TOKEN>)")
 
     def readiness(self) -> dict[str, probes.Check]:
         """``/readyz``'s checks: ``scheduler``, the link is resynced; ``replicas``, the scheduler
@@ -476,7 +508,7 @@ class Dataplane:
         span = None
         if tracing.active:
             # This turn's span parents what it sends on: the scheduler's admit and the engine request.
-            span = turn.span = turn_spans.start(turn)
+            span = turn.span = turn_spans.start(turn, self._server_address)
             sent_on = tracing.headers_of(span)
             if sent_on:  # the client's tracestate rides on in the span's context
                 turn.traceparent = sent_on[tracing.TRACEPARENT]
@@ -602,6 +634,13 @@ class Dataplane:
                 raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         return reply.placed.replica
+
+
+def configured_callers(config: Config, access: Access) -> list[str]:
+    """The callers the configuration names: the caller keys' and ``[scheduler.protection]
+    callers``; their roots are the caller labels of the metrics and the usage."""
+    keyed = access.keys.callers if access.keys is not None else []
+    return [*keyed, *config.scheduler.protection.callers]
 
 
 def create_app(config: Config | None = None) -> Dataplane:

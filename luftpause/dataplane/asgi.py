@@ -74,9 +74,10 @@ class StreamBroken(Exception):
 class Exchange:
     """One request and its response: ``method``, ``path``, the request headers by lower-case name
     (raw bytes; the first of repeated ones), ``receive`` and ``send`` as granian gave them, and
-    ``started``, True once the response's head was sent (after it only the body may follow)."""
+    ``started``, True once the response's head was sent (after it only the body may follow), and
+    ``status``, the HTTP status of that head (0 before it)."""
 
-    __slots__ = ("_on_gone", "_watch", "headers", "method", "path", "receive", "send", "started")
+    __slots__ = ("_on_gone", "_watch", "headers", "method", "path", "receive", "send", "started", "status")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.method: str = scope["method"]
@@ -91,6 +92,7 @@ class Exchange:
         self.receive = receive
         self.send = send
         self.started = False
+        self.status = 0
         self._watch: asyncio.Future[Message] | None = None
         self._on_gone: Callable[[], None] | None = None
 
@@ -184,6 +186,7 @@ class Exchange:
     async def start(self, status: int, headers: Headers) -> None:
         """Send the response head."""
         self.started = True
+        self.status = status
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:

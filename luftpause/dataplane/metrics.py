@@ -40,6 +40,10 @@ replica}``                                                             read) to 
 ``luftpause_build_info{process, version}``                             always 1
 =====================================================================  ===================================
 
+The families of finished turns' latency and tokens (the OpenTelemetry GenAI names, by model,
+replica, class and caller) and the answers by status code are
+:mod:`luftpause.dataplane.answer_metrics`, in the same registry (``answers``).
+
 Labels are bounded: ``outcome`` has four values, ``service_class`` two, ``replica`` the configured
 replicas and ``""``. Run ids and callers are never labels (unbounded cardinality). Cost on the hot
 path: a turn's clock is read once per phase (arrival, placement, first token), an update is one
@@ -50,10 +54,13 @@ turn, and the gauges are read only at scrape time.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from luftpause.dataplane.answer_metrics import AnswerMetrics
+from luftpause.dataplane.usage import CallerLabels
 from luftpause.metrics import CONTENT_TYPE, Histogram, build_info, exposition, new_registry
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -92,7 +99,10 @@ class DataplaneMetrics:
     to an engine and of turns whose Admit is out, whether the scheduler link is resynced, and how
     many replicas the scheduler last counted healthy (``None``: it has not said), read only when
     ``/metrics`` is scraped; ``replicas``: the configured replicas' names, whose series exist from
-    the start (a replica named later gets its series when its first turn ends).
+    the start (a replica named later gets its series when its first turn ends); ``callers``: the
+    configured callers (caller keys', ``[scheduler.protection] callers``), whose roots are the
+    caller labels of ``answers`` (:class:`~luftpause.dataplane.answer_metrics.AnswerMetrics`), whose
+    usage windows are ``usage_window_s`` seconds long on ``wall_clock`` (seconds since the epoch).
     """
 
     def __init__(
@@ -103,6 +113,9 @@ class DataplaneMetrics:
         connected: Callable[[], bool] = lambda: False,
         healthy_replicas: Callable[[], int | None] = lambda: None,
         replicas: Iterable[str] = (),
+        callers: Iterable[str] = (),
+        usage_window_s: float = 3600.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._in_flight = in_flight
         self._held_now = held
@@ -124,7 +137,8 @@ class DataplaneMetrics:
         self._held_by_class = {value: self._held[name] for value, name in CLASS_NAMES.items()}
         self._relayed_bytes = 0
         self._failovers = {reason: 0 for reason in FAILOVER_REASONS}
-        self.registry = new_registry([self])
+        self.answers = AnswerMetrics(CallerLabels(callers), usage_window_s, wall_clock)
+        self.registry = new_registry([self, self.answers])
 
     def turn_ended(self, outcome: str, service_class: int, replica: str = NO_REPLICA) -> None:
         """Count one turn of ``service_class`` (``ServiceClass`` value) ended with ``outcome`` on

@@ -185,6 +185,10 @@ class Relay:
             fields["first_token_ago_s"] = max(self._loop.time() - turn.first_token_at, 0.0)
         if turn.span is not None:
             turn_spans.ended(turn.span, kind, fields)
+        if turn.engine_span is not None:
+            turn_spans.ended(turn.engine_span, kind, fields)
+            turn.engine_span.end()
+            turn.engine_span = None
         self._event(turn, kind, **fields)
 
     def failed(self, turn: Turn, error: str, unreachable: bool = False) -> None:
@@ -217,9 +221,21 @@ class Relay:
         prompt: int,
         completion: int,
         tool_call_ids: list[str] | None = None,
+        answer: Answer = (-1, None, None),
     ) -> None:
+        """Report ``turn`` finished (once), with its facts; ``answer``: the prompt tokens the
+        engine's prefix cache served (``-1``: not reported), its completion id and the model that
+        answered (``None``: not said)."""
         if not self._end(turn, tool_calls):
             return
+        now = self._loop.time()
+        cached, response_id, response_model = answer
+        self.metrics.answers.finished(
+            turn.model, turn.replica, turn.service_class, turn.caller, turn.arrived,
+            turn.first_token_at, now, prompt, completion, cached,
+        )  # fmt: skip
+        if turn.span is not None:
+            turn_spans.answered(turn, cached, response_id, response_model)
         if tool_call_ids and turn.run_id:
             # The run's next turn may come back without its header but with these ids.
             self.tool_calls.remember(turn.run_id, tool_call_ids, self._loop.time())
@@ -264,13 +280,20 @@ class Relay:
                 self._loop.time(),
             )
         # No STARTED: the scheduler took its placement answer as the start.
+        traceparent, tracestate = turn.traceparent, turn.tracestate
         if turn.span is not None:
             turn.span.set_attribute("luftpause.replica", replica.name)
+            # The engine request's own span (a client span under the turn's): its context is
+            # what the engine is sent, so the engine's spans hang below it.
+            turn.engine_span = turn_spans.engine_start(turn, replica.url)
+            sent_on = tracing.headers_of(turn.engine_span)
+            traceparent = sent_on.get(tracing.TRACEPARENT, traceparent)
+            tracestate = sent_on.get(tracing.TRACESTATE, tracestate)
         extra = b""
-        if turn.traceparent:
-            extra = b"traceparent: %s\r\n" % turn.traceparent.encode()
-            if turn.tracestate:  # W3C Trace Context: tracestate travels only with its traceparent
-                extra += b"tracestate: %s\r\n" % turn.tracestate.encode()
+        if traceparent:
+            extra = b"traceparent: %s\r\n" % traceparent.encode()
+            if tracestate:  # W3C Trace Context: tracestate travels only with its traceparent
+                extra += b"tracestate: %s\r\n" % tracestate.encode()
         path, body = turn.path, turn.body
         native = turn.native
         if native is not None and native.api in replica.apis:
@@ -325,6 +348,9 @@ class Relay:
                 else:
                     upstream.abort()  # given up mid-answer: the engine sees its request closed
             self.failed(turn, "the relay ended without an outcome")  # a no-op once the turn ended
+            if turn.engine_span is not None:  # a turn reported ended already: never left open
+                turn.engine_span.end()
+                turn.engine_span = None
 
     async def _relay_refusal(
         self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
@@ -501,6 +527,7 @@ class Relay:
                 scanner.prompt_tokens,
                 scanner.completion_tokens,
                 ids,
+                (scanner.cached_tokens, scanner.response_id, scanner.response_model),
             )
 
     async def _relay_whole(
@@ -509,6 +536,7 @@ class Relay:
         body = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)  # a read error here becomes a 502
         if decoder:
             body = decoder.decompress(body) + decoder.flush()
+        answer: Answer = (-1, None, None)
         if decoder is False:
             # Encoded in a way the relay does not decode: passed with its header, facts unknown.
             finish_reason, tool_calls, prompt, completion = "", False, -1, -1
@@ -523,15 +551,46 @@ class Relay:
             # it learns a run's cold prefill rate from a first token (policies/idle_affinity.py)
             # and a whole answer's time holds its whole decode too.
             self.metrics.first_token(turn.service_class, self._loop.time() - turn.arrived, turn.replica)
-            read = turn.native.whole if turn.native_served and turn.native is not None else _completion_facts
-            finish_reason, tool_calls, prompt, completion, ids = read(body)
+            if turn.native_served and turn.native is not None:
+                finish_reason, tool_calls, prompt, completion, ids = turn.native.whole(body)
+            else:
+                doc = _json_object(body)
+                finish_reason, tool_calls, prompt, completion, ids = _completion_facts_of(doc)
+                answer = _answer_of(doc)
         if turn.translation is not None:
             body = turn.translation.whole(body)
         # Reported before the answer goes out: the client, once it has it, may close before the
         # send returns, and the turn finished all the same.
-        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids)
+        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids, answer)
         await exchange.respond(200, headers, body)
         self.metrics.relayed(len(body))
+
+
+Answer = tuple[int, str | None, str | None]
+"""``(cached prompt tokens, completion id, model that answered)`` of an answer: ``-1`` and
+``None`` for what it does not say (``usage.prompt_tokens_details.cached_tokens``, ``id``, ``model``)."""
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """``body`` as a JSON object; ``{}`` when it is not one."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _answer_of(doc: dict[str, Any]) -> Answer:
+    """The :data:`Answer` of a whole ``chat.completion`` (OpenAI Chat Completions)."""
+    usage = doc.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    response_id, model = doc.get("id"), doc.get("model")
+    return (
+        cached if type(cached) is int and cached >= 0 else -1,
+        response_id if isinstance(response_id, str) and response_id else None,
+        model if isinstance(model, str) and model else None,
+    )
 
 
 def _completion_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:
@@ -540,11 +599,12 @@ def _completion_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:
 
     Shape: OpenAI Chat Completions, non-streamed response object. Unknown shapes give blanks.
     """
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return "", False, -1, -1, []
-    if not isinstance(doc, dict):
+    return _completion_facts_of(_json_object(body))
+
+
+def _completion_facts_of(doc: dict[str, Any]) -> tuple[str, bool, int, int, list[str]]:
+    """:func:`_completion_facts` of the parsed answer (``{}``: blanks)."""
+    if not doc:
         return "", False, -1, -1, []
     finish_reason, tool_calls = "", False
     for choice in doc.get("choices") or ():

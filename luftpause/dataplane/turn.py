@@ -216,6 +216,9 @@ class Turn:
     failover_from: str = ""
     """The replica that failed it before answering, when it comes again
     (``AdmitRequest.failover_from``); ``""`` for a first send."""
+    engine_span: Span | None = None
+    """The span of its engine request (kind CLIENT, child of ``span``) while tracing is active,
+    from the request sent to the turn's end (:func:`luftpause.dataplane.turn_spans.engine_start`)."""
 
     def again(self, translation: Translation | None) -> Turn:
         """This turn once more, for another replica: a new turn id, one failover fewer, nothing of
@@ -230,6 +233,7 @@ class Turn:
             replica="",
             failovers_left=self.failovers_left - 1,
             failover_from=self.replica,
+            engine_span=None,
         )
 
     @staticmethod

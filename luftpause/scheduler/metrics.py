@@ -14,7 +14,8 @@ refusals by reason, the admission latency and probe outcomes.
 ``luftpause_scheduler_held_turns_by_caller{caller}``                   turns held now, for the
                                                                        :data:`~luftpause.metrics.TOP_CALLERS`
                                                                        callers with the most, the rest
-                                                                       summed as ``other``
+                                                                       summed as ``other`` (always
+                                                                       there, 0 when none)
 ``luftpause_scheduler_oldest_held_seconds_by_caller{caller}``          the same callers' oldest wait
                                                                        (``other``: the longest of theirs)
 ``luftpause_scheduler_runs{phase}``                                    runs tracked now: ``idle``,
@@ -82,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.metrics import Histogram, build_info, counter_by, top_with_other
+from luftpause.metrics import OTHER_CALLERS, Histogram, build_info, counter_by, top_with_other
 from luftpause.scheduler.core import (
     AbandonReported,
     Action,
@@ -319,8 +320,10 @@ class SchedulerMetrics:
             "Seconds the oldest held turn of each of those callers has waited (other: the longest).",
             ["caller"],
         )
-        counts: dict[str, int] = {}
-        waits: dict[str, float] = {}
+        # "other" always has its series (0 while nothing past the top callers is held), so a panel
+        # or an alert on this family has data while nothing is held at all.
+        counts: dict[str, int] = {OTHER_CALLERS: 0}
+        waits: dict[str, float] = {OTHER_CALLERS: 0.0}
         for caller, label in top_with_other(held["by_caller"]):
             counts[label] = counts.get(label, 0) + held["by_caller"][caller]
             waits[label] = max(waits.get(label, 0.0), held["oldest_wait_s_by_caller"].get(caller, 0.0))

@@ -30,6 +30,7 @@ from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, ConfigError, load_config, split_host_port
 from luftpause.listeners import start_aiohttp_site
 from luftpause.ports import refuse_if_in_use
+from luftpause.scheduler.discovery import Discovery
 from luftpause.scheduler.errors import CannotListen
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
@@ -106,8 +107,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     if token is None:
         log.warning("%s is not set: the gRPC link and GET /status accept every client", TOKEN_ENV)
     grpc_server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=server_interceptors(token))
+    discovery = Discovery(host, config.scheduler.discovery) if config.scheduler.discovery else None
     if config.source is not None:
-        loop.add_signal_handler(signal.SIGHUP, reload_replicas, host, config.source)
+        loop.add_signal_handler(signal.SIGHUP, reload_replicas, host, config.source, discovery)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), grpc_server)
     http_host, http_port = split_host_port(config.scheduler.http)
     hosts = HostAllowList(http_host, config.scheduler.allowed_hosts)
@@ -118,6 +120,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     await runner.setup()
     tls = config.scheduler.tls
     site: asyncio.AbstractServer | None = None
+    discovering: asyncio.Task[None] | None = None
     try:
         try:
             if tls is None:
@@ -135,6 +138,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         site = await start_aiohttp_site(runner, http_host, http_port, limits, context)
         host.start_clock()
         prober.start()
+        discovering = loop.create_task(discovery.run(stop=stop)) if discovery is not None else None
         logs.announce(
             "scheduler",
             f"luftpause scheduler: gRPC on {config.scheduler.grpc}{' (TLS)' if tls else ''}, "
@@ -143,6 +147,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         )
         await stop.wait()
     finally:
+        if discovering is not None:
+            discovering.cancel()
+            await asyncio.gather(discovering, return_exceptions=True)
         await prober.stop()
         host.stop_clock()
         await grpc_server.stop(STOP_GRACE_S)
@@ -153,8 +160,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
             loop.remove_signal_handler(signum)
 
 
-def reload_replicas(host: SchedulerHost, path: str) -> None:
-    """``SIGHUP``: re-read ``path`` and apply its ``[[replicas]]`` (:meth:`SchedulerHost.reload`).
+def reload_replicas(host: SchedulerHost, path: str, discovery: Discovery | None = None) -> None:
+    """``SIGHUP``: re-read ``path`` and apply its ``[[replicas]]`` (:meth:`SchedulerHost.reload`),
+    keeping the replicas ``discovery`` found (they are not in the file).
 
     A file that cannot be read or is refused changes nothing (the error is logged); other settings
     are read at start only.
@@ -164,5 +172,8 @@ def reload_replicas(host: SchedulerHost, path: str) -> None:
     except ConfigError as exc:
         log.error("SIGHUP: configuration not reloaded: %s", exc)
         return
+    if discovery is not None:
+        found = tuple(host.replicas[name] for name in sorted(discovery.discovered) if name in host.replicas)
+        config = config.model_copy(update={"replicas": (*config.replicas, *found)})
     done = host.reload(config)
     log.warning("SIGHUP: replicas reloaded from %s: %s", path, "; ".join(done) or "no change")

@@ -10,13 +10,6 @@ import math
 from typing import Any
 
 from luftpause.extras import MissingExtra
-
-try:
-    from rich.console import Console
-    from rich.table import Table
-except ImportError as exc:
-    raise MissingExtra("tui", "its summary table", exc) from None
-
 from luftpause.testkit.agents import AgentGroup, RunOutcome
 
 MAX_ERRORS_SHOWN = 5
@@ -72,7 +65,13 @@ def summarize_agents(
 
 
 def render_agents(data: dict[str, Any]) -> str:
-    """The ``--agents`` summary as a table, one row per group."""
+    """The ``--agents`` summary as a table, one row per group (drawn with ``rich``: raises
+    :class:`~luftpause.extras.MissingExtra` without the ``tui`` extra)."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError as exc:
+        raise MissingExtra("tui", "its summary table", exc) from None
     table = Table(title=f"luftpause loadgen: {data['durationS']:g} s closed loop")
     for column in (
         "class",

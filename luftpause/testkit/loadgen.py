@@ -63,16 +63,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Implementation, TextContent
 
 from luftpause import __version__
-from luftpause.extras import MissingExtra
-
-try:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-except ImportError as exc:
-    raise MissingExtra("tui", "its progress display", exc) from None
-
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
+from luftpause.extras import MissingExtra, require_tui
 from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, RunOutcome, closed_loop
 
 # percentile and summarize_agents are re-exported: bench/fanout.py and bench/flood.py import them here
@@ -435,13 +428,20 @@ async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> di
         token=args.token,
         tool_rounds_by=args.tool_rounds_by,
     )
+    if args.json or not sys.stderr.isatty():  # nothing is drawn: rich is not needed
+        outcomes = await closed_loop(settings, groups, args.duration_s, lambda outcome: None)
+        return summarize_agents(groups, outcomes, args.duration_s)
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    except ImportError as exc:
+        raise MissingExtra("tui", "its progress display", exc) from None
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.fields[runs]} runs, {task.fields[failed]} failed"),
         TimeRemainingColumn(),
         console=Console(file=sys.stderr),
-        disable=not sys.stderr.isatty(),
         transient=True,
     )
     labels = [f"{g.service_class} {g.caller or '(anonymous)'}" for g in groups]
@@ -522,6 +522,8 @@ def _run_agents(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.json:  # the summary is a table (and, on a terminal, a progress display)
+        require_tui("its summary table")
     _default_url(args)
     groups = [
         AgentGroup(g["agents"], g.get("service_class", "interactive"), g.get("caller", ""))

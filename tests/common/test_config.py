@@ -361,7 +361,11 @@ def test_a_whole_table_may_be_one_json_variable_and_its_key_variables_win(
             {},
             "LUFTPAUSE_RUNTIME__MAX_DEPTH: expected an integer, got 'three'",
         ),
-        ({"LUFTPAUSE_DATAPLANE__LISTN": "x"}, {}, "LUFTPAUSE_DATAPLANE__LISTN: unknown key"),
+        (
+            {"LUFTPAUSE_DATAPLANE__LISTN": "x"},
+            {},
+            "LUFTPAUSE_DATAPLANE__LISTN: unknown key (did you mean 'listen'?)",
+        ),
         (
             {"LUFTPAUSE_RUNTIME": '{"max_children": 0}'},
             {},

@@ -634,7 +634,44 @@ def _dataplane_turn(traceparent: str = "", tracestate: str = "") -> Any:
         caller="c",
         traceparent=traceparent,
         tracestate=tracestate,
+        body=b'{"model": "m", "max_tokens": 8, "temperature": 0.5, "stop": "END", "n": 2, "seed": true}',
+        replica="sim-0",
     )
+
+
+def test_the_engine_requests_span_is_a_client_child_of_the_turns_with_the_requests_parameters(
+    spans: InMemorySpanExporter,
+) -> None:
+    from luftpause.dataplane import turn_spans
+
+    turn = _dataplane_turn()
+    turn.span = turn_spans.start(turn, ("127.0.0.1", 8080))
+    turn.engine_span = turn_spans.engine_start(turn, "https://engine.example:8443")
+    turn_spans.answered(turn, 6, "chatcmpl-9", "m-served")
+    for span in (turn.engine_span, turn.span):
+        turn_spans.ended(span, pb.TurnEvent.FINISHED, {"finish_reason": "stop", "prompt_tokens": 9})
+        span.end()
+    served, called = sorted(named(spans, "chat m"), key=lambda s: s.kind.value)
+    assert (served.kind, called.kind) == (SpanKind.SERVER, SpanKind.CLIENT)
+    assert called.parent is not None and called.parent.span_id == served.context.span_id
+    shared = {
+        "gen_ai.request.max_tokens": 8,
+        "gen_ai.request.temperature": 0.5,
+        "gen_ai.request.stop_sequences": ("END",),
+        "gen_ai.request.choice.count": 2,
+        "gen_ai.response.id": "chatcmpl-9",
+        "gen_ai.response.model": "m-served",
+        "gen_ai.usage.cache_read.input_tokens": 6,
+        "gen_ai.usage.input_tokens": 9,
+        "gen_ai.response.finish_reasons": ("stop",),
+    }
+    for span in (served, called):
+        attributes = dict(span.attributes or {})
+        assert {key: attributes.get(key) for key in shared} == shared
+        assert "gen_ai.request.seed" not in attributes  # a boolean is no seed
+    assert (called.attributes or {})["server.address"] == "engine.example"
+    assert (called.attributes or {})["server.port"] == 8443
+    assert (served.attributes or {})["server.port"] == 8080
 
 
 @pytest.mark.parametrize(

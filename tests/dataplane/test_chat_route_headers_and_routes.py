@@ -576,7 +576,11 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
     relayed = 0
     # finished: one streamed, one whole (interactive), one whole (batch)
     with client.chat.completions.with_streaming_response.create(
-        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+        model=stack.model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},  # an inter-token latency needs the token count
     ) as response:
         relayed += len(b"".join(response.iter_bytes()))
     raw = client.chat.completions.with_raw_response.create(
@@ -640,12 +644,37 @@ def test_metrics_count_the_turns_made(front: FrontDoor) -> None:
     assert delta("luftpause_dataplane_relayed_bytes_total") == relayed
     assert after[("luftpause_dataplane_turns_in_flight", ())] == 0
     assert after[("luftpause_dataplane_turns_held", ())] == 0
-    # no label can grow without bound: no run ids, no callers
+    # the GenAI families: each finished turn end to end, its first token and inter-token latency
+    # when it streamed (one turn, max_tokens 8: 7 tokens after the first), its tokens; the answers
+    # by status code (2 whole 200s and the stream, the engine's 500, the 404 of the unknown model)
+    duration = "gen_ai_server_request_duration_seconds_count"
+    assert by_class(after, duration, "interactive") - by_class(before, duration, "interactive") == 2
+    assert by_class(after, duration, "batch") - by_class(before, duration, "batch") == 1
+    streamed_ttft = "gen_ai_server_time_to_first_token_seconds_count"
+    assert by_class(after, streamed_ttft, "interactive") - by_class(before, streamed_ttft, "interactive") == 1
+    tpot = "gen_ai_server_time_per_output_token_seconds_count"
+    assert by_class(after, tpot, "interactive") - by_class(before, tpot, "interactive") == 1
+    output = sum(
+        value - before.get((name, labels), 0.0)
+        for (name, labels), value in after.items()
+        if name == "luftpause_dataplane_tokens_total" and ("type", "completion") in labels
+    )
+    assert 3 <= output <= 3 * 8  # the engine's usage of the three finished turns
+    for code, count in (("200", 3), ("500", 1), ("404", 1)):
+        assert delta("luftpause_dataplane_turn_responses_total", (("code", code),)) == count, code
+    # no label can grow without bound: no run ids, and a caller only by a configured root name
     label_names = {
-        name for (sample, labels) in after if sample.startswith("luftpause_") for name, _ in labels
+        name
+        for (sample, labels) in after
+        if sample.startswith(("luftpause_", "gen_ai_"))
+        for name, _ in labels
     }
+    bounded = {"outcome", "service_class", "replica", "le", "process", "version", "model", "type", "code"}
     # reason: the failovers' two values (FAILOVER_REASONS)
-    assert label_names <= {"outcome", "service_class", "replica", "le", "process", "version", "reason"}
+    bounded |= {"reason"}
+    assert label_names <= bounded | {"caller", "gen_ai_token_type"}
+    callers = {value for (sample, labels) in after for name, value in labels if name == "caller"}
+    assert callers <= {"anonymous", "other"}  # this stack configures no caller
 
 
 def test_metrics_need_no_token_and_take_only_get(front: FrontDoor) -> None:

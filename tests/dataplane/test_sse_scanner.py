@@ -36,6 +36,9 @@ ATTRIBUTES = (
     "tool_call_ids",
     "prompt_tokens",
     "completion_tokens",
+    "cached_tokens",
+    "response_id",
+    "response_model",
     "done",
     "error",
     "event_count",
@@ -191,6 +194,34 @@ def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:
 # --- the stream as the engine sends it -----------------------------------------------------------
 
 
+def test_the_answers_id_model_and_cached_prompt_tokens_are_read(scanner_cls: ScannerClass) -> None:
+    """From the first chunk that has them (the role chunk), and the last usage's
+    ``prompt_tokens_details.cached_tokens`` (what the metrics count as cached prompt tokens and
+    the spans as ``gen_ai.usage.cache_read.input_tokens``)."""
+    events = openai_stream()
+    scanner, _ = scan(scanner_cls, events)
+    assert (scanner.response_id, scanner.response_model, scanner.cached_tokens) == (
+        _BASE["id"],
+        _BASE["model"],
+        -1,
+    )
+    usage = {"prompt_tokens": 31, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 24}}
+    first = chunk_object({"role": "assistant", "content": ""})
+    first["id"], first["model"] = "", None  # not said here: read from the next chunk that says it
+    later = chunk_object({"content": "hi"})
+    later["id"], later["model"] = "chatcmpl-2", "served-model"
+    stream = [event(first), event(later), event(chunk_object(choices=[], usage=usage)), b"data: [DONE]\n\n"]
+    scanner, _ = scan(scanner_cls, stream)
+    assert (scanner.response_id, scanner.response_model, scanner.cached_tokens) == (
+        "chatcmpl-2",
+        "served-model",
+        24,
+    )
+    bad = {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": -3}}
+    scanner, _ = scan(scanner_cls, [event(chunk_object(choices=[], usage=bad))])
+    assert scanner.cached_tokens == -1
+
+
 def test_openai_stream_gives_first_token_finish_reason_usage_and_done(scanner_cls: ScannerClass) -> None:
     events = openai_stream()
     scanner, firsts = scan(scanner_cls, events)
@@ -215,6 +246,9 @@ def test_fresh_scanner_reports_nothing(scanner_cls: ScannerClass) -> None:
         "tool_call_ids": [],
         "prompt_tokens": -1,
         "completion_tokens": -1,
+        "cached_tokens": -1,
+        "response_id": None,
+        "response_model": None,
         "done": False,
         "error": None,
         "event_count": 0,

@@ -18,13 +18,17 @@ model no replica serves. Then:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
+import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,6 +287,23 @@ def test_the_dataplane_and_the_scheduler_count_the_same_turns_by_replica(driven:
     assert total(dataplane, "luftpause_dataplane_healthy_replicas") == 2
 
 
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not found (Debian: apt-get install prometheus)")
+@pytest.mark.parametrize("process", PROCESSES)
+def test_promtool_check_metrics_accepts_what_each_process_serves(driven: Driven, process: str) -> None:
+    assert PROMTOOL is not None
+    checked = subprocess.run(
+        [PROMTOOL, "check", "metrics"],
+        input=scrape_text(driven.stack, process),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_every_process_has_its_process_collectors_and_no_created_series(driven: Driven) -> None:
     for process in PROCESSES:
         found = driven.after[process]
@@ -294,15 +315,20 @@ def test_every_process_has_its_process_collectors_and_no_created_series(driven: 
         assert all(name.startswith((f"luftpause_{process}_", "luftpause_build_info")) for name in own), own
 
 
-DOC_ROW = re.compile(r"^\| `(luftpause_[a-z_]+)` \| (counter|gauge|histogram) \|([^|]*)\|", re.MULTILINE)
+README_ROW = re.compile(
+    r"^\| `((?:luftpause|gen_ai)_[a-z_]+)` \| (counter|gauge|histogram) \|([^|]*)\|", re.MULTILINE
+)
+OPERATING_METRICS = ROOT / "docs" / "operating-metrics.md"
+"""Where the dataplane's GenAI families and token counters are listed (their own table)."""
 
 
 def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
     text = (ROOT / "docs" / "operating.md").read_text()
-    section = text.split("\n### Metrics\n", 1)[1].split("\n## ", 1)[0]
+    sections = [text.split("\n### Metrics\n", 1)[1].split("\n## ", 1)[0], OPERATING_METRICS.read_text()]
     return {
         name: (kind, frozenset(re.findall(r"`([a-z_]+)`", labels)))
-        for name, kind, labels in DOC_ROW.findall(section)
+        for section in sections
+        for name, kind, labels in README_ROW.findall(section)
     }
 
 
@@ -311,7 +337,7 @@ def test_the_readme_lists_every_metric_the_processes_expose_with_its_type_and_la
     exposed: dict[str, Family] = {}
     for process in PROCESSES:
         for name, family in families(driven.stack, process).items():
-            if name.startswith("luftpause_"):
+            if name.startswith(("luftpause_", "gen_ai_")):
                 exposed[name] = family
     assert set(listed) == set(exposed), (
         f"in docs/operating.md only: {sorted(set(listed) - set(exposed))}; "
@@ -353,7 +379,9 @@ def _rule_queries() -> list[str]:
     ]
 
 
-METRIC_NAME = re.compile(r"\b(?:luftpause[_:][a-z0-9_:]+|process_[a-z0-9_]+|python_[a-z0-9_]+|up(?=\{))")
+METRIC_NAME = re.compile(
+    r"\b(?:luftpause[_:][a-z0-9_:]+|gen_ai_[a-z0-9_]+|process_[a-z0-9_]+|python_[a-z0-9_]+|up(?=\{))"
+)
 PROMETHEUS_OWN = {"up"}
 """Series Prometheus makes of every scrape itself."""
 
@@ -395,6 +423,43 @@ def _value(base: str, expression: str) -> float | None:
     answer = _query(base, expression)
     result = answer["data"]["result"] if answer.get("status") == "success" else []
     return float(result[0]["value"][1]) if len(result) == 1 else None
+
+
+def _load(stack: Stack, seconds: float) -> int:
+    """Streamed chat turns (with usage) from 6 clients under 3 callers for ``seconds``, and a turn
+    for a model no replica serves now and then: the turns the new families count. Returns the
+    number of finished turns."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{stack.dataplane_url}/v1", api_key="unused", max_retries=0)
+    deadline = time.monotonic() + seconds
+
+    def one_client(index: int) -> int:
+        done = 0
+        while time.monotonic() < deadline:
+            stream = client.chat.completions.create(
+                model=stack.model,
+                messages=[{"role": "user", "content": f"load {index} {done}"}],
+                max_tokens=16,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers={
+                    "x-luftpause-caller": f"team-{index % 3}/job-{done}",
+                    "x-luftpause-class": "batch" if index % 2 else "interactive",
+                },
+            )
+            for _ in stream:
+                pass
+            done += 1
+            if done % 10 == 0:
+                with contextlib.suppress(openai.NotFoundError):
+                    client.chat.completions.create(
+                        model="no-such-model", messages=[{"role": "user", "content": "x"}]
+                    )
+        return done
+
+    with ThreadPoolExecutor(6) as pool:
+        return sum(pool.map(one_client, range(6)))
 
 
 @pytest.mark.skipif(
@@ -439,6 +504,7 @@ def test_a_real_prometheus_scrapes_every_process_evaluates_the_rules_and_answers
         assert _value(base, 'sum(luftpause_runtime_runs_started_total{job="luftpause-runtime"})') == 3
         # every rule evaluated, none failing; a recording rule holds what it should
         assert wait_until(lambda: _value(base, "luftpause:scheduler_replica_healthy:sum") == 2, 60)
+        assert wait_until(lambda: _value(base, "luftpause:scheduler_replica_usable:sum") == 2, 60)
 
         def rules() -> list[dict[str, Any]]:
             with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=10) as response:
@@ -448,13 +514,39 @@ def test_a_real_prometheus_scrapes_every_process_evaluates_the_rules_and_answers
         assert wait_until(lambda: all(r["health"] == "ok" and r["evaluationTime"] > 0 for r in rules()), 60)
         assert len(rules()) == len(_rule_queries())
         assert all(rule["health"] == "ok" for rule in rules()), [r for r in rules() if r["health"] != "ok"]
-        # every query of the dashboard, with Grafana's variables as they are at "All"
+        # under load: every new family scraped, and every query of the dashboard answered with
+        # data, with Grafana's variables as they are at "All"
+        finished = _load(driven.stack, 8)
+        assert finished > 0
+        for family in (
+            "gen_ai_server_time_to_first_token_seconds_count",
+            "gen_ai_server_time_per_output_token_seconds_count",
+            "gen_ai_server_request_duration_seconds_count",
+            "gen_ai_client_token_usage_count",
+            "luftpause_dataplane_tokens_total",
+            "luftpause_dataplane_turn_responses_total",
+        ):
+            assert wait_until(lambda f=family: (_value(base, f"sum({f})") or 0) > 0, 30), family
+        assert wait_until(
+            lambda: (
+                _value(base, 'sum(luftpause_dataplane_turn_responses_total{code="200"})')
+                == finished
+                + total(driven.after["dataplane"], "luftpause_dataplane_turn_responses_total", code="200")
+            ),
+            30,
+        )
+        callers = _query(base, "sum by (caller) (luftpause_dataplane_tokens_total)")["data"]["result"]
+        assert {series["metric"]["caller"] for series in callers} <= {"anonymous", "other"}
         board_variables = {"$__rate_interval": "1m", "$replica": ".*", "$job": ".*"}
+        empty = []
         for query in [q for q in dashboard_queries() if not q.startswith("label_values(")]:
             for variable, value in board_variables.items():
                 query = query.replace(variable, value)
             answer = _query(base, query)
             assert answer["status"] == "success", (query, answer)
+            if not answer["data"]["result"]:
+                empty.append(query)
+        assert empty == [], empty
         with urllib.request.urlopen(f"{base}/api/v1/label/replica/values", timeout=10) as response:
             assert {"sim-0", "sim-1"} <= set(json.loads(response.read())["data"])
         assert json.loads(DASHBOARD.read_text())["templating"]["list"][2]["name"] == "replica"

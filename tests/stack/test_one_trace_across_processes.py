@@ -7,8 +7,11 @@ port; one stack is started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at its 
 with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` and its gRPC port, each with a 100 ms batch-export delay.
 A run is spawned with the real ``mcp`` client whose HTTP requests carry a ``traceparent``; every
 span of that run must be in the caller's trace, with the parent links invoke_agent -> turn ->
-dataplane chat -> admit and invoke_agent -> execute_tool, one span typed as an LLM call per turn
-(the dataplane's ``chat``), and the ``await`` span linked to the run's ``invoke_agent``.
+dataplane chat -> admit and dataplane chat -> the engine request's client span (whose context
+is what the engine receives), invoke_agent -> execute_tool; two spans typed as an LLM call per
+turn (the dataplane's ``chat``, kind SERVER, and its engine request's, kind CLIENT), with the
+request's parameters and the answer's id, model, usage and finish reasons; and the ``await`` span
+linked to the run's ``invoke_agent``.
 """
 
 from __future__ import annotations
@@ -90,6 +93,11 @@ def grpc_traced_stack(
         yield stack
     finally:
         stack.stop()
+
+
+SPAN_KIND_SERVER = 2
+SPAN_KIND_CLIENT = 3
+"""OTLP's ``Span.SpanKind`` values (opentelemetry-proto ``trace.proto``)."""
 
 
 def received(receiver: str) -> list[dict[str, Any]]:
@@ -195,7 +203,7 @@ def check_one_trace(stack: Stack, receiver: str, trace_id: str, protocol: str) -
         ("luftpause-runtime", "turn"): run["turns"],
         ("luftpause-runtime", "execute_tool"): run["toolCalls"],
         ("luftpause-runtime", "await"): 1,
-        ("luftpause-dataplane", "chat"): run["turns"],
+        ("luftpause-dataplane", "chat"): 2 * run["turns"],  # the turn's, and its engine request's
         ("luftpause-scheduler", "admit"): run["turns"],
     }
 
@@ -243,14 +251,44 @@ def check_one_trace(stack: Stack, receiver: str, trace_id: str, protocol: str) -
         assert tool["attributes"]["gen_ai.tool.name"] == tool["name"].split(" ", 1)[1]
         assert tool["attributes"]["gen_ai.tool.call.id"]
 
-    chats = of("luftpause-dataplane", "chat")
-    assert len(chats) == len(runtime_turns)
+    chats = [s for s in of("luftpause-dataplane", "chat") if s["kind"] == SPAN_KIND_SERVER]
+    engine_calls = [s for s in of("luftpause-dataplane", "chat") if s["kind"] == SPAN_KIND_CLIENT]
+    assert len(chats) == len(engine_calls) == len(runtime_turns)
     for chat in chats:
         assert by_id[chat["parent_span_id"]]["service"] == "luftpause-runtime"
         assert by_id[chat["parent_span_id"]]["name"].startswith("turn ")
         assert chat["attributes"]["luftpause.run_id"] == run["handle"]
         assert chat["attributes"]["luftpause.replica"] in ("sim-0", "sim-1")
         assert chat["attributes"]["gen_ai.usage.output_tokens"] > 0
+        # completed with what the engine was asked and answered (the runtime asks 256 tokens)
+        assert chat["attributes"]["gen_ai.request.max_tokens"] == 256
+        assert chat["attributes"]["gen_ai.response.id"].startswith("chatcmpl-")
+        assert chat["attributes"]["gen_ai.response.model"] == stack.model
+        assert chat["attributes"]["gen_ai.response.finish_reasons"]
+        assert chat["attributes"]["server.address"] == "127.0.0.1"
+        assert chat["attributes"]["server.port"] == int(stack.dataplane_url.rsplit(":", 1)[1])
+    engine_ports = {int(url.rsplit(":", 1)[1]) for url in stack.engine_urls}
+    for call in engine_calls:
+        chat = by_id[call["parent_span_id"]]  # a child of the turn's span, in the same trace
+        assert chat in chats
+        assert call["name"] == f"chat {stack.model}"
+        assert call["attributes"]["server.address"] == "127.0.0.1"
+        assert call["attributes"]["server.port"] in engine_ports
+        for name in (
+            "gen_ai.operation.name",
+            "gen_ai.request.model",
+            "gen_ai.request.max_tokens",
+            "gen_ai.response.id",
+            "gen_ai.response.model",
+            "gen_ai.response.finish_reasons",
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "luftpause.turn_id",
+            "luftpause.replica",
+        ):
+            assert call["attributes"][name] == chat["attributes"][name], name
+        assert chat["start_time_unix_nano"] <= call["start_time_unix_nano"]
+        assert call["end_time_unix_nano"] <= chat["end_time_unix_nano"]
 
     admits = of("luftpause-scheduler", "admit")
     assert len(admits) == len(chats)
@@ -263,9 +301,11 @@ def check_one_trace(stack: Stack, receiver: str, trace_id: str, protocol: str) -
         assert admit["attributes"]["luftpause.turn_id"] == parent["attributes"]["luftpause.turn_id"]
         assert admit["attributes"]["luftpause.model"] == stack.model
 
-    # One LLM call per turn, at the dataplane: a backend counts the turns, not three times them.
-    typed = sorted((s["service"], s["name"]) for s in ours if llm_typed(s["attributes"]))
-    assert typed == [("luftpause-dataplane", f"chat {stack.model}")] * run["turns"]
+    # Typed as LLM calls: the dataplane's two per turn (the turn it served, the engine request it
+    # made), never the runtime's turn or the scheduler's admit.
+    typed = sorted((s["service"], s["kind"]) for s in ours if llm_typed(s["attributes"]))
+    dataplane = [("luftpause-dataplane", SPAN_KIND_SERVER), ("luftpause-dataplane", SPAN_KIND_CLIENT)]
+    assert typed == sorted(dataplane * run["turns"])
 
     # The await call: in its request's trace, linked to the run it waited on.
     (awaited,) = of("luftpause-runtime", "await")
@@ -322,12 +362,25 @@ def traced_turn(dataplane_url: str, engine_urls: list[str], model: str) -> dict[
     raise AssertionError(f"no engine served {completion_id}")
 
 
-def test_the_dataplane_forwards_tracestate_with_its_own_span_as_parent(traced_stack: Stack) -> None:
-    received = traced_turn(traced_stack.dataplane_url, traced_stack.engine_urls, traced_stack.model)
-    version, trace_id, span_id, _ = received["traceparent"].split("-")
+def test_the_dataplane_forwards_tracestate_with_its_engine_request_span_as_parent(
+    traced_stack: Stack, receiver: str
+) -> None:
+    engine_saw = traced_turn(traced_stack.dataplane_url, traced_stack.engine_urls, traced_stack.model)
+    version, trace_id, span_id, _ = engine_saw["traceparent"].split("-")
     assert (version, trace_id) == ("00", TURN_TRACE_ID)
-    assert span_id != CALLER_SPAN_ID  # the dataplane's turn span is the engine request's parent
-    assert received["tracestate"] == TRACESTATE
+    assert span_id != CALLER_SPAN_ID
+    assert engine_saw["tracestate"] == TRACESTATE
+    # the engine's parent is the engine request's client span, a child of the turn's span
+    deadline = time.monotonic() + 30
+    spans: dict[str, dict[str, Any]] = {}
+    while span_id not in spans and time.monotonic() < deadline:
+        time.sleep(0.2)
+        spans = {s["span_id"]: s for s in received(receiver) if s["trace_id"] == TURN_TRACE_ID}
+    call = spans[span_id]
+    assert call["kind"] == SPAN_KIND_CLIENT and call["service"] == "luftpause-dataplane"
+    assert call["attributes"]["gen_ai.request.max_tokens"] == 2
+    turn = spans[call["parent_span_id"]]
+    assert turn["kind"] == SPAN_KIND_SERVER and turn["parent_span_id"] == CALLER_SPAN_ID
 
 
 def test_with_tracing_off_traceparent_and_tracestate_pass_through_unchanged(stack: Stack) -> None:

@@ -12,6 +12,7 @@ Each tool that is absent skips its tests, saying which package to install.
 
 from __future__ import annotations
 
+import itertools
 import json
 import tomllib
 import urllib.request
@@ -326,3 +327,186 @@ def test_the_probed_routes_answer_on_a_running_stack(stack: Stack) -> None:
                 assert response.status == 200, (name, probe)
             probed += 1
     assert probed >= 8
+
+
+# --- a chart ready for a cluster: monitoring, disruptions, scaling, network policies, its schema ---
+
+TOGGLES: dict[str, dict[str, Any]] = {
+    "pool": {"simulated": {"enabled": False}, "pool": POOL},
+    "secrets": SECRETS,
+    "serviceMonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}}},
+    "noPodDisruptionBudget": {"dataplane": {"podDisruptionBudget": {"enabled": False}}},
+    "autoscaling": {"dataplane": {"autoscaling": {"enabled": True}}},
+    "networkPolicy": {"networkPolicy": {"enabled": True}},
+    "discovery": {"scheduler": {"discovery": {"enabled": True, "models": ["qwen2.5-0.5b-instruct"]}}},
+}
+"""Each documented switch of values.yaml, as the values that turn it (away from its default)."""
+
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+"""Kinds of the Prometheus Operator's CRDs: not in the Kubernetes schemas; checked by shape below."""
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and key in merged else value
+    return merged
+
+
+def combination(names: tuple[str, ...]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in names:
+        values = _merge(values, TOGGLES[name])
+    return values
+
+
+COMBINATIONS = [
+    names for count in range(len(TOGGLES) + 1) for names in itertools.combinations(TOGGLES, count)
+]
+_VALIDATED: set[tuple[str, str]] = set()
+
+
+@pytest.mark.parametrize("names", COMBINATIONS, ids=lambda names: "+".join(names) or "default")
+def test_every_documented_combination_renders_and_validates(names: tuple[str, ...]) -> None:
+    """All 128 combinations of the switches, each object valid (strict) for the oldest Kubernetes
+    the chart declares and the newest the package knows (an object already checked in an earlier
+    combination is not checked again)."""
+    objects = render(combination(names))
+    kinds = {o["kind"] for o in objects}
+    assert ("ServiceMonitor" in kinds) == ("serviceMonitor" in names)
+    assert ("PodDisruptionBudget" in kinds) == ("noPodDisruptionBudget" not in names)
+    assert ("HorizontalPodAutoscaler" in kinds) == ("autoscaling" in names)
+    assert ("NetworkPolicy" in kinds) == ("networkPolicy" in names)
+    assert ("RoleBinding" in kinds) == ("discovery" in names)
+    assert (config_of(objects).scheduler.discovery is not None) == ("discovery" in names)
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRDS:
+            continue
+        text = json.dumps(obj, sort_keys=True)
+        for version in (oldest_kubernetes(), kubernetes_validate.latest_version()):
+            if (text, version) not in _VALIDATED:
+                kubernetes_validate.validate(obj, version, strict=True)
+                _VALIDATED.add((text, version))
+
+
+def test_values_yaml_fits_its_schema_and_a_value_outside_it_is_refused_at_render() -> None:
+    import jsonschema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+    for bad in (
+        {"dataplane": {"replicas": "two"}},
+        {"dataplane": {"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": 150}}},
+        {"dataplne": {"replicas": 2}},  # a misspelt section
+        {"metrics": {"serviceMonitor": {"interval": "soon"}}},
+        {"networkPolicy": {"runtimeClients": "everyone"}},
+    ):
+        with pytest.raises(Exception, match="values don't meet the specifications of the schema"):
+            render(bad)
+
+
+def test_the_service_monitor_scrapes_the_metrics_port_of_each_process() -> None:
+    objects = render(TOGGLES["serviceMonitor"])
+    (monitor,) = by_kind(objects, "ServiceMonitor").values()
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ns"]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    selected = {}
+    for service in by_kind(objects, "Service").values():
+        labels = service["metadata"]["labels"]
+        if all(labels.get(e["key"]) in e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]):
+            selected[labels["app.kubernetes.io/component"]] = service
+    assert set(selected) == set(LUFTPAUSE)  # not the simulated engines
+    for component, service in selected.items():
+        (port,) = [p for p in service["spec"]["ports"] if p["name"] == "http"]
+        assert serves(objects, service, port), component
+        assert port["port"] == {"scheduler": 5001, "dataplane": 8080, "runtime": 7000}[component]
+
+
+def test_the_dataplane_scales_by_its_autoscaler_which_then_owns_its_replicas() -> None:
+    objects = render(TOGGLES["autoscaling"])
+    (hpa,) = by_kind(objects, "HorizontalPodAutoscaler").values()
+    dataplane = workloads(objects)["dataplane"]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": dataplane["metadata"]["name"],
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    assert "replicas" not in dataplane["spec"]  # else every upgrade would reset the autoscaler's count
+    assert container(dataplane)["resources"]["requests"]["cpu"]  # CPU utilization needs a request
+    assert workloads(DEFAULT)["dataplane"]["spec"]["replicas"] == 2
+
+
+def test_a_node_drain_takes_one_dataplane_at_a_time_and_never_blocks_on_the_single_pods() -> None:
+    (budget,) = by_kind(DEFAULT, "PodDisruptionBudget").values()
+    assert budget["spec"]["maxUnavailable"] == 1
+    selected = [
+        component
+        for component, workload in workloads(DEFAULT).items()
+        if budget["spec"]["selector"]["matchLabels"].items()
+        <= workload["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert selected == ["dataplane"]
+
+
+def _admits(policy: dict[str, Any], pod_labels: dict[str, str], port_name: str) -> bool:
+    """Whether ``policy`` lets a pod of this release with ``pod_labels`` (same namespace) in on
+    the named port."""
+    for rule in policy["spec"]["ingress"]:
+        if not any(p["port"] == port_name for p in rule.get("ports", [])):
+            continue
+        for peer in rule["from"]:
+            if "podSelector" in peer and "namespaceSelector" not in peer:
+                if peer["podSelector"]["matchLabels"].items() <= pod_labels.items():
+                    return True
+    return False
+
+
+def test_network_policies_let_in_only_who_needs_the_scheduler_and_the_runtime() -> None:
+    objects = render(TOGGLES["networkPolicy"])
+    policies = by_kind(objects, "NetworkPolicy")
+    pods = {c: w["spec"]["template"]["metadata"]["labels"] for c, w in workloads(objects).items()}
+    scheduler, runtime = policies[f"{PREFIX}-scheduler"], policies[f"{PREFIX}-runtime"]
+    for policy, component in ((scheduler, "scheduler"), (runtime, "runtime")):
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pods[component].items()
+        ports = {p["name"] for p in container(workloads(objects)[component])["ports"]}
+        assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} <= ports
+    # the scheduler's gRPC: the dataplanes, and no other pod of the release
+    assert _admits(scheduler, pods["dataplane"], "grpc")
+    assert not any(_admits(scheduler, pods[c], "grpc") for c in ("runtime", "scheduler"))
+    assert not _admits(scheduler, pods["dataplane"], "http")  # the status port: scrapers only
+    # the runtime: its labelled clients; the dataplane and the scheduler do not call it
+    assert _admits(runtime, {"luftpause.io/runtime-client": "true"}, "http")
+    assert not any(_admits(runtime, pods[c], "http") for c in ("dataplane", "scheduler"))
+    scrapers = [
+        peer for rule in scheduler["spec"]["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
+    ]
+    assert scrapers == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    # with no clients and no scrapers named, the runtime takes no ingress at all
+    closed = render({"networkPolicy": {"enabled": True, "runtimeClients": [], "metricsScrapers": []}})
+    assert by_kind(closed, "NetworkPolicy")[f"{PREFIX}-runtime"]["spec"]["ingress"] == []
+    assert len(by_kind(closed, "NetworkPolicy")[f"{PREFIX}-scheduler"]["spec"]["ingress"]) == 1
+
+
+def test_discovery_lists_pods_with_a_service_account_that_may_only_read_pods_there() -> None:
+    objects = render(_merge(TOGGLES["discovery"], {"scheduler": {"discovery": {"namespace": "gpu"}}}))
+    discovery = config_of(objects).scheduler.discovery
+    assert discovery is not None
+    assert (discovery.namespace, discovery.label_selector, discovery.port) == ("gpu", "app=sglang", 30000)
+    assert discovery.models == ("qwen2.5-0.5b-instruct",)
+    (account,) = by_kind(objects, "ServiceAccount").values()
+    scheduler = workloads(objects)["scheduler"]
+    assert scheduler["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    (role,) = by_kind(objects, "Role").values()
+    assert role["metadata"]["namespace"] == "gpu"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    (binding,) = by_kind(objects, "RoleBinding").values()
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ns"}
+    ]
+    assert "serviceAccountName" not in workloads(DEFAULT)["scheduler"]["spec"]["template"]["spec"]

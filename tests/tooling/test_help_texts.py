@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from repo_paths import ROOT
@@ -62,18 +63,38 @@ def test_a_process_help_lists_every_setting_it_reads_with_its_default_variable_a
                 continue
             sub = settings.sub_table(info) if table in tables else None
             if sub is not None:  # a sub-table ([dataplane.limits]): a head, then each of its keys
-                unset = " (unset)" if info.default is None else ""
-                assert f"[{table}.{key}]{unset} {settings.plain_description(info)}" in shown
-                for sub_key, sub_info in sub.model_fields.items():
-                    line = f"{key}.{sub_key} {settings.default_text(sub_info)}"
-                    line += f" ${settings.env_name((table, key, sub_key))}"
-                    assert f"{line} {settings.plain_description(sub_info)}" in shown
+                _assert_sub_table_listed(shown, (table, key), info, sub)
                 continue
             line = f"{key} {settings.default_text(info)}"
             if table in tables:
                 flag = f" {settings.flag_name(key)}" if (table, key) in flags else ""
                 line += f"{flag} ${settings.env_name((table, key))}"
             assert f"{line} {settings.plain_description(info)}" in shown
+
+
+def _assert_sub_table_listed(shown: str, path: tuple[str, ...], info: Any, sub: Any) -> None:
+    """``[table.key]`` and its description, then each key, its own sub-tables in turn
+    (``[scheduler.protection.batch]``)."""
+    from luftpause import settings
+
+    unset = " (unset)" if info.default is None else ""
+    assert f"[{'.'.join(path)}]{unset} {settings.plain_description(info)}" in shown
+    for sub_key, sub_info in sub.model_fields.items():
+        inner = settings.sub_table(sub_info)
+        if inner is not None:
+            _assert_sub_table_listed(shown, (*path, sub_key), sub_info, inner)
+            continue
+        line = f"{'.'.join((*path[1:], sub_key))} {settings.default_text(sub_info)}"
+        line += f" ${settings.env_name((*path, sub_key))}"
+        assert f"{line} {settings.plain_description(sub_info)}" in shown
+
+
+@pytest.mark.parametrize("process", ["scheduler", "dataplane", "runtime"])
+def test_a_process_help_prints_values_never_a_python_repr(process: str) -> None:
+    """``scheduler --help`` printed ``protection = ProtectionConfig(...)`` (and ``LimitsConfig(...)``)."""
+    shown = help_of("-m", "luftpause", process)
+    assert "Config(" not in shown and "LimitsConfig" not in shown
+    assert "None" not in shown.replace("(unset)", "")
 
 
 def test_the_setting_flags_say_what_they_override_and_their_default() -> None:

@@ -204,8 +204,10 @@ def test_the_core_install_has_no_extra_and_says_which_to_install(venv: Path) -> 
     names = set(listed)
     assert "luftpause" in names and "opentelemetry-api" in names
     assert {"rich", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"} & names == set()
-    top = run_in(venv, "luftpause", "top", "--once")
+    top = run_in(venv, "luftpause", "top")  # live mode draws with rich
     assert top.returncode == 2 and top.stderr.strip().endswith("pip install 'luftpause[tui]'"), top.stderr
+    once = run_in(venv, "luftpause", "top", "--once", "--url", "http://127.0.0.1:9")  # draws nothing
+    assert once.returncode == 1 and "pip install" not in once.stderr, once.stderr
     traced = run_in(
         venv,
         "luftpause",

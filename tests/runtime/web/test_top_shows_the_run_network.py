@@ -764,3 +764,34 @@ def test_once_shows_the_hostile_network_as_text() -> None:
         shown = top("--url", server.url, "--once")
     assert shown.returncode == 0, shown.stderr
     assert "PWNED-TITLE" in shown.stdout and _controls(shown.stdout) == set(), repr(shown.stdout)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120, 200])
+@pytest.mark.parametrize("which", ["network", "hostile", "wide"])
+def test_the_plain_once_frame_is_the_live_frame_without_styles(width: int, which: str) -> None:
+    """``--once`` prints :func:`plain_frame` (no rich needed); it shows what the live frame shows."""
+    from luftpause.top import plain_frame
+
+    networks = {"network": _network(40, running_every=3), "hostile": _hostile_network(), "wide": _network(3)}
+    runs = networks[which]
+    if which == "wide":
+        runs[1]["name"] = "名前のある走り" * 3  # two columns a character
+        runs[2]["lastAnswer"] = "e\u0301" * 50  # combining accents take none
+    assert plain_frame(runs, "http://127.0.0.1:7000", width).splitlines() == _render(runs, None, width)
+
+
+_WITHOUT_RICH = (
+    "import sys; sys.modules['rich'] = None; "
+    "from luftpause.cli import main; raise SystemExit(main(sys.argv[1:]))"
+)
+
+
+def test_once_needs_no_rich_but_live_mode_does() -> None:
+    """``rich`` made unimportable in the child (as when the ``tui`` extra is not installed)."""
+    with RawHttpServer(_monitor(_network(3))) as server:
+        argv = [sys.executable, "-c", _WITHOUT_RICH, "top", "--url", server.url]
+        shown = subprocess.run([*argv, "--once"], capture_output=True, text=True, env=_env(), timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "3 runs" in shown.stdout and "run-" in shown.stdout
+        live = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=60)
+    assert live.returncode == 2 and live.stderr.strip().endswith("pip install 'luftpause[tui]'"), live.stderr
