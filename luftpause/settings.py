@@ -377,7 +377,8 @@ def help_text(
                 lines += _key_help((table, key), info, flags, file_only, width)
                 continue
             lines += _sub_table_help((table, key), info, sub, flags, width)
-    out = textwrap.wrap(f"settings this process reads ({PRECEDENCE}; docs/operating.md: Configuration):", width)
+    heading = f"settings this process reads ({PRECEDENCE}; docs/operating.md: Configuration):"
+    out = textwrap.wrap(heading, width)
     for title, lines in groups.items():
         out += ["", title, *lines]
     return "\n".join(out)
