@@ -393,8 +393,9 @@ class Supervisor:
             print(f"luftpause up: {name} exited with {code}", file=self.err, flush=True)
             print(child.log_tail(), file=self.err, flush=True)
             if len(died) > self.max_restarts:
+                times = f"{len(died)} time{'s' if len(died) != 1 else ''}"
                 raise CrashLoop(
-                    f"{name} exited {len(died)} times within {self.window_s:g} s "
+                    f"{name} exited {times} within {self.window_s:g} s "
                     f"(--max-restarts {self.max_restarts}): a crash loop; stopping the stack"
                 )
             backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (len(died) - 1))

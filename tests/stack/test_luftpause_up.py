@@ -232,15 +232,17 @@ def _pids_with(fragment: str) -> list[int]:
 
 @pytest.fixture
 def up_with_file(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int], Path]]:
-    """``luftpause up --config FILE`` against a simulated engine and MCP server the test starts,
-    its stdout and stderr in one pipe."""
-    with _up_against_pool(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as started:
+    """``luftpause up --config FILE --max-restarts 0`` (one death is a crash loop) against a
+    simulated engine and MCP server the test starts, its stdout and stderr in one pipe."""
+    with _up_against_pool(
+        tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, flags=("--max-restarts", "0")
+    ) as started:
         yield started
 
 
 @contextmanager
 def _up_against_pool(
-    tmp_path: Path, stdout: int, stderr: int | IO[bytes]
+    tmp_path: Path, stdout: int, stderr: int | IO[bytes], flags: tuple[str, ...] = ()
 ) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int], Path]]:
     """``luftpause up --config FILE`` (its output to ``stdout``/``stderr``) against a simulated
     engine and MCP server started here; (up, its four ports by name, FILE). Stops all on exit."""
@@ -278,7 +280,7 @@ url = "http://127.0.0.1:{mcp_port}/mcp"
         "mcp", ["fake-mcp", "--port", str(mcp_port)], tmp_path / "mcp.log", ready_port=("127.0.0.1", mcp_port)
     ).start()
     up = subprocess.Popen(
-        [sys.executable, "-m", "luftpause", "up", "--config", str(path)], stdout=stdout, stderr=stderr
+        [sys.executable, "-m", "luftpause", "up", "--config", str(path), *flags], stdout=stdout, stderr=stderr
     )
     try:
         engine.wait_ready()
@@ -466,7 +468,7 @@ def _parent(pid: int) -> int:
 
 
 @pytest.mark.parametrize("victim", ["scheduler", "runtime", "dataplane"])
-def test_up_stops_everything_when_one_child_dies_and_shows_its_log(
+def test_up_in_a_crash_loop_stops_everything_and_shows_the_log_of_the_child_that_died(
     up_with_file: tuple[subprocess.Popen[bytes], dict[str, int], Path], victim: str
 ) -> None:
     up, ports, path = up_with_file
@@ -482,7 +484,9 @@ def test_up_stops_everything_when_one_child_dies_and_shows_its_log(
     os.kill(leaders[0], signal.SIGKILL)
     assert _wait_exit(up) == 1
     assert up.stdout is not None
-    assert f"{victim} exited".encode() in up.stdout.read()
+    said = up.stdout.read()
+    assert f"{victim} exited".encode() in said
+    assert f"{victim} exited 1 time within 60 s (--max-restarts 0): a crash loop".encode() in said
     assert not any(port_open("127.0.0.1", p) for p in ports.values())
     assert _pids_with(str(path)) == []
 
