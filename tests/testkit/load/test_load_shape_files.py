@@ -126,6 +126,8 @@ def test_flood_sim_refuses_a_bad_shape_file_naming_the_key(tmp_path: Path) -> No
     )
     assert done.returncode == 2
     assert "reply_tokenz" in done.stderr and "reply_tokens" in done.stderr
+    # the message opens with the file's path as given, so a matrix of many files names the one
+    assert f"error: {bad}: " in done.stderr
 
 
 @pytest.mark.parametrize(
