@@ -270,4 +270,3 @@ def by_class(report: dict[str, Any], service_class: str, key: str) -> float | No
             value = row[key]
             return None if value is None else float(value)
     return None
-

@@ -12,8 +12,9 @@ naming its run as ``program_id``:
   (prompt + completion) when the reply ends. The harness releases a program when its run ends
   (``POST /programs/release``).
 * **Capacity** of a backend: its KV pool in tokens (``max_total_num_tokens`` of SGLang's server
-  info) minus the tokens of the programs registered on it (reasoning ones plus ``--acting-token-weight``
-  (default 1.0; ``BackendState.active_program_tokens``, truncated to an integer) times acting ones) minus 100 per program (``BUFFER_PER_PROGRAM``). The
+  info) minus the tokens of the programs registered on it (reasoning ones plus
+  ``--acting-token-weight`` (default 1.0) times acting ones, truncated to an integer:
+  ``BackendState.active_program_tokens``) minus 100 per program (``BUFFER_PER_PROGRAM``). The
   ``shared_tokens`` term (prefix-cache savings) stays 0: nothing calls ``update_shared_tokens``.
 * **A new program** (its first turn) is placed on the backend with the fewest active program
   tokens among those with room for it plus 100, if no program is paused; else it joins the global
