@@ -12,10 +12,17 @@ Continuum, luftpause), on the same engines and settings, medians over the shape'
 interactive run time's p50, the prompt tokens cached; then luftpause's ratios against the best
 peer on each figure (the highest runs/min, the lowest p50; the peer named) and against the router.
 A light-load control (the shape's interactive agents alone, under the router) says whether the
-flood matters in that shape: the router's interactive p50 above twice the control's.
+flood matters in that shape: the router's interactive p50 on the flood above twice the control's,
+or no interactive run ended on the flood in a window where the control's did.
+The judgement is the same whichever arrangements are asked: when ``--arrangements`` leaves the
+router out, the router is run on the flood anyway for its p50 (``routerP50``), and its row is not
+shown. A ratio with no figure (or 0 over 0) renders as an en dash and the peer (``NO_RATIO``, no
+"x"), one over a peer's 0 (a peer at 0 runs/min) as ``inf (PEER 0)``, ``"inf"`` in the JSON.
 
 Every figure is SIMULATED. ``--json PATH`` writes ``{"simulated": true, "settings", "shapes":
-[{"shape", "file", "floodMatters", "controlP50", "rows": [flood_sim rows], "luftpause": {ratios}}]}``.
+[{"shape", "file", "floodMatters", "routerP50", "controlP50", "rows": [flood_sim rows],
+"luftpause": {figure: {"bestPeer", "vsBestPeer", "vsRouter"}}}]}``, each ratio a number,
+``"inf"`` or ``null``.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ SHAPES = Path(__file__).parent / "shapes"
 DEFAULT_ARRANGEMENTS = ("router", "smg", "thunderagent", "continuum", "luftpause")
 HIGHER = ("interactiveRunsPerMinute", "batchRunsPerMinute", "totalRunsPerMinute")
 LOWER = ("interactiveRunTimeP50",)
+NO_RATIO = "\u2013"
+"""An en dash: the cell of a ratio with no figure behind it (never ``-x``)."""
 
 
 def run_shape(
@@ -55,27 +64,42 @@ def run_shape(
         "smg_capacity": "load",
     }
     rows = series(load, arrangements, seeds, **spec)
+    router = next((r for r in rows if r["arrangement"] == "router"), None)
+    if router is None:  # not asked for, but the judgement below needs its p50 on the flood
+        router = series(load, ["router"], seeds, **spec)[0]
     control_load = dataclasses.replace(
         load, groups=tuple(g for g in load.groups if g.service_class == "interactive")
     )
     control = series(control_load, ["router"], seeds, **spec)[0]
-    router = next((r for r in rows if r["arrangement"] == "router"), None)
+    router_p50 = router["interactiveRunTimeP50"]
     control_p50 = control["interactiveRunTimeP50"]
-    matters = (
-        router is not None
-        and control_p50 is not None
-        and router["interactiveRunTimeP50"] is not None
-        and router["interactiveRunTimeP50"] > 2 * control_p50
-    )
     for row in rows:
         row.pop("seeds")
     return {
         "shape": shape.name,
-        "floodMatters": matters,
+        "floodMatters": flood_matters(router_p50, control_p50),
+        "routerP50": router_p50,
         "controlP50": control_p50,
         "rows": rows,
         "luftpause": ratios(rows),
     }
+
+
+def flood_matters(router_p50: float | None, control_p50: float | None) -> bool:
+    """Whether the flood slows the router's interactive runs: its interactive run time p50 on the
+    flood (seconds) above twice its p50 on the light-load control, or no interactive run ended on
+    the flood (``router_p50`` None) in a window where the control's did. ``False`` when the control
+    has no p50 (no interactive agents, or a window too short for a run)."""
+    if control_p50 is None:
+        return False
+    return router_p50 is None or router_p50 > 2 * control_p50
+
+
+def _divide(numerator: float, denominator: float) -> float | str | None:
+    """``numerator / denominator`` to 3 places; ``"inf"`` over a 0 denominator, ``None`` for 0 / 0."""
+    if denominator:
+        return round(numerator / denominator, 3)
+    return "inf" if numerator else None
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,24 +115,33 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if key in HIGHER:
             best = max(present, key=lambda r: r[key])
-            ratio = ours[key] / best[key] if best[key] else None
+            ratio = _divide(ours[key], best[key])
         else:
             best = min(present, key=lambda r: r[key])
-            ratio = best[key] / ours[key] if ours[key] else None  # above 1: luftpause is faster
+            ratio = _divide(best[key], ours[key])  # above 1: luftpause is faster
         router = next((r for r in present if r["arrangement"] == "router"), None)
         versus_router = None
-        if router is not None and router[key]:
-            versus_router = ours[key] / router[key] if key in HIGHER else router[key] / ours[key]
-        result[key] = {
-            "bestPeer": best["arrangement"],
-            "vsBestPeer": None if ratio is None else round(ratio, 3),
-            "vsRouter": None if versus_router is None else round(versus_router, 3),
-        }
+        if router is not None:
+            if key in HIGHER:
+                versus_router = _divide(ours[key], router[key])
+            else:
+                versus_router = _divide(router[key], ours[key])
+        result[key] = {"bestPeer": best["arrangement"], "vsBestPeer": ratio, "vsRouter": versus_router}
     return result
 
 
 def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def _ratio(value: float | str | None, peer: str) -> str:
+    """A ratio of :func:`ratios` over ``peer``: ``1.23x router``, ``inf (router 0)``, or
+    :data:`NO_RATIO` and the peer when there is none."""
+    if value is None:
+        return f"{NO_RATIO} {peer}"
+    if value == "inf":
+        return f"inf ({peer} 0)"
+    return f"{float(value):.2f}x {peer}"
 
 
 def render(results: list[dict[str, Any]]) -> str:
@@ -138,12 +171,10 @@ def render(results: list[dict[str, Any]]) -> str:
             ):
                 entry = mine.get(key)
                 if entry is None:
-                    cells.append("-")
+                    cells.append(NO_RATIO)
                 else:
-                    cells.append(
-                        f"{_cell(entry['vsBestPeer'], '.2f')}x {entry['bestPeer']}; "
-                        f"{_cell(entry['vsRouter'], '.2f')}x router"
-                    )
+                    versus_best = _ratio(entry["vsBestPeer"], entry["bestPeer"])
+                    cells.append(f"{versus_best}; {_ratio(entry['vsRouter'], 'router')}")
             lines.append(f"| | luftpause vs best peer; vs router | {' | '.join(cells)} | |")
     return "\n".join(lines)
 

@@ -1,8 +1,10 @@
 """Continuum (arXiv 2511.02230; the vLLM fork ``Hanchenli/vllm-continuum``, ``--scheduling-policy
 continuum``) behind SGLang's classless router: a mechanism of the engines, not of the router.
 
-What is modelled, from the paper and the public accounts of the fork's scheduler (the fork itself
-could not be fetched here):
+The model is built from the paper (arXiv 2511.02230: its scheduling policy, tool-call TTL cost model
+and evaluation settings) and the fork's public description (its README's ``job_id`` /
+``is_last_step`` request fields and ``--scheduling-policy continuum``); it has not been checked
+line by line against the fork's scheduler code. What is modelled:
 
 * **Program-level first-come first-served.** Each request names its job (``job_id``, here the
   run) and whether it is the job's last step (``is_last_step``). The engine's waiting queue is

@@ -15,7 +15,6 @@ spec and seed give the same figures.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -271,8 +270,3 @@ def by_class(report: dict[str, Any], service_class: str, key: str) -> float | No
             value = row[key]
             return None if value is None else float(value)
     return None
-
-
-def median_of(reports: list[dict[str, Any]], service_class: str, key: str) -> float | None:
-    values = [v for r in reports if (v := by_class(r, service_class, key)) is not None]
-    return statistics.median(values) if values else None

@@ -157,24 +157,26 @@ def _where(location: tuple[int | str, ...]) -> str:
     return "".join(parts) or "(the file)"
 
 
-def parse_shape(data: dict[str, Any], name: str = "shape") -> ShapeFile:
-    """A shape from TOML's parsed ``data``; ``name`` for messages and reports. Raises
-    :class:`ShapeError` naming each key at fault (an unknown key, a missing one, a bad value)."""
+def parse_shape(data: dict[str, Any], name: str = "shape", source: str | None = None) -> ShapeFile:
+    """A shape from TOML's parsed ``data``; ``name`` for reports, ``source`` (default ``name``) to
+    open each message. Raises :class:`ShapeError` naming each key at fault (an unknown key, a
+    missing one, a bad value): ``"<source>: groups[0].tool_seconds: Field required"``."""
+    where = name if source is None else source
     try:
         model = _Shape.model_validate(data)
     except ValidationError as error:
         problems = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in error.errors())
-        raise ShapeError(f"{name}: {problems}") from None
+        raise ShapeError(f"{where}: {problems}") from None
     if model.profile not in PROFILES:
         raise ShapeError(
-            f"{name}: profile: unknown engine profile {model.profile!r}; known: {', '.join(PROFILES)}"
+            f"{where}: profile: unknown engine profile {model.profile!r}; known: {', '.join(PROFILES)}"
         )
     groups = []
     for index, group in enumerate(model.groups):
         try:
             tool = _tool_time(group.tool_seconds)
         except ValueError as error:
-            raise ShapeError(f"{name}: groups[{index}].tool_seconds: {error}") from None
+            raise ShapeError(f"{where}: groups[{index}].tool_seconds: {error}") from None
         groups.append(
             AgentGroup(
                 group.agents,
@@ -209,11 +211,12 @@ def parse_shape(data: dict[str, Any], name: str = "shape") -> ShapeFile:
 
 def load_shape_file(path: Path) -> ShapeFile:
     """The shape in the TOML file at ``path`` (named after the file's stem). Raises
-    :class:`ShapeError` for a file that cannot be read, is not TOML, or breaks a rule above."""
+    :class:`ShapeError`, its message opened by ``path``, for a file that cannot be read, is not
+    TOML, or breaks a rule above."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as error:
         raise ShapeError(f"{path}: cannot read: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ShapeError(f"{path}: not TOML: {error}") from None
-    return parse_shape(data, path.stem)
+    return parse_shape(data, path.stem, source=str(path))

@@ -12,8 +12,9 @@ naming its run as ``program_id``:
   (prompt + completion) when the reply ends. The harness releases a program when its run ends
   (``POST /programs/release``).
 * **Capacity** of a backend: its KV pool in tokens (``max_total_num_tokens`` of SGLang's server
-  info) minus the tokens of the programs registered on it (reasoning ones plus ``acting token
-  weight`` (1.0) times acting ones) minus 100 per program (``BUFFER_PER_PROGRAM``). The
+  info) minus the tokens of the programs registered on it (reasoning ones plus
+  ``--acting-token-weight`` (default 1.0) times acting ones, truncated to an integer:
+  ``BackendState.active_program_tokens``) minus 100 per program (``BUFFER_PER_PROGRAM``). The
   ``shared_tokens`` term (prefix-cache savings) stays 0: nothing calls ``update_shared_tokens``.
 * **A new program** (its first turn) is placed on the backend with the fewest active program
   tokens among those with room for it plus 100, if no program is paused; else it joins the global
@@ -76,10 +77,16 @@ class ThunderAgent(Arrangement):
     name = "thunderagent"
 
     def __init__(
-        self, clock: VirtualClock, pool: EnginePool, interval_s: float = SCHEDULER_INTERVAL_S
+        self,
+        clock: VirtualClock,
+        pool: EnginePool,
+        interval_s: float = SCHEDULER_INTERVAL_S,
+        acting_token_weight: float = ACTING_TOKEN_WEIGHT,
     ) -> None:
         super().__init__(clock, pool)
         self.interval_s = interval_s
+        self.acting_token_weight = acting_token_weight
+        """``--acting-token-weight``: the share of an acting program's tokens counted against room."""
         self.capacity = [engine.profile.pool_tokens for engine in pool.engines]
         self.programs: dict[str, Program] = {}
         self.registered: list[dict[str, Program]] = [{} for _ in range(len(pool))]
@@ -92,11 +99,14 @@ class ThunderAgent(Arrangement):
 
     # --- a backend's room -----------------------------------------------------------------------
 
-    def remaining(self, backend: int) -> float:
-        """``remaining_capacity()``: the backend's KV pool less its programs' tokens and buffers."""
+    def remaining(self, backend: int) -> int:
+        """``remaining_capacity()``: the backend's KV pool less its programs' tokens and buffers, in
+        tokens (below 0 when over capacity); acting programs count ``acting_token_weight`` of theirs."""
         programs = self.registered[backend].values()
-        tokens = sum(p.total_tokens * (1.0 if p.reasoning else ACTING_TOKEN_WEIGHT) for p in programs)
-        return self.capacity[backend] - (int(tokens) + BUFFER_PER_PROGRAM * len(programs))
+        reasoning = sum(p.total_tokens for p in programs if p.reasoning)
+        acting = sum(p.total_tokens for p in programs if not p.reasoning)
+        active = int(reasoning + self.acting_token_weight * acting)
+        return self.capacity[backend] - (active + BUFFER_PER_PROGRAM * len(programs))
 
     def _active_tokens(self, backend: int) -> float:
         return sum(p.total_tokens for p in self.registered[backend].values())

@@ -81,13 +81,16 @@ class ToolTime:
         if self.dist not in ("constant", "lognormal", "choice"):
             raise ValueError(f"dist must be constant, lognormal or choice, got {self.dist!r}")
 
+    def _sigma(self) -> float:
+        """The lognormal's sigma (of the log of seconds) that puts its p99 at ``p99``."""
+        return math.log(self.p99 / self.median) / Z_99
+
     def draw(self, rng: random.Random) -> float:
         """One tool call's seconds (a constant draws nothing from ``rng``)."""
         if self.dist == "constant":
             return self.seconds
         if self.dist == "lognormal":
-            sigma = math.log(self.p99 / self.median) / Z_99
-            return rng.lognormvariate(math.log(self.median), sigma)
+            return rng.lognormvariate(math.log(self.median), self._sigma())
         return rng.choices(self.values, self.weights)[0]
 
     def mean(self) -> float:
@@ -95,7 +98,7 @@ class ToolTime:
         if self.dist == "constant":
             return self.seconds
         if self.dist == "lognormal":
-            sigma = math.log(self.p99 / self.median) / Z_99
+            sigma = self._sigma()
             return self.median * math.exp(sigma * sigma / 2)
         return sum(v * w for v, w in zip(self.values, self.weights, strict=True)) / sum(self.weights)
 

@@ -18,6 +18,9 @@ from luftpause.testkit.sim.shapes import ShapeError, load_shape_file, parse_shap
 from luftpause.testkit.sim.workload import ToolTime, published_shape
 from tests.repo_paths import ROOT as REPO_ROOT
 
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+import flood_matrix  # bench/ is a folder of scripts
+
 SHAPES = REPO_ROOT / "bench" / "shapes"
 
 
@@ -126,6 +129,8 @@ def test_flood_sim_refuses_a_bad_shape_file_naming_the_key(tmp_path: Path) -> No
     )
     assert done.returncode == 2
     assert "reply_tokenz" in done.stderr and "reply_tokens" in done.stderr
+    # the message opens with the file's path as given, so a matrix of many files names the one
+    assert f"error: {bad}: " in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -179,3 +184,82 @@ def test_flood_matrix_runs_shape_files_and_names_the_best_peer(tmp_path: Path) -
     assert batch["vsBestPeer"] == pytest.approx(
         rows["luftpause"]["batchRunsPerMinute"] / rows[best]["batchRunsPerMinute"], abs=0.001
     )
+
+
+def _matrix(arrangements: str, out: Path) -> tuple[str, dict[str, Any]]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/flood_matrix.py",
+            "--shapes",
+            "bench/shapes/published.toml",
+            "--seeds",
+            "0",
+            "--duration-s",
+            "20",
+            "--arrangements",
+            arrangements,
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    (shape,) = json.loads(out.read_text())["shapes"]
+    return done.stdout, shape
+
+
+def test_whether_the_flood_matters_does_not_depend_on_the_arrangements_asked(tmp_path: Path) -> None:
+    # the reviewer's command: without the router the published flood printed "(no flood)"; in 20 s
+    # no interactive run ends under the router while the light-load control's do
+    stdout, without = _matrix("smg,luftpause", tmp_path / "without.json")
+    _, with_router = _matrix("router,luftpause", tmp_path / "with.json")
+    assert without["floodMatters"] is True and with_router["floodMatters"] is True
+    assert without["routerP50"] == with_router["routerP50"]
+    assert "| published | smg |" in stdout and "(no flood)" not in stdout
+    assert {row["arrangement"] for row in without["rows"]} == {"smg", "luftpause"}
+
+
+def test_the_flood_matters_when_the_router_slows_or_ends_no_interactive_run() -> None:
+    assert flood_matrix.flood_matters(10.1, 5.0) and not flood_matrix.flood_matters(10.0, 5.0)
+    assert flood_matrix.flood_matters(None, 5.0)  # none ended under the flood, the control's did
+    assert not flood_matrix.flood_matters(None, None) and not flood_matrix.flood_matters(3.0, None)
+
+
+def _row(
+    arrangement: str, interactive: float | None, batch: float | None, p50: float | None
+) -> dict[str, Any]:
+    total = None if interactive is None or batch is None else interactive + batch
+    return {
+        "arrangement": arrangement,
+        "interactiveRunsPerMinute": interactive,
+        "batchRunsPerMinute": batch,
+        "totalRunsPerMinute": total,
+        "interactiveRunTimeP50": p50,
+        "cacheHitRate": None,
+    }
+
+
+def test_a_missing_ratio_and_a_peer_at_zero_render_honestly() -> None:
+    # the router ended nothing (0 runs/min, no p50); the batch of both peers is 0
+    rows = [_row("router", 0.0, 0.0, None), _row("smg", 12.0, 0.0, 15.0), _row("luftpause", 21.0, 42.0, 10.0)]
+    result = {
+        "shape": "published",
+        "floodMatters": True,
+        "rows": rows,
+        "luftpause": flood_matrix.ratios(rows),
+    }
+    mine = result["luftpause"]
+    assert mine["batchRunsPerMinute"] == {"bestPeer": "router", "vsBestPeer": "inf", "vsRouter": "inf"}
+    assert mine["interactiveRunTimeP50"] == {"bestPeer": "smg", "vsBestPeer": 1.5, "vsRouter": None}
+    json.dumps(mine, allow_nan=False)  # "inf" is a string: the JSON stays JSON
+    line = flood_matrix.render([result]).splitlines()[-1]
+    assert line == (
+        "| | luftpause vs best peer; vs router | 1.75x smg; inf (router 0) | inf (router 0); inf (router 0) "
+        f"| 5.25x smg; inf (router 0) | 1.50x smg; {flood_matrix.NO_RATIO} router | |"
+    )
+    assert flood_matrix.NO_RATIO == "\N{EN DASH}" and "-x" not in line

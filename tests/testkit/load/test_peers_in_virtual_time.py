@@ -77,6 +77,20 @@ def test_thunderagent_pauses_acting_programs_smallest_first_then_marks_every_rea
     assert scheduler.programs["c"].marked and scheduler.programs["d"].marked
 
 
+def test_thunderagent_counts_acting_tokens_by_its_acting_token_weight() -> None:
+    # ``--acting-token-weight``: reasoning tokens count whole, acting ones by the weight, truncated
+    for weight, counted in [(1.0, 1_000 + 601), (0.5, 1_000 + 300), (0.0, 1_000)]:
+        scheduler = _thunderagent(5_000, replicas=1)
+        scheduler.acting_token_weight = weight
+        for name, tokens, reasoning in [("r", 1_000, True), ("a", 601, False)]:
+            program = Program(name, total_tokens=tokens, step_count=2, reasoning=reasoning)
+            scheduler.programs[name] = program
+            scheduler._register(program, 0)
+        room = scheduler.remaining(0)
+        assert room == 5_000 - counted - 2 * BUFFER_PER_PROGRAM
+        assert isinstance(room, int)
+
+
 def test_thunderagent_queues_new_programs_under_kv_pressure_and_completes_runs() -> None:
     spec = FloodSpec(published_shape(duration_s=60.0), PROFILE, slots=8)
     report = simulate(spec, "thunderagent")
