@@ -28,7 +28,8 @@ first and the second half of the soak, the run table's size at the end (the data
 ``--stack`` soaks every process instead: ``luftpause up --config FILE --simulate`` (two simulated
 engines, the fake MCP server, scheduler, dataplane, runtime) with the retention windows shortened by
 configuration alone (``[scheduler] run_expiry_s`` and ``[dataplane] run_expiry_s`` set to
-``--expiry-s``; ``[runtime] retained_bytes`` to ``--retained-bytes``), own-loop agents through the
+``--expiry-s``; ``[runtime] retained_bytes`` to ``--retained-bytes`` and ``retained_s`` to
+``--expiry-s`` too), own-loop agents through the
 dataplane (``--agents``) and, at the same time, sub-agents through the runtime (``luftpause loadgen
 --spawn --spawn-agents``, one pass after another until the end). The RSS of every process (each
 process with its granian workers) is sampled every ``--sample-s``; the report gives each one's
@@ -319,6 +320,7 @@ def soak_stack(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         f'[runtime]\nlisten = "127.0.0.1:{rt_port}"\ndataplane = "http://127.0.0.1:{dp_port}"\n'
         f'state_dir = "{workdir / "state"}"\ndefault_model = "{DEFAULT_MODEL}"\n'
         f"retained_bytes = {args.retained_bytes}\n"
+        f"retained_s = {args.expiry_s}\n"
         f'{replicas}[[mcp_servers]]\nname = "tools"\nurl = "http://127.0.0.1:{mcp}/mcp"\n'
     )
     env = {"LUFTPAUSE_TOKEN": ""}

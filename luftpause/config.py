@@ -408,6 +408,9 @@ class RuntimeConfig(_Section):
     """Bytes (tasks, system prompts, conversations, outputs) that finished runs keep in memory
     and in the compacted journal; past it the least recently finished drop their conversation,
     then are forgotten."""
+    retained_s: float = Field(default=3600.0, gt=0)
+    """Seconds a finished run (and its MCP task) is kept after it ended, within ``retained_bytes``
+    and 10,000 runs; past it ``await``/``status`` answer that the handle expired."""
     dataplane_key_env: str | None = None
     """Name of the environment variable holding the caller key the runtime's own turns carry
     to the dataplane (its ``Authorization: Bearer``); unset: ``LUFTPAUSE_TOKEN``. Needed when

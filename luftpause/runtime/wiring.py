@@ -73,7 +73,6 @@ from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.changes import NetworkChanges
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import RunRegistry
-from luftpause.runtime.runs.retention import DEFAULT_RETENTION_SECONDS
 from luftpause.runtime.runs.series import RunSeries
 from luftpause.runtime.runs.tenants import Tenant, visible
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
@@ -172,14 +171,17 @@ def build_runtime(
     token: str | None = None,
     *,
     transport: httpx2.AsyncBaseTransport | None = None,
-    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    retention_seconds: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Runtime:
     """The runtime of ``config`` (module docstring), not yet serving. ``token`` is the shared
     ``LUFTPAUSE_TOKEN`` its requests to the dataplane carry; ``transport`` replaces the network
     between the runtime and its dataplane (tests: an ``httpx2.MockTransport``); ``retention_seconds``
-    and ``clock`` are the run registry's (tests)."""
+    and ``clock`` are the run registry's (tests; ``retention_seconds`` else ``[runtime]
+    retained_s``)."""
     settings = config.runtime
+    if retention_seconds is None:
+        retention_seconds = settings.retained_s
     state_dir = Path(settings.state_dir)
     journal = Journal(state_dir)
     changes = NetworkChanges()
@@ -228,7 +230,9 @@ def build_runtime(
         path_check=scopes,
     )
     decider = Decider(dataplane)
-    tasks = TaskRegistry(state_dir, registry, approvals, render_run_result)
+    tasks = TaskRegistry(
+        state_dir, registry, approvals, render_run_result, retention_seconds=retention_seconds
+    )
     mcp = build_mcp_server(
         spawn_tools=SpawnTools(
             spawner=spawner, registry=registry, approvals=approvals, notifications=notifications, tasks=tasks

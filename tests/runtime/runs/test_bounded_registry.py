@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from mcp import Client
 from mcp.types import CallToolResult, TextContent
 from runtime_helpers import MINIMAL_CONFIG, asgi_request, make_run
 
+from luftpause.config import parse_config
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.server import create_app
@@ -241,3 +243,23 @@ def test_await_and_status_tools_say_an_evicted_handle_expired() -> None:
         assert result.is_error and "run-gone" in text and "expired" in text, text
     never_text = "\n".join(b.text for b in never.content if isinstance(b, TextContent))
     assert never.is_error and "unknown run handle 'run-never'" in never_text
+
+
+
+def test_the_retention_window_comes_from_the_configuration(tmp_path: Path) -> None:
+    # [runtime] retained_s bounds how long finished runs and their tasks stay (a soak shortens it);
+    # before the key, the runtime kept them an hour whatever its file said.
+    config = parse_config(
+        f'[runtime]\nstate_dir = "{tmp_path}"\nretained_s = 90\n'
+        '[[replicas]]\nname = "sim"\nurl = "http://127.0.0.1:9"\nmodels = ["m"]\n',
+        "test.toml",
+    )
+    clock = FakeClock()
+    runtime = build_runtime(config, clock=clock)
+    assert runtime.tasks.retention_seconds == 90
+    runtime.registry.finish(runtime.registry.add(make_run("run-old")), "completed", answer="ok")
+    clock.now += 89
+    assert runtime.registry.get("run-old").state == "completed"
+    clock.now += 2
+    with pytest.raises(ExpiredRun, match="90 s"):
+        runtime.registry.get("run-old")
