@@ -15,7 +15,8 @@ A run passes when it exits 0 and shows the simulated engine's words (``I saw N t
 which only reach it through the dataplane; ``claude mcp list`` must also report the runtime
 connected. A run whose blocks connect the runtime (``:7000/mcp``) must also have spawned a
 sub-agent that completed, as the runtime's ``GET /status`` shows: exit 0 and the words alone passed
-a Codex run whose ``spawn`` the runtime refused ("no generative replica serves model 'hello'"). Where a harness is not installed, its runs skip, saying how to install it:
+a Codex run whose ``spawn`` the runtime refused ("no generative replica serves model 'hello'").
+Where a harness is not installed, its runs skip, saying how to install it:
 npm harnesses in ``~/.cache/luftpause/harnesses`` (``LUFTPAUSE_HARNESSES_DIR``), PyPI ones each in a
 venv under ``~/.cache/luftpause/pyharnesses`` (as ``test_chat_harnesses_on_the_stack.py`` finds
 them), Goose on ``PATH``.
