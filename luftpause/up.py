@@ -315,8 +315,9 @@ def banner(
     unready: list[str] | None = None,
 ) -> str:
     """The lines printed once every child answers: every page's URL (:func:`pages`), the
-    replicas and the logs; with ``token_set`` (``LUFTPAUSE_TOKEN`` is set), where the token goes;
-    with ``unready`` (:func:`not_ready`'s lines), what is not ready yet."""
+    replicas and the logs; with ``token_set`` (``LUFTPAUSE_TOKEN`` is set), where the token goes,
+    else one line saying that no token is set; with ``unready`` (:func:`not_ready`'s lines), what
+    is not ready yet."""
     pool = ", ".join(f"{r.name} ({r.url})" for r in config.replicas)
     urls = pages(config)
     rows = [*urls, ("models", ", ".join(config.models)), ("replicas", pool), ("logs", f"{logs}/")]
@@ -330,6 +331,8 @@ def banner(
             ("", f"{page['scheduler page']}&token=${TOKEN_ENV}"),
             ("", f"{page['runtime monitor']}?token=${TOKEN_ENV}"),
         ]
+    else:
+        rows.append(("token", f"{TOKEN_ENV} is not set: every route is open to whoever reaches it"))
     lines = [
         "luftpause is up"
         + (" (embedded default: simulated engines)" if config.is_embedded_default else "")

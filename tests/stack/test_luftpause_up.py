@@ -145,8 +145,12 @@ def test_the_banner_names_every_page_and_where_the_token_goes_only_when_it_is_se
 ) -> None:
     monkeypatch.delenv("LUFTPAUSE_CONFIG", raising=False)
     config = load_config(None)
-    assert "token" not in banner(config, tmp_path)
+    # without a token the processes' own warnings go to the logs only: the terminal says it too
+    unguarded = banner(config, tmp_path)
+    assert "  token             LUFTPAUSE_TOKEN is not set: every route is open" in unguarded
+    assert "?token=" not in unguarded and "Bearer" not in unguarded
     printed = banner(config, tmp_path, token_set=True)
+    assert "not set" not in printed
     for url in (dict(pages(config))[what] for what in ("scheduler page", "runtime monitor")):
         assert url in printed
     assert "LUFTPAUSE_TOKEN is set: /v1, /mcp and both /status need" in printed
