@@ -19,11 +19,13 @@ import openai
 import pytest
 from dataplane_procs import MODEL, SchedulerAndDataplane, fake_engine, scheduler_and_dataplane
 
+from luftpause.testkit.engine.settings import MAX_MODEL_LEN
+
 pytestmark = pytest.mark.integration
 
 CONFIGURED = "capped-model"
 """Served by the same engine, capped by configuration at 50 tokens."""
-CONTEXT = 8192
+CONTEXT = MAX_MODEL_LEN
 """What the simulated engine reports as its context length (``max_model_len``)."""
 
 

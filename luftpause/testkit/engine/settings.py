@@ -13,6 +13,11 @@ DEFAULT_MODEL = "llama-3.2-1b"
 # Context tokens one running slot may hold: the simulated KV pool is slots x this many tokens.
 CONTEXT_TOKENS_PER_SLOT = 8192
 
+# The context length the slot model reports (``max_model_len`` in /v1/models and /tokenize,
+# ``context_length`` in its server info): Llama 3.2's 128k. It enforces none; the dataplane caps a
+# turn's output tokens by it.
+MAX_MODEL_LEN = 131072
+
 # Which Prometheus names /metrics uses.
 METRIC_NAMINGS = ("sglang", "vllm", "both")
 

@@ -25,7 +25,7 @@ from luftpause.testkit.engine.metrics import EngineMetrics, ModelLoad
 from luftpause.testkit.engine.prefix_cache import PrefixCache, PrefixPath
 from luftpause.testkit.engine.replies import Reply
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
-from luftpause.testkit.engine.settings import CONTEXT_TOKENS_PER_SLOT, EngineSettings
+from luftpause.testkit.engine.settings import MAX_MODEL_LEN, EngineSettings
 
 __all__ = ["MAX_TOKENS_PER_STEP", "MIN_SLEEP_S", "SlottedBackend"]
 
@@ -95,7 +95,7 @@ class SlottedBackend:
         return {
             "max_running_requests": settings.slots,
             "max_total_num_tokens": settings.kv_tokens,
-            "context_length": CONTEXT_TOKENS_PER_SLOT,
+            "context_length": MAX_MODEL_LEN,
             "simulator": {
                 "prefill_ms_per_1k": settings.prefill_ms_per_1k,
                 "decode_ms": settings.decode_ms,

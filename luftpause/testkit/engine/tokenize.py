@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from luftpause.testkit.engine.costs import estimate_prompt_tokens
+from luftpause.testkit.engine.settings import MAX_MODEL_LEN
 from luftpause.testkit.engine.wire import RequestError, parse_json_body
 
 __all__ = ["MAX_MODEL_LEN", "tokenize"]
 
-MAX_MODEL_LEN = 131072
-"""The context length the answer names (the simulator enforces none)."""
 
 
 def count_of(raw: bytes, served: Sequence[str]) -> int:
