@@ -198,8 +198,19 @@ class ProtectionConfig(_Section):
     (:mod:`luftpause.scheduler.core.policies.limits`); all off by default."""
 
     breaker_failures: int = Field(default=0, ge=0)
-    """Turns failing in a row on one replica that take it out of rotation until a healthy probe
-    (the engine's fault only, not a client leaving); ``0``: no circuit breaker."""
+    """Turns failing on one replica (the engine's fault only, not a client leaving) within
+    ``breaker_window_s`` and since its last finished turn that open its circuit breaker: it takes
+    no turn. ``0``: engine faults never open it (an engine never reached still does, at once)."""
+    breaker_window_s: float = Field(default=60.0, gt=0)
+    """Seconds a failed turn counts toward ``breaker_failures``; older failures do not."""
+    breaker_open_s: float = Field(default=0.0, ge=0)
+    """Seconds an open breaker stays open at least; the first healthy probe after that makes it
+    half-open. ``0``: the next healthy probe."""
+    breaker_success_threshold: int = Field(default=1, ge=1)
+    """Trial turns finishing in a row on a half-open replica that close its breaker (a trial
+    failing with an engine fault opens it again)."""
+    breaker_trial_turns: int = Field(default=1, ge=1)
+    """Turns a half-open replica takes at once (its trial turns); other turns go elsewhere or wait."""
     interactive: LimitsConfig = LimitsConfig()
     """Limits of interactive turns, per caller."""
     batch: LimitsConfig = LimitsConfig()
@@ -220,6 +231,10 @@ class ProtectionConfig(_Section):
             {"interactive": limits(self.interactive), "batch": limits(self.batch)},
             {caller: limits(table) for caller, table in self.callers.items()},
             self.breaker_failures,
+            self.breaker_window_s,
+            self.breaker_open_s,
+            self.breaker_success_threshold,
+            self.breaker_trial_turns,
         )
 
 

@@ -179,18 +179,28 @@ class SchedulerHost:
             elif isinstance(action, Forget):
                 log.debug("forgot run %s", action.run_id)
             elif isinstance(action, BreakerChanged):
+                extra = {"replica": action.replica, "breaker": action.after, "breaker_from": action.before}
                 if action.opened:
                     log.warning(
-                        "replica %s out of rotation, its circuit breaker open: %s",
+                        "replica %s out of rotation, its circuit breaker %s -> open: %s",
+                        action.replica,
+                        action.before,
+                        action.reason,
+                        extra=extra,
+                    )
+                elif action.after == "half_open":
+                    log.info(
+                        "replica %s takes trial turns, its circuit breaker open -> half_open: %s",
                         action.replica,
                         action.reason,
-                        extra={"replica": action.replica, "breaker": "open"},
+                        extra=extra,
                     )
                 else:
-                    log.warning(
-                        "replica %s back in rotation: a healthy probe closed its circuit breaker",
+                    log.info(
+                        "replica %s back in rotation, its circuit breaker half_open -> closed: %s",
                         action.replica,
-                        extra={"replica": action.replica, "breaker": "closed"},
+                        action.reason,
+                        extra=extra,
                     )
             elif isinstance(action, RetireReplica):
                 self.replicas.pop(action.replica, None)
@@ -372,8 +382,9 @@ class SchedulerHost:
         return self.series.ring.since(after)
 
     def healthy_replicas(self) -> int:
-        """Replicas that take new turns now: usable (healthy, or never probed; breaker closed; not
-        being removed) and not draining. What the dataplanes' readiness asks for."""
+        """Replicas that take new turns now: usable (healthy, or never probed; breaker not open: a
+        half-open one takes its trial turns; not being removed) and not draining. What the
+        dataplanes' readiness asks for."""
         return sum(1 for r in self.state.replicas.values() if health.usable(r) and not r.draining)
 
     @property

@@ -41,9 +41,11 @@ refusals by reason, the admission latency and probe outcomes.
                                                                        limit: ``held``, ``queue_timeout``,
                                                                        ``token_rate``
 ``luftpause_scheduler_breaker_trips_total``                            times a replica's circuit breaker
-                                                                       took it out of rotation
-``luftpause_scheduler_breaker_closes_total``                           times a healthy probe put such a
-                                                                       replica back in rotation
+                                                                       opened (out of rotation)
+``luftpause_scheduler_breaker_closes_total``                           times one closed (its trial turns
+                                                                       finished: back in rotation)
+``luftpause_scheduler_breaker_transitions_total{replica, from, to}``   each breaker transition:
+                                                                       ``closed``, ``open``, ``half_open``
 ``luftpause_scheduler_lease_revocations_total``                        leases withdrawn
 ``luftpause_scheduler_lost_dataplanes``                                dataplanes whose stream ended and
                                                                        that have not come back
@@ -52,6 +54,7 @@ refusals by reason, the admission latency and probe outcomes.
                                                                        there (or is being removed)
 ``luftpause_scheduler_replica_breaker_open{replica}``                  1 while its circuit breaker keeps
                                                                        it out of rotation
+``luftpause_scheduler_replica_breaker_half_open{replica}``             1 while it takes trial turns only
 ``luftpause_scheduler_replica_turns_in_flight{replica}``               turns placed there, not ended
 ``luftpause_scheduler_replica_capacity{replica}``                      configured ``max_inflight``
 ``luftpause_scheduler_replica_effective_capacity{replica}``            after engine load
@@ -278,14 +281,22 @@ class SchedulerMetrics:
         yield limited
         yield CounterMetricFamily(
             "luftpause_scheduler_breaker_trips",
-            "Times a replica's circuit breaker took it out of rotation.",
+            "Times a replica's circuit breaker opened (took it out of rotation).",
             value=counters["breaker_trips"],
         )
         yield CounterMetricFamily(
             "luftpause_scheduler_breaker_closes",
-            "Times a healthy probe put a replica whose circuit breaker was open back in rotation.",
+            "Times a replica's circuit breaker closed (its trial turns finished: back in rotation).",
             value=counters["breaker_closes"],
         )
+        transitions = CounterMetricFamily(
+            "luftpause_scheduler_breaker_transitions",
+            "Circuit breaker transitions, by replica, from and to state (closed, open, half_open).",
+            labels=["replica", "from", "to"],
+        )
+        for replica, before, after, count in status["limits"]["breaker_transitions"]:
+            transitions.add_metric([replica, before, after], count)
+        yield transitions
         yield CounterMetricFamily(
             "luftpause_scheduler_lease_revocations",
             "Capacity leases withdrawn.",
@@ -338,6 +349,7 @@ class SchedulerMetrics:
             ("healthy", "1 while the replica is healthy (never probed: 1), else 0.", "healthy"),
             ("draining", "1 while it takes only runs pinned there, or is being removed.", "draining"),
             ("breaker_open", "1 while its circuit breaker keeps it out of rotation.", "tripped"),
+            ("breaker_half_open", "1 while its circuit breaker is half-open: trial turns only.", "breaker"),
             ("turns_in_flight", "Turns placed on the replica and not ended.", "inflight"),
             ("capacity", "The replica's configured max_inflight.", "capacity"),
             ("effective_capacity", "Turns it takes at once, after its engine's load.", "effective_capacity"),
@@ -355,6 +367,8 @@ class SchedulerMetrics:
                 value = replica[key]
                 if key == "draining":
                     value = replica["draining"] or replica["removing"]
+                elif key == "breaker":
+                    value = replica["breaker"] == "half_open"
                 if value is not None:
                     family.add_metric([replica["name"]], float(value))
             yield family

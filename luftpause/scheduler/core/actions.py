@@ -4,7 +4,7 @@ Actions are imperatives, frozen and slotted. ``Place`` and ``Reject`` answer the
 that turn id; ``Forget`` and ``AckResync`` tell the shell what became of runs and of a resync;
 ``GrantLease`` and ``RevokeLease`` go to one dataplane's stream (rule 14, capacity leases);
 ``RetireReplica`` says a removed replica has left the set (rule 16); ``BreakerChanged`` that a
-replica's circuit breaker opened or closed (rule 17), for the shell to log.
+replica's circuit breaker changed state (rule 17), for the shell to log.
 """
 
 from __future__ import annotations
@@ -87,12 +87,18 @@ class RetireReplica:
 
 @dataclass(frozen=True, slots=True)
 class BreakerChanged:
-    """Replica ``replica``'s circuit breaker opened (``opened``: out of rotation, ``reason`` says
-    why) or closed (a healthy probe: back in rotation)."""
+    """Replica ``replica``'s circuit breaker went ``before`` -> ``after`` (``"closed"``, ``"open"``
+    or ``"half_open"``: :mod:`.policies.breaker`); ``reason`` says why, in words."""
 
     replica: str
-    opened: bool
+    before: str
+    after: str
     reason: str = ""
+
+    @property
+    def opened(self) -> bool:
+        """It opened: the replica takes no turn."""
+        return self.after == "open"
 
 
 Action = Place | Reject | Forget | AckResync | GrantLease | RevokeLease | RetireReplica | BreakerChanged

@@ -217,7 +217,7 @@ the state before the event must copy it first.
 
 from __future__ import annotations
 
-from luftpause.scheduler.core.actions import Action, BreakerChanged
+from luftpause.scheduler.core.actions import Action
 from luftpause.scheduler.core.arrivals import _arrived
 from luftpause.scheduler.core.events import (
     AbandonReported,
@@ -245,7 +245,7 @@ from luftpause.scheduler.core.leasing import _lease, _leased
 from luftpause.scheduler.core.limiting import spend, time_out
 from luftpause.scheduler.core.placement import _fill_least_loaded, _usability_changed
 from luftpause.scheduler.core.policies import breaker
-from luftpause.scheduler.core.probing import _probed
+from luftpause.scheduler.core.probing import _breaker_changed, _probed
 from luftpause.scheduler.core.replica_set import _added, _drained, _removed, _restored, _retire_due
 from luftpause.scheduler.core.resync import _lost, _resynced
 from luftpause.scheduler.core.state import State
@@ -274,27 +274,32 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case TurnFinished():
             phase: RunPhase = "tool_paused" if event.tool_calls else "idle"
             placed = state.placed.get(event.turn_id)
+            closed = None
             if placed is not None:
-                breaker.finished(state.replicas[placed.replica])
+                replica = state.replicas[placed.replica]
+                change = breaker.finished(replica, state.protection.breaker)
+                if change is not None:
+                    closed = replica
+                    _breaker_changed(state, replica, change, out)
                 spend(state, placed, event.prompt_tokens + event.completion_tokens, event.at)
             tokens = (event.prompt_tokens, event.completion_tokens)
             if _end_placed(state, event.turn_id, event.at, phase, out, tokens):
                 state.counters.finished += 1
+            if closed is not None:  # its full capacity back: fill it
+                _fill_least_loaded(state, [closed], event.at, out)
         case TurnFailed():
             placed = state.placed.get(event.turn_id)
             tripped = None
             if placed is not None:
                 replica = state.replicas[placed.replica]
-                threshold = state.protection.breaker_failures
-                if breaker.failed(replica, event.engine_fault, threshold, event.unreachable):
+                settings = state.protection.breaker
+                change = breaker.failed(replica, event.engine_fault, event.at, settings, event.unreachable)
+                if change is not None:
                     tripped = replica  # out of rotation before its slot is given to a held turn
-                    state.counters.breaker_trips += 1
-                    why = (
-                        "engine unreachable"
-                        if event.unreachable
-                        else f"{replica.failures} failed turns in a row"
+                    change = breaker.Transition(
+                        change.before, change.after, f"{change.reason}: {event.error}"
                     )
-                    out.append(BreakerChanged(replica.name, opened=True, reason=f"{why}: {event.error}"))
+                    _breaker_changed(state, replica, change, out)
             if _end_placed(state, event.turn_id, event.at, "idle", out):
                 state.counters.failed += 1
             if tripped is not None:

@@ -32,9 +32,9 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
         turns_wait = bool(state.held) and _takes_held(state, replica)
         was_usable = health.usable(replica)
         replica.healthy = event.healthy
-        if breaker.probed(replica, event.healthy):  # a healthy probe closes a tripped breaker
-            state.counters.breaker_closes += 1
-            out.append(BreakerChanged(replica.name, opened=False))
+        change = breaker.probed(replica, event.healthy, event.at, state.protection.breaker)
+        if change is not None:  # open -> half-open after open_s, or half-open -> open
+            _breaker_changed(state, replica, change, out)
         replica.probed_at = event.at
         replica.engine_running = event.running
         replica.engine_waiting = event.waiting
@@ -56,3 +56,14 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
     _usability_changed(state, flipped, at, out)
     if probed:
         _fill_least_loaded(state, probed, at, out)
+
+
+def _breaker_changed(state: State, replica: Replica, change: breaker.Transition, out: list[Action]) -> None:
+    """Count ``replica``'s breaker transition ``change`` and tell the shell (rule 17)."""
+    key = (replica.name, change.before, change.after)
+    state.breaker_transitions[key] = state.breaker_transitions.get(key, 0) + 1
+    if change.after == "open":
+        state.counters.breaker_trips += 1
+    elif change.after == "closed":
+        state.counters.breaker_closes += 1
+    out.append(BreakerChanged(replica.name, change.before, change.after, change.reason))

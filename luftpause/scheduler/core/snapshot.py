@@ -15,8 +15,9 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
                     "healthy": bool,                 # true until a probe says otherwise
                     "draining": bool,                # takes only runs pinned there (rule 16)
                     "removing": bool,                # takes nothing; leaves when nothing is placed
-                    "tripped": bool,                 # circuit breaker open until a healthy probe
-                    "failures_in_a_row": int,        # turns failed there in a row (engine faults)
+                    "breaker": "closed" | "open" | "half_open",   # its circuit breaker (rule 17)
+                    "tripped": bool,                 # circuit breaker open: it takes no turn
+                    "failures_in_a_row": int,        # engine-fault failures counted toward opening
                     "probed_s_ago": float | None,    # None before the first probe
                     "running": int | None, "waiting": int | None,   # engine-reported, None = no load
                     "kv_usage": float | None, "cache_hit_rate": float | None}, ...],
@@ -53,6 +54,7 @@ Shape (every key always present; counts are integers, times seconds, fractions 0
       "startup_hold_s": float,   # seconds the startup hold (rule 15) still holds turns; 0.0: none
       "limits": {"on": bool,                       # any held, timeout or rate limit configured
                  "breaker_failures": int,          # 0: no circuit breaker
+                 "breaker_transitions": [[replica, from, to, int], ...],   # times each happened
                  "refused": {"held": int, "queue_timeout": int, "token_rate": int},
                  "refused_by_class": {class: {"held" | "queue_timeout" | "token_rate": int}},
                  "refused_by_caller": {caller: int, ...},   # at most 1,000 callers, then "*"
@@ -121,6 +123,7 @@ def snapshot(state: State, now: float) -> dict[str, Any]:
                 "healthy": replica.healthy,
                 "draining": replica.draining,
                 "removing": replica.removing,
+                "breaker": replica.breaker,
                 "tripped": replica.tripped,
                 "failures_in_a_row": replica.failures,
                 "probed_s_ago": None if replica.probed_at is None else max(0.0, now - replica.probed_at),
@@ -172,6 +175,7 @@ def _limits(state: State, now: float) -> dict[str, Any]:
     return {
         "on": protection.on,
         "breaker_failures": protection.breaker_failures,
+        "breaker_transitions": [[*key, count] for key, count in sorted(state.breaker_transitions.items())],
         "refused": {
             "held": c.limited_held,
             "queue_timeout": c.held_timed_out,

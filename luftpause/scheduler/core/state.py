@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from luftpause.scheduler.core.events import RunPhase, ServiceClass
 from luftpause.scheduler.core.held import HeldTurns
+from luftpause.scheduler.core.policies.breaker import BreakerState
 from luftpause.scheduler.core.policies.expiry import RUN_EXPIRY_S
 from luftpause.scheduler.core.policies.idle_affinity import IdleAffinity
 from luftpause.scheduler.core.policies.limits import Bucket, Protection
@@ -81,10 +82,27 @@ class Replica:
     """Takes no new run, only turns of runs pinned here (rule 16, :mod:`.policies.draining`)."""
     removing: bool = False
     """Being removed: takes no turn, leaves the set when nothing is placed here (rule 16)."""
-    failures: int = 0
-    """Turns failed here in a row with an engine fault (:mod:`.policies.breaker`)."""
-    tripped: bool = False
-    """The circuit breaker took it out of rotation; a healthy probe puts it back (rule 17)."""
+    breaker: BreakerState = "closed"
+    """Its circuit breaker's state (rule 17, :mod:`.policies.breaker`)."""
+    fault_times: list[float] = field(default_factory=list)
+    """When turns failed here with an engine fault since its last finished turn, within the
+    breaker's window (seconds, the shell's clock; oldest first)."""
+    opened_at: float = 0.0
+    """When its breaker last opened (seconds, the shell's clock)."""
+    trial_successes: int = 0
+    """Turns finished here in a row while its breaker is half-open."""
+    trial_turns: int = 1
+    """Turns it takes at once while its breaker is half-open (``breaker_trial_turns``)."""
+
+    @property
+    def failures(self) -> int:
+        """Turns failed here with an engine fault that count toward opening its breaker."""
+        return len(self.fault_times)
+
+    @property
+    def tripped(self) -> bool:
+        """Its breaker is open: it takes no turn."""
+        return self.breaker == "open"
 
 
 @dataclass(slots=True)
@@ -225,9 +243,9 @@ class Counters:
     held_timed_out: int = 0
     """Held turns refused (429) past their queue timeout: they leave the queue unplaced."""
     breaker_trips: int = 0
-    """Times a replica's circuit breaker took it out of rotation."""
+    """Times a replica's circuit breaker opened (took it out of rotation)."""
     breaker_closes: int = 0
-    """Times a healthy probe put a replica whose breaker was open back in rotation."""
+    """Times a replica's circuit breaker closed (its trial turns finished: back in full rotation)."""
     replicas_added: int = 0
     replicas_retired: int = 0
     """Removed replicas that left the set (their last turn ended)."""
@@ -313,6 +331,8 @@ class State:
     protection: Protection = field(default_factory=Protection)
     """Protection limits and the circuit breaker (rules 17, 18, :mod:`.policies.limits`); none by
     default."""
+    breaker_transitions: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    """``(replica, from, to)`` -> times that replica's breaker went ``from`` -> ``to`` (rule 17)."""
     buckets: dict[tuple[str, str], Bucket] = field(default_factory=dict)
     """``(holder, class)`` -> its token bucket, for the pairs with a token rate that spent any
     (full ones are dropped on a tick); a holder is the name a caller's limits are counted for

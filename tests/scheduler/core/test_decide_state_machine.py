@@ -226,10 +226,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         } | ADDABLE
         self.draining: set[str] = set()
         self.removing: set[str] = set()
-        # the circuit breaker (rule 17): engine failures in a row per replica, the tripped ones
-        self.breaker_failures = self.state.protection.breaker_failures
-        self.failures: dict[str, int] = {}
-        self.tripped: set[str] = set()
+        # the circuit breaker (rule 17): engine failures within the window since the last finished
+        # turn per replica (their times), the open ones (when they opened), the half-open ones
+        self.breaker = self.state.protection.breaker
+        self.failures: dict[str, list[float]] = {}
+        self.tripped: dict[str, float] = {}
+        self.half_open: set[str] = set()
+        self.trials: dict[str, set[str]] = {}  # replica -> turns placed there while half-open
         # protection limits (rule 18), as the machine reads them: token buckets per (caller, class)
         # from the finished turns it sent, [level, at]; what it expects of the arrival being fed
         self.protection = self.state.protection
@@ -457,16 +460,29 @@ class SchedulerMachine(RuleBasedStateMachine):
                 return
             name = placed.replica
             if isinstance(event, TurnFinished):
-                self.failures[name] = 0
+                self.failures[name] = []
+                self.half_open.discard(name)  # its trial finished: closed (success threshold 1)
+                self.trials.pop(name, None)
                 self.spend(placed.caller, placed.service_class, event.prompt_tokens + event.completion_tokens)
-            elif event.engine_fault and self.breaker_failures:
-                self.failures[name] = self.failures.get(name, 0) + 1
-                if self.failures[name] >= self.breaker_failures:
-                    self.tripped.add(name)
+            elif event.engine_fault and name in self.half_open:
+                self.half_open.discard(name)
+                self.trials.pop(name, None)
+                self.tripped[name] = event.at
+            elif event.engine_fault and self.breaker.failures and name not in self.tripped:
+                recent = [at for at in self.failures.get(name, []) if at > event.at - self.breaker.window_s]
+                self.failures[name] = [*recent, event.at]
+                if len(self.failures[name]) >= self.breaker.failures:
+                    self.tripped[name] = event.at
+                    self.failures[name] = []
         elif isinstance(event, ReplicaProbed):
-            if event.healthy and event.replica in self.tripped:
-                self.tripped.discard(event.replica)
-                self.failures[event.replica] = 0
+            opened = self.tripped.get(event.replica)
+            if event.healthy and opened is not None and event.at - opened >= self.breaker.open_s:
+                del self.tripped[event.replica]
+                self.half_open.add(event.replica)
+            elif not event.healthy and event.replica in self.half_open:
+                self.half_open.discard(event.replica)
+                self.trials.pop(event.replica, None)
+                self.tripped[event.replica] = event.at
         elif (isinstance(event, TurnArrived) and self.brings_a_turn_back(event)) or (
             isinstance(event, TurnArrived) and event.single_pass and event.turn_id not in self.state.placed
             and event.turn_id not in self.state.held and event.turn_id not in self.state.tombstones
@@ -581,7 +597,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for run_id, (phase, last) in list(self.shadow.items()):
             if last == name:
                 self.shadow[run_id] = (phase, None)  # type: ignore[assignment]
-        self.tripped.discard(name)
+        self.tripped.pop(name, None)
+        self.half_open.discard(name)
+        self.trials.pop(name, None)
         self.failures.pop(name, None)
         self.batch_cap.pop(name, None)
         self.queued.pop(name, None)
@@ -595,6 +613,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         which may meet a replica that has turned unhealthy since."""
         turn_id = action.turn_id
         assert turn_id not in self.placed_on, f"{turn_id} placed twice"
+        if action.replica in self.half_open:
+            self.trials.setdefault(action.replica, set()).add(turn_id)
         run_id, model = self.turns[turn_id]
         if turn_id in self.single:
             assert action.replica in self.sp_serving.get(model, ()), (
@@ -748,6 +768,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def room(self, name: str, batch: bool) -> bool:
         replica = self.state.replicas[name]
+        if name in self.half_open and replica.inflight + replica.leased >= self.breaker.trial_turns:
+            return False  # a half-open breaker takes its trial turns only
         return replica.inflight < self.capacity(name) - (self.kept(name) if batch else 0)
 
     def placed_in_run_order(self, action: Place, key: tuple[float, int], moved: Moved = None) -> None:
@@ -1624,7 +1646,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert {n for n, r in self.state.replicas.items() if r.removing} == self.removing
         for name in self.removing:  # it leaves as soon as nothing is placed there
             assert self.state.replicas[name].inflight > 0, f"{name} is being removed with nothing placed"
-        assert {n for n, r in self.state.replicas.items() if r.tripped} == self.tripped
+        assert {n for n, r in self.state.replicas.items() if r.tripped} == set(self.tripped)
+        assert {n for n, r in self.state.replicas.items() if r.breaker == "half_open"} == self.half_open
+
+    @invariant()
+    def a_half_open_replica_has_no_more_than_its_trial_turns(self) -> None:
+        for name in self.half_open:
+            replica = self.state.replicas[name]
+            assert replica.leased == 0, f"{name} leased while half-open"
+            trials = {t for t in self.trials.get(name, ()) if t in self.state.placed}
+            assert len(trials) <= self.breaker.trial_turns, f"{name} half-open with trials {trials}"
 
     @invariant()
     def no_caller_holds_past_its_limit(self) -> None:
@@ -1679,6 +1710,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             _, waiting = self.load.get(name, (None, None))
             assert self.healthy[name] and not (waiting is not None and waiting > 0), f"{name} leased"
             assert self.usable_replica(name) and name not in self.draining, f"{name} leased, draining"
+            assert name not in self.half_open, f"{name} leased while its breaker is half-open"
             limit = self.capacity(name) - self.kept(name)
             assert replica.inflight + replica.leased <= limit, f"{name} leased past its room"
 

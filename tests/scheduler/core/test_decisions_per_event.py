@@ -1421,6 +1421,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
                 "healthy": True,
                 "draining": False,
                 "removing": False,
+                "breaker": "closed",
                 "tripped": False,
                 "failures_in_a_row": 0,
                 "probed_s_ago": None,
@@ -1479,6 +1480,7 @@ def test_snapshot_counts_replicas_held_turns_runs_and_counters() -> None:
         "limits": {
             "on": False,
             "breaker_failures": 0,
+            "breaker_transitions": [],
             "refused": {"held": 0, "queue_timeout": 0, "token_rate": 0},
             "refused_by_class": {},
             "refused_by_caller": {},

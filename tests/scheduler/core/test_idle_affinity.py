@@ -64,7 +64,7 @@ def _replicas(**flags: bool) -> tuple[Replica, ...]:
         ("tool-paused: strict affinity's", IdleAffinity(), _run("tool_paused"), _replicas(), 20.0, None),
         ("no last replica", IdleAffinity(), _run(last=None), _replicas(), 20.0, None),
         ("its replica unhealthy", IdleAffinity(), _run(), _replicas(healthy=False), 20.0, None),
-        ("its replica's breaker open", IdleAffinity(), _run(), _replicas(tripped=True), 20.0, None),
+        ("its replica's breaker open", IdleAffinity(), _run(), _replicas(breaker="open"), 20.0, None),
         ("its replica draining", IdleAffinity(), _run(), _replicas(draining=True), 20.0, None),
         ("its replica being removed", IdleAffinity(), _run(), _replicas(removing=True), 20.0, None),
         ("its replica not among the serving", IdleAffinity(), _run(last="c"), _replicas(), 20.0, None),

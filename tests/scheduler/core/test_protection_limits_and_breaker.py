@@ -252,7 +252,7 @@ def test_no_limit_set_keeps_todays_behaviour() -> None:
 # -- the circuit breaker ------------------------------------------------------------------------------
 
 
-def test_a_replica_failing_turns_in_a_row_leaves_rotation_until_a_healthy_probe() -> None:
+def test_a_replica_failing_turns_in_a_row_leaves_rotation_until_its_trial_turn_finishes() -> None:
     state = limited(Protection(breaker_failures=2), caps=(1, 1))
     feed(state, [arrive("t1", "r1"), arrive("t2", "r2"), fail("t1", at=1.0)])
     assert state.replicas["a"].failures == 1 and not state.replicas["a"].tripped
@@ -260,13 +260,18 @@ def test_a_replica_failing_turns_in_a_row_leaves_rotation_until_a_healthy_probe(
     assert placements(state) == {"t2": "b", "t3": "a"}
     feed(state, [arrive("t4", "r4", at=1.2)])  # held: both full
     actions = feed(state, [fail("t3", at=2.0)])  # the second in a row: a is out before its slot is given
-    opened = BreakerChanged("a", opened=True, reason="2 failed turns in a row: engine a: connection refused")
+    why = "2 failed turns within 60 s: engine a: connection refused"
+    opened = BreakerChanged("a", "closed", "open", why)
     assert actions == [opened] and state.replicas["a"].tripped and held_turns(state) == ["t4"]
     assert snapshot(state, 2.0)["replicas"][0]["tripped"] is True
     assert state.counters.breaker_trips == 1
     assert feed(state, [probe("a", at=2.5, healthy=False)]) == []  # still out
-    # a healthy probe closes it, said before the held turn goes there
-    assert feed(state, [probe("a", at=3.0)]) == [BreakerChanged("a", opened=False), Place("t4", "a")]
+    # a healthy probe makes it half-open, said before the held turn goes there as its trial turn
+    half = BreakerChanged("a", "open", "half_open", "a healthy probe")
+    assert feed(state, [probe("a", at=3.0)]) == [half, Place("t4", "a")]
+    assert state.replicas["a"].breaker == "half_open" and state.counters.breaker_closes == 0
+    closed = BreakerChanged("a", "half_open", "closed", "1 trial turns finished")
+    assert feed(state, [finish("t4", at=3.5)]) == [closed]
     assert state.replicas["a"].failures == 0 and state.counters.breaker_closes == 1
 
 
@@ -305,15 +310,15 @@ def test_an_unreachable_engine_opens_its_breaker_at_once_even_with_the_breaker_o
     assert placements(state) == {"t1": "a", "t2": "b"} and held_turns(state) == ["t3"]
     gone = TurnFailed("t1", 1.0, "engine a: cannot connect: Connection refused", unreachable=True)
     actions = feed(state, [gone])
-    assert actions == [BreakerChanged("a", opened=True, reason="engine unreachable: " + gone.error)]
+    assert actions == [BreakerChanged("a", "closed", "open", "engine unreachable: " + gone.error)]
     assert state.replicas["a"].tripped and held_turns(state) == ["t3"]  # not given a's slot
     assert state.counters.breaker_trips == 1
     # admitted again: it goes to b once b has room, never to a while a is out
     feed(state, [arrive("t1b", "r1", at=1.1, failover_from="a")])
     feed(state, [finish("t2", at=1.2)])
     assert "a" not in placements(state).values()
-    assert feed(state, [probe("a", at=2.0)])[0] == BreakerChanged("a", opened=False)
-    assert not state.replicas["a"].tripped and state.counters.breaker_closes == 1
+    assert feed(state, [probe("a", at=2.0)])[0] == BreakerChanged("a", "open", "half_open", "a healthy probe")
+    assert not state.replicas["a"].tripped and state.replicas["a"].breaker == "half_open"
 
 
 def test_a_turn_admitted_again_with_no_usable_replica_left_is_refused_at_once_not_held() -> None:

@@ -1,7 +1,8 @@
 """Capacity: whether a replica has a slot for one more turn of a given service class.
 
 A replica has room for a turn when it is usable (:mod:`.health`) and its in-flight turns are below
-its effective capacity (:mod:`.engine_load`) less the slots kept from that class (:mod:`.headroom`).
+its effective capacity (:mod:`.engine_load`) less the slots kept from that class (:mod:`.headroom`),
+and, while its breaker is half-open, below its trial turns (:mod:`.breaker`).
 Reads: the replica's ``inflight`` (turns placed and not yet finished, failed, abandoned or expired)
 and ``leased`` (slots leased to dataplanes, unused), health, engine load, ``max_inflight`` and
 headroom; the turn's service class.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from luftpause.scheduler.core.policies import engine_load, headroom, health
+from luftpause.scheduler.core.policies import breaker, engine_load, headroom, health
 
 if TYPE_CHECKING:
     from luftpause.scheduler.core.events import ServiceClass
@@ -33,7 +34,10 @@ def has_room(
     ``leased_taken`` is False (a lease may be withdrawn to make room).
     """
     used = replica.inflight + replica.leased if leased_taken else replica.inflight
-    return health.usable(replica) and used < limit(replica, service_class)
+    trials = breaker.room(replica)  # a half-open breaker takes its trial turns only
+    return (
+        health.usable(replica) and used < limit(replica, service_class) and (trials is None or used < trials)
+    )
 
 
 def with_room(

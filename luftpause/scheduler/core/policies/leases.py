@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 
 def grantable(replica: Replica) -> bool:
     """True when ``replica`` may be leased at all: generative, usable, not draining (a lease may
-    place a new run: :mod:`.draining`), its engine not queueing."""
+    place a new run: :mod:`.draining`), its breaker closed (a half-open one takes trial turns
+    only), its engine not queueing."""
     waiting = replica.engine_waiting
     return (
         replica.kind == "generative"
         and health.usable(replica)
+        and replica.breaker == "closed"
         and not replica.draining
         and (waiting is None or waiting <= 0)
     )

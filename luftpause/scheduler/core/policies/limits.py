@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
+from luftpause.scheduler.core.policies import breaker as breaker_policy
 from luftpause.scheduler.core.policies import caller_tree
 
 if TYPE_CHECKING:
@@ -105,14 +106,31 @@ class Protection:
     callers: Mapping[str, ClassLimits] = field(default_factory=dict)
     """Caller -> what it overrides, for every class of it."""
     breaker_failures: int = 0
-    """Turns failing in a row on one replica that take it out of rotation (:mod:`.breaker`); 0: off."""
+    """Engine-fault failures within ``breaker_window_s`` on one replica that open its breaker
+    (:mod:`.breaker`); 0: off (an unreachable engine still opens it)."""
+    breaker_window_s: float = 60.0
+    """Seconds a failure counts toward ``breaker_failures``."""
+    breaker_open_s: float = 0.0
+    """Seconds an open breaker stays open at least before a healthy probe makes it half-open."""
+    breaker_success_threshold: int = 1
+    """Trial turns finished in a row that close a half-open breaker."""
+    breaker_trial_turns: int = 1
+    """Turns a half-open replica takes at once."""
 
+    breaker: breaker_policy.Settings = field(init=False, repr=False, compare=False)
+    """The ``breaker_*`` fields as the breaker's settings."""
     _carved: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     """Holder -> the configured names that are holders of their own below it (see :meth:`carved`)."""
 
     def __post_init__(self) -> None:
-        if self.breaker_failures < 0:
-            raise ValueError("breaker_failures must be >= 0")
+        settings = breaker_policy.Settings(
+            self.breaker_failures,
+            self.breaker_window_s,
+            self.breaker_open_s,
+            self.breaker_success_threshold,
+            self.breaker_trial_turns,
+        )
+        object.__setattr__(self, "breaker", settings)
         carved: dict[str, list[str]] = {}
         for name in sorted(self.callers):
             above = caller_tree.parent(name)
