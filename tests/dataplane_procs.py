@@ -91,10 +91,12 @@ def scheduler_and_dataplane(
     replicas: str | None = None,
     env: dict[str, str] | None = None,
     dataplane: str = "",
+    scheduler: str = "",
 ) -> Iterator[SchedulerAndDataplane]:
     """Start a scheduler and a dataplane (one replica per engine URL, serving :data:`MODEL`, or the
     ``[[replicas]]`` TOML given as ``replicas``; ``env`` added to the dataplane's environment;
-    ``dataplane``: more lines of its ``[dataplane]`` table), wait
+    ``dataplane``: more lines of its ``[dataplane]`` table; ``scheduler``: TOML after the
+    ``[scheduler]`` table, e.g. a ``[scheduler.protection]`` table), wait
     until the dataplane is connected; stop both at the end, even on failure."""
     grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
     if replicas is None:
@@ -109,7 +111,7 @@ def scheduler_and_dataplane(
 [scheduler]
 grpc = "127.0.0.1:{grpc_port}"
 http = "127.0.0.1:{status_port}"
-
+{scheduler}
 [dataplane]
 listen = "127.0.0.1:{dp_port}"
 scheduler = "127.0.0.1:{grpc_port}"

@@ -342,5 +342,8 @@ def test_limit_refusals_by_class_and_limit_and_the_circuit_breaker() -> None:
     assert samples[("luftpause_scheduler_rejections_total", (("reason", "limit"),))] == 1
     assert samples[("luftpause_scheduler_breaker_trips_total", ())] == 1
     assert samples[("luftpause_scheduler_replica_breaker_open", (("replica", "a"),))] == 1
+    assert samples[("luftpause_scheduler_replica_breaker_half_open", (("replica", "a"),))] == 0
+    opened = (("from", "closed"), ("replica", "a"), ("to", "open"))
+    assert samples[("luftpause_scheduler_breaker_transitions_total", opened)] == 1
     assert samples[("luftpause_scheduler_replica_draining", (("replica", "a"),))] == 0
     assert host.healthy_replicas() == 0  # out of rotation: the dataplanes are told none is healthy

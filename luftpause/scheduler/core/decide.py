@@ -180,14 +180,20 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
     was), so a removal lasts at most the turn expiry (600 s). Then no run keeps it as its last
     replica, and a replica added later under its name holds no prefix of theirs.
     ``ReplicaRestored``: back in rotation (ends a drain, or a removal not finished).
-17. Circuit breaker (:mod:`.policies.breaker`, ``[scheduler.protection] breaker_failures``, 0 by
-    default: off). The N-th turn in a row to fail on a replica with an engine fault
-    (``TurnFailed.engine_fault``; a client leaving mid-stream is none) takes it out of rotation at
-    once, before its slot is given to a held turn, as an unhealthy probe would (rule 2); a finished
-    turn starts the count again; the next healthy probe puts it back. A turn whose engine was never
-    reached (``TurnFailed.unreachable``) opens it at once, whatever the threshold (even 0): the
-    dataplane admits that turn again, and it must not go back there. Each opening and closing is
-    a ``BreakerChanged`` for the shell to log, counted (``breaker_trips``, ``breaker_closes``).
+17. Circuit breaker (:mod:`.policies.breaker`, ``[scheduler.protection] breaker_*``; engine faults
+    open none by default). Closed, the ``breaker_failures``-th turn to fail on a replica with an
+    engine fault (``TurnFailed.engine_fault``; a client leaving mid-stream is none) within
+    ``breaker_window_s`` and since its last finished turn opens it: out of rotation at once, before
+    its slot is given to a held turn, as an unhealthy probe would (rule 2). A turn whose engine was
+    never reached (``TurnFailed.unreachable``) opens it at once, whatever the threshold (even 0):
+    the dataplane admits that turn again, and it must not go back there. Open, the first healthy
+    probe ``breaker_open_s`` after it opened makes it half-open: usable, but with room only while
+    fewer than ``breaker_trial_turns`` turns are in flight there (its trial turns; never leased).
+    ``breaker_success_threshold`` turns finished there in a row close it (its full capacity is
+    filled at once); a turn failing there with an engine fault, or an unhealthy probe, opens it
+    again. Each transition is a ``BreakerChanged`` for the shell to log, counted per
+    ``(replica, from, to)`` (``State.breaker_transitions``) and as ``breaker_trips`` (to open) and
+    ``breaker_closes`` (to closed).
 18. Protection limits (:mod:`.policies.limits`, ``[scheduler.protection]``, off by default), per
     caller and class, held by a name of the caller tree: a caller's limits are those of the most
     specific configured name among it and the callers above it, else the class defaults, and are
