@@ -201,6 +201,7 @@ def test_a_tripped_breaker_and_failures_in_a_row_are_shown_per_replica(
     replicas = [
         _replica("open", healthy=True, tripped=True, failures_in_a_row=3),
         _replica("shaky", failures_in_a_row=1),
+        _replica("trial", breaker="half_open"),
         _replica("both", draining=True, tripped=True, failures_in_a_row=3),
         {k: v for k, v in _replica("older").items() if k not in ("draining", "removing", "tripped")},
     ]
@@ -213,6 +214,7 @@ def test_a_tripped_breaker_and_failures_in_a_row_are_shown_per_replica(
     assert rows["shaky"].one("td", data_rotation="in rotation")
     assert rows["shaky"].cell("failures") == "1 failed in a row (breaker at 3)"
     assert rows["both"].one("td", data_rotation="draining, breaker open")
+    assert rows["trial"].one("td", data_rotation="breaker half-open")  # it takes trial turns only
     assert rows["older"].cell("rotation") == DASH  # a scheduler from before the admin API
     assert by_id(dom, "replicas-summary").text().endswith("· 1 draining · 2 breaker open")
     # the breaker alone: the section says so, and shows no refusals (no limit can refuse)
