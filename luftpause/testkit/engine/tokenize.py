@@ -22,7 +22,6 @@ from luftpause.testkit.engine.wire import RequestError, parse_json_body
 __all__ = ["MAX_MODEL_LEN", "tokenize"]
 
 
-
 def count_of(raw: bytes, served: Sequence[str]) -> int:
     """The prompt tokens of a ``/tokenize`` body; :class:`RequestError` (400, 404)."""
     body = parse_json_body(raw)

@@ -245,7 +245,6 @@ def test_await_and_status_tools_say_an_evicted_handle_expired() -> None:
     assert never.is_error and "unknown run handle 'run-never'" in never_text
 
 
-
 def test_the_retention_window_comes_from_the_configuration(tmp_path: Path) -> None:
     # [runtime] retained_s bounds how long finished runs and their tasks stay (a soak shortens it);
     # before the key, the runtime kept them an hour whatever its file said.
