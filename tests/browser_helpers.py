@@ -182,6 +182,26 @@ class Page:
         )
         return int(points or 0)
 
+    async def assert_charts_share_one_row(self, svg: str) -> None:
+        """The pages' ``#series`` charts stand side by side in one row that they fill from edge to
+        edge (within a pixel), and the chart drawing ``svg`` is as wide as its figure and no taller
+        than 120 px for it."""
+        box: dict[str, Any] = await self.evaluate(
+            "(() => { const row = document.querySelector('#series .charts').getBoundingClientRect();"
+            " const charts = [...document.querySelectorAll('#series .chart')]"
+            ".map((c) => c.getBoundingClientRect());"
+            f" const svg = document.querySelector({json.dumps(svg)});"
+            " const drawing = svg.getBoundingClientRect();"
+            " const figure = svg.closest('.chart').getBoundingClientRect();"
+            " return {left: row.left, right: row.right, first: charts[0].left,"
+            " last: charts[charts.length - 1].right, tops: charts.map((c) => c.top),"
+            " figure: figure.width, svg: drawing.width, height: drawing.height}; })()"
+        )
+        assert len(box["tops"]) > 1 and max(box["tops"]) - min(box["tops"]) < 1, box  # one row
+        assert abs(box["first"] - box["left"]) < 1 and abs(box["last"] - box["right"]) < 1, box
+        assert abs(box["svg"] - box["figure"]) < 1, box  # the drawing as wide as its figure
+        assert box["height"] <= 120, box  # and no taller for it
+
     async def screenshot(self, path: Path, selector: str | None = None) -> Path:
         """A PNG of the whole page (``selector`` None) or of one element's box, written to ``path``."""
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": True}

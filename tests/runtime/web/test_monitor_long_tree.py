@@ -199,18 +199,7 @@ def test_the_charts_share_the_whole_width(browser: int, tree: LongTree) -> None:
                 return await page.drawn_points('#chart-finished polyline[data-series="completed"]') >= 1
 
             await until(drawn, "the finished runs' chart")
-            box: dict[str, float] = await page.evaluate(
-                "(() => { const row = document.querySelector('#series .charts').getBoundingClientRect();"
-                " const charts = [...document.querySelectorAll('#series .chart')]"
-                ".map((c) => c.getBoundingClientRect());"
-                " const svg = document.querySelector('#chart-finished svg').getBoundingClientRect();"
-                " return {left: row.left, right: row.right, first: charts[0].left,"
-                " last: charts[charts.length - 1].right, figure: charts[1].width,"
-                " svg: svg.width, height: svg.height}; })()"
-            )
-        assert abs(box["first"] - box["left"]) < 1 and abs(box["last"] - box["right"]) < 1, box
-        assert abs(box["svg"] - box["figure"]) < 1, box  # the drawing as wide as its figure
-        assert box["height"] <= 120, box  # and no taller for it
+            await page.assert_charts_share_one_row("#chart-finished svg")
 
     run_in(go)
 
