@@ -2,7 +2,7 @@
 under test comes from (:class:`Source`), the fast simulated engine, and each way of reaching it
 (direct, nginx, luftpause, SGLang's router) as :class:`Arrangement` with its processes.
 
-Every process is a :class:`luftpause.testkit.procs.ChildProcess` in its own session, so that its
+Every process is a :class:`luftpause.testkit.launch.procs.ChildProcess` in its own session, so that its
 whole process group is measured and stopped. An arrangement that cannot start is returned with the
 reason, its processes already stopped.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 NGINX = "/usr/sbin/nginx"

@@ -19,7 +19,7 @@ import aiohttp
 from e2e_arrangements import Arrangement
 from e2e_load import closed_loop
 
-from luftpause.testkit.procs import ChildProcess, stat_fields
+from luftpause.testkit.launch.procs import ChildProcess, stat_fields
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 STREAMED = "stream"

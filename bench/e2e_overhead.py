@@ -70,7 +70,7 @@ from e2e_arrangements import (
 from e2e_measure import memory_of, run_all
 from e2e_report import _fmt, describe_source, sse_extension_loaded, summarise, table, targets
 
-from luftpause.testkit.procs import ChildProcess
+from luftpause.testkit.launch.procs import ChildProcess
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -34,10 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("luftpause.scheduler.server", "run the scheduler (gRPC admission, HTTP status)"),
     "dataplane": ("luftpause.dataplane.server", "run the OpenAI-compatible proxy"),
     "runtime": ("luftpause.runtime.server", "run the MCP server that drives sub-agents"),
-    "fake-engine": ("luftpause.testkit.fake_engine", "run the OpenAI-compatible engine simulator"),
-    "fake-mcp": ("luftpause.testkit.fake_mcp", "run the fake MCP tool server (lookup, deep_search)"),
+    "fake-engine": ("luftpause.testkit.commands.fake_engine", "run the OpenAI-compatible engine simulator"),
+    "fake-mcp": ("luftpause.testkit.fakes.fake_mcp", "run the fake MCP tool server (lookup, deep_search)"),
     "loadgen": (
-        "luftpause.testkit.loadgen",
+        "luftpause.testkit.commands.loadgen",
         "load over MCP (--spawn) or through the proxy (--agents), and a summary",
     ),
     "top": ("luftpause.top", "watch the runtime's run network in the terminal (the monitor's tree)"),

@@ -46,7 +46,7 @@ from luftpause import settings
 from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import EMBEDDED_DEFAULT, Config, listen_url, split_host_port
 from luftpause.ports import address_in_use
-from luftpause.testkit.procs import ChildProcess
+from luftpause.testkit.launch.procs import ChildProcess
 
 READY_TIMEOUT_S = 60.0
 FIRST_BACKOFF_S = 0.5

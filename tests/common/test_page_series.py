@@ -16,7 +16,7 @@ from luftpause.scheduler.core import FirstToken, LeasedTurnPlaced, TurnArrived, 
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
 from luftpause.series import MAX_OBSERVATIONS, SeriesRing, Window, parse_after, sample_every
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 # --- the ring -------------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from luftpause.runtime.agent import spans as run_spans
 from luftpause.runtime.agent.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -734,7 +734,7 @@ async def otlp_receiver() -> AsyncIterator[str]:
     """The receiver's app served in this process on a free port; its base URL."""
     from aiohttp import web
 
-    from luftpause.testkit.otlp_receiver import receiver_app
+    from luftpause.testkit.fakes.otlp_receiver import receiver_app
 
     runner = web.AppRunner(receiver_app())
     await runner.setup()
@@ -813,7 +813,7 @@ async def test_the_grpc_receiver_takes_what_the_sdks_grpc_exporter_sends(spans: 
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from luftpause.testkit.otlp_receiver import receiver_app, start_grpc_receiver
+    from luftpause.testkit.fakes.otlp_receiver import receiver_app, start_grpc_receiver
 
     received: list[dict[str, Any]] = []
     grpc_port, http_port = free_port(), free_port()
@@ -848,7 +848,7 @@ async def test_the_grpc_receiver_takes_what_the_sdks_grpc_exporter_sends(spans: 
 
 def test_the_receivers_help_describes_its_options() -> None:
     shown = subprocess.run(
-        [sys.executable, "-m", "luftpause.testkit.otlp_receiver", "--help"],
+        [sys.executable, "-m", "luftpause.testkit.fakes.otlp_receiver", "--help"],
         capture_output=True,
         text=True,
         check=True,

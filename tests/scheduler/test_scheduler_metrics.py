@@ -31,7 +31,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.host import Outcome, SchedulerHost
 from luftpause.scheduler.status_http import status_app
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 CONFIG = parse_config(
     """

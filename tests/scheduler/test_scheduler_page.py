@@ -43,8 +43,8 @@ from page_helpers import (
 )
 
 from luftpause.scheduler.status_http import page_html
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

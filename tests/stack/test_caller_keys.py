@@ -28,8 +28,8 @@ from luftpause.auth.callers import (
     parse_keys_file,
 )
 from luftpause.config import ConfigError, parse_config
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 TOKEN = "shared-token-of-the-stack"
 TEAM_A = "team-a-key-0123456789abcdef"

@@ -29,7 +29,7 @@ import openai
 import pytest
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import pytest
 
 from luftpause import logs
 from luftpause.cli import main
-from luftpause.testkit.procs import ChildProcess, free_port, http_ok
+from luftpause.testkit.launch.procs import ChildProcess, free_port, http_ok
 
 KEYS = {"time", "level", "logger", "process", "message"}
 LEVEL_ENV = "LUFTPAUSE_LOG_LEVEL"

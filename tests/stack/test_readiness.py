@@ -26,7 +26,7 @@ from luftpause.config import load_config
 from luftpause.runtime.runs.journal import JOURNAL_NAME
 from luftpause.runtime.server import create_app
 from luftpause.runtime.wiring import Runtime
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 from luftpause.up import not_ready
 
 

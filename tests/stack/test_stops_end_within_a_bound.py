@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from luftpause.testkit.procs import ChildProcess
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -33,7 +33,7 @@ from pydantic import TypeAdapter
 from luftpause.auth.callers import CALLER_KEYS_ENV
 from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams
 from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

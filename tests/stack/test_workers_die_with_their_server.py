@@ -20,7 +20,13 @@ import orjson
 import pytest
 from dataplane_procs import MODEL, fake_engine, scheduler_and_dataplane
 
-from luftpause.testkit.procs import ChildProcess, free_port, port_open, reap_with_this_process, stat_fields
+from luftpause.testkit.launch.procs import (
+    ChildProcess,
+    free_port,
+    port_open,
+    reap_with_this_process,
+    stat_fields,
+)
 
 pytestmark = pytest.mark.integration
 

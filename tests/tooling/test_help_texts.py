@@ -22,7 +22,7 @@ def help_of(*argv: str) -> str:
 
 
 def test_loadgen_help_shows_the_defaults_of_task_and_caller() -> None:
-    from luftpause.testkit.loadgen import DEFAULT_TASK
+    from luftpause.testkit.commands.loadgen import DEFAULT_TASK
 
     shown = help_of("-m", "luftpause", "loadgen")
     assert f"the task of every run (default: {DEFAULT_TASK!r})" in shown

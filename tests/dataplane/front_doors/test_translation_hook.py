@@ -26,7 +26,7 @@ from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import Translation, Turn
 from luftpause.dataplane.upstream import Upstream
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 
 CALL = {"index": 0, "id": "call_hook_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}

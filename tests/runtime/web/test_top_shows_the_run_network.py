@@ -34,8 +34,8 @@ from pods_helpers import Pod, call, script, start_pod, until
 from rich.console import Console
 
 from luftpause.monitor_client import NetworkPoller, parse_url
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.procs import free_port
 from luftpause.top import COLUMNS, column_widths, counts_line, fit, frame, more_line, short_scope, state_text
 
 TOKEN = "top-test-token"

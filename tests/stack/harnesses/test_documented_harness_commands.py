@@ -40,7 +40,7 @@ import pytest
 from harness_runs import HARNESSES_ENV, harness_bin
 from repo_paths import ROOT
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
