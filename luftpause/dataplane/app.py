@@ -29,7 +29,7 @@ count_tokens``                 turn: neither admitted nor scheduled
                                life and per window (:meth:`luftpause.dataplane.usage.Usage.report`);
                                with ``LUFTPAUSE_TOKEN`` set, only with it (``Authorization: Bearer``)
 ``GET /admin/usage``           the same ``usage`` alone, for billing and budget scripts (the same token)
-``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
+``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.serving.health`), no token needed:
                                ready while the scheduler link is resynced and the scheduler counts
                                a replica healthy
 =============================  ==================================================================
@@ -63,8 +63,6 @@ import grpc.aio
 import orjson
 from pydantic import ValidationError
 
-from luftpause import health as probes
-from luftpause import tracing
 from luftpause.auth.callers import Access
 from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.auth.tokens import bearer_matches
@@ -120,8 +118,10 @@ from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
 from luftpause.dataplane.turn_intake import TurnIntake
 from luftpause.dataplane.upstream import Upstream
-from luftpause.orphans import exit_with_parent
+from luftpause.observe import tracing
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.serving import health as probes
+from luftpause.supervise.orphans import exit_with_parent
 from luftpause.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("luftpause.dataplane")
@@ -648,7 +648,7 @@ def create_app(config: Config | None = None) -> Dataplane:
     the environment (:func:`luftpause.config.load_config`); granian's loader.
 
     Runs in the worker process, so that is where spans are exported from when
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.tracing.setup`).
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.observe.tracing.setup`).
     """
     tracing.setup(tracing.DATAPLANE_SERVICE)
     return Dataplane(config if config is not None else load_config())

@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 
-from luftpause import tracing
 from luftpause.config import FailoverConfig, ReplicaConfig
 from luftpause.dataplane import turn_spans
 from luftpause.dataplane.admission import SchedulerLink
@@ -33,6 +32,7 @@ from luftpause.dataplane.sse import SSEScanner
 from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_ids
 from luftpause.dataplane.turn import RUN_ID_HEADER, StreamTranslation, Turn, new_id, with_priority
 from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
+from luftpause.observe import tracing
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]

@@ -1,7 +1,7 @@
 """``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop.
 
 The granian worker builds the app from the configuration checked here: the proxy behind the
-listener guard (:mod:`luftpause.listeners`: body deadline, requests at once, stop). The caller
+listener guard (:mod:`luftpause.serving.listeners`: body deadline, requests at once, stop). The caller
 keys and the TLS files are read here first, so that a bad one stops the command (exit 2, one line
 naming the file and the key) before any worker starts.
 """
@@ -13,13 +13,14 @@ import logging
 import sys
 from functools import partial
 
-from luftpause import logs
 from luftpause.auth.callers import Access
 from luftpause.auth.tls import check_listener, check_peer
-from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import ConfigError, split_host_port
-from luftpause.listeners import granian_options, guarded
-from luftpause.ports import hold_listen_lock, refuse_if_in_use
+from luftpause.config.arguments import add_config_argument, config_from_args
+from luftpause.observe import logs
+from luftpause.serving.listeners import granian_options, guarded
+from luftpause.serving.ports import hold_listen_lock, refuse_if_in_use
+from luftpause.supervise.titles import process_title
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

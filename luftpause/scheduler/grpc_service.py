@@ -35,7 +35,7 @@ admissions still waiting on it are abandoned, and when it was the last open stre
 released. A reconnecting dataplane's new stream is counted open from its resync on, so an old
 stream seen to end after that loses nothing.
 
-Tracing (:mod:`luftpause.tracing`, only while it is active): one ``admit`` span per admission,
+Tracing (:mod:`luftpause.observe.tracing`, only while it is active): one ``admit`` span per admission,
 child of the item's ``traceparent``, from the admit's arrival to its answer, with
 ``luftpause.replica`` and ``luftpause.held_ms`` (milliseconds the turn waited here for its
 placement); a refusal sets the span's status to ERROR, an admission given up (cancel, stream end)
@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from opentelemetry.trace import SpanKind, StatusCode
 
-from luftpause import tracing
 from luftpause.config import ReplicaConfig
+from luftpause.observe import tracing
 from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,

@@ -77,7 +77,7 @@ LeaseSink = Callable[[LeaseChange], None]
 
 
 def _turn_fields(turn: HeldTurn | PlacedTurn) -> dict[str, str]:
-    """The structured fields of a log record about ``turn`` (JSON keys, :mod:`luftpause.logs`)."""
+    """The structured fields of a log record about ``turn`` (JSON keys, :mod:`luftpause.observe.logs`)."""
     return {"turn_id": turn.turn_id, "run_id": turn.run_id, "trace_id": turn.trace_id}
 
 

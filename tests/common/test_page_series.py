@@ -1,4 +1,4 @@
-"""The pages' time series: the bounded ring (``luftpause.series``), the scheduler's samples of held
+"""The pages' time series: the bounded ring (``luftpause.observe.series``), the scheduler's samples of held
 turns, time to first token and runs (``luftpause.scheduler.series``), and ``GET /series``."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 
 from luftpause.config import parse_config
+from luftpause.observe.series import MAX_OBSERVATIONS, SeriesRing, Window, parse_after, sample_every
 from luftpause.scheduler.core import FirstToken, LeasedTurnPlaced, TurnArrived, TurnFinished
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
-from luftpause.series import MAX_OBSERVATIONS, SeriesRing, Window, parse_after, sample_every
 from luftpause.testkit.launch.procs import free_port
 
 # --- the ring -------------------------------------------------------------------------------------

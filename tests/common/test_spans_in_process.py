@@ -1,6 +1,6 @@
 """OpenTelemetry spans of each process, in-process, caught by the SDK's in-memory exporter.
 
-``luftpause.tracing.install`` puts a ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
+``luftpause.observe.tracing.install`` puts a ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
 ``InMemorySpanExporter`` in place of the OTLP export; every test takes it off again. The spans of
 the three real processes at a real OTLP receiver are ``test_tracing_stack.py``'s.
 """
@@ -25,8 +25,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from runtime_helpers import make_run
 from tracing_helpers import llm_typed
 
-from luftpause import tracing
 from luftpause.config import parse_config
+from luftpause.observe import tracing
 from luftpause.runtime.agent import spans as run_spans
 from luftpause.runtime.agent.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
@@ -74,7 +74,7 @@ def test_unset_endpoint_installs_nothing_and_the_sdk_is_never_imported() -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     code = (
         "import sys\n"
-        "from luftpause import tracing\n"
+        "from luftpause.observe import tracing\n"
         "import luftpause.dataplane.app, luftpause.scheduler.server, luftpause.runtime.server\n"
         "assert tracing.setup(tracing.DATAPLANE_SERVICE) is False\n"
         "assert tracing.active is False\n"
@@ -92,7 +92,7 @@ def test_setup_with_an_endpoint_installs_the_otlp_exporter_under_the_service_nam
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
     code = (
         "from opentelemetry import trace\n"
-        "from luftpause import tracing\n"
+        "from luftpause.observe import tracing\n"
         "assert tracing.setup(tracing.RUNTIME_SERVICE) is True\n"
         "assert tracing.active is True\n"
         "provider = trace.get_tracer_provider()\n"
@@ -174,7 +174,7 @@ def test_tracestate_is_kept_with_the_traceparent(spans: InMemorySpanExporter) ->
 def test_exporter_and_protocol_variables_are_honoured(env: dict[str, str], exporter: str | None) -> None:
     code = (
         "from opentelemetry import trace\n"
-        "from luftpause import tracing\n"
+        "from luftpause.observe import tracing\n"
         "if tracing.setup('x'):\n"
         "    processor = trace.get_tracer_provider()._active_span_processor._span_processors[0]\n"
         "    print(type(processor._batch_processor._exporter).__module__)\n"

@@ -1,5 +1,5 @@
 """The runtime's last minutes for its monitor: runs by state, one sample every 2 s for 10 min
-(:mod:`luftpause.series`), served as ``GET /monitor/series`` (:mod:`luftpause.runtime.web.monitor`).
+(:mod:`luftpause.observe.series`), served as ``GET /monitor/series`` (:mod:`luftpause.runtime.web.monitor`).
 
 A sample (beside ``seq`` and ``t``)::
 
@@ -21,8 +21,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from luftpause.observe.series import SeriesRing, sample_every
 from luftpause.runtime.runs.registry import RunRegistry
-from luftpause.series import SeriesRing, sample_every
 
 STATES = ("running", "AwaitingApproval", "completed", "failed", "cancelled")
 """The keys of a sample's ``runs``, in the order the monitor draws them."""

@@ -13,7 +13,7 @@ Routes (added to the runtime's app by :func:`monitor_routes`)::
                                         "from", "cursor", "pendingEvents"} (PodOperations.conversation):
                                        only the messages the page does not have yet
     GET  /monitor/series[?after=SEQ]   the last 10 minutes of runs by state, one sample per 2 s
-                                       (luftpause.runtime.runs.series, luftpause.series); after:
+                                       (luftpause.runtime.runs.series, luftpause.observe.series); after:
                                        only the samples after that seq
     POST /monitor/runs/{handle}/send   body {"message": str} -> PodOperations.send's answer
     POST /monitor/runs/{handle}/stop   -> PodOperations.stop's answer
@@ -67,13 +67,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from luftpause import pages
+from luftpause.observe.series import SeriesRing, parse_after
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.pods.actors import Actor
 from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.runs.series import RunSeries
 from luftpause.runtime.runs.tenants import Tenant, tenant_in
 from luftpause.runtime.web.auth import error_body
-from luftpause.series import SeriesRing, parse_after
 
 PAGE_RESOURCE = "monitor.html"
 MAX_MESSAGE_BYTES = 1024 * 1024

@@ -63,8 +63,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Implementation, TextContent
 
 from luftpause import __version__
-from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
+from luftpause.config.arguments import add_config_argument, config_from_args
 from luftpause.extras import MissingExtra, require_tui
 from luftpause.testkit.load.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, RunOutcome, closed_loop
 
@@ -472,7 +472,7 @@ async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> di
 def _default_url(args: argparse.Namespace) -> None:
     """Fill the URL this pass needs (``--proxy`` for ``--agents``, ``--runtime`` for ``--spawn``)
     from the configuration's listen address when it was not given. Only then is the configuration
-    read: a bad one ends the command (exit 2, see :func:`luftpause.cli.config_from_args`)."""
+    read: a bad one ends the command (exit 2, see :func:`luftpause.config.arguments.config_from_args`)."""
     if args.groups and args.proxy is None:
         args.proxy = listen_url(config_from_args(args).dataplane.listen)
     elif not args.groups and args.runtime is None:
