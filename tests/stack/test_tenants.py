@@ -14,6 +14,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -280,6 +281,45 @@ def test_another_tenants_run_is_not_found_by_any_tool_or_route(keyed: Stack) -> 
         r["handle"]: r for r in read_records(keyed.workdir / "state" / JOURNAL_NAME) if r["type"] == "start"
     }
     assert starts[handle]["tenant"] == "team-a" and starts[theirs]["tenant"] == "team-b"
+
+
+def test_the_monitors_series_counts_the_tenants_runs_only(keyed: Stack) -> None:
+    """``/monitor/series`` (the monitor's chart, runs by state) counted every tenant's runs for
+    every key: each key's samples must count what its ``/status`` lists, and an admin's all."""
+
+    async def spawn() -> None:
+        async with _client(keyed, TEAM_A) as a, _client(keyed, TEAM_B) as b:
+            handles = [
+                (await _ok(client, "spawn", task=f"count to {n}", maxTokens=8))["handle"]
+                for client, n in ((a, 1), (b, 2), (b, 3))
+            ]
+            for client, handle in zip((a, b, b), handles, strict=True):
+                done = await _ok(client, "await", handles=[handle], timeout=120)
+                assert done["runs"][0]["state"] == "completed", done
+
+    asyncio.run(spawn())
+    keys = {"team-a": TEAM_A, "team-b": TEAM_B, "operator": ADMIN}
+
+    def listed(key: str) -> dict[str, int]:
+        status, body = _http(keyed, "GET", "/status", key)
+        assert status == 200, body
+        return dict(Counter(run["state"] for run in body["runs"]))
+
+    def charted(key: str) -> dict[str, int]:
+        status, body = _http(keyed, "GET", "/monitor/series", key)
+        assert status == 200 and body["samples"], body
+        assert all(set(sample) == {"seq", "t", "runs"} for sample in body["samples"]), body
+        return {state: n for state, n in body["samples"][-1]["runs"].items() if n}
+
+    async def sampled_since_the_runs_ended() -> bool:
+        # the last sample may be older than the last run's end: wait for one that is not
+        return all(charted(key) == listed(key) for key in keys.values())
+
+    asyncio.run(until(sampled_since_the_runs_ended, "a sample after the runs ended", seconds=60))
+    mine, theirs, everyone = (charted(key) for key in keys.values())
+    # each counts its own runs (both have some), and the admin's are the two together
+    assert mine and theirs and Counter(mine) + Counter(theirs) == Counter(everyone), (mine, theirs, everyone)
+    assert _http(keyed, "GET", "/monitor/series", None)[0] == 401
 
 
 async def _send(session: ClientSession, kind: Any, task_id: str) -> dict[str, Any]:
