@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import httpx2
 import pytest
+from caller_keys_helpers import RUNTIME, TEAM_A, TEAM_B, TEAMS, keyed_stack, keys_file
 from mcp import Client, MCPError
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
@@ -38,54 +39,18 @@ from luftpause.testkit.stack import Stack
 
 pytestmark = pytest.mark.integration
 
-TEAM_A = "team-a-key-0123456789abcdef"
-TEAM_B = "team-b-key-0123456789abcdef"
 ADMIN = "operator-key-0123456789abcd"
-RUNTIME_KEY = "runtime-key-0123456789abcdef"
 NOWHERE = "run-00000000000000000000"
 
-KEYS_FILE = f"""
-[[keys]]
-caller = "team-a"
-key = "{TEAM_A}"
-
-[[keys]]
-caller = "team-b"
-key = "{TEAM_B}"
-
-[[keys]]
-caller = "operator"
-key = "{ADMIN}"
-admin = true
-
-[[keys]]
-caller = "runtime"
-key_env = "LUFTPAUSE_RUNTIME_KEY"
-"""
+KEYS_FILE = keys_file(*TEAMS, {"caller": "operator", "key": ADMIN, "admin": True}, RUNTIME)
 
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("tenants")
-    keys = workdir / "callers.toml"
-    keys.write_text(KEYS_FILE)
-    stack = Stack.start(
-        workdir,
-        env={
-            "LUFTPAUSE_TOKEN": "shared-token-of-the-stack",
-            "LUFTPAUSE_RUNTIME_KEY": RUNTIME_KEY,
-            CALLER_KEYS_ENV: "",
-        },
-        sections={
-            "dataplane": f'caller_keys = "{keys}"\n',
-            "runtime": 'dataplane_key_env = "LUFTPAUSE_RUNTIME_KEY"\n',
-        },
-    )
-    try:
-        stack.wait_connected()
+    with keyed_stack(
+        tmp_path_factory.mktemp("tenants"), KEYS_FILE, token="shared-token-of-the-stack", runtime_key=True
+    ) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 # The Tasks extension, as a 2026-07-28 client declares it.
@@ -344,10 +309,9 @@ def test_the_tenant_holds_after_a_restart(keyed: Stack) -> None:
 
 
 def test_a_sub_agents_own_spawns_belong_to_its_tenant(tmp_path: Path) -> None:
-    keys = [{"caller": "team-a", "key": TEAM_A}, {"caller": "team-b", "key": TEAM_B}]
     kid = script({"hold": "kid", "say": "kid done"})
     parent = script({"call": "spawn", "args": {"task": kid, "name": "kid"}}, {"say": "spawned"})
-    with start_pod(tmp_path, workspace=None, env={CALLER_KEYS_ENV: json.dumps(keys)}) as pod:
+    with start_pod(tmp_path, workspace=None, env={CALLER_KEYS_ENV: json.dumps(TEAMS)}) as pod:
 
         async def go() -> None:
             async with _client(f"{pod.url}/mcp", TEAM_A) as a, _client(f"{pod.url}/mcp", TEAM_B) as b:
