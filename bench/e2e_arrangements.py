@@ -135,7 +135,7 @@ http = "127.0.0.1:{status_port}"
 [dataplane]
 listen = "127.0.0.1:{dp_port}"
 scheduler = "127.0.0.1:{grpc_port}"
-workers = {workers}
+{f"workers = {workers}" if workers > 1 else ""}
 
 [[replicas]]
 name = "sim"

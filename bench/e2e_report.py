@@ -91,36 +91,38 @@ PROJECTED_CORES = 16
 
 def projections(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per streamed row of a proxy: completions/s per worker (measured), and a **projection** for
-    a host of ``PROJECTED_CORES`` cores running as many workers, the engines and clients elsewhere:
-    ``PROJECTED_CORES / proxy CPU seconds per turn``, what the proxy's CPU alone would allow if
-    every core ran a worker at the CPU per turn measured here. It assumes the per-turn CPU stays as
-    measured (no contention, no shared lock; the scheduler's share included, though one scheduler
-    serves all workers) and ignores the network, the engines and the client; it is an upper bound
-    from CPU, not a throughput seen."""
+    a host of ``PROJECTED_CORES`` cores, the engines and clients elsewhere, from the CPU per turn
+    measured here: for luftpause, its one scheduler on one core and the dataplane's workers on
+    the rest, ``min((PROJECTED_CORES - 1) / dataplane CPU s per turn, 1 / scheduler CPU s per
+    turn)``; for the others ``PROJECTED_CORES / CPU s per turn``. It assumes the CPU per turn
+    stays as measured (no contention between workers, no shared lock, the kernel's share as here)
+    and ignores the network, the engines and the client: an upper bound from CPU, not a
+    throughput seen."""
     projected = []
     for r in rows:
         if r["mode"] != STREAMED or r["arrangement"] == "direct":
             continue
-        cpu_s_per_turn = r["proxy_cpu_s_per_1k_turns"] / 1000.0
+        by_process = {k: v / 1000.0 for k, v in r["proxy_cpu_s_per_1k_turns_by_process"].items()}
+        if "scheduler" in by_process and by_process.get("dataplane", 0) > 0 and by_process["scheduler"] > 0:
+            cps = min((PROJECTED_CORES - 1) / by_process["dataplane"], 1 / by_process["scheduler"])
+        else:
+            cpu_s_per_turn = r["proxy_cpu_s_per_1k_turns"] / 1000.0
+            ok = cpu_s_per_turn > 0 and not math.isnan(cpu_s_per_turn)
+            cps = PROJECTED_CORES / cpu_s_per_turn if ok else math.nan
         projected.append(
             {
                 "arrangement": r["arrangement"],
                 "streams": r["streams"],
                 "workers": r["workers"],
                 "completions_per_s_per_worker": r["completions_per_s"] / r["workers"],
-                "projected_completions_per_s": PROJECTED_CORES / cpu_s_per_turn
-                if cpu_s_per_turn > 0 and not math.isnan(cpu_s_per_turn)
-                else math.nan,
+                "projected_completions_per_s": cps,
             }
         )
     by = {(p["streams"], p["arrangement"]): p for p in projected}
     for p in projected:
         nginx = by.get((p["streams"], "nginx"))
-        p["projected_vs_nginx"] = (
-            _ratio(p["projected_completions_per_s"], nginx["projected_completions_per_s"])
-            if nginx
-            else math.nan
-        )
+        base = nginx["projected_completions_per_s"] if nginx else math.nan
+        p["projected_vs_nginx"] = _ratio(p["projected_completions_per_s"], base)
     return projected
 
 

@@ -431,6 +431,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
         stream = _Stream(self.host)
         writer = asyncio.create_task(self._write(stream, context), name="luftpause-connect-writer")
         dataplane_id: str | None = None
+        seen: DataplaneSeen | None = None
         unwatch: Callable[[], None] | None = None
         try:
             first = await _read(context)
@@ -495,9 +496,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 unwatch()
             writer.cancel()
             stream.close()
+            if seen is not None:
+                Dataplanes.disconnected(seen, self.host.now())
             if dataplane_id is not None:
-                if stream.seen.dataplane_id:
-                    Dataplanes.disconnected(stream.seen, self.host.now())
                 self.host.lease_ended(dataplane_id, stream.lease)
                 self._stream_ended(dataplane_id)
             await asyncio.gather(writer, return_exceptions=True)

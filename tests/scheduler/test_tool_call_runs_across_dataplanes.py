@@ -126,3 +126,16 @@ def test_a_resync_gives_a_restarted_scheduler_the_tool_calls_of_paused_runs(two_
             assert reply.placed.replica == "b"
 
     run_scenario(two_replicas, scenario)
+
+
+def test_a_dataplane_without_a_name_is_listed_and_shown_gone_when_its_stream_ends(
+    two_replicas: Scheduler,
+) -> None:
+    async def scenario(stub: pb_grpc.SchedulerStub, status: StatusReader) -> None:
+        async with Stream(stub, pb.ResyncRequest(dataplane_id="")):
+            now = await status.get()
+            assert [(d["id"], d["connected"]) for d in now["dataplanes"]] == [("", True)]
+        after = await status.until(lambda s: not s["dataplanes"][0]["connected"])
+        assert after["dataplanes"][0]["lost_s"] is None  # a dataplane named "" is never taken as lost
+
+    run_scenario(two_replicas, scenario)
