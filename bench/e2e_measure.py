@@ -153,7 +153,9 @@ async def run_all(
     """Every measured arrangement at every concurrency and mode, ``args.rounds`` times, the order of
     arrangements rotated by one place per round and per cell."""
     measured = [a for a in arrangements if a.url is not None]
-    cells = [(streams, mode) for streams in args.streams for mode in (STREAMED, WHOLE)]
+    cells = [
+        (streams, mode) for streams in args.streams for mode in getattr(args, "modes", (STREAMED, WHOLE))
+    ]
     results = {
         (streams, mode, a.name): Measurement(a.name, streams, mode)
         for streams, mode in cells

@@ -192,6 +192,10 @@ class SchedulerConfig(Section):
     _check = field_validator("grpc", "http")(host_port)
 
 
+MAX_DATAPLANE_WORKERS = 256
+"""The most worker processes ``[dataplane] workers`` may ask for."""
+
+
 class DataplaneConfig(Section):
     listen: str = "127.0.0.1:8080"
     """HTTP listen address (``host:port``) of the proxy: ``/v1``, ``/metrics``, ``/livez``, ``/readyz``,
@@ -218,6 +222,12 @@ class DataplaneConfig(Section):
     (docs/failover.md)."""
     failover: FailoverConfig = FailoverConfig()
     """Turns sent again to another replica when theirs failed before answering (docs/failover.md)."""
+    workers: int = Field(default=1, ge=1, le=MAX_DATAPLANE_WORKERS)
+    """Worker processes serving the proxy on ``listen`` (granian's workers; the kernel spreads
+    connections among them, SO_REUSEPORT). Each keeps its own link to the scheduler under its own
+    dataplane id (``dp-<host>-<listen>-w<N>``, N from 0); a turn that names no run and reaches
+    another worker than its run's last is found on its run by the tool-call ids it answers,
+    through the scheduler (docs/operating.md "Several workers and several dataplanes")."""
     usage_window_s: float = Field(default=3600.0, ge=1)
     """Seconds of one window of the token usage per caller and model that ``GET /status`` and
     ``GET /admin/usage`` show (the current window and the one before), aligned on the wall clock

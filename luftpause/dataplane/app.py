@@ -35,7 +35,8 @@ count_tokens``                 turn: neither admitted nor scheduled
 =============================  ==================================================================
 
 Request headers read: ``x-luftpause-run-id`` (else the run that emitted a ``tool_call`` id the
-messages answer, remembered 30 min; else a new run), ``x-luftpause-class``
+messages answer, remembered 30 min here, or named by the scheduler when another worker or
+dataplane relayed it: ``run_identity``; else a new run), ``x-luftpause-class``
 (``interactive`` | ``batch``), ``x-luftpause-caller`` (truncated to 128 bytes), ``traceparent``
 with its ``tracestate`` (both sent on to the engine).
 With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <token>``, or the
@@ -121,6 +122,7 @@ from luftpause.dataplane.upstream import Upstream
 from luftpause.observe import tracing
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
 from luftpause.serving import health as probes
+from luftpause.serving.ports import hold_worker_slot
 from luftpause.supervise.orphans import exit_with_parent
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -147,7 +149,9 @@ _MODELS_PREFIX = "/v1/models/"
 class Dataplane:
     """ASGI application (``__call__``); granian's worker runs its lifespan (startup, shutdown)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, dataplane_id: str | None = None) -> None:
+        """``dataplane_id``: this worker's on the scheduler link (:func:`worker_dataplane_id`);
+        by default the one of a dataplane of one worker."""
         self.config = config
         expiry_s = config.dataplane.run_expiry_s
         self.runs = RunTable(idle_expiry_s=expiry_s)
@@ -160,9 +164,8 @@ class Dataplane:
         each for 40-byte ids (15 MB when full), 367 bytes at the 256-byte limit (37 MB)."""
         self.identity = RunIdentity(self.runs, self.tool_calls, self.ended_runs)
         self._prune_task: asyncio.Task[None] | None = None
-        # Stable across restarts on the same host and port: the Resync of a restarted dataplane
-        # then releases what the crashed one held.
-        dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
+        if dataplane_id is None:
+            dataplane_id = dataplane_id_base(config)
         self.link = SchedulerLink(
             config.dataplane.scheduler,
             self.runs,
@@ -545,9 +548,10 @@ class Dataplane:
     async def _admit_and_forward(self, turn: Turn, exchange: Exchange, watch: Callable[[], None]) -> None:
         assert self._relay is not None
         name = None
-        if not turn.single_pass:
+        if not turn.single_pass and not turn.ask_ids:
             # Placed at once under a capacity lease when one allows it: no round trip, no protobuf
-            # request, the turn reported after (luftpause.dataplane.admission).
+            # request, the turn reported after (luftpause.dataplane.admission). Not a turn whose
+            # run the scheduler must name first (run_identity).
             name = self.link.place_leased(
                 turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, turn.traceparent
             )
@@ -610,6 +614,8 @@ class Dataplane:
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent
+        if turn.ask_ids:
+            request.tool_call_ids.extend(turn.ask_ids)
         self._held += 1
         try:
             reply = await self.link.admit(request, leased_first=False)
@@ -633,6 +639,13 @@ class Dataplane:
             if reply.refused.http_status == 429:  # a protection limit: Retry-After with it
                 raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
+        if turn.ask_ids:
+            turn.ask_ids = ()
+            if reply.run_id and reply.run_id != turn.run_id:
+                # The scheduler knew the tool calls answered: the run that emitted them, maybe on
+                # another worker or dataplane, goes on here instead of the one made up.
+                self.runs.forget_unplaced(turn.run_id)
+                turn.run_id, turn.new_run = reply.run_id, False
         return reply.placed.replica
 
 
@@ -643,6 +656,26 @@ def configured_callers(config: Config, access: Access) -> list[str]:
     return [*keyed, *config.scheduler.protection.callers]
 
 
+def dataplane_id_base(config: Config) -> str:
+    """The dataplane id of a dataplane of one worker, ``dp-<host>-<listen>``: stable across
+    restarts on the same host and address, so the resync of a restarted dataplane releases what
+    the crashed one held."""
+    return f"dp-{socket.gethostname()}-{config.dataplane.listen}"
+
+
+def worker_dataplane_id(config: Config) -> str:
+    """This worker's dataplane id: :func:`dataplane_id_base`, and with ``[dataplane] workers``
+    above 1 ``-w<N>``, N the worker's number (:func:`luftpause.serving.ports.hold_worker_slot`: distinct
+    among the living workers, the same for a worker replacing a dead one), or ``-p<pid>`` when no
+    number freed up in time (distinct still, not stable)."""
+    base = dataplane_id_base(config)
+    workers = config.dataplane.workers
+    if workers <= 1:
+        return base
+    slot = hold_worker_slot("dataplane", config.dataplane.listen, workers)
+    return f"{base}-w{slot}" if slot is not None else f"{base}-p{os.getpid()}"
+
+
 def create_app(config: Config | None = None) -> Dataplane:
     """Build the app from ``config``, else from ``LUFTPAUSE_CONFIG`` (or the embedded default) and
     the environment (:func:`luftpause.config.load_config`); granian's loader.
@@ -651,4 +684,5 @@ def create_app(config: Config | None = None) -> Dataplane:
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.observe.tracing.setup`).
     """
     tracing.setup(tracing.DATAPLANE_SERVICE)
-    return Dataplane(config if config is not None else load_config())
+    config = config if config is not None else load_config()
+    return Dataplane(config, worker_dataplane_id(config))

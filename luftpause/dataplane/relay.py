@@ -164,14 +164,15 @@ class Relay:
         """Turns sent to an engine that have not ended yet (generative and single-pass)."""
         return len(self.runs.inflight) + len(self.single_pass_in_flight)
 
-    def _end(self, turn: Turn, tool_calls: bool) -> bool:
-        """Mark ``turn`` ended; False if it had already ended, so it is reported once."""
+    def _end(self, turn: Turn, tool_calls: bool, tool_call_ids: tuple[str, ...] = ()) -> bool:
+        """Mark ``turn`` ended (paused on the tool calls ``tool_call_ids``, when ``tool_calls``);
+        False if it had already ended, so it is reported once."""
         if turn.single_pass:
             if turn.turn_id not in self.single_pass_in_flight:
                 return False
             self.single_pass_in_flight.discard(turn.turn_id)
             return True
-        return self.runs.ended(turn.turn_id, tool_calls, self._loop.time())
+        return self.runs.ended(turn.turn_id, tool_calls, self._loop.time(), tool_call_ids)
 
     def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
         if turn.traceparent:
@@ -226,7 +227,8 @@ class Relay:
         """Report ``turn`` finished (once), with its facts; ``answer``: the prompt tokens the
         engine's prefix cache served (``-1``: not reported), its completion id and the model that
         answered (``None``: not said)."""
-        if not self._end(turn, tool_calls):
+        ids = tuple(tool_call_ids) if tool_call_ids and turn.run_id else ()
+        if not self._end(turn, tool_calls, ids):
             return
         now = self._loop.time()
         cached, response_id, response_model = answer
@@ -236,12 +238,16 @@ class Relay:
         )  # fmt: skip
         if turn.span is not None:
             turn_spans.answered(turn, cached, response_id, response_model)
-        if tool_call_ids and turn.run_id:
-            # The run's next turn may come back without its header but with these ids.
-            self.tool_calls.remember(turn.run_id, tool_call_ids, self._loop.time())
         # A count the engine did not report (-1) is left out: 0 on the wire (proto3's default),
         # absent on the turn's span (never recorded as 0 tokens).
-        usage = {k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0}
+        usage: dict[str, Any] = {
+            k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0
+        }
+        if ids:
+            # The run's next turn may come back without its header but with these ids, to this
+            # worker or another: the scheduler is told them too (TurnEvent.tool_call_ids).
+            self.tool_calls.remember(turn.run_id, ids, now)
+            usage["tool_call_ids"] = ids
         self._ended_event(
             turn, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage
         )

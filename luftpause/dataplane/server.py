@@ -1,6 +1,8 @@
 """``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop.
 
-The granian worker builds the app from the configuration checked here: the proxy behind the
+Each of granian's workers (``[dataplane] workers``, 1 by default) builds the app from the
+configuration checked here, with its own link to the scheduler under its own dataplane id
+(:func:`luftpause.dataplane.app.worker_dataplane_id`): the proxy behind the
 listener guard (:mod:`luftpause.serving.listeners`: body deadline, requests at once, stop). The caller
 keys and the TLS files are read here first, so that a bad one stops the command (exit 2, one line
 naming the file and the key) before any worker starts.
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         port=port,
         interface=Interfaces.ASGI,
         loop=Loops.uvloop,
-        workers=1,
+        workers=config.dataplane.workers,
         log_access=False,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
@@ -71,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     logs.announce(
         "dataplane",
         f"luftpause dataplane: OpenAI-compatible proxy on {scheme}://{host}:{port}/v1 "
-        f"(scheduler {config.dataplane.scheduler})",
+        f"(scheduler {config.dataplane.scheduler}"
+        + (f", {config.dataplane.workers} workers)" if config.dataplane.workers > 1 else ")"),
     )
     # The worker builds the app from this configuration, the one checked here: file, environment
     # variables and flags alike (the worker sees no flags, and the file may change meanwhile),

@@ -196,6 +196,10 @@ class Turn:
     new_run: bool = False
     """The run was made up for this turn (no header, no known tool call): forgotten again if the
     turn never reaches a replica."""
+    ask_ids: tuple[str, ...] = ()
+    """The tool-call ids the request answers, when this dataplane did not know them and made up
+    its run: the scheduler is asked which run emitted them (``AdmitRequest.tool_call_ids``), and
+    the turn takes that run (``AdmitReply.run_id``). Such a turn is never placed under a lease."""
     client_priority: bool = False
     """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
     choices: int = 1
