@@ -91,7 +91,9 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
     state.next_seq += 1
     turn.queue, usable, soft = _where(state, run, turn, serving)
     # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)
-    target = None if state.holding else _target(usable, soft, turn.service_class, not state.lessees)
+    target = (
+        None if state.holding else _target(state, run, usable, soft, turn.service_class, not state.lessees)
+    )
     if target is None:
         state.held.add(turn)
         if soft is not None and run is not None and turn.queue == pinned_to(soft.name):

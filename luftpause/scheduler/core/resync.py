@@ -15,7 +15,14 @@ from luftpause.scheduler.core.events import (
     Resynced,
 )
 from luftpause.scheduler.core.leasing import _drop_leases
-from luftpause.scheduler.core.placement import _count_placed, _fill_least_loaded, _refile, _reserve, _touch
+from luftpause.scheduler.core.placement import (
+    _count_placed,
+    _fill_least_loaded,
+    _kv_count,
+    _refile,
+    _reserve,
+    _touch,
+)
 from luftpause.scheduler.core.state import PlacedTurn, Run, State
 
 
@@ -189,6 +196,7 @@ def _settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) 
     runs = list(changed)
     for run in runs:
         _reserve(state, run, at)  # every replica is filled below
+        _kv_count(state, run)
     for run in runs:
         _refile(state, run.turns, at, out)
     _fill_least_loaded(state, state.replicas.values(), at, out)

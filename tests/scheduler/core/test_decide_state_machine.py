@@ -1190,18 +1190,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         was_loaded = self.healthy[name] and self.load.get(name, (None, None))[1] is not None
         # the engine-load rule, as the machine reads it: a queue sets the batch capacity to the
         # running count (while none is known, a lone queue with KV to spare does not: the engine
-        # may still be admitting); running above it with no queue raises it there; running at it
-        # with no queue while turns wait for the replica raises it by one; ill health or no load
-        # forgets it
+        # may still be admitting; once known, one with KV to spare never lowers it); running above
+        # it with no queue raises it there; running at it with no queue while turns wait for the
+        # replica raises it by one; ill health or no load forgets it
         learned = self.batch_cap.get(name)
         queued_before = self.queued.get(name, False)
         usage = None if running is None else kv
         if not healthy or running is None or waiting is None:
             learned = None
         elif waiting > 0:
-            lone = learned is None and not queued_before and usage is not None and usage < KV_FULL
-            if lone:
+            spare = usage is not None and usage < KV_FULL
+            if learned is None and not queued_before and spare:
                 event("engine load: a lone queue with KV to spare taught no bound")
+            elif learned is not None and spare and running < learned:
+                event("engine load: a queue with KV to spare lowered no bound")
             else:
                 learned = running
         elif learned is not None and running > learned:
