@@ -475,7 +475,7 @@ def index_models(state: State) -> None:
 
 def new_state(config: Config) -> State:
     """An empty state for ``config``'s replicas, dataplane grace, affinity (strict and idle),
-    leases, startup hold, pause hold and protection limits."""
+    leases, startup hold, pause hold, protection limits and KV-token admission."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
@@ -486,4 +486,5 @@ def new_state(config: Config) -> State:
         protection=config.scheduler.protection.policy(),
         idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
         run_expiry_s=config.scheduler.run_expiry_s,
+        kv_admission=KvAdmission(config.scheduler.kv_admission, config.scheduler.kv_fill),
     )
