@@ -69,10 +69,27 @@ def test_a_run_leaving_the_pool_lets_the_held_run_start(ending: str) -> None:
     assert "A" not in state.replicas["a"].kv_runs
 
 
-def test_a_replica_with_nothing_in_flight_takes_the_run_anyway() -> None:
+def test_a_replica_with_nothing_in_flight_takes_a_run_its_whole_pool_holds() -> None:
+    # B pauses on a tool too, with a 400-token prompt: nothing in flight. B counts 1,012, a first
+    # turn is now taken to leave 3,380 (C: 3,892): 4,612 + 1,012 + 3,892 is past 0.9 of the pool,
+    # within the whole of it
     state = _pressed()
-    feed(state, [_ends("b1", at=1.5, prompt=4_000)])  # B pauses on a tool too: nothing in flight
+    feed(state, [_ends("b1", at=1.5, prompt=400)])
     assert placements(state) == {"c1": "a"}
+
+
+def test_a_replica_with_nothing_in_flight_keeps_a_run_its_pool_cannot_hold() -> None:
+    # B's prompt is 4,000 tokens too: 4,612 + 4,612 + 4,612 is past the whole pool
+    state = _pressed()
+    feed(state, [_ends("b1", at=1.5, prompt=4_000)])
+    assert placements(state) == {} and "c1" in state.held
+
+
+def test_a_replica_that_counts_no_run_takes_one_past_its_pool() -> None:
+    state = make_state([("a", ["m"], 4)])
+    state.replicas["a"].kv_tokens = 1_000  # every run counts more than this
+    feed(state, [arrive("a1", "A", at=0.0, cls="batch")])
+    assert placements(state) == {"a1": "a"}
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,11 @@ only while
 
 (``used``: the counted runs' tokens, ``need``: the arriving run's estimate, ``fill``: the share of
 the pool runs may claim, :data:`FILL`). Turns of runs already counted there are never held by it
-(their context is in the pool already), and a replica with no turn in flight takes the run all
-the same: KV estimates never leave a replica idle while turns wait for it (work conservation).
+(their context is in the pool already); a replica that counts no run takes any run, and one with
+no turn in flight takes a run that fits its whole pool (not only ``fill`` of it): KV estimates
+never leave a replica idle while its pool has room (work conservation). (Taking any run whenever
+nothing is in flight let a 32k-token flood's first burst, all on their tools at once, start an
+eighth run in a pool of seven: two minutes of thrash, 14.3 batch runs/min against 21.3.)
 The head of a queue is never overtaken by a smaller run behind it (as SGLang's own admission);
 the turns pinned to the replica, which fit by definition, still take its free slots.
 
@@ -115,7 +118,11 @@ def park_after(caller_pauses: Sequence[float]) -> float:
 
 def fits(replica: Replica, need: int, settings: KvAdmission) -> bool:
     """True when a run counted at ``need`` tokens may start on ``replica`` (see the module
-    docstring): its pool unknown, the admission off, nothing in flight there, or room for it."""
-    if not settings.on or replica.kv_tokens is None or replica.inflight + replica.leased == 0:
+    docstring): its pool unknown, the admission off, no run counted there, room for it within
+    ``fill`` of the pool, or nothing in flight there and room for it in the whole pool."""
+    if not settings.on or replica.kv_tokens is None or replica.kv_used == 0:
         return True
-    return replica.kv_used + need <= settings.fill * replica.kv_tokens
+    if replica.kv_used + need <= settings.fill * replica.kv_tokens:
+        return True
+    # nothing in flight: the slots would idle; take the run if the whole pool holds it
+    return replica.inflight + replica.leased == 0 and replica.kv_used + need <= replica.kv_tokens
