@@ -730,7 +730,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         ttl = pause_hold.ttl(
             self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, []), saved
         )
-        self.pause[run_id] = (self.now, None if ttl is None else self.now + ttl)
+        # a TTL of 0 is no hold at all: the core times none (``hold_until`` stays ``None``)
+        self.pause[run_id] = (self.now, None if ttl is None or ttl <= 0 else self.now + ttl)
         if ttl is not None and ttl <= 0:
             self.hold_over.add(run_id)  # worth no slot: it keeps none from the start
 
