@@ -1815,6 +1815,25 @@ class SchedulerMachine(RuleBasedStateMachine):
                 )
 
     @invariant()
+    def kv_counts_are_the_runs_in_progress(self) -> None:
+        """KV-token admission's books (``policies/kv_admission.py``): each generative replica counts
+        exactly the runs generating or tool-paused (not parked) there, and its sum is theirs."""
+        for name, replica in self.state.replicas.items():
+            assert replica.kv_used == sum(replica.kv_runs.values()), f"{name}: KV sum"
+            for run_id in replica.kv_runs:
+                run = self.state.runs.get(run_id)
+                assert run is not None and run.kv_on == name, f"{name} counts {run_id}"
+        for run in self.state.runs.values():
+            replica = self.state.replicas.get(run.last_replica or "")
+            counted = run.phase == "generating" or (run.phase == "tool_paused" and not run.kv_parked)
+            if counted and replica is not None and replica.kind == "generative":
+                assert run.kv_on == replica.name, (
+                    f"{run.run_id} in progress on {replica.name}, counted on {run.kv_on}"
+                )
+            else:
+                assert run.kv_on is None, f"{run.run_id} ({run.phase}) counted on {run.kv_on}"
+
+    @invariant()
     def headroom_matches_paused_interactive_runs_within_their_hold(self) -> None:
         for name, replica in self.state.replicas.items():
             assert replica.reserved_for == self.expected_reserved(name)
