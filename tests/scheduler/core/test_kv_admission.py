@@ -9,7 +9,7 @@ import pytest
 from decide_helpers import arrive, feed, make_state, placements
 
 from luftpause.config import parse_config
-from luftpause.scheduler.core import RunEnded, Tick, TurnFinished, decide
+from luftpause.scheduler.core import ReplicaAdded, ReplicaRemoved, RunEnded, Tick, TurnFinished, decide
 from luftpause.scheduler.core.held import any_replica_for
 from luftpause.scheduler.core.policies import kv_admission
 from luftpause.scheduler.core.policies.kv_admission import KvAdmission
@@ -137,3 +137,15 @@ def test_the_configuration_sets_the_pool_and_the_fill() -> None:
     state = new_state(config)
     assert state.replicas["a"].kv_tokens == 59_125
     assert state.kv_admission == KvAdmission(True, 0.8)
+
+
+def test_a_retired_replica_counts_no_run_and_one_added_under_its_name_starts_empty() -> None:
+    # found by the state machine: a run paused on a removed replica stayed counted on its name
+    state = make_state([("a", ["m"], 4), ("b", ["m"], 4)])
+    state.replicas["a"].kv_tokens = POOL
+    feed(state, [arrive("a1", "A", at=0.0, cls="batch"), _ends("a1", at=1.0, prompt=4_000)])
+    assert state.runs["A"].kv_on == "a"
+    feed(state, [ReplicaRemoved("a", at=2.0)])  # nothing placed there: it leaves at once
+    assert "a" not in state.replicas and state.runs["A"].kv_on is None
+    feed(state, [ReplicaAdded("a", 3.0, ("m",), "generative", 4)])
+    assert state.replicas["a"].kv_runs == {} and state.runs["A"].kv_on is None
