@@ -170,6 +170,13 @@ class SchedulerConfig(Section):
     pause_hold_worth: float = Field(default=8.0, gt=0)
     """``cost``: slot-seconds of batch service one second of an interactive run's waiting is worth;
     larger holds longer (more interactive, less batch)."""
+    kv_admission: bool = True
+    """Start a run on a replica whose ``kv_tokens`` is set only while the runs in progress there fit
+    its KV pool, and park runs whose tools outlive their caller's usual pause (docs/scheduling.md
+    "KV-token admission"); ``false``: slots alone, for measuring."""
+    kv_fill: float = Field(default=0.9, gt=0, le=1)
+    """Share of a replica's ``kv_tokens`` that runs in progress may claim (the rest: the engine's
+    room for decoding and the estimates' error)."""
     leases: bool = True
     """Grant dataplanes capacity leases while the pool is not saturated, so their turns skip the
     admission round trip (docs/architecture.md "Admission transport"); ``false``: every turn asks."""
@@ -319,6 +326,10 @@ class ReplicaConfig(Section):
     """For a router: the engines (``http://`` or ``https://`` URLs) whose ``/metrics`` give its load."""
     max_inflight: int = Field(default=32, ge=1)
     """Cap on turns in flight at this replica; the scheduler holds the rest."""
+    kv_tokens: int | None = Field(default=None, ge=1)
+    """The engine's KV pool in tokens (SGLang's ``max_total_num_tokens`` in ``/server_info``, vLLM's
+    ``num_gpu_blocks x block_size`` in its startup log): a run then starts here only while the runs
+    in progress here fit it (docs/scheduling.md "KV-token admission"). Unset: slots alone."""
     draining: bool = False
     """Take no new run (the runs already there finish there); the scheduler reads it at start and
     on ``SIGHUP``, as the admin API's ``POST /admin/replicas/{name}/drain`` sets it."""

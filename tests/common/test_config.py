@@ -133,6 +133,14 @@ REPLICA = '[[replicas]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\n'
             "scheduler.pause_hold_worth",
         ),
         (
+            "[scheduler]\nkv_fill = 1.5\n" + REPLICA,
+            "scheduler.kv_fill",
+        ),
+        (
+            REPLICA + "kv_tokens = 0\n",
+            "replicas[0].kv_tokens",
+        ),
+        (
             '[scheduler]\nresync_hold_s = "2"\n' + REPLICA,
             "scheduler.resync_hold_s: expected a number, got '2'",
         ),
@@ -251,6 +259,8 @@ def test_strict_types_still_take_what_toml_writes_naturally() -> None:
     assert config.scheduler.strict_affinity is False
     assert config.scheduler.idle_affinity == "wait"  # the default
     assert (config.scheduler.pause_hold, config.scheduler.pause_hold_worth) == ("cost", 8.0)
+    assert (config.scheduler.kv_admission, config.scheduler.kv_fill) == (True, 0.9)  # the defaults
+    assert config.replicas[0].kv_tokens is None  # unset: admitted by slots alone
     assert config.replicas[0].health_path == ""
     assert config.replicas[0].load_from == ("https://e1:9", "http://e2:9")
     assert config.mcp_servers[0].path_arguments == {"t": ("p",), "u": {"p": "read"}}

@@ -91,7 +91,11 @@ def arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
     state.next_seq += 1
     turn.queue, usable, soft = where(state, run, turn, serving)
     # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)
-    target = None if state.holding else destination(usable, soft, turn.service_class, not state.lessees)
+    target = (
+        None
+        if state.holding
+        else destination(state, run, usable, soft, turn.service_class, not state.lessees)
+    )
     if target is None:
         state.held.add(turn)
         if soft is not None and run is not None and turn.queue == pinned_to(soft.name):

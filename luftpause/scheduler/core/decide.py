@@ -25,7 +25,13 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    ``Place`` (or adopted on resync) until ``TurnFinished``, ``TurnFailed``, ``TurnAbandoned``,
    ``AbandonReported``, expiry or a resync that no longer lists it. Headroom: a batch turn may not
    take the last free slots kept for interactive runs tool-paused on that replica, one per run
-   whose pause is within its hold (rule 6). The rest are held.
+   whose pause is within its hold (rule 6). KV tokens (:mod:`.policies.kv_admission`, for a
+   replica whose ``kv_tokens`` is known): a turn of a run not in progress there (new, idle or
+   parked) takes a slot only while the tokens counted for the runs in progress there plus its own
+   estimate fit ``kv_fill`` of the pool (or none is counted there, or nothing is in flight and the
+   whole pool holds it); a queue whose head does not fit gives the slot to the other queues'
+   heads. A counted run whose tool outlives its caller's usual pause while turns are held is
+   parked on a tick: counted and pinned nowhere until its next turn is placed. The rest are held.
 4. Strict affinity. A run that is ``generating`` or ``tool_paused`` goes only to its last replica,
    even when another has room (unless that replica is unhealthy or does not serve the turn's
    model). An ``idle`` or new run may go anywhere: to the replica with the fewest placed turns among
@@ -47,7 +53,8 @@ turns; single-pass turns follow rule 13, which says what of the others applies t
    limits (rule 18, off by default) there is no deadline and no limit: a held turn leaves only
    when placed or abandoned. Hence the invariants: a held turn
    never waits while a replica it may use has room for its class, and an interactive turn is never
-   held while a batch turn is placed on a replica it could use.
+   held while a batch turn is placed on a replica it could use (room counts KV tokens too, rule 3:
+   a new interactive run waits while the runs in progress, of either class, fill the pool).
 6. Run phases. Placed -> ``generating`` on that replica (its last replica). Finished with tool
    calls -> ``tool_paused``; finished without -> ``idle``; failed, abandoned after placement or
    expired -> ``idle``. The phase follows the run's latest placed turn: when turns of one run

@@ -32,6 +32,7 @@ from luftpause.scheduler.core.policies import (
     headroom,
     health,
     idle_affinity,
+    kv_admission,
     least_loaded,
     ordering,
     pause_hold,
@@ -101,13 +102,82 @@ def begin_soft_wait(state: State, run: Run, turn: HeldTurn, soft: Replica, at: f
 
 
 def destination(
-    usable: tuple[Replica, ...], soft: Replica | None, service_class: ServiceClass, leased_taken: bool
+    state: State,
+    run: Run | None,
+    usable: tuple[Replica, ...],
+    soft: Replica | None,
+    service_class: ServiceClass,
+    leased_taken: bool,
 ) -> Replica | None:
-    """Where a turn that may use ``usable`` goes now: its soft replica when that has room, else the
-    least loaded with room (rule 4), else ``None`` (it is held)."""
-    if soft is not None and capacity.has_room(soft, service_class, leased_taken):
+    """Where a turn of ``run`` that may use ``usable`` goes now: its soft replica when that has
+    room (slots, and KV for the run, :func:`_kv_fits`), else the least loaded with room (rule 4),
+    else ``None`` (it is held)."""
+    if (
+        soft is not None
+        and capacity.has_room(soft, service_class, leased_taken)
+        and _kv_fits(state, soft, run)
+    ):
         return soft
-    return least_loaded.pick(capacity.with_room(usable, service_class, leased_taken))
+    roomy = capacity.with_room(usable, service_class, leased_taken)
+    return least_loaded.pick([replica for replica in roomy if _kv_fits(state, replica, run)])
+
+
+def _kv_fits(state: State, replica: Replica, run: Run | None) -> bool:
+    """True when a turn of ``run`` may take a slot of ``replica`` as far as its KV pool goes
+    (:mod:`.policies.kv_admission`): a run counted there already always may; another only while its
+    estimate fits. Single-pass turns (``run`` ``None``) and single-pass replicas are not counted."""
+    if run is None or replica.kind != "generative" or run.kv_on == replica.name:
+        return True
+    return kv_admission.fits(replica, _kv_need(state, run, replica), state.kv_admission)
+
+
+def _kv_need(state: State, run: Run, replica: Replica) -> int:
+    """The tokens ``run`` is counted at in ``replica``'s pool (:func:`.policies.kv_admission.run_tokens`)."""
+    first = state.caller_first_tokens.get(run.caller, state.first_tokens)
+    growth = state.caller_growth.get(run.caller)
+    return kv_admission.run_tokens(run.prefix_tokens, run.finished_turns, first, growth, replica.kv_tokens)
+
+
+def kv_count(state: State, run: Run | None) -> Replica | None:
+    """Count ``run`` in the KV pool of the replica it is in progress on (``generating`` or
+    ``tool_paused`` there), at its current estimate, and nowhere else; ``None`` (a forgotten run)
+    counts it nowhere. The replica whose counted tokens fell (held runs may fit there now), if any:
+    the caller fills it."""
+    if run is None:
+        return None
+    counted = run.phase == "generating" or (run.phase == "tool_paused" and not run.kv_parked)
+    want = run.last_replica if counted else None
+    if want is not None and (want not in state.replicas or state.replicas[want].kind != "generative"):
+        want = None
+    freed = None
+    if run.kv_on is not None and run.kv_on != want:
+        old = state.replicas.get(run.kv_on)
+        if old is not None:
+            old.kv_used -= old.kv_runs.pop(run.run_id, 0)
+            freed = old
+        run.kv_on = None
+    if want is not None:
+        replica = state.replicas[want]
+        need = _kv_need(state, run, replica)
+        before = replica.kv_runs.get(run.run_id, 0)
+        replica.kv_runs[run.run_id] = need
+        replica.kv_used += need - before
+        run.kv_on = want
+        if need < before and freed is None:
+            freed = replica
+    return freed
+
+
+def kv_uncount(state: State, run: Run) -> Replica | None:
+    """``run`` is forgotten (ended, expired): it is counted nowhere; the replica that counted it."""
+    if run.kv_on is None:
+        return None
+    replica = state.replicas.get(run.kv_on)
+    run.kv_on = None
+    if replica is None:
+        return None
+    replica.kv_used -= replica.kv_runs.pop(run.run_id, 0)
+    return replica
 
 
 def place(
@@ -163,6 +233,10 @@ def place(
             fill(state, released, at, out)
     run.turns.add(turn.turn_id)
     run.latest_turn = turn.turn_id
+    run.kv_parked = False
+    moved_from = kv_count(state, run)
+    if moved_from is not None and moved_from is not replica:
+        fill(state, moved_from, at, out)  # it left the pool of another replica
     refile(state, run.turns, at, out)
 
 
@@ -234,12 +308,22 @@ def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> b
         loads, roots = state.single_pass_inflight, state.single_pass_root_inflight
     else:
         loads, roots = state.caller_inflight, state.root_inflight
-    turn = ordering.first((state.held.head(queue) for queue in queues), loads, roots)
+    heads = (state.held.head(queue) for queue in queues)
+    turn = ordering.first((head for head in heads if _head_fits(state, replica, head)), loads, roots)
     if turn is None or not capacity.has_room(replica, turn.service_class):
         return False
     state.held.remove(turn.turn_id)
     place(state, turn, replica, at, out)
     return True
+
+
+def _head_fits(state: State, replica: Replica, head: HeldTurn | None) -> bool:
+    """A queue's head may be weighed for a slot of ``replica``: there is one, and its run fits
+    ``replica``'s KV pool (:func:`_kv_fits`; a head that does not is not overtaken by the turns
+    behind it in its queue, while other queues' heads may go)."""
+    if head is None:
+        return False
+    return head.single_pass or _kv_fits(state, replica, state.runs.get(head.run_id))
 
 
 def fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out: list[Action]) -> None:

@@ -80,6 +80,8 @@ def _retire(state: State, replica: Replica, at: float, out: list[Action]) -> Non
             run.last_replica = None
         if run.reserved_on == replica.name:
             run.reserved_on = None
+        if run.kv_on == replica.name:
+            run.kv_on = None  # its pool left with it (a replica added later under its name counts afresh)
     pinned = pinned_to(replica.name)
     stranded = [turn.turn_id for turn in state.held if turn.queue == pinned]
     state.counters.replicas_retired += 1

@@ -15,7 +15,14 @@ from luftpause.scheduler.core.events import (
     Resynced,
 )
 from luftpause.scheduler.core.leasing import drop_leases
-from luftpause.scheduler.core.placement import count_placed, fill_least_loaded, refile, reserve, touch
+from luftpause.scheduler.core.placement import (
+    count_placed,
+    fill_least_loaded,
+    kv_count,
+    refile,
+    reserve,
+    touch,
+)
 from luftpause.scheduler.core.state import PlacedTurn, Run, State
 
 
@@ -189,6 +196,7 @@ def settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) -
     runs = list(changed)
     for run in runs:
         reserve(state, run, at)  # every replica is filled below
+        kv_count(state, run)
     for run in runs:
         refile(state, run.turns, at, out)
     fill_least_loaded(state, state.replicas.values(), at, out)

@@ -16,6 +16,7 @@ from luftpause.scheduler.core.held import HeldTurns
 from luftpause.scheduler.core.policies.breaker import BreakerState
 from luftpause.scheduler.core.policies.expiry import RUN_EXPIRY_S
 from luftpause.scheduler.core.policies.idle_affinity import IdleAffinity
+from luftpause.scheduler.core.policies.kv_admission import KvAdmission
 from luftpause.scheduler.core.policies.limits import Bucket, Protection
 from luftpause.scheduler.core.policies.lost_dataplane import DATAPLANE_GRACE_S
 from luftpause.scheduler.core.policies.pause_hold import PauseHold
@@ -93,6 +94,13 @@ class Replica:
     """Turns finished here in a row while its breaker is half-open."""
     trial_turns: int = 1
     """Turns it takes at once while its breaker is half-open (``breaker_trial_turns``)."""
+    kv_tokens: int | None = None
+    """Its engine's KV pool in tokens (``[[replicas]] kv_tokens``); ``None``: unknown, runs are
+    admitted by slots alone (:mod:`.policies.kv_admission`)."""
+    kv_runs: dict[str, int] = field(default_factory=dict)
+    """Run id -> tokens counted for each run in progress here (:mod:`.policies.kv_admission`)."""
+    kv_used: int = 0
+    """The sum of ``kv_runs``' tokens."""
 
     @property
     def failures(self) -> int:
@@ -158,6 +166,11 @@ class Run:
     cold_s_per_token: float | None = None
     """Seconds per prompt token from placement to first token of its first finished turn: what a
     prefill with nothing cached costs it (``None`` until shown)."""
+    kv_on: str | None = None
+    """The replica whose KV pool counts it as a run in progress (:mod:`.policies.kv_admission`)."""
+    kv_parked: bool = False
+    """Its tool outlived its caller's usual pause under KV pressure: counted and pinned nowhere
+    until its next turn is placed (:mod:`.policies.kv_admission`)."""
 
 
 @dataclass(slots=True)
@@ -345,6 +358,15 @@ class State:
     run_expiry_s: float = RUN_EXPIRY_S
     """Seconds with no turn after which a run is forgotten (``[scheduler] run_expiry_s``,
     :mod:`.policies.expiry`)."""
+    kv_admission: KvAdmission = field(default_factory=KvAdmission)
+    """Whether runs start on a replica by its KV pool too (:mod:`.policies.kv_admission`)."""
+    caller_first_tokens: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    """Caller -> moving mean of its runs' first turns' prompt and completion tokens (the
+    :data:`MAX_REMEMBERED_CALLERS` most recent callers)."""
+    caller_growth: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    """Caller -> moving mean of the tokens its runs' contexts grew by per finished turn."""
+    first_tokens: float | None = None
+    """Moving mean of every caller's runs' first turns (tokens): a new caller's estimate."""
     removing: set[str] = field(default_factory=set)
     """Replicas being removed (rule 16): each leaves the set once nothing is placed or leased on it."""
     next_replica_index: int = 0
@@ -385,6 +407,7 @@ def state_from_replicas(
     protection: Protection | None = None,
     idle_affinity: IdleAffinity | None = None,
     run_expiry_s: float = RUN_EXPIRY_S,
+    kv_admission: KvAdmission | None = None,
 ) -> State:
     """An empty state for these replicas (names must be unique, as the configuration ensures).
 
@@ -397,11 +420,14 @@ def state_from_replicas(
     ``protection``: limits and circuit breaker (:mod:`.policies.limits`; ``None``: none).
     ``idle_affinity``: where idle runs' next turns go (:mod:`.policies.idle_affinity`; ``None``:
     its defaults). ``run_expiry_s``: seconds with no turn after which a run is forgotten.
+    ``kv_admission``: runs start by the replicas' KV pools too (:mod:`.policies.kv_admission`;
+    ``None``: its defaults); a spec's ``kv_tokens`` (absent or ``None``: unknown) is its pool.
     """
     replicas: dict[str, Replica] = {}
     for index, spec in enumerate(specs):
         replica = Replica(spec.name, tuple(spec.models), spec.kind, spec.max_inflight, index)
         replica.draining = bool(getattr(spec, "draining", False))  # ``[[replicas]] draining = true``
+        replica.kv_tokens = getattr(spec, "kv_tokens", None)  # ``[[replicas]] kv_tokens = N``
         replicas[replica.name] = replica
     state = State(
         replicas,
@@ -416,6 +442,7 @@ def state_from_replicas(
         idle_affinity=idle_affinity or IdleAffinity(),
         next_replica_index=len(replicas),
         run_expiry_s=run_expiry_s,
+        kv_admission=kv_admission or KvAdmission(),
     )
     index_models(state)
     return state
@@ -448,7 +475,7 @@ def index_models(state: State) -> None:
 
 def new_state(config: Config) -> State:
     """An empty state for ``config``'s replicas, dataplane grace, affinity (strict and idle),
-    leases, startup hold, pause hold and protection limits."""
+    leases, startup hold, pause hold, protection limits and KV-token admission."""
     return state_from_replicas(
         config.replicas,
         config.scheduler.dataplane_grace_s,
@@ -459,4 +486,5 @@ def new_state(config: Config) -> State:
         protection=config.scheduler.protection.policy(),
         idle_affinity=IdleAffinity(config.scheduler.idle_affinity),
         run_expiry_s=config.scheduler.run_expiry_s,
+        kv_admission=KvAdmission(config.scheduler.kv_admission, config.scheduler.kv_fill),
     )

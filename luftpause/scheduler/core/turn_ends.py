@@ -15,11 +15,21 @@ from luftpause.scheduler.core.events import (
     RunEnded,
     RunPhase,
 )
-from luftpause.scheduler.core.placement import count_placed, fill, refile, reserve, touch, unreserve
+from luftpause.scheduler.core.placement import (
+    count_placed,
+    fill,
+    kv_count,
+    kv_uncount,
+    refile,
+    reserve,
+    touch,
+    unreserve,
+)
 from luftpause.scheduler.core.policies import (
     abandoned,
     expiry,
     idle_affinity,
+    kv_admission,
     lost_dataplane,
     pause_hold,
 )
@@ -64,9 +74,12 @@ def end_placed(
             run.last_replica = placed.replica
             run.idle_at = at if finished is not None and phase == "idle" else None
             released = reserve(state, run, at)
+            kv_freed = kv_count(state, run)
             refile(state, run.turns, at, out)
             if released is not None and released is not replica:
                 fill(state, released, at, out)
+            if kv_freed is not None and kv_freed is not replica and kv_freed is not released:
+                fill(state, kv_freed, at, out)
     fill(state, replica, at, out)
     return True
 
@@ -77,7 +90,9 @@ def _learn_prefill(state: State, run: Run, placed: PlacedTurn, tokens: tuple[int
     for its first, what a prefill with nothing cached costs it (:mod:`.policies.idle_affinity`)."""
     prompt, completion = tokens
     if latest:
-        run.prefix_tokens = max(0, prompt) + max(0, completion)
+        size = max(0, prompt) + max(0, completion)
+        _learn_kv_sizes(state, run, size)
+        run.prefix_tokens = size
     if run.finished_turns == 0:
         rate = idle_affinity.cold_rate(placed.placed_at, placed.first_token_at, prompt)
         if rate is not None:
@@ -85,6 +100,20 @@ def _learn_prefill(state: State, run: Run, placed: PlacedTurn, tokens: tuple[int
             state.caller_cold_rates[run.caller] = rate
             bound_callers(state.caller_cold_rates, run.caller)
     run.finished_turns += 1
+
+
+def _learn_kv_sizes(state: State, run: Run, size: int) -> None:
+    """``run``'s latest turn left ``size`` tokens (prompt and completion) in its replica's pool:
+    its caller's first-turn size or growth per turn learns from it (:mod:`.policies.kv_admission`)."""
+    if run.finished_turns == 0:
+        first = state.caller_first_tokens.get(run.caller)
+        state.caller_first_tokens[run.caller] = kv_admission.learn(first, size)
+        bound_callers(state.caller_first_tokens, run.caller)
+        state.first_tokens = kv_admission.learn(state.first_tokens, size)
+    elif run.prefix_tokens > 0 and size >= run.prefix_tokens:
+        growth = state.caller_growth.get(run.caller)
+        state.caller_growth[run.caller] = kv_admission.learn(growth, size - run.prefix_tokens)
+        bound_callers(state.caller_growth, run.caller)
 
 
 def take_back(state: State, turn_id: str, at: float, out: list[Action]) -> bool:
@@ -124,6 +153,9 @@ def run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
     released = unreserve(state, run)
     if released is not None:
         fill(state, released, event.at, out)
+    kv_freed = kv_uncount(state, run)
+    if kv_freed is not None:
+        fill(state, kv_freed, event.at, out)
     held = [turn_id for turn_id in run.turns if turn_id in state.held]
     if held:
         # its held turns still have clients waiting: they start the run afresh, without affinity
@@ -185,7 +217,11 @@ def tick(state: State, now: float, out: list[Action]) -> None:
         released = unreserve(state, run)
         if released is not None:
             fill(state, released, now, out)
+        kv_freed = kv_uncount(state, run)
+        if kv_freed is not None:
+            fill(state, kv_freed, now, out)
     _end_expired_holds(state, now, out)
+    _park_long_pauses(state, now, out)
     while state.tombstones:
         turn_id, reported_at = next(iter(state.tombstones.items()))
         if not abandoned.tombstone_expired(reported_at, now):
@@ -223,6 +259,30 @@ def _end_expired_holds(state: State, now: float, out: list[Action]) -> None:
         released = unreserve(state, run)
         if released is not None:
             freed[released.name] = released
+    for replica in freed.values():
+        fill(state, replica, now, out)
+
+
+def _park_long_pauses(state: State, now: float, out: list[Action]) -> None:
+    """Park the counted runs whose tool outlived their caller's usual pause while turns are held
+    (:mod:`.policies.kv_admission`): counted and pinned nowhere from now on, their pool goes to
+    the held runs (the replicas are filled)."""
+    if not state.held or not state.kv_admission.on:
+        return
+    freed: dict[str, Replica] = {}
+    for replica in state.replicas.values():
+        if replica.kv_tokens is None:
+            continue
+        for run_id in list(replica.kv_runs):
+            run = state.runs.get(run_id)
+            if run is None or run.phase != "tool_paused" or run.returned or run.paused_at is None:
+                continue
+            if now - run.paused_at < kv_admission.park_after(state.caller_pauses.get(run.caller, ())):
+                continue
+            run.kv_parked = True
+            kv_count(state, run)
+            freed[replica.name] = replica
+            refile(state, run.turns, now, out)
     for replica in freed.values():
         fill(state, replica, now, out)
 

@@ -61,11 +61,14 @@ class _ReplicaSpec:
     models: tuple[str, ...]
     kind: Literal["generative", "single_pass"]
     max_inflight: int
+    kv_tokens: int | None = None
 
 
 class Luftpause(Arrangement):
     """The scheduler core over ``pool``; ``strict_affinity`` as ``[scheduler] strict_affinity``,
-    ``max_inflight`` as each replica's (default 32, so engine-load admission caps them);
+    ``max_inflight`` as each replica's (default 32, so engine-load admission caps them), and each
+    replica's ``kv_tokens`` its engine's KV pool (SGLang's ``max_total_num_tokens``, as an operator
+    configures it from the engine's ``/server_info``);
     ``policy``: further keywords of :func:`~luftpause.scheduler.core.state_from_replicas` (the
     headroom and ordering policies' settings)."""
 
@@ -80,7 +83,10 @@ class Luftpause(Arrangement):
     ) -> None:
         super().__init__(clock, pool)
         self.name = name or ("luftpause" if strict_affinity else "luftpause-moving")
-        specs = [_ReplicaSpec(replica, (MODEL,), "generative", max_inflight) for replica in pool.names]
+        specs = [
+            _ReplicaSpec(replica, (MODEL,), "generative", max_inflight, engine.profile.pool_tokens)
+            for replica, engine in zip(pool.names, pool.engines, strict=True)
+        ]
         self.state = state_from_replicas(
             specs, strict_affinity=strict_affinity, resync_hold_s=0.0, **dict(policy or {})
         )

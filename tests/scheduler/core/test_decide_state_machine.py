@@ -1192,18 +1192,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         was_loaded = self.healthy[name] and self.load.get(name, (None, None))[1] is not None
         # the engine-load rule, as the machine reads it: a queue sets the batch capacity to the
         # running count (while none is known, a lone queue with KV to spare does not: the engine
-        # may still be admitting); running above it with no queue raises it there; running at it
-        # with no queue while turns wait for the replica raises it by one; ill health or no load
-        # forgets it
+        # may still be admitting; once known, one with KV to spare never lowers it); running above
+        # it with no queue raises it there; running at it with no queue while turns wait for the
+        # replica raises it by one; ill health or no load forgets it
         learned = self.batch_cap.get(name)
         queued_before = self.queued.get(name, False)
         usage = None if running is None else kv
         if not healthy or running is None or waiting is None:
             learned = None
         elif waiting > 0:
-            lone = learned is None and not queued_before and usage is not None and usage < KV_FULL
-            if lone:
+            spare = usage is not None and usage < KV_FULL
+            if learned is None and not queued_before and spare:
                 event("engine load: a lone queue with KV to spare taught no bound")
+            elif learned is not None and spare and running < learned:
+                event("engine load: a queue with KV to spare lowered no bound")
             else:
                 learned = running
         elif learned is not None and running > learned:
@@ -1812,6 +1814,25 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert not (since <= self.last_tick and self.last_tick >= until), (
                     f"{turn.turn_id} waits past its end"
                 )
+
+    @invariant()
+    def kv_counts_are_the_runs_in_progress(self) -> None:
+        """KV-token admission's books (``policies/kv_admission.py``): each generative replica counts
+        exactly the runs generating or tool-paused (not parked) there, and its sum is theirs."""
+        for name, replica in self.state.replicas.items():
+            assert replica.kv_used == sum(replica.kv_runs.values()), f"{name}: KV sum"
+            for run_id in replica.kv_runs:
+                run = self.state.runs.get(run_id)
+                assert run is not None and run.kv_on == name, f"{name} counts {run_id}"
+        for run in self.state.runs.values():
+            replica = self.state.replicas.get(run.last_replica or "")
+            counted = run.phase == "generating" or (run.phase == "tool_paused" and not run.kv_parked)
+            if counted and replica is not None and replica.kind == "generative":
+                assert run.kv_on == replica.name, (
+                    f"{run.run_id} in progress on {replica.name}, counted on {run.kv_on}"
+                )
+            else:
+                assert run.kv_on is None, f"{run.run_id} ({run.phase}) counted on {run.kv_on}"
 
     @invariant()
     def headroom_matches_paused_interactive_runs_within_their_hold(self) -> None:

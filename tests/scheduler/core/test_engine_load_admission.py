@@ -99,7 +99,10 @@ LONE = [
     LoneQueue("the same queue on the next probe too: the bound", None, 4, 2, 0.19, True, 4),
     LoneQueue("a lone queue with the KV cache full: the bound", None, 19, 7, 0.91, False, 19),
     LoneQueue("a lone queue, no KV usage reported: taken as the bound", None, 4, 2, None, False, 4),
-    LoneQueue("once known, any queue sets it", 8, 5, 1, 0.2, False, 5),
+    LoneQueue("once known, a queue with KV to spare lowers it no more", 8, 5, 1, 0.2, False, 8),
+    LoneQueue("once known, a queue with the KV cache full lowers it", 8, 5, 1, 0.95, False, 5),
+    LoneQueue("once known, a queue with no KV usage reported lowers it", 8, 5, 1, None, False, 5),
+    LoneQueue("once known, a queue above it raises it", 8, 9, 1, 0.2, True, 9),
 ]
 
 

@@ -19,8 +19,12 @@ while a queue existed is remembered as what it is, the engine's *batch capacity*
   batch one prefill chunk at a time): under a light load a probe catches such a queue now and then
   (8 of 60 probes with 6 agents per replica, SIMULATED), and taken as the bound it capped the
   replica at 1 to 6 turns while the engine had room, holding 23 % of batch turns for up to 6 s
-  (bench/README.md "The policy across shapes"). Once known, any queue sets it (a lower count, by
-  this rule, keeps more of the KV cache for the runs in progress under a flood at the KV bound);
+  (bench/README.md "The policy across shapes"). Once known, a queue sets it (a lower count, by
+  this rule, keeps more of the KV cache for the runs in progress under a flood at the KV bound),
+  except that a queue with KV to spare never lowers it: SGLang admits a waiting request one
+  prefill chunk at a time, so a probe under a flood often catches 5-7 of 8 running and one
+  waiting, and taken as the bound that idled up to three slots (bench/README.md "KV-token
+  admission"); the KV pool's bound is KV-token admission's (:mod:`.kv_admission`);
 * a probe that shows the engine running *more* than it with no queue raises it to that count (the
   engine took more without queueing: more clients than ours, or a larger engine);
 * a probe that shows the engine running exactly it, no queue, while held turns wait that the
@@ -84,8 +88,11 @@ def learn(
     if not healthy or running is None or waiting is None:
         return Learned(None)
     if waiting > 0:
-        if known is None and not queued_before and kv_usage is not None and kv_usage < KV_FULL:
+        spare = kv_usage is not None and kv_usage < KV_FULL
+        if known is None and not queued_before and spare:
             return Learned(None, queued=True)  # a lone queue, KV to spare: it may still be admitting
+        if known is not None and spare and running < known:
+            return Learned(known, queued=True)  # admitting a prefill chunk at a time, not its bound
         return Learned(max(0, running), queued=True)
     if known is None:
         return Learned(None)
