@@ -104,7 +104,7 @@ from luftpause.dataplane.front_doors import (
 from luftpause.dataplane.front_doors import error_body as api_error_body
 from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import FailOver, Relay
+from luftpause.dataplane.relay.loop import FailOver, Relay
 from luftpause.dataplane.request_checks import (
     RUN_ID_MAX_BYTES,
     acceptable_run_id,

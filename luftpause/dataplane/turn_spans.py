@@ -39,7 +39,7 @@ from luftpause.v1 import scheduler_pb2 as pb
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from luftpause.dataplane.relay import Turn
+    from luftpause.dataplane.turn import Turn
 
 
 _REQUEST_NUMBERS = {

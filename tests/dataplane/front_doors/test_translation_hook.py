@@ -21,7 +21,7 @@ from luftpause.dataplane.apis.errors import engine_refusal_body
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
 from luftpause.dataplane.asgi import Exchange, StreamBroken
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import Relay
+from luftpause.dataplane.relay.loop import Relay
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import Translation, Turn

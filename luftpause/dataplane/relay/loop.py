@@ -1,12 +1,14 @@
 """One turn through the dataplane: forward it to its replica, relay the answer, report it.
 
-The engine's response reaches the client unchanged (unless the turn has a
-:class:`~luftpause.dataplane.turn.Translation` and its replica does not serve the turn's API
-natively, :class:`~luftpause.dataplane.turn.Native`): a stream is relayed as each read returns,
-everything one read brought in one send (no buffering beyond that, no re-framing, no re-encoding),
-while :class:`~luftpause.dataplane.sse.SSEScanner` reads the engine's bytes on the side for
-first-token time, usage, finish reason and tool calls. What the client sees in each failure case is
-the table in docs/architecture.md "Failure contract".
+The thin loop around :mod:`luftpause.dataplane.relay.machine`: it sends the turn, moves the
+engine's reads into the turn's :class:`~luftpause.dataplane.relay.machine.AnswerStream` and the
+bytes it gives out to the client, and hands every fact it gives to one report function (the run
+table, the metrics, the spans, the scheduler). What the answer is (whole, cut short, failed,
+translated) the machine decides. The engine's response reaches the client unchanged (unless the
+turn has a :class:`~luftpause.dataplane.turn.Translation` and its replica does not serve the turn's
+API natively, :class:`~luftpause.dataplane.turn.Native`): a stream is relayed as each read returns,
+everything one read brought in one send (no buffering beyond that, no re-framing, no re-encoding).
+What the client sees in each failure case is the table in docs/architecture.md "Failure contract".
 
 Crossings into granian are what a turn costs most (bench/README.md, "End to end"), so a stream that
 the engine sent whole in one read (a short answer) goes out as one send that also ends it.
@@ -17,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Callable
 from typing import Any
-
-import orjson
 
 from luftpause import tracing
 from luftpause.config import FailoverConfig, ReplicaConfig
@@ -28,10 +29,19 @@ from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.asgi import Exchange, Headers, StreamBroken
 from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.metrics import DataplaneMetrics
+from luftpause.dataplane.relay.machine import (
+    AnswerStream,
+    Fact,
+    Failed,
+    Finished,
+    FirstToken,
+    decoder_for,
+    refusal_body,
+    whole_answer,
+)
 from luftpause.dataplane.runs import InFlight, RunTable
-from luftpause.dataplane.sse import SSEScanner
-from luftpause.dataplane.tool_calls import ToolCallTable, completion_tool_call_ids
-from luftpause.dataplane.turn import RUN_ID_HEADER, StreamTranslation, Turn, new_id, with_priority
+from luftpause.dataplane.tool_calls import ToolCallTable
+from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id, with_priority
 from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -49,7 +59,7 @@ HOP_BY_HOP = frozenset(
 in either direction, nor any header that ``Connection`` names."""
 
 # Besides the hop-by-hop ones: what granian recomputes and what describes the engine rather than
-# the answer. content-encoding is dropped only with a body the relay decoded (see _decoder).
+# the answer. content-encoding is dropped only with a body the relay decoded (see decoder_for).
 _NOT_RELAYED = HOP_BY_HOP | {b"proxy-authenticate", b"content-length", b"date", b"server"}
 _DECODED = frozenset({b"content-encoding"})
 # Set by the relay on every stream, so the engine's own values must not duplicate them.
@@ -83,25 +93,6 @@ def _header(headers: Headers, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
-
-
-def _decoder(encoding: bytes | None) -> Any:
-    """A streaming decoder (``decompress(bytes) -> bytes``) for a ``Content-Encoding`` the relay
-    decodes, ``None`` for none (absent or ``identity``), ``False`` for one it passes through.
-
-    Decoded: ``gzip`` / ``x-gzip`` and ``deflate`` (zlib, which always exists; zlib or gzip
-    framing). Anything else (``br``, ``zstd``, ``compress``, ``x-foo``, a list of codings) passes
-    to the client untouched *with* its header, never half of each. The engine was asked for
-    ``identity``, so either is an engine ignoring ``Accept-Encoding``.
-    """
-    if encoding is None:
-        return None
-    coding = encoding.strip().lower()
-    if coding in (b"", b"identity"):
-        return None
-    if coding in (b"gzip", b"x-gzip", b"deflate"):
-        return zlib.decompressobj(32 + zlib.MAX_WBITS)  # 32: gzip or zlib header, detected
-    return False
 
 
 def _fixed_headers(replica: ReplicaConfig) -> list[tuple[str, str]]:
@@ -213,35 +204,25 @@ class Relay:
         now = turn.first_token_at = self._loop.time()
         self.metrics.first_token(turn.service_class, now - turn.arrived, turn.replica)
 
-    def _finished(
-        self,
-        turn: Turn,
-        finish_reason: str,
-        tool_calls: bool,
-        prompt: int,
-        completion: int,
-        tool_call_ids: list[str] | None = None,
-        answer: Answer = (-1, None, None),
-    ) -> None:
-        """Report ``turn`` finished (once), with its facts; ``answer``: the prompt tokens the
-        engine's prefix cache served (``-1``: not reported), its completion id and the model that
-        answered (``None``: not said)."""
-        if not self._end(turn, tool_calls):
+    def _finished(self, turn: Turn, facts: Finished) -> None:
+        """Report ``turn`` finished (once), with the facts of its answer."""
+        if not self._end(turn, facts.tool_calls):
             return
         now = self._loop.time()
-        cached, response_id, response_model = answer
+        prompt, completion = facts.prompt_tokens, facts.completion_tokens
         self.metrics.answers.finished(
             turn.model, turn.replica, turn.service_class, turn.caller, turn.arrived,
-            turn.first_token_at, now, prompt, completion, cached,
+            turn.first_token_at, now, prompt, completion, facts.cached_tokens,
         )  # fmt: skip
         if turn.span is not None:
-            turn_spans.answered(turn, cached, response_id, response_model)
-        if tool_call_ids and turn.run_id:
+            turn_spans.answered(turn, facts.cached_tokens, facts.response_id, facts.response_model)
+        if facts.tool_call_ids and turn.run_id:
             # The run's next turn may come back without its header but with these ids.
-            self.tool_calls.remember(turn.run_id, tool_call_ids, self._loop.time())
+            self.tool_calls.remember(turn.run_id, list(facts.tool_call_ids), now)
         # A count the engine did not report (-1) is left out: 0 on the wire (proto3's default),
         # absent on the turn's span (never recorded as 0 tokens).
         usage = {k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0}
+        finish_reason, tool_calls = facts.finish_reason, facts.tool_calls
         self._ended_event(
             turn, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage
         )
@@ -317,7 +298,7 @@ class Relay:
                 headers = upstream.headers
                 content_type = _header(headers, b"content-type") or b""
                 streamed = status == 200 and content_type.partition(b";")[0].strip().lower() == _EVENT_STREAM
-                decoder = _decoder(_header(headers, b"content-encoding"))
+                decoder = decoder_for(_header(headers, b"content-encoding"))
                 drop = _STREAM_HEADERS if streamed else frozenset()
                 out = relayable_headers(headers, drop | _DECODED if decoder else drop)
                 if not turn.single_pass:  # a single-pass turn belongs to no run
@@ -357,147 +338,80 @@ class Relay:
     ) -> None:
         # 429 / 5xx: status, body and Retry-After reach the client unchanged (or, for a status
         # [dataplane.failover] retry_statuses names, the turn goes to another replica instead).
-        body = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)
-        if decoder:
-            body = decoder.decompress(body) + decoder.flush()
+        raw = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)
+        body = refusal_body(raw, upstream.status, decoder, turn.translation)
         self.failed(turn, f"engine answered {upstream.status}")
         if upstream.status in self.failover.retry_statuses and turn.failovers_left > 0:
             raise FailOver(f"engine {turn.replica} answered {upstream.status}", unreachable=False)
-        if turn.translation is not None:
-            body = turn.translation.refusal(upstream.status, body)
         await exchange.respond(upstream.status, headers, body)
         self.metrics.relayed(len(body))
 
     async def _relay_stream(
         self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
     ) -> None:
-        """Relay an SSE stream as it comes. With an encoding the relay does not decode
-        (``decoder is False``) the bytes pass untouched and the side parser cannot read them: the
-        turn is then reported finished when the engine's body ends cleanly (no first token, usage
-        or finish reason known) and failed when it breaks. A turn with a translation gets its
-        stream translated (:class:`~luftpause.dataplane.turn.StreamTranslation`), whose scanner
-        then gives the facts.
+        """Relay an SSE stream as it comes, through the turn's :class:`AnswerStream` (its rules
+        say when the answer is whole, cut short or failed): this loop only moves the engine's
+        reads in, the machine's bytes out, and reports its facts.
 
-        A readable answer is whole at its last event (``[DONE]``, or the native API's own): the
-        turn is reported then and the client's response ends with that event, even when the
-        engine's body has not ended yet (its connection waits for that end on its own, see
-        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`); a client that leaves before
-        that event fails the turn and the engine's request is closed at once, even after a finish
-        reason (with n > 1 choices the first to finish is not the last). An engine that ends its
-        body cleanly without that event has answered whole only if every choice the turn asked
-        for (``turn.choices``) said its finish reason (``scanner.choices_finished``); else the answer
-        was cut short and the client's stream is broken, as when the engine fails mid-stream."""
+        The client's response ends with the answer's last event, even when the engine's body has
+        not ended yet (its connection waits for that end on its own, see
+        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`). A client that leaves before
+        the outcome fails the turn and the engine's request is closed at once."""
+        native = turn.native.scanner if turn.native_served and turn.native is not None else None
         translation = turn.translation.stream() if turn.translation is not None else None
-        if translation is not None and decoder is False:
-            raise EngineError("its stream is in an encoding the relay cannot read to translate")
-        if translation is not None:
-            scanner = translation.scanner
-        elif turn.native_served and turn.native is not None:
-            scanner = turn.native.scanner()  # the API's own events, relayed unchanged
-        else:
-            scanner = SSEScanner(choices=turn.choices)
-        scan = scanner.feed if decoder is not False and translation is None else None
-
-        def take_in(data: bytes) -> bytes:
-            """Read the facts of ``data`` (the engine's bytes) and return what the client gets."""
-            if translation is None:
-                if scan is not None and data and scan(data):
-                    self._first_token(turn)
-                return data
-            seen = scanner.first_token_seen
-            out = translation.feed(data)
-            if not seen and scanner.first_token_seen:
-                self._first_token(turn)
-            return out
-
+        machine = AnswerStream(turn.choices, decoder, translation, native)
+        report = self._reporter(turn)
         headers.extend(_STREAM_HEAD)
         await exchange.start(200, headers)
         send = exchange.send
         relayed = 0  # summed here, added to the counter once per turn
-        readable = decoder is not False
         try:
             while True:
                 try:
                     data = upstream.take()
                     if not data and not upstream.complete:
                         data = await upstream.read()
-                    ended = upstream.complete
-                    if decoder:
-                        data = decoder.decompress(data)
-                        if ended:
-                            data += decoder.flush()
-                    out = take_in(data)
-                    if not ended and decoder is None and (scanner.done or scanner.choices_finished):
-                        # The answer is over but its HTTP body has not ended yet (an engine writes
-                        # the end after its last event): one turn of the loop lets the end be read,
-                        # so the last events and the end go out in one send (a send costs ~0.04 ms
-                        # of CPU, a turn of the loop a few us). Never before the answer is over:
-                        # events go out as they come, the first token first of all.
+                    machine.receive(data, upstream.complete)
+                    if machine.finishing and not upstream.complete:
+                        # One turn of the loop lets the body's end be read, so the last events
+                        # and the end go out in one send (a send costs ~0.04 ms of CPU, a turn of
+                        # the loop a few us).
                         await asyncio.sleep(0)
-                        if upstream.error is None and (more := upstream.take()):
-                            out += take_in(more)
-                        ended = upstream.complete
-                    if readable and scanner.done:
-                        # The answer's last event came: the connection may be kept (its body's end
-                        # may still be on its way). Not at a finish reason: with n > 1 choices the
-                        # first to finish is not the last, and a client leaving then must stop the
-                        # engine at once.
-                        upstream.answered = True
-                    if ended and readable and not (scanner.done or scanner.choices_finished or scanner.error):
-                        # The engine ended its body before the answer was complete (with n > 1
-                        # choices: before every choice said its finish reason): to the client that
-                        # is a broken stream too, so its connection is aborted, not ended.
-                        if out:
-                            await send({"type": "http.response.body", "body": out, "more_body": True})
-                            relayed += len(out)
-                        raise StreamBroken("engine closed the stream before it finished")
-                    # The answer's last event came ([DONE], or the native API's own last event): the
-                    # client's response ends with it, whether the engine's body has ended yet or not
-                    # (its end may come later; the client, done at that event, may already be gone).
-                    over = ended or (readable and scanner.done)
-                    if over and translation is not None:
-                        out += translation.finish()
-                except (EngineError, zlib.error) as exc:
-                    # The client has had 200 and the chunks so far; its connection is aborted (no
-                    # final chunk, no [DONE]), so it sees the stream broken rather than ended.
-                    message = f"engine failed mid-stream: {exc}"
-                    self.failed(turn, message)
-                    raise StreamBroken(message) from None
-                except StreamBroken as exc:
-                    self.failed(turn, str(exc))
-                    raise
-                except Exception as exc:
-                    if translation is None:
-                        raise
-                    # The translation gave up (an event it could not translate faithfully): the
-                    # client's stream is aborted like a broken one.
-                    message = f"the answer could not be translated: {type(exc).__name__}: {exc}"
-                    self.failed(turn, message)
-                    raise StreamBroken(message) from None
-                if not over:
+                        if upstream.error is None:
+                            machine.receive(upstream.take(), upstream.complete)
+                except EngineError as exc:
+                    machine.engine_failed(str(exc))
+                if machine.answered:
+                    upstream.answered = True  # its body's end may still be on its way
+                # Facts before the bytes: the outcome is reported before the last send, so the
+                # client leaving once it has read the last event changes nothing.
+                for fact in machine.facts():
+                    report(fact)
+                out = machine.data_to_send()
+                outcome = machine.outcome
+                if outcome is None or (isinstance(outcome, Failed) and outcome.broken):
                     if out:
-                        # Waits while the client is not reading (granian's send is bounded), and the
-                        # engine connection stops reading meanwhile: memory stays bounded.
+                        # Waits while the client is not reading (granian's send is bounded), and
+                        # the engine connection stops reading meanwhile: memory stays bounded.
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                         relayed += len(out)
-                    continue
-                # Reported before the last send: the answer is whole, so the client leaving now (it
-                # may close once it has read the last event) changes nothing.
-                self._stream_ended(turn, scanner, translation, readable)
+                    if outcome is None:
+                        continue
+                    # The client has had 200 and the chunks so far; its connection is aborted (no
+                    # final chunk, no [DONE]), so it sees the stream broken rather than ended.
+                    raise StreamBroken(outcome.error)
                 # The last of the answer and its end in one send.
                 await send({"type": "http.response.body", "body": out, "more_body": False})
                 relayed += len(out)
                 break
         except asyncio.CancelledError:
-            # The client left. Once the answer's last event had come ([DONE], or the native API's
-            # own), the turn finished all the same (reported before the last send, so this is for a
-            # client gone while that send waited); before it, the turn failed (a finish reason is
-            # not enough: with n > 1 choices the first to finish is not the last).
-            if readable and scanner.done:
-                self._stream_ended(turn, scanner, translation, readable)
+            machine.client_left()
+            for fact in machine.facts():
+                report(fact)
             raise
         finally:
             self.metrics.relayed(relayed)
+            scanner = machine.scanner
             if scanner.oversized_events:
                 log.warning(
                     "turn %s: %d SSE events over %d bytes were relayed unread",
@@ -506,136 +420,29 @@ class Relay:
                     scanner.max_event_bytes,
                 )
 
-    def _stream_ended(
-        self, turn: Turn, scanner: SSEScanner, translation: StreamTranslation | None, readable: bool
-    ) -> None:
-        """Report a stream whose answer is whole (or, unread, whose body ended cleanly)."""
-        if not readable:
-            self._finished(turn, "", False, -1, -1)  # unread: only that it ended cleanly is known
-        elif scanner.error is not None:
-            # vLLM and SGLang report a failure inside the stream as an error event, then [DONE]:
-            # the stream is the engine's whole answer, ended as the engine ended it.
-            self.failed(turn, f"engine error mid-stream: {scanner.error}")
-        else:
-            ids = scanner.tool_call_ids
-            if translation is not None:  # the ids the client was sent, too (it echoes those)
-                ids = list(dict.fromkeys([*ids, *translation.tool_call_ids]))
-            self._finished(
-                turn,
-                scanner.finish_reason or "",
-                scanner.saw_tool_calls,
-                scanner.prompt_tokens,
-                scanner.completion_tokens,
-                ids,
-                (scanner.cached_tokens, scanner.response_id, scanner.response_model),
-            )
+    def _reporter(self, turn: Turn) -> Callable[[Fact], None]:
+        """The one report function of ``turn``'s relay: each fact the machine gives, as it came."""
+
+        def report(fact: Fact) -> None:
+            if isinstance(fact, FirstToken):
+                self._first_token(turn)
+            elif isinstance(fact, Finished):
+                self._finished(turn, fact)
+            else:
+                self.failed(turn, fact.error)
+
+        return report
 
     async def _relay_whole(
         self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
     ) -> None:
-        body = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)  # a read error here becomes a 502
-        if decoder:
-            body = decoder.decompress(body) + decoder.flush()
-        answer: Answer = (-1, None, None)
-        if decoder is False:
-            # Encoded in a way the relay does not decode: passed with its header, facts unknown.
-            finish_reason, tool_calls, prompt, completion = "", False, -1, -1
-            ids: list[str] = []
-        elif turn.single_pass:
-            # A classification has no tokens to stream: no first token, only its usage.
-            finish_reason, tool_calls, prompt, completion = "", False, *_usage(body)
-            ids = []
-        else:
-            # A whole answer has no first token of its own: the dataplane's time-to-first-token
-            # histogram counts its whole time, as before, but the scheduler is told of none, since
-            # it learns a run's cold prefill rate from a first token (policies/idle_affinity.py)
-            # and a whole answer's time holds its whole decode too.
+        raw = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)  # a read error here becomes a 502
+        native = turn.native.whole if turn.native_served and turn.native is not None else None
+        answer = whole_answer(raw, decoder, turn.translation, native, turn.single_pass)
+        if answer.timed:
             self.metrics.first_token(turn.service_class, self._loop.time() - turn.arrived, turn.replica)
-            if turn.native_served and turn.native is not None:
-                finish_reason, tool_calls, prompt, completion, ids = turn.native.whole(body)
-            else:
-                doc = _json_object(body)
-                finish_reason, tool_calls, prompt, completion, ids = _completion_facts_of(doc)
-                answer = _answer_of(doc)
-        if turn.translation is not None:
-            body = turn.translation.whole(body)
         # Reported before the answer goes out: the client, once it has it, may close before the
         # send returns, and the turn finished all the same.
-        self._finished(turn, finish_reason, tool_calls, prompt, completion, ids, answer)
-        await exchange.respond(200, headers, body)
-        self.metrics.relayed(len(body))
-
-
-Answer = tuple[int, str | None, str | None]
-"""``(cached prompt tokens, completion id, model that answered)`` of an answer: ``-1`` and
-``None`` for what it does not say (``usage.prompt_tokens_details.cached_tokens``, ``id``, ``model``)."""
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    """``body`` as a JSON object; ``{}`` when it is not one."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _answer_of(doc: dict[str, Any]) -> Answer:
-    """The :data:`Answer` of a whole ``chat.completion`` (OpenAI Chat Completions)."""
-    usage = doc.get("usage")
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    response_id, model = doc.get("id"), doc.get("model")
-    return (
-        cached if type(cached) is int and cached >= 0 else -1,
-        response_id if isinstance(response_id, str) and response_id else None,
-        model if isinstance(model, str) and model else None,
-    )
-
-
-def _completion_facts(body: bytes) -> tuple[str, bool, int, int, list[str]]:
-    """Finish reason, tool calls emitted, prompt and completion tokens, and the tool-call ids of a
-    ``chat.completion``.
-
-    Shape: OpenAI Chat Completions, non-streamed response object. Unknown shapes give blanks.
-    """
-    return _completion_facts_of(_json_object(body))
-
-
-def _completion_facts_of(doc: dict[str, Any]) -> tuple[str, bool, int, int, list[str]]:
-    """:func:`_completion_facts` of the parsed answer (``{}``: blanks)."""
-    if not doc:
-        return "", False, -1, -1, []
-    finish_reason, tool_calls = "", False
-    for choice in doc.get("choices") or ():
-        if isinstance(choice, dict):
-            finish_reason = choice.get("finish_reason") or finish_reason
-            message = choice.get("message")
-            if isinstance(message, dict) and message.get("tool_calls"):
-                tool_calls = True
-    if tool_calls:
-        finish_reason = "tool_calls"
-    usage = doc.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (
-        str(finish_reason),
-        tool_calls,
-        prompt if type(prompt) is int else -1,
-        completion if type(completion) is int else -1,
-        completion_tool_call_ids(doc) if tool_calls else [],
-    )
-
-
-def _usage(body: bytes) -> tuple[int, int]:
-    """Prompt and completion tokens from a JSON response's top-level ``usage`` (vLLM's classify
-    response has one), ``-1`` for what is missing."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return -1, -1
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    if not isinstance(usage, dict):
-        return -1, -1
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (prompt if type(prompt) is int else -1, completion if type(completion) is int else -1)
+        self._finished(turn, answer.outcome)
+        await exchange.respond(200, headers, answer.body)
+        self.metrics.relayed(len(answer.body))
