@@ -65,8 +65,8 @@ _DATAPLANE = r"""
 import functools, os, signal, sys, tracemalloc
 expiry = float(sys.argv[1])
 snapshots = sys.argv[2]
-import luftpause.dataplane.app as app
-import luftpause.dataplane.runs as runs
+import luftpause.dataplane.server.app as app
+import luftpause.dataplane.link.runs as runs
 from luftpause.dataplane.tool_calls import ToolCallTable
 if expiry > 0:
     runs.RUN_IDLE_EXPIRY_S = expiry

@@ -6,9 +6,9 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_metrics.py --benchmark-only -
 * ``per turn`` -- one turn's updates as the dataplane makes them (held time, first token, bytes
   relayed, the turn's end): ``by class`` keys them by service class only, as the dataplane did
   before its metrics took a ``replica`` label (the same plain integers and histogram); ``by class
-  and replica`` is :class:`~luftpause.dataplane.metrics.DataplaneMetrics` as it was before the
+  and replica`` is :class:`~luftpause.dataplane.server.metrics.DataplaneMetrics` as it was before the
   GenAI families; ``with the GenAI families`` adds what a finished turn now also records
-  (:meth:`~luftpause.dataplane.answer_metrics.AnswerMetrics.finished`: its label set by model,
+  (:meth:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics.finished`: its label set by model,
   replica, class and caller root, four histograms, three token counts and the usage per caller) and
   the answer's status code. The ratios of the medians are each addition's cost.
 * ``scrape`` -- one ``GET /metrics`` body built (what the serving loop spends per scrape): the
@@ -22,7 +22,7 @@ from typing import Any
 
 from luftpause import metrics
 from luftpause.config import parse_config
-from luftpause.dataplane.metrics import CLASS_NAMES, DataplaneMetrics
+from luftpause.dataplane.server.metrics import CLASS_NAMES, DataplaneMetrics
 from luftpause.metrics import Histogram
 from luftpause.scheduler.core import TurnArrived
 from luftpause.scheduler.host import SchedulerHost

@@ -86,7 +86,7 @@ class Translation:
     * for an engine's refusal (429, 5xx), ``refusal(status, body)``, the client's body in its API's
       error shape (status and ``Retry-After`` unchanged).
 
-    ``whole`` raises :class:`~luftpause.dataplane.upstream.EngineError` for an engine's answer it
+    ``whole`` raises :class:`~luftpause.dataplane.relay.upstream.EngineError` for an engine's answer it
     cannot read (the turn fails: 502); else neither it nor ``refusal`` may raise (a fault there is
     a fault of the turn: 500).
     """
@@ -218,7 +218,7 @@ class Turn:
     (``AdmitRequest.failover_from``); ``""`` for a first send."""
     engine_span: Span | None = None
     """The span of its engine request (kind CLIENT, child of ``span``) while tracing is active,
-    from the request sent to the turn's end (:func:`luftpause.dataplane.turn_spans.engine_start`)."""
+    from the request sent to the turn's end (:func:`luftpause.dataplane.relay.turn_spans.engine_start`)."""
 
     def again(self, translation: Translation | None) -> Turn:
         """This turn once more, for another replica: a new turn id, one failover fewer, nothing of

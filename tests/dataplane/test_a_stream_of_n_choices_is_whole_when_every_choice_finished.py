@@ -26,7 +26,7 @@ import pytest
 from dataplane_procs import SchedulerAndDataplane, scheduler_and_dataplane, wait_until
 from raw_engine_helpers import STREAM_HEAD, RawEngine, RawRequest, chunked
 
-from luftpause.dataplane.turn_intake import requested_choices
+from luftpause.dataplane.intake.turns import requested_choices
 
 pytestmark = pytest.mark.integration
 

@@ -374,7 +374,7 @@ def test_a_translation_that_cannot_go_on_breaks_the_stream() -> None:
 
 
 def test_a_translation_of_an_encoding_not_decoded_is_refused_before_anything_is_sent() -> None:
-    from luftpause.dataplane.upstream import EngineError
+    from luftpause.dataplane.relay.upstream import EngineError
 
     with pytest.raises(EngineError):
         AnswerStream(translation=_messages(), decoder=decoder_for(b"br"))

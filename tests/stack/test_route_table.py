@@ -15,7 +15,7 @@ import pytest
 from grpc_helpers import connect_once
 from repo_paths import ROOT
 
-import luftpause.dataplane.app as dataplane_app
+import luftpause.dataplane.server.app as dataplane_app
 from luftpause.config import load_config
 from luftpause.runtime.server import create_app as runtime_app
 from luftpause.scheduler.host import SchedulerHost

@@ -24,11 +24,10 @@ from typing import Any
 
 from luftpause import tracing
 from luftpause.config import FailoverConfig, ReplicaConfig
-from luftpause.dataplane import turn_spans
-from luftpause.dataplane.admission import SchedulerLink
-from luftpause.dataplane.asgi import Exchange, Headers, StreamBroken
 from luftpause.dataplane.errors import EngineUnreachable
-from luftpause.dataplane.metrics import DataplaneMetrics
+from luftpause.dataplane.link.admission import SchedulerLink
+from luftpause.dataplane.link.runs import InFlight, RunTable
+from luftpause.dataplane.relay import turn_spans
 from luftpause.dataplane.relay.machine import (
     AnswerStream,
     Fact,
@@ -39,10 +38,11 @@ from luftpause.dataplane.relay.machine import (
     refusal_body,
     whole_answer,
 )
-from luftpause.dataplane.runs import InFlight, RunTable
+from luftpause.dataplane.relay.upstream import EngineError, EngineExchange, EnginePool, Upstream
+from luftpause.dataplane.server.asgi import Exchange, Headers, StreamBroken
+from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id, with_priority
-from luftpause.dataplane.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]
@@ -119,7 +119,7 @@ class FailOver(EngineUnreachable):
 
 
 class Relay:
-    """Forwards admitted turns to replicas (one :class:`~luftpause.dataplane.upstream.EnginePool`
+    """Forwards admitted turns to replicas (one :class:`~luftpause.dataplane.relay.upstream.EnginePool`
     each) and reports them.
 
     Every turn given to :meth:`forward` is reported ended exactly once (finished or failed); a turn
@@ -246,7 +246,7 @@ class Relay:
         (:func:`~luftpause.dataplane.turn.with_priority`) unless the client set one. Raises
         :class:`EngineUnreachable` (nothing sent to the client yet) when the engine cannot be
         connected to or breaks off before its answer has begun, and
-        :class:`~luftpause.dataplane.asgi.StreamBroken` when the engine fails after the answer
+        :class:`~luftpause.dataplane.server.asgi.StreamBroken` when the engine fails after the answer
         began (the client's connection is then aborted, never ended cleanly). Cancellation (the
         client left) closes the engine request at once.
         """
@@ -355,7 +355,7 @@ class Relay:
 
         The client's response ends with the answer's last event, even when the engine's body has
         not ended yet (its connection waits for that end on its own, see
-        :meth:`~luftpause.dataplane.upstream.EngineExchange.release`). A client that leaves before
+        :meth:`~luftpause.dataplane.relay.upstream.EngineExchange.release`). A client that leaves before
         the outcome fails the turn and the engine's request is closed at once."""
         native = turn.native.scanner if turn.native_served and turn.native is not None else None
         translation = turn.translation.stream() if turn.translation is not None else None

@@ -41,10 +41,10 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from luftpause.dataplane.relay.upstream import EngineError
 from luftpause.dataplane.sse import SSEScanner
 from luftpause.dataplane.tool_calls import completion_tool_call_ids
 from luftpause.dataplane.turn import Facts, StreamTranslation, Translation
-from luftpause.dataplane.upstream import EngineError
 
 __all__ = [
     "AnswerStream",

@@ -5,7 +5,7 @@ translated after the first Connect."""
 from __future__ import annotations
 
 from luftpause.config import ReplicaConfig, parse_config
-from luftpause.dataplane.app import Dataplane
+from luftpause.dataplane.server.app import Dataplane
 from luftpause.scheduler.grpc_service import replica_set
 
 CONFIG = """

@@ -16,16 +16,16 @@ import orjson
 import pytest
 
 from luftpause.config import ReplicaConfig
-from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.apis.errors import engine_refusal_body
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
-from luftpause.dataplane.asgi import Exchange, StreamBroken
-from luftpause.dataplane.metrics import DataplaneMetrics
+from luftpause.dataplane.link.admission import SchedulerLink
+from luftpause.dataplane.link.runs import RunTable
 from luftpause.dataplane.relay.loop import Relay
-from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.relay.upstream import Upstream
+from luftpause.dataplane.server.asgi import Exchange, StreamBroken
+from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import Translation, Turn
-from luftpause.dataplane.upstream import Upstream
 from luftpause.testkit.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 

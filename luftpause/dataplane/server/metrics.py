@@ -42,7 +42,7 @@ replica}``                                                             read) to 
 
 The families of finished turns' latency and tokens (the OpenTelemetry GenAI names, by model,
 replica, class and caller) and the answers by status code are
-:mod:`luftpause.dataplane.answer_metrics`, in the same registry (``answers``).
+:mod:`luftpause.dataplane.server.answer_metrics`, in the same registry (``answers``).
 
 Labels are bounded: ``outcome`` has four values, ``service_class`` two, ``replica`` the configured
 replicas and ``""``. Run ids and callers are never labels (unbounded cardinality). Cost on the hot
@@ -59,8 +59,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.dataplane.answer_metrics import AnswerMetrics
-from luftpause.dataplane.usage import CallerLabels
+from luftpause.dataplane.server.answer_metrics import AnswerMetrics
+from luftpause.dataplane.server.usage import CallerLabels
 from luftpause.metrics import CONTENT_TYPE, Histogram, build_info, exposition, new_registry
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -101,7 +101,7 @@ class DataplaneMetrics:
     ``/metrics`` is scraped; ``replicas``: the configured replicas' names, whose series exist from
     the start (a replica named later gets its series when its first turn ends); ``callers``: the
     configured callers (caller keys', ``[scheduler.protection] callers``), whose roots are the
-    caller labels of ``answers`` (:class:`~luftpause.dataplane.answer_metrics.AnswerMetrics`), whose
+    caller labels of ``answers`` (:class:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics`), whose
     usage windows are ``usage_window_s`` seconds long on ``wall_clock`` (seconds since the epoch).
     """
 

@@ -24,9 +24,9 @@ count_tokens``                 turn: neither admitted nor scheduled
                                under a lease since start, with no round trip to the scheduler;
                                it was ``leased_turns``, which read as turns leased now: 12 on an
                                idle pool)
-``GET /metrics``               Prometheus text (``luftpause.dataplane.metrics``), no token needed
+``GET /metrics``               Prometheus text (``luftpause.dataplane.server.metrics``), no token needed
 ``GET /status``                ``{"usage": usage}``: tokens per caller and model over the process's
-                               life and per window (:meth:`luftpause.dataplane.usage.Usage.report`);
+                               life and per window (:meth:`luftpause.dataplane.server.usage.Usage.report`);
                                with ``LUFTPAUSE_TOKEN`` set, only with it (``Authorization: Bearer``)
 ``GET /admin/usage``           the same ``usage`` alone, for billing and budget scripts (the same token)
 ``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
@@ -69,12 +69,42 @@ from luftpause.auth.callers import Access
 from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.auth.tokens import bearer_matches
 from luftpause.config import Config, ReplicaConfig, load_config, split_host_port
-from luftpause.dataplane import turn_spans
-from luftpause.dataplane.admission import SchedulerLink
-from luftpause.dataplane.answer_metrics import CLIENT_LEFT
 from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
-from luftpause.dataplane.asgi import (
+from luftpause.dataplane.errors import (
+    BadRequest,
+    DataplaneError,
+    EngineUnreachable,
+    MethodNotAllowed,
+    NotFound,
+    TooManyRequests,
+    Unauthorized,
+)
+from luftpause.dataplane.intake.checks import (
+    RUN_ID_MAX_BYTES,
+    acceptable_run_id,
+    allow,
+    client_run_id,
+    json_with_model,
+    read_body,
+)
+from luftpause.dataplane.intake.front_doors import (
+    COUNT_TOKENS_PATH,
+    MESSAGES_PATH,
+    RESPONSES_PATH,
+    FrontDoors,
+    api_of,
+)
+from luftpause.dataplane.intake.front_doors import error_body as api_error_body
+from luftpause.dataplane.intake.run_identity import RunIdentity
+from luftpause.dataplane.intake.turns import TurnIntake
+from luftpause.dataplane.link.admission import SchedulerLink
+from luftpause.dataplane.link.runs import RunTable
+from luftpause.dataplane.relay import turn_spans
+from luftpause.dataplane.relay.loop import FailOver, Relay
+from luftpause.dataplane.relay.upstream import Upstream
+from luftpause.dataplane.server.answer_metrics import CLIENT_LEFT
+from luftpause.dataplane.server.asgi import (
     WATCH_AFTER_S,
     BodyCutShort,
     ClientGone,
@@ -85,41 +115,11 @@ from luftpause.dataplane.asgi import (
     Send,
     StreamBroken,
 )
-from luftpause.dataplane.errors import (
-    BadRequest,
-    DataplaneError,
-    EngineUnreachable,
-    MethodNotAllowed,
-    NotFound,
-    TooManyRequests,
-    Unauthorized,
-)
-from luftpause.dataplane.front_doors import (
-    COUNT_TOKENS_PATH,
-    MESSAGES_PATH,
-    RESPONSES_PATH,
-    FrontDoors,
-    api_of,
-)
-from luftpause.dataplane.front_doors import error_body as api_error_body
-from luftpause.dataplane.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay.loop import FailOver, Relay
-from luftpause.dataplane.request_checks import (
-    RUN_ID_MAX_BYTES,
-    acceptable_run_id,
-    allow,
-    client_run_id,
-    json_with_model,
-    read_body,
-)
-from luftpause.dataplane.run_identity import RunIdentity
-from luftpause.dataplane.runs import RunTable
-from luftpause.dataplane.token_count import count_tokens
+from luftpause.dataplane.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from luftpause.dataplane.server.metrics import DataplaneMetrics
+from luftpause.dataplane.server.token_count import count_tokens
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
-from luftpause.dataplane.turn_intake import TurnIntake
-from luftpause.dataplane.upstream import Upstream
 from luftpause.orphans import exit_with_parent
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
 from luftpause.v1 import scheduler_pb2 as pb
@@ -547,7 +547,7 @@ class Dataplane:
         name = None
         if not turn.single_pass:
             # Placed at once under a capacity lease when one allows it: no round trip, no protobuf
-            # request, the turn reported after (luftpause.dataplane.admission).
+            # request, the turn reported after (luftpause.dataplane.link.admission).
             name = self.link.place_leased(
                 turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, turn.traceparent
             )

@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    from luftpause.dataplane.app import create_app
+    from luftpause.dataplane.server.app import create_app
 
     host, port = split_host_port(config.dataplane.listen)
     server = Granian(
-        "luftpause.dataplane.app:create_app",  # a label only: the loader below builds the app
+        "luftpause.dataplane.server.app:create_app",  # a label only: the loader below builds the app
         address=host,
         port=port,
         interface=Interfaces.ASGI,
