@@ -74,7 +74,7 @@ def test_per_turn_by_class(benchmark: Any) -> None:
 
 
 def test_per_turn_by_class_and_replica(benchmark: Any) -> None:
-    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"])
+    dataplane = DataplaneMetrics(replicas=["sim-0", "sim-1"])
 
     def turns() -> None:
         for _ in range(1000):
@@ -88,7 +88,7 @@ def test_per_turn_by_class_and_replica(benchmark: Any) -> None:
 
 
 def test_per_turn_with_the_genai_families(benchmark: Any) -> None:
-    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"], callers=["team-a"])
+    dataplane = DataplaneMetrics(replicas=["sim-0", "sim-1"], callers=["team-a"])
     answers = dataplane.answers
 
     def turns() -> None:
@@ -105,7 +105,7 @@ def test_per_turn_with_the_genai_families(benchmark: Any) -> None:
 
 
 def test_scrape_dataplane(benchmark: Any) -> None:
-    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"])
+    dataplane = DataplaneMetrics(replicas=["sim-0", "sim-1"])
     for n in range(100):
         dataplane.turn_ended("finished", INTERACTIVE, "sim-0")
         dataplane.first_token(INTERACTIVE, 0.02, "sim-1")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -122,13 +123,13 @@ class Relay:
     """Forwards admitted turns to replicas (one :class:`~luftpause.dataplane.relay.upstream.EnginePool`
     each) and reports them.
 
-    Every turn given to :meth:`forward` is reported ended exactly once (finished or failed); a turn
-    given up before it reached an engine is reported with :meth:`abandoned`. The tool-call ids a
+    Every turn given to :meth:`forward` is reported ended exactly once (finished or failed; a turn
+    given up before it reached an engine is the placement's to report). The tool-call ids a
     finished turn emitted (streamed or not) are remembered in ``tool_calls`` under its run.
 
     Events reported per turn: none at the start (the placement answer is the start, see the proto)
     and none at the first token (its time rides on the end event as ``first_token_ago_s``, for a
-    streamed answer only), so a turn that ends costs one event. Build it inside the running loop.
+    streamed answer only), so a turn that ends costs one event.
     """
 
     def __init__(
@@ -139,6 +140,7 @@ class Relay:
         metrics: DataplaneMetrics,
         tool_calls: ToolCallTable,
         failover: FailoverConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.failover = failover or FailoverConfig()
         """When a turn whose replica failed before answering goes to another (:class:`FailOver`)."""
@@ -149,7 +151,8 @@ class Relay:
         self.tool_calls = tool_calls
         # Single-pass turns sent to an engine and not ended: they never enter the run table.
         self.single_pass_in_flight: set[str] = set()
-        self._loop = asyncio.get_running_loop()  # once: each call costs a getpid() in CPython 3.11
+        self._clock = clock
+        """Seconds, monotonic: the same clock as the run table's other writers (the intake's)."""
 
     def in_flight(self) -> int:
         """Turns sent to an engine that have not ended yet (generative and single-pass)."""
@@ -162,7 +165,7 @@ class Relay:
                 return False
             self.single_pass_in_flight.discard(turn.turn_id)
             return True
-        return self.runs.ended(turn.turn_id, tool_calls, self._loop.time())
+        return self.runs.ended(turn.turn_id, tool_calls, self._clock())
 
     def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
         if turn.traceparent:
@@ -173,7 +176,7 @@ class Relay:
     def _ended_event(self, turn: Turn, kind: int, **fields: Any) -> None:
         """FINISHED or FAILED, carrying how long ago the first token came when one did."""
         if turn.first_token_at is not None:
-            fields["first_token_ago_s"] = max(self._loop.time() - turn.first_token_at, 0.0)
+            fields["first_token_ago_s"] = max(self._clock() - turn.first_token_at, 0.0)
         if turn.span is not None:
             turn_spans.ended(turn.span, kind, fields)
         if turn.engine_span is not None:
@@ -193,22 +196,16 @@ class Relay:
                 self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500])
             self.metrics.turn_ended("failed", turn.service_class, turn.replica)
 
-    def abandoned(self, turn: Turn) -> None:
-        """The turn was given up before any engine saw it: the scheduler undoes what it did with it."""
-        if turn.span is not None:
-            turn.span.set_attribute("luftpause.abandoned", True)
-        self._event(turn, pb.TurnEvent.ABANDONED)
-
     def _first_token(self, turn: Turn) -> None:
         # Not reported now: the scheduler only records it, so it rides on the end event.
-        now = turn.first_token_at = self._loop.time()
+        now = turn.first_token_at = self._clock()
         self.metrics.first_token(turn.service_class, now - turn.arrived, turn.replica)
 
     def _finished(self, turn: Turn, facts: Finished) -> None:
         """Report ``turn`` finished (once), with the facts of its answer."""
         if not self._end(turn, facts.tool_calls):
             return
-        now = self._loop.time()
+        now = self._clock()
         prompt, completion = facts.prompt_tokens, facts.completion_tokens
         self.metrics.answers.finished(
             turn.model, turn.replica, turn.service_class, turn.caller, turn.arrived,
@@ -258,7 +255,7 @@ class Relay:
                 InFlight(
                     turn.turn_id, turn.run_id, replica.name, turn.model, turn.service_class, turn.caller
                 ),
-                self._loop.time(),
+                self._clock(),
             )
         # No STARTED: the scheduler took its placement answer as the start.
         traceparent, tracestate = turn.traceparent, turn.tracestate
@@ -440,7 +437,7 @@ class Relay:
         native = turn.native.whole if turn.native_served and turn.native is not None else None
         answer = whole_answer(raw, decoder, turn.translation, native, turn.single_pass)
         if answer.timed:
-            self.metrics.first_token(turn.service_class, self._loop.time() - turn.arrived, turn.replica)
+            self.metrics.first_token(turn.service_class, self._clock() - turn.arrived, turn.replica)
         # Reported before the answer goes out: the client, once it has it, may close before the
         # send returns, and the turn finished all the same.
         self._finished(turn, answer.outcome)

@@ -1,4 +1,7 @@
-"""The dataplane's ASGI application (served by granian on uvloop; why ASGI: ``asgi.py``).
+"""The dataplane's ASGI application (served by granian on uvloop; why ASGI: ``asgi.py``): its
+route table (:attr:`Dataplane.routes`, one :class:`Route` per path, each to one handler), its
+lifespan, and the error contract for whatever a handler raises. Built by
+:func:`luftpause.dataplane.wiring.build_dataplane`, which hands it every part it uses.
 
 Routes (docs/architecture.md "The proxy"):
 
@@ -55,26 +58,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-import grpc.aio
 import orjson
-from pydantic import ValidationError
 
 from luftpause import health as probes
 from luftpause import tracing
 from luftpause.auth.callers import Access
-from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.auth.tokens import bearer_matches
-from luftpause.config import Config, ReplicaConfig, load_config, split_host_port
 from luftpause.dataplane.apis.errors import Api
-from luftpause.dataplane.apis.models import model_body, models_body, wants_anthropic
+from luftpause.dataplane.apis.models import model_body, wants_anthropic
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
-    EngineUnreachable,
     MethodNotAllowed,
     NotFound,
     TooManyRequests,
@@ -88,24 +85,17 @@ from luftpause.dataplane.intake.checks import (
     json_with_model,
     read_body,
 )
-from luftpause.dataplane.intake.front_doors import (
-    COUNT_TOKENS_PATH,
-    MESSAGES_PATH,
-    RESPONSES_PATH,
-    FrontDoors,
-    api_of,
-)
+from luftpause.dataplane.intake.front_doors import COUNT_TOKENS_PATH, MESSAGES_PATH, RESPONSES_PATH, api_of
 from luftpause.dataplane.intake.front_doors import error_body as api_error_body
-from luftpause.dataplane.intake.run_identity import RunIdentity
 from luftpause.dataplane.intake.turns import TurnIntake
 from luftpause.dataplane.link.admission import SchedulerLink
+from luftpause.dataplane.link.placement import Placement
+from luftpause.dataplane.link.replicas import Replicas
 from luftpause.dataplane.link.runs import RunTable
-from luftpause.dataplane.relay import turn_spans
-from luftpause.dataplane.relay.loop import FailOver, Relay
+from luftpause.dataplane.relay.loop import Relay
 from luftpause.dataplane.relay.upstream import Upstream
 from luftpause.dataplane.server.answer_metrics import CLIENT_LEFT
 from luftpause.dataplane.server.asgi import (
-    WATCH_AFTER_S,
     BodyCutShort,
     ClientGone,
     Exchange,
@@ -116,21 +106,18 @@ from luftpause.dataplane.server.asgi import (
     StreamBroken,
 )
 from luftpause.dataplane.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from luftpause.dataplane.server.metrics import DataplaneMetrics
+from luftpause.dataplane.server.metrics import DataplaneMetrics, Gauges
 from luftpause.dataplane.server.token_count import count_tokens
+from luftpause.dataplane.server.turns import TurnRunner
 from luftpause.dataplane.tool_calls import ToolCallTable
-from luftpause.dataplane.turn import RUN_ID_HEADER, Turn
+from luftpause.dataplane.turn import RUN_ID_HEADER
 from luftpause.orphans import exit_with_parent
-from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
 from luftpause.v1 import scheduler_pb2 as pb
+
+__all__ = ["DECIDE_PATH", "MAX_ENDED_RUNS", "TURN_PATHS", "Dataplane", "Route"]
 
 log = logging.getLogger("luftpause.dataplane")
 
-ENGINE_READ_TIMEOUT_ENV = "LUFTPAUSE_ENGINE_READ_TIMEOUT_S"
-"""Overrides the engine read timeout (seconds), for tests; by default the scheduler's turn expiry."""
-PRUNE_EVERY_S = 60.0
-"""How often expired runs, tool-call ids and ended runs are forgotten (one task for all three); a
-sixth of ``[dataplane] run_expiry_s`` when that is shorter."""
 MAX_ENDED_RUNS = 100_000
 """Runs ended by ``DELETE /v1/runs/{id}`` remembered (for the tool-call ids' ttl), oldest first out."""
 DECIDE_PATH = "/v1/decide"
@@ -141,64 +128,95 @@ _JSON: Headers = [(b"content-type", b"application/json")]
 _RUN_ID = RUN_ID_HEADER.encode()
 _METRICS_HEAD: Headers = [(b"content-type", METRICS_CONTENT_TYPE.encode())]
 _ANTHROPIC_VERSION = b"anthropic-version"
-_MODELS_PREFIX = "/v1/models/"
+_READ = ("GET", "HEAD")
+
+Handler = Callable[[Exchange], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One row of the route table: ``path`` (a trailing ``{name}`` matches one non-empty rest of
+    the path), the ``methods`` it answers (405 with ``Allow`` for another), its ``handler``. Every
+    ``/v1`` route needs the token or a caller key (401, before its path is even matched)."""
+
+    path: str
+    methods: tuple[str, ...]
+    handler: Handler
+
+    @property
+    def prefix(self) -> str | None:
+        """For a path ending in ``{name}``: what comes before it; else ``None``."""
+        head, brace, _ = self.path.partition("{")
+        return head if brace else None
 
 
 class Dataplane:
-    """ASGI application (``__call__``); granian's worker runs its lifespan (startup, shutdown)."""
+    """ASGI application (``__call__``); granian's worker runs its lifespan (startup, shutdown).
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        expiry_s = config.dataplane.run_expiry_s
-        self.runs = RunTable(idle_expiry_s=expiry_s)
-        self.tool_calls = ToolCallTable(ttl_s=expiry_s)
-        self._prune_every_s = min(PRUNE_EVERY_S, expiry_s / 6)
-        self.ended_runs: dict[str, float] = {}
-        """Run id -> ``loop.time()`` its ``DELETE`` came, oldest first: a tool-call id it emitted
-        no longer resolves to it. A set beside the table rather than a run -> ids index, which
-        would cost on every remembered id: at most ``MAX_ENDED_RUNS`` entries, measured 151 bytes
-        each for 40-byte ids (15 MB when full), 367 bytes at the 256-byte limit (37 MB)."""
-        self.identity = RunIdentity(self.runs, self.tool_calls, self.ended_runs)
+    Every part is given when it is built (:func:`luftpause.dataplane.wiring.build_dataplane`):
+    ``runs``, ``tool_calls`` and ``ended_runs`` (run id -> the ``clock()`` time its ``DELETE``
+    came, oldest first) are the tables run identity reads, pruned every ``prune_every_s`` seconds;
+    ``access`` who may use the ``/v1`` routes; ``intake`` what a request becomes; ``replicas`` the
+    replicas as the scheduler last said; ``link``, ``placement``, ``relay`` and ``turns`` what a
+    turn goes through; ``upstream`` the engine connections; ``metrics`` what ``/metrics`` serves.
+    """
+
+    def __init__(
+        self,
+        *,
+        runs: RunTable,
+        tool_calls: ToolCallTable,
+        ended_runs: dict[str, float],
+        access: Access,
+        intake: TurnIntake,
+        replicas: Replicas,
+        link: SchedulerLink,
+        placement: Placement,
+        upstream: Upstream,
+        relay: Relay,
+        turns: TurnRunner,
+        metrics: DataplaneMetrics,
+        clock: Callable[[], float],
+        prune_every_s: float,
+    ) -> None:
+        self.runs = runs
+        self.tool_calls = tool_calls
+        self.ended_runs = ended_runs
+        """Run id -> ``clock()`` its ``DELETE`` came, oldest first: a tool-call id it emitted no
+        longer resolves to it. A set beside the table rather than a run -> ids index, which would
+        cost on every remembered id: at most ``MAX_ENDED_RUNS`` entries, measured 151 bytes each
+        for 40-byte ids (15 MB when full), 367 bytes at the 256-byte limit (37 MB)."""
+        self.access = access
+        self.intake = intake
+        self.replicas = replicas
+        self.link = link
+        self.placement = placement
+        self.upstream = upstream
+        self.relay = relay
+        self.turns = turns
+        self.metrics = metrics
+        self._clock = clock
+        self._prune_every_s = prune_every_s
         self._prune_task: asyncio.Task[None] | None = None
-        # Stable across restarts on the same host and port: the Resync of a restarted dataplane
-        # then releases what the crashed one held.
-        dataplane_id = f"dp-{socket.gethostname()}-{config.dataplane.listen}"
-        self.link = SchedulerLink(
-            config.dataplane.scheduler,
-            self.runs,
-            dataplane_id,
-            credentials=LinkCredentials.from_config(config),
-            idle_affinity=config.scheduler.idle_affinity != "off",
+        self.routes: tuple[Route, ...] = (
+            Route("/v1/chat/completions", ("POST",), self._chat_completions),
+            Route(MESSAGES_PATH, ("POST",), self._messages),
+            Route(RESPONSES_PATH, ("POST",), self._responses),
+            Route(DECIDE_PATH, ("POST",), self._decide),
+            Route(COUNT_TOKENS_PATH, ("POST",), self._count_tokens),
+            Route("/v1/models", _READ, self._models),
+            Route("/v1/models/{id}", _READ, self._model),
+            Route("/v1/runs/{id}", ("DELETE",), self._end_run),
+            Route("/health", _READ, self._health),
+            Route("/metrics", _READ, self._metrics),
+            Route("/status", _READ, self._status),
+            Route("/admin/usage", _READ, self._usage),
+            Route("/livez", _READ, self._livez),
+            Route("/readyz", _READ, self._readyz),
         )
-        self.access = Access.from_config(config)
-        """Who may use the ``/v1`` routes, and as which caller (:mod:`luftpause.auth.callers`)."""
-        self._context_lengths: dict[str, int] = {}
-        """Model -> the largest context length (tokens) its replicas' engines report, from the
-        scheduler's replica set: a turn's output-token cap where ``[dataplane] max_tokens`` names
-        none."""
-        self.intake = TurnIntake(self.access, self.identity, self._now, self.token_cap)
-        """What a ``/v1`` request becomes: its access, class, caller, run and turn."""
-        self._models = config.models
-        self.models_body = models_body(self._models, anthropic=False)
-        self.anthropic_models_body = models_body(self._models, anthropic=True)
-        self.front_doors = FrontDoors(config.replicas)
-        self._upstream: Upstream | None = None
-        self._replicas = {replica.name: replica for replica in config.replicas}
-        self.link.on_replicas = self._learn_replicas  # the scheduler's set replaces the file's
-        self._relay: Relay | None = None
-        self._held = 0  # turns whose Admit is out
-        self._loop: asyncio.AbstractEventLoop | None = None  # the worker's, taken once in startup()
-        self.metrics = DataplaneMetrics(
-            in_flight=lambda: 0 if self._relay is None else self._relay.in_flight(),
-            held=lambda: self._held,
-            connected=lambda: self.link.connected,
-            healthy_replicas=lambda: self.link.healthy_replicas,
-            replicas=self._replicas,
-            callers=configured_callers(config, self.access),
-            usage_window_s=config.dataplane.usage_window_s,
-        )
-        self._server_address = split_host_port(config.dataplane.listen)
-        self.link.on_placed = self.metrics.placed  # turns that waited for a decision, not leased ones
+        """The route table: every path the dataplane answers, each to one handler."""
+        self._exact = {route.path: route for route in self.routes if route.prefix is None}
+        self._prefixed = [(route.prefix, route) for route in self.routes if route.prefix is not None]
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -229,35 +247,21 @@ class Dataplane:
                 return
 
     async def startup(self) -> None:
+        """Start what runs in the background: the engine connections' sweep, the pruning of the
+        run tables and the scheduler link."""
         # In granian's worker: a worker whose main process was SIGKILLed would go on serving (and
         # stay connected to the scheduler) with nobody to stop it.
         exit_with_parent()
-        self._loop = asyncio.get_running_loop()
-        # No total timeout: a stream lasts as long as the engine generates. But an engine silent
-        # for as long as the scheduler keeps a placed turn (TURN_EXPIRY_S) has failed the turn:
-        # the scheduler has dropped it by then, so it is answered 502 (or its stream is broken).
-        read_timeout = float(os.environ.get(ENGINE_READ_TIMEOUT_ENV) or TURN_EXPIRY_S)
-        self._upstream = Upstream(read_timeout)
-        self._upstream.start()
-        self._relay = Relay(
-            self._upstream,
-            self.link,
-            self.runs,
-            self.metrics,
-            self.tool_calls,
-            self.config.dataplane.failover,
-        )
-        self._prune_task = self._loop.create_task(self._prune_forever())
+        self.upstream.start()
+        self._prune_task = asyncio.get_running_loop().create_task(self._prune_forever())
         await self.link.start()
 
     async def _prune_forever(self) -> None:
-        """Every ``PRUNE_EVERY_S`` seconds (or a sixth of the run expiry): forget idle runs, expired
-        tool-call ids and ended runs older than the tool-call ids' ttl (no id of theirs can be
-        looked up any more)."""
-        loop = asyncio.get_running_loop()
+        """Every ``prune_every_s`` seconds: forget idle runs, expired tool-call ids and ended runs
+        older than the tool-call ids' ttl (no id of theirs can be looked up any more)."""
         while True:
             await asyncio.sleep(self._prune_every_s)
-            now = loop.time()
+            now = self._clock()
             self.runs.prune(now)
             self.tool_calls.prune(now)
             ended, horizon = self.ended_runs, now - self.tool_calls.ttl_s
@@ -272,53 +276,7 @@ class Dataplane:
             except asyncio.CancelledError:
                 pass
         await self.link.close()
-        if self._upstream is not None:
-            await self._upstream.close()
-
-    def token_cap(self, model: str) -> int | None:
-        """The most output tokens a turn of ``model`` may ask for: ``[dataplane] max_tokens`` for
-        it, else the largest context length its replicas report, else ``None`` (no cap)."""
-        return self.config.dataplane.max_tokens.get(model) or self._context_lengths.get(model)
-
-    def _now(self) -> float:
-        """The worker loop's time (seconds): a turn's ``arrived``, a run's last activity."""
-        assert self._loop is not None
-        return self._loop.time()
-
-    def _learn_replicas(self, replicas: pb.ReplicaSet) -> None:
-        """The scheduler's replica set (the source of truth: the admin API and SIGHUP change it):
-        turns go to these replicas and ``/v1/models`` lists their models from now on. A spec
-        this dataplane cannot read is kept as it was, logged."""
-        learned: dict[str, ReplicaConfig] = {}
-        lengths: dict[str, int] = {}
-        for spec in replicas.replicas:
-            if spec.max_model_len:
-                for model in spec.models:
-                    lengths[model] = max(lengths.get(model, 0), spec.max_model_len)
-            try:
-                learned[spec.name] = ReplicaConfig.model_validate(
-                    {
-                        "name": spec.name,
-                        "url": spec.url,
-                        "models": tuple(spec.models),
-                        "kind": spec.kind or "generative",
-                        "api_key_env": spec.api_key_env or None,
-                        "priority": spec.priority or None,
-                        "apis": tuple(spec.apis) or ("chat",),
-                    }
-                )
-            except ValidationError as exc:
-                log.error("replica %r from the scheduler refused: %s", spec.name, exc)
-                if spec.name in self._replicas:
-                    learned[spec.name] = self._replicas[spec.name]
-        if learned.keys() != self._replicas.keys():
-            log.info("replicas from the scheduler: %s", ", ".join(learned) or "none")
-        self._replicas = learned
-        self._context_lengths = lengths
-        self._models = list(dict.fromkeys(m for r in learned.values() for m in r.models))
-        self.models_body = models_body(self._models, anthropic=False)
-        self.anthropic_models_body = models_body(self._models, anthropic=True)
-        self.front_doors = FrontDoors(list(learned.values()))
+        await self.upstream.close()
 
     # --- routing ---------------------------------------------------------------------------------
 
@@ -329,10 +287,24 @@ class Dataplane:
             if exchange.path in TURN_PATHS:
                 self.metrics.answers.responded(exchange.status or CLIENT_LEFT)
 
+    def _route(self, exchange: Exchange) -> Route:
+        """The route of ``exchange``'s path (its method allowed); for a ``/v1`` path only once the
+        request's credential is taken. :class:`NotFound`, :class:`MethodNotAllowed` otherwise."""
+        path, method = exchange.path, exchange.method
+        if path.startswith("/v1/"):
+            self.intake.authorize(exchange)
+        route = self._exact.get(path)
+        if route is None:
+            route = next((r for head, r in self._prefixed if path.startswith(head) and path != head), None)
+        if route is None:
+            raise NotFound(f"no route {method} {path}")
+        allow(path, method, *route.methods)
+        return route
+
     async def _answer(self, exchange: Exchange) -> None:
         """Route the request; answer an error of its with the JSON error body."""
         try:
-            await self._route(exchange)
+            await self._route(exchange).handler(exchange)
         except DataplaneError as exc:
             if exchange.started:
                 raise StreamBroken(str(exc)) from None  # cannot happen by design; never a clean end
@@ -365,86 +337,6 @@ class Dataplane:
             api = api_of(exchange.path, exchange.headers.get(_ANTHROPIC_VERSION))
             await exchange.respond(500, _JSON, error.body() if api is None else api_error_body(api, error))
 
-    async def _route(self, exchange: Exchange) -> None:
-        path, method = exchange.path, exchange.method
-        if path == "/health":
-            allow(path, method, "GET", "HEAD")
-            health = {
-                "status": "ok",
-                "scheduler": "connected" if self.link.connected else "connecting",
-                "runs": len(self.runs.runs),
-                "in_flight": 0 if self._relay is None else self._relay.in_flight(),
-                "held": self._held,
-                "leases": self.link.leases(),
-                "leased_turns_total": self.link.leased_turns,
-            }
-            await exchange.respond(200, _JSON, orjson.dumps(health))
-            return
-        if path == "/metrics":
-            allow(path, method, "GET", "HEAD")
-            await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition())
-            return
-        if path == "/status" or path == "/admin/usage":
-            allow(path, method, "GET", "HEAD")
-            self._authorize_operator(exchange)
-            usage = self.metrics.answers.usage.report()
-            await exchange.respond(200, _JSON, orjson.dumps({"usage": usage} if path == "/status" else usage))
-            return
-        if path == "/livez" or path == "/readyz":
-            allow(path, method, "GET", "HEAD")
-            status, body = probes.LIVE if path == "/livez" else probes.report(self.readiness())
-            await exchange.respond(status, _JSON, body)
-            return
-        if not path.startswith("/v1/"):
-            raise NotFound(f"no route {method} {path}")
-        self.intake.authorize(exchange)
-        if path == "/v1/chat/completions":
-            allow(path, method, "POST")
-            await self._chat_completions(exchange)
-        elif path == DECIDE_PATH:
-            allow(path, method, "POST")
-            await self._decide(exchange)
-        elif path == MESSAGES_PATH:
-            allow(path, method, "POST")
-            await self._front_door(exchange, "messages")
-        elif path == RESPONSES_PATH:
-            allow(path, method, "POST")
-            await self._front_door(exchange, "responses")
-        elif path == COUNT_TOKENS_PATH:
-            allow(path, method, "POST")
-            raw = await read_body(exchange)
-            payload, model = json_with_model(raw)
-            replica, plan = self.front_doors.count_plan(payload, raw, model)
-            assert self._relay is not None
-            await exchange.respond(200, _JSON, await count_tokens(self._relay.pool_of(replica), plan))
-        elif path == "/v1/models":
-            allow(path, method, "GET", "HEAD")
-            anthropic = wants_anthropic(exchange.header(_ANTHROPIC_VERSION))
-            await exchange.respond(200, _JSON, self.anthropic_models_body if anthropic else self.models_body)
-        elif path.startswith(_MODELS_PREFIX) and len(path) > len(_MODELS_PREFIX):
-            allow(path, method, "GET", "HEAD")
-            model = path[len(_MODELS_PREFIX) :]
-            found = model_body(self._models, model, wants_anthropic(exchange.header(_ANTHROPIC_VERSION)))
-            if found is None:
-                raise NotFound(f"no replica serves model {model!r}")
-            await exchange.respond(200, _JSON, found)
-        elif path.startswith("/v1/runs/") and len(path) > len("/v1/runs/"):
-            allow(path, method, "DELETE")
-            run_id = path[len("/v1/runs/") :]
-            if not acceptable_run_id(run_id):
-                raise BadRequest(f"a run id is at most {RUN_ID_MAX_BYTES} bytes")
-            self.runs.forget(run_id)
-            ended = self.ended_runs
-            ended.pop(run_id, None)
-            assert self._loop is not None
-            ended[run_id] = self._loop.time()
-            if len(ended) > MAX_ENDED_RUNS:
-                del ended[next(iter(ended))]
-            self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
-            await exchange.respond(204, [(_RUN_ID, run_id.encode())])
-        else:
-            raise NotFound(f"no route {method} {path}")
-
     def _authorize_operator(self, exchange: Exchange) -> None:
         """:class:`Unauthorized` unless the request carries ``LUFTPAUSE_TOKEN`` (when it is set):
         the usage of every caller is the operator's to read, not a caller key's."""
@@ -468,187 +360,90 @@ class Dataplane:
             "replicas": replicas,
         }
 
-    # --- chat completions ------------------------------------------------------------------------
+    # --- the routes' handlers --------------------------------------------------------------------
+
+    async def _chat_completions(self, exchange: Exchange) -> None:
+        await self.turns.run(self.intake.chat_turn(exchange, await read_body(exchange)), exchange)
+
+    async def _messages(self, exchange: Exchange) -> None:
+        await self._front_door(exchange, "messages")
+
+    async def _responses(self, exchange: Exchange) -> None:
+        await self._front_door(exchange, "responses")
 
     async def _front_door(self, exchange: Exchange, api: Api) -> None:
         """``POST /v1/messages`` or ``POST /v1/responses``: planned (``front_doors``), then
         admitted and relayed as a chat turn is."""
         body = await read_body(exchange)
-        await self._run_turn(self.intake.front_door_turn(exchange, api, body, self.front_doors), exchange)
-
-    async def _chat_completions(self, exchange: Exchange) -> None:
-        await self._run_turn(self.intake.chat_turn(exchange, await read_body(exchange)), exchange)
+        turn = self.intake.front_door_turn(exchange, api, body, self.replicas.front_doors)
+        await self.turns.run(turn, exchange)
 
     async def _decide(self, exchange: Exchange) -> None:
-        await self._run_turn(self.intake.single_pass_turn(exchange, await read_body(exchange)), exchange)
+        await self.turns.run(self.intake.single_pass_turn(exchange, await read_body(exchange)), exchange)
 
-    async def _run_turn(self, turn: Turn, exchange: Exchange) -> None:
-        """Admit ``turn``, forward it and relay its answer, racing the client leaving."""
-        # Race the whole turn against the client leaving: a held turn must leave the queue at once
-        # and a streaming one must close its engine request at once. The watch (granian's
-        # receive() returning http.disconnect) cancels this very task: no asyncio.wait, and send()
-        # is never relied on to notice (granian does not raise on a closed connection). It costs
-        # two crossings into granian, so it begins only once the turn has lasted WATCH_AFTER_S, or
-        # as soon as the turn must wait for the scheduler (_admit_and_forward).
-        loop = self._loop
-        assert loop is not None
-        task = asyncio.current_task(loop)
-        assert task is not None
-        left = False
+    async def _count_tokens(self, exchange: Exchange) -> None:
+        raw = await read_body(exchange)
+        payload, model = json_with_model(raw)
+        replica, plan = self.replicas.front_doors.count_plan(payload, raw, model)
+        await exchange.respond(200, _JSON, await count_tokens(self.relay.pool_of(replica), plan))
 
-        def gone() -> None:
-            nonlocal left
-            left = True
-            task.cancel()
+    async def _models(self, exchange: Exchange) -> None:
+        anthropic = wants_anthropic(exchange.header(_ANTHROPIC_VERSION))
+        replicas = self.replicas
+        body = replicas.anthropic_models_body if anthropic else replicas.models_body
+        await exchange.respond(200, _JSON, body)
 
-        def watch() -> None:
-            exchange.watch(gone)
+    async def _model(self, exchange: Exchange) -> None:
+        model = exchange.path[len("/v1/models/") :]
+        found = model_body(self.replicas.models, model, wants_anthropic(exchange.header(_ANTHROPIC_VERSION)))
+        if found is None:
+            raise NotFound(f"no replica serves model {model!r}")
+        await exchange.respond(200, _JSON, found)
 
-        later = loop.call_later(WATCH_AFTER_S, watch)
-        span = None
-        if tracing.active:
-            # This turn's span parents what it sends on: the scheduler's admit and the engine request.
-            span = turn.span = turn_spans.start(turn, self._server_address)
-            sent_on = tracing.headers_of(span)
-            if sent_on:  # the client's tracestate rides on in the span's context
-                turn.traceparent = sent_on[tracing.TRACEPARENT]
-                turn.tracestate = sent_on.get(tracing.TRACESTATE)
-        try:
-            await self._admit_and_forward(turn, exchange, watch)
-        except asyncio.CancelledError:
-            if not left:
-                raise  # cancelled from outside (the worker stopping), not by the client leaving
-            task.uncancel()  # the client left: nobody to answer, nothing more to do
-            if span is not None:
-                span.set_attribute("luftpause.client_left", True)
-        except DataplaneError as exc:
-            exc.run_id = turn.run_id or None
-            if span is not None:
-                turn_spans.refused(span, exc.status, str(exc))
-            raise
-        except StreamBroken:
-            raise  # the answer began (the span has the failure): granian aborts the connection
-        except Exception as exc:
-            # A fault of ours: answered 500 as any other, still naming the turn's run.
-            log.error("turn %s failed", turn.turn_id, exc_info=exc)
-            error = DataplaneError(f"internal error: {type(exc).__name__}")
-            error.run_id = turn.run_id or None
-            if span is not None:
-                turn_spans.refused(span, error.status, str(error))
-            raise error from None
-        finally:
-            later.cancel()
-            exchange.unwatch()
-            if span is not None:
-                span.end()
+    async def _end_run(self, exchange: Exchange) -> None:
+        """``DELETE /v1/runs/{id}``: the run ended; the scheduler forgets it at once."""
+        run_id = exchange.path[len("/v1/runs/") :]
+        if not acceptable_run_id(run_id):
+            raise BadRequest(f"a run id is at most {RUN_ID_MAX_BYTES} bytes")
+        self.runs.forget(run_id)
+        ended = self.ended_runs
+        ended.pop(run_id, None)
+        ended[run_id] = self._clock()
+        if len(ended) > MAX_ENDED_RUNS:
+            del ended[next(iter(ended))]
+        self.link.report(pb.TurnEvent(run_id=run_id, kind=pb.TurnEvent.RUN_ENDED))
+        await exchange.respond(204, [(_RUN_ID, run_id.encode())])
 
-    async def _admit_and_forward(self, turn: Turn, exchange: Exchange, watch: Callable[[], None]) -> None:
-        assert self._relay is not None
-        name = None
-        if not turn.single_pass:
-            # Placed at once under a capacity lease when one allows it: no round trip, no protobuf
-            # request, the turn reported after (luftpause.dataplane.link.admission).
-            name = self.link.place_leased(
-                turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, turn.traceparent
-            )
-        if name is None:
-            watch()  # the turn may be held: its client leaving must take it out of the queue at once
-            name = await self._admit(turn)
-        failover = self.config.dataplane.failover
-        if failover.undelivered or failover.retry_statuses:
-            turn.failovers_left = 1
-        while True:
-            replica = self._replicas.get(name)
-            if replica is None:
-                self._relay.abandoned(turn)
-                if turn.new_run:
-                    self.runs.forget_unplaced(turn.run_id)
-                self.metrics.turn_ended("failed", turn.service_class)
-                raise DataplaneError(
-                    f"the scheduler placed the turn on replica {name!r}, "
-                    "which this dataplane's configuration does not name"
-                )
-            translation = turn.translation  # a native send drops it; another replica may need it
-            try:
-                await self._relay.forward(turn, replica, exchange)
-                return
-            except FailOver as exc:
-                # Nothing reached the client and the turn was reported failed (with its replica
-                # unreachable, the scheduler has taken that one out of rotation): it is admitted
-                # again, through the scheduler (never a lease), to go to another replica.
-                turn = turn.again(translation)
-                self.metrics.failed_over("unreachable" if exc.unreachable else "status")
-                log.warning(
-                    "turn of run %s: %s; admitted again as turn %s for another replica",
-                    turn.run_id,
-                    exc,
-                    turn.turn_id,
-                    extra={"run_id": turn.run_id, "turn_id": turn.turn_id, "replica": replica.name},
-                )
-                watch()
-                try:
-                    name = await self._admit(turn)
-                except DataplaneError as refused:
-                    if refused.status != 502:
-                        raise
-                    # no other replica: the client hears what happened to its turn first
-                    raise EngineUnreachable(f"{exc}; {refused}") from None
+    async def _health(self, exchange: Exchange) -> None:
+        health = {
+            "status": "ok",
+            "scheduler": "connected" if self.link.connected else "connecting",
+            "runs": len(self.runs.runs),
+            "in_flight": self.relay.in_flight(),
+            "held": self.placement.held,
+            "leases": self.link.leases(),
+            "leased_turns_total": self.link.leased_turns,
+        }
+        await exchange.respond(200, _JSON, orjson.dumps(health))
 
-    async def _admit(self, turn: Turn) -> str:
-        """Ask the scheduler to place ``turn``: the replica's name. Raises :class:`DataplaneError`
-        when it refuses the turn or fails the stream."""
-        assert self._relay is not None
-        request = pb.AdmitRequest(
-            turn_id=turn.turn_id,
-            run_id=turn.run_id,
-            model=turn.model,
-            service_class=turn.service_class,  # type: ignore[arg-type]
-            caller=turn.caller,
-            dataplane_id=self.link.dataplane_id,
-            single_pass=turn.single_pass,
-            failover_from=turn.failover_from,
+    async def _metrics(self, exchange: Exchange) -> None:
+        gauges = Gauges(
+            self.relay.in_flight(), self.placement.held, self.link.connected, self.link.healthy_replicas
         )
-        if turn.traceparent:
-            request.traceparent = turn.traceparent
-        self._held += 1
-        try:
-            reply = await self.link.admit(request, leased_first=False)
-        except BaseException as exc:
-            # The client left (or the link failed) while the Admit was out: the placement may cross
-            # the cancel on the wire, so tell the scheduler to undo whatever it did.
-            self._relay.abandoned(turn)
-            if turn.new_run:
-                self.runs.forget_unplaced(turn.run_id)
-            if isinstance(exc, grpc.aio.AioRpcError):
-                self.metrics.turn_ended("failed", turn.service_class)
-                raise DataplaneError(f"scheduler failed: {exc.code().name}: {exc.details()}", 503) from None
-            self.metrics.turn_ended("abandoned", turn.service_class)
-            raise
-        finally:
-            self._held -= 1
-        if reply.WhichOneof("outcome") == "refused":
-            if turn.new_run:
-                self.runs.forget_unplaced(turn.run_id)  # unknown model and the like: nothing recorded
-            self.metrics.turn_ended("refused", turn.service_class)
-            if reply.refused.http_status == 429:  # a protection limit: Retry-After with it
-                raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
-            raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
-        return reply.placed.replica
+        await exchange.respond(200, _METRICS_HEAD, self.metrics.exposition(gauges))
 
+    async def _status(self, exchange: Exchange) -> None:
+        self._authorize_operator(exchange)
+        await exchange.respond(200, _JSON, orjson.dumps({"usage": self.metrics.answers.usage.report()}))
 
-def configured_callers(config: Config, access: Access) -> list[str]:
-    """The callers the configuration names: the caller keys' and ``[scheduler.protection]
-    callers``; their roots are the caller labels of the metrics and the usage."""
-    keyed = access.keys.callers if access.keys is not None else []
-    return [*keyed, *config.scheduler.protection.callers]
+    async def _usage(self, exchange: Exchange) -> None:
+        self._authorize_operator(exchange)
+        await exchange.respond(200, _JSON, orjson.dumps(self.metrics.answers.usage.report()))
 
+    async def _livez(self, exchange: Exchange) -> None:
+        status, body = probes.LIVE
+        await exchange.respond(status, _JSON, body)
 
-def create_app(config: Config | None = None) -> Dataplane:
-    """Build the app from ``config``, else from ``LUFTPAUSE_CONFIG`` (or the embedded default) and
-    the environment (:func:`luftpause.config.load_config`); granian's loader.
-
-    Runs in the worker process, so that is where spans are exported from when
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.tracing.setup`).
-    """
-    tracing.setup(tracing.DATAPLANE_SERVICE)
-    return Dataplane(config if config is not None else load_config())
+    async def _readyz(self, exchange: Exchange) -> None:
+        status, body = probes.report(self.readiness())
+        await exchange.respond(status, _JSON, body)

@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    from luftpause.dataplane.server.app import create_app
+    from luftpause.dataplane.wiring import create_app
 
     host, port = split_host_port(config.dataplane.listen)
     server = Granian(
-        "luftpause.dataplane.server.app:create_app",  # a label only: the loader below builds the app
+        "luftpause.dataplane.wiring:create_app",  # a label only: the loader below builds the app
         address=host,
         port=port,
         interface=Interfaces.ASGI,

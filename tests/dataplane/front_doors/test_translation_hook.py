@@ -122,7 +122,7 @@ async def _relay(body: dict[str, Any]) -> tuple[list[dict[str, Any]], ToolCallTa
 
     runs, tool_calls = RunTable(), ToolCallTable()
     upstream = Upstream(30.0)
-    metrics = DataplaneMetrics(int, int)
+    metrics = DataplaneMetrics()
     relay = Relay(upstream, SchedulerLink("127.0.0.1:1", runs), runs, metrics, tool_calls)
     replica = ReplicaConfig(name="e", url=f"http://127.0.0.1:{port}", models=("m",))
     exchange = Exchange({"method": "POST", "path": "/v1/messages", "headers": []}, receive, send)
