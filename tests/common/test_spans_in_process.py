@@ -635,7 +635,6 @@ def _dataplane_turn(traceparent: str = "", tracestate: str = "") -> Any:
         traceparent=traceparent,
         tracestate=tracestate,
         body=b'{"model": "m", "max_tokens": 8, "temperature": 0.5, "stop": "END", "n": 2, "seed": true}',
-        replica="sim-0",
     )
 
 
@@ -645,10 +644,10 @@ def test_the_engine_requests_span_is_a_client_child_of_the_turns_with_the_reques
     from luftpause.dataplane.relay import turn_spans
 
     turn = _dataplane_turn()
-    turn.span = turn_spans.start(turn, ("127.0.0.1", 8080))
-    turn.engine_span = turn_spans.engine_start(turn, "https://engine.example:8443")
-    turn_spans.answered(turn, 6, "chatcmpl-9", "m-served")
-    for span in (turn.engine_span, turn.span):
+    turn_span = turn_spans.start(turn, ("127.0.0.1", 8080))
+    engine_span = turn_spans.engine_start(turn, "sim-0", "https://engine.example:8443", turn_span)
+    turn_spans.answered((turn_span, engine_span), 6, "chatcmpl-9", "m-served")
+    for span in (engine_span, turn_span):
         turn_spans.ended(span, pb.TurnEvent.FINISHED, {"finish_reason": "stop", "prompt_tokens": 9})
         span.end()
     served, called = sorted(named(spans, "chat m"), key=lambda s: s.kind.value)

@@ -11,6 +11,8 @@ the scheduler undoes what it did with it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import grpc.aio
 
 from luftpause import tracing
@@ -20,6 +22,9 @@ from luftpause.dataplane.link.runs import RunTable
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.turn import Turn
 from luftpause.v1 import scheduler_pb2 as pb
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["Placement"]
 
@@ -44,10 +49,12 @@ class Placement:
             turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, turn.traceparent
         )
 
-    async def admit(self, turn: Turn) -> str:
-        """Ask the scheduler to place ``turn``: the replica's name. Raises :class:`DataplaneError`
-        when it refuses the turn (:class:`TooManyRequests` for a protection limit) or the link
-        fails (503); cancellation (the client left) reports the turn abandoned."""
+    async def admit(self, turn: Turn, failover_from: str = "", span: Span | None = None) -> str:
+        """Ask the scheduler to place ``turn``: the replica's name. ``failover_from``: the replica
+        that failed it before answering, when it comes again. Raises :class:`DataplaneError` when
+        the scheduler refuses the turn (:class:`TooManyRequests` for a protection limit) or the
+        link fails (503); cancellation (the client left) reports the turn abandoned (on ``span``
+        too, the turn's own while tracing is active)."""
         request = pb.AdmitRequest(
             turn_id=turn.turn_id,
             run_id=turn.run_id,
@@ -56,7 +63,7 @@ class Placement:
             caller=turn.caller,
             dataplane_id=self.link.dataplane_id,
             single_pass=turn.single_pass,
-            failover_from=turn.failover_from,
+            failover_from=failover_from,
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent
@@ -66,7 +73,7 @@ class Placement:
         except BaseException as exc:
             # The client left (or the link failed) while the Admit was out: the placement may cross
             # the cancel on the wire, so tell the scheduler to undo whatever it did.
-            self.abandoned(turn)
+            self.abandoned(turn, span)
             if isinstance(exc, grpc.aio.AioRpcError):
                 self.metrics.turn_ended("failed", turn.service_class)
                 raise DataplaneError(f"scheduler failed: {exc.code().name}: {exc.details()}", 503) from None
@@ -83,14 +90,14 @@ class Placement:
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
         return reply.placed.replica
 
-    def abandoned(self, turn: Turn) -> None:
+    def abandoned(self, turn: Turn, span: Span | None = None) -> None:
         """``turn`` was given up before any engine saw it: the scheduler undoes what it did with
         it, and a run made up for it is forgotten."""
-        if turn.span is not None:
-            turn.span.set_attribute("luftpause.abandoned", True)
+        if span is not None:
+            span.set_attribute("luftpause.abandoned", True)
         event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=pb.TurnEvent.ABANDONED)
         if turn.traceparent:
             event.trace_id = tracing.trace_id_of(turn.traceparent)
-        self.link.report(event, turn.replica)
+        self.link.report(event, "")
         if turn.new_run:
             self.runs.forget_unplaced(turn.run_id)

@@ -21,7 +21,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from luftpause import tracing
 from luftpause.config import FailoverConfig, ReplicaConfig
@@ -35,6 +35,7 @@ from luftpause.dataplane.relay.machine import (
     Failed,
     Finished,
     FirstToken,
+    Outcome,
     decoder_for,
     refusal_body,
     whole_answer,
@@ -43,10 +44,13 @@ from luftpause.dataplane.relay.upstream import EngineError, EngineExchange, Engi
 from luftpause.dataplane.server.asgi import Exchange, Headers, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.tool_calls import ToolCallTable
-from luftpause.dataplane.turn import RUN_ID_HEADER, Turn, new_id, with_priority
+from luftpause.dataplane.turn import RUN_ID_HEADER, Admitted, Relayed, Turn, new_id, with_priority
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -111,12 +115,42 @@ def _fixed_headers(replica: ReplicaConfig) -> list[tuple[str, str]]:
 class FailOver(EngineUnreachable):
     """Raised by :meth:`Relay.forward` instead of answering: the turn's replica failed before its
     answer began, nothing was sent to the client, the turn was reported failed, and it may go to
-    another replica (``turn.failovers_left`` > 0; docs/failover.md). ``unreachable``: the engine
+    another replica (``Admitted.failovers_left`` > 0; docs/failover.md). ``unreachable``: the engine
     never had it (not a refusal it answered). Left unhandled it is the 502 it would have been."""
 
     def __init__(self, message: str, unreachable: bool) -> None:
         super().__init__(message)
         self.unreachable = unreachable
+
+
+class _Send:
+    """One send of an admitted turn: the loop's own bookkeeping while it lasts, never shared (the
+    turn's first two stages stay as they were made); made into a
+    :class:`~luftpause.dataplane.turn.Relayed` when it is over. ``translation``: the turn's, or
+    ``None`` once its replica serves its API natively (``native``)."""
+
+    __slots__ = (
+        "admitted",
+        "engine_span",
+        "first_token_at",
+        "native",
+        "outcome",
+        "replica",
+        "span",
+        "translation",
+        "turn",
+    )
+
+    def __init__(self, admitted: Admitted, span: Span | None) -> None:
+        self.admitted = admitted
+        self.turn = admitted.turn
+        self.replica = admitted.replica.name
+        self.span = span
+        self.engine_span: Span | None = None
+        self.first_token_at: float | None = None
+        self.native = False
+        self.translation = admitted.turn.translation
+        self.outcome: Outcome | None = None
 
 
 class Relay:
@@ -158,8 +192,9 @@ class Relay:
         """Turns sent to an engine that have not ended yet (generative and single-pass)."""
         return len(self.runs.inflight) + len(self.single_pass_in_flight)
 
-    def _end(self, turn: Turn, tool_calls: bool) -> bool:
-        """Mark ``turn`` ended; False if it had already ended, so it is reported once."""
+    def _end(self, send: _Send, tool_calls: bool) -> bool:
+        """Mark the turn ended; False if it had already ended, so it is reported once."""
+        turn = send.turn
         if turn.single_pass:
             if turn.turn_id not in self.single_pass_in_flight:
                 return False
@@ -167,52 +202,53 @@ class Relay:
             return True
         return self.runs.ended(turn.turn_id, tool_calls, self._clock())
 
-    def _event(self, turn: Turn, kind: int, **fields: Any) -> None:
+    def _ended_event(self, send: _Send, kind: int, **fields: Any) -> None:
+        """FINISHED or FAILED, carrying how long ago the first token came when one did."""
+        turn = send.turn
+        if send.first_token_at is not None:
+            fields["first_token_ago_s"] = max(self._clock() - send.first_token_at, 0.0)
+        if send.span is not None:
+            turn_spans.ended(send.span, kind, fields)
+        if send.engine_span is not None:
+            turn_spans.ended(send.engine_span, kind, fields)
+            send.engine_span.end()
+            send.engine_span = None
         if turn.traceparent:
             fields["trace_id"] = tracing.trace_id_of(turn.traceparent)
         event = pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, kind=kind, **fields)  # type: ignore[arg-type]
-        self.link.report(event, turn.replica)
+        self.link.report(event, send.replica)
 
-    def _ended_event(self, turn: Turn, kind: int, **fields: Any) -> None:
-        """FINISHED or FAILED, carrying how long ago the first token came when one did."""
-        if turn.first_token_at is not None:
-            fields["first_token_ago_s"] = max(self._clock() - turn.first_token_at, 0.0)
-        if turn.span is not None:
-            turn_spans.ended(turn.span, kind, fields)
-        if turn.engine_span is not None:
-            turn_spans.ended(turn.engine_span, kind, fields)
-            turn.engine_span.end()
-            turn.engine_span = None
-        self._event(turn, kind, **fields)
-
-    def failed(self, turn: Turn, error: str, unreachable: bool = False) -> None:
+    def _failed(self, send: _Send, error: str, unreachable: bool = False) -> None:
         """The turn ended without a completion: free its slot, leave the run idle (once per turn).
         ``unreachable``: its engine was never reached, so the scheduler takes the replica out of
         rotation at once (``TurnEvent.unreachable``)."""
-        if self._end(turn, False):
+        if self._end(send, False):
+            send.outcome = Failed(error)
             if unreachable:
-                self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500], unreachable=True)
+                self._ended_event(send, pb.TurnEvent.FAILED, error=error[:500], unreachable=True)
             else:
-                self._ended_event(turn, pb.TurnEvent.FAILED, error=error[:500])
-            self.metrics.turn_ended("failed", turn.service_class, turn.replica)
+                self._ended_event(send, pb.TurnEvent.FAILED, error=error[:500])
+            self.metrics.turn_ended("failed", send.turn.service_class, send.replica)
 
-    def _first_token(self, turn: Turn) -> None:
+    def _first_token(self, send: _Send) -> None:
         # Not reported now: the scheduler only records it, so it rides on the end event.
-        now = turn.first_token_at = self._clock()
-        self.metrics.first_token(turn.service_class, now - turn.arrived, turn.replica)
+        now = send.first_token_at = self._clock()
+        self.metrics.first_token(send.turn.service_class, now - send.turn.arrived, send.replica)
 
-    def _finished(self, turn: Turn, facts: Finished) -> None:
-        """Report ``turn`` finished (once), with the facts of its answer."""
-        if not self._end(turn, facts.tool_calls):
+    def _finished(self, send: _Send, facts: Finished) -> None:
+        """Report the turn finished (once), with the facts of its answer."""
+        if not self._end(send, facts.tool_calls):
             return
-        now = self._clock()
+        send.outcome = facts
+        turn, now = send.turn, self._clock()
         prompt, completion = facts.prompt_tokens, facts.completion_tokens
         self.metrics.answers.finished(
-            turn.model, turn.replica, turn.service_class, turn.caller, turn.arrived,
-            turn.first_token_at, now, prompt, completion, facts.cached_tokens,
+            turn.model, send.replica, turn.service_class, turn.caller, turn.arrived,
+            send.first_token_at, now, prompt, completion, facts.cached_tokens,
         )  # fmt: skip
-        if turn.span is not None:
-            turn_spans.answered(turn, facts.cached_tokens, facts.response_id, facts.response_model)
+        if send.span is not None:
+            spans = (send.span, send.engine_span)
+            turn_spans.answered(spans, facts.cached_tokens, facts.response_id, facts.response_model)
         if facts.tool_call_ids and turn.run_id:
             # The run's next turn may come back without its header but with these ids.
             self.tool_calls.remember(turn.run_id, list(facts.tool_call_ids), now)
@@ -221,9 +257,9 @@ class Relay:
         usage = {k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0}
         finish_reason, tool_calls = facts.finish_reason, facts.tool_calls
         self._ended_event(
-            turn, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage
+            send, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage
         )
-        self.metrics.turn_ended("finished", turn.service_class, turn.replica)
+        self.metrics.turn_ended("finished", turn.service_class, send.replica)
 
     def pool_of(self, replica: ReplicaConfig) -> EnginePool:
         """``replica``'s connection pool, for a request that is not a turn (count_tokens)."""
@@ -235,19 +271,23 @@ class Relay:
             replica.name, replica.url, lambda: _fixed_headers(replica), replica.max_inflight
         )
 
-    async def forward(self, turn: Turn, replica: ReplicaConfig, exchange: Exchange) -> None:
-        """Send ``turn`` to ``replica`` and relay the answer to the client of ``exchange``.
+    async def forward(self, admitted: Admitted, exchange: Exchange, span: Span | None = None) -> Relayed:
+        """Send the admitted turn to its replica and relay the answer to the client of
+        ``exchange``; what the relay saw (:class:`~luftpause.dataplane.turn.Relayed`) once the
+        answer was relayed whole or ended failed but cleanly (an engine's refusal, an error event).
+        ``span``: the turn's own span while tracing is active (the engine request's hangs below it).
 
         The turn's ``body`` goes to ``turn.path`` unchanged, except that a chat turn to a replica
         with ``priority`` set carries its class as the engine's ``priority`` field
         (:func:`~luftpause.dataplane.turn.with_priority`) unless the client set one. Raises
         :class:`EngineUnreachable` (nothing sent to the client yet) when the engine cannot be
-        connected to or breaks off before its answer has begun, and
-        :class:`~luftpause.dataplane.server.asgi.StreamBroken` when the engine fails after the answer
-        began (the client's connection is then aborted, never ended cleanly). Cancellation (the
-        client left) closes the engine request at once.
+        connected to or breaks off before its answer has begun (:class:`FailOver` when the turn
+        may go to another replica), and :class:`~luftpause.dataplane.server.asgi.StreamBroken`
+        when the engine fails after the answer began (the client's connection is then aborted,
+        never ended cleanly). Cancellation (the client left) closes the engine request at once.
         """
-        turn.replica = replica.name
+        turn, replica = admitted.turn, admitted.replica
+        send = _Send(admitted, span)
         if turn.single_pass:
             self.single_pass_in_flight.add(turn.turn_id)
         else:
@@ -259,12 +299,12 @@ class Relay:
             )
         # No STARTED: the scheduler took its placement answer as the start.
         traceparent, tracestate = turn.traceparent, turn.tracestate
-        if turn.span is not None:
-            turn.span.set_attribute("luftpause.replica", replica.name)
+        if span is not None:
+            span.set_attribute("luftpause.replica", replica.name)
             # The engine request's own span (a client span under the turn's): its context is
             # what the engine is sent, so the engine's spans hang below it.
-            turn.engine_span = turn_spans.engine_start(turn, replica.url)
-            sent_on = tracing.headers_of(turn.engine_span)
+            send.engine_span = turn_spans.engine_start(turn, replica.name, replica.url, span)
+            sent_on = tracing.headers_of(send.engine_span)
             traceparent = sent_on.get(tracing.TRACEPARENT, traceparent)
             tracestate = sent_on.get(tracing.TRACESTATE, tracestate)
         extra = b""
@@ -276,7 +316,7 @@ class Relay:
         native = turn.native
         if native is not None and native.api in replica.apis:
             # The replica speaks the client's API: its bytes go there, its answer comes back, as is.
-            turn.native_served, turn.translation = True, None
+            send.native, send.translation = True, None
             path, body = native.path, native.body
         elif replica.priority is not None and not turn.single_pass and not turn.client_priority:
             # Local to this send: turn.body stays the client's bytes.
@@ -284,7 +324,7 @@ class Relay:
         upstream: EngineExchange | None = None
         try:
             try:
-                if native is not None and not turn.native_served and turn.translation is None:
+                if native is not None and not send.native and send.translation is None:
                     # Planned native only (front_doors), yet the scheduler's replica lacks the API:
                     # its configuration and this dataplane's disagree.
                     raise EngineError(
@@ -301,23 +341,23 @@ class Relay:
                 if not turn.single_pass:  # a single-pass turn belongs to no run
                     out.append((_RUN_ID, turn.run_id.encode()))
                 if status != 200:
-                    await self._relay_refusal(turn, upstream, out, exchange, decoder)
+                    await self._relay_refusal(send, upstream, out, exchange, decoder)
                 elif streamed:
-                    await self._relay_stream(turn, upstream, out, exchange, decoder)
+                    await self._relay_stream(send, upstream, out, exchange, decoder)
                 else:
-                    await self._relay_whole(turn, upstream, out, exchange, decoder)
+                    await self._relay_whole(send, upstream, out, exchange, decoder)
             except (EngineError, zlib.error) as exc:
                 # Errors after a stream began are handled in _relay_stream, so nothing was answered
                 # yet: the client gets a 502 naming the replica, unless the engine never had the
                 # turn and it may go to another replica (docs/failover.md).
                 message = f"engine {replica.name}: {str(exc) or type(exc).__name__}"
                 undelivered = isinstance(exc, EngineError) and exc.undelivered
-                self.failed(turn, message, unreachable=undelivered)
-                if undelivered and turn.failovers_left > 0 and self.failover.undelivered:
+                self._failed(send, message, unreachable=undelivered)
+                if undelivered and admitted.failovers_left > 0 and self.failover.undelivered:
                     raise FailOver(message, unreachable=True) from None
                 raise EngineUnreachable(message) from None
         except asyncio.CancelledError:
-            self.failed(turn, "client disconnected")
+            self._failed(send, "client disconnected")
             raise
         finally:
             if upstream is not None:
@@ -325,26 +365,28 @@ class Relay:
                     upstream.release()  # back to the pool once its body has ended (a short grace)
                 else:
                     upstream.abort()  # given up mid-answer: the engine sees its request closed
-            self.failed(turn, "the relay ended without an outcome")  # a no-op once the turn ended
-            if turn.engine_span is not None:  # a turn reported ended already: never left open
-                turn.engine_span.end()
-                turn.engine_span = None
+            self._failed(send, "the relay ended without an outcome")  # a no-op once the turn ended
+            if send.engine_span is not None:  # a turn reported ended already: never left open
+                send.engine_span.end()
+                send.engine_span = None
+        assert send.outcome is not None
+        return Relayed(replica.name, send.native, send.first_token_at, send.outcome)
 
     async def _relay_refusal(
-        self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
+        self, send: _Send, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
     ) -> None:
         # 429 / 5xx: status, body and Retry-After reach the client unchanged (or, for a status
         # [dataplane.failover] retry_statuses names, the turn goes to another replica instead).
         raw = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)
-        body = refusal_body(raw, upstream.status, decoder, turn.translation)
-        self.failed(turn, f"engine answered {upstream.status}")
-        if upstream.status in self.failover.retry_statuses and turn.failovers_left > 0:
-            raise FailOver(f"engine {turn.replica} answered {upstream.status}", unreachable=False)
+        body = refusal_body(raw, upstream.status, decoder, send.translation)
+        self._failed(send, f"engine answered {upstream.status}")
+        if upstream.status in self.failover.retry_statuses and send.admitted.failovers_left > 0:
+            raise FailOver(f"engine {send.replica} answered {upstream.status}", unreachable=False)
         await exchange.respond(upstream.status, headers, body)
         self.metrics.relayed(len(body))
 
     async def _relay_stream(
-        self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
+        self, send: _Send, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
     ) -> None:
         """Relay an SSE stream as it comes, through the turn's :class:`AnswerStream` (its rules
         say when the answer is whole, cut short or failed): this loop only moves the engine's
@@ -354,13 +396,14 @@ class Relay:
         not ended yet (its connection waits for that end on its own, see
         :meth:`~luftpause.dataplane.relay.upstream.EngineExchange.release`). A client that leaves before
         the outcome fails the turn and the engine's request is closed at once."""
-        native = turn.native.scanner if turn.native_served and turn.native is not None else None
-        translation = turn.translation.stream() if turn.translation is not None else None
+        turn = send.turn
+        native = turn.native.scanner if send.native and turn.native is not None else None
+        translation = send.translation.stream() if send.translation is not None else None
         machine = AnswerStream(turn.choices, decoder, translation, native)
-        report = self._reporter(turn)
+        report = self._reporter(send)
         headers.extend(_STREAM_HEAD)
         await exchange.start(200, headers)
-        send = exchange.send
+        send_body = exchange.send
         relayed = 0  # summed here, added to the counter once per turn
         try:
             while True:
@@ -390,7 +433,7 @@ class Relay:
                     if out:
                         # Waits while the client is not reading (granian's send is bounded), and
                         # the engine connection stops reading meanwhile: memory stays bounded.
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        await send_body({"type": "http.response.body", "body": out, "more_body": True})
                         relayed += len(out)
                     if outcome is None:
                         continue
@@ -398,7 +441,7 @@ class Relay:
                     # final chunk, no [DONE]), so it sees the stream broken rather than ended.
                     raise StreamBroken(outcome.error)
                 # The last of the answer and its end in one send.
-                await send({"type": "http.response.body", "body": out, "more_body": False})
+                await send_body({"type": "http.response.body", "body": out, "more_body": False})
                 relayed += len(out)
                 break
         except asyncio.CancelledError:
@@ -417,29 +460,30 @@ class Relay:
                     scanner.max_event_bytes,
                 )
 
-    def _reporter(self, turn: Turn) -> Callable[[Fact], None]:
-        """The one report function of ``turn``'s relay: each fact the machine gives, as it came."""
+    def _reporter(self, send: _Send) -> Callable[[Fact], None]:
+        """The one report function of a send: each fact the machine gives, as it came."""
 
         def report(fact: Fact) -> None:
             if isinstance(fact, FirstToken):
-                self._first_token(turn)
+                self._first_token(send)
             elif isinstance(fact, Finished):
-                self._finished(turn, fact)
+                self._finished(send, fact)
             else:
-                self.failed(turn, fact.error)
+                self._failed(send, fact.error)
 
         return report
 
     async def _relay_whole(
-        self, turn: Turn, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
+        self, send: _Send, upstream: EngineExchange, headers: Headers, exchange: Exchange, decoder: Any
     ) -> None:
         raw = await upstream.read_all(MAX_WHOLE_ANSWER_BYTES)  # a read error here becomes a 502
-        native = turn.native.whole if turn.native_served and turn.native is not None else None
-        answer = whole_answer(raw, decoder, turn.translation, native, turn.single_pass)
+        turn = send.turn
+        native = turn.native.whole if send.native and turn.native is not None else None
+        answer = whole_answer(raw, decoder, send.translation, native, turn.single_pass)
         if answer.timed:
-            self.metrics.first_token(turn.service_class, self._clock() - turn.arrived, turn.replica)
+            self.metrics.first_token(turn.service_class, self._clock() - turn.arrived, send.replica)
         # Reported before the answer goes out: the client, once it has it, may close before the
         # send returns, and the turn finished all the same.
-        self._finished(turn, answer.outcome)
+        self._finished(send, answer.outcome)
         await exchange.respond(200, headers, answer.body)
         self.metrics.relayed(len(answer.body))

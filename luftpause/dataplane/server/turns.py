@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from luftpause import tracing
 from luftpause.config import FailoverConfig
@@ -25,7 +26,10 @@ from luftpause.dataplane.relay import turn_spans
 from luftpause.dataplane.relay.loop import FailOver, Relay
 from luftpause.dataplane.server.asgi import WATCH_AFTER_S, Exchange, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
-from luftpause.dataplane.turn import Turn
+from luftpause.dataplane.turn import Admitted, Relayed, Turn
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["TurnRunner"]
 
@@ -72,13 +76,12 @@ class TurnRunner:
         span = None
         if tracing.active:
             # This turn's span parents what it sends on: the scheduler's admit and the engine request.
-            span = turn.span = turn_spans.start(turn, self._server_address)
+            span = turn_spans.start(turn, self._server_address)
             sent_on = tracing.headers_of(span)
             if sent_on:  # the client's tracestate rides on in the span's context
-                turn.traceparent = sent_on[tracing.TRACEPARENT]
-                turn.tracestate = sent_on.get(tracing.TRACESTATE)
+                turn = turn.traced(sent_on[tracing.TRACEPARENT], sent_on.get(tracing.TRACESTATE))
         try:
-            await self._place_and_forward(turn, exchange, watch)
+            await self._place_and_forward(turn, exchange, watch, span)
         except asyncio.CancelledError:
             if not left:
                 raise  # cancelled from outside (the worker stopping), not by the client leaving
@@ -106,32 +109,36 @@ class TurnRunner:
             if span is not None:
                 span.end()
 
-    async def _place_and_forward(self, turn: Turn, exchange: Exchange, watch: Callable[[], None]) -> None:
+    async def _place_and_forward(
+        self, turn: Turn, exchange: Exchange, watch: Callable[[], None], span: Span | None
+    ) -> Relayed:
+        """Place ``turn``, forward it, and send it once more to another replica when its own
+        failed before answering (at most once: :class:`~luftpause.dataplane.turn.Admitted`'s
+        ``failovers_left``). What the relay saw of its last send."""
         placement = self.placement
         name = placement.leased(turn)
         if name is None:
             watch()  # the turn may be held: its client leaving must take it out of the queue at once
-            name = await placement.admit(turn)
-        if self.failover.undelivered or self.failover.retry_statuses:
-            turn.failovers_left = 1
+            name = await placement.admit(turn, span=span)
+        failovers_left = 1 if self.failover.undelivered or self.failover.retry_statuses else 0
+        failover_from = ""
         while True:
             replica = self._replicas.by_name.get(name)
             if replica is None:
-                placement.abandoned(turn)
+                placement.abandoned(turn, span)
                 self.metrics.turn_ended("failed", turn.service_class)
                 raise DataplaneError(
                     f"the scheduler placed the turn on replica {name!r}, "
                     "which this dataplane's configuration does not name"
                 )
-            translation = turn.translation  # a native send drops it; another replica may need it
+            admitted = Admitted(turn, replica, failovers_left, failover_from)
             try:
-                await self.relay.forward(turn, replica, exchange)
-                return
+                return await self.relay.forward(admitted, exchange, span)
             except FailOver as exc:
                 # Nothing reached the client and the turn was reported failed (with its replica
                 # unreachable, the scheduler has taken that one out of rotation): it is admitted
                 # again, through the scheduler (never a lease), to go to another replica.
-                turn = turn.again(translation)
+                turn, failovers_left, failover_from = turn.again(), failovers_left - 1, replica.name
                 self.metrics.failed_over("unreachable" if exc.unreachable else "status")
                 log.warning(
                     "turn of run %s: %s; admitted again as turn %s for another replica",
@@ -142,7 +149,7 @@ class TurnRunner:
                 )
                 watch()
                 try:
-                    name = await placement.admit(turn)
+                    name = await placement.admit(turn, failover_from, span)
                 except DataplaneError as refused:
                     if refused.status != 502:
                         raise

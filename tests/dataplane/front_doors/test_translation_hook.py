@@ -1,10 +1,11 @@
-"""The relay's hook for front doors other than Chat Completions (``Turn.translation``), with the
-Anthropic Messages translator of ``luftpause.dataplane.apis`` plugged in: the client gets what the
+"""The relay's loop (``relay/loop.py``) with a front door's translation (``Turn.translation``,
+the Anthropic Messages translator of ``luftpause.dataplane.apis``): the client gets what the
 translator makes of the engine's answer, while every fact (first token, finish reason, usage,
-tool-call ids) is still read from the engine's own Chat Completions answer.
+tool-call ids) is still read from the engine's own Chat Completions answer and reported through
+the loop's one report function to the run table, the tool-call table, the metrics and the link.
 
-The relay runs in the test's loop against an engine on raw sockets; its client is a stand-in for
-granian's ASGI ``send``. No route uses the hook yet: this is its contract.
+The loop runs in the test's loop against an engine on asyncio sockets; its client is a stand-in
+for granian's ASGI ``send``. The machine's rules on any split are ``test_relay_machine``'s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from luftpause.dataplane.relay.upstream import Upstream
 from luftpause.dataplane.server.asgi import Exchange, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.tool_calls import ToolCallTable
-from luftpause.dataplane.turn import Translation, Turn
+from luftpause.dataplane.turn import Admitted, Translation, Turn
 from luftpause.testkit.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -127,7 +128,7 @@ async def _relay(body: dict[str, Any]) -> tuple[list[dict[str, Any]], ToolCallTa
     replica = ReplicaConfig(name="e", url=f"http://127.0.0.1:{port}", models=("m",))
     exchange = Exchange({"method": "POST", "path": "/v1/messages", "headers": []}, receive, send)
     try:
-        await relay.forward(_turn(body, _messages()), replica, exchange)
+        await relay.forward(Admitted(_turn(body, _messages()), replica), exchange)
     except StreamBroken as exc:  # granian then aborts the client's connection
         sent.append({"type": "aborted", "reason": str(exc)})
     finally:
