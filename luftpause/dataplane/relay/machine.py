@@ -35,7 +35,7 @@ refusals go through :func:`whole_answer` and :func:`refusal_body`, the same way.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -142,6 +142,9 @@ class AnswerStream:
 
     __slots__ = ("_decoder", "_facts", "_out", "_readable", "_scan", "_translation", "outcome", "scanner")
 
+    # Per read, on the hot path: no list is made for an empty result, and a read's bytes are kept as
+    # they are (one read, one piece) until taken.
+
     def __init__(
         self,
         choices: int = 1,
@@ -161,7 +164,7 @@ class AnswerStream:
         self._readable = decoder is not False
         self._decoder = decoder or None
         self._scan = self.scanner.feed if self._readable and translation is None else None
-        self._out: list[bytes] = []
+        self._out = b""
         self._facts: list[Fact] = []
         self.outcome: Outcome | None = None
         """``None`` while the answer goes on; then its :class:`Finished` or :class:`Failed`."""
@@ -201,13 +204,13 @@ class AnswerStream:
             if ended and readable and not (scanner.done or scanner.choices_finished or scanner.error):
                 # The body ended before the answer did (with n > 1 choices: before every choice
                 # said its finish reason): to the client a broken stream, after what came.
-                self._out.append(out)
+                self._send(out)
                 self._decide(Failed(_CUT_SHORT))
                 return
             if ended or (readable and scanner.done):
                 if self._translation is not None:
                     out += self._translation.finish()
-                self._out.append(out)
+                self._send(out)
                 self._decide(self._whole())
                 return
         except (EngineError, zlib.error) as exc:
@@ -219,7 +222,7 @@ class AnswerStream:
             # The translation gave up (an event it could not translate faithfully).
             self._decide(Failed(f"the answer could not be translated: {type(exc).__name__}: {exc}"))
             return
-        self._out.append(out)
+        self._send(out)
 
     def engine_failed(self, reason: str) -> None:
         """The engine's body failed (a read error, a timeout) before the outcome: ``broken``."""
@@ -233,16 +236,20 @@ class AnswerStream:
 
     def data_to_send(self) -> bytes:
         """The bytes for the client since the last call (maybe ``b""``)."""
-        out = self._out
-        if not out:
-            return b""
-        self._out = []
-        return out[0] if len(out) == 1 else b"".join(out)
+        out, self._out = self._out, b""
+        return out
 
-    def facts(self) -> list[Fact]:
+    def facts(self) -> Sequence[Fact]:
         """The facts since the last call, in order: :class:`FirstToken` once, then the outcome."""
-        facts, self._facts = self._facts, []
+        facts = self._facts
+        if not facts:
+            return ()
+        self._facts = []
         return facts
+
+    def _send(self, out: bytes) -> None:
+        if out:
+            self._out = self._out + out if self._out else out
 
     def _take_in(self, data: bytes) -> bytes:
         """Read the facts of ``data`` (decoded engine bytes) and return what the client gets."""
