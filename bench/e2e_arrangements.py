@@ -1,8 +1,10 @@
 """The arrangements of the end-to-end overhead benchmark (``e2e_overhead.py``): where the code
 under test comes from (:class:`Source`), the fast simulated engine, and each way of reaching it
-(direct, nginx, luftpause, SGLang's router) as :class:`Arrangement` with its processes.
+(direct, nginx, luftpause, SGLang's router, SGLang Model Gateway) as :class:`Arrangement` with its
+processes. nginx and luftpause may run several workers (``worker_processes``, ``[dataplane]
+workers``): their arrangement is then named ``nginx-w<N>`` and ``luftpause-w<N>``.
 
-Every process is a :class:`luftpause.testkit.procs.ChildProcess` in its own session, so that its
+Every process is a :class:`luftpause.testkit.launch.procs.ChildProcess` in its own session, so that its
 whole process group is measured and stopped. An arrangement that cannot start is returned with the
 reason, its processes already stopped.
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 NGINX = "/usr/sbin/nginx"
@@ -84,14 +86,19 @@ class Arrangement:
     reason: str | None = None
 
 
-def _nginx_config(tmp: Path, port: int, engine_port: int) -> str:
+def workers_name(name: str, workers: int) -> str:
+    """``name`` for one worker, ``name-w<workers>`` for more."""
+    return name if workers == 1 else f"{name}-w{workers}"
+
+
+def _nginx_config(tmp: Path, port: int, engine_port: int, workers: int = 1) -> str:
     temp = "\n".join(
         f"    {kind}_temp_path {tmp / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
     return f"""
 daemon off;
 master_process on;
-worker_processes 1;
+worker_processes {workers};
 pid {tmp / "nginx.pid"};
 error_log {tmp / "error.log"} warn;
 events {{ worker_connections 4096; }}
@@ -116,7 +123,9 @@ http {{
 """
 
 
-def _luftpause_config(engine_port: int, grpc_port: int, status_port: int, dp_port: int) -> str:
+def _luftpause_config(
+    engine_port: int, grpc_port: int, status_port: int, dp_port: int, workers: int = 1
+) -> str:
     # max_inflight far above any --streams: the scheduler must not hold turns the engine could run.
     return f"""
 [scheduler]
@@ -126,6 +135,7 @@ http = "127.0.0.1:{status_port}"
 [dataplane]
 listen = "127.0.0.1:{dp_port}"
 scheduler = "127.0.0.1:{grpc_port}"
+{f"workers = {workers}" if workers > 1 else ""}
 
 [[replicas]]
 name = "sim"
@@ -180,24 +190,29 @@ def start_engine(tmp: Path, src: Source, slots: int, max_tokens: int) -> tuple[C
     return engine, port
 
 
-def start_nginx(tmp: Path, src: Source, engine_port: int) -> Arrangement:
+def start_nginx(tmp: Path, src: Source, engine_port: int, workers: int = 1) -> Arrangement:
+    """nginx with ``workers`` worker processes."""
+    name = workers_name("nginx", workers)
     if not os.access(NGINX, os.X_OK):
-        return Arrangement("nginx", reason=f"{NGINX} is not installed (apt-get install nginx)")
-    work = tmp / "nginx"
+        return Arrangement(name, reason=f"{NGINX} is not installed (apt-get install nginx)")
+    work = tmp / name
     work.mkdir()
     port = free_port()
     conf = work / "nginx.conf"
-    conf.write_text(_nginx_config(work, port, engine_port))
+    conf.write_text(_nginx_config(work, port, engine_port, workers))
     argv = [NGINX, "-p", str(work), "-e", str(work / "error.log"), "-c", str(conf)]
-    return _started("nginx", f"http://127.0.0.1:{port}", [_child("nginx", argv, work / "stdout.log", src)])
+    return _started(name, f"http://127.0.0.1:{port}", [_child("nginx", argv, work / "stdout.log", src)])
 
 
-def start_luftpause(tmp: Path, src: Source, engine_port: int) -> Arrangement:
+def start_luftpause(tmp: Path, src: Source, engine_port: int, workers: int = 1) -> Arrangement:
     """The scheduler (started and waited for first: the dataplane resyncs with it), then the
-    dataplane; each started exactly once."""
+    dataplane with ``workers`` workers; each started exactly once."""
+    name = workers_name("luftpause", workers)
     grpc_port, status_port, dp_port = free_port(), free_port(), free_port()
+    tmp = tmp / name
+    tmp.mkdir()
     conf = tmp / "luftpause.toml"
-    conf.write_text(_luftpause_config(engine_port, grpc_port, status_port, dp_port))
+    conf.write_text(_luftpause_config(engine_port, grpc_port, status_port, dp_port, workers))
     luftpause = [sys.executable, "-m", "luftpause"]
     scheduler = _child(
         "scheduler",
@@ -209,7 +224,7 @@ def start_luftpause(tmp: Path, src: Source, engine_port: int) -> Arrangement:
     dataplane = _child(
         "dataplane", [*luftpause, "dataplane", "--config", str(conf)], tmp / "dataplane.log", src
     )
-    return _started("luftpause", f"http://127.0.0.1:{dp_port}", [scheduler, dataplane])
+    return _started(name, f"http://127.0.0.1:{dp_port}", [scheduler, dataplane])
 
 
 def start_sglang_router(tmp: Path, src: Source, engine_port: int) -> Arrangement:
@@ -224,6 +239,20 @@ def start_sglang_router(tmp: Path, src: Source, engine_port: int) -> Arrangement
     return _started(
         "sglang-router", f"http://127.0.0.1:{port}", [_child("router", argv, tmp / "router.log", src)]
     )
+
+
+def start_smg(tmp: Path, src: Source, engine_port: int) -> Arrangement:
+    """SGLang Model Gateway (PyPI ``smg``, not a dependency of luftpause) in front of the engine,
+    round robin over its one worker: a Rust gateway, threads on every core."""
+    if importlib.util.find_spec("smg") is None:
+        return Arrangement("smg", reason="the smg package is not installed (pip install smg)")
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", f"http://127.0.0.1:{engine_port}", "--policy", "round_robin",
+        "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1", "--log-level", "warn",
+    ]  # fmt: skip
+    return _started("smg", f"http://127.0.0.1:{port}", [_child("smg", argv, tmp / "smg.log", src)])
 
 
 def _started(name: str, url: str, children: list[ChildProcess]) -> Arrangement:

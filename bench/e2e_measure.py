@@ -19,7 +19,7 @@ import aiohttp
 from e2e_arrangements import Arrangement
 from e2e_load import closed_loop
 
-from luftpause.testkit.procs import ChildProcess, stat_fields
+from luftpause.testkit.launch.procs import ChildProcess, stat_fields
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 STREAMED = "stream"
@@ -153,7 +153,9 @@ async def run_all(
     """Every measured arrangement at every concurrency and mode, ``args.rounds`` times, the order of
     arrangements rotated by one place per round and per cell."""
     measured = [a for a in arrangements if a.url is not None]
-    cells = [(streams, mode) for streams in args.streams for mode in (STREAMED, WHOLE)]
+    cells = [
+        (streams, mode) for streams in args.streams for mode in getattr(args, "modes", (STREAMED, WHOLE))
+    ]
     results = {
         (streams, mode, a.name): Measurement(a.name, streams, mode)
         for streams, mode in cells

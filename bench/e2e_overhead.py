@@ -4,6 +4,7 @@ nginx, through luftpause (dataplane + scheduler) and through SGLang's router, in
 Usage::
 
     .venv/bin/python bench/e2e_overhead.py [--streams 1,16,64] [--turns N] [--rounds R] [--json out.json]
+        [--workers 1,2] [--modes stream,whole]
 
 What is measured (docs/architecture.md "Performance budgets"): for every number of concurrent streams and
 for streamed and non-streamed turns,
@@ -25,7 +26,13 @@ The arrangements:
   no decisions, the floor for throughput and CPU;
 * ``luftpause``: ``luftpause scheduler`` + ``luftpause dataplane`` with one replica, the engine;
 * ``sglang-router``: ``python -m sglang_router.launch_router`` when the ``sglang_router`` package
-  is installed (it is not a dependency of luftpause).
+  is installed (it is not a dependency of luftpause);
+* ``smg``: SGLang Model Gateway (``python -m smg launch``, round robin) when the ``smg`` package is
+  installed (not a dependency either);
+* with ``--workers 1,2,...``: for each N above 1 also ``nginx-w<N>`` (``worker_processes N``) and
+  ``luftpause-w<N>`` (``[dataplane] workers = N``), each compared with the nginx of as many
+  workers; the report adds each arrangement's completions/s per worker and a projection for a
+  16-core host from its CPU per turn (a projection, not a measurement: see ``e2e_report``).
 
 An arrangement that cannot start is reported as ``not measured: <why>``, never silently left out.
 
@@ -65,12 +72,22 @@ from e2e_arrangements import (
     start_luftpause,
     start_nginx,
     start_sglang_router,
+    start_smg,
     working_tree,
 )
-from e2e_measure import memory_of, run_all
-from e2e_report import _fmt, describe_source, sse_extension_loaded, summarise, table, targets
+from e2e_measure import STREAMED, WHOLE, memory_of, run_all
+from e2e_report import (
+    _fmt,
+    describe_source,
+    projection_table,
+    projections,
+    sse_extension_loaded,
+    summarise,
+    table,
+    targets,
+)
 
-from luftpause.testkit.procs import ChildProcess
+from luftpause.testkit.launch.procs import ChildProcess
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -104,8 +121,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the processes' logs and configs in this directory"
     )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="worker processes of nginx and of the dataplane, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--modes", default=f"{STREAMED},{WHOLE}", help="turn modes measured (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",") if s.strip()]
+    args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.workers or min(args.workers) < 1:
+        parser.error("--workers must be positive")
+    if not args.modes or set(args.modes) - {STREAMED, WHOLE}:
+        parser.error(f"--modes takes {STREAMED} and {WHOLE}")
     if not args.streams or min(args.streams) < 1 or args.turns < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error("--streams, --turns and --rounds must be positive, --warmup not negative")
     return args
@@ -127,12 +158,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sse_extension = sse_extension_loaded(src)
         engine, engine_port = start_engine(tmp, src, slots=max(args.streams) * 4, max_tokens=args.max_tokens)
         arrangements = [Arrangement("direct", f"http://127.0.0.1:{engine_port}")]
-        for start in (start_nginx, start_luftpause, start_sglang_router):
+        for workers in args.workers:
+            arrangements.append(start_nginx(tmp, src, engine_port, workers))
+            arrangements.append(start_luftpause(tmp, src, engine_port, workers))
+        for start in (start_sglang_router, start_smg):
             arrangements.append(start(tmp, src, engine_port))
-        luftpause = next(a for a in arrangements if a.name == "luftpause")
-        if luftpause.url is None:
-            print(f"luftpause: {luftpause.reason}", file=sys.stderr)
-            return 1
+        ours = [a for a in arrangements if a.name.startswith("luftpause")]
+        for a in ours:
+            if a.url is None:
+                print(f"{a.name}: {a.reason}", file=sys.stderr)
+                return 1
+        luftpause = ours[0]
         results = uvloop.run(run_all(arrangements, engine, args))
         memory = memory_of([c for c in luftpause.children if c.name == "dataplane"])
         scheduler_memory = memory_of([c for c in luftpause.children if c.name == "scheduler"])
@@ -146,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     rows = summarise(results, args.streams)
-    checks = targets(rows, args.streams)
+    checks = targets(rows, args.streams, luftpause.name)
+    projected = projections(rows)
     report = {
         **describe_source(src),
         "started": started.isoformat(timespec="seconds"),
@@ -159,15 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "max_tokens": args.max_tokens,
             "sse_extension": sse_extension,
+            "workers": args.workers,
+            "modes": args.modes,
         },
         "arrangements": {a.name: {"measured": a.url is not None, "reason": a.reason} for a in arrangements},
         "rows": rows,
         "targets": checks,
+        "projection_16_cores": projected,
         "dataplane_memory": memory,
         "scheduler_memory": scheduler_memory,
     }
     print(table(rows))
     print()
+    if len(args.workers) > 1 or any(a.name == "smg" and a.url for a in arrangements):
+        print(projection_table(projected))
+        print()
     for a in arrangements:
         if a.url is None:
             print(f"{a.name}: not measured: {(a.reason or '').splitlines()[0]}")

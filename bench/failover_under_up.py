@@ -39,7 +39,7 @@ import openai
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import free_port, stat_fields
+from luftpause.testkit.launch.procs import free_port, stat_fields
 
 HI = [{"role": "user", "content": "hi"}]
 

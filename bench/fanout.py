@@ -9,7 +9,7 @@ token, two tool rounds per run) serve the same work three ways, with fresh engin
 * ``spawn-all``: the whole luftpause stack; ``N`` sub-agents spawned at once through the runtime's
   MCP ``spawn`` (the official ``mcp`` client) and awaited together (``luftpause loadgen --spawn``);
 * ``spawn-sequential``: the same, one sub-agent at a time (``--sequential``);
-* ``router``: ``N`` own-loop agents (:mod:`luftpause.testkit.agents`) at once, straight to SGLang's
+* ``router``: ``N`` own-loop agents (:mod:`luftpause.testkit.load.agents`) at once, straight to SGLang's
   router (``cache_aware``) in front of the engines; their tools are simulated in the agent (0.1 s
   a call, about what the fake MCP server's ``lookup`` and ``deep_search`` take on average).
 
@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pools import Pool, unavailable  # bench/ is not a package
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, run_once
-from luftpause.testkit.loadgen import drive, drive_sequential, percentile
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.commands.loadgen import drive, drive_sequential, percentile
+from luftpause.testkit.launch.stack import Stack
+from luftpause.testkit.load.agents import AgentGroup, AgentSettings, RunOutcome, run_once
 
 ARRANGEMENTS = ("spawn-all", "spawn-sequential", "router")
 SLOTS, DECODE_MS, TOOL_ROUNDS, MAX_TOKENS = 4, 8.0, 2, 256

@@ -5,7 +5,7 @@
 
 Two simulated engine replicas (``luftpause fake-engine``: continuous batching, a FIFO waiting
 queue, a per-replica LRU prefix cache, decode slowing with the batch) are saturated by closed-loop
-own-loop agents (:mod:`luftpause.testkit.agents`): 48 batch runs of caller ``bulk`` with 4
+own-loop agents (:mod:`luftpause.testkit.load.agents`): 48 batch runs of caller ``bulk`` with 4
 interactive runs of caller ``ide`` beside them, each run a few tool rounds on a system prompt of
 its own. The same load is sent, one arrangement after another, with fresh engines each time:
 
@@ -47,7 +47,7 @@ REAL ENGINE, and the JSON carries ``"simulated": false`` and the llama.cpp build
 ``--via mcp`` makes luftpause's runs sub-agents over MCP, as ``flood_sim.py --via mcp`` does in
 virtual time: its arrangements also start the fake MCP server and the runtime, and two MCP clients
 (callers ``claude-code``, interactive, and ``batch-orchestrator``, batch) keep as many sub-agents
-running as there are agents (:mod:`luftpause.testkit.subagents`: spawned with the same system
+running as there are agents (:mod:`luftpause.testkit.load.subagents`: spawned with the same system
 prompt size, task and reply length, the fake MCP server's ``lookup`` as their one tool, the
 runtime making their turns and tool rounds). The router, the gateway and ``direct`` get own-loop
 agents of the same shape under the same caller names, their tool taking what ``lookup`` takes on
@@ -92,11 +92,11 @@ from pools import (
 )  # bench/ is on sys.path: this script's directory
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.testkit import llama_server
-from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, closed_loop
-from luftpause.testkit.fake_mcp import LOOKUP_DELAY_S
-from luftpause.testkit.loadgen import summarize_agents
-from luftpause.testkit.subagents import SubagentSettings, closed_loop_subagents
+from luftpause.testkit.commands.loadgen import summarize_agents
+from luftpause.testkit.fakes.fake_mcp import LOOKUP_DELAY_S
+from luftpause.testkit.launch import llama_server
+from luftpause.testkit.load.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, closed_loop
+from luftpause.testkit.load.subagents import SubagentSettings, closed_loop_subagents
 
 VIAS = ("own_loop", "mcp")
 CALLERS = {"own_loop": ("ide", "bulk"), "mcp": ("claude-code", "batch-orchestrator")}

@@ -3,7 +3,7 @@
 
 Engines: the simulator (``luftpause fake-engine``, the default) or, with ``llama=LlamaEngines(...)``,
 real llama.cpp ``llama-server`` replicas on CPU serving SmolLM2-135M
-(:mod:`luftpause.testkit.llama_server`; built once by ``bench/engines/llama_server.sh``).
+(:mod:`luftpause.testkit.launch.llama_server`; built once by ``bench/engines/llama_server.sh``).
 
 Arrangements: ``router`` (SGLang's router, ``--policy cache_aware``, its Prometheus exporter on a
 free port rather than its fixed default :29000), ``smg`` (SGLang Model Gateway 1.13 at its best for
@@ -14,7 +14,7 @@ an idle run's next turn goes to the least loaded replica, as before idle affinit
 for, ``direct`` (nothing in front: ``url`` is empty and ``spread`` lists the engines, one agent to
 each in turn, as a client-side list of servers would).
 Every process is
-a :class:`luftpause.testkit.procs.ChildProcess` in its own session, stopped with its whole process
+a :class:`luftpause.testkit.launch.procs.ChildProcess` in its own session, stopped with its whole process
 group when the pool closes.
 """
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit import llama_server
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch import llama_server
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 ARRANGEMENTS = ("router", "smg", "luftpause", "luftpause-no-affinity", "luftpause-idle-off", "thunderagent")
 DEFAULT_ARRANGEMENTS = ARRANGEMENTS[:4]

@@ -56,7 +56,7 @@ from typing import Any
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port, group_pids, stat_fields
+from luftpause.testkit.launch.procs import ChildProcess, free_port, group_pids, stat_fields
 
 # The dataplane under test: its expiries patched, then served as `luftpause dataplane` serves it.
 # granian forks its worker from this process, so the worker sees the patched module constants;

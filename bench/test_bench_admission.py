@@ -32,7 +32,7 @@ import pytest
 
 from luftpause.dataplane.link.admission import SchedulerLink
 from luftpause.dataplane.link.runs import RunTable
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 
 ECHO_METHOD = "/luftpause.bench.Echo/Echo"

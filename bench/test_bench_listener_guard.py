@@ -1,4 +1,4 @@
-"""Micro-benchmark of what the listener guard (:class:`luftpause.listeners.ListenerGuard`) adds to
+"""Micro-benchmark of what the listener guard (:class:`luftpause.serving.listeners.ListenerGuard`) adds to
 each request, against the same application called bare, in the same run.
 
 Run: ``.venv/bin/pytest bench/test_bench_listener_guard.py --benchmark-only``. Each round serves
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from luftpause.config import ListenerLimits
-from luftpause.listeners import ListenerGuard
+from luftpause.serving.listeners import ListenerGuard
 
 REQUESTS = 1_000
 Message = MutableMapping[str, Any]

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from luftpause import metrics
 from luftpause.config import parse_config
 from luftpause.dataplane.server.metrics import CLASS_NAMES, DataplaneMetrics
-from luftpause.metrics import Histogram
+from luftpause.observe import metrics
+from luftpause.observe.metrics import Histogram
 from luftpause.scheduler.core import TurnArrived
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.metrics import SchedulerMetrics

@@ -3,7 +3,7 @@
 The core install serves turns and runs; an extra adds what only some commands need:
 
 * ``otel``: the OpenTelemetry SDK and its OTLP exporters (HTTP and gRPC), for exporting spans
-  (:mod:`luftpause.tracing`, with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set). The API alone is core:
+  (:mod:`luftpause.observe.tracing`, with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set). The API alone is core:
   without the SDK every span is the API's no-op.
 * ``tui``: ``rich``, for the terminal views of ``luftpause top`` and ``luftpause loadgen``.
 

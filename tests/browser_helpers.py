@@ -31,7 +31,7 @@ import pytest
 from PIL import Image
 from pods_helpers import until
 
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 CHROMIUM_FLAGS = [
     "--headless",

@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from luftpause.testkit.fake_engine import EngineSettings, RunningEngine, start_engine
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.engine import EngineSettings, RunningEngine, start_engine
+from luftpause.testkit.launch.stack import Stack
 
 # ``pytest --hypothesis-profile=thorough``: the scheduler's state machine over 2,000 random
 # sequences (tests/scheduler/core/test_decide_state_machine.py) instead of its fast default of 400. Registered

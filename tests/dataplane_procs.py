@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 MODEL = DEFAULT_MODEL
 

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from dataplane_procs import SchedulerAndDataplane, fake_engine, scheduler_and_dataplane, wait_until
 
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 TOKEN = "front-door-token"
 TRANSLATED = "chat-only-model"

@@ -40,7 +40,7 @@ from luftpause.dataplane.apis.messages_request import messages_to_chat
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
 from luftpause.dataplane.apis.responses_request import responses_to_chat
 from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
-from luftpause.testkit.threaded_app import ThreadedApp
+from luftpause.testkit.launch.threaded_app import ThreadedApp
 
 MODEL = "capture-model"
 

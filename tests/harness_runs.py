@@ -26,7 +26,7 @@ HARNESSES_ENV = "LUFTPAUSE_HARNESSES_DIR"
 """Where ``npm install @anthropic-ai/claude-code @openai/codex`` put the harnesses (its
 ``node_modules/.bin`` is searched); default ``~/.cache/luftpause/harnesses``."""
 
-FAKE_MCP = [sys.executable, "-m", "luftpause.testkit.fake_mcp_stdio"]
+FAKE_MCP = [sys.executable, "-m", "luftpause.testkit.fakes.fake_mcp_stdio"]
 """The stdio MCP server whose ``count_items`` tool the tool sessions call (marked read-only, so
 Codex calls it without approval)."""
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from harness_runs import HarnessRun, harness_bin
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.threaded_app import ThreadedApp
+from luftpause.testkit.launch.threaded_app import ThreadedApp
 
 HARNESS_MODEL = "orchestrator"
 SUB_AGENT_TASK = "Say hello"

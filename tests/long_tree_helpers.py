@@ -28,8 +28,8 @@ from typing import Any
 
 from pods_helpers import Pod, call, get_json, script, start_pod, until
 
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 PARENTS = 38
 CHILDREN = 4

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from luftpause.scheduler.status_http import page_html
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 CHROMIUM_FLAGS = [
     "--headless",

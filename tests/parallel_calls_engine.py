@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from luftpause.testkit.threaded_app import ThreadedApp
+from luftpause.testkit.launch.threaded_app import ThreadedApp
 
 LIMITS = (2, 5)
 LIMIT_SAID = re.compile(r'"limit": (\d+)')

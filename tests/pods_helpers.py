@@ -41,8 +41,8 @@ from mcp.types import CallToolResult, TextContent
 
 from luftpause.config import DEFAULT_MODEL
 from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.threaded_app import ThreadedApp
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.threaded_app import ThreadedApp
 
 
 def script(*steps: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 
 @dataclass

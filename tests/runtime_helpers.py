@@ -29,8 +29,8 @@ from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner
 from luftpause.runtime.wiring import generative_models
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 COST_FIELDS = frozenset(f.name for f in dataclasses.fields(Costs))
 

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from luftpause.testkit.stack import StackTls
+from luftpause.testkit.launch.stack import StackTls
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from luftpause.auth.tokens import bearer, bearer_matches, token_from_env
 from luftpause.config import Config, ConfigError
-from luftpause.config_faults import arrays_as_tuples, describe_fields
+from luftpause.config.faults import arrays_as_tuples, describe_fields
 
 CALLER_KEYS_ENV = "LUFTPAUSE_CALLER_KEYS"
 ServiceClassName = Literal["interactive", "batch"]

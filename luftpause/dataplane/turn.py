@@ -203,6 +203,10 @@ class Turn:
     new_run: bool = False
     """The run was made up for this turn (no header, no known tool call): forgotten again if the
     turn never reaches a replica."""
+    ask_ids: tuple[str, ...] = ()
+    """The tool-call ids the request answers, when this dataplane did not know them and made up
+    its run: the scheduler is asked which run emitted them (``AdmitRequest.tool_call_ids``), and
+    the turn takes that run (``AdmitReply.run_id``). Such a turn is never placed under a lease."""
     client_priority: bool = False
     """The client's body has a top-level ``priority`` of its own: sent as it came, never tagged."""
     choices: int = 1
@@ -228,6 +232,11 @@ class Turn:
         """This turn once more, for another replica: a new turn id, everything else as intake
         decided it."""
         return dataclasses.replace(self, turn_id=new_id())
+
+    def named(self, run_id: str, made_up: bool = False) -> Turn:
+        """This turn in the run the scheduler named for it (``made_up``: still the one made up
+        here), nothing more to ask about."""
+        return dataclasses.replace(self, run_id=run_id, new_run=made_up, ask_ids=())
 
     def traced(self, traceparent: str, tracestate: str | None) -> Turn:
         """This turn carrying its own span's context on (``traceparent``, ``tracestate``)."""

@@ -5,6 +5,7 @@ nothing is assigned to a part from outside afterwards (no callback set later: th
 what it calls when it is built). The order, each line using only what is above it::
 
     runs         the run table (phases, in-flight turns; what a resync carries)    link/runs.py
+                 (this worker's ``dataplane_id`` on the link: worker_dataplane_id)
     tool_calls   the ``tool_call_id -> run`` table (Cython or its twin)            tool_calls.py
     ended_runs   runs ended by ``DELETE /v1/runs/{id}``
     identity     which run a turn belongs to      (runs, tool_calls, ended_runs)   intake/run_identity.py
@@ -30,7 +31,6 @@ import socket
 import time
 from collections.abc import Callable
 
-from luftpause import tracing
 from luftpause.auth.callers import Access
 from luftpause.auth.grpc_link import LinkCredentials
 from luftpause.config import Config, load_config, split_host_port
@@ -46,9 +46,19 @@ from luftpause.dataplane.server.app import Dataplane
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.server.turns import TurnRunner
 from luftpause.dataplane.tool_calls import ToolCallTable
+from luftpause.observe import tracing
+from luftpause.serving.ports import hold_worker_slot
 from luftpause.v1.contract import TURN_EXPIRY_S
 
-__all__ = ["ENGINE_READ_TIMEOUT_ENV", "PRUNE_EVERY_S", "build_dataplane", "configured_callers", "create_app"]
+__all__ = [
+    "ENGINE_READ_TIMEOUT_ENV",
+    "PRUNE_EVERY_S",
+    "build_dataplane",
+    "configured_callers",
+    "create_app",
+    "dataplane_id_base",
+    "worker_dataplane_id",
+]
 
 ENGINE_READ_TIMEOUT_ENV = "LUFTPAUSE_ENGINE_READ_TIMEOUT_S"
 """Overrides the engine read timeout (seconds), for tests; by default the scheduler's turn expiry."""
@@ -64,10 +74,34 @@ def configured_callers(config: Config, access: Access) -> list[str]:
     return [*keyed, *config.scheduler.protection.callers]
 
 
-def build_dataplane(config: Config, clock: Callable[[], float] = time.monotonic) -> Dataplane:
+def dataplane_id_base(config: Config) -> str:
+    """The dataplane id of a dataplane of one worker, ``dp-<host>-<listen>``: stable across
+    restarts on the same host and address, so the resync of a restarted dataplane releases what
+    the crashed one held."""
+    return f"dp-{socket.gethostname()}-{config.dataplane.listen}"
+
+
+def worker_dataplane_id(config: Config) -> str:
+    """This worker's dataplane id: :func:`dataplane_id_base`, and with ``[dataplane] workers``
+    above 1 ``-w<N>``, N the worker's number (:func:`luftpause.serving.ports.hold_worker_slot`:
+    distinct among the living workers, the same for a worker replacing a dead one), or
+    ``-p<pid>`` when no number freed up in time (distinct still, not stable)."""
+    base = dataplane_id_base(config)
+    workers = config.dataplane.workers
+    if workers <= 1:
+        return base
+    slot = hold_worker_slot("dataplane", config.dataplane.listen, workers)
+    return f"{base}-w{slot}" if slot is not None else f"{base}-p{os.getpid()}"
+
+
+def build_dataplane(
+    config: Config, dataplane_id: str | None = None, clock: Callable[[], float] = time.monotonic
+) -> Dataplane:
     """The dataplane of ``config``, every part built and given what it uses (the order in the
-    module docstring). Nothing starts here: the app's lifespan starts the link, the engine
-    connections' sweep and the pruning, inside the worker's loop."""
+    module docstring); ``dataplane_id``: this worker's on the scheduler link (by default the one
+    of a dataplane of one worker, :func:`dataplane_id_base`). Nothing starts here: the app's
+    lifespan starts the link, the engine connections' sweep and the pruning, inside the worker's
+    loop."""
     settings = config.dataplane
     expiry_s = settings.run_expiry_s
     runs = RunTable(idle_expiry_s=expiry_s)
@@ -85,9 +119,7 @@ def build_dataplane(config: Config, clock: Callable[[], float] = time.monotonic)
     link = SchedulerLink(
         settings.scheduler,
         runs,
-        # Stable across restarts on the same host and port: the Resync of a restarted dataplane
-        # then releases what the crashed one held.
-        f"dp-{socket.gethostname()}-{settings.listen}",
+        dataplane_id or dataplane_id_base(config),
         credentials=LinkCredentials.from_config(config),
         idle_affinity=config.scheduler.idle_affinity != "off",
         on_placed=metrics.placed,  # turns that waited for a decision, not leased ones
@@ -125,7 +157,8 @@ def create_app(config: Config | None = None) -> Dataplane:
     the environment (:func:`luftpause.config.load_config`); granian's loader.
 
     Runs in the worker process, so that is where spans are exported from when
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.tracing.setup`).
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (:func:`luftpause.observe.tracing.setup`).
     """
     tracing.setup(tracing.DATAPLANE_SERVICE)
-    return build_dataplane(config if config is not None else load_config())
+    config = config if config is not None else load_config()
+    return build_dataplane(config, worker_dataplane_id(config))

@@ -2,7 +2,8 @@
 "The runtime").
 
 Its parts, bottom up; each may import only the parts above it in this list (and
-:mod:`luftpause.config`, :mod:`luftpause.tracing`), which ``tests/runtime/test_runtime_layers.py`` checks::
+:mod:`luftpause.config`, :mod:`luftpause.observe.tracing`), which
+``tests/runtime/test_runtime_layers.py`` checks::
 
     errors.py      every error of the runtime, with its HTTP status
     runs/          runs: what a run is asked (spawn's one contract), its record, the registry that

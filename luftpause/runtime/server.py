@@ -14,7 +14,7 @@ Serves, on ``[runtime] listen``:
   turn's ``usage``; seconds spent waiting for turns and in tool rounds). Readable from any origin
   (``Access-Control-Allow-Origin: *``) for the scheduler's live page;
 * ``GET /health``: ``{"ok": true}``, always open (no token);
-* ``GET /livez`` and ``GET /readyz`` (:mod:`luftpause.health`; ready once the journal is replayed
+* ``GET /livez`` and ``GET /readyz`` (:mod:`luftpause.serving.health`; ready once the journal is replayed
   and its unfinished runs resumed, unready again while stopping) and ``GET /metrics`` (Prometheus
   text, :mod:`luftpause.runtime.web.metrics`), open like ``/health``;
 * ``GET /monitor`` (the page, open: it holds no data) and its JSON and action routes
@@ -55,15 +55,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from luftpause import health as probes
-from luftpause import logs, metrics, tracing
 from luftpause.auth.callers import load_caller_keys
 from luftpause.auth.tls import check_listener, check_peer
-from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import Config, ConfigError, split_host_port
-from luftpause.listeners import granian_options, guarded
-from luftpause.orphans import exit_with_parent
-from luftpause.ports import refuse_if_in_use
+from luftpause.config.arguments import add_config_argument, config_from_args
+from luftpause.observe import logs, metrics, tracing
 from luftpause.runtime.mcp.callers import CallerCookie
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.tenants import tenant_in
@@ -73,6 +69,11 @@ from luftpause.runtime.web.metrics import RuntimeMetrics, readiness
 from luftpause.runtime.web.monitor import monitor_routes
 from luftpause.runtime.web.status import StatusCors, http_error, internal_error, json_response, mcp_routes
 from luftpause.runtime.wiring import Runtime, build_runtime
+from luftpause.serving import health as probes
+from luftpause.serving.listeners import granian_options, guarded
+from luftpause.serving.ports import refuse_if_in_use
+from luftpause.supervise.orphans import exit_with_parent
+from luftpause.supervise.titles import process_title
 
 log = logging.getLogger("luftpause.runtime")
 
@@ -228,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         log_dictconfig=logs.granian_log_config("runtime", root_level),
         **granian_options(config.runtime.limits, config.runtime.tls),
     )
-    # The app behind the listener guard (luftpause.listeners: body deadline, requests at once, stop).
+    # The app behind the listener guard (luftpause.serving.listeners: body deadline, requests at once, stop).
     loader = partial(guarded, partial(create_app, config), config.runtime.limits, "runtime")
     server.serve(target_loader=loader, wrap_loader=False)
     return 0

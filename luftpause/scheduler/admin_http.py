@@ -35,7 +35,7 @@ from aiohttp import hdrs, web
 from pydantic import ValidationError
 
 from luftpause.config import ReplicaConfig
-from luftpause.config_faults import describe_fields
+from luftpause.config.faults import describe_fields
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import error_response
 

@@ -32,7 +32,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from luftpause.config import DiscoveryConfig, ReplicaConfig
-from luftpause.config_faults import describe_fields
+from luftpause.config.faults import describe_fields
 
 log = logging.getLogger("luftpause.scheduler")
 

@@ -8,12 +8,14 @@ actions. Answers queued while the stream's writer was busy, or in one loop itera
 * the first item, ``resync`` -> ``Resynced``; answered ``resynced{runs, turns}`` before anything
   else on the stream is read. A stream that opens with anything else is refused
   (``FAILED_PRECONDITION``).
-* ``admit`` -> ``TurnArrived``; answered ``admitted{turn_id, placed{replica} | refused{reason,
-  http_status}}`` whenever the core decides, so many admissions are outstanding at once and their
-  answers come in decision order. A placement answered is also the turn's ``TurnStarted``: the
-  dataplane sends the engine request as soon as it reads it (or reports the turn ABANDONED), so
-  it sends no STARTED. An admit the core fails on is refused with 503 rather than
-  ending the stream (and with it every other admission).
+* ``admit`` -> ``TurnArrived``, of the run its ``tool_call_ids`` name when they name one
+  (:class:`~luftpause.scheduler.dataplanes.Dataplanes`; the answer then says ``run_id``);
+  answered ``admitted{turn_id, placed{replica} | refused{reason, http_status}}`` whenever the
+  core decides, so many admissions are outstanding at once and their answers come in decision
+  order. A placement answered is also the turn's ``TurnStarted``: the dataplane sends the engine
+  request as soon as it reads it (or reports the turn ABANDONED), so it sends no STARTED. An
+  admit the core fails on is refused with 503 rather than ending the stream (and with it every
+  other admission).
 * ``leased`` -> ``LeasedTurnPlaced`` (a turn the dataplane placed under a capacity lease, rule 14 of
   the core; its start too). A stream whose resync says ``takes_leases`` gets the core's
   ``GrantLease`` / ``RevokeLease`` for its dataplane as ``lease`` items, in decision order with the
@@ -24,10 +26,11 @@ actions. Answers queued while the stream's writer was busy, or in one loop itera
 * ``cancel`` -> ``TurnAbandoned`` (through :meth:`SchedulerHost.abandon`: a held turn leaves the
   queue, a placement that crossed the cancel frees its slot).
 * ``event`` -> ``TurnStarted`` / ``FirstToken`` / ``TurnFinished`` / ``TurnFailed`` /
-  ``AbandonReported`` (ABANDONED) / ``RunEnded``. A FINISHED or FAILED with ``first_token_ago_s``
-  is preceded by the ``FirstToken`` it dates (the dataplane sends no live FIRST_TOKEN). An
-  ABANDONED turn whose admit still waits here is answered ``refused{"turn was abandoned by its
-  dataplane", 499}``.
+  ``AbandonReported`` (ABANDONED) / ``RunEnded``; a FINISHED event's ``tool_call_ids`` (and a
+  resync's runs') are remembered under its run for the admissions of other dataplanes. A
+  FINISHED or FAILED with ``first_token_ago_s`` is preceded by the ``FirstToken`` it dates (the
+  dataplane sends no live FIRST_TOKEN). An ABANDONED turn whose admit still waits here is
+  answered ``refused{"turn was abandoned by its dataplane", 499}``.
 
 When a stream ends (the dataplane closed it, or it broke, or the scheduler is stopping) the
 admissions still waiting on it are abandoned, and when it was the last open stream of its dataplane,
@@ -35,7 +38,7 @@ admissions still waiting on it are abandoned, and when it was the last open stre
 released. A reconnecting dataplane's new stream is counted open from its resync on, so an old
 stream seen to end after that loses nothing.
 
-Tracing (:mod:`luftpause.tracing`, only while it is active): one ``admit`` span per admission,
+Tracing (:mod:`luftpause.observe.tracing`, only while it is active): one ``admit`` span per admission,
 child of the item's ``traceparent``, from the admit's arrival to its answer, with
 ``luftpause.replica`` and ``luftpause.held_ms`` (milliseconds the turn waited here for its
 placement); a refusal sets the span's status to ERROR, an admission given up (cancel, stream end)
@@ -57,8 +60,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from opentelemetry.trace import SpanKind, StatusCode
 
-from luftpause import tracing
 from luftpause.config import ReplicaConfig
+from luftpause.observe import tracing
 from luftpause.scheduler.core import (
     AbandonReported,
     AckResync,
@@ -79,6 +82,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnStarted,
 )
+from luftpause.scheduler.dataplanes import Dataplanes, DataplaneSeen
 from luftpause.scheduler.errors import StreamOutOfOrder
 from luftpause.scheduler.host import Answer, LeaseChange, Outcome, SchedulerHost
 from luftpause.v1 import scheduler_pb2 as pb
@@ -213,8 +217,9 @@ def first_token(message: pb.TurnEvent, at: float) -> FirstToken | None:
     return None
 
 
-def admitted(outcome: Outcome) -> pb.SchedulerItem:
-    """The stream item answering an admission with the core's ``Place`` or ``Reject``."""
+def admitted(outcome: Outcome, run_id: str = "") -> pb.SchedulerItem:
+    """The stream item answering an admission with the core's ``Place`` or ``Reject``; ``run_id``:
+    the run the turn was admitted as, when its tool-call ids named another than its admit's."""
     if isinstance(outcome, Place):
         reply = pb.AdmitReply(turn_id=outcome.turn_id, placed=pb.Placement(replica=outcome.replica))
     else:
@@ -222,6 +227,8 @@ def admitted(outcome: Outcome) -> pb.SchedulerItem:
         if outcome.retry_after_s:
             refusal.retry_after_s = max(1, math.ceil(outcome.retry_after_s))
         reply = pb.AdmitReply(turn_id=outcome.turn_id, refused=refusal)
+    if run_id:
+        reply.run_id = run_id
     return pb.SchedulerItem(admitted=reply)
 
 
@@ -312,6 +319,7 @@ class _Stream:
         self.waiting: dict[str, Answer] = {}
         self.spans: dict[str, Span] = {}  # turn id -> its admit span, while waiting (tracing only)
         self.dataplane_id = ""  # from its resync
+        self.seen = DataplaneSeen("", 0.0, 0.0)  # its dataplane's record, from its resync
 
     def lease(self, change: LeaseChange) -> None:
         self.put(lease_item(change))
@@ -328,12 +336,23 @@ class _Stream:
             return  # sent twice on one stream: the first admission's answer serves both
         host = self.host
         now = host.now()
+        self.seen.turns += 1
+        run_id, found = request.run_id, ""
+        if request.tool_call_ids:
+            # Its dataplane did not know the tool calls its request answers: another worker or
+            # dataplane may have relayed the turn that emitted them.
+            found = host.dataplanes.run_of(request.tool_call_ids, now) or ""
+            if found == run_id:
+                found = ""
+            elif found:
+                run_id = found
+        host.dataplanes.run_named(run_id)
         if tracing.active:
             self.spans[turn_id] = admit_span(request)
 
         def answer(outcome: Outcome) -> None:
             self.waiting.pop(turn_id, None)
-            self.put(admitted(outcome))
+            self.put(admitted(outcome, found))
             if type(outcome) is Place:
                 # The dataplane sends the request as soon as it reads this: the turn has started.
                 host.feed(TurnStarted(turn_id, host.now()))
@@ -345,7 +364,7 @@ class _Stream:
         self.waiting[turn_id] = answer
         arrived = TurnArrived(
             turn_id,
-            request.run_id,
+            run_id,
             request.model,
             service_class(request.service_class),
             request.caller,
@@ -412,6 +431,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
         stream = _Stream(self.host)
         writer = asyncio.create_task(self._write(stream, context), name="luftpause-connect-writer")
         dataplane_id: str | None = None
+        seen: DataplaneSeen | None = None
         unwatch: Callable[[], None] | None = None
         try:
             first = await _read(context)
@@ -436,6 +456,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 resync.more_follows = part.more_follows
                 rest = message.items[1:]
             dataplane_id = stream.dataplane_id = resync.dataplane_id
+            host = self.host
+            now = host.now()
+            for run in resync.runs:
+                if run.tool_call_ids:  # what a restarted scheduler has not been told yet
+                    host.dataplanes.remember(run.run_id, run.tool_call_ids, now)
             if resync.takes_leases and dataplane_id:
                 self.host.lease_to(dataplane_id, stream.lease)  # before the resync: its grants follow
             for action in self.host.feed(resynced(resync, self.host.now())):
@@ -451,16 +476,18 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                         )
                     )
             # the scheduler's replica set, now and whenever it changes (the admin API, SIGHUP)
-            host = self.host
             stream.put(replica_set(host.replicas.values(), host.context_lengths))
             unwatch = host.watch_replicas(
                 lambda: stream.put(replica_set(host.replicas.values(), host.context_lengths))
             )
             self._open[dataplane_id] = self._open.get(dataplane_id, 0) + 1
+            seen = stream.seen = host.dataplanes.connected(dataplane_id, now)
             apply = self._apply
             for item in rest:
                 apply(item, stream)
+            clock = host.clock
             while (message := await _read(context)) is not None:
+                seen.last_seen = clock()
                 for item in message.items:
                     apply(item, stream)
         finally:
@@ -469,6 +496,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 unwatch()
             writer.cancel()
             stream.close()
+            if seen is not None:
+                Dataplanes.disconnected(seen, self.host.now())
             if dataplane_id is not None:
                 self.host.lease_ended(dataplane_id, stream.lease)
                 self._stream_ended(dataplane_id)
@@ -502,10 +531,16 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unty
                 dated = first_token(message, at)
                 if dated is not None:
                     self.host.feed(dated)
+                if message.tool_call_ids:
+                    self.host.dataplanes.remember(message.run_id, message.tool_call_ids, at)
+            elif type(event) is RunEnded:
+                self.host.dataplanes.run_ended(message.run_id, at)
             self.host.feed(event)
         elif kind == "admit":
             stream.admit(item.admit)
         elif kind == "leased":
+            stream.seen.turns += 1
+            self.host.dataplanes.run_named(item.leased.run_id)
             self.host.feed(leased_turn(item.leased, stream.dataplane_id, self.host.now()))
             if tracing.active:
                 leased_admit_span(item.leased)

@@ -57,6 +57,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.core.policies import health
 from luftpause.scheduler.core.policies.expiry import TURN_EXPIRY_S
+from luftpause.scheduler.dataplanes import Dataplanes
 from luftpause.scheduler.metrics import AdmissionCounts
 from luftpause.scheduler.series import SchedulerSeries
 from luftpause.scheduler.trace import TraceRecorder
@@ -77,7 +78,7 @@ LeaseSink = Callable[[LeaseChange], None]
 
 
 def _turn_fields(turn: HeldTurn | PlacedTurn) -> dict[str, str]:
-    """The structured fields of a log record about ``turn`` (JSON keys, :mod:`luftpause.logs`)."""
+    """The structured fields of a log record about ``turn`` (JSON keys, :mod:`luftpause.observe.logs`)."""
     return {"turn_id": turn.turn_id, "run_id": turn.run_id, "trace_id": turn.trace_id}
 
 
@@ -106,6 +107,9 @@ class SchedulerHost:
         if config.scheduler.trace:
             self.trace = TraceRecorder(Path(config.scheduler.trace), clock())
         self.series = SchedulerSeries()  # the live page's last minutes, sampled on the clock's ticks
+        self.dataplanes = Dataplanes(config.scheduler.run_expiry_s)
+        """The dataplanes seen, and which run emitted each tool call
+        (:mod:`luftpause.scheduler.dataplanes`)."""
 
     def now(self) -> float:
         """The shell's clock in seconds (monotonic), the ``at`` of every event."""
@@ -368,8 +372,11 @@ class SchedulerHost:
         """``GET /status``: :func:`luftpause.scheduler.core.snapshot` at the current time, each
         replica with ``load_metrics`` (whose metrics its load was read from) and ``load_unknown``
         (why none was, e.g. ``"GET http://.../metrics answered 404"``), both ``None`` before the
-        first probe and one of them after it (:meth:`note_load`)."""
-        status = snapshot(self.state, self.now())
+        first probe and one of them after it (:meth:`note_load`); and ``dataplanes`` and
+        ``tool_call_runs`` (:meth:`luftpause.scheduler.dataplanes.Dataplanes.status`)."""
+        now = self.now()
+        status = snapshot(self.state, now)
+        status.update(self.dataplanes.status(self.state, now))
         for replica in status["replicas"]:
             engine, unknown = self._load_notes.get(str(replica["name"]), (None, None))
             replica["load_metrics"] = engine
@@ -399,6 +406,7 @@ class SchedulerHost:
         def tick() -> None:
             self.feed(Tick(self.now()))
             self.series.tick(self.state, self.now(), time.time())
+            self.dataplanes.prune(self.state, self.now())
             if self.trace is not None:
                 self.trace.flush()
             self._tick_handle = loop.call_later(TICK_INTERVAL_S, tick)

@@ -1,5 +1,5 @@
 """The scheduler's Prometheus metrics, served at ``GET /metrics`` on its HTTP listener
-(conventions, process collectors and exposition: :mod:`luftpause.metrics`).
+(conventions, process collectors and exposition: :mod:`luftpause.observe.metrics`).
 
 Most of them are read from the core's snapshot (:mod:`luftpause.scheduler.core.snapshot`) when
 ``/metrics`` is scraped, which costs one walk over the held turns and runs per scrape instead of
@@ -12,7 +12,7 @@ refusals by reason, the admission latency and probe outcomes.
 ``luftpause_scheduler_oldest_held_seconds{service_class}``             how long the oldest held turn has
                                                                        waited (0 when none is held)
 ``luftpause_scheduler_held_turns_by_caller{caller}``                   turns held now, for the
-                                                                       :data:`~luftpause.metrics.TOP_CALLERS`
+                                                                       :data:`~luftpause.observe.metrics.TOP_CALLERS`
                                                                        callers with the most, the rest
                                                                        summed as ``other`` (always
                                                                        there, 0 when none)
@@ -73,7 +73,7 @@ refusals by reason, the admission latency and probe outcomes.
 ====================================================================  ====================================
 
 Callers are the one label whose values come from clients: only the
-:data:`~luftpause.metrics.TOP_CALLERS` with the most held turns are named (ties by name), the
+:data:`~luftpause.observe.metrics.TOP_CALLERS` with the most held turns are named (ties by name), the
 anonymous caller as ``anonymous``, every other one summed under ``other``. Limit refusals are not
 counted by caller here: a counter whose caller may fall out of the top ten would go backwards
 (``GET /status`` has them by caller).
@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.metrics import OTHER_CALLERS, Histogram, build_info, counter_by, top_with_other
+from luftpause.observe.metrics import OTHER_CALLERS, Histogram, build_info, counter_by, top_with_other
 from luftpause.scheduler.core import (
     AbandonReported,
     Action,

@@ -1,5 +1,5 @@
 """The scheduler's last minutes for its live page: held turns by class, time to first token by
-class and runs by phase, one sample every 2 s for 10 min (:mod:`luftpause.series`), served as
+class and runs by phase, one sample every 2 s for 10 min (:mod:`luftpause.observe.series`), served as
 ``GET /series`` (:mod:`luftpause.scheduler.status_http`).
 
 A sample (beside ``seq`` and ``t``)::
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from luftpause.observe.series import SeriesRing, Window
 from luftpause.scheduler.core import (
     AbandonReported,
     Event,
@@ -42,7 +43,6 @@ from luftpause.scheduler.core import (
     TurnFinished,
 )
 from luftpause.scheduler.core.events import RUN_PHASES, SERVICE_CLASSES
-from luftpause.series import SeriesRing, Window
 
 
 class SchedulerSeries:

@@ -21,21 +21,21 @@ import grpc
 import uvloop
 from aiohttp import web
 
-from luftpause import logs, tracing
 from luftpause.auth.grpc_link import server_interceptors
 from luftpause.auth.hosts import HostAllowList
 from luftpause.auth.tls import check_listener, grpc_server_credentials, server_context
 from luftpause.auth.tokens import TOKEN_ENV, token_from_env
-from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import Config, ConfigError, load_config, split_host_port
-from luftpause.listeners import start_aiohttp_site
-from luftpause.ports import refuse_if_in_use
+from luftpause.config.arguments import add_config_argument, config_from_args
+from luftpause.observe import logs, tracing
 from luftpause.scheduler.discovery import Discovery
 from luftpause.scheduler.errors import CannotListen
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.probes import Prober
 from luftpause.scheduler.status_http import status_app
+from luftpause.serving.listeners import start_aiohttp_site
+from luftpause.serving.ports import refuse_if_in_use
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
 log = logging.getLogger("luftpause.scheduler")

@@ -1,12 +1,12 @@
 """The scheduler's HTTP side: ``GET /status`` (the core's snapshot as JSON), ``GET /`` (the live
 page), ``GET /series[?after=SEQ]`` (the last 10 minutes as samples), ``GET /metrics`` (Prometheus
 text, :mod:`luftpause.scheduler.metrics`), ``GET /livez`` and ``GET /readyz``
-(:mod:`luftpause.health`: ready once the first probe round of every replica is in, so that no
+(:mod:`luftpause.serving.health`: ready once the first probe round of every replica is in, so that no
 dataplane is told every replica is healthy before one was seen), and ``GET /health``
 (``{"status": "ok"}`` while the process serves, as before ``/livez`` existed).
 
 The JSON shapes are documented in :mod:`luftpause.scheduler.core.snapshot` and
-:mod:`luftpause.scheduler.series` (with :mod:`luftpause.series`); ``/series`` is guarded like
+:mod:`luftpause.scheduler.series` (with :mod:`luftpause.observe.series`); ``/series`` is guarded like
 ``/status`` (it names no caller, but it is data: whatever check ``/status`` gets, it gets). A bad
 ``after`` is 400. The live page is ``page.html`` beside this module (package data): one
 self-contained HTML file, no external assets, whose script polls ``status`` and ``series`` every
@@ -32,7 +32,7 @@ Access (:mod:`luftpause.auth`), checked before routing:
   and takes it out of the address bar) and sends it with every poll of ``status``, ``series`` and
   ``?runtime=``;
 * a request with a body (the admin API's) that has not been answered ``body_timeout_s`` after it
-  came is answered 408 (:func:`luftpause.listeners.aiohttp_deadline`).
+  came is answered 408 (:func:`luftpause.serving.listeners.aiohttp_deadline`).
 """
 
 from __future__ import annotations
@@ -48,16 +48,17 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from luftpause import health as probes
-from luftpause import metrics, pages
+from luftpause import pages
 from luftpause.auth.hosts import HostAllowList
 from luftpause.auth.tokens import CHALLENGE, REFUSED, bearer_matches
 from luftpause.config import ListenerLimits
-from luftpause.listeners import aiohttp_deadline
+from luftpause.observe import metrics
+from luftpause.observe.series import parse_after
 from luftpause.scheduler.errors import MethodNotAllowed, RouteNotFound, SchedulerError
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.metrics import SchedulerMetrics
-from luftpause.series import parse_after
+from luftpause.serving import health as probes
+from luftpause.serving.listeners import aiohttp_deadline
 
 log = logging.getLogger("luftpause.scheduler")
 

@@ -1,8 +1,15 @@
-"""The test kit, shipped with luftpause (as ``trio.testing`` is with trio).
+"""The test kit, shipped with luftpause (as ``trio.testing`` is with trio), in folders by purpose.
 
-* :mod:`luftpause.testkit.fake_engine`: an OpenAI-compatible engine simulator (``luftpause fake-engine``).
-* :mod:`luftpause.testkit.fake_mcp`: an MCP tool server with ``lookup`` and ``deep_search``.
-* :mod:`luftpause.testkit.loadgen`: spawns sub-agents over MCP and reports what happened.
-* :mod:`luftpause.testkit.procs`: starts any of the above, or luftpause's own processes, on free
-  loopback ports and waits until they answer.
+* :mod:`.engine`: the engine simulator (the aiohttp server standing in for SGLang/vLLM, and the
+  sans-IO engine models of :mod:`.engine.model` that also run in virtual time);
+* :mod:`.sim`: floods in virtual time: agents, arrangements and engine models on one clock;
+* :mod:`.launch`: processes on free loopback ports (:mod:`.launch.procs`), a whole stack
+  (:mod:`.launch.stack`), llama.cpp's ``llama-server`` (:mod:`.launch.llama_server`) and an app on
+  a thread of its own (:mod:`.launch.threaded_app`);
+* :mod:`.load`: the agents that make load through the proxy or over MCP, and their summary;
+* :mod:`.fakes`: stand-ins for what luftpause talks to: MCP tool servers over HTTP and stdio, an
+  OTLP trace receiver;
+* :mod:`.commands`: the user commands ``luftpause fake-engine`` (:mod:`.commands.fake_engine`) and
+  ``luftpause loadgen`` (:mod:`.commands.loadgen`); ``luftpause fake-mcp`` is the fake's own
+  module (:mod:`.fakes.fake_mcp`).
 """

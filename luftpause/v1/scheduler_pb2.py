@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cluftpause/v1/scheduler.proto\x12\x0cluftpause.v1\">\n\x10\x44\x61taplaneMessage\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"\x9a\x02\n\rDataplaneItem\x12-\n\x06resync\x18\x01 \x01(\x0b\x32\x1b.luftpause.v1.ResyncRequestH\x00\x12+\n\x05\x61\x64mit\x18\x02 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12+\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x19.luftpause.v1.CancelAdmitH\x00\x12(\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x12*\n\x06leased\x18\x05 \x01(\x0b\x32\x18.luftpause.v1.LeasedTurnH\x00\x12\"\n\x04ping\x18\x06 \x01(\x0b\x32\x12.luftpause.v1.PingH\x00\x42\x06\n\x04item\">\n\x10SchedulerMessage\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.SchedulerItem\"\xf4\x01\n\rSchedulerItem\x12-\n\x08resynced\x18\x01 \x01(\x0b\x32\x19.luftpause.v1.ResyncReplyH\x00\x12,\n\x08\x61\x64mitted\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReplyH\x00\x12,\n\x05lease\x18\x03 \x01(\x0b\x32\x1b.luftpause.v1.CapacityLeaseH\x00\x12\"\n\x04pong\x18\x04 \x01(\x0b\x32\x12.luftpause.v1.PongH\x00\x12,\n\x08replicas\x18\x05 \x01(\x0b\x32\x18.luftpause.v1.ReplicaSetH\x00\x42\x06\n\x04item\"9\n\nReplicaSet\x12+\n\x08replicas\x18\x01 \x03(\x0b\x32\x19.luftpause.v1.ReplicaSpec\"\x92\x01\n\x0bReplicaSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\t\x12\x0c\n\x04\x61pis\x18\x07 \x03(\t\x12\x15\n\rmax_model_len\x18\x08 \x01(\r\"\xd8\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61taplane_id\x18\x06 \x01(\t\x12\x13\n\x0bsingle_pass\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x15\n\rfailover_from\x18\t \x01(\t\"\x1c\n\tPlacement\x12\x0f\n\x07replica\x18\x01 \x01(\t\"E\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x13\n\x0bhttp_status\x18\x02 \x01(\r\x12\x15\n\rretry_after_s\x18\x03 \x01(\r\"}\n\nAdmitReply\x12)\n\x06placed\x18\x01 \x01(\x0b\x32\x17.luftpause.v1.PlacementH\x00\x12(\n\x07refused\x18\x02 \x01(\x0b\x32\x15.luftpause.v1.RefusalH\x00\x12\x0f\n\x07turn_id\x18\x03 \x01(\tB\t\n\x07outcome\"\x1e\n\x0b\x43\x61ncelAdmit\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\"\x95\x03\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.luftpause.v1.TurnEvent.Kind\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x12\n\ntool_calls\x18\x05 \x01(\x08\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x1e\n\x11\x66irst_token_ago_s\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08trace_id\x18\n \x01(\t\x12\x13\n\x0bunreachable\x18\x0b \x01(\x08\"r\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07STARTED\x10\x01\x12\x0f\n\x0b\x46IRST_TOKEN\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\r\n\tRUN_ENDED\x10\x05\x12\r\n\tABANDONED\x10\x06\x42\x14\n\x12_first_token_ago_s\"\x9b\x01\n\tRunRecord\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0clast_replica\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\"\x92\x01\n\x0cInFlightTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\rservice_class\x18\x05 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"\xbd\x01\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12%\n\x04runs\x18\x02 \x03(\x0b\x32\x17.luftpause.v1.RunRecord\x12)\n\x05turns\x18\x03 \x03(\x0b\x32\x1a.luftpause.v1.InFlightTurn\x12\x18\n\x10pending_turn_ids\x18\x04 \x03(\t\x12\x14\n\x0ctakes_leases\x18\x05 \x01(\x08\x12\x14\n\x0cmore_follows\x18\x06 \x01(\x08\"^\n\rCapacityLease\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05grant\x18\x03 \x01(\r\x12\x0e\n\x06revoke\x18\x04 \x01(\x08\x12\x0e\n\x06models\x18\x05 \x03(\t\"\xb4\x01\n\nLeasedTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x0f\n\x07replica\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\"m\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\r\x12\r\n\x05turns\x18\x02 \x01(\r\x12\r\n\x05pongs\x18\x03 \x01(\x08\x12\x1d\n\x10healthy_replicas\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_healthy_replicas\"\x13\n\x04Ping\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"G\n\x04Pong\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1d\n\x10healthy_replicas\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_healthy_replicas*I\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x0f\n\x0bINTERACTIVE\x10\x01\x12\t\n\x05\x42\x41TCH\x10\x02*P\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x08\n\x04IDLE\x10\x01\x12\x0e\n\nGENERATING\x10\x02\x12\x0f\n\x0bTOOL_PAUSED\x10\x03\x32Z\n\tScheduler\x12M\n\x07\x43onnect\x12\x1e.luftpause.v1.DataplaneMessage\x1a\x1e.luftpause.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cluftpause/v1/scheduler.proto\x12\x0cluftpause.v1\">\n\x10\x44\x61taplaneMessage\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"\x9a\x02\n\rDataplaneItem\x12-\n\x06resync\x18\x01 \x01(\x0b\x32\x1b.luftpause.v1.ResyncRequestH\x00\x12+\n\x05\x61\x64mit\x18\x02 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12+\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x19.luftpause.v1.CancelAdmitH\x00\x12(\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x12*\n\x06leased\x18\x05 \x01(\x0b\x32\x18.luftpause.v1.LeasedTurnH\x00\x12\"\n\x04ping\x18\x06 \x01(\x0b\x32\x12.luftpause.v1.PingH\x00\x42\x06\n\x04item\">\n\x10SchedulerMessage\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.SchedulerItem\"\xf4\x01\n\rSchedulerItem\x12-\n\x08resynced\x18\x01 \x01(\x0b\x32\x19.luftpause.v1.ResyncReplyH\x00\x12,\n\x08\x61\x64mitted\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReplyH\x00\x12,\n\x05lease\x18\x03 \x01(\x0b\x32\x1b.luftpause.v1.CapacityLeaseH\x00\x12\"\n\x04pong\x18\x04 \x01(\x0b\x32\x12.luftpause.v1.PongH\x00\x12,\n\x08replicas\x18\x05 \x01(\x0b\x32\x18.luftpause.v1.ReplicaSetH\x00\x42\x06\n\x04item\"9\n\nReplicaSet\x12+\n\x08replicas\x18\x01 \x03(\x0b\x32\x19.luftpause.v1.ReplicaSpec\"\x92\x01\n\x0bReplicaSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\t\x12\x0c\n\x04\x61pis\x18\x07 \x03(\t\x12\x15\n\rmax_model_len\x18\x08 \x01(\r\"\xef\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61taplane_id\x18\x06 \x01(\t\x12\x13\n\x0bsingle_pass\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x15\n\rfailover_from\x18\t \x01(\t\x12\x15\n\rtool_call_ids\x18\n \x03(\t\"\x1c\n\tPlacement\x12\x0f\n\x07replica\x18\x01 \x01(\t\"E\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x13\n\x0bhttp_status\x18\x02 \x01(\r\x12\x15\n\rretry_after_s\x18\x03 \x01(\r\"\x8d\x01\n\nAdmitReply\x12)\n\x06placed\x18\x01 \x01(\x0b\x32\x17.luftpause.v1.PlacementH\x00\x12(\n\x07refused\x18\x02 \x01(\x0b\x32\x15.luftpause.v1.RefusalH\x00\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\tB\t\n\x07outcome\"\x1e\n\x0b\x43\x61ncelAdmit\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\"\xac\x03\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.luftpause.v1.TurnEvent.Kind\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x12\n\ntool_calls\x18\x05 \x01(\x08\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x1e\n\x11\x66irst_token_ago_s\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08trace_id\x18\n \x01(\t\x12\x13\n\x0bunreachable\x18\x0b \x01(\x08\x12\x15\n\rtool_call_ids\x18\x0c \x03(\t\"r\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07STARTED\x10\x01\x12\x0f\n\x0b\x46IRST_TOKEN\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\r\n\tRUN_ENDED\x10\x05\x12\r\n\tABANDONED\x10\x06\x42\x14\n\x12_first_token_ago_s\"\xb2\x01\n\tRunRecord\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0clast_replica\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x15\n\rtool_call_ids\x18\x06 \x03(\t\"\x92\x01\n\x0cInFlightTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\rservice_class\x18\x05 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"\xbd\x01\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12%\n\x04runs\x18\x02 \x03(\x0b\x32\x17.luftpause.v1.RunRecord\x12)\n\x05turns\x18\x03 \x03(\x0b\x32\x1a.luftpause.v1.InFlightTurn\x12\x18\n\x10pending_turn_ids\x18\x04 \x03(\t\x12\x14\n\x0ctakes_leases\x18\x05 \x01(\x08\x12\x14\n\x0cmore_follows\x18\x06 \x01(\x08\"^\n\rCapacityLease\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05grant\x18\x03 \x01(\r\x12\x0e\n\x06revoke\x18\x04 \x01(\x08\x12\x0e\n\x06models\x18\x05 \x03(\t\"\xb4\x01\n\nLeasedTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x0f\n\x07replica\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\"m\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\r\x12\r\n\x05turns\x18\x02 \x01(\r\x12\r\n\x05pongs\x18\x03 \x01(\x08\x12\x1d\n\x10healthy_replicas\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_healthy_replicas\"\x13\n\x04Ping\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"G\n\x04Pong\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1d\n\x10healthy_replicas\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_healthy_replicas*I\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x0f\n\x0bINTERACTIVE\x10\x01\x12\t\n\x05\x42\x41TCH\x10\x02*P\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x08\n\x04IDLE\x10\x01\x12\x0e\n\nGENERATING\x10\x02\x12\x0f\n\x0bTOOL_PAUSED\x10\x03\x32Z\n\tScheduler\x12M\n\x07\x43onnect\x12\x1e.luftpause.v1.DataplaneMessage\x1a\x1e.luftpause.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'luftpause.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=2784
-  _globals['_SERVICECLASS']._serialized_end=2857
-  _globals['_RUNPHASE']._serialized_start=2859
-  _globals['_RUNPHASE']._serialized_end=2939
+  _globals['_SERVICECLASS']._serialized_start=2870
+  _globals['_SERVICECLASS']._serialized_end=2943
+  _globals['_RUNPHASE']._serialized_start=2945
+  _globals['_RUNPHASE']._serialized_end=3025
   _globals['_DATAPLANEMESSAGE']._serialized_start=46
   _globals['_DATAPLANEMESSAGE']._serialized_end=108
   _globals['_DATAPLANEITEM']._serialized_start=111
@@ -48,35 +48,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLICASPEC']._serialized_start=766
   _globals['_REPLICASPEC']._serialized_end=912
   _globals['_ADMITREQUEST']._serialized_start=915
-  _globals['_ADMITREQUEST']._serialized_end=1131
-  _globals['_PLACEMENT']._serialized_start=1133
-  _globals['_PLACEMENT']._serialized_end=1161
-  _globals['_REFUSAL']._serialized_start=1163
-  _globals['_REFUSAL']._serialized_end=1232
-  _globals['_ADMITREPLY']._serialized_start=1234
-  _globals['_ADMITREPLY']._serialized_end=1359
-  _globals['_CANCELADMIT']._serialized_start=1361
-  _globals['_CANCELADMIT']._serialized_end=1391
-  _globals['_TURNEVENT']._serialized_start=1394
-  _globals['_TURNEVENT']._serialized_end=1799
-  _globals['_TURNEVENT_KIND']._serialized_start=1663
-  _globals['_TURNEVENT_KIND']._serialized_end=1777
-  _globals['_RUNRECORD']._serialized_start=1802
-  _globals['_RUNRECORD']._serialized_end=1957
-  _globals['_INFLIGHTTURN']._serialized_start=1960
-  _globals['_INFLIGHTTURN']._serialized_end=2106
-  _globals['_RESYNCREQUEST']._serialized_start=2109
-  _globals['_RESYNCREQUEST']._serialized_end=2298
-  _globals['_CAPACITYLEASE']._serialized_start=2300
-  _globals['_CAPACITYLEASE']._serialized_end=2394
-  _globals['_LEASEDTURN']._serialized_start=2397
-  _globals['_LEASEDTURN']._serialized_end=2577
-  _globals['_RESYNCREPLY']._serialized_start=2579
-  _globals['_RESYNCREPLY']._serialized_end=2688
-  _globals['_PING']._serialized_start=2690
-  _globals['_PING']._serialized_end=2709
-  _globals['_PONG']._serialized_start=2711
-  _globals['_PONG']._serialized_end=2782
-  _globals['_SCHEDULER']._serialized_start=2941
-  _globals['_SCHEDULER']._serialized_end=3031
+  _globals['_ADMITREQUEST']._serialized_end=1154
+  _globals['_PLACEMENT']._serialized_start=1156
+  _globals['_PLACEMENT']._serialized_end=1184
+  _globals['_REFUSAL']._serialized_start=1186
+  _globals['_REFUSAL']._serialized_end=1255
+  _globals['_ADMITREPLY']._serialized_start=1258
+  _globals['_ADMITREPLY']._serialized_end=1399
+  _globals['_CANCELADMIT']._serialized_start=1401
+  _globals['_CANCELADMIT']._serialized_end=1431
+  _globals['_TURNEVENT']._serialized_start=1434
+  _globals['_TURNEVENT']._serialized_end=1862
+  _globals['_TURNEVENT_KIND']._serialized_start=1726
+  _globals['_TURNEVENT_KIND']._serialized_end=1840
+  _globals['_RUNRECORD']._serialized_start=1865
+  _globals['_RUNRECORD']._serialized_end=2043
+  _globals['_INFLIGHTTURN']._serialized_start=2046
+  _globals['_INFLIGHTTURN']._serialized_end=2192
+  _globals['_RESYNCREQUEST']._serialized_start=2195
+  _globals['_RESYNCREQUEST']._serialized_end=2384
+  _globals['_CAPACITYLEASE']._serialized_start=2386
+  _globals['_CAPACITYLEASE']._serialized_end=2480
+  _globals['_LEASEDTURN']._serialized_start=2483
+  _globals['_LEASEDTURN']._serialized_end=2663
+  _globals['_RESYNCREPLY']._serialized_start=2665
+  _globals['_RESYNCREPLY']._serialized_end=2774
+  _globals['_PING']._serialized_start=2776
+  _globals['_PING']._serialized_end=2795
+  _globals['_PONG']._serialized_start=2797
+  _globals['_PONG']._serialized_end=2868
+  _globals['_SCHEDULER']._serialized_start=3027
+  _globals['_SCHEDULER']._serialized_end=3117
 # @@protoc_insertion_point(module_scope)

@@ -96,7 +96,7 @@ class ReplicaSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., api_key_env: _Optional[str] = ..., priority: _Optional[str] = ..., apis: _Optional[_Iterable[str]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent", "failover_from")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "traceparent", "failover_from", "tool_call_ids")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class AdmitRequest(_message.Message):
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     FAILOVER_FROM_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -115,7 +116,8 @@ class AdmitRequest(_message.Message):
     single_pass: bool
     traceparent: str
     failover_from: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ..., failover_from: _Optional[str] = ...) -> None: ...
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., traceparent: _Optional[str] = ..., failover_from: _Optional[str] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("replica",)
@@ -134,14 +136,16 @@ class Refusal(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_after_s: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("placed", "refused", "turn_id")
+    __slots__ = ("placed", "refused", "turn_id", "run_id")
     PLACED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     placed: Placement
     refused: Refusal
     turn_id: str
-    def __init__(self, placed: _Optional[_Union[Placement, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ..., turn_id: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, placed: _Optional[_Union[Placement, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ..., turn_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class CancelAdmit(_message.Message):
     __slots__ = ("turn_id",)
@@ -150,7 +154,7 @@ class CancelAdmit(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ...) -> None: ...
 
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s", "trace_id", "unreachable")
+    __slots__ = ("turn_id", "run_id", "kind", "finish_reason", "tool_calls", "prompt_tokens", "completion_tokens", "error", "first_token_ago_s", "trace_id", "unreachable", "tool_call_ids")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[TurnEvent.Kind]
@@ -178,6 +182,7 @@ class TurnEvent(_message.Message):
     FIRST_TOKEN_AGO_S_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     kind: TurnEvent.Kind
@@ -189,21 +194,24 @@ class TurnEvent(_message.Message):
     first_token_ago_s: float
     trace_id: str
     unreachable: bool
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ..., trace_id: _Optional[str] = ..., unreachable: _Optional[bool] = ...) -> None: ...
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., kind: _Optional[_Union[TurnEvent.Kind, str]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., first_token_ago_s: _Optional[float] = ..., trace_id: _Optional[str] = ..., unreachable: _Optional[bool] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunRecord(_message.Message):
-    __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller")
+    __slots__ = ("run_id", "last_replica", "phase", "service_class", "caller", "tool_call_ids")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_REPLICA_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     last_replica: str
     phase: RunPhase
     service_class: ServiceClass
     caller: str
-    def __init__(self, run_id: _Optional[str] = ..., last_replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., last_replica: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InFlightTurn(_message.Message):
     __slots__ = ("turn_id", "run_id", "replica", "model", "service_class", "caller")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from luftpause import settings
 from luftpause.config import (
     CONFIG_ENV,
     READ_BY,
@@ -19,8 +18,9 @@ from luftpause.config import (
     listen_url,
     load_config,
     parse_config,
+    settings,
 )
-from luftpause.settings import ENV_PREFIX
+from luftpause.config.settings import ENV_PREFIX
 
 
 def test_embedded_default_is_two_simulated_replicas_of_one_model_and_the_fake_mcp_server(
@@ -273,7 +273,7 @@ def test_a_replica_sends_no_priority_unless_its_engine_order_is_named() -> None:
         assert parse_config(REPLICA + f'priority = "{order}"\n').replicas[0].priority == order
 
 
-# -- environment variables and flags over the file (luftpause.settings) ----------------------------
+# -- environment variables and flags over the file (luftpause.config.settings) ----------------------------
 
 FILE_WITH_LISTEN = '[dataplane]\nlisten = "127.0.0.1:1001"\n' + REPLICA
 LISTEN_FLAG = {("dataplane", "listen"): ("--listen", "127.0.0.1:1003")}

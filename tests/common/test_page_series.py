@@ -1,4 +1,4 @@
-"""The pages' time series: the bounded ring (``luftpause.series``), the scheduler's samples of held
+"""The pages' time series: the bounded ring (``luftpause.observe.series``), the scheduler's samples of held
 turns, time to first token and runs (``luftpause.scheduler.series``), and ``GET /series``."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 
 from luftpause.config import parse_config
+from luftpause.observe.series import MAX_OBSERVATIONS, SeriesRing, Window, parse_after, sample_every
 from luftpause.scheduler.core import FirstToken, LeasedTurnPlaced, TurnArrived, TurnFinished
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
-from luftpause.series import MAX_OBSERVATIONS, SeriesRing, Window, parse_after, sample_every
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 # --- the ring -------------------------------------------------------------------------------------
 
@@ -219,5 +219,31 @@ def test_the_runtime_samples_runs_by_their_state() -> None:
     runs[4].approvals = SimpleNamespace(open=lambda: [object()])  # type: ignore[assignment]
     series = RunSeries(SimpleNamespace(all=lambda: runs))  # type: ignore[arg-type]
     assert series.sample() == {
-        "runs": {"running": 1, "AwaitingApproval": 1, "completed": 2, "failed": 1, "cancelled": 0}
+        "runs": {"running": 1, "AwaitingApproval": 1, "completed": 2, "failed": 1, "cancelled": 0},
+        "tenants": {},
     }
+
+
+def test_a_tenant_is_served_the_counts_of_its_own_runs_only() -> None:
+    from types import SimpleNamespace
+
+    from runtime_helpers import make_run
+
+    from luftpause.runtime.runs.series import RunSeries, for_tenant
+    from luftpause.runtime.runs.tenants import Tenant
+
+    runs = [make_run("run-a", tenant="team-a"), *(make_run(f"run-b{i}", tenant="team-b") for i in range(2))]
+    runs[2].end("failed", error="boom")
+    series = RunSeries(SimpleNamespace(all=lambda: runs))  # type: ignore[arg-type]
+    series.ring.add(1.0, series.sample())
+    answer = series.ring.since()
+
+    def served(tenant: Tenant | None) -> dict[str, int]:
+        (sample,) = for_tenant(answer, tenant)["samples"]
+        assert set(sample) == {"seq", "t", "runs"}  # never another tenant's counts
+        return {state: n for state, n in sample["runs"].items() if n}
+
+    assert served(Tenant("team-a")) == {"running": 1}
+    assert served(Tenant("team-b")) == {"running": 1, "failed": 1}
+    assert served(Tenant("team-c")) == {}  # a tenant with no run held
+    assert served(Tenant("operator", admin=True)) == served(None) == {"running": 2, "failed": 1}

@@ -1,6 +1,6 @@
 """OpenTelemetry spans of each process, in-process, caught by the SDK's in-memory exporter.
 
-``luftpause.tracing.install`` puts a ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
+``luftpause.observe.tracing.install`` puts a ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
 ``InMemorySpanExporter`` in place of the OTLP export; every test takes it off again. The spans of
 the three real processes at a real OTLP receiver are ``test_tracing_stack.py``'s.
 """
@@ -25,13 +25,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from runtime_helpers import make_run
 from tracing_helpers import llm_typed
 
-from luftpause import tracing
 from luftpause.config import parse_config
+from luftpause.observe import tracing
 from luftpause.runtime.agent import spans as run_spans
 from luftpause.runtime.agent.upstream import _traceparent_header
 from luftpause.scheduler.grpc_service import SchedulerService
 from luftpause.scheduler.host import SchedulerHost
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -74,7 +74,7 @@ def test_unset_endpoint_installs_nothing_and_the_sdk_is_never_imported() -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     code = (
         "import sys\n"
-        "from luftpause import tracing\n"
+        "from luftpause.observe import tracing\n"
         "import luftpause.dataplane.server.app, luftpause.scheduler.server, luftpause.runtime.server\n"
         "assert tracing.setup(tracing.DATAPLANE_SERVICE) is False\n"
         "assert tracing.active is False\n"
@@ -92,7 +92,7 @@ def test_setup_with_an_endpoint_installs_the_otlp_exporter_under_the_service_nam
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
     code = (
         "from opentelemetry import trace\n"
-        "from luftpause import tracing\n"
+        "from luftpause.observe import tracing\n"
         "assert tracing.setup(tracing.RUNTIME_SERVICE) is True\n"
         "assert tracing.active is True\n"
         "provider = trace.get_tracer_provider()\n"
@@ -174,7 +174,7 @@ def test_tracestate_is_kept_with_the_traceparent(spans: InMemorySpanExporter) ->
 def test_exporter_and_protocol_variables_are_honoured(env: dict[str, str], exporter: str | None) -> None:
     code = (
         "from opentelemetry import trace\n"
-        "from luftpause import tracing\n"
+        "from luftpause.observe import tracing\n"
         "if tracing.setup('x'):\n"
         "    processor = trace.get_tracer_provider()._active_span_processor._span_processors[0]\n"
         "    print(type(processor._batch_processor._exporter).__module__)\n"
@@ -733,7 +733,7 @@ async def otlp_receiver() -> AsyncIterator[str]:
     """The receiver's app served in this process on a free port; its base URL."""
     from aiohttp import web
 
-    from luftpause.testkit.otlp_receiver import receiver_app
+    from luftpause.testkit.fakes.otlp_receiver import receiver_app
 
     runner = web.AppRunner(receiver_app())
     await runner.setup()
@@ -812,7 +812,7 @@ async def test_the_grpc_receiver_takes_what_the_sdks_grpc_exporter_sends(spans: 
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from luftpause.testkit.otlp_receiver import receiver_app, start_grpc_receiver
+    from luftpause.testkit.fakes.otlp_receiver import receiver_app, start_grpc_receiver
 
     received: list[dict[str, Any]] = []
     grpc_port, http_port = free_port(), free_port()
@@ -847,7 +847,7 @@ async def test_the_grpc_receiver_takes_what_the_sdks_grpc_exporter_sends(spans: 
 
 def test_the_receivers_help_describes_its_options() -> None:
     shown = subprocess.run(
-        [sys.executable, "-m", "luftpause.testkit.otlp_receiver", "--help"],
+        [sys.executable, "-m", "luftpause.testkit.fakes.otlp_receiver", "--help"],
         capture_output=True,
         text=True,
         check=True,

@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.dataplane.intake.checks import CALLER_MAX_BYTES, truncate_caller
 from luftpause.dataplane.server.metrics import CONTENT_TYPE
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

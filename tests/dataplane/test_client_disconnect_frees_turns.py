@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from luftpause.dataplane.relay.upstream import (
     EngineTimeout,
     Upstream,
 )
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

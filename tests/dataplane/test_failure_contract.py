@@ -18,8 +18,8 @@ import aiohttp
 import orjson
 import pytest
 
-from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

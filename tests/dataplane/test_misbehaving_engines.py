@@ -20,7 +20,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.testkit.procs import ChildProcess, free_port, http_ok
+from luftpause.testkit.launch.procs import ChildProcess, free_port, http_ok
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from luftpause.dataplane.link.admission import SchedulerLink
 from luftpause.dataplane.link.runs import InFlight, RunRecord, RunTable, resync_parts
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 from luftpause.v1 import scheduler_pb2 as pb
 
 

@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from luftpause.scheduler.probes import EngineLoad, parse_load
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from luftpause.runtime.agent.loop import SubAgentLoop
 from luftpause.runtime.agent.upstream import UpstreamPool
 from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.runtime.runs.registry import Run, RunRegistry
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 
 @pytest.mark.parametrize("kind", ["a file in the way", "a read-only directory"])

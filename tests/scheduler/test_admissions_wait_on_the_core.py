@@ -27,7 +27,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.host import Outcome, SchedulerHost
 from luftpause.scheduler.status_http import status_app
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 ONE_SLOT = parse_config(
     '[[replicas]]\nname = "solo"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\nmax_inflight = 1\n',

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from dataplane_procs import MODEL, SchedulerAndDataplane, scheduler_and_dataplane, wait_until
 
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 

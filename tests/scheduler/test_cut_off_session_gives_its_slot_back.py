@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from luftpause.testkit.agents import LOOKUP_TOOL, stream_turn
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
+from luftpause.testkit.load.agents import LOOKUP_TOOL, stream_turn
 
 
 def _headroom(status: dict[str, Any]) -> int:

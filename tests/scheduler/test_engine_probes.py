@@ -2,7 +2,7 @@
 stop and come back.
 
 The HTTP tests serve ``/health`` and ``/metrics`` from aiohttp apps on free loopback ports in this
-process; the integration test runs a whole stack as real processes (``luftpause.testkit.stack``).
+process; the integration test runs a whole stack as real processes (``luftpause.testkit.launch.stack``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from repo_paths import DATA
 from luftpause.config import parse_config
 from luftpause.scheduler.probes import NO_KNOWN_METRICS, EngineLoad, combine, parse_load, probe_replica
 from luftpause.testkit.engine.metrics import ModelLoad, SglangMetrics
-from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import free_port
+from luftpause.testkit.launch.stack import Stack
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -14,8 +14,8 @@ import logging
 
 import pytest
 
-from luftpause import logs
 from luftpause.config import parse_config
+from luftpause.observe import logs
 from luftpause.scheduler.core import AbandonReported, DataplaneLost, Resynced, Tick
 from luftpause.scheduler.grpc_service import _Stream, leased_turn
 from luftpause.scheduler.host import SchedulerHost

@@ -19,7 +19,7 @@ from aiohttp import web
 from luftpause.config import Config, ReplicaConfig, parse_config
 from luftpause.scheduler.core import Event, ReplicasProbed
 from luftpause.scheduler.probes import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Prober
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 METRICS = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 1\n"
 

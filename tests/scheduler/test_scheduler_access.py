@@ -17,8 +17,8 @@ import pytest
 from grpc_helpers import connect_once
 
 from luftpause.auth.hosts import HostAllowList, host_name
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

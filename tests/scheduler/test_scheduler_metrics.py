@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.config import parse_config
-from luftpause.metrics import CONTENT_TYPE, TOP_CALLERS
+from luftpause.observe.metrics import CONTENT_TYPE, TOP_CALLERS
 from luftpause.scheduler.core import (
     AbandonReported,
     LeasedTurnPlaced,
@@ -31,7 +31,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.host import Outcome, SchedulerHost
 from luftpause.scheduler.status_http import status_app
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 CONFIG = parse_config(
     """

@@ -43,8 +43,8 @@ from page_helpers import (
 )
 
 from luftpause.scheduler.status_http import page_html
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -171,6 +171,17 @@ def test_the_page_shows_a_row_per_replica_with_its_load(page: Element, saturated
         assert row.cell("running") == str(replica["running"])
         assert row.cell("waiting") == str(replica["waiting"])
         assert row.cell("headroom") == str(replica["reserved_headroom"])
+
+
+def test_the_page_shows_each_dataplane_with_its_turns(page: Element, saturated: Saturated) -> None:
+    (dataplane,) = saturated.stack.status()["dataplanes"]
+    row = by_id(page, "dataplanes").one("tr", data_dataplane=dataplane["id"])
+    assert row.cell("link") == "connected"
+    # the held turns (7) and the two fillers in flight all came through this one dataplane
+    assert (row.cell("inflight"), row.cell("held")) == ("2", "7")
+    assert int(row.cell("turns")) >= 9
+    assert row.cell("seen").endswith(" ago")
+    assert by_id(page, "dataplanes-summary").text().startswith("1 of 1 connected")
 
 
 def test_the_page_shows_held_turns_per_class_and_per_caller(page: Element, saturated: Saturated) -> None:

@@ -35,7 +35,7 @@ from page_helpers import (
     routes_servers,
 )
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.agents import AgentGroup, AgentSettings, closed_loop
+from luftpause.testkit.launch.stack import Stack
+from luftpause.testkit.load.agents import AgentGroup, AgentSettings, closed_loop
 from luftpause.testkit.sim.flood import FloodSpec, simulate
 from luftpause.testkit.sim.replay import load_trace
-from luftpause.testkit.stack import Stack
 
 
 def test_a_real_stack_records_its_trace_and_the_trace_replays(tmp_path: Path) -> None:

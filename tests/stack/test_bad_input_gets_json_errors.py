@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

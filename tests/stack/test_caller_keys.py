@@ -16,6 +16,16 @@ import httpx
 import openai
 import orjson
 import pytest
+from caller_keys_helpers import (
+    RUNTIME,
+    RUNTIME_KEY,
+    RUNTIME_KEY_ENV,
+    TEAM_A,
+    TEAM_B,
+    TEAMS,
+    keyed_stack,
+    keys_file,
+)
 from mcp import Client
 
 from luftpause.auth.callers import (
@@ -28,39 +38,20 @@ from luftpause.auth.callers import (
     parse_keys_file,
 )
 from luftpause.config import ConfigError, parse_config
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 TOKEN = "shared-token-of-the-stack"
-TEAM_A = "team-a-key-0123456789abcdef"
-TEAM_B = "team-b-key-0123456789abcdef"
 BATCH_ONLY = "batch-only-key-0123456789ab"
 FIXED = "fixed-caller-key-0123456789"
-RUNTIME_KEY = "runtime-key-0123456789abcdef"
 
-KEYS_FILE = f"""
-[[keys]]
-caller = "team-a"
-key = "{TEAM_A}"
-
-[[keys]]
-caller = "team-b"
-key_sha256 = "{hashlib.sha256(TEAM_B.encode()).hexdigest()}"
-
-[[keys]]
-caller = "nightly"
-key = "{BATCH_ONLY}"
-classes = ["batch"]
-
-[[keys]]
-caller = "fixed"
-key = "{FIXED}"
-narrow = false
-
-[[keys]]
-caller = "runtime"
-key_env = "LUFTPAUSE_RUNTIME_KEY"
-"""
+KEYS_FILE = keys_file(
+    TEAMS[0],
+    {"caller": "team-b", "key_sha256": hashlib.sha256(TEAM_B.encode()).hexdigest()},
+    {"caller": "nightly", "key": BATCH_ONLY, "classes": ["batch"]},
+    {"caller": "fixed", "key": FIXED, "narrow": False},
+    RUNTIME,
+)
 
 
 # --- the keys file and the rules, in-process -----------------------------------------------------
@@ -76,7 +67,7 @@ def _config(keys_path: Path | None = None) -> Any:
 def test_every_way_of_giving_a_key_identifies_its_caller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LUFTPAUSE_RUNTIME_KEY", RUNTIME_KEY)
+    monkeypatch.setenv(RUNTIME_KEY_ENV, RUNTIME_KEY)
     monkeypatch.delenv(CALLER_KEYS_ENV, raising=False)
     path = tmp_path / "callers.toml"
     path.write_text(KEYS_FILE)
@@ -212,22 +203,8 @@ def test_a_key_uses_only_its_classes_and_its_first_is_the_default() -> None:
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("keys")
-    keys = workdir / "callers.toml"
-    keys.write_text(KEYS_FILE)
-    stack = Stack.start(
-        workdir,
-        env={"LUFTPAUSE_TOKEN": TOKEN, "LUFTPAUSE_RUNTIME_KEY": RUNTIME_KEY, CALLER_KEYS_ENV: ""},
-        sections={
-            "dataplane": f'caller_keys = "{keys}"\n',
-            "runtime": 'dataplane_key_env = "LUFTPAUSE_RUNTIME_KEY"\n',
-        },
-    )
-    try:
-        stack.wait_connected()
+    with keyed_stack(tmp_path_factory.mktemp("keys"), KEYS_FILE, token=TOKEN, runtime_key=True) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _client(stack: Stack, key: str) -> openai.OpenAI:

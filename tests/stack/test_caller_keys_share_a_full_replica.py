@@ -22,14 +22,13 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from caller_keys_helpers import keyed_stack, keys_file
 
-from luftpause.auth.callers import CALLER_KEYS_ENV
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -46,26 +45,14 @@ WAIT_S = 60.0
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir: Path = tmp_path_factory.mktemp("shares")
-    keys = workdir / "callers.toml"
-    keys.write_text(
-        "".join(f'[[keys]]\ncaller = "{caller}"\nkey = "{key}"\n' for caller, key in KEYS.items())
-    )
-    running = Stack.start(
-        workdir,
-        max_inflight=SLOTS,
-        decode_ms=20.0,
-        env={"LUFTPAUSE_TOKEN": TOKEN, CALLER_KEYS_ENV: ""},
-        sections={"dataplane": f'caller_keys = "{keys}"\n'},
-    )
-    try:
-        running.wait_connected()
+    keys = keys_file(*({"caller": caller, "key": key} for caller, key in KEYS.items()))
+    with keyed_stack(
+        tmp_path_factory.mktemp("shares"), keys, token=TOKEN, max_inflight=SLOTS, decode_ms=20.0
+    ) as running:
         _remove_replica(running, "sim-1")  # one replica: its slots are the pool's
         status = running.wait_status(lambda s: [r["name"] for r in s["replicas"]] == ["sim-0"])
         assert [r["name"] for r in status["replicas"]] == ["sim-0"], status["replicas"]
         yield running
-    finally:
-        running.stop()
 
 
 def _remove_replica(stack: Stack, name: str) -> None:

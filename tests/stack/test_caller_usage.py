@@ -11,42 +11,25 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from caller_keys_helpers import TEAM_A, TEAM_B, TEAMS, keyed_stack, keys_file
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.auth.callers import CALLER_KEYS_ENV
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "operator-token-of-the-stack"
-TEAM_A = "team-a-key-0123456789abcdef"
-TEAM_B = "team-b-key-0123456789abcdef"
-KEYS_FILE = f"""
-[[keys]]
-caller = "team-a"
-key = "{TEAM_A}"
-
-[[keys]]
-caller = "team-b"
-key_sha256 = "{hashlib.sha256(TEAM_B.encode()).hexdigest()}"
-"""
+KEYS_FILE = keys_file(
+    TEAMS[0], {"caller": "team-b", "key_sha256": hashlib.sha256(TEAM_B.encode()).hexdigest()}
+)
 
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("usage")
-    keys = workdir / "callers.toml"
-    keys.write_text(KEYS_FILE)
-    stack = Stack.start(
-        workdir,
-        env={"LUFTPAUSE_TOKEN": TOKEN, CALLER_KEYS_ENV: ""},
-        sections={"dataplane": f'caller_keys = "{keys}"\nusage_window_s = 60\n'},
-    )
-    try:
-        stack.wait_connected()
+    with keyed_stack(
+        tmp_path_factory.mktemp("usage"), KEYS_FILE, token=TOKEN, dataplane="usage_window_s = 60\n"
+    ) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _turns(stack: Stack, key: str, count: int, caller: str | None = None) -> tuple[int, int]:

@@ -21,9 +21,9 @@ import httpx
 import httpx2
 import pytest
 
-from luftpause import logs
 from luftpause.cli import main
-from luftpause.testkit.procs import ChildProcess, free_port, http_ok
+from luftpause.observe import logs
+from luftpause.testkit.launch.procs import ChildProcess, free_port, http_ok
 
 KEYS = {"time", "level", "logger", "process", "message"}
 LEVEL_ENV = "LUFTPAUSE_LOG_LEVEL"
@@ -225,14 +225,14 @@ def posting_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """``luftpause top`` runs one POST with each HTTP client library instead of watching a runtime,
     so :func:`main` (argument parsing, ``logs.configure``) is what decides which lines show.
     ``LUFTPAUSE_LOG_LEVEL`` is unset for the test and put back after it (``main`` writes it)."""
-    import luftpause.top
+    import luftpause.top.view
 
     def run(args: object) -> int:
         _post_with_httpx_and_httpx2()
         logging.getLogger("luftpause.top").info("our own line")
         return 0
 
-    monkeypatch.setattr(luftpause.top, "run", run)
+    monkeypatch.setattr(luftpause.top.view, "run", run)
     monkeypatch.setenv(LEVEL_ENV, "")
     monkeypatch.delenv(LEVEL_ENV)
     monkeypatch.delenv(logs.LOG_FORMAT_ENV, raising=False)

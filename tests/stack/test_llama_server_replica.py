@@ -2,7 +2,7 @@
 scheduler reading the engine's load, with the real ``openai`` and ``mcp`` clients.
 
 Runs when a built ``llama-server`` and the SmolLM2-135M GGUF are present
-(:func:`luftpause.testkit.llama_server.find`: ``LUFTPAUSE_LLAMA_SERVER`` / ``LUFTPAUSE_LLAMA_MODEL``,
+(:func:`luftpause.testkit.launch.llama_server.find`: ``LUFTPAUSE_LLAMA_SERVER`` / ``LUFTPAUSE_LLAMA_MODEL``,
 else the cache folder that ``bench/engines/llama_server.sh build`` and ``model`` fill) and skips,
 saying how to build them, when they are not. Nothing here builds anything.
 
@@ -26,8 +26,8 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult
 
-from luftpause.testkit import llama_server
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch import llama_server
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 INSTALLED = llama_server.find()
 pytestmark = [

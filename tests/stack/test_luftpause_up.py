@@ -22,8 +22,8 @@ from repo_paths import ROOT
 
 from luftpause.cli import main
 from luftpause.config import EMBEDDED_DEFAULT, load_config, parse_config
-from luftpause.testkit.procs import ChildProcess, free_port, port_open
-from luftpause.up import address_mismatches, banner, busy_message, pages, plan
+from luftpause.supervise.up import address_mismatches, banner, busy_message, pages, plan
+from luftpause.testkit.launch.procs import ChildProcess, free_port, port_open
 
 pytestmark = pytest.mark.integration
 

@@ -45,8 +45,8 @@ from repo_paths import ROOT
 from runtime_helpers import stack_with_destructive_tools
 
 from luftpause.runtime.runs.journal import JOURNAL_NAME
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """One sub-agent run, one trace across the three processes, seen at a real OTLP receiver, over
 OTLP/HTTP and over OTLP/gRPC.
 
-The receiver (``luftpause.testkit.otlp_receiver``, protobuf decoded with ``opentelemetry-proto``,
+The receiver (``luftpause.testkit.fakes.otlp_receiver``, protobuf decoded with ``opentelemetry-proto``,
 gRPC served by ``grpcio`` with its service stubs) runs as its own process on an HTTP and a gRPC
 port; one stack is started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at its HTTP port, another
 with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` and its gRPC port, each with a 100 ms batch-export delay.
@@ -32,8 +32,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from tracing_helpers import llm_typed
 
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def receiver(tmp_path_factory: pytest.TempPathFactory, receiver_ports: tuple[int
         ["--port", str(port), "--grpc-port", str(grpc_port)],
         workdir / "otlp.log",
         ready_url=f"http://127.0.0.1:{port}/health",
-        program=(sys.executable, "-m", "luftpause.testkit.otlp_receiver"),
+        program=(sys.executable, "-m", "luftpause.testkit.fakes.otlp_receiver"),
     )
     child.start()
     try:

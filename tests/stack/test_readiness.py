@@ -1,4 +1,4 @@
-"""``/livez`` and ``/readyz`` (:mod:`luftpause.health`): a process is ready when what it needs is.
+"""``/livez`` and ``/readyz`` (:mod:`luftpause.serving.health`): a process is ready when what it needs is.
 
 * the dataplane, as real processes: ready with its scheduler link up and a healthy replica; not
   ready once the scheduler counts none healthy (it says so in every pong), nor while the scheduler
@@ -26,8 +26,8 @@ from luftpause.config import load_config
 from luftpause.runtime.runs.journal import JOURNAL_NAME
 from luftpause.runtime.server import create_app
 from luftpause.runtime.wiring import Runtime
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.up import not_ready
+from luftpause.supervise.up import not_ready
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 
 def probe(url: str) -> tuple[int, dict[str, Any]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from repo_paths import ROOT
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 README_DATAPLANE = "http://127.0.0.1:8080"
 """The dataplane's address in the snippets: the one ``luftpause up`` prints (not ``localhost``)."""

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

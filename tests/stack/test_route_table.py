@@ -20,7 +20,7 @@ from luftpause.dataplane.wiring import build_dataplane
 from luftpause.runtime.server import create_app as runtime_app
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 from luftpause.v1 import scheduler_pb2 as pb
 
 DOC = ROOT / "docs" / "operating.md"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from dataplane_procs import wait_until
 
-from luftpause.settings import ENV_DELIMITER, ENV_PREFIX
-from luftpause.testkit.procs import ChildProcess, free_port, port_open
+from luftpause.config.settings import ENV_DELIMITER, ENV_PREFIX
+from luftpause.testkit.launch.procs import ChildProcess, free_port, port_open
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Slow and silent clients at every HTTP listener (dataplane, runtime, scheduler status) cost a
-bounded time and get the JSON error where an answer can still be sent (:mod:`luftpause.listeners`).
+bounded time and get the JSON error where an answer can still be sent (:mod:`luftpause.serving.listeners`).
 
 The issue's repro: 50 connections that sent one chunk of a body and went silent were all still
 open 40 s later. Here each listener's ``body_timeout_s`` and ``header_timeout_s`` are 2 s, so
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

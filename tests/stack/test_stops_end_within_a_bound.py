@@ -3,7 +3,7 @@ alive 4 s after SIGTERM; the dataplane, under three long streams, took 106 s her
 waits for every connection before the application hears of the stop).
 
 Each listener's ``stop_timeout_s`` is 2 here: the open requests get that long, then are cut off
-(:meth:`luftpause.listeners.ListenerGuard.drain`), and the log names them. Every wait below is a
+(:meth:`luftpause.serving.listeners.ListenerGuard.drain`), and the log names them. Every wait below is a
 fail-safe far above the bound (2 s, plus 2 s to unwind and 5 s for the application's shutdown),
 and far below what the open requests would have taken (a stream of 100,000 tokens at 20 ms each;
 an ``await`` of 600 s).
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from luftpause.testkit.procs import ChildProcess
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 import httpx2
 import pytest
+from caller_keys_helpers import RUNTIME, TEAM_A, TEAM_B, TEAMS, keyed_stack, keys_file
 from mcp import Client, MCPError
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
@@ -33,58 +35,22 @@ from pydantic import TypeAdapter
 from luftpause.auth.callers import CALLER_KEYS_ENV
 from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams
 from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
-TEAM_A = "team-a-key-0123456789abcdef"
-TEAM_B = "team-b-key-0123456789abcdef"
 ADMIN = "operator-key-0123456789abcd"
-RUNTIME_KEY = "runtime-key-0123456789abcdef"
 NOWHERE = "run-00000000000000000000"
 
-KEYS_FILE = f"""
-[[keys]]
-caller = "team-a"
-key = "{TEAM_A}"
-
-[[keys]]
-caller = "team-b"
-key = "{TEAM_B}"
-
-[[keys]]
-caller = "operator"
-key = "{ADMIN}"
-admin = true
-
-[[keys]]
-caller = "runtime"
-key_env = "LUFTPAUSE_RUNTIME_KEY"
-"""
+KEYS_FILE = keys_file(*TEAMS, {"caller": "operator", "key": ADMIN, "admin": True}, RUNTIME)
 
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("tenants")
-    keys = workdir / "callers.toml"
-    keys.write_text(KEYS_FILE)
-    stack = Stack.start(
-        workdir,
-        env={
-            "LUFTPAUSE_TOKEN": "shared-token-of-the-stack",
-            "LUFTPAUSE_RUNTIME_KEY": RUNTIME_KEY,
-            CALLER_KEYS_ENV: "",
-        },
-        sections={
-            "dataplane": f'caller_keys = "{keys}"\n',
-            "runtime": 'dataplane_key_env = "LUFTPAUSE_RUNTIME_KEY"\n',
-        },
-    )
-    try:
-        stack.wait_connected()
+    with keyed_stack(
+        tmp_path_factory.mktemp("tenants"), KEYS_FILE, token="shared-token-of-the-stack", runtime_key=True
+    ) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 # The Tasks extension, as a 2026-07-28 client declares it.
@@ -282,6 +248,45 @@ def test_another_tenants_run_is_not_found_by_any_tool_or_route(keyed: Stack) -> 
     assert starts[handle]["tenant"] == "team-a" and starts[theirs]["tenant"] == "team-b"
 
 
+def test_the_monitors_series_counts_the_tenants_runs_only(keyed: Stack) -> None:
+    """``/monitor/series`` (the monitor's chart, runs by state) counted every tenant's runs for
+    every key: each key's samples must count what its ``/status`` lists, and an admin's all."""
+
+    async def spawn() -> None:
+        async with _client(keyed, TEAM_A) as a, _client(keyed, TEAM_B) as b:
+            handles = [
+                (await _ok(client, "spawn", task=f"count to {n}", maxTokens=8))["handle"]
+                for client, n in ((a, 1), (b, 2), (b, 3))
+            ]
+            for client, handle in zip((a, b, b), handles, strict=True):
+                done = await _ok(client, "await", handles=[handle], timeout=120)
+                assert done["runs"][0]["state"] == "completed", done
+
+    asyncio.run(spawn())
+    keys = {"team-a": TEAM_A, "team-b": TEAM_B, "operator": ADMIN}
+
+    def listed(key: str) -> dict[str, int]:
+        status, body = _http(keyed, "GET", "/status", key)
+        assert status == 200, body
+        return dict(Counter(run["state"] for run in body["runs"]))
+
+    def charted(key: str) -> dict[str, int]:
+        status, body = _http(keyed, "GET", "/monitor/series", key)
+        assert status == 200 and body["samples"], body
+        assert all(set(sample) == {"seq", "t", "runs"} for sample in body["samples"]), body
+        return {state: n for state, n in body["samples"][-1]["runs"].items() if n}
+
+    async def sampled_since_the_runs_ended() -> bool:
+        # the last sample may be older than the last run's end: wait for one that is not
+        return all(charted(key) == listed(key) for key in keys.values())
+
+    asyncio.run(until(sampled_since_the_runs_ended, "a sample after the runs ended", seconds=60))
+    mine, theirs, everyone = (charted(key) for key in keys.values())
+    # each counts its own runs (both have some), and the admin's are the two together
+    assert mine and theirs and Counter(mine) + Counter(theirs) == Counter(everyone), (mine, theirs, everyone)
+    assert _http(keyed, "GET", "/monitor/series", None)[0] == 401
+
+
 async def _send(session: ClientSession, kind: Any, task_id: str) -> dict[str, Any]:
     return await session.send_request(kind(params=TaskIdParams(task_id=task_id)), RAW)
 
@@ -304,10 +309,9 @@ def test_the_tenant_holds_after_a_restart(keyed: Stack) -> None:
 
 
 def test_a_sub_agents_own_spawns_belong_to_its_tenant(tmp_path: Path) -> None:
-    keys = [{"caller": "team-a", "key": TEAM_A}, {"caller": "team-b", "key": TEAM_B}]
     kid = script({"hold": "kid", "say": "kid done"})
     parent = script({"call": "spawn", "args": {"task": kid, "name": "kid"}}, {"say": "spawned"})
-    with start_pod(tmp_path, workspace=None, env={CALLER_KEYS_ENV: json.dumps(keys)}) as pod:
+    with start_pod(tmp_path, workspace=None, env={CALLER_KEYS_ENV: json.dumps(TEAMS)}) as pod:
 
         async def go() -> None:
             async with _client(f"{pod.url}/mcp", TEAM_A) as a, _client(f"{pod.url}/mcp", TEAM_B) as b:

@@ -21,8 +21,8 @@ from grpc_helpers import connect_once
 from mcp import Client
 from tls_helpers import Pki, make_pki
 
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

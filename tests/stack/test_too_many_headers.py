@@ -2,7 +2,7 @@
 body", want the JSON error).
 
 The scheduler's aiohttp listener answers it 431 with the JSON error body
-(:func:`luftpause.listeners.start_aiohttp_site`). The granian listeners (dataplane, runtime) cannot:
+(:func:`luftpause.serving.listeners.start_aiohttp_site`). The granian listeners (dataplane, runtime) cannot:
 hyper, under granian, refuses more than 100 header lines itself, 431 with ``content-length: 0``,
 before the application is ever called, and granian 2.8.9 exposes neither hyper's ``max_headers``
 nor a hook for that answer (checked against granian's source at 9a20b17 too). The test for them is
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import free_port, reap_with_this_process, stat_fields
+from luftpause.testkit.launch.procs import free_port, reap_with_this_process, stat_fields
 
 pytestmark = pytest.mark.integration
 

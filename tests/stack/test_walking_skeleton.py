@@ -17,7 +17,7 @@ import orjson
 import pytest
 from mcp import Client
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """A SIGKILL of a granian server's main process takes its worker with it, at once, for the
-dataplane and the runtime alike (:func:`luftpause.orphans.exit_with_parent`, called in the worker's
+dataplane and the runtime alike (:func:`luftpause.supervise.orphans.exit_with_parent`, called in the worker's
 startup): a review found the worker going on serving the port (the dataplane's still connected to
 the scheduler), and then the issue found it streaming for 5 s with no main process (it polled,
 then stopped gracefully). Now the worker waits on a pidfd of its parent and exits the moment the
@@ -20,7 +20,13 @@ import orjson
 import pytest
 from dataplane_procs import MODEL, fake_engine, scheduler_and_dataplane
 
-from luftpause.testkit.procs import ChildProcess, free_port, port_open, reap_with_this_process, stat_fields
+from luftpause.testkit.launch.procs import (
+    ChildProcess,
+    free_port,
+    port_open,
+    reap_with_this_process,
+    stat_fields,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +97,7 @@ time.sleep(3600)
 """
 _CHILD = """
 import time
-from luftpause.orphans import exit_with_parent
+from luftpause.supervise.orphans import exit_with_parent
 exit_with_parent(poll_seconds=3600)
 time.sleep(3600)
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 
 def test_free_port_never_hands_out_a_port_twice_in_a_row_of_thousands() -> None:

@@ -1,7 +1,7 @@
 """Every process the test kit starts dies with the process that started it, even when that one is
 SIGKILLed (the issue's item 7: a killed test run left a whole stack, scheduler, dataplane, runtime
 and fake MCP, running 26 minutes later). The starter here is a child process that starts a whole
-:class:`~luftpause.testkit.stack.Stack` and a stream client, prints every pid, and is SIGKILLed."""
+:class:`~luftpause.testkit.launch.stack.Stack` and a stream client, prints every pid, and is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from luftpause.testkit import procs
-from luftpause.testkit.procs import group_pids, stat_fields
+from luftpause.testkit.launch import procs
+from luftpause.testkit.launch.procs import group_pids, stat_fields
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ FAIL_SAFE_S = 60.0
 _STARTER = """
 import sys, time, orjson
 from pathlib import Path
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 stack = Stack.start(Path(sys.argv[1]), env={"LUFTPAUSE_TOKEN": ""}, decode_ms=50)
 stack.wait_connected()
 clients = stack.stream_clients(1, max_tokens=100_000)

@@ -403,7 +403,7 @@ def test_otel_overlay_points_the_three_processes_at_a_healthy_jaeger() -> None:
         if name in LUFTPAUSE_SERVICES:
             endpoint = environment["OTEL_EXPORTER_OTLP_ENDPOINT"]
             assert urlsplit(endpoint).hostname == "jaeger" and urlsplit(endpoint).port == 4318, name
-            # luftpause/tracing.py exports OTLP/HTTP protobuf only and refuses anything else
+            # luftpause/observe/tracing.py exports OTLP/HTTP protobuf only and refuses anything else
             assert environment["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf", name
             assert service["depends_on"]["jaeger"] == {"condition": "service_healthy"}, name
         else:

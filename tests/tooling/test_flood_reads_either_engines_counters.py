@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from repo_paths import DATA, ROOT
 
-from luftpause.testkit.fake_engine import RunningEngine
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.engine import RunningEngine
+from luftpause.testkit.launch.procs import free_port
 
 sys.path.insert(0, str(ROOT / "bench"))
 

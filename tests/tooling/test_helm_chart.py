@@ -26,7 +26,7 @@ from repo_paths import ROOT
 from luftpause import __version__
 from luftpause.cli import COMMANDS, build_parser
 from luftpause.config import Config, parse_config, split_host_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 helm = pytest.importorskip(
     "helm_python",

@@ -22,7 +22,7 @@ def help_of(*argv: str) -> str:
 
 
 def test_loadgen_help_shows_the_defaults_of_task_and_caller() -> None:
-    from luftpause.testkit.loadgen import DEFAULT_TASK
+    from luftpause.testkit.commands.loadgen import DEFAULT_TASK
 
     shown = help_of("-m", "luftpause", "loadgen")
     assert f"the task of every run (default: {DEFAULT_TASK!r})" in shown
@@ -43,9 +43,8 @@ def test_an_examples_help_shows_every_default_and_the_environment_it_reads(examp
 @pytest.mark.parametrize("process", ["scheduler", "dataplane", "runtime"])
 def test_a_process_help_lists_every_setting_it_reads_with_its_default_variable_and_flag(process: str) -> None:
     """Generated from the typed configuration: a key another branch adds is checked here too."""
-    from luftpause import settings
-    from luftpause.cli import SETTING_FLAGS
-    from luftpause.config import READ_BY, Config
+    from luftpause.config import READ_BY, Config, settings
+    from luftpause.config.arguments import SETTING_FLAGS
 
     shown = help_of("-m", "luftpause", process)
     assert (
@@ -75,7 +74,7 @@ def test_a_process_help_lists_every_setting_it_reads_with_its_default_variable_a
 def _assert_sub_table_listed(shown: str, path: tuple[str, ...], info: Any, sub: Any) -> None:
     """``[table.key]`` and its description, then each key, its own sub-tables in turn
     (``[scheduler.protection.batch]``)."""
-    from luftpause import settings
+    from luftpause.config import settings
 
     unset = " (unset)" if info.default is None else ""
     assert f"[{'.'.join(path)}]{unset} {settings.plain_description(info)}" in shown

@@ -21,8 +21,8 @@ import pytest
 from packaging.requirements import Requirement
 from repo_paths import ROOT
 
-from luftpause import tracing
 from luftpause.extras import MissingExtra
+from luftpause.observe import tracing
 
 OTLP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}  # never reached: refused before
 

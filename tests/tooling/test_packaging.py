@@ -28,7 +28,7 @@ from repo_paths import ROOT
 
 from luftpause import __version__
 from luftpause.config import load_config
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 DIST = ROOT / "tools" / "dist.sh"
 NAME = f"luftpause-{__version__}"

@@ -7,6 +7,13 @@ echoes, remembered on this dataplane (``tool_calls``); on those routes again, th
 names (Claude Code's ``metadata.user_id``, a Responses ``prompt_cache_key``); else a new run, made
 up here. A run that ended (``DELETE /v1/runs/{id}``) is not found by its tool-call ids any more,
 until its client names it again.
+
+A made-up run for a request that echoes tool-call ids this dataplane does not know is provisional:
+the run that emitted them may have had its turns on another worker of this host or another
+dataplane. The ids go to the scheduler with the turn's admission (``AdmitRequest.tool_call_ids``),
+which knows every dataplane's, and the turn takes the run the scheduler names
+(``AdmitReply.run_id``); such a turn never goes under a capacity lease, which would place it
+before the scheduler could say.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from luftpause.dataplane.apis.sessions import harness_session
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.intake.checks import RUN_ID_MAX_BYTES, acceptable_run_id
 from luftpause.dataplane.link.runs import RunTable
-from luftpause.dataplane.tool_calls import ToolCallTable
+from luftpause.dataplane.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, new_id
 
 __all__ = ["RunIdentity"]
@@ -42,8 +49,10 @@ class RunIdentity:
         now: float,
         echoed: Callable[[], list[str]],
         payload: Mapping[str, Any] | None = None,
-    ) -> tuple[str, bool]:
-        """The run a turn belongs to, and whether it was made up for it (see the module docstring).
+    ) -> tuple[str, bool, tuple[str, ...]]:
+        """The run a turn belongs to, whether it was made up for it, and the tool-call ids to ask
+        the scheduler about (those the request answers, when the run was made up although it
+        answers some: see the module docstring; else empty).
 
         ``header(name)`` reads a request header by lower-case name (``None``: absent); ``now`` is
         the loop's time (seconds); ``echoed()`` gives the tool-call ids the request answers (read
@@ -59,16 +68,18 @@ class RunIdentity:
         if run_id:
             if self.ended_runs and run_id in self.ended_runs:
                 del self.ended_runs[run_id]  # named again by its client: its tool-call ids count again
-            return run_id, False
+            return run_id, False, ()
         # No name: the run that emitted a tool call answered here, else the body's session, else new.
-        found = self.tool_calls.lookup(echoed(), now)
+        ids = echoed()
+        found = self.tool_calls.lookup(ids, now)
         if found and found not in self.ended_runs:  # a run that ended (DELETE) takes no more turns
-            return found, False
+            return found, False, ()
         if payload is not None:
             session = harness_session(header, payload)
             if session is not None:
                 self.ended_runs.pop(session.run_id, None)
-                return session.run_id, False
+                return session.run_id, False, ()
         run_id = f"run-{new_id()}"
         self.runs.new_run(run_id, service_class, caller, now)  # so it may use a lease
-        return run_id, True
+        # Ids found here only for a run that ended are not asked about: that run takes no more turns.
+        return run_id, True, () if found else tuple(ids[:MAX_LOOKUP_IDS])

@@ -109,7 +109,7 @@ class TurnIntake:
         refuse_over_token_cap(payload, model, self._token_cap(model))
         service_class, caller = self.who(exchange)
         now = self._now()
-        run_id, new_run = self.identity.run_of(
+        run_id, new_run, ask_ids = self.identity.run_of(
             header_of(exchange), service_class, caller, now, lambda: request_tool_call_ids(messages)
         )
         return Turn(
@@ -123,6 +123,7 @@ class TurnIntake:
             tracestate=exchange.header(_TRACESTATE),
             arrived=now,
             new_run=new_run,
+            ask_ids=ask_ids,
             client_priority="priority" in payload,
             choices=requested_choices(payload),
         )
@@ -138,7 +139,7 @@ class TurnIntake:
         planned = front_doors.plan(api, payload, body, model)
         service_class, caller = self.who(exchange)
         now = self._now()
-        run_id, new_run = self.identity.run_of(
+        run_id, new_run, ask_ids = self.identity.run_of(
             header_of(exchange), service_class, caller, now, lambda: planned.echoed_ids, payload
         )
         return Turn(
@@ -152,6 +153,7 @@ class TurnIntake:
             tracestate=exchange.header(_TRACESTATE),
             arrived=now,
             new_run=new_run,
+            ask_ids=ask_ids,
             translation=planned.translation,
             native=planned.native,
         )

@@ -27,10 +27,12 @@ resync's answer and every pong say how many replicas the scheduler counts health
 Everything queued on a stream is written by one writer task, and whatever is queued when it gets
 to write goes out as one ``DataplaneMessage``. Admissions, cancels and pings go out as soon as the
 writer is free (a lone admission at once, never behind a timer); facts (turn events, turns placed
-under a lease) wait for company, so that several turns share a message rather than each costing
-two (measured in bench/README.md, "End to end"): up to ``LEASED_COALESCE_S`` when the turn's
-replica is leased to this dataplane (then no turn is held for that replica anywhere: rule 14
-withdraws a lease as soon as one is, so nobody waits for the fact), else up to ``COALESCE_S``.
+under a lease) wait for company (but a finished turn's event carrying its tool-call ids, which
+another worker's admission may soon ask the scheduler about), so that several turns share a
+message rather than each costing two (measured in bench/README.md, "End to end"): up to
+``LEASED_COALESCE_S`` when the turn's replica is leased to this dataplane (then no turn is held
+for that replica anywhere: rule 14 withdraws a lease as soon as one is, so nobody waits for the
+fact), else up to ``COALESCE_S``.
 Answers come batched the same way.
 
 Capacity leases (rule 14 of ``luftpause.scheduler.core.decide``): every resync says the link takes
@@ -419,6 +421,11 @@ class SchedulerLink:
             outbox.end()
             return
         outbox.events += 1
+        if event.tool_call_ids:
+            # The run's next turn may reach another worker or dataplane as soon as its client has
+            # read this turn's end, and ask the scheduler for these ids: they go out at once.
+            outbox.put(pb.DataplaneItem(event=event))
+            return
         lease = self._leases.get(replica) if replica else None
         outbox.fact(pb.DataplaneItem(event=event), LEASED_COALESCE_S if lease and lease.count else COALESCE_S)
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import grpc.aio
 
-from luftpause import tracing
 from luftpause.dataplane.errors import DataplaneError, TooManyRequests
 from luftpause.dataplane.link.admission import SchedulerLink
 from luftpause.dataplane.link.runs import RunTable
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.turn import Turn
+from luftpause.observe import tracing
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
@@ -42,15 +42,19 @@ class Placement:
 
     def leased(self, turn: Turn) -> str | None:
         """The replica a capacity lease places ``turn`` on at once, or ``None`` (it must ask; a
-        single-pass turn always asks)."""
-        if turn.single_pass:
+        single-pass turn always asks, and so does one whose run the scheduler must name)."""
+        if turn.single_pass or turn.ask_ids:
+            # Not a turn whose run the scheduler must name first (run_identity).
             return None
         return self.link.place_leased(
             turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, turn.traceparent
         )
 
-    async def admit(self, turn: Turn, failover_from: str = "", span: Span | None = None) -> str:
-        """Ask the scheduler to place ``turn``: the replica's name. ``failover_from``: the replica
+    async def admit(self, turn: Turn, failover_from: str = "", span: Span | None = None) -> tuple[str, Turn]:
+        """Ask the scheduler to place ``turn``: the replica's name, and the turn as admitted: the
+        same, or, for a turn that asked which run emitted the tool calls it answers
+        (``Turn.ask_ids``), that run when the scheduler named another (maybe relayed by another
+        worker or dataplane), instead of the one made up for it. ``failover_from``: the replica
         that failed it before answering, when it comes again. Raises :class:`DataplaneError` when
         the scheduler refuses the turn (:class:`TooManyRequests` for a protection limit) or the
         link fails (503); cancellation (the client left) reports the turn abandoned (on ``span``
@@ -67,6 +71,8 @@ class Placement:
         )
         if turn.traceparent:
             request.traceparent = turn.traceparent
+        if turn.ask_ids:
+            request.tool_call_ids.extend(turn.ask_ids)
         self.held += 1
         try:
             reply = await self.link.admit(request, leased_first=False)
@@ -88,7 +94,14 @@ class Placement:
             if reply.refused.http_status == 429:  # a protection limit: Retry-After with it
                 raise TooManyRequests(reply.refused.reason, reply.refused.retry_after_s or 1)
             raise DataplaneError(reply.refused.reason, reply.refused.http_status or 503)
-        return reply.placed.replica
+        if turn.ask_ids:
+            if reply.run_id and reply.run_id != turn.run_id:
+                # The scheduler knew the tool calls answered: the run that emitted them, maybe on
+                # another worker or dataplane, goes on here instead of the one made up.
+                self.runs.forget_unplaced(turn.run_id)
+                return reply.placed.replica, turn.named(reply.run_id)
+            return reply.placed.replica, turn.named(turn.run_id, made_up=turn.new_run)
+        return reply.placed.replica, turn
 
     def abandoned(self, turn: Turn, span: Span | None = None) -> None:
         """``turn`` was given up before any engine saw it: the scheduler undoes what it did with

@@ -30,8 +30,9 @@ RESYNC_PART_RUNS = 2_000
 """Runs (and in-flight turns) per resync part: about 0.8 MB at most per message, and a few
 milliseconds of building between two yields to the loop."""
 
-_RunRow = tuple[str, str, int, int, str]
-"""A run as snapshotted: run id, last replica, phase, service class, caller."""
+_RunRow = tuple[str, str, int, int, str, tuple[str, ...]]
+"""A run as snapshotted: run id, last replica, phase, service class, caller, the tool-call ids its
+last turn emitted."""
 _TurnRow = tuple[str, str, str, str, int, str]
 """An in-flight turn as snapshotted: turn id, run id, replica, model, service class, caller."""
 
@@ -44,6 +45,10 @@ class RunRecord:
     last_replica: str = ""
     phase: int = pb.IDLE
     last_seen: float = 0.0
+    tool_call_ids: tuple[str, ...] = ()
+    """The tool-call ids its last turn emitted (while it is tool-paused): in the resync, so that a
+    restarted scheduler finds the run by them again for whichever worker or dataplane its next turn
+    reaches."""
 
 
 @dataclass(slots=True)
@@ -94,8 +99,9 @@ class RunTable:
         self._add(run)
         self.inflight[turn.turn_id] = turn
 
-    def ended(self, turn_id: str, tool_calls: bool, now: float) -> bool:
-        """The turn finished (``tool_calls``: the run pauses on a tool) or failed (False).
+    def ended(self, turn_id: str, tool_calls: bool, now: float, tool_call_ids: tuple[str, ...] = ()) -> bool:
+        """The turn finished (``tool_calls``: the run pauses on a tool, on the calls
+        ``tool_call_ids``) or failed (False).
 
         Returns False when the turn was not in flight (already ended), so it is reported once.
         """
@@ -105,6 +111,7 @@ class RunTable:
         run = self.runs.pop(turn.run_id, None)
         if run is not None:
             run.phase = pb.TOOL_PAUSED if tool_calls else pb.IDLE
+            run.tool_call_ids = tool_call_ids
             run.last_seen = now
             self.runs[turn.run_id] = run  # the most recently active now
         return True
@@ -140,7 +147,10 @@ class RunTable:
     def snapshot(self) -> Snapshot:
         """The table now, as tuples: cheap to take at once, built into a resync later."""
         return Snapshot(
-            [(r.run_id, r.last_replica, r.phase, r.service_class, r.caller) for r in self.runs.values()],
+            [
+                (r.run_id, r.last_replica, r.phase, r.service_class, r.caller, r.tool_call_ids)
+                for r in self.runs.values()
+            ],
             [
                 (t.turn_id, t.run_id, t.replica, t.model, t.service_class, t.caller)
                 for t in self.inflight.values()
@@ -171,7 +181,14 @@ def _part(
         pending_turn_ids=pending,
         more_follows=more_follows,
         runs=[
-            pb.RunRecord(run_id=r[0], last_replica=r[1], phase=r[2], service_class=r[3], caller=r[4])  # type: ignore[arg-type]
+            pb.RunRecord(
+                run_id=r[0],
+                last_replica=r[1],
+                phase=r[2],  # type: ignore[arg-type]  # an int of the proto enum
+                service_class=r[3],  # type: ignore[arg-type]
+                caller=r[4],
+                tool_call_ids=r[5],
+            )
             for r in runs
         ],
         turns=[

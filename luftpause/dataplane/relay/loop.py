@@ -23,7 +23,6 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from luftpause import tracing
 from luftpause.config import FailoverConfig, ReplicaConfig
 from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.link.admission import SchedulerLink
@@ -45,6 +44,7 @@ from luftpause.dataplane.server.asgi import Exchange, Headers, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Admitted, Relayed, Turn, new_id, with_priority
+from luftpause.observe import tracing
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]
@@ -192,15 +192,16 @@ class Relay:
         """Turns sent to an engine that have not ended yet (generative and single-pass)."""
         return len(self.runs.inflight) + len(self.single_pass_in_flight)
 
-    def _end(self, send: _Send, tool_calls: bool) -> bool:
-        """Mark the turn ended; False if it had already ended, so it is reported once."""
+    def _end(self, send: _Send, tool_calls: bool, tool_call_ids: tuple[str, ...] = ()) -> bool:
+        """Mark the turn ended (paused on the tool calls ``tool_call_ids``, when ``tool_calls``);
+        False if it had already ended, so it is reported once."""
         turn = send.turn
         if turn.single_pass:
             if turn.turn_id not in self.single_pass_in_flight:
                 return False
             self.single_pass_in_flight.discard(turn.turn_id)
             return True
-        return self.runs.ended(turn.turn_id, tool_calls, self._clock())
+        return self.runs.ended(turn.turn_id, tool_calls, self._clock(), tool_call_ids)
 
     def _ended_event(self, send: _Send, kind: int, **fields: Any) -> None:
         """FINISHED or FAILED, carrying how long ago the first token came when one did."""
@@ -237,10 +238,12 @@ class Relay:
 
     def _finished(self, send: _Send, facts: Finished) -> None:
         """Report the turn finished (once), with the facts of its answer."""
-        if not self._end(send, facts.tool_calls):
+        turn = send.turn
+        ids = facts.tool_call_ids if turn.run_id else ()
+        if not self._end(send, facts.tool_calls, ids):
             return
         send.outcome = facts
-        turn, now = send.turn, self._clock()
+        now = self._clock()
         prompt, completion = facts.prompt_tokens, facts.completion_tokens
         self.metrics.answers.finished(
             turn.model, send.replica, turn.service_class, turn.caller, turn.arrived,
@@ -249,12 +252,16 @@ class Relay:
         if send.span is not None:
             spans = (send.span, send.engine_span)
             turn_spans.answered(spans, facts.cached_tokens, facts.response_id, facts.response_model)
-        if facts.tool_call_ids and turn.run_id:
-            # The run's next turn may come back without its header but with these ids.
-            self.tool_calls.remember(turn.run_id, list(facts.tool_call_ids), now)
         # A count the engine did not report (-1) is left out: 0 on the wire (proto3's default),
         # absent on the turn's span (never recorded as 0 tokens).
-        usage = {k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0}
+        usage: dict[str, Any] = {
+            k: v for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion)) if v >= 0
+        }
+        if ids:
+            # The run's next turn may come back without its header but with these ids, to this
+            # worker or another: the scheduler is told them too (TurnEvent.tool_call_ids).
+            self.tool_calls.remember(turn.run_id, ids, now)
+            usage["tool_call_ids"] = ids
         finish_reason, tool_calls = facts.finish_reason, facts.tool_calls
         self._ended_event(
             send, pb.TurnEvent.FINISHED, finish_reason=finish_reason, tool_calls=tool_calls, **usage

@@ -1,11 +1,11 @@
-"""The dataplane's span per proxied turn (only while :data:`luftpause.tracing.active`).
+"""The dataplane's span per proxied turn (only while :data:`luftpause.observe.tracing.active`).
 
 One span from the turn's parsed request to the end of its relay, kind SERVER, child of the
 client's ``traceparent``: ``chat {model}`` for ``POST /v1/chat/completions`` (GenAI semantic
 conventions v1.41.0, inference: ``gen_ai.operation.name`` ``chat``, ``gen_ai.provider.name``
 (Required), ``gen_ai.request.model``, and when the engine reported them
 ``gen_ai.usage.input_tokens`` / ``output_tokens`` and ``gen_ai.response.finish_reasons``, through
-:func:`luftpause.tracing.usage_attributes` as the runtime's ``chat`` span) and
+:func:`luftpause.observe.tracing.usage_attributes` as the runtime's ``chat`` span) and
 ``decide {model}`` for a single-pass turn (``POST /v1/decide``). luftpause's facts ride as
 ``luftpause.turn_id``, ``luftpause.run_id``, ``luftpause.service_class``, ``luftpause.caller``,
 ``luftpause.replica``. The span is the parent of what the turn sends on: the scheduler's ``admit``
@@ -34,7 +34,7 @@ import orjson
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from luftpause import tracing
+from luftpause.observe import tracing
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:

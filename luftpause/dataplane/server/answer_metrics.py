@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from luftpause.dataplane.server.usage import CallerLabels, Totals, Usage
-from luftpause.metrics import Histogram
+from luftpause.observe.metrics import Histogram
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["CLIENT_LEFT", "AnswerMetrics"]

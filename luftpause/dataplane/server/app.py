@@ -32,7 +32,7 @@ count_tokens``                 turn: neither admitted nor scheduled
                                life and per window (:meth:`luftpause.dataplane.server.usage.Usage.report`);
                                with ``LUFTPAUSE_TOKEN`` set, only with it (``Authorization: Bearer``)
 ``GET /admin/usage``           the same ``usage`` alone, for billing and budget scripts (the same token)
-``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.health`), no token needed:
+``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.serving.health`), no token needed:
                                ready while the scheduler link is resynced and the scheduler counts
                                a replica healthy
 =============================  ==================================================================
@@ -63,8 +63,6 @@ from dataclasses import dataclass
 
 import orjson
 
-from luftpause import health as probes
-from luftpause import tracing
 from luftpause.auth.callers import Access
 from luftpause.auth.tokens import bearer_matches
 from luftpause.dataplane.apis.errors import Api
@@ -111,7 +109,9 @@ from luftpause.dataplane.server.token_count import count_tokens
 from luftpause.dataplane.server.turns import TurnRunner
 from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER
-from luftpause.orphans import exit_with_parent
+from luftpause.observe import tracing
+from luftpause.serving import health as probes
+from luftpause.supervise.orphans import exit_with_parent
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["DECIDE_PATH", "MAX_ENDED_RUNS", "TURN_PATHS", "Dataplane", "Route"]

@@ -1,7 +1,9 @@
 """``luftpause dataplane``: serve the OpenAI-compatible proxy with granian on uvloop.
 
-The granian worker builds the app from the configuration checked here: the proxy behind the
-listener guard (:mod:`luftpause.listeners`: body deadline, requests at once, stop). The caller
+Each of granian's workers (``[dataplane] workers``, 1 by default) builds the app from the
+configuration checked here, with its own link to the scheduler under its own dataplane id
+(:func:`luftpause.dataplane.wiring.worker_dataplane_id`): the proxy behind the
+listener guard (:mod:`luftpause.serving.listeners`: body deadline, requests at once, stop). The caller
 keys and the TLS files are read here first, so that a bad one stops the command (exit 2, one line
 naming the file and the key) before any worker starts.
 """
@@ -13,13 +15,14 @@ import logging
 import sys
 from functools import partial
 
-from luftpause import logs
 from luftpause.auth.callers import Access
 from luftpause.auth.tls import check_listener, check_peer
-from luftpause.cli import add_config_argument, config_from_args, process_title
 from luftpause.config import ConfigError, split_host_port
-from luftpause.listeners import granian_options, guarded
-from luftpause.ports import hold_listen_lock, refuse_if_in_use
+from luftpause.config.arguments import add_config_argument, config_from_args
+from luftpause.observe import logs
+from luftpause.serving.listeners import granian_options, guarded
+from luftpause.serving.ports import hold_listen_lock, refuse_if_in_use
+from luftpause.supervise.titles import process_title
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         port=port,
         interface=Interfaces.ASGI,
         loop=Loops.uvloop,
-        workers=1,
+        workers=config.dataplane.workers,
         log_access=False,
         process_name=process_title(),
         log_dictconfig=logs.granian_log_config("dataplane"),
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     logs.announce(
         "dataplane",
         f"luftpause dataplane: OpenAI-compatible proxy on {scheme}://{host}:{port}/v1 "
-        f"(scheduler {config.dataplane.scheduler})",
+        f"(scheduler {config.dataplane.scheduler}"
+        + (f", {config.dataplane.workers} workers)" if config.dataplane.workers > 1 else ")"),
     )
     # The worker builds the app from this configuration, the one checked here: file, environment
     # variables and flags alike (the worker sees no flags, and the file may change meanwhile),

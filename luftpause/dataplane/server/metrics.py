@@ -1,5 +1,5 @@
 """The dataplane's Prometheus metrics, served at ``GET /metrics`` (conventions, process collectors
-and exposition: :mod:`luftpause.metrics`).
+and exposition: :mod:`luftpause.observe.metrics`).
 
 =====================================================================  ===================================
 ``luftpause_dataplane_turns_total{outcome, service_class, replica}``   turns ended: ``finished``,
@@ -62,7 +62,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from luftpause.dataplane.server.answer_metrics import AnswerMetrics
 from luftpause.dataplane.server.usage import CallerLabels
-from luftpause.metrics import CONTENT_TYPE, Histogram, build_info, exposition, new_registry
+from luftpause.observe.metrics import CONTENT_TYPE, Histogram, build_info, exposition, new_registry
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["CONTENT_TYPE", "OUTCOMES", "DataplaneMetrics"]

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from luftpause import tracing
 from luftpause.config import FailoverConfig
 from luftpause.dataplane.errors import DataplaneError, EngineUnreachable
 from luftpause.dataplane.link.placement import Placement
@@ -27,6 +26,7 @@ from luftpause.dataplane.relay.loop import FailOver, Relay
 from luftpause.dataplane.server.asgi import WATCH_AFTER_S, Exchange, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.turn import Admitted, Relayed, Turn
+from luftpause.observe import tracing
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -119,7 +119,7 @@ class TurnRunner:
         name = placement.leased(turn)
         if name is None:
             watch()  # the turn may be held: its client leaving must take it out of the queue at once
-            name = await placement.admit(turn, span=span)
+            name, turn = await placement.admit(turn, span=span)
         failovers_left = 1 if self.failover.undelivered or self.failover.retry_statuses else 0
         failover_from = ""
         while True:
@@ -149,7 +149,7 @@ class TurnRunner:
                 )
                 watch()
                 try:
-                    name = await placement.admit(turn, failover_from, span)
+                    name, turn = await placement.admit(turn, failover_from, span)
                 except DataplaneError as refused:
                     if refused.status != 502:
                         raise

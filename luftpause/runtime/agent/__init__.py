@@ -7,6 +7,6 @@ refusal names, :mod:`.schema_shape`), tool calls written as text
 (:mod:`.spans`).
 
 May import: :mod:`luftpause.runtime.errors`, :mod:`luftpause.runtime.runs`,
-:mod:`luftpause.runtime.dataplane`, :mod:`luftpause.config`, :mod:`luftpause.tracing`. What the loop
+:mod:`luftpause.runtime.dataplane`, :mod:`luftpause.config`, :mod:`luftpause.observe.tracing`. What the loop
 needs of pods and spawning (arrivals, built-in tools, path checks) it is given, through protocols.
 """

@@ -1,8 +1,8 @@
 """The runtime's spans: ``invoke_agent`` per run, ``turn`` per model turn, ``execute_tool`` per tool
 call, and ``await`` / ``read`` per MCP call that waits on or reads runs.
 
-Only while :data:`luftpause.tracing.active`; otherwise every helper here returns at its first line.
-Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`luftpause.tracing`):
+Only while :data:`luftpause.observe.tracing.active`; otherwise every helper here returns at its first line.
+Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`luftpause.observe.tracing`):
 
 * ``invoke_agent {agent}`` (INTERNAL): one per drive of a run. A run re-opened by ``send`` gets
   another, parented to the ``send`` request as a spawned run is to its ``spawn`` (:func:`reopened`;
@@ -29,7 +29,7 @@ Names and attributes follow the GenAI semantic conventions v1.41.0 (see :mod:`lu
   conventions' "tool executed on the agent-side to directly call external APIs": the runtime, not a
   client, runs every tool, MCP or built-in); a failed call sets status ERROR (``error.type``
   ``tool_error``). An upstream MCP call made inside it: the ``mcp`` SDK starts its own client span
-  ``MCP send tools/call`` (a child of ``execute_tool``, once :func:`luftpause.tracing.setup` made
+  ``MCP send tools/call`` (a child of ``execute_tool``, once :func:`luftpause.observe.tracing.setup` made
   the SDK's provider the global one) and writes *that* span into ``_meta.traceparent``, replacing
   the one :func:`current_meta` passed; over HTTP the same value becomes the ``traceparent`` header
   (:mod:`luftpause.runtime.agent.upstream`). So the tool server's span is a grandchild of
@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
-from luftpause import tracing
+from luftpause.observe import tracing
 
 if TYPE_CHECKING:
     from mcp_types import RequestParamsMeta

@@ -52,8 +52,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.types import CallToolResult, Implementation, RequestParamsMeta, TextContent, Tool
 
-from luftpause import __version__, tracing
+from luftpause import __version__
 from luftpause.config import McpServerConfig
+from luftpause.observe import tracing
 from luftpause.runtime.agent import spans as run_spans
 from luftpause.runtime.errors import UpstreamUnavailable
 

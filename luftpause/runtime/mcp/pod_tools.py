@@ -22,7 +22,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from luftpause import tracing
+from luftpause.observe import tracing
 from luftpause.runtime.agent import spans
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title

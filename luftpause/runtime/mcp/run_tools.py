@@ -22,6 +22,10 @@
                                "maxToolCalls", "maxTokens", "instruction", "startedAt",
                                "parent", "children"}
 
+A handle that names no run (or another tenant's) is refused by ``cancel`` and ``approve`` naming
+the caller's own handles that would do: its runs still running, or waiting for approval (at most
+:data:`MAX_HANDLES_NAMED`), so a client (or its model) that made one up sees the real ones.
+
 A listing of runs shows each task summarized (its first 200 characters and ``…``; ``taskChars`` is
 the whole length), so it stays small however long the tasks; ``status`` for one handle shows it
 whole. ``decide`` is described in :mod:`luftpause.runtime.decide`.
@@ -29,6 +33,7 @@ whole. ``decide`` is described in :mod:`luftpause.runtime.decide`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
@@ -40,7 +45,7 @@ from luftpause.config import Config
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.agent.upstream import UpstreamPool, tool_listing
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, Decider
-from luftpause.runtime.errors import RuntimeFault, UnknownModel
+from luftpause.runtime.errors import RuntimeFault, UnknownModel, UnknownRun
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
 from luftpause.runtime.mcp.callers import caller_of, tenant_of
 from luftpause.runtime.pods.notifications import Notifications
@@ -49,6 +54,9 @@ from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.runs.spec import text_size_problem
 from luftpause.runtime.runs.tenants import only_visible
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
+
+MAX_HANDLES_NAMED = 10
+"""Most of the caller's handles an unknown handle's refusal names (then how many more)."""
 
 DEFAULT_STATUS_LIST = 100
 """Runs ``status`` lists without a handle, by default (``limit``)."""
@@ -147,12 +155,26 @@ class RunTools:
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
 
+    def _unknown(self, exc: UnknownRun, ctx: Context, what: str, fits: Callable[[Run], bool]) -> ToolError:
+        """The refusal of an unknown ``handle``: ``exc``'s message and the caller's own runs
+        that ``fits`` (``what`` says how: "still running")."""
+        handles = [
+            r.handle for r in only_visible(self.registry.of_caller(caller_of(ctx)), tenant_of(ctx)) if fits(r)
+        ]
+        if not handles:
+            return ToolError(f"{exc}; none of your runs is {what} (a handle is what spawn returned)")
+        named = ", ".join(handles[:MAX_HANDLES_NAMED])
+        more = len(handles) - MAX_HANDLES_NAMED
+        return ToolError(f"{exc}; your runs {what}: {named}" + (f" and {more} more" if more > 0 else ""))
+
     async def cancel(self, handle: str, ctx: Context) -> dict[str, Any]:
         try:
             self.registry.get_for(handle, tenant_of(ctx))
             stopped = self.registry.cancel(handle)
             # An idle run (and idle ones below it) ends too: stopped, its scope returned (pods/).
             stopped += self.pods.end_idle(self.registry.get(handle), "cancel")
+        except UnknownRun as exc:
+            raise self._unknown(exc, ctx, "still running", lambda run: not run.done) from None
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         await self.registry.durable()  # the ends survive a kill after this answer
@@ -171,6 +193,11 @@ class RunTools:
         try:
             self.registry.get_for(handle, tenant_of(ctx))
             approval = self.approvals.answer(handle, allow, call)
+        except UnknownRun as exc:
+            waiting = "waiting for approval"
+            raise self._unknown(
+                exc, ctx, waiting, lambda run: bool(run.approvals.open()) and not run.done
+            ) from None
         except RuntimeFault as exc:
             raise ToolError(str(exc)) from None
         await self.registry.durable()  # the decision is not asked again after a kill

@@ -12,6 +12,11 @@ besides, and hand them to the one spawner (:mod:`luftpause.runtime.spawn.spawner
         -> what await answers for the one run, or, to a 2026-07-28 request that declares the Tasks
            extension, a task (resultType "task", at once: :mod:`luftpause.runtime.mcp.tasks`)
 
+``model`` is declared as an enum of the models the runtime's generative replicas serve (the ones
+the spawner accepts), so a client and its model see which names are valid; left out, the runtime's
+default model; a name outside the enum is refused by the spawner, naming the models served
+(:func:`model_override`).
+
 ``timeout`` is at most :data:`MAX_AWAIT_SECONDS`: a longer one is waited for 600 s and the answer
 says so (``timeoutCut``), so a client that asked for more knows to ``await`` again. ``caller`` is
 the caller the run is counted for (:mod:`luftpause.runtime.mcp.callers`): ``list(caller=...)``
@@ -35,7 +40,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from luftpause.runtime.agent import spans
 from luftpause.runtime.agent.approvals import Approvals
@@ -43,7 +48,7 @@ from luftpause.runtime.errors import RuntimeFault, UnknownRun
 from luftpause.runtime.mcp.annotations import ANNOTATIONS, title
 from luftpause.runtime.mcp.callers import actor_of, caller_of, tenant_of
 from luftpause.runtime.mcp.elicitation import elicits_forms, request_state, wait_asking
-from luftpause.runtime.mcp.signatures import tool_function
+from luftpause.runtime.mcp.signatures import Override, tool_function
 from luftpause.runtime.mcp.tasks import TaskRegistry
 from luftpause.runtime.mcp.tasks_extension import task_slot
 from luftpause.runtime.pods.notifications import Notifications
@@ -110,6 +115,14 @@ RUN_DESCRIPTION = (
 )
 
 
+def model_override(spawner: Spawner) -> dict[str, Override]:
+    """``spawn``'s and ``run``'s ``model`` as the MCP tools declare it: the JSON Schema of
+    :meth:`Spawner.model_schema` (an enum of the models served). Only the schema changes: a name
+    outside it still reaches the spawner, whose refusal lists the models served
+    (:class:`~luftpause.runtime.errors.UnknownModel`), clearer than a validation error."""
+    return {"model": Override(Annotated[str | None, WithJsonSchema(spawner.model_schema())], None)}
+
+
 def _ctx_parameter() -> inspect.Parameter:
     return inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)
 
@@ -134,7 +147,10 @@ class SpawnTools:
 
     def register(self, mcp: MCPServer) -> None:
         """Add the three tools to ``mcp``."""
-        spawn = tool_function("spawn", SpawnArguments, self.spawn, [_ctx_parameter()], returns=dict[str, Any])
+        served = model_override(self.spawner)
+        spawn = tool_function(
+            "spawn", SpawnArguments, self.spawn, [_ctx_parameter()], returns=dict[str, Any], overrides=served
+        )
         mcp.add_tool(
             spawn,
             name="spawn",
@@ -156,6 +172,7 @@ class SpawnTools:
                 ),
             ],
             returns=RunReturns,
+            overrides=served,
         )
         mcp.add_tool(
             run, name="run", title=title("run"), description=RUN_DESCRIPTION, annotations=ANNOTATIONS["run"]

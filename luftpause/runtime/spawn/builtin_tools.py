@@ -113,7 +113,14 @@ ORCHESTRATION_SCHEMAS: tuple[dict[str, Any], ...] = (
         },
     },
 )
-ORCHESTRATION = tuple(_tool(s) for s in ORCHESTRATION_SCHEMAS)
+
+
+def _naming_models(tool: Mapping[str, Any], spawner: Spawner) -> dict[str, Any]:
+    """``tool`` (the built-in ``spawn``) with its ``model`` as ``spawner`` takes it: an enum of the
+    models served (:meth:`~luftpause.runtime.spawn.spawner.Spawner.model_schema`)."""
+    schema = tool["inputSchema"]
+    model = {**schema["properties"]["model"], **spawner.model_schema()}
+    return {**tool, "inputSchema": {**schema, "properties": {**schema["properties"], "model": model}}}
 
 
 class BuiltinTools:
@@ -124,13 +131,17 @@ class BuiltinTools:
         self.scopes = scopes
         self.pods = pods
         self.spawner = spawner
+        self.orchestration = tuple(
+            _tool(_naming_models(t, spawner) if t["name"] == "spawn" else t) for t in ORCHESTRATION_SCHEMAS
+        )
+        """The orchestration tools, ``spawn``'s ``model`` an enum of the models ``spawner`` takes."""
 
     def offered(self, run: Run) -> list[Tool]:
         tools: list[Tool] = []
         if self.scopes.holds(run):
             tools.extend(WORKSPACE_TOOLS)
         if run.spec.orchestrate:
-            tools.extend(ORCHESTRATION)
+            tools.extend(self.orchestration)
         return tools
 
     async def call(self, run: Run, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:

@@ -165,6 +165,17 @@ class Spawner:
         (a single-pass replica cannot answer a chat turn)."""
         self.default_model = default_model
 
+    def model_schema(self) -> dict[str, Any]:
+        """JSON Schema of spawn's ``model`` as this spawner takes it: one of :attr:`models` (an
+        enum), or ``null`` (or left out) for :attr:`default_model`. The input schemas of the MCP
+        ``spawn`` and ``run`` and of a sub-agent's built-in ``spawn`` show it, so a client and its
+        model see which names are valid; a name outside it is refused by :meth:`spawn`, listing
+        :attr:`models`. With no model served, a string of any value."""
+        served = {"type": "string", "enum": list(self.models)} if self.models else {"type": "string"}
+        listed = ", ".join(map(repr, self.models)) or "none"
+        described = f"the model it runs on, one of those served ({listed}); default: {self.default_model!r}"
+        return {"anyOf": [served, {"type": "null"}], "description": described}
+
     def spawn(self, arguments: SpawnArguments, by: Actor, *, trace: Any = None) -> Run:
         """Check ``arguments`` of a spawn by ``by``, record the run and start it; the running run.
         ``trace`` is the MCP request's SDK ``Context`` (where the run's ``invoke_agent`` span

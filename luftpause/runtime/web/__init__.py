@@ -6,6 +6,6 @@ the JSON answers of routing errors (:mod:`.status`), JSON-RPC error bodies and a
 (:mod:`.monitor`, ``monitor.html``), ``GET /metrics`` and ``/readyz``'s checks (:mod:`.metrics`).
 
 May import: :mod:`luftpause.runtime.errors`, :mod:`luftpause.runtime.runs`,
-:mod:`luftpause.runtime.pods`, :mod:`luftpause.config`, :mod:`luftpause.metrics`,
-:mod:`luftpause.health`. What the loop counts it is given, through a protocol.
+:mod:`luftpause.runtime.pods`, :mod:`luftpause.config`, :mod:`luftpause.observe.metrics`,
+:mod:`luftpause.serving.health`. What the loop counts it is given, through a protocol.
 """

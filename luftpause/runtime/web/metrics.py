@@ -1,5 +1,6 @@
 """The runtime's Prometheus metrics, served at ``GET /metrics`` (conventions, process collectors and
-exposition: :mod:`luftpause.metrics`), and its readiness (``GET /readyz``, :mod:`luftpause.health`).
+exposition: :mod:`luftpause.observe.metrics`), and its readiness (``GET /readyz``,
+:mod:`luftpause.serving.health`).
 
 Read when ``/metrics`` is scraped, from the parts that keep them: the run registry (runs held and
 its :class:`~luftpause.runtime.runs.registry.RunCounts`), the journal's size, the sub-agent loop's
@@ -45,10 +46,10 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from luftpause.health import Check
-from luftpause.metrics import build_info, counter_by
+from luftpause.observe.metrics import build_info, counter_by
 from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import FINAL_STATES, RunRegistry
+from luftpause.serving.health import Check
 
 __all__ = ["LoopCountsView", "RuntimeMetrics", "readiness"]
 

@@ -13,8 +13,9 @@ Routes (added to the runtime's app by :func:`monitor_routes`)::
                                         "from", "cursor", "pendingEvents"} (PodOperations.conversation):
                                        only the messages the page does not have yet
     GET  /monitor/series[?after=SEQ]   the last 10 minutes of runs by state, one sample per 2 s
-                                       (luftpause.runtime.runs.series, luftpause.series); after:
-                                       only the samples after that seq
+                                       (luftpause.runtime.runs.series, luftpause.observe.series), the
+                                       request's tenant's runs only; after: only the samples
+                                       after that seq
     POST /monitor/runs/{handle}/send   body {"message": str} -> PodOperations.send's answer
     POST /monitor/runs/{handle}/stop   -> PodOperations.stop's answer
 
@@ -67,13 +68,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from luftpause import pages
+from luftpause.observe.series import SeriesRing, parse_after
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.pods.actors import Actor
 from luftpause.runtime.pods.operations import PodOperations
-from luftpause.runtime.runs.series import RunSeries
+from luftpause.runtime.runs.series import RunSeries, for_tenant
 from luftpause.runtime.runs.tenants import Tenant, tenant_in
 from luftpause.runtime.web.auth import error_body
-from luftpause.series import SeriesRing, parse_after
 
 PAGE_RESOURCE = "monitor.html"
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -228,7 +229,9 @@ def monitor_routes(
         return pods.conversation(request.path_params["handle"], at, tenant_in(request.scope))
 
     async def recent(request: Request) -> dict[str, Any]:
-        return ring.since(parse_after(request.query_params.get("after")))
+        return for_tenant(
+            ring.since(parse_after(request.query_params.get("after"))), tenant_in(request.scope)
+        )
 
     async def send(request: Request) -> dict[str, Any]:
         raw = await _read_body(request, MAX_MESSAGE_BYTES)

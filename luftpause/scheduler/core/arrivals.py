@@ -15,9 +15,9 @@ from luftpause.scheduler.core.held import (
     any_replica_for,
     pinned_to,
 )
-from luftpause.scheduler.core.leasing import _revoke
+from luftpause.scheduler.core.leasing import revoke
 from luftpause.scheduler.core.limiting import refusal
-from luftpause.scheduler.core.placement import _begin_soft_wait, _place, _run_of_arrival, _target, _where
+from luftpause.scheduler.core.placement import begin_soft_wait, destination, place, run_of_arrival, where
 from luftpause.scheduler.core.policies import (
     abandoned,
     capacity,
@@ -33,7 +33,7 @@ FAILOVER_REFUSED_STATUS = 502
 the client would have had without the failover (docs/failover.md)."""
 
 
-def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
+def arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
     placed = state.placed.get(event.turn_id)
     if placed is not None:
         out.append(Place(event.turn_id, placed.replica))
@@ -86,17 +86,17 @@ def _arrived(state: State, event: TurnArrived, out: list[Action]) -> None:
             out.append(refused)
             return
     state.counters.arrived += 1
-    run = None if event.single_pass else _run_of_arrival(state, event, out)  # rule 13: no run state
+    run = None if event.single_pass else run_of_arrival(state, event, out)  # rule 13: no run state
     turn.rank = run_order.rank(state.run_order, run, turn.seq)
     state.next_seq += 1
-    turn.queue, usable, soft = _where(state, run, turn, serving)
+    turn.queue, usable, soft = where(state, run, turn, serving)
     # where it would go with no lease out (rule 14: a lease gives way to a turn that asks)
-    target = None if state.holding else _target(usable, soft, turn.service_class, not state.lessees)
+    target = None if state.holding else destination(usable, soft, turn.service_class, not state.lessees)
     if target is None:
         state.held.add(turn)
         if soft is not None and run is not None and turn.queue == pinned_to(soft.name):
-            _begin_soft_wait(state, run, turn, soft, event.at)
+            begin_soft_wait(state, run, turn, soft, event.at)
     else:
         if target.leased and not capacity.has_room(target, turn.service_class):
-            _revoke(state, target, out)
-        _place(state, turn, target, event.at, out)
+            revoke(state, target, out)
+        place(state, turn, target, event.at, out)

@@ -224,7 +224,7 @@ the state before the event must copy it first.
 from __future__ import annotations
 
 from luftpause.scheduler.core.actions import Action
-from luftpause.scheduler.core.arrivals import _arrived
+from luftpause.scheduler.core.arrivals import arrived
 from luftpause.scheduler.core.events import (
     AbandonReported,
     DataplaneLost,
@@ -247,15 +247,15 @@ from luftpause.scheduler.core.events import (
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.core.leasing import _lease, _leased
+from luftpause.scheduler.core.leasing import lease, leased
 from luftpause.scheduler.core.limiting import spend, time_out
-from luftpause.scheduler.core.placement import _fill_least_loaded, _usability_changed
+from luftpause.scheduler.core.placement import fill_least_loaded, usability_changed
 from luftpause.scheduler.core.policies import breaker
-from luftpause.scheduler.core.probing import _breaker_changed, _probed
-from luftpause.scheduler.core.replica_set import _added, _drained, _removed, _restored, _retire_due
-from luftpause.scheduler.core.resync import _lost, _resynced
+from luftpause.scheduler.core.probing import apply_probes, breaker_changed
+from luftpause.scheduler.core.replica_set import added, drained, removed, restored, retire_due
+from luftpause.scheduler.core.resync import lost, resynced
 from luftpause.scheduler.core.state import State
-from luftpause.scheduler.core.turn_ends import _abandon_reported, _abandoned, _end_placed, _run_ended, _tick
+from luftpause.scheduler.core.turn_ends import abandon_reported, end_placed, run_ended, take_back, tick
 
 
 def decide(state: State, event: Event) -> tuple[State, list[Action]]:
@@ -268,7 +268,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         state.holding, released = False, True  # every replica is filled once this event is applied
     match event:
         case TurnArrived():
-            _arrived(state, event, out)
+            arrived(state, event, out)
         case TurnStarted():
             placed = state.placed.get(event.turn_id)
             if placed is not None and placed.started_at is None:
@@ -286,13 +286,13 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
                 change = breaker.finished(replica, state.protection.breaker)
                 if change is not None:
                     closed = replica
-                    _breaker_changed(state, replica, change, out)
+                    breaker_changed(state, replica, change, out)
                 spend(state, placed, event.prompt_tokens + event.completion_tokens, event.at)
             tokens = (event.prompt_tokens, event.completion_tokens)
-            if _end_placed(state, event.turn_id, event.at, phase, out, tokens):
+            if end_placed(state, event.turn_id, event.at, phase, out, tokens):
                 state.counters.finished += 1
             if closed is not None:  # its full capacity back: fill it
-                _fill_least_loaded(state, [closed], event.at, out)
+                fill_least_loaded(state, [closed], event.at, out)
         case TurnFailed():
             placed = state.placed.get(event.turn_id)
             tripped = None
@@ -305,42 +305,42 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
                     change = breaker.Transition(
                         change.before, change.after, f"{change.reason}: {event.error}"
                     )
-                    _breaker_changed(state, replica, change, out)
-            if _end_placed(state, event.turn_id, event.at, "idle", out):
+                    breaker_changed(state, replica, change, out)
+            if end_placed(state, event.turn_id, event.at, "idle", out):
                 state.counters.failed += 1
             if tripped is not None:
-                _usability_changed(state, [tripped], event.at, out)
+                usability_changed(state, [tripped], event.at, out)
         case TurnAbandoned():
-            _abandoned(state, event.turn_id, event.at, out)
+            take_back(state, event.turn_id, event.at, out)
         case AbandonReported():
-            _abandon_reported(state, event, out)
+            abandon_reported(state, event, out)
         case RunEnded():
-            _run_ended(state, event, out)
+            run_ended(state, event, out)
         case ReplicaProbed():
-            _probed(state, (event,), event.at, out)
+            apply_probes(state, (event,), event.at, out)
         case ReplicasProbed():
-            _probed(state, event.probes, event.at, out)
+            apply_probes(state, event.probes, event.at, out)
         case Tick():
-            _tick(state, event.at, out)
+            tick(state, event.at, out)
             time_out(state, event.at, out)
         case Resynced():
-            _resynced(state, event, out)
+            resynced(state, event, out)
         case DataplaneLost():
-            _lost(state, event)
+            lost(state, event)
         case LeasedTurnPlaced():
-            _leased(state, event, out)
+            leased(state, event, out)
         case ReplicaAdded():
-            _added(state, event, out)
+            added(state, event, out)
         case ReplicaDrained():
-            _drained(state, event, out)
+            drained(state, event, out)
         case ReplicaRestored():
-            _restored(state, event, out)
+            restored(state, event, out)
         case ReplicaRemoved():
-            _removed(state, event, out)
+            removed(state, event, out)
     if released:
-        _fill_least_loaded(state, state.replicas.values(), event.at, out)
+        fill_least_loaded(state, state.replicas.values(), event.at, out)
     if state.lessees:
-        _lease(state, event.at, out)
+        lease(state, event.at, out)
     if state.removing:
-        _retire_due(state, event.at, out)
+        retire_due(state, event.at, out)
     return state, out

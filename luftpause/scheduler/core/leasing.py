@@ -15,7 +15,7 @@ from luftpause.scheduler.core.held import (
     HeldTurn,
     any_replica_for,
 )
-from luftpause.scheduler.core.placement import _fill_least_loaded, _place, _run_of_arrival, _takes_held
+from luftpause.scheduler.core.placement import any_held_for, fill_least_loaded, place, run_of_arrival
 from luftpause.scheduler.core.policies import (
     affinity,
     leases,
@@ -24,7 +24,7 @@ from luftpause.scheduler.core.policies import (
 from luftpause.scheduler.core.state import Lease, Replica, Run, State
 
 
-def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
+def leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
     """A dataplane placed a turn under a lease: it is placed there, whatever the lease says now."""
     replica = state.replicas.get(event.replica)
     if replica is None or replica.kind != "generative" or event.turn_id in state.placed:
@@ -48,7 +48,7 @@ def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
             event.dataplane_id,
             event.at,
         )
-        run = _run_of_arrival(state, arrival, out)
+        run = run_of_arrival(state, arrival, out)
     else:
         run = state.runs.get(event.run_id)
     if state.strict_affinity:
@@ -68,11 +68,11 @@ def _leased(state: State, event: LeasedTurnPlaced, out: list[Action]) -> None:
         trace_id=event.trace_id,
     )
     state.next_seq += 1
-    _place(state, turn, replica, event.at, out, leased=True, answer=waiting is not None)
+    place(state, turn, replica, event.at, out, leased=True, answer=waiting is not None)
     state.placed[event.turn_id].started_at = event.at  # it went to its engine as it was placed
 
 
-def _drop_leases(state: State, dataplane_id: str, takes_leases: bool) -> None:
+def drop_leases(state: State, dataplane_id: str, takes_leases: bool) -> None:
     """Return every slot leased to ``dataplane_id``; it stays a lessee only if ``takes_leases``."""
     holdings = state.lessees.pop(dataplane_id, None)
     if holdings is not None:
@@ -82,7 +82,7 @@ def _drop_leases(state: State, dataplane_id: str, takes_leases: bool) -> None:
         state.lessees[dataplane_id] = {}
 
 
-def _lease(state: State, at: float, out: list[Action]) -> None:
+def lease(state: State, at: float, out: list[Action]) -> None:
     """After an event: withdraw the leases that no longer hold, give what that frees to the held
     turns (least loaded replica first, as an arrival would have been placed), then share out what
     may be leased. Afterwards no replica with a lease may take a held turn."""
@@ -90,24 +90,24 @@ def _lease(state: State, at: float, out: list[Action]) -> None:
     for replica in state.replicas.values():
         if not replica.leased:
             continue
-        takes_held = bool(state.held) and _takes_held(state, replica)
+        takes_held = bool(state.held) and any_held_for(state, replica)
         if state.holding or takes_held or not leases.grantable(replica) or leases.room(replica) < 0:
-            _revoke(state, replica, out)
+            revoke(state, replica, out)
             if takes_held:
                 opened.append(replica)
     if opened:
-        _fill_least_loaded(state, opened, at, out)
+        fill_least_loaded(state, opened, at, out)
     if state.holding:
         return
     for replica in state.replicas.values():
-        if not leases.grantable(replica) or (state.held and _takes_held(state, replica)):
+        if not leases.grantable(replica) or (state.held and any_held_for(state, replica)):
             continue
         room = leases.room(replica)
         if room > 0:
             _grant(state, replica, room, out)
 
 
-def _revoke(state: State, replica: Replica, out: list[Action]) -> None:
+def revoke(state: State, replica: Replica, out: list[Action]) -> None:
     for dataplane_id, holdings in state.lessees.items():
         holding = holdings.get(replica.name)
         if holding is None or holding.count == 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from luftpause.scheduler.core.actions import Action, Reject
 from luftpause.scheduler.core.events import ServiceClass, TurnArrived
 from luftpause.scheduler.core.held import HeldTurn
-from luftpause.scheduler.core.placement import _touch, _where
+from luftpause.scheduler.core.placement import touch, where
 from luftpause.scheduler.core.policies import capacity, limits
 from luftpause.scheduler.core.state import PlacedTurn, Replica, State
 
@@ -57,7 +57,7 @@ def refusal(state: State, event: TurnArrived, turn: HeldTurn, serving: tuple[Rep
     if not limits.held_over(held, these):
         return None
     run = None if event.single_pass else state.runs.get(event.run_id)
-    _, usable, _ = _where(state, run, turn, serving)
+    _, usable, _ = where(state, run, turn, serving)
     if not state.holding and capacity.with_room(usable, service_class, not state.lessees):
         return None  # it is placed at once: it would not be held
     state.counters.rejected += 1
@@ -118,7 +118,7 @@ def time_out(state: State, now: float, out: list[Action]) -> None:
             run = None if turn.single_pass else state.runs.get(turn.run_id)
             if run is not None:
                 run.turns.discard(turn.turn_id)
-                _touch(state, run, now)
+                touch(state, run, now)
             these = protection.of(turn.caller, turn.service_class)
             reason = limits.timeout_reason(now - turn.arrived_at, these)
             out.append(Reject(turn.turn_id, reason, limits.LIMITED_STATUS, limits.RETRY_AFTER_S))

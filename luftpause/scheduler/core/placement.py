@@ -40,7 +40,7 @@ from luftpause.scheduler.core.policies import (
 from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State, bound_callers
 
 
-def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
+def run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
     """The run of an arriving generative turn, created or brought up to date; it now has the turn."""
     run = state.runs.get(event.run_id)
     if run is None:
@@ -60,15 +60,15 @@ def _run_of_arrival(state: State, event: TurnArrived, out: list[Action]) -> Run:
             bound_callers(state.caller_pauses, run.caller)
         run.service_class = event.service_class
         run.caller = event.caller
-        _touch(state, run, event.at)
-        released = _reserve(state, run, event.at)  # a paused run that comes back as batch keeps no slot
+        touch(state, run, event.at)
+        released = reserve(state, run, event.at)  # a paused run that comes back as batch keeps no slot
         if released is not None:
-            _fill(state, released, event.at, out)
+            fill(state, released, event.at, out)
     run.turns.add(event.turn_id)
     return run
 
 
-def _where(
+def where(
     state: State, run: Run | None, turn: HeldTurn, serving: tuple[Replica, ...]
 ) -> tuple[QueueKey, tuple[Replica, ...], Replica | None]:
     """The queue ``turn`` belongs in, the replicas it may use now (``serving``: routing's) and the
@@ -92,7 +92,7 @@ def _where(
     return any_replica_for(turn.model), fresh, soft
 
 
-def _begin_soft_wait(state: State, run: Run, turn: HeldTurn, soft: Replica, at: float) -> None:
+def begin_soft_wait(state: State, run: Run, turn: HeldTurn, soft: Replica, at: float) -> None:
     """``turn`` arrived at ``at`` and is held for its soft replica ``soft``: its wait begins."""
     turn.soft_since = at
     rate = state.caller_cold_rates.get(run.caller)
@@ -100,7 +100,7 @@ def _begin_soft_wait(state: State, run: Run, turn: HeldTurn, soft: Replica, at: 
     heapq.heappush(state.soft_ends, (turn.soft_until, turn.seq, turn.turn_id))
 
 
-def _target(
+def destination(
     usable: tuple[Replica, ...], soft: Replica | None, service_class: ServiceClass, leased_taken: bool
 ) -> Replica | None:
     """Where a turn that may use ``usable`` goes now: its soft replica when that has room, else the
@@ -110,7 +110,7 @@ def _target(
     return least_loaded.pick(capacity.with_room(usable, service_class, leased_taken))
 
 
-def _place(
+def place(
     state: State,
     turn: HeldTurn,
     replica: Replica,
@@ -137,7 +137,7 @@ def _place(
         trace_id=turn.trace_id,
     )
     replica.inflight += 1
-    _count_placed(state, turn.caller, 1, turn.single_pass)
+    count_placed(state, turn.caller, 1, turn.single_pass)
     state.counters.admitted += 1
     if leased:
         state.counters.leased += 1
@@ -156,20 +156,20 @@ def _place(
         run.phase = "generating"
         run.last_replica = replica.name
         run.idle_at = None
-        _touch(state, run, at)
-        released = _reserve(state, run, at)
+        touch(state, run, at)
+        released = reserve(state, run, at)
         if released is not None and released is not replica:
             # it came back elsewhere (its replica is unhealthy, or does not serve this model)
-            _fill(state, released, at, out)
+            fill(state, released, at, out)
     run.turns.add(turn.turn_id)
     run.latest_turn = turn.turn_id
-    _refile(state, run.turns, at, out)
+    refile(state, run.turns, at, out)
 
 
-def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
+def refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action]) -> None:
     """Re-file the held ones of ``turn_ids`` (generative: a run's) under their run's current affinity.
 
-    Then each replica with room that a moved turn may now use is filled (:func:`_fill`, least
+    Then each replica with room that a moved turn may now use is filled (:func:`fill`, least
     loaded first), so no held turn waits while a replica it may use has room, and that room goes to
     the first turn in order of all that may use it: a batch turn that an ended run set free does
     not take the slot that an interactive turn pinned to that replica waits for.
@@ -187,17 +187,17 @@ def _refile(state: State, turn_ids: Iterable[str], at: float, out: list[Action])
             and idle_affinity.keeps(turn.soft, run, serving) is None
         ):
             turn.soft_over = True  # its soft replica stopped taking it, or its run moved: for good
-        queue, usable, _ = _where(state, run, turn, serving)
+        queue, usable, _ = where(state, run, turn, serving)
         if queue == turn.queue:
             continue  # same queue: it still waits for the same full replicas
         state.held.refile(turn, queue)
         for replica in capacity.with_room(usable, turn.service_class):
             opened[replica.name] = replica
     if opened:
-        _fill_least_loaded(state, opened.values(), at, out)
+        fill_least_loaded(state, opened.values(), at, out)
 
 
-def _usability_changed(state: State, replicas: list[Replica], at: float, out: list[Action]) -> None:
+def usability_changed(state: State, replicas: list[Replica], at: float, out: list[Action]) -> None:
     """``replicas`` turned usable or unusable (a probe, the breaker, a removal): affinity to the
     generative ones yields (or holds again), so the held turns they concern are re-filed. A scan
     of the held turns, but only when a replica's usability flips. The caller fills them."""
@@ -211,10 +211,10 @@ def _usability_changed(state: State, replicas: list[Replica], at: float, out: li
         for turn in state.held
         if turn.queue in pinned or (turn.queue[0] == "model" and turn.model in models)
     ]
-    _refile(state, concerned, at, out)
+    refile(state, concerned, at, out)
 
 
-def _fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
+def fill(state: State, replica: Replica, at: float, out: list[Action]) -> None:
     """Give ``replica``'s free slots to the first held turns (in order) that may use it."""
     while _fill_one(state, replica, at, out):
         pass
@@ -238,11 +238,11 @@ def _fill_one(state: State, replica: Replica, at: float, out: list[Action]) -> b
     if turn is None or not capacity.has_room(replica, turn.service_class):
         return False
     state.held.remove(turn.turn_id)
-    _place(state, turn, replica, at, out)
+    place(state, turn, replica, at, out)
     return True
 
 
-def _fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out: list[Action]) -> None:
+def fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out: list[Action]) -> None:
     """Fill several replicas whose room opened at once, one turn at a time, least loaded first.
 
     Filling them one after the other would give the first every held turn that may go anywhere
@@ -253,7 +253,7 @@ def _fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out
     """
     heap = [(replica.inflight, replica.index, replica.name) for replica in replicas]
     if len(heap) == 1:
-        _fill(state, state.replicas[heap[0][2]], at, out)
+        fill(state, state.replicas[heap[0][2]], at, out)
         return
     heapq.heapify(heap)
     while heap and state.held:
@@ -265,7 +265,7 @@ def _fill_least_loaded(state: State, replicas: Iterable[Replica], at: float, out
             heapq.heappush(heap, (replica.inflight, index, name))
 
 
-def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> None:
+def count_placed(state: State, caller: str, delta: int, single_pass: bool) -> None:
     """``caller`` (and so its root) has ``delta`` more placed turns of one kind; re-rank the held
     turns of that kind under its root (its own and its siblings').
 
@@ -290,7 +290,7 @@ def _count_placed(state: State, caller: str, delta: int, single_pass: bool) -> N
     state.held.load_changed(caller, single_pass, fell=delta < 0)
 
 
-def _reserve(state: State, run: Run, at: float) -> Replica | None:
+def reserve(state: State, run: Run, at: float) -> Replica | None:
     """Keep ``run``'s headroom slot where its class, phase and pause hold say; the replica that lost
     one, if any. A run entering ``tool_paused`` at ``at`` begins a pause: its hold's end is set then
     (:mod:`.policies.pause_hold`); a run leaving it ends the pause."""
@@ -316,7 +316,7 @@ def _reserve(state: State, run: Run, at: float) -> Replica | None:
         want = None
     if want == run.reserved_on:
         return None
-    released = _unreserve(state, run)
+    released = unreserve(state, run)
     if want is not None:
         state.replicas[want].reserved_for.add(run.run_id)
         run.reserved_on = want
@@ -333,7 +333,7 @@ def _pause_ttl(state: State, run: Run) -> float | None:
     return pause_hold.ttl(state.pause_hold, run.pauses, state.caller_pauses.get(run.caller, ()), saved)
 
 
-def _unreserve(state: State, run: Run) -> Replica | None:
+def unreserve(state: State, run: Run) -> Replica | None:
     """Give up ``run``'s headroom slot; the replica that held it, or ``None``."""
     if run.reserved_on is None:
         return None
@@ -343,7 +343,7 @@ def _unreserve(state: State, run: Run) -> Replica | None:
     return replica
 
 
-def _touch(state: State, run: Run, at: float) -> None:
+def touch(state: State, run: Run, at: float) -> None:
     """Record activity of ``run`` at ``at``, keeping ``state.runs`` in order of last activity."""
     run.last_activity = at
     state.runs.move_to_end(run.run_id)
@@ -357,6 +357,6 @@ def queues_of(replica: Replica) -> list[QueueKey]:
     return queues_served_by(replica.name, replica.kind, replica.models)
 
 
-def _takes_held(state: State, replica: Replica) -> bool:
+def any_held_for(state: State, replica: Replica) -> bool:
     """True when some held turn may go to ``replica`` (the head of a queue it takes from)."""
     return any(state.held.head(queue) is not None for queue in queues_of(replica))

@@ -12,7 +12,7 @@ from luftpause.scheduler.core.actions import (
 from luftpause.scheduler.core.events import (
     ReplicaProbed,
 )
-from luftpause.scheduler.core.placement import _fill_least_loaded, _takes_held, _usability_changed
+from luftpause.scheduler.core.placement import any_held_for, fill_least_loaded, usability_changed
 from luftpause.scheduler.core.policies import (
     breaker,
     engine_load,
@@ -21,7 +21,7 @@ from luftpause.scheduler.core.policies import (
 from luftpause.scheduler.core.state import Replica, State
 
 
-def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[Action]) -> None:
+def apply_probes(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[Action]) -> None:
     """Apply a probe round (health, load, learned batch capacity), then fill what it opened."""
     probed: list[Replica] = []
     flipped: list[Replica] = []
@@ -29,12 +29,12 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
         replica = state.replicas.get(event.replica)
         if replica is None:
             continue  # not configured here (a probe from an older configuration)
-        turns_wait = bool(state.held) and _takes_held(state, replica)
+        turns_wait = bool(state.held) and any_held_for(state, replica)
         was_usable = health.usable(replica)
         replica.healthy = event.healthy
         change = breaker.probed(replica, event.healthy, event.at, state.protection.breaker)
         if change is not None:  # open -> half-open after open_s, or half-open -> open
-            _breaker_changed(state, replica, change, out)
+            breaker_changed(state, replica, change, out)
         replica.probed_at = event.at
         replica.engine_running = event.running
         replica.engine_waiting = event.waiting
@@ -53,12 +53,12 @@ def _probed(state: State, probes: Iterable[ReplicaProbed], at: float, out: list[
         probed.append(replica)
         if was_usable != health.usable(replica):
             flipped.append(replica)
-    _usability_changed(state, flipped, at, out)
+    usability_changed(state, flipped, at, out)
     if probed:
-        _fill_least_loaded(state, probed, at, out)
+        fill_least_loaded(state, probed, at, out)
 
 
-def _breaker_changed(state: State, replica: Replica, change: breaker.Transition, out: list[Action]) -> None:
+def breaker_changed(state: State, replica: Replica, change: breaker.Transition, out: list[Action]) -> None:
     """Count ``replica``'s breaker transition ``change`` and tell the shell (rule 17)."""
     key = (replica.name, change.before, change.after)
     state.breaker_transitions[key] = state.breaker_transitions.get(key, 0) + 1

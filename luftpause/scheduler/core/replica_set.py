@@ -6,12 +6,12 @@ from __future__ import annotations
 from luftpause.scheduler.core.actions import Action, RetireReplica
 from luftpause.scheduler.core.events import ReplicaAdded, ReplicaDrained, ReplicaRemoved, ReplicaRestored
 from luftpause.scheduler.core.held import pinned_to
-from luftpause.scheduler.core.placement import _fill, _refile, _usability_changed
+from luftpause.scheduler.core.placement import fill, refile, usability_changed
 from luftpause.scheduler.core.policies import draining, health
 from luftpause.scheduler.core.state import Replica, State, index_models
 
 
-def _added(state: State, event: ReplicaAdded, out: list[Action]) -> None:
+def added(state: State, event: ReplicaAdded, out: list[Action]) -> None:
     if event.name in state.replicas:
         return  # the shell refuses a name already in the set; a replay of the same event is a no-op
     replica = Replica(
@@ -21,10 +21,10 @@ def _added(state: State, event: ReplicaAdded, out: list[Action]) -> None:
     state.replicas[replica.name] = replica
     index_models(state)
     state.counters.replicas_added += 1
-    _fill(state, replica, event.at, out)  # the held turns of its models may go there now
+    fill(state, replica, event.at, out)  # the held turns of its models may go there now
 
 
-def _drained(state: State, event: ReplicaDrained, out: list[Action]) -> None:
+def drained(state: State, event: ReplicaDrained, out: list[Action]) -> None:
     replica = state.replicas.get(event.name)
     if replica is None or replica.draining or replica.removing:
         return
@@ -32,10 +32,10 @@ def _drained(state: State, event: ReplicaDrained, out: list[Action]) -> None:
     # the turns waiting for it as their soft replica wait no more: they go as new runs' do
     waiting = [turn.turn_id for turn in state.held if turn.soft == replica.name and not turn.soft_over]
     if waiting:
-        _refile(state, waiting, event.at, out)
+        refile(state, waiting, event.at, out)
 
 
-def _restored(state: State, event: ReplicaRestored, out: list[Action]) -> None:
+def restored(state: State, event: ReplicaRestored, out: list[Action]) -> None:
     replica = state.replicas.get(event.name)
     if replica is None or not (replica.draining or replica.removing):
         return
@@ -43,11 +43,11 @@ def _restored(state: State, event: ReplicaRestored, out: list[Action]) -> None:
     replica.draining = replica.removing = False
     state.removing.discard(replica.name)
     if was_usable != health.usable(replica):
-        _usability_changed(state, [replica], event.at, out)
-    _fill(state, replica, event.at, out)
+        usability_changed(state, [replica], event.at, out)
+    fill(state, replica, event.at, out)
 
 
-def _removed(state: State, event: ReplicaRemoved, out: list[Action]) -> None:
+def removed(state: State, event: ReplicaRemoved, out: list[Action]) -> None:
     replica = state.replicas.get(event.name)
     if replica is None or replica.removing:
         return
@@ -56,12 +56,12 @@ def _removed(state: State, event: ReplicaRemoved, out: list[Action]) -> None:
     replica.draining = False
     state.removing.add(replica.name)
     if was_usable:
-        _usability_changed(state, [replica], event.at, out)  # runs pinned there move now
+        usability_changed(state, [replica], event.at, out)  # runs pinned there move now
     # The slots it keeps for runs paused there stay kept until it leaves (it takes no turn, so they
     # keep nothing from anyone); a paused run's next turn goes elsewhere and gives its slot up then.
 
 
-def _retire_due(state: State, at: float, out: list[Action]) -> None:
+def retire_due(state: State, at: float, out: list[Action]) -> None:
     """Retire every replica being removed that has nothing placed or leased any more."""
     due = [replica for replica in state.replicas.values() if draining.retirable(replica)]
     for replica in due:
@@ -85,4 +85,4 @@ def _retire(state: State, replica: Replica, at: float, out: list[Action]) -> Non
     state.counters.replicas_retired += 1
     out.append(RetireReplica(replica.name))
     if stranded:
-        _refile(state, stranded, at, out)
+        refile(state, stranded, at, out)

@@ -14,23 +14,23 @@ from luftpause.scheduler.core.events import (
     DataplaneLost,
     Resynced,
 )
-from luftpause.scheduler.core.leasing import _drop_leases
-from luftpause.scheduler.core.placement import _count_placed, _fill_least_loaded, _refile, _reserve, _touch
+from luftpause.scheduler.core.leasing import drop_leases
+from luftpause.scheduler.core.placement import count_placed, fill_least_loaded, refile, reserve, touch
 from luftpause.scheduler.core.state import PlacedTurn, Run, State
 
 
-def _lost(state: State, event: DataplaneLost) -> None:
-    _drop_leases(state, event.dataplane_id, False)  # its stream is gone, and its leases with it
+def lost(state: State, event: DataplaneLost) -> None:
+    drop_leases(state, event.dataplane_id, False)  # its stream is gone, and its leases with it
     if event.dataplane_id and event.dataplane_id not in state.lost_dataplanes:
         # a second loss before any return keeps the first time: the grace runs from the first
         state.lost_dataplanes[event.dataplane_id] = event.at
 
 
-def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
+def resynced(state: State, event: Resynced, out: list[Action]) -> None:
     if (event.runs or event.turns) and state.hold_until is not None and event.at < state.hold_until:
         state.holding = True  # a restart: the other dataplanes may not have resynced yet (rule 15)
     # a new stream: the leases of the old one are gone; fresh ones follow the acknowledgement
-    _drop_leases(state, event.dataplane_id, event.takes_leases and state.leasing)
+    drop_leases(state, event.dataplane_id, event.takes_leases and state.leasing)
     changed: dict[str, Run] = {}
     for record in event.runs:
         last_replica = record.last_replica or None
@@ -53,7 +53,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             run.service_class = record.service_class
             run.caller = record.caller
             run.latest_turn = None
-            _touch(state, run, event.at)
+            touch(state, run, event.at)
         changed[run.run_id] = run
 
     recorded = set(changed)
@@ -68,7 +68,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         if known is not None and known.single_pass != single_pass:
             # the dataplane has it on a replica of the other kind (its configuration differs): its
             # word wins; the turn leaves our record, and its run, and is adopted afresh below
-            changed_run = _release(state, known, event.at, recorded)
+            changed_run = release(state, known, event.at, recorded)
             state.counters.turns_released_resync += 1
             if changed_run is not None:
                 changed[changed_run.run_id] = changed_run
@@ -98,7 +98,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
             trace_id=waiting.trace_id if waiting is not None else "",  # a resync carries none
         )
         replica.inflight += 1
-        _count_placed(state, turn.caller, 1, single_pass)
+        count_placed(state, turn.caller, 1, single_pass)
         state.counters.adopted += 1
         if waiting is not None:
             state.counters.held_adopted += 1
@@ -122,7 +122,7 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
                 run.phase = "generating"
                 run.last_replica = replica.name
                 run.idle_at = None
-            _touch(state, run, event.at)
+            touch(state, run, event.at)
         run.turns.add(turn.turn_id)
         run.latest_turn = turn.turn_id
         changed[run.run_id] = run
@@ -132,11 +132,11 @@ def _resynced(state: State, event: Resynced, out: list[Action]) -> None:
         gone = _unlisted(state, event, listed)
         state.counters.turns_released_resync += len(gone)
         for placed in gone:
-            run = _release(state, placed, event.at, recorded)
+            run = release(state, placed, event.at, recorded)
             if run is not None:
                 changed[run.run_id] = run
 
-    _settle(state, changed.values(), event.at, out)
+    settle(state, changed.values(), event.at, out)
     out.append(AckResync(event.dataplane_id, len(recorded), len(listed)))
 
 
@@ -159,17 +159,17 @@ def resync_gone_turns(state: State, event: Resynced) -> list[PlacedTurn]:
     return _unlisted(state, event, listed)
 
 
-def _release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) -> Run | None:
+def release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) -> Run | None:
     """Drop ``placed``, which its dataplane no longer has (resync, rule 10; or lost, rule 9).
 
     Frees its slot; its run goes ``idle`` on that replica when it was the run's latest placed turn
     (as if it had failed, rule 6) unless the run is in ``recorded`` (the dataplane's own record of
     it stands). Returns the run it changed, whose headroom and held turns the caller must settle
-    (:func:`_settle`), or ``None``.
+    (:func:`settle`), or ``None``.
     """
     del state.placed[placed.turn_id]
     state.replicas[placed.replica].inflight -= 1
-    _count_placed(state, placed.caller, -1, placed.single_pass)
+    count_placed(state, placed.caller, -1, placed.single_pass)
     run = state.runs.get(placed.run_id)
     if run is None or placed.turn_id not in run.turns:
         return None  # the run ended (or expired) since, or a single-pass turn: it changes no run
@@ -180,15 +180,15 @@ def _release(state: State, placed: PlacedTurn, at: float, recorded: set[str]) ->
             run.phase = "idle"
             run.last_replica = placed.replica
             run.idle_at = None  # as if it had failed: no prefix is known to be there
-    _touch(state, run, at)
+    touch(state, run, at)
     return run
 
 
-def _settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) -> None:
+def settle(state: State, changed: Iterable[Run], at: float, out: list[Action]) -> None:
     """After many runs and slots changed at once: headroom, re-filing, then every replica filled."""
     runs = list(changed)
     for run in runs:
-        _reserve(state, run, at)  # every replica is filled below
+        reserve(state, run, at)  # every replica is filled below
     for run in runs:
-        _refile(state, run.turns, at, out)
-    _fill_least_loaded(state, state.replicas.values(), at, out)
+        refile(state, run.turns, at, out)
+    fill_least_loaded(state, state.replicas.values(), at, out)

@@ -15,7 +15,7 @@ from luftpause.scheduler.core.events import (
     RunEnded,
     RunPhase,
 )
-from luftpause.scheduler.core.placement import _count_placed, _fill, _refile, _reserve, _touch, _unreserve
+from luftpause.scheduler.core.placement import count_placed, fill, refile, reserve, touch, unreserve
 from luftpause.scheduler.core.policies import (
     abandoned,
     expiry,
@@ -23,11 +23,11 @@ from luftpause.scheduler.core.policies import (
     lost_dataplane,
     pause_hold,
 )
-from luftpause.scheduler.core.resync import _release, _settle
+from luftpause.scheduler.core.resync import release, settle
 from luftpause.scheduler.core.state import PlacedTurn, Replica, Run, State, bound_callers
 
 
-def _end_placed(
+def end_placed(
     state: State,
     turn_id: str,
     at: float,
@@ -48,13 +48,13 @@ def _end_placed(
     replica.inflight -= 1
     if finished is not None and not placed.single_pass:
         replica.turn_s = pause_hold.learn_turn_time(replica.turn_s, at - placed.placed_at)
-    _count_placed(state, placed.caller, -1, placed.single_pass)
+    count_placed(state, placed.caller, -1, placed.single_pass)
     run = state.runs.get(placed.run_id)
     # not a turn of a run that ended meanwhile, nor a single-pass turn (never one of a run's turns)
     if run is not None and turn_id in run.turns:
         run.attained_s += max(0.0, at - placed.placed_at)
         run.turns.discard(turn_id)
-        _touch(state, run, at)
+        touch(state, run, at)
         latest = run.latest_turn in (None, turn_id)
         if finished is not None:
             _learn_prefill(state, run, placed, finished, latest)
@@ -63,11 +63,11 @@ def _end_placed(
             run.phase = phase
             run.last_replica = placed.replica
             run.idle_at = at if finished is not None and phase == "idle" else None
-            released = _reserve(state, run, at)
-            _refile(state, run.turns, at, out)
+            released = reserve(state, run, at)
+            refile(state, run.turns, at, out)
             if released is not None and released is not replica:
-                _fill(state, released, at, out)
-    _fill(state, replica, at, out)
+                fill(state, released, at, out)
+    fill(state, replica, at, out)
     return True
 
 
@@ -87,7 +87,7 @@ def _learn_prefill(state: State, run: Run, placed: PlacedTurn, tokens: tuple[int
     run.finished_turns += 1
 
 
-def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool:
+def take_back(state: State, turn_id: str, at: float, out: list[Action]) -> bool:
     """Take back turn ``turn_id``: out of its queue, or off its slot; True if it was held."""
     turn = state.held.remove(turn_id)
     if turn is not None:
@@ -96,41 +96,41 @@ def _abandoned(state: State, turn_id: str, at: float, out: list[Action]) -> bool
         run = None if turn.single_pass else state.runs.get(turn.run_id)
         if run is not None:
             run.turns.discard(turn.turn_id)
-            _touch(state, run, at)
+            touch(state, run, at)
         return True
-    if _end_placed(state, turn_id, at, "idle", out):
+    if end_placed(state, turn_id, at, "idle", out):
         state.counters.abandoned += 1
         state.counters.abandoned_placed += 1
     return False
 
 
-def _abandon_reported(state: State, event: AbandonReported, out: list[Action]) -> None:
+def abandon_reported(state: State, event: AbandonReported, out: list[Action]) -> None:
     # the Admit for this turn may still be on its way (or be retried): remember the id to refuse it
     state.tombstones[event.turn_id] = event.at
     state.tombstones.move_to_end(event.turn_id)
     while len(state.tombstones) > abandoned.MAX_TOMBSTONES:
         state.tombstones.popitem(last=False)
-    if _abandoned(state, event.turn_id, event.at, out):
+    if take_back(state, event.turn_id, event.at, out):
         # its Admit may still be waiting on the scheduler (the cancel has not arrived): answer it
         out.append(Reject(event.turn_id, abandoned.ABANDONED_REASON, abandoned.ABANDONED_STATUS))
 
 
-def _run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
+def run_ended(state: State, event: RunEnded, out: list[Action]) -> None:
     state.counters.runs_ended += 1
     out.append(Forget(event.run_id))
     run = state.runs.pop(event.run_id, None)
     if run is None:
         return
-    released = _unreserve(state, run)
+    released = unreserve(state, run)
     if released is not None:
-        _fill(state, released, event.at, out)
+        fill(state, released, event.at, out)
     held = [turn_id for turn_id in run.turns if turn_id in state.held]
     if held:
         # its held turns still have clients waiting: they start the run afresh, without affinity
         state.runs[run.run_id] = Run(
             run.run_id, "idle", None, run.service_class, run.caller, event.at, set(held), order=state.next_seq
         )
-        _refile(state, held, event.at, out)
+        refile(state, held, event.at, out)
 
 
 def expiring_turns(state: State, now: float) -> list[PlacedTurn]:
@@ -165,26 +165,26 @@ def turns_on(state: State, dataplane_ids: set[str]) -> list[PlacedTurn]:
     return [placed for placed in state.placed.values() if placed.dataplane_id in dataplane_ids]
 
 
-def _tick(state: State, now: float, out: list[Action]) -> None:
+def tick(state: State, now: float, out: list[Action]) -> None:
     # first the waits for soft replicas that are over: the slots this tick frees may go to them
     _end_soft_waits(state, now, out)
     # ``runs`` is in order of last activity, so only its expired front is visited (as ``placed``'s).
     for placed in expiring_turns(state, now):
-        _end_placed(state, placed.turn_id, now, "idle", out)
+        end_placed(state, placed.turn_id, now, "idle", out)
         state.counters.expired_turns += 1
     while state.runs:
         run = next(iter(state.runs.values()))
         if not expiry.run_expired(run.last_activity, now, state.run_expiry_s):
             break
         if run.turns:
-            _touch(state, run, now)  # a run with a held or placed turn is active
+            touch(state, run, now)  # a run with a held or placed turn is active
             continue
         del state.runs[run.run_id]
         state.counters.expired_runs += 1
         out.append(Forget(run.run_id))
-        released = _unreserve(state, run)
+        released = unreserve(state, run)
         if released is not None:
-            _fill(state, released, now, out)
+            fill(state, released, now, out)
     _end_expired_holds(state, now, out)
     while state.tombstones:
         turn_id, reported_at = next(iter(state.tombstones.items()))
@@ -198,11 +198,11 @@ def _tick(state: State, now: float, out: list[Action]) -> None:
         lost_turns = turns_on(state, set(gone))
         changed: dict[str, Run] = {}
         for placed in lost_turns:
-            changed_run = _release(state, placed, now, set())
+            changed_run = release(state, placed, now, set())
             if changed_run is not None:
                 changed[changed_run.run_id] = changed_run
         state.counters.turns_released_lost_dataplane += len(lost_turns)
-        _settle(state, changed.values(), now, out)
+        settle(state, changed.values(), now, out)
 
 
 def _end_expired_holds(state: State, now: float, out: list[Action]) -> None:
@@ -220,11 +220,11 @@ def _end_expired_holds(state: State, now: float, out: list[Action]) -> None:
         if run is None or run.paused_at != paused_at or run.hold_expired:
             continue
         run.hold_expired = True
-        released = _unreserve(state, run)
+        released = unreserve(state, run)
         if released is not None:
             freed[released.name] = released
     for replica in freed.values():
-        _fill(state, replica, now, out)
+        fill(state, replica, now, out)
 
 
 def _end_soft_waits(state: State, now: float, out: list[Action]) -> None:
@@ -244,4 +244,4 @@ def _end_soft_waits(state: State, now: float, out: list[Action]) -> None:
         turn.soft_over = True
         due.append(turn_id)
     if due:
-        _refile(state, due, now, out)
+        refile(state, due, now, out)

@@ -1,4 +1,5 @@
-"""The engine simulator behind ``luftpause fake-engine`` (entry point: :mod:`luftpause.testkit.fake_engine`).
+"""The engine simulator behind ``luftpause fake-engine``
+(entry point: :mod:`luftpause.testkit.commands.fake_engine`).
 
 * :mod:`.settings`: what an engine serves and how fast it is (``EngineSettings``);
 * :mod:`.backend`: the seam between the routes and engine time, with two models behind it:

@@ -5,7 +5,7 @@
 :func:`simulate` builds a :class:`~.clock.VirtualClock`, one engine model per replica
 (:mod:`luftpause.testkit.engine.model`), the arrangement named (:data:`ARRANGEMENTS`) and the
 agents of the load shape (:mod:`.workload`), runs the clock to the end of the window and reports
-what the load generator reports over HTTP (:func:`luftpause.testkit.loadgen.summarize_agents`):
+what the load generator reports over HTTP (:func:`luftpause.testkit.commands.loadgen.summarize_agents`):
 per group, runs completed in the window per minute, the p50 of their run times, time to first
 token, the prompt-token cache hit rate (``cached_tokens`` over ``prompt_tokens`` of the usage),
 plus what the arrangement and the engines counted. No process, no socket, no real time: the same

@@ -1,4 +1,4 @@
-"""The closed-loop agents of a flood, as :mod:`luftpause.testkit.agents` runs them over HTTP.
+"""The closed-loop agents of a flood, as :mod:`luftpause.testkit.load.agents` runs them over HTTP.
 
 An agent starts a run, sends its first turn (system prompt + task), and for each reply that asks
 for a tool waits for the tool (``tool_seconds``) and sends the run's next turn, whose prompt is the
@@ -42,7 +42,7 @@ from luftpause.testkit.sim.clock import VirtualClock
 
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
-"""The HTTP agents' pause after failed runs (:mod:`luftpause.testkit.agents`)."""
+"""The HTTP agents' pause after failed runs (:mod:`luftpause.testkit.load.agents`)."""
 
 ServiceClass = Literal["interactive", "batch"]
 Via = Literal["own_loop", "mcp"]

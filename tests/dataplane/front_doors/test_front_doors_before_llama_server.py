@@ -6,7 +6,7 @@ One llama-server process behind two replica entries: ``llama-native`` declares `
 declares only chat for another model name (the same turn is translated to Chat Completions). A
 Responses turn is always translated. The official ``anthropic`` and ``openai`` clients read the
 answers; the scheduler counts each turn finished. Skips, saying how to build them, where the
-binary and the model are absent (:func:`luftpause.testkit.llama_server.find`).
+binary and the model are absent (:func:`luftpause.testkit.launch.llama_server.find`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import openai
 import orjson
 import pytest
 
-from luftpause.testkit import llama_server
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch import llama_server
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 INSTALLED = llama_server.find()
 pytestmark = [

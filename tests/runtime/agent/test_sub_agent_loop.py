@@ -31,9 +31,9 @@ from mcp.types import CallToolResult, Implementation, TextContent
 import luftpause
 from luftpause.config import DEFAULT_MODEL
 from luftpause.runtime.dataplane import TURN_TIMEOUT_SECONDS, DataplaneClient, retry_after_seconds
-from luftpause.testkit.fake_mcp_stdio import CALLS_LOG_ENV, read_calls
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.threaded_app import ThreadedApp
+from luftpause.testkit.fakes.fake_mcp_stdio import CALLS_LOG_ENV, read_calls
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.threaded_app import ThreadedApp
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +236,7 @@ models = ["{DEFAULT_MODEL}"]
 
 [[mcp_servers]]
 name = "local"
-command = [{json.dumps(sys.executable)}, "-m", "luftpause.testkit.fake_mcp_stdio"]
+command = [{json.dumps(sys.executable)}, "-m", "luftpause.testkit.fakes.fake_mcp_stdio"]
 env = {{ {CALLS_LOG_ENV} = {json.dumps(str(stdio_calls))}, PYTHONPATH = {json.dumps(str(source_root))} }}
 
 [[mcp_servers]]

@@ -24,7 +24,7 @@ from runtime_helpers import stack_with_destructive_tools
 
 from luftpause.runtime.agent.approvals import DECLINED
 from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 INSPECTOR = "@modelcontextprotocol/inspector"
 TIMEOUT_S = 300  # the first run downloads the package

@@ -16,8 +16,8 @@ from mcp.types import CallToolResult, TextContent
 from luftpause.runtime.decide import label_prompt, score_labels
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_ENV
 from luftpause.testkit.engine.replies import words_of
-from luftpause.testkit.procs import ChildProcess, free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import ChildProcess, free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

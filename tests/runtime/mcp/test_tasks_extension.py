@@ -42,7 +42,7 @@ from luftpause.runtime.mcp.tasks import TASKS_JOURNAL_NAME, TaskRegistry
 from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams, TaskUpdateParams
 from luftpause.runtime.runs.journal import read_records
 from luftpause.runtime.runs.registry import RunRegistry
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -476,4 +476,5 @@ def test_a_sub_agent_runs_its_child_on_another_model_with_shorter_replies_as_bat
     assert (turn["model"], turn["max_tokens"]) == ("small", 64)
     assert json.loads(results[0])["name"] == "research"
     assert "maxTokens: 4096 is more than your own (256)" in results[1]
-    assert "no generative replica serves model 'huge'" in results[2] and "'small'" in results[2]
+    # its schema names the models served (an enum): the call is refused before the spawner, saying so
+    assert f"'huge' is not one of ['{DEFAULT_MODEL}', 'small'] at arguments.model" in results[2], results[2]

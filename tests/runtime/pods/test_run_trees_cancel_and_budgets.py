@@ -16,8 +16,8 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult, Implementation, TextContent
 
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

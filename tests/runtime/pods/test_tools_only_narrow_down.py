@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.types import CallToolResult
 from pods_helpers import ScriptedEngine, call, script, start_pod, tool_text
 
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ import pytest
 from pods_helpers import Pod, payload, script, start_pod, until
 
 from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

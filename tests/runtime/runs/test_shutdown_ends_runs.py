@@ -20,8 +20,8 @@ from aiohttp import web
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.runtime.dataplane import DataplaneClient
-from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import free_port
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

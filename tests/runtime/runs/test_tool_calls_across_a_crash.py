@@ -24,7 +24,7 @@ from mcp import Client
 from pods_helpers import Pod, call, script, start_pod, until
 
 from luftpause.runtime.agent.upstream import call_id
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from luftpause.runtime.runs.registry import TASK_SUMMARY_CHARS, summarize
 from luftpause.runtime.runs.spec import MAX_TEXT_BYTES
 from luftpause.runtime.server import create_app
 from luftpause.runtime.wiring import Runtime, build_runtime
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 CONFIG = MINIMAL_CONFIG
 

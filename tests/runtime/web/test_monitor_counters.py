@@ -25,8 +25,8 @@ from mcp.types import ToolAnnotations
 from pods_helpers import Pod, call, get_json, script, start_pod, until
 from pydantic import Field
 
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.procs import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 from browser_helpers import Page, colour_share, devtools_browser, open_page, png_size
 from pods_helpers import Pod, call, script, start_pod, until
 
-from luftpause.testkit.loadgen import runtime_client
+from luftpause.testkit.commands.loadgen import runtime_client
 
 pytestmark = pytest.mark.integration
 

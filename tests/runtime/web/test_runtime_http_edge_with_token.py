@@ -24,8 +24,8 @@ from mcp.types import CallToolResult, TextContent
 from repo_paths import ROOT
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

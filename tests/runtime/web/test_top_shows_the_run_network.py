@@ -33,10 +33,19 @@ import pytest
 from pods_helpers import Pod, call, script, start_pod, until
 from rich.console import Console
 
-from luftpause.monitor_client import NetworkPoller, parse_url
-from luftpause.testkit.loadgen import runtime_client
-from luftpause.testkit.procs import free_port
-from luftpause.top import COLUMNS, column_widths, counts_line, fit, frame, more_line, short_scope, state_text
+from luftpause.testkit.commands.loadgen import runtime_client
+from luftpause.testkit.launch.procs import free_port
+from luftpause.top.monitor_client import NetworkPoller, parse_url
+from luftpause.top.view import (
+    COLUMNS,
+    column_widths,
+    counts_line,
+    fit,
+    frame,
+    more_line,
+    short_scope,
+    state_text,
+)
 
 TOKEN = "top-test-token"
 integration = pytest.mark.integration
@@ -488,7 +497,7 @@ def test_counts_scope_and_urls() -> None:
 def test_the_top_command_is_registered() -> None:
     from luftpause.cli import COMMANDS
 
-    assert COMMANDS["top"][0] == "luftpause.top"
+    assert COMMANDS["top"][0] == "luftpause.top.view"
 
 
 # --- what the runtime sends is shown, never obeyed ---------------------------------------------------
@@ -770,7 +779,7 @@ def test_once_shows_the_hostile_network_as_text() -> None:
 @pytest.mark.parametrize("which", ["network", "hostile", "wide"])
 def test_the_plain_once_frame_is_the_live_frame_without_styles(width: int, which: str) -> None:
     """``--once`` prints :func:`plain_frame` (no rich needed); it shows what the live frame shows."""
-    from luftpause.top import plain_frame
+    from luftpause.top.view import plain_frame
 
     networks = {"network": _network(40, running_every=3), "hostile": _hostile_network(), "wide": _network(3)}
     runs = networks[which]

@@ -730,9 +730,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         ttl = pause_hold.ttl(
             self.state.pause_hold, self.run_pauses.get(run_id, []), self.caller_pauses.get(caller, []), saved
         )
-        self.pause[run_id] = (self.now, None if ttl is None else self.now + ttl)
-        if ttl is not None and ttl <= 0:
-            self.hold_over.add(run_id)  # worth no slot: it keeps none from the start
+        # A hold worth no slot (a TTL of 0 or less) has no end to time: it keeps none from the start
+        worthless = ttl is not None and ttl <= 0
+        self.pause[run_id] = (self.now, None if ttl is None or worthless else self.now + ttl)
+        if worthless:
+            self.hold_over.add(run_id)
 
     def end_pause(self, run_id: str) -> None:
         self.pause.pop(run_id, None)
@@ -2054,3 +2056,27 @@ def test_a_lost_dataplanes_held_turn_placed_by_the_hold_ending_tick_is_abandoned
     machine.lose_dataplane(pick=0, wait=None)  # the tick places t1 first; its cancel then frees it
     assert not machine.holding and "t1" not in machine.state.placed
     machine.runs_match_the_shadow()
+
+
+def test_a_pause_worth_no_hold_has_no_hold_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on a fresh run (the machine had this fault, not the core): r1's session is cut off in a
+    tool call twice, 30 s apart; at its second pause the cost model found a hold worth nothing (a
+    TTL of 0). The core keeps no slot and times no hold end (``hold_until`` None); the machine had
+    timed one at the pause's start and failed its shadow check."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = LimitedSchedulerMachine()
+    machine.start()
+    for _ in range(9):
+        machine.run_ends(run="r0")
+    machine.resync_empty(dataplane="dp", leases=True)
+    machine.run_ends(run="r0")
+    machine.deliver_leases(count=1, pick=0)
+    machine.arrive(batch=False, caller="", dataplane="dp", model="m1", run="r1")
+    machine.session_cut_off_in_a_tool_call(after=0.5, pick=0)
+    machine.tick(seconds=30.0)
+    machine.arrive(batch=False, caller="", dataplane="dp", model="m1", run="r1")
+    machine.session_cut_off_in_a_tool_call(after=0.5, pick=0)
+    run = machine.state.runs["r1"]
+    assert run.hold_until is None and run.hold_expired
+    machine.runs_match_the_shadow()
+    machine.headroom_matches_paused_interactive_runs_within_their_hold()

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from harness_runs import HARNESSES_ENV, harness_bin
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ A run passes when it exits 0 and shows the simulated engine's words (``I saw N t
 which only reach it through the dataplane; ``claude mcp list`` must also report the runtime
 connected. A run whose blocks connect the runtime (``:7000/mcp``) must also have spawned a
 sub-agent that completed, as the runtime's ``GET /status`` shows: exit 0 and the words alone passed
-a Codex run whose ``spawn`` the runtime refused ("no generative replica serves model 'hello'").
+a Codex run whose ``spawn`` the runtime refused (it named model ``'hello'``, before ``spawn``'s
+``model`` was an enum of the models served).
 Where a harness is not installed, its runs skip, saying how to install it:
 npm harnesses in ``~/.cache/luftpause/harnesses`` (``LUFTPAUSE_HARNESSES_DIR``), PyPI ones each in a
 venv under ``~/.cache/luftpause/pyharnesses`` (as ``test_chat_harnesses_on_the_stack.py`` finds
@@ -40,7 +41,7 @@ import pytest
 from harness_runs import HARNESSES_ENV, harness_bin
 from repo_paths import ROOT
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -84,10 +85,11 @@ ONLY_WITH_A_TOKEN = {"codex-with-a-token"}
 ONLY_WITHOUT_A_TOKEN = {"codex-without-a-token"}
 
 NO_SPAWN_ON_THE_SIMULATOR = {
-    "codex": "the simulated engine's spawn call carries a made-up model name (a word of the prompt, "
-    "'hello'), which no replica serves: the runtime refuses it and no run starts",
-    "opencode": "the simulated engine picks approve and cancel with made-up handles, which the "
-    "runtime refuses: no run starts",
+    "codex": "the simulated engine's spawn call names a served model (spawn's model is an enum) but "
+    "made-up tools (['have'], which the runtime refuses: no run starts) and budgetTokens 3 (a run "
+    "would be cancelled after its first turn)",
+    "opencode": "the simulated engine never calls spawn for this prompt, only approve and cancel with "
+    "made-up handles, which the runtime refuses naming the caller's own: no run starts",
 }
 """Over-MCP runs whose simulated tool calls do not spawn a sub-agent (docs/harnesses.md says what
 the user sees): expected to fail the runtime check, strictly, so that a fix shows."""

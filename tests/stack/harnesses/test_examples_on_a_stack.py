@@ -38,8 +38,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from repo_paths import ROOT
 
-from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import free_port
+from luftpause.testkit.launch.stack import Stack
 
 EXAMPLES = ROOT / "examples"
 TURNS = 3  # the shared stack's engines make two tool rounds before an answer

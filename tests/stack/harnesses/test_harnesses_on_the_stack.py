@@ -28,7 +28,7 @@ from harness_stack import (
     run_codex,
 )
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 from repo_paths import ROOT
 
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.stack import Stack
 
 LOUD = re.compile(r"^\S+ \S+ \S+ (WARNING|ERROR|CRITICAL) .*$", re.MULTILINE)
 """A line of the text log format (``time level-name``: ``2026-12-07 13:35:12,077 luftpause.scheduler

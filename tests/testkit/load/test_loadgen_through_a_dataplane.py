@@ -17,9 +17,9 @@ import pytest
 from repo_paths import ROOT
 
 from luftpause.cli import main
-from luftpause.testkit.agents import _merge_tool_call_delta
-from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import Stack
+from luftpause.testkit.launch.procs import free_port
+from luftpause.testkit.launch.stack import Stack
+from luftpause.testkit.load.agents import _merge_tool_call_delta
 
 
 def _loadgen(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""Own-loop agents (:mod:`luftpause.testkit.agents`) against a scripted proxy in-process: what they
+"""Own-loop agents (:mod:`luftpause.testkit.load.agents`) against a scripted proxy in-process: what they
 send, how they count tool rounds, how they end runs and how they back off after failures."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from luftpause.testkit.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
+from luftpause.testkit.load.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Sub-agents over MCP in a closed loop (``luftpause.testkit.subagents``, bench/flood.py ``--via mcp``),
+"""Sub-agents over MCP in a closed loop (``luftpause.testkit.load.subagents``, bench/flood.py ``--via mcp``),
 against the real stack: the runtime drives every run, each group's runs are its caller's."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import uvicorn
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from luftpause.testkit.agents import FIRST_BACKOFF_S, AgentGroup
-from luftpause.testkit.agents_summary import summarize_agents
-from luftpause.testkit.stack import Stack
-from luftpause.testkit.subagents import SubagentSettings, closed_loop_subagents, spawn_arguments
+from luftpause.testkit.launch.stack import Stack
+from luftpause.testkit.load.agents import FIRST_BACKOFF_S, AgentGroup
+from luftpause.testkit.load.agents_summary import summarize_agents
+from luftpause.testkit.load.subagents import SubagentSettings, closed_loop_subagents, spawn_arguments
 
 DURATION_S = 4.0
 """The pass's length (s). A run of the stack's engines (1 ms a token, two tool rounds) takes well

@@ -12,6 +12,7 @@ import aiohttp
 import openai
 import pytest
 
+from luftpause.testkit.engine import EngineSettings, RunningEngine
 from luftpause.testkit.engine.faults import (
     CloseConnection,
     DieMidStream,
@@ -21,8 +22,7 @@ from luftpause.testkit.engine.faults import (
     StatusFault,
     parse_fault_option,
 )
-from luftpause.testkit.fake_engine import EngineSettings, RunningEngine
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
+from luftpause.testkit.commands.fake_engine import add_arguments, settings_from_args
 from luftpause.testkit.engine import EngineSettings, RunningEngine
-from luftpause.testkit.fake_engine import add_arguments, settings_from_args
 
 pytestmark = pytest.mark.anyio
 

@@ -14,9 +14,9 @@ import openai
 import orjson
 import pytest
 
+from luftpause.testkit.commands.fake_engine import add_arguments, settings_from_args
 from luftpause.testkit.engine import EngineSettings, RunningEngine
 from luftpause.testkit.engine.faults import StatusFault, parse_fault_option
-from luftpause.testkit.fake_engine import add_arguments, settings_from_args
 
 pytestmark = pytest.mark.anyio
 

@@ -21,11 +21,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from luftpause.testkit.engine import EngineSettings, RunningEngine
 from luftpause.testkit.engine.costs import CostModel, message_tokens
 from luftpause.testkit.engine.prefix_cache import PrefixCache, prefix_path
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
-from luftpause.testkit.fake_engine import EngineSettings, RunningEngine
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
 

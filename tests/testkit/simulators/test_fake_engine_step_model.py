@@ -21,10 +21,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from luftpause.testkit.engine import RunningEngine
 from luftpause.testkit.engine.model import PROFILES, EngineModel, EngineRequest
 from luftpause.testkit.engine.prefix_cache import prefix_path
-from luftpause.testkit.fake_engine import RunningEngine
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from luftpause.testkit.fake_engine import RunningEngine
+from luftpause.testkit.engine import RunningEngine
 
 pytestmark = pytest.mark.anyio
 

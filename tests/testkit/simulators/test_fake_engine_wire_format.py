@@ -19,13 +19,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolC
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.cli import main as cli_main
+from luftpause.testkit.commands.fake_engine import add_arguments as add_engine_arguments
+from luftpause.testkit.engine import RunningEngine
 from luftpause.testkit.engine.faults import KINDS as FAULT_KINDS
 from luftpause.testkit.engine.scheduling import EngineStats, SlotPool
 from luftpause.testkit.engine.server import REQUEST_BYTES_KEPT, KeptRequestBodies
 from luftpause.testkit.engine.toolargs import ArgumentMaker
-from luftpause.testkit.fake_engine import RunningEngine
-from luftpause.testkit.fake_engine import add_arguments as add_engine_arguments
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.anyio
 

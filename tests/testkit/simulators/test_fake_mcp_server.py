@@ -13,8 +13,8 @@ import pytest
 from mcp import Client
 from mcp.types import TextContent
 
-from luftpause.testkit.fake_mcp import build_server
-from luftpause.testkit.procs import ChildProcess, free_port, port_open
+from luftpause.testkit.fakes.fake_mcp import build_server
+from luftpause.testkit.launch.procs import ChildProcess, free_port, port_open
 
 pytestmark = pytest.mark.anyio
 

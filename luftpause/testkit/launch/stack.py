@@ -3,7 +3,7 @@
 ``Stack.start(workdir)`` writes a configuration file, starts two simulated engines, the fake MCP
 server, the scheduler, the dataplane and the runtime, and waits until each answers; ``stop()`` ends
 them all. ``Stack`` is also a context manager. Every process (the stream clients too) dies with
-the process that started the stack, even a SIGKILLed one (:mod:`luftpause.testkit.procs`).
+the process that started the stack, even a SIGKILLed one (:mod:`luftpause.testkit.launch.procs`).
 
 With ``LUFTPAUSE_TOKEN`` in ``env`` (or this process's environment) the stack's own requests
 (:meth:`Stack.status`, :meth:`Stack.stream_clients`) carry it; with ``tls`` (:class:`StackTls`)
@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from luftpause.config import DEFAULT_MODEL
-from luftpause.testkit.procs import ChildProcess, free_port, reap_with_this_process
+from luftpause.testkit.launch.procs import ChildProcess, free_port, reap_with_this_process
 
 _STREAM_CLIENT = """
 import sys, ssl, urllib.request

@@ -4,7 +4,8 @@ The naming rule (docs/operating.md, "Configuration"): key ``listen`` of table ``
 ``LUFTPAUSE_DATAPLANE__LISTEN``: :data:`ENV_PREFIX`, the table, :data:`ENV_DELIMITER` (two
 underscores), the key, in capitals (lower case is read too); a whole table may also be given as a
 JSON object in ``LUFTPAUSE_DATAPLANE`` (its per-key variables win over it). A flag is the key with
-dashes (``--listen``, ``--state-dir``); each process offers a few (:data:`luftpause.cli.SETTING_FLAGS`).
+dashes (``--listen``, ``--state-dir``); each process offers a few
+(:data:`luftpause.config.arguments.SETTING_FLAGS`).
 Precedence: flag > environment variable > file > default.
 
 A variable's text is read as its key's type, as pydantic reads it: ``60`` or ``2.5`` for a number,

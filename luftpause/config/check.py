@@ -33,9 +33,8 @@ from typing import Any
 
 import tomli_w
 
-from luftpause import settings
-from luftpause.cli import add_config_argument, add_setting_arguments, setting_flags
-from luftpause.config import READ_BY, Config, ConfigError, load_config
+from luftpause.config import READ_BY, Config, ConfigError, load_config, settings
+from luftpause.config.arguments import add_config_argument, add_setting_arguments, setting_flags
 
 PROCESSES = tuple(READ_BY)
 """The processes whose checks can be run alone: ``scheduler``, ``dataplane``, ``runtime``."""
@@ -132,7 +131,7 @@ def check(
     for name in (process,) if process is not None else PROCESSES:
         problems += process_problems(config, name)
     if process is None:
-        from luftpause.up import address_mismatches
+        from luftpause.supervise.up import address_mismatches
 
         problems += address_mismatches(config)
     parts = (

@@ -12,7 +12,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from luftpause.settings import Layer, model_class, toml_value
+from luftpause.config.settings import Layer, model_class, toml_value
 
 # What pydantic's strict type errors mean in TOML's words (a tuple is a TOML array).
 _EXPECTED_TYPE = {

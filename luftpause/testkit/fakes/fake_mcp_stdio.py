@@ -1,7 +1,7 @@
-"""A stdio MCP tool server for tests: ``python -m luftpause.testkit.fake_mcp_stdio``.
+"""A stdio MCP tool server for tests: ``python -m luftpause.testkit.fakes.fake_mcp_stdio``.
 
 Configured in a runtime as ``[[mcp_servers]] command = [python, "-m",
-"luftpause.testkit.fake_mcp_stdio"]``. Its tools exist to check what a client sent and how it copes
+"luftpause.testkit.fakes.fake_mcp_stdio"]``. Its tools exist to check what a client sent and how it copes
 with a server that dies:
 
 * ``count_items(limit: integer)``: answers ``{"limit": <limit>, "type": "int"}``. ``limit`` is

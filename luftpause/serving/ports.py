@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import tempfile
+import time
 
 from luftpause.config import split_host_port
 
@@ -95,3 +96,40 @@ def port_number(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, not {port}")
     return port
+
+
+WORKER_SLOT_WAIT_S = 10.0
+"""How long a worker waits for a slot while every one is held (a worker starting before the one it
+replaces has gone); then it serves under a dataplane id of its own process."""
+
+
+def hold_worker_slot(
+    command: str, address: str, workers: int, wait_s: float = WORKER_SLOT_WAIT_S
+) -> int | None:
+    """Take the first free of ``workers`` slot locks of ``command`` on ``address`` for this
+    process's life: the worker's number (0 to ``workers - 1``), or ``None`` when none freed within
+    ``wait_s`` seconds.
+
+    A worker's dataplane id is built from its number, so it must be distinct among the living
+    workers and the same for a worker that replaces a dead one (its resync then releases what the
+    dead one held). granian passes its worker index to no loader, so the workers take numbers
+    here: an exclusive ``flock`` on one file per number, dropped by the kernel when its worker
+    dies (as :func:`hold_listen_lock`'s).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        for slot in range(workers):
+            path = listen_lock_path(f"{command}-worker-{slot}", address)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _HELD_LOCKS.append(fd)
+            return slot
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)

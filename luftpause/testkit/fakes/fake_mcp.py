@@ -43,8 +43,8 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from luftpause import logs
-from luftpause.ports import port_number
+from luftpause.observe import logs
+from luftpause.serving.ports import port_number
 
 TOOL_NAMES = ("lookup", "deep_search")
 

@@ -1,5 +1,5 @@
 """A small OTLP trace receiver for tests, over HTTP and gRPC:
-``python -m luftpause.testkit.otlp_receiver --port N [--grpc-port M]``.
+``python -m luftpause.testkit.fakes.otlp_receiver --port N [--grpc-port M]``.
 
 OTLP/HTTP on ``--port``: takes ``POST /v1/traces`` with an ``ExportTraceServiceRequest`` in binary
 protobuf (``Content-Type: application/x-protobuf``, optionally ``Content-Encoding: gzip``), as the

@@ -14,7 +14,7 @@ from typing import Self
 
 from aiohttp import web
 
-from luftpause.testkit.procs import free_port
+from luftpause.testkit.launch.procs import free_port
 
 
 class ThreadedApp:

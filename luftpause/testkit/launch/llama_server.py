@@ -1,9 +1,9 @@
 """llama.cpp's ``llama-server`` as a real engine replica on CPU: built once, found, started.
 
-    python -m luftpause.testkit.llama_server build            # once: 10-30 min on 2 cores
-    python -m luftpause.testkit.llama_server model            # the SmolLM2-135M-Instruct GGUF
-    python -m luftpause.testkit.llama_server paths            # where they are, or how to get them
-    python -m luftpause.testkit.llama_server start 2 --parallel 2    # N replicas until Ctrl-C
+    python -m luftpause.testkit.launch.llama_server build            # once: 10-30 min on 2 cores
+    python -m luftpause.testkit.launch.llama_server model            # the SmolLM2-135M-Instruct GGUF
+    python -m luftpause.testkit.launch.llama_server paths            # where they are, or how to get them
+    python -m luftpause.testkit.launch.llama_server start 2 --parallel 2    # N replicas until Ctrl-C
 
 (``bench/engines/llama_server.sh`` runs the same with the repository's venv.)
 
@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from luftpause.testkit.procs import ChildProcess, free_port
+from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 LLAMA_CPP_PYTHON = "0.3.36"
 """The llama-cpp-python sdist whose vendored llama.cpp is built (REFERENCES.md)."""

@@ -1,6 +1,6 @@
 """The ``luftpause loadgen --agents`` summary: per class and caller group, from the agents' runs.
 
-The shape (``--json``) is in :mod:`luftpause.testkit.loadgen`'s docstring; times are seconds.
+The shape (``--json``) is in :mod:`luftpause.testkit.commands.loadgen`'s docstring; times are seconds.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from luftpause.extras import MissingExtra
-from luftpause.testkit.agents import AgentGroup, RunOutcome
+from luftpause.testkit.load.agents import AgentGroup, RunOutcome
 
 MAX_ERRORS_SHOWN = 5
 """Distinct error texts a summary keeps."""

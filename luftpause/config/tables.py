@@ -35,8 +35,8 @@ class ConfigError(Exception):
 class Section(BaseModel):
     # strict: a TOML string is never read as a boolean or a number ("no" is not false, "2" not 2);
     # an integer may still stand for a float (``dataplane_grace_s = 2``). TOML arrays arrive as
-    # tuples (luftpause.config_faults.arrays_as_tuples), which strict mode asks for. The attribute
-    # docstrings are the keys' descriptions (the processes' --help, luftpause.settings.help_text).
+    # tuples (luftpause.config.faults.arrays_as_tuples), which strict mode asks for. The attribute
+    # docstrings are the keys' descriptions (the processes' --help, luftpause.config.settings.help_text).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
 
@@ -87,7 +87,7 @@ class TlsPeer(Section):
 
 
 class ListenerLimits(Section):
-    """What one HTTP listener gives a client (:mod:`luftpause.listeners`): slow or silent clients
+    """What one HTTP listener gives a client (:mod:`luftpause.serving.listeners`): slow or silent clients
     are cut off, and connections are bounded."""
 
     header_timeout_s: float = Field(default=10.0, gt=0, le=60)

@@ -15,7 +15,7 @@ Unknown keys are refused at every level, the top level included.
 
 Every key of a table (``[scheduler]``, ``[dataplane]``, ``[runtime]``) can also be set by an
 environment variable, and a few by a flag: flag > environment variable > file > default
-(:mod:`luftpause.settings` has the naming rule, ``LUFTPAUSE_DATAPLANE__LISTEN``). Their bad values
+(:mod:`luftpause.config.settings` has the naming rule, ``LUFTPAUSE_DATAPLANE__LISTEN``). Their bad values
 are refused the same way, naming the variable or the flag instead of the file's key::
 
     LUFTPAUSE_SCHEDULER__STRICT_AFFINITY: expected true or false, got 'maybe'
@@ -23,6 +23,11 @@ are refused the same way, naming the variable or the flag instead of the file's 
 
 A key's attribute docstring is its description (pydantic's ``use_attribute_docstrings``): the
 processes' ``--help`` lists it, so every key has one.
+
+The package's parts: :mod:`.tables` (the base of every table and the sub-tables), :mod:`.faults`
+(a configuration's faults in TOML's words), :mod:`.settings` (every key as an environment variable,
+a help line and a flag), :mod:`.arguments` (``--config`` and the setting flags every process
+takes) and :mod:`.check` (``luftpause check-config``).
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ from pydantic import (
     model_validator,
 )
 
-from luftpause.config_faults import arrays_as_tuples, describe_layered, fault_lines
-from luftpause.config_tables import (
+from luftpause.config.faults import arrays_as_tuples, describe_layered, fault_lines
+from luftpause.config.settings import KeyPath, Layer, from_environment, from_flags, merge
+from luftpause.config.tables import (
     ConfigError,
     DiscoveryConfig,
     FailoverConfig,
@@ -56,7 +62,6 @@ from luftpause.config_tables import (
     host_port,
     http_url,
 )
-from luftpause.settings import KeyPath, Layer, from_environment, from_flags, merge
 
 if TYPE_CHECKING:
     pass
@@ -187,6 +192,10 @@ class SchedulerConfig(Section):
     _check = field_validator("grpc", "http")(host_port)
 
 
+MAX_DATAPLANE_WORKERS = 256
+"""The most worker processes ``[dataplane] workers`` may ask for."""
+
+
 class DataplaneConfig(Section):
     listen: str = "127.0.0.1:8080"
     """HTTP listen address (``host:port``) of the proxy: ``/v1``, ``/metrics``, ``/livez``, ``/readyz``,
@@ -213,6 +222,12 @@ class DataplaneConfig(Section):
     (docs/failover.md)."""
     failover: FailoverConfig = FailoverConfig()
     """Turns sent again to another replica when theirs failed before answering (docs/failover.md)."""
+    workers: int = Field(default=1, ge=1, le=MAX_DATAPLANE_WORKERS)
+    """Worker processes serving the proxy on ``listen`` (granian's workers; the kernel spreads
+    connections among them, SO_REUSEPORT). Each keeps its own link to the scheduler under its own
+    dataplane id (``dp-<host>-<listen>-w<N>``, N from 0); a turn that names no run and reaches
+    another worker than its run's last is found on its run by the tool-call ids it answers,
+    through the scheduler (docs/operating.md "Several workers and several dataplanes")."""
     usage_window_s: float = Field(default=3600.0, ge=1)
     """Seconds of one window of the token usage per caller and model that ``GET /status`` and
     ``GET /admin/usage`` show (the current window and the one before), aligned on the wall clock
@@ -452,7 +467,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
 }
 """What each process reads of the configuration: whole tables, arrays of tables, or one key
 (``"scheduler.http"``: the runtime lets the scheduler's page read its ``/status``). Its ``--help``
-lists these keys (:func:`luftpause.settings.help_text`); a new table belongs here too."""
+lists these keys (:func:`luftpause.config.settings.help_text`); a new table belongs here too."""
 
 
 def parse_config(text: str, source: str | None = None, layer: Layer | None = None) -> Config:
@@ -482,7 +497,7 @@ def load_config(
 ) -> Config:
     """Load ``path``, else the file named by ``LUFTPAUSE_CONFIG``, else the embedded default, with
     the ``LUFTPAUSE_<TABLE>__<KEY>`` environment variables laid over it and ``flags`` over those
-    (``{("dataplane", "listen"): ("--listen", "0.0.0.0:8080")}``; :mod:`luftpause.settings`).
+    (``{("dataplane", "listen"): ("--listen", "0.0.0.0:8080")}``; :mod:`luftpause.config.settings`).
 
     Raises :class:`ConfigError` when the file cannot be read, or it, a variable or a flag has the
     wrong shape.

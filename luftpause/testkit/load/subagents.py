@@ -1,7 +1,7 @@
 """Sub-agents over MCP in a closed loop: a flood's load, with the runtime driving every run.
 
-Each :class:`~luftpause.testkit.agents.AgentGroup` is one MCP client of the runtime (the official
-``mcp`` client, :func:`~luftpause.testkit.loadgen.runtime_client`), whose every request names the
+Each :class:`~luftpause.testkit.load.agents.AgentGroup` is one MCP client of the runtime (the official
+``mcp`` client, :func:`~luftpause.testkit.commands.loadgen.runtime_client`), whose every request names the
 group's caller in ``x-luftpause-caller``, as a harness configured with a header per user sends it.
 The client keeps ``agents`` sub-agents of the group's service class running for ``duration_s``
 seconds: it calls ``spawn`` that many times at once, then ``await`` on the running handles with
@@ -10,19 +10,19 @@ runtime's sub-agent loop makes the runs' turns (through the dataplane, where the
 them as that caller's) and their tool rounds (on its upstream MCP servers); the client only
 spawns and waits, as an orchestrating harness does.
 
-Each run is spawned with the own-loop agents' prompt shape (:mod:`luftpause.testkit.agents`): a
+Each run is spawned with the own-loop agents' prompt shape (:mod:`luftpause.testkit.load.agents`): a
 ``context_tokens`` system prompt that begins with an id of its own (``loadgen-<32 hex digits>``,
 so no two runs share a prefix), the task, ``max_tokens`` per turn, and only the tools named in
 ``tools`` (default ``lookup``; no parallel calls). Runs still running at the deadline are
 cancelled (``cancel``) and count as ``unfinished``.
 
 What a run was comes from the runtime's ``await`` result, as a
-:class:`~luftpause.testkit.agents.RunOutcome`: ``completed``, or ``failed`` (a ``failed`` or
+:class:`~luftpause.testkit.load.agents.RunOutcome`: ``completed``, or ``failed`` (a ``failed`` or
 ``cancelled`` run, or a ``spawn`` the runtime refused; ``error`` says why), its ``seconds`` (the
 runtime's own), turns, tool calls (one round each: calls are not parallel) and prompt tokens. The
 runtime does not pass on the engine's cached prompt tokens, so ``cached_tokens`` is 0 and the
 prefix cache is read from the engines instead; no time to first token is seen. So the summary of
-:func:`~luftpause.testkit.agents_summary.summarize_agents` applies as it does to own-loop agents.
+:func:`~luftpause.testkit.load.agents_summary.summarize_agents` applies as it does to own-loop agents.
 
 Errors: a transport failure of a group's MCP connection propagates (the pass is not valid); a
 refused ``spawn`` is a failed run and its agent waits as an own-loop agent does after one (1 s,
@@ -42,8 +42,19 @@ from mcp import Client
 from mcp.types import Implementation
 
 from luftpause import __version__
-from luftpause.testkit.agents import FIRST_BACKOFF_S, MAX_BACKOFF_S, AgentGroup, RunOutcome, system_prompt
-from luftpause.testkit.loadgen import AWAIT_SLICE_SECONDS, describe_error, runtime_client, tool_payload
+from luftpause.testkit.commands.loadgen import (
+    AWAIT_SLICE_SECONDS,
+    describe_error,
+    runtime_client,
+    tool_payload,
+)
+from luftpause.testkit.load.agents import (
+    FIRST_BACKOFF_S,
+    MAX_BACKOFF_S,
+    AgentGroup,
+    RunOutcome,
+    system_prompt,
+)
 
 FINISHED = frozenset({"completed", "failed", "cancelled"})
 """Run states after which a run takes no more turns (``await``'s ``state``)."""

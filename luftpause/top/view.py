@@ -44,7 +44,7 @@ along). Ctrl-C, SIGTERM and SIGHUP end live mode with the terminal restored and 
 
 This module is the command (its arguments, ``--once``, the live loop and its signals) and the
 drawing (:func:`fit`, :func:`frame`); reading the monitor (the ``--url``, the poll, the checks
-of its answer, the error lines) is :mod:`luftpause.monitor_client`.
+of its answer, the error lines) is :mod:`luftpause.top.monitor_client`.
 """
 
 from __future__ import annotations
@@ -61,11 +61,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
+from luftpause.config.arguments import add_config_argument, config_from_args
 from luftpause.extras import MissingExtra
-from luftpause.monitor_client import NetworkPoller, TopError, one_line, parse_url
 from luftpause.runtime.web.auth import TOKEN_ENV
+from luftpause.top.monitor_client import NetworkPoller, TopError, one_line, parse_url
 
 _rich_missing: ImportError | None = None
 try:
@@ -408,7 +408,7 @@ def frame(
     """One screen: the header (URL, counts or ``error``) and the tree of ``runs`` (the monitor's
     ``runs`` list; ``None``: none read yet), at most ``height`` lines in all (``None``: every
     run). Every line is one terminal line: columns are dropped or cut (``…``) to fit the width,
-    never wrapped; every string is shown :func:`~luftpause.monitor_client.printable`.
+    never wrapped; every string is shown :func:`~luftpause.top.monitor_client.printable`.
 
     Raises :class:`~luftpause.extras.MissingExtra` without ``rich`` (the ``tui`` extra)."""
     if _rich_missing is not None:

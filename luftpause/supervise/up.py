@@ -7,8 +7,8 @@ dataplane and runtime, unless ``--simulate`` asks for the simulated pool too: to
 stack's ports, ``luftpause up --print-config > FILE``, edit the addresses, then
 ``luftpause up --config FILE --simulate`` (``--print-config`` prints the configuration ``up``
 would use: with ``--config FILE``, that file). The ``LUFTPAUSE_<TABLE>__<KEY>`` environment
-variables (:mod:`luftpause.settings`) apply to ``up`` and, inherited, to every child alike. It waits
-for each process's ``GET /readyz`` (:mod:`luftpause.health`), but for a dataplane in front of a pool
+variables (:mod:`luftpause.config.settings`) apply to ``up`` and, inherited, to every child alike. It waits
+for each process's ``GET /readyz`` (:mod:`luftpause.serving.health`), but for a dataplane in front of a pool
 it did not start, whose engines may come later: that one it waits for until it is alive
 (``/livez``), and the banner says what it is not ready for yet. It prints every endpoint's and
 page's URL once everything answers (:func:`banner`), and stops
@@ -42,11 +42,10 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
-from luftpause import settings
-from luftpause.cli import add_config_argument, config_from_args
-from luftpause.config import EMBEDDED_DEFAULT, Config, listen_url, split_host_port
-from luftpause.ports import address_in_use
-from luftpause.testkit.procs import ChildProcess
+from luftpause.config import EMBEDDED_DEFAULT, Config, listen_url, settings, split_host_port
+from luftpause.config.arguments import add_config_argument, config_from_args
+from luftpause.serving.ports import address_in_use
+from luftpause.testkit.launch.procs import ChildProcess
 
 READY_TIMEOUT_S = 60.0
 FIRST_BACKOFF_S = 0.5

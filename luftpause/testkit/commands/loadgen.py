@@ -19,7 +19,7 @@ Two modes, one per invocation:
 
 * ``--agents N [--class C] [--caller NAME]``, repeatable for a mix (each ``--agents`` starts a
   group; the ``--class`` and ``--caller`` after it are that group's): closed-loop own-loop agents
-  (:mod:`luftpause.testkit.agents`) through the proxy for ``--duration-s`` seconds, each run with
+  (:mod:`luftpause.testkit.load.agents`) through the proxy for ``--duration-s`` seconds, each run with
   up to ``--tool-rounds`` tool rounds (``--tool-rounds-by agent``: every reply counts as a tool
   call, for models that never call tools) and a ``--context-tokens`` system prompt. A progress bar
   runs on a terminal; the summary is a table per class and caller group (runs/min, run time and
@@ -32,7 +32,7 @@ Two modes, one per invocation:
      "errors": [...]}
 
   The exit status is 0 when no run failed. A failed run makes its agent pause before the next
-  (1 s doubling to 10 s, at least a 429's ``Retry-After``; see :mod:`luftpause.testkit.agents`).
+  (1 s doubling to 10 s, at least a 429's ``Retry-After``; see :mod:`luftpause.testkit.load.agents`).
 
 ``--runtime`` (the MCP endpoint) and ``--proxy`` (the dataplane's base URL) default to the
 configuration's ``[runtime] listen`` and ``[dataplane] listen`` (``--config FILE``, else
@@ -63,15 +63,15 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Implementation, TextContent
 
 from luftpause import __version__
-from luftpause.cli import add_config_argument, config_from_args
 from luftpause.config import listen_url
+from luftpause.config.arguments import add_config_argument, config_from_args
 from luftpause.extras import MissingExtra, require_tui
-from luftpause.testkit.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, RunOutcome, closed_loop
+from luftpause.testkit.load.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, RunOutcome, closed_loop
 
 # percentile and summarize_agents are re-exported: bench/fanout.py and bench/flood.py import them here
-from luftpause.testkit.agents_summary import MAX_ERRORS_SHOWN, render_agents
-from luftpause.testkit.agents_summary import percentile as percentile
-from luftpause.testkit.agents_summary import summarize_agents as summarize_agents
+from luftpause.testkit.load.agents_summary import MAX_ERRORS_SHOWN, render_agents
+from luftpause.testkit.load.agents_summary import percentile as percentile
+from luftpause.testkit.load.agents_summary import summarize_agents as summarize_agents
 
 DEFAULT_TASK = (
     "Find out when the first transatlantic telegraph cable went into service and why it failed "
@@ -472,7 +472,7 @@ async def drive_agents(args: argparse.Namespace, groups: list[AgentGroup]) -> di
 def _default_url(args: argparse.Namespace) -> None:
     """Fill the URL this pass needs (``--proxy`` for ``--agents``, ``--runtime`` for ``--spawn``)
     from the configuration's listen address when it was not given. Only then is the configuration
-    read: a bad one ends the command (exit 2, see :func:`luftpause.cli.config_from_args`)."""
+    read: a bad one ends the command (exit 2, see :func:`luftpause.config.arguments.config_from_args`)."""
     if args.groups and args.proxy is None:
         args.proxy = listen_url(config_from_args(args).dataplane.listen)
     elif not args.groups and args.runtime is None:

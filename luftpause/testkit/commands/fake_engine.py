@@ -42,8 +42,8 @@ import signal
 
 import uvloop
 
-from luftpause import logs
-from luftpause.ports import port_number
+from luftpause.observe import logs
+from luftpause.serving.ports import port_number
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
 from luftpause.testkit.engine.faults import KINDS, Fault, parse_fault_option
 from luftpause.testkit.engine.model.profiles import PROFILES
