@@ -65,13 +65,13 @@ _DATAPLANE = r"""
 import functools, os, signal, sys, tracemalloc
 expiry = float(sys.argv[1])
 snapshots = sys.argv[2]
-import luftpause.dataplane.app as app
-import luftpause.dataplane.runs as runs
+import luftpause.dataplane.wiring as wiring
+import luftpause.dataplane.link.runs as runs
 from luftpause.dataplane.tool_calls import ToolCallTable
 if expiry > 0:
     runs.RUN_IDLE_EXPIRY_S = expiry
-    app.PRUNE_EVERY_S = expiry / 6
-    app.ToolCallTable = functools.partial(ToolCallTable, ttl_s=expiry)
+    wiring.PRUNE_EVERY_S = expiry / 6
+    wiring.ToolCallTable = functools.partial(ToolCallTable, ttl_s=expiry)
 if snapshots:
     counter = [0]
     def dump(signum, frame):

@@ -6,9 +6,9 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_metrics.py --benchmark-only -
 * ``per turn`` -- one turn's updates as the dataplane makes them (held time, first token, bytes
   relayed, the turn's end): ``by class`` keys them by service class only, as the dataplane did
   before its metrics took a ``replica`` label (the same plain integers and histogram); ``by class
-  and replica`` is :class:`~luftpause.dataplane.metrics.DataplaneMetrics` as it was before the
+  and replica`` is :class:`~luftpause.dataplane.server.metrics.DataplaneMetrics` as it was before the
   GenAI families; ``with the GenAI families`` adds what a finished turn now also records
-  (:meth:`~luftpause.dataplane.answer_metrics.AnswerMetrics.finished`: its label set by model,
+  (:meth:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics.finished`: its label set by model,
   replica, class and caller root, four histograms, three token counts and the usage per caller) and
   the answer's status code. The ratios of the medians are each addition's cost.
 * ``scrape`` -- one ``GET /metrics`` body built (what the serving loop spends per scrape): the
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.config import parse_config
-from luftpause.dataplane.metrics import CLASS_NAMES, DataplaneMetrics
+from luftpause.dataplane.server.metrics import CLASS_NAMES, DataplaneMetrics
 from luftpause.observe import metrics
 from luftpause.observe.metrics import Histogram
 from luftpause.scheduler.core import TurnArrived
@@ -74,7 +74,7 @@ def test_per_turn_by_class(benchmark: Any) -> None:
 
 
 def test_per_turn_by_class_and_replica(benchmark: Any) -> None:
-    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"])
+    dataplane = DataplaneMetrics(replicas=["sim-0", "sim-1"])
 
     def turns() -> None:
         for _ in range(1000):
@@ -88,7 +88,7 @@ def test_per_turn_by_class_and_replica(benchmark: Any) -> None:
 
 
 def test_per_turn_with_the_genai_families(benchmark: Any) -> None:
-    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"], callers=["team-a"])
+    dataplane = DataplaneMetrics(replicas=["sim-0", "sim-1"], callers=["team-a"])
     answers = dataplane.answers
 
     def turns() -> None:
@@ -105,7 +105,7 @@ def test_per_turn_with_the_genai_families(benchmark: Any) -> None:
 
 
 def test_scrape_dataplane(benchmark: Any) -> None:
-    dataplane = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0", "sim-1"])
+    dataplane = DataplaneMetrics(replicas=["sim-0", "sim-1"])
     for n in range(100):
         dataplane.turn_ended("finished", INTERACTIVE, "sim-0")
         dataplane.first_token(INTERACTIVE, 0.02, "sim-1")

@@ -342,7 +342,7 @@ class ReplicaConfig(Section):
     (the default): no ``priority`` is sent. Set it only when the engine was started so: vLLM
     without its priority policy refuses a ``priority`` other than 0 with 400, and SGLang without
     priority scheduling ignores the field or aborts the request. The values sent, and why, are in
-    :func:`luftpause.dataplane.relay.with_priority`. Generative replicas only: single-pass turns
+    :func:`luftpause.dataplane.turn.with_priority`. Generative replicas only: single-pass turns
     are sent unchanged."""
 
     apis: tuple[FrontDoorApi, ...] = ("chat",)

@@ -2,7 +2,7 @@
 
 The body is ``{"error": {"message": "..."}}`` (docs/architecture.md "Failure contract"), except on
 the Messages and Responses routes, which answer the same errors, with the same statuses, in their
-API's own shape (``luftpause.dataplane.front_doors.error_body``; ``apis.errors`` adds
+API's own shape (``luftpause.dataplane.intake.front_doors.error_body``; ``apis.errors`` adds
 ``TranslationError``, a ``BadRequest``)::
 
     DataplaneError (500)          a fault of ours ("internal error: <type>"); with the status of a

@@ -1,5 +1,12 @@
-"""One turn as the dataplane admits and forwards it, and the ways its request and answer may be
-shaped on the way (an engine's ``priority``; a front door API other than Chat Completions).
+"""One turn as the dataplane admits and forwards it, in three immutable stages, and the ways its
+request and answer may be shaped on the way (an engine's ``priority``; a front door API other than
+Chat Completions).
+
+Stages, each a frozen record made once by the part that decides it: :class:`Turn`, what intake
+decided (``intake/turns.py``); :class:`Admitted`, what admission decided (the replica, the
+failovers left; ``server/turns.py`` from ``link/placement.py``'s answer); :class:`Relayed`, what the
+relay saw (``relay/loop.py``). Nothing writes a stage after it is made: a turn sent again to
+another replica is a new :class:`Turn` (:meth:`Turn.again`) admitted anew.
 
 Front doors: a turn carries what goes to the engine (``upstream_path``, ``body``) and, when its
 client speaks another API than the engine's, a :class:`Translation` of the engine's answer (the
@@ -19,12 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from luftpause.config import EnginePriority
+from luftpause.config import EnginePriority, ReplicaConfig
 from luftpause.v1 import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
+    from luftpause.dataplane.relay.machine import Outcome
     from luftpause.dataplane.sse import SSEScanner
 
 __all__ = [
@@ -32,8 +38,10 @@ __all__ = [
     "CLASSIFY_PATH",
     "PRIORITY_VALUES",
     "RUN_ID_HEADER",
+    "Admitted",
     "Facts",
     "Native",
+    "Relayed",
     "StreamTranslation",
     "Translation",
     "Turn",
@@ -86,7 +94,7 @@ class Translation:
     * for an engine's refusal (429, 5xx), ``refusal(status, body)``, the client's body in its API's
       error shape (status and ``Retry-After`` unchanged).
 
-    ``whole`` raises :class:`~luftpause.dataplane.upstream.EngineError` for an engine's answer it
+    ``whole`` raises :class:`~luftpause.dataplane.relay.upstream.EngineError` for an engine's answer it
     cannot read (the turn fails: 502); else neither it nor ``refusal`` may raise (a fault there is
     a fault of the turn: 500).
     """
@@ -165,20 +173,21 @@ def new_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Turn:
-    """One request as admitted: ids, class and caller, what goes to the engine.
+    """What intake decided of one request (the turn's first stage; :class:`Admitted` and
+    :class:`Relayed` are the next two): ids, class and caller, what goes to the engine.
 
     ``run_id`` is ``""`` for a single-pass turn (``POST /v1/decide``), which belongs to no run.
     ``body`` is what the engine is sent (the client's bytes for Chat Completions and
     ``/v1/decide``), to ``upstream_path`` on the replica (``""``: :data:`CHAT_PATH`, or
     :data:`CLASSIFY_PATH` for a single-pass turn); ``translation`` shapes the answer for a client of
-    another API (None: relayed unchanged). ``arrived`` is the ``loop.time()`` (seconds) at which the
-    request's body had been read; ``first_token_at`` the ``loop.time()`` of its first token, once it
-    came. ``traceparent`` is what goes on with the turn (to the scheduler and the engine): the
-    dataplane's own span of it (``span``) while tracing is active, else the client's header as it
-    came; ``tracestate`` (W3C Trace Context: forwarded with its ``traceparent``) goes on to the
-    engine with it, unchanged.
+    another API (None: relayed unchanged). ``arrived`` is the clock's time (seconds) at which the
+    request's body had been read. ``traceparent`` is what goes on with the turn (to the scheduler
+    and the engine): the client's header as it came, or, while tracing is active, the context of
+    the dataplane's own span of it (a new value, made when the span starts); ``tracestate`` (W3C
+    Trace Context: forwarded with its ``traceparent``) goes on to the engine with it, unchanged.
+    Sent again to another replica (docs/failover.md), it is the same turn under a new ``turn_id``.
     """
 
     turn_id: str
@@ -191,8 +200,6 @@ class Turn:
     tracestate: str | None = None
     single_pass: bool = False
     arrived: float = 0.0
-    first_token_at: float | None = None
-    span: Span | None = None
     new_run: bool = False
     """The run was made up for this turn (no header, no known tool call): forgotten again if the
     turn never reaches a replica."""
@@ -210,35 +217,6 @@ class Turn:
     native: Native | None = None
     """How the turn goes to a replica that serves its API natively (None: a chat turn, or no
     replica of its model does); the relay takes it there, and ``translation`` elsewhere."""
-    native_served: bool = False
-    """The relay sent it natively (set when it was sent)."""
-    replica: str = ""
-    """Where the turn was sent, once it was."""
-    failovers_left: int = 0
-    """How many more times it may go to another replica when its own failed before answering
-    (``[dataplane.failover]``, docs/failover.md): 1 at intake when failover is on, then 0."""
-    failover_from: str = ""
-    """The replica that failed it before answering, when it comes again
-    (``AdmitRequest.failover_from``); ``""`` for a first send."""
-    engine_span: Span | None = None
-    """The span of its engine request (kind CLIENT, child of ``span``) while tracing is active,
-    from the request sent to the turn's end (:func:`luftpause.dataplane.turn_spans.engine_start`)."""
-
-    def again(self, translation: Translation | None) -> Turn:
-        """This turn once more, for another replica: a new turn id, one failover fewer, nothing of
-        its first send kept (``translation``: the one it had before it was sent, which a native
-        send drops)."""
-        return dataclasses.replace(
-            self,
-            turn_id=new_id(),
-            first_token_at=None,
-            translation=translation,
-            native_served=False,
-            replica="",
-            failovers_left=self.failovers_left - 1,
-            failover_from=self.replica,
-            engine_span=None,
-        )
 
     @staticmethod
     def new_id() -> str:
@@ -249,3 +227,45 @@ class Turn:
     def path(self) -> str:
         """Where the turn goes on its replica."""
         return self.upstream_path or (CLASSIFY_PATH if self.single_pass else CHAT_PATH)
+
+    def again(self) -> Turn:
+        """This turn once more, for another replica: a new turn id, everything else as intake
+        decided it."""
+        return dataclasses.replace(self, turn_id=new_id())
+
+    def named(self, run_id: str, made_up: bool = False) -> Turn:
+        """This turn in the run the scheduler named for it (``made_up``: still the one made up
+        here), nothing more to ask about."""
+        return dataclasses.replace(self, run_id=run_id, new_run=made_up, ask_ids=())
+
+    def traced(self, traceparent: str, tracestate: str | None) -> Turn:
+        """This turn carrying its own span's context on (``traceparent``, ``tracestate``)."""
+        return dataclasses.replace(self, traceparent=traceparent, tracestate=tracestate)
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What admission decided of a turn (its second stage): ``replica``, where it goes (as this
+    dataplane's replica set names it); ``failovers_left``, how many more times it may go to another
+    replica when this one fails before answering (``[dataplane.failover]``: 1 when failover is on,
+    0 for a turn already sent once); ``failover_from``, the replica that failed it before
+    answering, for a turn sent again (``AdmitRequest.failover_from``; ``""`` for a first send)."""
+
+    turn: Turn
+    replica: ReplicaConfig
+    failovers_left: int = 0
+    failover_from: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """What the relay saw of an admitted turn (its third stage): the ``replica`` it was sent to,
+    whether that replica served its API ``natively`` (the client's bytes there, the answer back
+    unchanged), when its first token came (the clock's seconds; ``None``: none came, or the answer
+    was whole) and its ``outcome`` (:class:`~luftpause.dataplane.relay.machine.Finished` or
+    :class:`~luftpause.dataplane.relay.machine.Failed`)."""
+
+    replica: str
+    native: bool
+    first_token_at: float | None
+    outcome: Outcome

@@ -195,7 +195,7 @@ def turn_event(message: pb.TurnEvent, at: float) -> Event | None:
             message.completion_tokens,
         )
     if kind == _FAILED:
-        # the dataplane's words for a client that left mid-stream (luftpause.dataplane.relay):
+        # the dataplane's words for a client that left mid-stream (luftpause.dataplane.relay.machine):
         # no fault of the engine, so the circuit breaker does not count it
         engine_fault = not message.error.startswith(CLIENT_GONE_ERROR)
         return TurnFailed(message.turn_id, at, message.error, engine_fault, message.unreachable)

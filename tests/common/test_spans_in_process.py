@@ -75,7 +75,7 @@ def test_unset_endpoint_installs_nothing_and_the_sdk_is_never_imported() -> None
     code = (
         "import sys\n"
         "from luftpause.observe import tracing\n"
-        "import luftpause.dataplane.app, luftpause.scheduler.server, luftpause.runtime.server\n"
+        "import luftpause.dataplane.server.app, luftpause.scheduler.server, luftpause.runtime.server\n"
         "assert tracing.setup(tracing.DATAPLANE_SERVICE) is False\n"
         "assert tracing.active is False\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))\n"
@@ -530,7 +530,7 @@ def test_turn_and_execute_tool_spans_are_children_of_invoke_agent(spans: InMemor
 def test_the_runtimes_turn_span_is_not_an_llm_call_and_the_dataplanes_is(
     spans: InMemorySpanExporter,
 ) -> None:
-    from luftpause.dataplane import turn_spans
+    from luftpause.dataplane.relay import turn_spans
 
     run = make_run("run-typed")
     with run_spans.invoke_agent(run), run_spans.turn(run) as turn_span:
@@ -635,20 +635,19 @@ def _dataplane_turn(traceparent: str = "", tracestate: str = "") -> Any:
         traceparent=traceparent,
         tracestate=tracestate,
         body=b'{"model": "m", "max_tokens": 8, "temperature": 0.5, "stop": "END", "n": 2, "seed": true}',
-        replica="sim-0",
     )
 
 
 def test_the_engine_requests_span_is_a_client_child_of_the_turns_with_the_requests_parameters(
     spans: InMemorySpanExporter,
 ) -> None:
-    from luftpause.dataplane import turn_spans
+    from luftpause.dataplane.relay import turn_spans
 
     turn = _dataplane_turn()
-    turn.span = turn_spans.start(turn, ("127.0.0.1", 8080))
-    turn.engine_span = turn_spans.engine_start(turn, "https://engine.example:8443")
-    turn_spans.answered(turn, 6, "chatcmpl-9", "m-served")
-    for span in (turn.engine_span, turn.span):
+    turn_span = turn_spans.start(turn, ("127.0.0.1", 8080))
+    engine_span = turn_spans.engine_start(turn, "sim-0", "https://engine.example:8443", turn_span)
+    turn_spans.answered((turn_span, engine_span), 6, "chatcmpl-9", "m-served")
+    for span in (engine_span, turn_span):
         turn_spans.ended(span, pb.TurnEvent.FINISHED, {"finish_reason": "stop", "prompt_tokens": 9})
         span.end()
     served, called = sorted(named(spans, "chat m"), key=lambda s: s.kind.value)
@@ -687,7 +686,7 @@ def test_the_engine_requests_span_is_a_client_child_of_the_turns_with_the_reques
 def test_the_dataplane_chat_span_names_its_provider_and_only_reported_usage(
     spans: InMemorySpanExporter, fields: dict[str, Any], expected: dict[str, int]
 ) -> None:
-    from luftpause.dataplane import turn_spans
+    from luftpause.dataplane.relay import turn_spans
 
     span = turn_spans.start(_dataplane_turn())
     turn_spans.ended(span, pb.TurnEvent.FINISHED, fields)

@@ -1,5 +1,5 @@
-"""The dataplane's figures of finished turns (:mod:`luftpause.dataplane.answer_metrics`) and the
-usage per caller folded from them (:mod:`luftpause.dataplane.usage`), without a network: what a
+"""The dataplane's figures of finished turns (:mod:`luftpause.dataplane.server.answer_metrics`) and the
+usage per caller folded from them (:mod:`luftpause.dataplane.server.usage`), without a network: what a
 turn adds, which callers get a series, how windows roll, and that ``promtool check metrics``
 accepts the exposition. Counted from real turns through a real dataplane:
 ``tests/dataplane/test_chat_route_headers_and_routes.py`` and ``tests/stack/test_caller_usage.py``;
@@ -13,8 +13,8 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.usage import CallerLabels
+from luftpause.dataplane.server.metrics import DataplaneMetrics, Gauges
+from luftpause.dataplane.server.usage import CallerLabels
 from luftpause.v1 import scheduler_pb2 as pb
 
 PROMTOOL = shutil.which("promtool")
@@ -47,7 +47,7 @@ def test_a_caller_is_counted_under_its_configured_root_else_anonymous_or_other()
 
 
 def test_a_finished_turn_adds_its_times_and_tokens_under_bounded_labels() -> None:
-    metrics = DataplaneMetrics(lambda: 0, lambda: 0, replicas=["sim-0"], callers=["team-a"])
+    metrics = DataplaneMetrics(replicas=["sim-0"], callers=["team-a"])
     answers = metrics.answers
     # streamed: arrived at 10.0, first token at 10.5, end at 12.5 with 21 output tokens
     answers.finished("m", "sim-0", pb.INTERACTIVE, "team-a/job-1", 10.0, 10.5, 12.5, 100, 21, 60)
@@ -78,9 +78,7 @@ def test_a_finished_turn_adds_its_times_and_tokens_under_bounded_labels() -> Non
 
 def test_usage_per_caller_and_model_over_the_life_and_per_window() -> None:
     clock = Clock(7200.0 + 10)  # 10 s into a window of 3600
-    metrics = DataplaneMetrics(
-        lambda: 0, lambda: 0, callers=["team-a"], usage_window_s=3600, wall_clock=clock
-    )
+    metrics = DataplaneMetrics(callers=["team-a"], usage_window_s=3600, wall_clock=clock)
     add = metrics.answers.finished
     add("m", "r", pb.INTERACTIVE, "team-a/x", 0, 0.1, 1, 10, 5, 4)
     add("m", "r2", pb.BATCH, "team-a", 0, 0.1, 1, 20, 6, 0)  # another replica and class: one row
@@ -106,11 +104,10 @@ def test_usage_per_caller_and_model_over_the_life_and_per_window() -> None:
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not found (Debian: apt-get install prometheus)")
 def test_promtool_check_metrics_accepts_the_dataplanes_exposition() -> None:
     assert PROMTOOL is not None
-    metrics = DataplaneMetrics(lambda: 1, lambda: 0, replicas=["sim-0"], callers=["team-a"])
+    metrics = DataplaneMetrics(replicas=["sim-0"], callers=["team-a"])
     metrics.turn_ended("finished", pb.INTERACTIVE, "sim-0")
     metrics.answers.finished("m", "sim-0", pb.INTERACTIVE, "team-a", 0, 0.1, 1, 10, 5, 4)
     metrics.answers.responded(200)
-    checked = subprocess.run(
-        [PROMTOOL, "check", "metrics"], input=metrics.exposition(), capture_output=True, timeout=60
-    )
+    text = metrics.exposition(Gauges(in_flight=1, connected=True, healthy_replicas=2))
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -1,5 +1,5 @@
 """A stream whose answer is whole before the engine's HTTP body ends (review.md N1): the engine
-writes its events and ``data: [DONE]`` (or, native, the API's last event) and the chunked body's
+writes its events and ``data: [DONE]`` and the chunked body's
 terminating ``0\\r\\n\\r\\n`` later. The client, done at ``[DONE]``, may close at once; the turn is
 finished all the same, and the client's response ends at ``[DONE]`` without waiting for the
 engine's end.
@@ -8,7 +8,9 @@ Before the fix the dataplane relayed ``[DONE]`` with more to come and waited for
 the ``openai`` client, done, closed, and the turn was counted ``failed: client disconnected``.
 
 Engines on raw sockets (``raw_engine_helpers``) in threads of the test; the scheduler and the
-dataplane real processes; the official clients where what they do at the end is the point.
+dataplane real processes; the official clients where what they do at the end is the point. That a
+translated or natively served stream is whole at its own last event is the relay machine's rule,
+tested on any split of any stream in ``test_relay_machine`` (no sockets).
 """
 
 from __future__ import annotations
@@ -18,12 +20,9 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
-import anthropic
 import httpx2
 import openai
-import orjson
 import pytest
 from dataplane_procs import SchedulerAndDataplane, scheduler_and_dataplane, wait_until
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,9 +36,6 @@ ON_SIGNAL = "end-on-signal"
 """The body's end only once the test says (``END_NOW``), at most 30 s after ``[DONE]``: a client
 that reads to the end of its body gets there only if the relay ended it without the engine (the
 test sets ``END_NOW`` after the client's read, and the client's timeout is 20 s)."""
-NATIVE_LATE = "native-late-end"
-"""A replica serving ``/v1/messages`` natively: ``message_stop``, then the body's end as for
-:data:`ON_SIGNAL`."""
 TWO_CHOICES = "two-choices"
 """``n = 2``: choice 0 finishes at once, choice 1 goes on for seconds, one event every 0.1 s; what
 the engine managed to send before it saw the client's close is in ``TWO_CHOICES_SENT``."""
@@ -49,44 +45,8 @@ TERMINATOR = b"0\r\n\r\n"
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
-def _anthropic_event(kind: str, payload: dict[str, Any]) -> bytes:
-    return b"event: %s\ndata: %s\n\n" % (kind.encode(), orjson.dumps({"type": kind, **payload}))
-
-
-NATIVE_EVENTS = [
-    _anthropic_event(
-        "message_start",
-        {
-            "message": {
-                "id": "msg_raw",
-                "type": "message",
-                "role": "assistant",
-                "model": NATIVE_LATE,
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": {"input_tokens": 3, "output_tokens": 0},
-            }
-        },
-    ),
-    _anthropic_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
-    _anthropic_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "hello"}}),
-    _anthropic_event("content_block_stop", {"index": 0}),
-    _anthropic_event(
-        "message_delta",
-        {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 2}},
-    ),
-    _anthropic_event("message_stop", {}),
-]
-
-
 def _late_end(request: RawRequest) -> None:
     sock: socket.socket = request.sock
-    if request.head.startswith(b"POST /v1/messages "):
-        sock.sendall(STREAM_HEAD + b"".join(chunked(e) for e in NATIVE_EVENTS))
-        END_NOW.wait(30)
-        sock.sendall(TERMINATOR)
-        return
     model = str(request.json["model"])
     if model == TWO_CHOICES:
         first = chunk("a", model, finish="stop")
@@ -119,7 +79,7 @@ def _late_end(request: RawRequest) -> None:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, RawEngine]]:
-    running = {"late": RawEngine(_late_end).start(), "native": RawEngine(_late_end).start()}
+    running = {"late": RawEngine(_late_end).start()}
     try:
         yield running
     finally:
@@ -135,8 +95,6 @@ def pair(
     replicas = (
         f'\n[[replicas]]\nname = "late"\nurl = "{engines["late"].url}"\n'
         f'models = ["{LATE}", "{ON_SIGNAL}", "{TWO_CHOICES}"]\nhealth_path = ""\n'
-        f'\n[[replicas]]\nname = "native"\nurl = "{engines["native"].url}"\n'
-        f'models = ["{NATIVE_LATE}"]\napis = ["chat", "messages"]\nhealth_path = ""\n'
     )
     with scheduler_and_dataplane(tmp_path_factory.mktemp("late-end"), [], replicas=replicas) as running:
         yield running
@@ -208,57 +166,6 @@ def test_the_clients_response_ends_at_done_without_waiting_for_the_engines_end(
     after = _settled(pair, before["finished"] + 1)
     assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
     assert _turns(pair, "late").get("failed", 0.0) == 0.0
-
-
-@pytest.mark.parametrize("api", ["messages", "responses"])
-def test_a_translated_stream_whose_engine_ends_late_is_finished_and_closed_at_its_last_event(
-    pair: SchedulerAndDataplane, api: str, request: pytest.FixtureRequest
-) -> None:
-    END_NOW.clear()
-    before = pair.counters()
-    try:
-        if api == "messages":
-            client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
-            request.addfinalizer(client.close)
-            with client.messages.stream(
-                model=ON_SIGNAL, max_tokens=20, messages=[{"role": "user", "content": "hi"}]
-            ) as stream:
-                text = "".join(stream.text_stream)
-                final = stream.get_final_message()
-            assert (text, final.stop_reason) == ("hello", "end_turn")
-        else:
-            responses = openai.OpenAI(
-                base_url=f"{pair.dataplane_url}/v1", api_key="x", max_retries=0, timeout=20
-            )
-            request.addfinalizer(responses.close)
-            events = list(responses.responses.create(model=ON_SIGNAL, input="hi", stream=True))
-            assert events[-1].type == "response.completed"
-            assert "".join(
-                getattr(e, "delta", "") for e in events if e.type == "response.output_text.delta"
-            ) == ("hello")
-    finally:  # both clients read to the end of the body: it ended at the last event, not the engine's end
-        END_NOW.set()
-    after = _settled(pair, before["finished"] + 1)
-    assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
-
-
-def test_a_native_messages_stream_whose_body_ends_late_is_finished(pair: SchedulerAndDataplane) -> None:
-    END_NOW.clear()
-    before = pair.counters()
-    client = anthropic.Anthropic(base_url=pair.dataplane_url, api_key="x", max_retries=0, timeout=20)
-    try:
-        with client.messages.stream(
-            model=NATIVE_LATE, max_tokens=20, messages=[{"role": "user", "content": "hi"}]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
-    finally:  # the client reads to the end of the body: it ended at message_stop
-        END_NOW.set()
-        client.close()
-    assert (text, final.stop_reason, final.usage.output_tokens) == ("hello", "end_turn", 2)
-    after = _settled(pair, before["finished"] + 1)
-    assert (after["finished"] - before["finished"], after["failed"] - before["failed"]) == (1, 0), pair.logs()
-    assert _turns(pair, "native").get("failed", 0.0) == 0.0
 
 
 def test_a_client_leaving_after_the_first_of_two_choices_finished_fails_the_turn_and_stops_the_engine(

@@ -1,4 +1,4 @@
-"""The dataplane's engine client (``luftpause.dataplane.upstream``) against small engines on raw
+"""The dataplane's engine client (``luftpause.dataplane.relay.upstream``) against small engines on raw
 sockets in the test's own loop: keep-alive, the three ways a body ends, the ways an engine fails,
 the bound on what it holds for a slow relay, the read timeout."""
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from luftpause.dataplane.upstream import (
+from luftpause.dataplane.relay.upstream import (
     HIGH_WATER_BYTES,
     EngineClosed,
     EngineConnectError,

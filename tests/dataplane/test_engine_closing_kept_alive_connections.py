@@ -39,7 +39,7 @@ from raw_engine_helpers import (
 pytestmark = pytest.mark.integration
 
 RESENT = "sending the request again on a new one"
-"""What the dataplane logs when it sends a request again (``luftpause.dataplane.upstream``)."""
+"""What the dataplane logs when it sends a request again (``luftpause.dataplane.relay.upstream``)."""
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 

@@ -1,4 +1,4 @@
-"""The dataplane's engine client (``luftpause.dataplane.upstream``) when an engine closes a kept-alive
+"""The dataplane's engine client (``luftpause.dataplane.relay.upstream``) when an engine closes a kept-alive
 connection as it is reused: found closed when taken from the pool, it is dropped; closed or reset
 after the request was written and before any byte of the answer, the request is sent once more on a
 new connection; never otherwise (a new connection, a byte of the answer already in, a second
@@ -19,7 +19,7 @@ import pytest
 import uvloop
 from raw_engine_helpers import STREAM_HEAD, RawEngine, RawRequest, answer_json, chunked, close, reset
 
-from luftpause.dataplane.upstream import (
+from luftpause.dataplane.relay.upstream import (
     KEEPALIVE_S,
     RESEND_WINDOW_S,
     EngineClosed,
@@ -28,7 +28,7 @@ from luftpause.dataplane.upstream import (
     EnginePool,
     Upstream,
 )
-from luftpause.dataplane.upstream import connection as upstream_connection
+from luftpause.dataplane.relay.upstream import connection as upstream_connection
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]

@@ -43,7 +43,7 @@ def test_a_real_stack_records_its_trace_and_the_trace_replays(tmp_path: Path) ->
         run = by_id[outcome.run_id]
         assert len(run.turns) == 3 and [t.tools for t in run.turns] == [True, True, False]
         # The scheduler dates a turn's end when the dataplane's report reaches it, and reports are
-        # coalesced for up to 20 ms (luftpause/dataplane/admission.py), on a loaded machine longer:
+        # coalesced for up to 20 ms (luftpause/dataplane/link/admission.py), on a loaded machine longer:
         # the recorded pause is the 0.2 s tool time give or take that, so only its presence and sign
         # are facts here, not its size.
         assert all(t.pause_after is not None and t.pause_after > 0 for t in run.turns[:2])

@@ -15,8 +15,8 @@ import pytest
 from grpc_helpers import connect_once
 from repo_paths import ROOT
 
-import luftpause.dataplane.app as dataplane_app
 from luftpause.config import load_config
+from luftpause.dataplane.wiring import build_dataplane
 from luftpause.runtime.server import create_app as runtime_app
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.status_http import status_app
@@ -106,10 +106,13 @@ def _declared_runtime(tmp_path: Path) -> set[tuple[str, str]]:
 
 
 def _declared_dataplane() -> set[tuple[str, str]]:
-    # The dataplane routes by hand; its module docstring's table is its list of routes.
-    doc = dataplane_app.__doc__ or ""
-    rows = [line.split("  ", 1)[0] for line in doc.splitlines() if line.startswith("``")]
-    return {match for row in rows for match in re.findall(r"``(GET|POST|DELETE|PUT) (/[^`]*)``", row)}
+    # The dataplane's route table (Dataplane.routes), as the app is built.
+    return {
+        (method, route.path)
+        for route in build_dataplane(load_config()).routes
+        for method in route.methods
+        if method != "HEAD"
+    }
 
 
 def test_every_declared_route_has_a_row(tmp_path: Path) -> None:

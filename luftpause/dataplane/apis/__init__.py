@@ -26,7 +26,7 @@ One module per concern:
                          Codex's own session signals
 =======================  =====================================================================
 
-The routes that use them are ``luftpause.dataplane.front_doors`` (what a request becomes) and the
+The routes that use them are ``luftpause.dataplane.intake.front_doors`` (what a request becomes) and the
 relay (``Turn.translation``, ``Turn.native``). How they use them, for a turn its replica does not
 serve natively::
 

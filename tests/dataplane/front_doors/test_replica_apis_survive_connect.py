@@ -5,7 +5,7 @@ translated after the first Connect."""
 from __future__ import annotations
 
 from luftpause.config import ReplicaConfig, parse_config
-from luftpause.dataplane.app import Dataplane
+from luftpause.dataplane.wiring import build_dataplane
 from luftpause.scheduler.grpc_service import replica_set
 
 CONFIG = """
@@ -29,16 +29,18 @@ def test_the_replica_set_carries_each_replicas_apis_and_the_dataplane_plans_by_t
         ["chat", "messages", "responses"],
         ["chat"],
     ]
-    dataplane = Dataplane(parse_config(CONFIG.replace('apis = ["chat", "messages", "responses"]', "")))
+    replicas = build_dataplane(
+        parse_config(CONFIG.replace('apis = ["chat", "messages", "responses"]', ""))
+    ).replicas
     payload = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     assert (
-        dataplane.front_doors.plan("messages", payload, b"{}", "m").native is None
+        replicas.front_doors.plan("messages", payload, b"{}", "m").native is None
     )  # the file says chat only
-    dataplane._learn_replicas(item.replicas)  # what Connect delivers
-    planned = dataplane.front_doors.plan("messages", payload, b"{}", "m")
+    replicas.learn(item.replicas)  # what Connect delivers (the link is built with it)
+    planned = replicas.front_doors.plan("messages", payload, b"{}", "m")
     assert planned.native is not None and planned.translation is None  # served natively, untranslated
     assert (
-        dataplane.front_doors.plan("messages", {**payload, "model": "p"}, b"{}", "p").translation is not None
+        replicas.front_doors.plan("messages", {**payload, "model": "p"}, b"{}", "p").translation is not None
     )
 
 

@@ -1,10 +1,11 @@
-"""The relay's hook for front doors other than Chat Completions (``Turn.translation``), with the
-Anthropic Messages translator of ``luftpause.dataplane.apis`` plugged in: the client gets what the
+"""The relay's loop (``relay/loop.py``) with a front door's translation (``Turn.translation``,
+the Anthropic Messages translator of ``luftpause.dataplane.apis``): the client gets what the
 translator makes of the engine's answer, while every fact (first token, finish reason, usage,
-tool-call ids) is still read from the engine's own Chat Completions answer.
+tool-call ids) is still read from the engine's own Chat Completions answer and reported through
+the loop's one report function to the run table, the tool-call table, the metrics and the link.
 
-The relay runs in the test's loop against an engine on raw sockets; its client is a stand-in for
-granian's ASGI ``send``. No route uses the hook yet: this is its contract.
+The loop runs in the test's loop against an engine on asyncio sockets; its client is a stand-in
+for granian's ASGI ``send``. The machine's rules on any split are ``test_relay_machine``'s.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ import orjson
 import pytest
 
 from luftpause.config import ReplicaConfig
-from luftpause.dataplane.admission import SchedulerLink
 from luftpause.dataplane.apis.errors import engine_refusal_body
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
-from luftpause.dataplane.asgi import Exchange, StreamBroken
-from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.relay import Relay
-from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.link.admission import SchedulerLink
+from luftpause.dataplane.link.runs import RunTable
+from luftpause.dataplane.relay.loop import Relay
+from luftpause.dataplane.relay.upstream import Upstream
+from luftpause.dataplane.server.asgi import Exchange, StreamBroken
+from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.tool_calls import ToolCallTable
-from luftpause.dataplane.turn import Translation, Turn
-from luftpause.dataplane.upstream import Upstream
+from luftpause.dataplane.turn import Admitted, Translation, Turn
 from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -122,12 +123,12 @@ async def _relay(body: dict[str, Any]) -> tuple[list[dict[str, Any]], ToolCallTa
 
     runs, tool_calls = RunTable(), ToolCallTable()
     upstream = Upstream(30.0)
-    metrics = DataplaneMetrics(int, int)
+    metrics = DataplaneMetrics()
     relay = Relay(upstream, SchedulerLink("127.0.0.1:1", runs), runs, metrics, tool_calls)
     replica = ReplicaConfig(name="e", url=f"http://127.0.0.1:{port}", models=("m",))
     exchange = Exchange({"method": "POST", "path": "/v1/messages", "headers": []}, receive, send)
     try:
-        await relay.forward(_turn(body, _messages()), replica, exchange)
+        await relay.forward(Admitted(_turn(body, _messages()), replica), exchange)
     except StreamBroken as exc:  # granian then aborts the client's connection
         sent.append({"type": "aborted", "reason": str(exc)})
     finally:

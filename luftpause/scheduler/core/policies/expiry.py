@@ -8,7 +8,10 @@ turns (a run with a turn is never forgotten). Times are seconds of the shell's m
 
 from __future__ import annotations
 
-TURN_EXPIRY_S = 600.0
+from luftpause.v1.contract import TURN_EXPIRY_S
+
+__all__ = ["RUN_EXPIRY_S", "TURN_EXPIRY_S", "run_expired", "turn_expired"]
+
 RUN_EXPIRY_S = 1800.0
 
 

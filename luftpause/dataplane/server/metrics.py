@@ -42,7 +42,7 @@ replica}``                                                             read) to 
 
 The families of finished turns' latency and tokens (the OpenTelemetry GenAI names, by model,
 replica, class and caller) and the answers by status code are
-:mod:`luftpause.dataplane.answer_metrics`, in the same registry (``answers``).
+:mod:`luftpause.dataplane.server.answer_metrics`, in the same registry (``answers``).
 
 Labels are bounded: ``outcome`` has four values, ``service_class`` two, ``replica`` the configured
 replicas and ``""``. Run ids and callers are never labels (unbounded cardinality). Cost on the hot
@@ -56,11 +56,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.dataplane.answer_metrics import AnswerMetrics
-from luftpause.dataplane.usage import CallerLabels
+from luftpause.dataplane.server.answer_metrics import AnswerMetrics
+from luftpause.dataplane.server.usage import CallerLabels
 from luftpause.observe.metrics import CONTENT_TYPE, Histogram, build_info, exposition, new_registry
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -92,35 +93,40 @@ _HELD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0, 5.0, 
 _LABELS = ("interactive", "batch")
 
 
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """What is going on now, read when ``/metrics`` is scraped: turns sent to an engine and not
+    ended (``in_flight``), turns whose Admit is out (``held``), whether the scheduler link is
+    resynced, and how many replicas the scheduler last counted healthy (``None``: it has not said)."""
+
+    in_flight: int = 0
+    held: int = 0
+    connected: bool = False
+    healthy_replicas: int | None = None
+
+
 class DataplaneMetrics:
     """Every metric of one dataplane in its own registry.
 
-    ``DataplaneMetrics(in_flight, held, ...)``: callables giving the current number of turns sent
-    to an engine and of turns whose Admit is out, whether the scheduler link is resynced, and how
-    many replicas the scheduler last counted healthy (``None``: it has not said), read only when
-    ``/metrics`` is scraped; ``replicas``: the configured replicas' names, whose series exist from
-    the start (a replica named later gets its series when its first turn ends); ``callers``: the
-    configured callers (caller keys', ``[scheduler.protection] callers``), whose roots are the
-    caller labels of ``answers`` (:class:`~luftpause.dataplane.answer_metrics.AnswerMetrics`), whose
-    usage windows are ``usage_window_s`` seconds long on ``wall_clock`` (seconds since the epoch).
+    ``DataplaneMetrics(replicas=(), callers=(), usage_window_s=3600.0, wall_clock=time.time)``:
+    ``replicas``: the configured replicas' names, whose series exist from the start (a replica
+    named later gets its series when its first turn ends); ``callers``: the configured callers
+    (caller keys', ``[scheduler.protection] callers``), whose roots are the caller labels of
+    ``answers`` (:class:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics`), whose usage
+    windows are ``usage_window_s`` seconds long on ``wall_clock`` (seconds since the epoch). The
+    gauges of what is going on now are not read from the other parts: the ``/metrics`` route hands
+    them to :meth:`exposition` (:class:`Gauges`), so the metrics depend on nothing.
     """
 
     def __init__(
         self,
-        in_flight: Callable[[], int],
-        held: Callable[[], int],
         *,
-        connected: Callable[[], bool] = lambda: False,
-        healthy_replicas: Callable[[], int | None] = lambda: None,
         replicas: Iterable[str] = (),
         callers: Iterable[str] = (),
         usage_window_s: float = 3600.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._in_flight = in_flight
-        self._held_now = held
-        self._connected = connected
-        self._healthy_replicas = healthy_replicas
+        self._gauges = Gauges()
         names = list(replicas)
         self._turns: dict[tuple[str, int, str], int] = {
             (outcome, value, name): 0
@@ -237,27 +243,29 @@ class DataplaneMetrics:
         yield GaugeMetricFamily(
             "luftpause_dataplane_turns_in_flight",
             "Turns sent to an engine that have not ended yet.",
-            value=self._in_flight(),
+            value=self._gauges.in_flight,
         )
         yield GaugeMetricFamily(
             "luftpause_dataplane_turns_held",
             "Turns whose Admit is out: held by the scheduler, or waiting for it to come back.",
-            value=self._held_now(),
+            value=self._gauges.held,
         )
         yield GaugeMetricFamily(
             "luftpause_dataplane_scheduler_connected",
             "1 while the link to the scheduler is open and resynced, else 0.",
-            value=1 if self._connected() else 0,
+            value=1 if self._gauges.connected else 0,
         )
         healthy = GaugeMetricFamily(
             "luftpause_dataplane_healthy_replicas",
             "Replicas the scheduler counts healthy, as it last told this dataplane (absent until it has).",
         )
-        healthy_now = self._healthy_replicas()
+        healthy_now = self._gauges.healthy_replicas
         if healthy_now is not None:
             healthy.add_metric([], healthy_now)
         yield healthy
 
-    def exposition(self) -> bytes:
-        """The registry in the Prometheus text format (``content-type``: :data:`CONTENT_TYPE`)."""
+    def exposition(self, gauges: Gauges | None = None) -> bytes:
+        """The registry in the Prometheus text format (``content-type``: :data:`CONTENT_TYPE`),
+        with ``gauges`` as what is going on now (none given: all zero, the link not connected)."""
+        self._gauges = gauges or Gauges()
         return exposition(self.registry)

@@ -54,8 +54,8 @@ from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat
 from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
 from luftpause.dataplane.errors import DataplaneError, NotFound
+from luftpause.dataplane.relay.upstream import EngineError
 from luftpause.dataplane.turn import Native, Translation, new_id
-from luftpause.dataplane.upstream import EngineError
 
 __all__ = [
     "COUNT_TOKENS_PATH",
@@ -113,7 +113,7 @@ class Planned:
 
 @dataclass(frozen=True, slots=True)
 class CountPlan:
-    """Where ``POST /v1/messages/count_tokens`` asks (``luftpause.dataplane.token_count``):
+    """Where ``POST /v1/messages/count_tokens`` asks (``luftpause.dataplane.server.token_count``):
     ``replica`` (its name), ``path`` on it and ``body``; ``native``: the replica speaks Messages and
     gets the client's request unchanged (else the engine's ``/tokenize`` in vLLM's chat form)."""
 

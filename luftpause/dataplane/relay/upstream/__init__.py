@@ -70,7 +70,7 @@ before its answer ended), ``EngineTimeout`` (the read timeout passed), ``EngineP
 HTTP/1.1 as the parser reads it).
 """
 
-from luftpause.dataplane.upstream.connection import (
+from luftpause.dataplane.relay.upstream.connection import (
     BODY_END_GRACE_S,
     DEFAULT_MAX_IDLE,
     ENGINE_CONNECT_TIMEOUT_S,
@@ -84,7 +84,7 @@ from luftpause.dataplane.upstream.connection import (
     EngineProtocolError,
     EngineTimeout,
 )
-from luftpause.dataplane.upstream.pool import EnginePool, Upstream
+from luftpause.dataplane.relay.upstream.pool import EnginePool, Upstream
 
 __all__ = [
     "BODY_END_GRACE_S",

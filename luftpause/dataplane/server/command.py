@@ -2,7 +2,7 @@
 
 Each of granian's workers (``[dataplane] workers``, 1 by default) builds the app from the
 configuration checked here, with its own link to the scheduler under its own dataplane id
-(:func:`luftpause.dataplane.app.worker_dataplane_id`): the proxy behind the
+(:func:`luftpause.dataplane.wiring.worker_dataplane_id`): the proxy behind the
 listener guard (:mod:`luftpause.serving.listeners`: body deadline, requests at once, stop). The caller
 keys and the TLS files are read here first, so that a bad one stops the command (exit 2, one line
 naming the file and the key) before any worker starts.
@@ -54,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    from luftpause.dataplane.app import create_app
+    from luftpause.dataplane.wiring import create_app
 
     host, port = split_host_port(config.dataplane.listen)
     server = Granian(
-        "luftpause.dataplane.app:create_app",  # a label only: the loader below builds the app
+        "luftpause.dataplane.wiring:create_app",  # a label only: the loader below builds the app
         address=host,
         port=port,
         interface=Interfaces.ASGI,

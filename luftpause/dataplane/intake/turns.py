@@ -7,7 +7,7 @@ bearer token (what the Anthropic clients send), must be the token or a caller ke
 class is ``x-luftpause-class`` (``interactive`` | ``batch``; absent: interactive; 400 for another);
 the caller ``x-luftpause-caller`` cut to 128 bytes; with caller keys, the key's caller narrowed by
 the header and a class the key may use (absent: its first), 403 otherwise. The run comes from
-:class:`~luftpause.dataplane.run_identity.RunIdentity`.
+:class:`~luftpause.dataplane.intake.run_identity.RunIdentity`.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Any
 
 from luftpause.auth.callers import Access, CallerRefused
 from luftpause.dataplane.apis.errors import Api
-from luftpause.dataplane.asgi import Exchange
 from luftpause.dataplane.errors import BadRequest, Forbidden, Unauthorized
-from luftpause.dataplane.front_doors import FrontDoors
-from luftpause.dataplane.request_checks import (
+from luftpause.dataplane.intake.checks import (
     header_of,
     json_with_model,
     refuse_over_token_cap,
     truncate_caller,
 )
-from luftpause.dataplane.run_identity import RunIdentity
+from luftpause.dataplane.intake.front_doors import FrontDoors
+from luftpause.dataplane.intake.run_identity import RunIdentity
+from luftpause.dataplane.server.asgi import Exchange
 from luftpause.dataplane.tool_calls import request_tool_call_ids
 from luftpause.dataplane.turn import Turn
 from luftpause.v1 import scheduler_pb2 as pb

@@ -1,6 +1,6 @@
 """The kept-alive connections to one engine (:class:`EnginePool`) and every engine's pools with
 their timeout sweep (:class:`Upstream`); the contract is the package's
-(:mod:`luftpause.dataplane.upstream`)."""
+(:mod:`luftpause.dataplane.relay.upstream`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from luftpause.dataplane.upstream.connection import (
+from luftpause.dataplane.relay.upstream.connection import (
     DEFAULT_MAX_IDLE,
     ENGINE_CONNECT_TIMEOUT_S,
     KEEPALIVE_S,

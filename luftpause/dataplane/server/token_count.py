@@ -3,7 +3,7 @@ them (Anthropic API reference, "Count tokens in a Message": the body of a Messag
 ``max_tokens``; the answer ``{"input_tokens": N}``).
 
 It is not a turn: nothing is generated, so it is neither admitted nor scheduled. The request goes
-to a replica serving its model (:meth:`~luftpause.dataplane.front_doors.FrontDoors.count_plan`):
+to a replica serving its model (:meth:`~luftpause.dataplane.intake.front_doors.FrontDoors.count_plan`):
 one that serves Messages and no Chat Completions gets it unchanged at the same path; any other gets
 the request translated to Chat Completions (``apis.messages_request``, as a turn would be) and sent to the
 engine's ``POST /tokenize`` in vLLM's chat form (``{"model", "messages", "tools",
@@ -20,8 +20,8 @@ from __future__ import annotations
 import orjson
 
 from luftpause.dataplane.errors import EngineUnreachable
-from luftpause.dataplane.front_doors import CountPlan
-from luftpause.dataplane.upstream import EngineError, EnginePool
+from luftpause.dataplane.intake.front_doors import CountPlan
+from luftpause.dataplane.relay.upstream import EngineError, EnginePool
 
 __all__ = ["ANSWER_LIMIT_BYTES", "count_tokens"]
 

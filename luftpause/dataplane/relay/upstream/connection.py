@@ -1,5 +1,6 @@
 """One HTTP/1.1 connection to an engine and the exchange on it (:class:`EngineExchange`), the
-client's errors and its constants; the contract is the package's (:mod:`luftpause.dataplane.upstream`)."""
+client's errors and its constants; the contract is the package's
+(:mod:`luftpause.dataplane.relay.upstream`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 if TYPE_CHECKING:
-    from luftpause.dataplane.upstream.pool import EnginePool
+    from luftpause.dataplane.relay.upstream.pool import EnginePool
 
 log = logging.getLogger("luftpause.dataplane")
 

@@ -26,6 +26,7 @@ turns by the SERVER spans.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -39,7 +40,7 @@ from luftpause.v1 import scheduler_pb2 as pb
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from luftpause.dataplane.relay import Turn
+    from luftpause.dataplane.turn import Turn
 
 
 _REQUEST_NUMBERS = {
@@ -83,9 +84,10 @@ def request_attributes(body: bytes) -> dict[str, Any]:
     return attributes
 
 
-def engine_start(turn: Turn, url: str) -> Span:
-    """Start the span of ``turn``'s request to the engine at ``url`` (its replica's base URL):
-    kind CLIENT, a child of the turn's span, with the request's attributes (module docstring)."""
+def engine_start(turn: Turn, replica: str, url: str, parent: Span | None) -> Span:
+    """Start the span of ``turn``'s request to the engine at ``url`` (the base URL of its replica,
+    named ``replica``): kind CLIENT, a child of the turn's span ``parent``, with the request's
+    attributes (module docstring)."""
     parts = urlsplit(url)
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "decide" if turn.single_pass else "chat",
@@ -94,18 +96,20 @@ def engine_start(turn: Turn, url: str) -> Span:
         "server.address": parts.hostname or "",
         "server.port": parts.port or (443 if parts.scheme == "https" else 80),
         "luftpause.turn_id": turn.turn_id,
-        "luftpause.replica": turn.replica,
+        "luftpause.replica": replica,
         **request_attributes(turn.body),
     }
-    context = trace.set_span_in_context(turn.span) if turn.span is not None else None
+    context = trace.set_span_in_context(parent) if parent is not None else None
     operation = attributes["gen_ai.operation.name"]
     return tracing.tracer().start_span(
         f"{operation} {turn.model}", context=context, kind=SpanKind.CLIENT, attributes=attributes
     )
 
 
-def answered(turn: Turn, cached: int, response_id: str | None, response_model: str | None) -> None:
-    """What the engine's answer said of itself, on the turn's span and its engine request's:
+def answered(
+    spans: Iterable[Span | None], cached: int, response_id: str | None, response_model: str | None
+) -> None:
+    """What the engine's answer said of itself, on the turn's span and its engine request's (``spans``):
     ``gen_ai.response.id``, ``gen_ai.response.model``, ``gen_ai.usage.cache_read.input_tokens``
     (each only when the answer said it)."""
     attributes: dict[str, Any] = {}
@@ -115,7 +119,7 @@ def answered(turn: Turn, cached: int, response_id: str | None, response_model: s
         attributes["gen_ai.response.model"] = response_model
     if cached >= 0:
         attributes["gen_ai.usage.cache_read.input_tokens"] = cached
-    for span in (turn.span, turn.engine_span):
+    for span in spans:
         if span is not None:
             span.set_attributes(attributes)
 

@@ -69,7 +69,7 @@ import grpc
 import grpc.aio
 
 from luftpause.auth.grpc_link import LinkCredentials
-from luftpause.dataplane.runs import RunTable, resync_parts
+from luftpause.dataplane.link.runs import RunTable, resync_parts
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -204,6 +204,8 @@ class SchedulerLink:
         takes_leases: bool = True,
         credentials: LinkCredentials | None = None,
         idle_affinity: bool = True,
+        on_placed: Callable[[int, float], None] | None = None,
+        on_replicas: Callable[[pb.ReplicaSet], None] | None = None,
     ) -> None:
         self.target = target
         self.idle_affinity = idle_affinity
@@ -222,13 +224,13 @@ class SchedulerLink:
         self.healthy_replicas: int | None = None
         """Replicas the scheduler counts healthy, as its last resync answer or pong said; ``None``
         until one did (or from a scheduler that does not say). Kept while the link is down."""
-        self.on_placed: Callable[[int, float], None] | None = None
-        self.on_replicas: Callable[[pb.ReplicaSet], None] | None = None
-        """Called with the scheduler's replica set (the ``replicas`` item: after the resync, and
-        whenever the admin API or SIGHUP changes it)."""
+        self.on_placed = on_placed
         """Called with (``ServiceClass`` value, seconds from the admit to its answer) for each turn
         the scheduler placed after an admit; never for a turn placed under a lease, which waited
         for nobody (the dataplane's held-time histogram)."""
+        self.on_replicas = on_replicas
+        """Called with the scheduler's replica set (the ``replicas`` item: after the resync, and
+        whenever the admin API or SIGHUP changes it)."""
         self.runs = runs
         self.dataplane_id = dataplane_id or f"dp-{uuid.uuid4().hex[:12]}"
         self._channel: grpc.aio.Channel | None = None
