@@ -5,6 +5,7 @@ dataplane id (docs/architecture.md "Several workers and several dataplanes")."""
 from __future__ import annotations
 
 import multiprocessing
+import uuid
 from pathlib import Path
 
 import pytest
@@ -70,13 +71,19 @@ def test_a_tool_paused_runs_ids_ride_in_the_resync_until_its_next_turn() -> None
     assert run.phase == pb.IDLE and list(run.tool_call_ids) == []
 
 
+def _unique_address() -> str:
+    """An address no other test, session or machine user shares: the slot locks are files in the
+    temp dir named after it (a test's ``tmp_path.name`` is the same in every pytest session)."""
+    return f"127.0.0.1:{uuid.uuid4().hex}"
+
+
 def _take_slot(address: str, workers: int, taken: multiprocessing.Queue[int | None]) -> None:
     """A worker's start: take a number, say which, and exit (its lock goes with it)."""
     taken.put(hold_worker_slot("dataplane-test", address, workers, wait_s=0.0))
 
 
-def test_workers_take_distinct_numbers_and_a_dead_workers_number_is_taken_again(tmp_path: Path) -> None:
-    address = f"127.0.0.1:{tmp_path.name}"  # unique per test: the lock files live in the temp dir
+def test_workers_take_distinct_numbers_and_a_dead_workers_number_is_taken_again() -> None:
+    address = _unique_address()
     assert hold_worker_slot("dataplane-test", address, 2, wait_s=0.0) == 0  # held by this process
     context = multiprocessing.get_context("fork")
     taken: multiprocessing.Queue[int | None] = context.Queue()
@@ -87,8 +94,8 @@ def test_workers_take_distinct_numbers_and_a_dead_workers_number_is_taken_again(
         worker.join(30)
 
 
-def test_a_worker_that_finds_every_number_taken_gets_none(tmp_path: Path) -> None:
-    address = f"127.0.0.1:{tmp_path.name}"
+def test_a_worker_that_finds_every_number_taken_gets_none() -> None:
+    address = _unique_address()
     assert hold_worker_slot("dataplane-test", address, 1, wait_s=0.0) == 0
     assert hold_worker_slot("dataplane-test", address, 1, wait_s=0.0) is None  # another open file
 
