@@ -183,8 +183,9 @@ TURN_EXPIRY_S = 600.0
 GRACE_S = 60.0  # the default dataplane_grace_s
 
 
-Moved = tuple[str, tuple[str, str]] | None
-"""A run and its record (phase, last replica) before a placement moved it (``SchedulerMachine.moved_by``)."""
+Moved = tuple[str, tuple[str, str], frozenset[str]] | None
+"""A run, its record (phase, last replica) and its held turns then waiting for their soft replica,
+before a placement moved it (``SchedulerMachine.moved_by``)."""
 
 
 def answers(actions: list[Action]) -> list[Action]:
@@ -658,17 +659,28 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.soft_waiting(turn.turn_id)
 
     def moved_by(self, turn_id: str) -> Moved:
-        """``(run, its record)`` as they stand before ``turn_id`` (a generative turn) is placed
-        and its run moves to that replica (rule 6); ``None`` for a single-pass turn."""
+        """``(run, its record, its held turns waiting for their soft replica)`` as they stand
+        before ``turn_id`` (a generative turn) is placed and its run moves to that replica (rule 6:
+        the move ends those waits, :meth:`on_place`); ``None`` for a single-pass turn."""
         if turn_id in self.single:
             return None
         run_id = self.turns[turn_id][0]
-        return run_id, self.shadow.get(run_id, ("idle", ""))
+        waiting = frozenset(
+            turn.turn_id
+            for turn in self.state.held
+            if turn.turn_id != turn_id
+            and turn.turn_id in self.soft
+            and self.turns[turn.turn_id][0] == run_id
+            and self.soft_waiting(turn.turn_id)
+        )
+        return run_id, self.shadow.get(run_id, ("idle", "")), waiting
 
     def usable(self, turn_id: str, moved: Moved = None) -> tuple[str, ...]:
         """The replicas a held turn may use now: its run's healthy last replica, else any serving;
-        none while the startup hold is in force. ``moved``: its run's record is taken as it was
-        before a placement of another of its turns moved it (:meth:`moved_by`), when it is that run.
+        none while the startup hold is in force. ``moved``: its run's record, and whether the turn
+        waited for its soft replica, are taken as they were before a placement of another of its
+        turns moved it (:meth:`moved_by`), when it is that run: the move pins it to the new replica
+        and ends its soft wait, neither of which it had when that placement was made.
         """
         if self.holding:
             return ()
@@ -679,11 +691,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             return tuple(fresh)
         if moved is not None and moved[0] == run_id:
             phase, last = moved[1]
+            waiting = turn_id in moved[2]  # the move itself ends its soft wait: judged as it was
         else:
             phase, last = self.shadow.get(run_id, ("idle", ""))
+            waiting = turn_id in self.soft and self.soft_waiting(turn_id)
         if phase != "idle" and last in self.serving.get(model, ()) and self.usable_replica(last):
             return (last,)
-        if turn_id in self.soft and self.soft_waiting(turn_id):
+        if waiting:
             return (self.soft[turn_id],)
         return tuple(fresh)
 
@@ -1553,6 +1567,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             scheduler_side[0] -= 1  # type: ignore[index]
         self.came_back(run, self.now)  # before on_place ends its pause: the core sees it arrive first
+        moved = self.moved_by(turn_id)
         self.on_place(Place(turn_id, choice), crossed)
         cls: ServiceClass = "batch" if batch else "interactive"
         event(f"leased placement: {'crossed' if crossed else 'under its lease'}")
@@ -1565,7 +1580,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.state.placed[t].replica == choice for t in self.crossing if t in self.state.placed
         )
         if batch and not crossed and not others_crossed:
-            self.no_interactive_waits_for(choice)
+            self.no_interactive_waits_for(choice, moved)
             self.batch_took_no_kept_slot(Place(turn_id, choice), [])
 
     @rule(name=st.sampled_from(["d", "s3", "b", "s2", "c"]))
@@ -2101,3 +2116,35 @@ def test_a_pause_worth_no_hold_has_no_hold_end(monkeypatch: pytest.MonkeyPatch) 
     assert run.hold_until is None and run.hold_expired
     machine.runs_match_the_shadow()
     machine.headroom_matches_paused_interactive_runs_within_their_hold()
+
+
+def test_a_batch_turn_moving_its_run_judges_the_runs_soft_waits_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by random runs (the machine had this fault, not the core; the input, shrunk from 15
+    steps, reuses run r0 for a batch and an interactive turn): r0 is idle on ``a``; its batch turn
+    t4's wait for ``a`` is over, its interactive turn t7 (model m2) still waits for ``a``. Replica
+    ``d`` (m1 and m2, one slot) joins: t7 may not use it, t6 waits for ``b``, so the core places t4
+    there (rules 4, 5, 16); r0 then generates on ``d`` and t7, re-filed, is pinned to the full ``d``
+    (rule 6). The machine judged t7 with r0's record before that move but its soft wait after it
+    (over, since r0 left ``a``), so it read ``d`` as usable to t7 when t4 took it."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    machine = SchedulerMachine()
+    machine.start()
+    machine.arrive(batch=True, caller="", dataplane="dp", model="m1", run="r0")
+    machine.idle_run_comes_back_to_a_full_replica(batch=True, pick=0, taught=False, then="nothing")
+    machine.idle_run_comes_back_to_a_full_replica(
+        batch=False, pick=1000, taught=False, then="tick before its end"
+    )
+    machine.arrive(batch=False, caller="", dataplane="dp", model="m2", run="r0")
+    held = {turn.turn_id: turn for turn in machine.state.held}
+    assert set(held) == {"t4", "t6", "t7"}
+    assert held["t4"].soft_over and not held["t7"].soft_over and held["t7"].soft == "a"
+    machine.add_replica(name="d")  # places t4 on d, which pins t7 there behind it
+    assert machine.state.placed["t4"].replica == "d"
+    assert [(turn.turn_id, turn.queue) for turn in machine.state.held if turn.turn_id == "t7"] == [
+        ("t7", ("replica", "d"))
+    ]
+    machine.held_turn_never_waits_beside_room()
+    machine.soft_waits_are_what_the_machine_expects()
+    machine.runs_match_the_shadow()
