@@ -13,9 +13,10 @@ started) that bound it and all its descendants, children spawned later included;
 before every turn and every tool call, after every turn and tool round, and the seconds by a
 timer; on excess the whole subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
 
-With a :class:`~luftpause.runtime.runs.journal.Journal` the registry records every run's start, tool
-rounds and end, and replays the journal after a restart. A run the runtime's shutdown interrupts
-is not recorded as ended: it resumes on the next start.
+With a store (:class:`~luftpause.runtime.runs.store.RecordStore`: the file journal or
+PostgreSQL) the registry records every run's start, tool rounds and end, and replays the journal
+after a restart. A run the runtime's shutdown interrupts is not recorded as ended: it resumes on
+the next start.
 
 The :class:`RunRegistry` owns the asyncio task of every run in a task group entered in the
 server's lifespan (:meth:`RunRegistry.serving`, which is given the function that drives a run:
@@ -58,7 +59,6 @@ from typing import Any
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.runs.budgets import ancestors, budget_used, first_exceeded, subtree
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.listeners import RunListener
 from luftpause.runtime.runs.loop_tasks import LoopTasks, confirm_start
 from luftpause.runtime.runs.record import (
@@ -83,6 +83,7 @@ from luftpause.runtime.runs.retention import (
     DEFAULT_RETENTION_SECONDS,
     FinishedRuns,
 )
+from luftpause.runtime.runs.store import RecordStore
 from luftpause.runtime.runs.tenants import Tenant, only_visible, visible
 from luftpause.runtime.runs.views import run_tree
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
@@ -152,7 +153,7 @@ class RunRegistry:
         max_expired_handles: int = DEFAULT_MAX_EXPIRED_HANDLES,
         retained_bytes: int = DEFAULT_RETAINED_BYTES,
         clock: Callable[[], float] = time.monotonic,
-        journal: Journal | None = None,
+        journal: RecordStore | None = None,
         changes: NetworkChanges | None = None,
         listeners: Sequence[RunListener] = (),
     ) -> None:
@@ -339,7 +340,7 @@ class RunRegistry:
         for run in runs:
             self.start(run)
         if runs:
-            log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.path)
+            log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.label)
         return len(runs)
 
     def notify_changed(self) -> None:

@@ -47,8 +47,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from luftpause.health import Check
 from luftpause.metrics import build_info, counter_by
-from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import FINAL_STATES, RunRegistry
+from luftpause.runtime.runs.store import RecordStore
 
 __all__ = ["LoopCountsView", "RuntimeMetrics", "readiness"]
 
@@ -87,7 +87,7 @@ class RuntimeMetrics:
     def __init__(
         self,
         registry: RunRegistry,
-        journal: Journal,
+        journal: RecordStore,
         loop: LoopCountsView,
         upstream: Callable[[], Iterable[tuple[str, bool]]],
         mcp_sessions: Callable[[], int],

@@ -1,0 +1,133 @@
+"""The runs' store on a real PostgreSQL (tests/postgres_helpers.py): the schema is migrated at
+start and a newer one refused, the tenant of each run is a column, a database restart while
+records are being written loses none and writes none twice, and the URL's password is never shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+from postgres_helpers import PostgresServer
+from runtime_helpers import MINIMAL_CONFIG, make_run, with_store
+
+from luftpause.check_config import effective_toml
+from luftpause.config import ConfigError, parse_config
+from luftpause.runtime.errors import StoreUnusable
+from luftpause.runtime.runs.postgres import SCHEMA_VERSION, PostgresDatabase
+from luftpause.runtime.runs.registry import RunRegistry
+from luftpause.runtime.runs.store import encode
+from luftpause.runtime.wiring import build_runtime
+
+
+def test_the_schema_is_migrated_at_start_and_recorded(postgres: PostgresServer) -> None:
+    url = postgres.database()
+    database = PostgresDatabase(url)
+    assert database.migrate() == 0  # the version it found: an empty database
+    assert [row[0] for row in postgres.query(url, "SELECT version FROM luftpause_schema")] == list(
+        range(1, SCHEMA_VERSION + 1)
+    )
+    assert PostgresDatabase(url).migrate() == SCHEMA_VERSION  # a second runtime: nothing to do
+
+
+def test_a_store_newer_than_this_luftpause_is_refused_and_left_alone(postgres: PostgresServer) -> None:
+    url = postgres.database()
+    PostgresDatabase(url).migrate()
+    newer = SCHEMA_VERSION + 1
+    postgres.query(url, "INSERT INTO luftpause_schema (version) VALUES (%s) RETURNING version", newer)
+    with pytest.raises(StoreUnusable) as refused:
+        PostgresDatabase(url).journal("runs").check_writable()
+    message = str(refused.value)
+    assert f"schema is at version {newer}, newer than this luftpause knows ({SCHEMA_VERSION})" in message
+    assert "upgrade luftpause" in message and "secret" not in message
+    rows = postgres.query(url, "SELECT max(version) FROM luftpause_schema")
+    assert rows == [(newer,)]
+
+
+def test_each_run_is_stored_with_its_tenant(postgres: PostgresServer, tmp_path: Path) -> None:
+    url = postgres.database()
+
+    async def scenario() -> None:
+        registry = RunRegistry(journal=PostgresDatabase(url).journal("runs"))
+        async with registry:
+            alice = registry.add(make_run("run-alice", caller="alice"))
+            registry.add(make_run("run-bob", caller="bob"))
+            registry.finish(alice, "completed", answer="done")
+            await registry.durable()
+
+    asyncio.run(scenario())
+    rows = postgres.query(
+        url, "SELECT handle, caller FROM luftpause_records WHERE kind = 'start' ORDER BY handle"
+    )
+    assert rows == [("run-alice", "alice"), ("run-bob", "bob")]
+    ends = postgres.query(url, "SELECT handle FROM luftpause_records WHERE kind = 'end'")
+    assert ends == [("run-alice",)]
+
+
+def test_records_appended_while_the_database_is_down_are_written_once_it_is_back(
+    postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = postgres.database()
+    journal = PostgresDatabase(url, retry_seconds=120).journal("runs")
+    handles = [f"run-{i:03d}" for i in range(60)]
+
+    async def scenario() -> None:
+        journal.open()
+        first = [journal.append(make_run(h).start_record()) for h in handles[:30]]
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in first))
+        await asyncio.to_thread(postgres.stop)  # the writer's connection is closed under it
+        later = [journal.append(make_run(h).start_record()) for h in handles[30:]]
+        await asyncio.sleep(0.5)
+        assert not any(f.done() for f in later), "acknowledged while the database was down"
+        await asyncio.to_thread(postgres.start)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in later))
+        journal.close()
+
+    with caplog.at_level(logging.WARNING, logger="luftpause.runtime.runs.postgres"):
+        asyncio.run(scenario())
+    assert [record["handle"] for record in journal.records()] == handles
+    assert "trying again" in caplog.text and "secret" not in caplog.text
+
+
+def test_a_batch_committed_twice_is_kept_once(postgres: PostgresServer) -> None:
+    # What a retry does after a commit that went through but whose answer was lost.
+    url = postgres.database()
+    journal = PostgresDatabase(url).journal("runs")
+    journal.check_writable()
+    record = {"type": "stop", "handle": "run-x", "by": "me"}
+    rows = journal._rows([(encode(record), record)])
+    journal._commit(rows)
+    journal._commit(rows)
+    journal._drop_connection()
+    assert [record["type"] for record in journal.records()] == ["stop"]
+
+
+def test_the_password_is_never_shown_by_check_config_nor_in_the_log(
+    postgres: PostgresServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = postgres.database()
+    assert ":secret@" in url
+    config = with_store(MINIMAL_CONFIG, url, tmp_path)
+    shown = effective_toml(config, ("runtime",))
+    assert "secret" not in shown and "postgres:***@127.0.0.1" in shown
+    assert config.runtime.store == url  # the runtime itself still has it
+
+    caplog.set_level(logging.DEBUG, logger="luftpause")
+    runtime = build_runtime(config)
+
+    async def scenario() -> None:
+        async with runtime.registry:
+            runtime.registry.add(make_run("run-logged"))
+            await runtime.registry.durable()
+
+    asyncio.run(scenario())
+    assert "secret" not in caplog.text
+    assert "secret" not in runtime.journal.label
+
+
+def test_a_store_that_is_neither_file_nor_a_postgresql_url_is_refused() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config('[runtime]\nstore = "mysql://u:hunter2@db/x"\n')
+    assert 'expected "file" or a postgresql:// URL' in str(refused.value)
