@@ -21,12 +21,12 @@ from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.pods.scopes import RunScopes
 from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal
 from luftpause.runtime.runs.postgres import PostgresDatabase
 from luftpause.runtime.runs.record import Costs, Run
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.spec import RunSpec
-from luftpause.runtime.runs.store import RecordStore
+from luftpause.runtime.runs.store import RecordStore, encode
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner
@@ -229,3 +229,24 @@ def with_store(config: Config, store: str, state_dir: Path) -> Config:
     config = with_state_dir(config, state_dir)
     runtime = config.runtime.model_copy(update={"store": store})
     return config.model_copy(update={"runtime": runtime})
+
+
+def seed_store(store: str, state_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Make the store hold exactly ``records``, as a runtime that wrote them and stopped left it
+    (the file journal: one JSON line each; PostgreSQL: one row each)."""
+    if store == "file":
+        path = state_dir / JOURNAL_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"".join(encode(record) for record in records))
+        return
+    open_store(store, state_dir).compact(records)
+
+
+def stored(store: str, state_dir: Path) -> list[dict[str, Any]]:
+    """Every record the store holds, in order."""
+    return list(open_store(store, state_dir).records())
+
+
+def stored_bytes(store: str, state_dir: Path) -> int:
+    """The bytes the store's records take as journal lines (the size compaction is measured in)."""
+    return sum(len(encode(record)) for record in stored(store, state_dir))

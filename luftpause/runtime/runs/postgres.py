@@ -31,7 +31,7 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -207,6 +207,7 @@ class PostgresJournal(RecordStore):
         yield from parse_lines(lines, self.label, None, on_damaged)
 
     def _connection(self) -> Connection:
+        self.database.migrate()
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             if conn is not None:
@@ -267,6 +268,15 @@ class PostgresJournal(RecordStore):
         self._size += sum(len(line) for line, _, _ in batch)
         for _, _, done in batch:
             done.set_result(None)
+
+    def compact(self, records: Iterable[Record]) -> None:
+        """:meth:`RecordStore.compact`; the connection it used is closed after, unless the writer
+        thread holds it."""
+        try:
+            super().compact(records)
+        finally:
+            if self._thread is None:
+                self._drop_connection()
 
     def _replace_all(self, records: list[Record]) -> int | None:
         lines = [(encode(record), record) for record in records]
