@@ -27,11 +27,12 @@ refused (:class:`~luftpause.runtime.errors.StoreUnusable`), never written to.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,12 +46,14 @@ from tenacity import (
 )
 
 from luftpause.config import without_password
-from luftpause.runtime.errors import JournalWriteError, StoreUnusable
+from luftpause.runtime.errors import JournalWriteError, LeaseLost, StoreUnusable
+from luftpause.runtime.runs.custody import LEASE_SECONDS, RENEW_SECONDS, Custody
 from luftpause.runtime.runs.journal import parse_lines
-from luftpause.runtime.runs.store import COMPACT_BYTES, Pending, Record, RecordStore, encode
+from luftpause.runtime.runs.store import COMPACT_BYTES, Pending, Record, RecordStore, Takeover, encode
 
 if TYPE_CHECKING:
     from luftpause.runtime.runs.journal import DamagedLine
+    from luftpause.runtime.runs.manifest import Shrunk
 
 log = logging.getLogger("luftpause.runtime.runs.postgres")
 
@@ -63,9 +66,17 @@ MIGRATION_LOCK = 0x6C75_6674  # "luft": the advisory lock migrations take
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 _INSERT = (
-    "INSERT INTO luftpause_records (stream, rid, handle, kind, caller, body) "
-    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (rid) DO NOTHING"
+    "INSERT INTO luftpause_records (stream, rid, handle, kind, caller, body, owner, generation) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (rid) DO NOTHING"
 )
+
+_FENCED_INSERT = (
+    "INSERT INTO luftpause_records (stream, rid, handle, kind, caller, body, owner, generation) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s WHERE EXISTS (SELECT 1 FROM luftpause_leases "
+    "WHERE handle = %s AND owner = %s AND generation = %s) ON CONFLICT (rid) DO NOTHING"
+)
+"""A record of a run inserted only while its lease has the writer's owner and generation
+(:mod:`luftpause.runtime.runs.custody`): a runtime that lost the run writes nothing more of it."""
 
 
 def migrations() -> list[tuple[int, str]]:
@@ -91,9 +102,20 @@ class PostgresDatabase:
     ``postgresql://user:password@host:port/database?...``), the schema's migrations and the
     retries every connection gets. :meth:`journal` gives a store per stream."""
 
-    def __init__(self, url: str, *, retry_seconds: float = 60.0, connect_timeout: int = 5) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        owner: str | None = None,
+        retry_seconds: float = 60.0,
+        connect_timeout: int = 5,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
         self.url = url
         self.label = without_password(url)
+        self.custody = Custody(owner, lease_seconds) if owner is not None else None
+        """The leases of the runtime ``owner`` (:mod:`luftpause.runtime.runs.custody`); without an
+        owner (a reader, a test) no lease is taken and no record fenced."""
         self.retry_seconds = retry_seconds
         self.connect_timeout = connect_timeout
         self._migrated = False
@@ -197,14 +219,56 @@ class PostgresJournal(RecordStore):
     def numbered(
         self, on_damaged: Callable[[DamagedLine], None] | None = None
     ) -> Iterator[tuple[int, Record]]:
-        """Every record of the stream in the order appended, numbered from 1."""
+        """Every record of the stream in the order appended, numbered from 1; once this runtime
+        has claimed its runs (:meth:`claim`), only theirs (the tasks: only its own)."""
+        custody = self.database.custody
+        params: list[Any]
+        if custody is None or not custody.claimed:
+            where, params = "stream = %s", [self.stream]
+        elif self.stream == "runs":
+            where, params = "stream = %s AND handle = ANY(%s)", [self.stream, custody.held()]
+        else:
+            where, params = "stream = %s AND owner = %s", [self.stream, custody.owner]
+        yield from self._read(where, params, on_damaged)
+
+    def _read(
+        self, where: str, params: list[Any], on_damaged: Callable[[DamagedLine], None] | None = None
+    ) -> Iterator[tuple[int, Record]]:
         rows = self.database.run(
             lambda conn: conn.execute(
-                "SELECT body FROM luftpause_records WHERE stream = %s ORDER BY seq", (self.stream,)
+                f"SELECT body FROM luftpause_records WHERE {where} ORDER BY seq".encode(), params
             ).fetchall()
         )
         lines = ((number, str(row[0]).encode()) for number, row in enumerate(rows, start=1))
         yield from parse_lines(lines, self.label, None, on_damaged)
+
+    def _read_runs(self, handles: list[str]) -> list[tuple[int, Record]]:
+        return list(self._read("stream = 'runs' AND handle = ANY(%s)", [handles]))
+
+    def claim(self) -> None:
+        """Take this runtime's runs before the replay (:meth:`Custody.claim_at_start`)."""
+        custody = self.database.custody
+        if custody is not None and self.stream == "runs" and not custody.claimed:
+            held = self.database.run(custody.claim_at_start)
+            log.info("store %s: runtime %s holds %d runs", self.label, custody.owner, len(held))
+
+    async def takeovers(self) -> AsyncIterator[Takeover]:
+        """Every :data:`RENEW_SECONDS`: renew this runtime's leases, then take over the expired
+        leases of others; yields what changed (the records of the runs taken, read here)."""
+        custody = self.database.custody
+        if custody is None or self.stream != "runs":
+            return
+        while True:
+            await asyncio.sleep(RENEW_SECONDS)
+            try:
+                lost = await asyncio.to_thread(self.database.run, custody.renew)
+                took = await asyncio.to_thread(self.database.run, custody.take_over)
+                records = await asyncio.to_thread(self._read_runs, took) if took else []
+            except StoreUnusable as exc:
+                log.error("%s; the leases are renewed again in %.0f s", exc, RENEW_SECONDS)
+                continue
+            if lost or took:
+                yield Takeover(lost, _TakenRuns(self.label, records) if took else None)
 
     def _connection(self) -> Connection:
         self.database.migrate()
@@ -242,31 +306,75 @@ class PostgresJournal(RecordStore):
             )
         return rows
 
-    def _commit(self, rows: list[tuple[Any, ...]], *, replace: bool = False) -> None:
-        """Insert ``rows`` in one transaction (after deleting the stream's rows, for ``replace``),
-        retried on a connection failure. Raises ``psycopg.Error``."""
+    def _commit(self, rows: list[tuple[Any, ...]], *, replace: bool = False) -> set[uuid.UUID]:
+        """Insert ``rows`` in one transaction (after deleting the records this runtime holds,
+        for ``replace``), retried on a connection failure; the ids of the rows refused by
+        fencing (their run is held by another runtime now). Raises ``psycopg.Error``."""
         for attempt in self.database.retrying():
             with attempt:
                 try:
                     conn = self._connection()
-                    with conn.transaction(), conn.cursor() as cur:
+                    with conn.transaction():
                         if replace:
-                            cur.execute("DELETE FROM luftpause_records WHERE stream = %s", (self.stream,))
-                        cur.executemany(_INSERT, rows)
+                            self._delete_held(conn)
+                        return self._insert(conn, rows)
                 except psycopg.OperationalError:
                     self._drop_connection()
                     raise
+        raise AssertionError("unreachable: tenacity reraises")
+
+    def _delete_held(self, conn: Connection) -> None:
+        custody = self.database.custody
+        if custody is None:
+            conn.execute("DELETE FROM luftpause_records WHERE stream = %s", (self.stream,))
+        elif self.stream == "runs":
+            conn.execute(
+                "DELETE FROM luftpause_records WHERE stream = %s AND handle = ANY(%s)",
+                (self.stream, custody.held()),
+            )
+        else:
+            conn.execute(
+                "DELETE FROM luftpause_records WHERE stream = %s AND owner = %s", (self.stream, custody.owner)
+            )
+
+    def _insert(self, conn: Connection, rows: list[tuple[Any, ...]]) -> set[uuid.UUID]:
+        custody = self.database.custody
+        with conn.cursor() as cur:
+            if custody is None or self.stream != "runs":
+                owner = custody.owner if custody is not None else None
+                cur.executemany(_INSERT, [(*row, owner, None) for row in rows])
+                return set()
+            fenced = []
+            for row in rows:
+                handle, kind = row[2], row[3]
+                if kind == "start" and custody.generation(handle) is None:
+                    custody.create(conn, handle)
+                generation = custody.generation(handle)
+                owned = (custody.owner, -1 if generation is None else generation)
+                fenced.append((*row, *owned, handle, *owned))
+            cur.executemany(_FENCED_INSERT, fenced)
+            rids = [row[1] for row in rows]
+            found = cur.execute("SELECT rid FROM luftpause_records WHERE rid = ANY(%s)", (rids,)).fetchall()
+        return set(rids) - {row[0] for row in found}
 
     def _write_batch(self, batch: list[Pending]) -> None:
         rows = self._rows([(line, record) for line, record, _ in batch])  # ids fixed before any try
         try:
-            self._commit(rows)
+            refused = self._commit(rows)
         except psycopg.Error as exc:
             for _, _, done in batch:
                 done.set_exception(JournalWriteError(f"journal {self.label}: {exc}"))
             return
-        self._size += sum(len(line) for line, _, _ in batch)
-        for _, _, done in batch:
+        for (line, record, done), row in zip(batch, rows, strict=True):
+            if row[1] in refused:
+                done.set_exception(
+                    LeaseLost(
+                        f"journal {self.label}: run {record['handle']} is held by another runtime "
+                        "now (its lease moved): its record was refused"
+                    )
+                )
+                continue
+            self._size += len(line)
             done.set_result(None)
 
     def compact(self, records: Iterable[Record]) -> None:
@@ -280,9 +388,39 @@ class PostgresJournal(RecordStore):
 
     def _replace_all(self, records: list[Record]) -> int | None:
         lines = [(encode(record), record) for record in records]
+        custody = self.database.custody
         try:
             self._commit(self._rows(lines), replace=True)
-        except psycopg.Error as exc:
+            if custody is not None and self.stream == "runs":
+                kept = {str(record["handle"]) for record in records}
+                gone = [handle for handle in custody.held() if handle not in kept]
+                if gone:  # forgotten by retention: their leases go with their records
+                    self.database.run(
+                        lambda conn: conn.execute(
+                            "DELETE FROM luftpause_leases WHERE owner = %s AND handle = ANY(%s)",
+                            (custody.owner, gone),
+                        )
+                    )
+                    custody.forget(gone)
+        except (psycopg.Error, StoreUnusable) as exc:
             log.error("journal %s: compaction failed, the store is kept as it was: %s", self.label, exc)
             return None
         return sum(len(line) for line, _ in lines)
+
+
+class _TakenRuns:
+    """The records of the runs a takeover moved to this runtime, read already, for the replay
+    (:class:`~luftpause.runtime.runs.store.Replayable`)."""
+
+    def __init__(self, label: str, records: list[tuple[int, Record]]) -> None:
+        self.label = label
+        self.name = "the runs store"
+        self._records = records
+
+    def shrunk(self) -> Shrunk | None:
+        return None
+
+    def numbered(
+        self, on_damaged: Callable[[DamagedLine], None] | None = None
+    ) -> Iterator[tuple[int, Record]]:
+        return iter(self._records)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import (
@@ -215,16 +216,51 @@ class RunRegistry:
         with`` does."""
         async with self:
             self._drive = drive
+            following = asyncio.create_task(self._follow_takeovers(), name="run takeovers")
             try:
                 self._resume()
                 self.ready = True
                 yield self
             finally:
                 self.ready = False
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await following
                 self._drive = None
+
+    async def _follow_takeovers(self) -> None:
+        """With a store several runtimes share: stop driving the runs another runtime took over,
+        and resume the runs this one took over from a dead runtime, as a restart resumes them."""
+        if self.journal is None:
+            return
+        async for change in self.journal.takeovers():
+            self._release(change.lost)
+            if change.took is not None:
+                replayed = replay_journal(change.took, self.listeners, self._foreign)
+                self._install(replayed)
+                for run in replayed.failed:
+                    self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
+                resumed = self._resume()
+                log.warning("took over %d runs (%d resumed) from a dead runtime", len(replayed.runs), resumed)
+                self.notify_changed()
+
+    def _release(self, handles: list[str]) -> None:
+        """Stop driving ``handles`` and forget them, without recording an end: another runtime
+        holds them now (their records would be refused anyway)."""
+        for handle in handles:
+            run = self._runs.pop(handle, None)
+            if run is None:
+                continue
+            if not run.done:
+                run.interrupted = True
+                self._loops.cancel(run)
+            log.error("run %s is held by another runtime now; this one stopped driving it", handle)
+        if handles:
+            self.notify_changed()
 
     async def __aenter__(self) -> RunRegistry:
         if self.journal is not None:
+            self.journal.claim()
             replayed = replay_journal(self.journal, self.listeners, self._foreign)
             self.journal_report = replayed.report
             self._install(replayed)
@@ -527,7 +563,8 @@ class RunRegistry:
 
     def _install(self, replayed: Replayed) -> None:
         """Take the runs a replay rebuilt (:func:`~luftpause.runtime.runs.replay.replay_journal`):
-        hold them, date the finished ones for retention, then tell the listeners."""
+        hold them, date the finished ones for retention, then tell the listeners. At start, or
+        later for the runs taken over from a dead runtime (:meth:`serving`)."""
         now_wall = time.time()
         self._runs.update(replayed.runs)
         self._checkpoints.update(replayed.checkpoints)
@@ -535,7 +572,7 @@ class RunRegistry:
         for run in finished:
             self.retention.finished(run, ago=max(0.0, now_wall - (run.finished_at or now_wall)))
         self.evict_expired()
-        self._to_resume = [run for run in replayed.runs.values() if not run.done and run.handle in self._runs]
+        self._to_resume += [r for r in replayed.runs.values() if not r.done and r.handle in self._runs]
         for listener in self.listeners:
             listener.replayed(self._runs)
 

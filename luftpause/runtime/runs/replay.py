@@ -51,7 +51,7 @@ from luftpause.runtime.runs.spec import RunSpec
 
 if TYPE_CHECKING:
     from luftpause.runtime.runs.listeners import RunListener
-    from luftpause.runtime.runs.store import Record, RecordStore
+    from luftpause.runtime.runs.store import Record, Replayable
 
 log = logging.getLogger("luftpause.runtime.runs")
 
@@ -279,7 +279,7 @@ def _conversation(run: Run, record: Record) -> None:
 
 
 def replay_journal(
-    journal: RecordStore, listeners: Iterable[RunListener] = (), foreign: frozenset[str] = frozenset()
+    journal: Replayable, listeners: Iterable[RunListener] = (), foreign: frozenset[str] = frozenset()
 ) -> Replayed:
     """Rebuild the runs of ``journal``: finished ones as they ended, unfinished ones at their last
     completed tool round. Every record goes to each of ``listeners`` first; the types in

@@ -29,10 +29,10 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -66,6 +66,33 @@ def encode(record: Record) -> bytes:
         import json
 
         return json.dumps(record, ensure_ascii=True).encode("ascii") + b"\n"
+
+
+class Replayable(Protocol):
+    """What a replay reads (:func:`luftpause.runtime.runs.replay.replay_journal`): a store, or
+    the records of the runs a takeover moved to this runtime."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def shrunk(self) -> Shrunk | None: ...
+
+    def numbered(
+        self, on_damaged: Callable[[DamagedLine], None] | None = None
+    ) -> Iterator[tuple[int, Record]]: ...
+
+
+@dataclass
+class Takeover:
+    """What changed in the runs this runtime holds, when several runtimes share a store
+    (:mod:`luftpause.runtime.runs.custody`): the runs it ``lost`` (another runtime holds them
+    now: stop driving them) and the records of the runs it ``took`` over (to replay and resume)."""
+
+    lost: list[str] = field(default_factory=list)
+    took: Replayable | None = None
 
 
 class _Compaction:
@@ -157,6 +184,16 @@ class RecordStore(ABC):
         """Replace everything held by ``records`` atomically (a compaction); the bytes now held,
         or ``None`` when it failed and the store is kept as it was (logged). Writer thread (or
         the caller's, before it runs)."""
+
+    def claim(self) -> None:  # noqa: B027 (a hook: only a shared store has something to do)
+        """Before the replay: take the runs this runtime is to hold (a store shared by several
+        runtimes: :mod:`luftpause.runtime.runs.custody`); nothing for a store of its own."""
+
+    async def takeovers(self) -> AsyncIterator[Takeover]:
+        """While serving, what changes in the runs held (:class:`Takeover`), as it happens; a
+        store no other runtime shares has nothing to say, and ends at once."""
+        return
+        yield  # an async generator that yields nothing
 
     # The shared machinery.
 
@@ -293,8 +330,15 @@ class RecordStore(ABC):
                 return
 
     def _flush(self, lines: list[Pending]) -> None:
-        if lines:
+        if not lines:
+            return
+        try:
             self._write_batch(lines)
+        except Exception as exc:  # a fault of ours: the writer thread must live on, or every wait hangs
+            log.exception("journal %s: writing a batch failed", self.label)
+            for _, _, done in lines:
+                if not done.done():
+                    done.set_exception(JournalWriteError(f"journal {self.label}: {exc}"))
 
 
 @dataclass(frozen=True)
@@ -316,9 +360,10 @@ def open_stores(settings: RuntimeConfig) -> Stores:
     or the PostgreSQL database at the URL (imports psycopg: raises ``ImportError`` naming the
     ``postgresql`` extra when it is not installed). Opens nothing yet."""
     if is_postgres(settings.store):
+        from luftpause.runtime.runs.custody import runtime_identity
         from luftpause.runtime.runs.postgres import PostgresDatabase
 
-        database = PostgresDatabase(settings.store)
+        database = PostgresDatabase(settings.store, owner=runtime_identity(settings.listen))
         return Stores(database.journal("runs"), database.journal("tasks"))
     from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Journal
 

@@ -52,9 +52,9 @@ def fsync_gate(monkeypatch: pytest.MonkeyPatch, store: str) -> Iterator[threadin
 
         def gated_commit(
             self: PostgresJournal, rows: list[tuple[Any, ...]], *, replace: bool = False
-        ) -> None:
+        ) -> set[Any]:
             gate.wait(30)
-            real_commit(self, rows, replace=replace)
+            return real_commit(self, rows, replace=replace)
 
         monkeypatch.setattr(PostgresJournal, "_commit", gated_commit)
     yield gate

@@ -15,7 +15,7 @@ from runtime_helpers import MINIMAL_CONFIG, make_run, with_store
 
 from luftpause.check_config import effective_toml
 from luftpause.config import ConfigError, parse_config
-from luftpause.runtime.errors import StoreUnusable
+from luftpause.runtime.errors import LeaseLost, StoreUnusable
 from luftpause.runtime.runs.postgres import SCHEMA_VERSION, PostgresDatabase
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.store import encode
@@ -131,3 +131,42 @@ def test_a_store_that_is_neither_file_nor_a_postgresql_url_is_refused() -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config('[runtime]\nstore = "mysql://u:hunter2@db/x"\n')
     assert 'expected "file" or a postgresql:// URL' in str(refused.value)
+
+
+def test_a_runtime_whose_lease_was_taken_over_can_write_nothing_more_of_the_run(
+    postgres: PostgresServer,
+) -> None:
+    # Runtime a spawned run-x, then stalled past its lease; b took it over. a's next record is
+    # refused (fencing by generation), its renewal says it lost the run, and b writes on.
+    url = postgres.database()
+    a = PostgresDatabase(url, owner="host-a/127.0.0.1:7000").journal("runs")
+    b = PostgresDatabase(url, owner="host-b/127.0.0.1:7000").journal("runs")
+    a.claim()
+    b.claim()
+
+    async def scenario() -> None:
+        a.open()
+        await a.write(make_run("run-x").start_record())
+        await a.write({"type": "stop", "handle": "run-x", "by": "a, before"})
+        postgres.query(
+            url, "UPDATE luftpause_leases SET expires_at = now() - interval '1 second' RETURNING 1"
+        )
+        assert b.database.custody is not None and a.database.custody is not None
+        assert b.database.run(b.database.custody.take_over) == ["run-x"]
+        with pytest.raises(LeaseLost, match="held by another runtime"):
+            await a.write({"type": "stop", "handle": "run-x", "by": "a, after"})
+        assert a.database.run(a.database.custody.renew) == ["run-x"]
+        b.open()
+        await b.write({"type": "stop", "handle": "run-x", "by": "b"})
+        a.close()
+        b.close()
+
+    asyncio.run(scenario())
+    rows = postgres.query(
+        url, "SELECT kind, owner, generation, body::json->>'by' FROM luftpause_records ORDER BY seq"
+    )
+    assert [(kind, owner.split("/")[0], generation, by) for kind, owner, generation, by in rows] == [
+        ("start", "host-a", 1, None),
+        ("stop", "host-a", 1, "a, before"),
+        ("stop", "host-b", 2, "b"),
+    ]
