@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
@@ -106,10 +107,8 @@ def _structured(result: Any) -> dict[str, Any]:
 async def spawn_and_await(urls: list[str], runs: int, max_tokens: int) -> float:
     """Spawn ``runs`` sub-agents round-robin over ``urls`` and await each where it was spawned;
     the wall seconds."""
-    clients = [Client(url) for url in urls]
-    for client in clients:
-        await client.__aenter__()
-    try:
+    async with contextlib.AsyncExitStack() as stack:  # left in reverse, as anyio's scopes need
+        clients = [await stack.enter_async_context(Client(url)) for url in urls]
         gate = asyncio.Semaphore(16)
 
         async def spawn(i: int) -> tuple[int, str]:
@@ -137,9 +136,6 @@ async def spawn_and_await(urls: list[str], runs: int, max_tokens: int) -> float:
 
         await asyncio.gather(*(await_all(i, h) for i, h in by_runtime.items()))
         return time.monotonic() - started
-    finally:
-        for client in clients:
-            await client.__aexit__(None, None, None)
 
 
 def throughput(workdir: Path, store: str, runtimes: int, runs: int) -> float:

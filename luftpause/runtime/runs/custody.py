@@ -87,15 +87,22 @@ class Custody:
             for handle in handles:
                 self._held.pop(handle, None)
 
-    def create(self, conn: Connection, handle: str) -> None:
-        """The lease of a run this runtime spawns (generation 1), in the caller's transaction."""
+    def create(self, conn: Connection, handle: str) -> int:
+        """The lease of a run this runtime spawns, in the caller's transaction; its generation (1).
+        The run counts as held only once that transaction committed (:meth:`created`): a renewal
+        running meanwhile would not see the lease and take the run for lost."""
         conn.execute(
             "INSERT INTO luftpause_leases (handle, owner, generation, expires_at) "
             "VALUES (%s, %s, 1, now() + make_interval(secs => %s)) ON CONFLICT (handle) DO NOTHING",
             (handle, self.owner, self.lease_seconds),
         )
+        return 1
+
+    def created(self, generations: dict[str, int]) -> None:
+        """The leases :meth:`create` made are committed: their runs are held."""
         with self._lock:
-            self._held.setdefault(handle, 1)
+            for handle, generation in generations.items():
+                self._held.setdefault(handle, generation)
 
     def claim_at_start(self, conn: Connection) -> list[str]:
         """Claim this runtime's own leases, the runs no lease names, and every expired lease
@@ -123,6 +130,8 @@ class Custody:
     def renew(self, conn: Connection) -> list[str]:
         """Renew every lease held; returns the runs whose lease was lost (taken over by another
         runtime after it expired), which are no longer held."""
+        with self._lock:
+            before = dict(self._held)  # committed before the UPDATE below: it sees them all
         with conn.transaction():
             rows = conn.execute(
                 "UPDATE luftpause_leases SET expires_at = now() + make_interval(secs => %s) "
@@ -131,7 +140,7 @@ class Custody:
             ).fetchall()
         found = {str(handle): int(generation) for handle, generation in rows}
         with self._lock:
-            lost = [h for h, g in self._held.items() if found.get(h) != g]
+            lost = [h for h, g in before.items() if found.get(h) != g and self._held.get(h) == g]
             for handle in lost:
                 del self._held[handle]
         if lost:

@@ -312,15 +312,19 @@ class PostgresJournal(RecordStore):
         fencing (their run is held by another runtime now). Raises ``psycopg.Error``."""
         for attempt in self.database.retrying():
             with attempt:
+                created: dict[str, int] = {}
                 try:
                     conn = self._connection()
                     with conn.transaction():
                         if replace:
                             self._delete_held(conn)
-                        return self._insert(conn, rows)
+                        refused = self._insert(conn, rows, created)
                 except psycopg.OperationalError:
                     self._drop_connection()
                     raise
+                if created and self.database.custody is not None:
+                    self.database.custody.created(created)
+                return refused
         raise AssertionError("unreachable: tenacity reraises")
 
     def _delete_held(self, conn: Connection) -> None:
@@ -337,7 +341,9 @@ class PostgresJournal(RecordStore):
                 "DELETE FROM luftpause_records WHERE stream = %s AND owner = %s", (self.stream, custody.owner)
             )
 
-    def _insert(self, conn: Connection, rows: list[tuple[Any, ...]]) -> set[uuid.UUID]:
+    def _insert(
+        self, conn: Connection, rows: list[tuple[Any, ...]], created: dict[str, int]
+    ) -> set[uuid.UUID]:
         custody = self.database.custody
         with conn.cursor() as cur:
             if custody is None or self.stream != "runs":
@@ -347,9 +353,9 @@ class PostgresJournal(RecordStore):
             fenced = []
             for row in rows:
                 handle, kind = row[2], row[3]
-                if kind == "start" and custody.generation(handle) is None:
-                    custody.create(conn, handle)
-                generation = custody.generation(handle)
+                generation = created.get(handle, custody.generation(handle))
+                if kind == "start" and generation is None:
+                    generation = created[handle] = custody.create(conn, handle)
                 owned = (custody.owner, -1 if generation is None else generation)
                 fenced.append((*row, *owned, handle, *owned))
             cur.executemany(_FENCED_INSERT, fenced)

@@ -170,3 +170,23 @@ def test_a_runtime_whose_lease_was_taken_over_can_write_nothing_more_of_the_run(
         ("stop", "host-a", 1, "a, before"),
         ("stop", "host-b", 2, "b"),
     ]
+
+
+def test_a_renewal_while_a_spawn_is_being_committed_does_not_take_that_run_for_lost(
+    postgres: PostgresServer,
+) -> None:
+    # The bench's input: one runtime on PostgreSQL answered `await` with "unknown run handle" for
+    # runs it had just spawned. Their lease was created in the writer's transaction and counted
+    # as held at once; a renewal running before that commit did not see it and released them.
+    url = postgres.database()
+    database = PostgresDatabase(url, owner="host-a/127.0.0.1:7000")
+    database.migrate()
+    custody = database.custody
+    assert custody is not None
+    with database.connect() as spawning, database.connect() as renewing:
+        with spawning.transaction():
+            generation = custody.create(spawning, "run-new")
+            assert custody.renew(renewing) == []  # the lease is not committed yet: not lost
+        custody.created({"run-new": generation})
+        assert custody.renew(renewing) == []
+    assert custody.held() == ["run-new"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from pods_helpers import Pod, call, script, start_pod, until
+from pods_helpers import Pod, call, payload, script, start_pod, until
 from postgres_helpers import PostgresServer
 
 from luftpause.runtime.errors import UnknownRun
@@ -75,7 +75,8 @@ async def _knows(pod: Pod, handles: list[str]) -> bool:
 
 async def _await(pod: Pod, handles: list[str]) -> dict[str, Any]:
     async with Client(f"{pod.url}/mcp") as client:
-        return await call(client, "await", handles=handles, timeout=120)
+        arguments = {"handles": handles, "timeout": 120}
+        return payload(await client.call_tool("await", arguments, read_timeout_seconds=180))
 
 
 def _rows(postgres: PostgresServer, url: str) -> list[tuple[Any, ...]]:
