@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # before granian's worker starts the stdio MCP servers: one line, not a traceback
         stores = open_stores(config.runtime)
         stores.runs.check_writable()
-    except (OSError, ImportError) as exc:
+    except OSError as exc:  # StoreUnusable too: unreachable, a newer schema, psycopg missing
         where = (
             f"store {without_password(config.runtime.store)!r}"
             if is_postgres(config.runtime.store)

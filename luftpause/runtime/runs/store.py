@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from luftpause.runtime.errors import JournalWriteError
+from luftpause.runtime.errors import JournalWriteError, StoreUnusable
 
 if TYPE_CHECKING:
     from luftpause.config import RuntimeConfig
@@ -357,11 +357,19 @@ def is_postgres(store: str) -> bool:
 
 def open_stores(settings: RuntimeConfig) -> Stores:
     """The stores ``settings`` chose (``[runtime] store``): the file journals under ``state_dir``,
-    or the PostgreSQL database at the URL (imports psycopg: raises ``ImportError`` naming the
-    ``postgresql`` extra when it is not installed). Opens nothing yet."""
+    or the PostgreSQL database at the URL (imports psycopg: raises
+    :class:`~luftpause.runtime.errors.StoreUnusable` naming the ``postgresql`` extra when it is
+    not installed). Opens nothing yet."""
     if is_postgres(settings.store):
         from luftpause.runtime.runs.custody import runtime_identity
-        from luftpause.runtime.runs.postgres import PostgresDatabase
+
+        try:
+            from luftpause.runtime.runs.postgres import PostgresDatabase
+        except ImportError as exc:
+            raise StoreUnusable(
+                f"a postgresql:// store needs psycopg, which is not installed ({exc}): "
+                "pip install 'luftpause[postgresql]'"
+            ) from None
 
         database = PostgresDatabase(settings.store, owner=runtime_identity(settings.listen))
         return Stores(database.journal("runs"), database.journal("tasks"))

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from luftpause.runtime.runs.postgres import SCHEMA_VERSION, PostgresDatabase
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.store import encode
 from luftpause.runtime.wiring import build_runtime
+from luftpause.testkit.procs import free_port
 
 
 def test_the_schema_is_migrated_at_start_and_recorded(postgres: PostgresServer) -> None:
@@ -190,3 +194,35 @@ def test_a_renewal_while_a_spawn_is_being_committed_does_not_take_that_run_for_l
         custody.created({"run-new": generation})
         assert custody.renew(renewing) == []
     assert custody.held() == ["run-new"]
+
+
+def test_a_runtime_on_a_store_newer_than_it_refuses_to_start_in_one_line(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.database()
+    PostgresDatabase(url).migrate()
+    postgres.query(url, "INSERT INTO luftpause_schema (version) VALUES (%s) RETURNING 1", SCHEMA_VERSION + 1)
+    config = tmp_path / "luftpause.toml"
+    config.write_text(
+        f"""
+[runtime]
+listen = "127.0.0.1:{free_port()}"
+state_dir = "{tmp_path / "state"}"
+
+[[replicas]]
+name = "nowhere"
+url = "http://127.0.0.1:{free_port()}"
+models = ["m"]
+"""
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "luftpause", "runtime", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LUFTPAUSE_RUNTIME__STORE": url},
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("luftpause runtime: [runtime] store 'postgresql://postgres:***@127.0.0.1:"), line
+    assert "newer than this luftpause knows" in line and "secret" not in line
