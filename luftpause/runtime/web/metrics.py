@@ -155,7 +155,7 @@ class RuntimeMetrics:
         )
         yield GaugeMetricFamily(
             "luftpause_runtime_journal_bytes",
-            "Size of the journal, runs.jsonl, in bytes.",
+            "Size of the runs' store (runs.jsonl, or its PostgreSQL rows as journal lines), in bytes.",
             value=self.journal.size,
         )
         yield GaugeMetricFamily(
