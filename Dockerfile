@@ -25,13 +25,14 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY _speedups/ _speedups/
 COPY luftpause/ luftpause/
-# With the otel extra: compose.otel.yaml exports spans from this image (the tui extra, for top and
-# loadgen, stays out: they run on the operator's machine).
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
+# With the otel extra: compose.otel.yaml exports spans from this image; with the postgresql extra,
+# the runtime keeps its runs in PostgreSQL when told to (compose.postgres.yaml, the chart's
+# runtime.store). The tui extra, for top and loadgen, stays out: they run on the operator's machine.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel,postgresql]'
 
 FROM ${BASE_IMAGE} AS runtime
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels 'luftpause[otel]' \
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'luftpause[otel,postgresql]' \
     && rm -rf /wheels \
     && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane.apis._facts_c, luftpause.dataplane._tool_calls_c"
 # A fixed uid, so a volume's owner is the same on every host; no login shell, no home to write.

@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test install lock browser bench bench-e2e bench-regress bench-regress-save bench-flood bench-flood-sim bench-fanout bench-all lint clean
+.PHONY: up test install lock browser postgresql bench bench-e2e bench-regress bench-regress-save bench-flood bench-flood-sim bench-fanout bench-all lint clean
 
 LOCK   := requirements/dev.lock
 
@@ -45,7 +45,15 @@ browser:
 	  $$SUDO apt-get install -y -q chromium >/dev/null || \
 	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 
-test: $(STAMP) browser
+# The runtime's PostgreSQL store is tested against Debian's PostgreSQL, started by the tests in a
+# temporary folder (tests/postgres_helpers.py); install it when it is missing.
+postgresql:
+	@{ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q postgresql >/dev/null || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q postgresql >/dev/null; }; }
+
+test: $(STAMP) browser postgresql
 	$(VENV)/bin/python -m pytest
 
 # Benchmarks (bench/README.md has every command and its figures). `make bench` is the pytest

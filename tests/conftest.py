@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from postgres_helpers import PostgresServer, find_binaries, postgres_server
 
 from luftpause.testkit.engine import EngineSettings, RunningEngine, start_engine
 from luftpause.testkit.launch.stack import Stack
@@ -61,3 +62,24 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
     finally:
         for engine in engines:
             await engine.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL of the test session (tests/postgres_helpers.py), on a free loopback port;
+    skips with the reason where PostgreSQL is not installed."""
+    _, why = find_binaries()
+    if why is not None:
+        pytest.skip(why)
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["file", "postgresql"])
+def store(request: pytest.FixtureRequest) -> str:
+    """``[runtime] store`` for a test of the runs' behaviour that must hold on both stores:
+    ``"file"``, or the URL of a fresh database of :func:`postgres`."""
+    if request.param == "file":
+        return "file"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.database()

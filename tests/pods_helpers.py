@@ -170,6 +170,7 @@ class Pod:
     runtime: ChildProcess | None = None
     token: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    store: str = "file"
 
     @property
     def url(self) -> str:
@@ -180,7 +181,7 @@ class Pod:
             "runtime",
             ["runtime", "--config", str(self.config)],
             log_path=self.workdir / "runtime.log",
-            env={"LUFTPAUSE_TOKEN": self.token, **self.env},
+            env={"LUFTPAUSE_TOKEN": self.token, **self._store_env(), **self.env},
             ready_url=f"{self.url}/health",
         )
         self.runtime.start()
@@ -191,8 +192,17 @@ class Pod:
         path = self.workdir / "runtime.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def _store_env(self) -> dict[str, str]:
+        # From the environment, as a deployment gives it (from a secret), not the file.
+        return {} if self.store == "file" else {"LUFTPAUSE_RUNTIME__STORE": self.store}
+
     def journal(self) -> list[dict[str, Any]]:
-        return list(read_records(self.workdir / "state" / JOURNAL_NAME))
+        """Every record of the runtime's store (``runs.jsonl``, or the database's rows)."""
+        if self.store == "file":
+            return list(read_records(self.workdir / "state" / JOURNAL_NAME))
+        from luftpause.runtime.runs.postgres import PostgresDatabase
+
+        return list(PostgresDatabase(self.store).journal("runs").records())
 
 
 @contextmanager
@@ -207,6 +217,7 @@ def start_pod(
     runtime_toml: str = "",
     env: Mapping[str, str] | None = None,
     engine_started: bool = True,
+    store: str = "file",
 ) -> Iterator[Pod]:
     """The scripted engine and a runtime over it (its dataplane and only replica), ready; both
     stopped when the ``with`` block ends, on failure too.
@@ -218,7 +229,8 @@ def start_pod(
     (``[[mcp_servers]]`` and more ``[[replicas]]`` tables; ``{engine_url}`` in it is the scripted
     engine's URL); ``runtime_toml``: more ``[runtime]`` keys. ``env``: more environment for the
     runtime process. ``engine_started=False``: the engine's port is chosen but nothing listens on
-    it until the test calls ``pod.engine.start()`` (a dataplane that is down).
+    it until the test calls ``pod.engine.start()`` (a dataplane that is down). ``store``: its
+    ``[runtime] store`` (``"file"``, or a PostgreSQL URL given as ``LUFTPAUSE_RUNTIME__STORE``).
     """
     folder: Path | None = None
     settings = ""
@@ -254,7 +266,7 @@ models = ["{DEFAULT_MODEL}"]
 {extra_toml.replace("{engine_url}", engine.url)}"""
         )
         resolved = folder.resolve() if folder is not None else None
-        running = Pod(workdir, resolved, engine, config, port, token=token, env=dict(env or {}))
+        running = Pod(workdir, resolved, engine, config, port, token=token, env=dict(env or {}), store=store)
         running.start_runtime()
         yield running
     finally:

@@ -21,10 +21,12 @@ from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.pods.scopes import RunScopes
 from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal
+from luftpause.runtime.runs.postgres import PostgresDatabase
 from luftpause.runtime.runs.record import Costs, Run
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.spec import RunSpec
+from luftpause.runtime.runs.store import RecordStore, encode
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
 from luftpause.runtime.spawn.spawner import Spawner
@@ -90,8 +92,10 @@ def with_state_dir(config: Config, state_dir: Path) -> Config:
     return config.model_copy(update={"runtime": runtime})
 
 
-async def replay_into_registry(state_dir: Path, **journal: Any) -> tuple[RunRegistry, list[Run]]:
-    """Enter a registry on the journal in ``state_dir`` (``journal``: :class:`Journal` keywords)
+async def replay_into_registry(
+    state_dir: Path, store: str = "file", **journal: Any
+) -> tuple[RunRegistry, list[Run]]:
+    """Enter a registry on the store ``store`` (:func:`open_store`; ``journal``: its keywords)
     and resume its runs with a loop that never finishes; the registry (left again) and the runs it
     resumed."""
     resumed: list[Run] = []
@@ -100,7 +104,7 @@ async def replay_into_registry(state_dir: Path, **journal: Any) -> tuple[RunRegi
         resumed.append(run)
         await asyncio.Event().wait()
 
-    registry = RunRegistry(journal=Journal(state_dir, **journal))
+    registry = RunRegistry(journal=open_store(store, state_dir, **journal))
     async with registry.serving(idle):
         await asyncio.sleep(0)
     return registry, resumed
@@ -210,3 +214,39 @@ def parts_over(config: Config, **registry_options: Any) -> Parts:
 def pods_over(config: Config, **registry_options: Any) -> PodOperations:
     """The pod operations of :func:`parts_over`; the registry is ``pods.registry``."""
     return parts_over(config, **registry_options).pods
+
+
+def open_store(store: str, state_dir: Path, **options: Any) -> RecordStore:
+    """The runs' store a runtime with ``[runtime] store = store`` and ``state_dir`` opens
+    (``options``: ``compact_bytes``): the file journal, or the ``runs`` stream of the database."""
+    if store == "file":
+        return Journal(state_dir, **options)
+    return PostgresDatabase(store, retry_seconds=30).journal("runs", **options)
+
+
+def with_store(config: Config, store: str, state_dir: Path) -> Config:
+    """``config`` with ``[runtime] store`` and ``state_dir`` set (:func:`with_state_dir`)."""
+    config = with_state_dir(config, state_dir)
+    runtime = config.runtime.model_copy(update={"store": store})
+    return config.model_copy(update={"runtime": runtime})
+
+
+def seed_store(store: str, state_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Make the store hold exactly ``records``, as a runtime that wrote them and stopped left it
+    (the file journal: one JSON line each; PostgreSQL: one row each)."""
+    if store == "file":
+        path = state_dir / JOURNAL_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"".join(encode(record) for record in records))
+        return
+    open_store(store, state_dir).compact(records)
+
+
+def stored(store: str, state_dir: Path) -> list[dict[str, Any]]:
+    """Every record the store holds, in order."""
+    return list(open_store(store, state_dir).records())
+
+
+def stored_bytes(store: str, state_dir: Path) -> int:
+    """The bytes the store's records take as journal lines (the size compaction is measured in)."""
+    return sum(len(encode(record)) for record in stored(store, state_dir))

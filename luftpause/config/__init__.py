@@ -42,6 +42,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -61,6 +62,7 @@ from luftpause.config.tables import (
     TlsPeer,
     host_port,
     http_url,
+    without_password,
 )
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "split_host_port",
+    "without_password",
 ]
 
 CONFIG_ENV = "LUFTPAUSE_CONFIG"
@@ -259,6 +262,11 @@ class RuntimeConfig(Section):
     """Base URL of the dataplane the sub-agents' turns go through."""
     state_dir: str = "state"
     """Where ``runs.jsonl`` lives; relative paths are taken from the working directory."""
+    store: str = "file"
+    """Where the runs are kept: ``"file"`` (``runs.jsonl`` and ``tasks.jsonl`` under
+    ``state_dir``) or a PostgreSQL URL, ``postgresql://user:password@host:port/database``
+    (the ``postgresql`` extra; several runtimes may share it; docs/runtime-store.md). Best given
+    as ``LUFTPAUSE_RUNTIME__STORE``, from a secret; its password is never shown or logged."""
     default_model: str | None = None
     """Model for ``spawn`` without one; by default the first model of the first generative replica."""
     workspace: str | None = None
@@ -303,6 +311,17 @@ class RuntimeConfig(Section):
     @classmethod
     def _dataplane_url(cls, value: str) -> str:
         return http_url(value)
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str) -> str:
+        if value != "file" and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f'expected "file" or a postgresql:// URL, got {without_password(value)!r}')
+        return value
+
+    @field_serializer("store")
+    def _store_shown(self, value: str) -> str:
+        return without_password(value)
 
     def dataplane_key(self) -> str | None:
         """The caller key read from ``dataplane_key_env`` at call time, or ``None``."""

@@ -53,6 +53,20 @@ def http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+def without_password(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for
+    the log and ``check-config``: a database URL carries its credentials)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{path}"
+
+
 class TlsListener(Section):
     """TLS on one listener (opt-in, for deployments across hosts): PEM files, paths relative to the
     working directory. ``[scheduler.tls]`` serves both the scheduler's gRPC port and its HTTP

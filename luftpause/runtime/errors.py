@@ -33,6 +33,10 @@ a failed tool call). The tree::
     JournalWriteError (OSError)           a journal record could not be written: a spawn or task
                                           refused ("could not be journaled"), a run marked not
                                           durable (``durable: false``)
+    └── LeaseLost                         refused by fencing: another runtime holds the run now
+                                          (its lease moved); the loop stops driving it
+    StoreUnusable (OSError)               the PostgreSQL store cannot be used at start: unreachable,
+                                          its schema newer than this luftpause, psycopg missing
     ToolArgumentsError (ValueError)       a model's tool call whose arguments do not fit the tool's
                                           schema: the call's result is "Error: invalid arguments
                                           for <tool>: <what and the shape expected>" (defined in
@@ -179,6 +183,16 @@ class UpstreamUnavailable(RuntimeFault):
 
 class JournalWriteError(OSError):
     """A record could not be written to the journal; the message names the file and the OS error."""
+
+
+class LeaseLost(JournalWriteError):
+    """A record refused by fencing: the run's lease moved to another runtime, which drives it now
+    (:mod:`luftpause.runtime.runs.custody`)."""
+
+
+class StoreUnusable(OSError):
+    """The runs' store cannot be used: the message says where (the URL without its password) and
+    why (unreachable after retries, a schema newer than this luftpause knows)."""
 
 
 def http_status(error: BaseException, default: int = 400) -> int:

@@ -44,7 +44,6 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
-from pathlib import Path
 
 import httpx2
 from mcp.server import MCPServer
@@ -57,11 +56,11 @@ from starlette.routing import Route
 
 from luftpause.auth.callers import load_caller_keys
 from luftpause.auth.tls import check_listener, check_peer
-from luftpause.config import Config, ConfigError, split_host_port
+from luftpause.config import Config, ConfigError, split_host_port, without_password
 from luftpause.config.arguments import add_config_argument, config_from_args
 from luftpause.observe import logs, metrics, tracing
 from luftpause.runtime.mcp.callers import CallerCookie
-from luftpause.runtime.runs.journal import Journal
+from luftpause.runtime.runs.store import is_postgres, open_stores
 from luftpause.runtime.runs.tenants import tenant_in
 from luftpause.runtime.web.auth import TOKEN_ENV, BearerTokenGate, token_from_env
 from luftpause.runtime.web.mcp_errors import McpErrorBodies, loopback_security
@@ -197,11 +196,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     refuse_if_in_use("runtime", config.runtime.listen)
     try:  # before granian's worker starts the stdio MCP servers: one line, not a traceback
-        Journal(Path(config.runtime.state_dir)).check_writable()
-    except OSError as exc:
+        stores = open_stores(config.runtime)
+        stores.runs.check_writable()
+    except OSError as exc:  # StoreUnusable too: unreachable, a newer schema, psycopg missing
+        where = (
+            f"store {without_password(config.runtime.store)!r}"
+            if is_postgres(config.runtime.store)
+            else f"state_dir {config.runtime.state_dir!r}"
+        )
         logs.announce(
             "runtime",
-            f"luftpause runtime: [runtime] state_dir {config.runtime.state_dir!r}: {exc}",
+            f"luftpause runtime: [runtime] {where}: {exc}",
             level=logging.ERROR,
             stream=sys.stderr,
         )

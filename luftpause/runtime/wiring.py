@@ -4,7 +4,7 @@
 nothing is assigned to a part from outside afterwards. The order, each line using only what is
 above it::
 
-    journal        runs.jsonl                                         runs/journal.py
+    journal        runs.jsonl, or the runs' records in PostgreSQL      runs/store.py
     changes        the run network's change counter                   runs/changes.py
     scopes         the scope ledger                (journal, changes)  pods/scopes.py
     notifications  spawners' events, inboxes' senders  (")            pods/notifications.py
@@ -47,7 +47,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -71,9 +70,9 @@ from luftpause.runtime.pods.operations import PodOperations
 from luftpause.runtime.pods.scopes import RunScopes
 from luftpause.runtime.pods.tree import TreeLimits
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.runtime.runs.series import RunSeries
+from luftpause.runtime.runs.store import RecordStore, open_stores
 from luftpause.runtime.runs.tenants import Tenant, visible
 from luftpause.runtime.spawn.builtin_tools import BuiltinTools
 from luftpause.runtime.spawn.instructions import Instructions
@@ -94,7 +93,7 @@ class Runtime:
 
     config: Config
     token: str | None
-    journal: Journal
+    journal: RecordStore
     changes: NetworkChanges
     scopes: RunScopes
     notifications: Notifications
@@ -182,8 +181,8 @@ def build_runtime(
     settings = config.runtime
     if retention_seconds is None:
         retention_seconds = settings.retained_s
-    state_dir = Path(settings.state_dir)
-    journal = Journal(state_dir)
+    stores = open_stores(settings)
+    journal = stores.runs
     changes = NetworkChanges()
     scopes = RunScopes(config, journal, changes)
     notifications = Notifications(journal, changes)
@@ -231,7 +230,7 @@ def build_runtime(
     )
     decider = Decider(dataplane)
     tasks = TaskRegistry(
-        state_dir, registry, approvals, render_run_result, retention_seconds=retention_seconds
+        stores.tasks, registry, approvals, render_run_result, retention_seconds=retention_seconds
     )
     mcp = build_mcp_server(
         spawn_tools=SpawnTools(

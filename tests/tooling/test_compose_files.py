@@ -36,7 +36,7 @@ import yaml
 from repo_paths import DATA, ROOT
 
 from luftpause.cli import COMMANDS, build_parser
-from luftpause.config import EMBEDDED_DEFAULT, Config, parse_config, split_host_port
+from luftpause.config import EMBEDDED_DEFAULT, Config, RuntimeConfig, parse_config, split_host_port
 
 SCHEMA = json.loads((DATA / "compose-spec.json").read_text())
 BASE = ROOT / "compose.yaml"
@@ -162,12 +162,13 @@ PROJECTS = projects()
 PROJECT_IDS = [name for name, _ in PROJECTS]
 
 
-def test_there_are_the_four_overlays() -> None:
+def test_there_are_the_five_overlays() -> None:
     assert {p.name for p in OVERLAYS} == {
         "compose.ollama.yaml",
         "compose.testbed.yaml",
         "compose.otel.yaml",
         "compose.hosted.yaml",
+        "compose.postgres.yaml",
     }
 
 
@@ -374,6 +375,18 @@ def test_testbed_overlay_fits_two_sglang_replicas_on_one_gpu() -> None:
     assert {m for r in config.replicas for m in r.models} == served
 
 
+def test_postgres_overlay_gives_the_runtime_its_database_once_it_is_healthy() -> None:
+    project = load(BASE, ROOT / "compose.postgres.yaml")
+    runtime = project["services"]["runtime"]
+    store = runtime["environment"]["LUFTPAUSE_RUNTIME__STORE"]
+    assert store == "postgresql://luftpause:luftpause@postgres:5432/luftpause"
+    assert runtime["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    postgres = project["services"]["postgres"]
+    assert postgres["environment"]["POSTGRES_DB"] == "luftpause" and "healthcheck" in postgres
+    # What the runtime is given is a store its configuration accepts.
+    assert RuntimeConfig(store=store).store == store
+
+
 def test_jaeger_is_pinned_to_a_release() -> None:
     """``latest`` would move under the healthcheck (Jaeger 2 has no admin port 14269)."""
     image = load(BASE, ROOT / "compose.otel.yaml")["services"]["jaeger"]["image"]
@@ -459,8 +472,9 @@ def test_dockerfile_builds_the_extensions_in_a_build_stage_and_runs_as_a_user() 
     runs = " ".join(args for op, args in runtime if op == "RUN")
     for module in extensions.values():
         assert module in runs, f"the image does not check that {module} was built"
-    # compose.otel.yaml exports spans from this image: the SDK (the otel extra) must be in it.
-    assert "'luftpause[otel]'" in runs
+    # compose.otel.yaml exports spans from this image: the SDK (the otel extra) must be in it; and
+    # compose.postgres.yaml keeps the runtime's runs in PostgreSQL: psycopg (the postgresql extra).
+    assert "'luftpause[otel,postgresql]'" in runs
     env = dict(
         item.split("=", 1) for op, args in runtime if op == "ENV" for item in shlex.split(args) if "=" in item
     )

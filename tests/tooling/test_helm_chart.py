@@ -193,6 +193,19 @@ def test_the_runtime_is_a_statefulset_with_its_journal_on_a_volume() -> None:
     assert runtime["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
 
 
+def test_runtimes_on_postgresql_share_the_url_from_a_secret_and_keep_each_client_on_one() -> None:
+    objects = render({"runtime": {"replicas": 3, "store": {"existingSecret": "lp-db", "key": "url"}}})
+    runtime = workloads(objects)["runtime"]
+    assert runtime["spec"]["replicas"] == 3
+    from_secret, _ = env_sources(runtime)
+    assert from_secret["LUFTPAUSE_RUNTIME__STORE"] == {"name": "lp-db", "key": "url"}
+    service = by_kind(objects, "Service")[runtime["spec"]["serviceName"]]
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+    assert "LUFTPAUSE_RUNTIME__STORE" not in env_sources(workloads(DEFAULT)["runtime"])[0]
+    with pytest.raises(helm.HelmError, match=r"runtime\.replicas > 1 needs runtime\.store\.existingSecret"):
+        render({"runtime": {"replicas": 2}})
+
+
 @pytest.mark.parametrize(
     "values", [None, {"simulated": {"enabled": False}, "pool": POOL}], ids=["default", "pool"]
 )

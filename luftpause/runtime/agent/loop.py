@@ -87,7 +87,7 @@ from luftpause.runtime.agent.text_tool_calls import openai_tool_call, recover_to
 from luftpause.runtime.agent.tool_arguments import ToolArgumentsError, prepare_arguments
 from luftpause.runtime.agent.upstream import UpstreamPool, call_id, openai_tool
 from luftpause.runtime.dataplane import DataplaneClient
-from luftpause.runtime.errors import TurnFailed
+from luftpause.runtime.errors import LeaseLost, TurnFailed
 from luftpause.runtime.runs.record import PendingRound
 from luftpause.runtime.runs.registry import Run, RunRegistry
 
@@ -280,14 +280,19 @@ class SubAgentLoop:
             # Recorded only once the whole round is done: a round is the unit the journal replays;
             # durable before the next turn, so a restart never repeats a completed round.
             self.registry.complete_round(run, round_messages)
-            await self._durable(run.durability.last_written)
+            await self._durable(run, run.durability.last_written)
 
-    async def _durable(self, written: concurrent.futures.Future[None] | None) -> None:
-        """Wait until the journal write ``written`` (a future, or ``None``) is done; a failed one
-        was logged and its run marked not durable (registry.py): the run goes on."""
+    async def _durable(self, run: Run, written: concurrent.futures.Future[None] | None) -> None:
+        """Wait until the journal write ``written`` (a future, or ``None``) of ``run`` is done; a
+        failed one was logged and its run marked not durable (registry.py): the run goes on. One
+        refused by fencing (:class:`LeaseLost`) stops the run here, before any tool call: another
+        runtime drives it now; it is neither ended here nor at the dataplane."""
         if written is not None:
             try:
                 await asyncio.wrap_future(written)
+            except LeaseLost:
+                run.interrupted = True
+                raise _Stopped from None
             except OSError:
                 pass
 
@@ -362,7 +367,7 @@ class SubAgentLoop:
             }
             # No call runs before the reply is durable: a call that ran is then always one a restart
             # finds again, under the same id (never a call of a reply the engine is asked anew for).
-            await self._durable(self.registry.begin_round(run, assistant))
+            await self._durable(run, self.registry.begin_round(run, assistant))
             pending = run.pending_round
             if pending is None:  # ended meanwhile (cancelled while the record was written)
                 raise _Stopped

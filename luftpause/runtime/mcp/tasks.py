@@ -57,7 +57,8 @@ Errors (JSON-RPC): ``-32602`` for an unknown or dropped ``taskId``; ``-32021`` (
 client capability) when the request does not declare the extension. Other clients, and
 2025-era connections, get the blocking ``run``.
 
-Journal: ``<state_dir>/tasks.jsonl``, written like ``runs.jsonl`` (:mod:`luftpause.runtime.runs.journal`:
+Journal: ``<state_dir>/tasks.jsonl`` (or the ``tasks`` records of the PostgreSQL store,
+:mod:`luftpause.runtime.runs.store`), written like ``runs.jsonl`` (:mod:`luftpause.runtime.runs.journal`:
 one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning)::
 
     {"type": "task", "taskId", "handle", "at", "elicits"}    created, written before the
@@ -95,13 +96,12 @@ from mcp_types import (
 from luftpause.runtime.agent.approvals import Approvals, PendingApproval
 from luftpause.runtime.errors import RuntimeFault
 from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
-from luftpause.runtime.runs.journal import Journal, Record
+from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Journal, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
+from luftpause.runtime.runs.store import RecordStore
 from luftpause.runtime.runs.tenants import Tenant, visible
 
 log = logging.getLogger("luftpause.runtime.mcp.tasks")
-
-TASKS_JOURNAL_NAME = "tasks.jsonl"
 
 POLL_INTERVAL_MS = 1000
 """The ``pollIntervalMs`` suggested to clients: a run's turns take seconds, so polling faster
@@ -186,8 +186,7 @@ class TaskJournal(Journal):
     Every record carries the run's ``handle``, which the shared reader requires."""
 
     def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir)
-        self.path = state_dir / TASKS_JOURNAL_NAME
+        super().__init__(state_dir, file_name=TASKS_JOURNAL_NAME)
 
 
 class TaskRegistry:
@@ -202,7 +201,7 @@ class TaskRegistry:
 
     def __init__(
         self,
-        state_dir: Path,
+        journal: RecordStore | Path,
         runs: RunRegistry,
         approvals: Approvals,
         render_result: Callable[[dict[str, Any]], CallToolResult | InputRequiredResult],
@@ -210,7 +209,7 @@ class TaskRegistry:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         max_ended: int = DEFAULT_MAX_ENDED,
     ) -> None:
-        self.journal = TaskJournal(state_dir)
+        self.journal = TaskJournal(journal) if isinstance(journal, Path) else journal
         self.runs = runs
         self.approvals = approvals
         self.retention_seconds = retention_seconds
@@ -498,6 +497,6 @@ class TaskRegistry:
                 else:
                     raise ValueError(f"unknown record type {kind!r}")
             except (KeyError, TypeError, ValueError) as exc:
-                log.warning("%s: a %s record of %s skipped: %r", self.journal.path, kind, task_id, exc)
+                log.warning("%s: a %s record of %s skipped: %r", self.journal.label, kind, task_id, exc)
         self._evict()
         return seen

@@ -34,8 +34,8 @@ from typing import Any
 
 from luftpause.runtime.pods.actors import spawner_key
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.record import Run, output_entries, summarize
+from luftpause.runtime.runs.store import Record, RecordStore
 
 EVENT = "event"
 DELIVERED = "eventsDelivered"
@@ -76,7 +76,7 @@ class Notifications:
 
     record_types = frozenset({EVENT, DELIVERED})
 
-    def __init__(self, journal: Journal | None, changes: NetworkChanges) -> None:
+    def __init__(self, journal: RecordStore | None, changes: NetworkChanges) -> None:
         self.journal = journal
         self.changes = changes
         self.events: dict[str, list[Event]] = {}

@@ -54,8 +54,8 @@ from luftpause.runtime.pods.scope import (
 )
 from luftpause.runtime.pods.workspace import check_path_arguments, path_arguments
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.record import Run
+from luftpause.runtime.runs.store import Record, RecordStore
 
 WORKSPACE = "workspace"
 """The ledger principal holding the configured workspace; MCP callers' runs are carved from it."""
@@ -108,7 +108,7 @@ class RunScopes:
 
     record_types = frozenset({GRANT, END, RETURNED})
 
-    def __init__(self, config: Config, journal: Journal | None, changes: NetworkChanges) -> None:
+    def __init__(self, config: Config, journal: RecordStore | None, changes: NetworkChanges) -> None:
         runtime = config.runtime
         self.journal = journal
         self.changes = changes

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from luftpause.runtime.errors import PodRefused
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal, Record
 from luftpause.runtime.runs.record import Run
 from luftpause.runtime.runs.spec import MAX_NAME_CHARS
+from luftpause.runtime.runs.store import Record, RecordStore
 
 POD = "pod"
 """Journal record ``{"type": "pod", "handle", "depth"}``: a run's level in its tree, fixed at spawn."""
@@ -34,7 +34,7 @@ class TreeLimits:
     record_types = frozenset({POD})
 
     def __init__(
-        self, max_depth: int, max_children: int, journal: Journal | None, changes: NetworkChanges
+        self, max_depth: int, max_children: int, journal: RecordStore | None, changes: NetworkChanges
     ) -> None:
         self.max_depth = max_depth
         self.max_children = max_children

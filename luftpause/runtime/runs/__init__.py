@@ -3,7 +3,9 @@
 Owns: spawn's one contract (:mod:`.spec`: ``SpawnArguments``, and ``RunSpec``, the journal's start
 record), the run record (:mod:`.record`), the registry that owns every run's asyncio task and is
 the only way a run changes (:mod:`.registry`; the loop tasks themselves :mod:`.loop_tasks`), the
-journal ``runs.jsonl`` (:mod:`.journal`) and its replay and compaction (:mod:`.replay`), budgets
+store its records go to (:mod:`.store`: the journal ``runs.jsonl``, :mod:`.journal`, or
+PostgreSQL, :mod:`.postgres`, with the leases of runtimes sharing it, :mod:`.custody`) and their
+replay and compaction (:mod:`.replay`), budgets
 over run trees (:mod:`.budgets`), which finished runs are kept (:mod:`.retention`), what
 ``await``/``status`` show (:mod:`.views`), waiting (:mod:`.waiting`) and the network's change
 counter (:mod:`.changes`).

@@ -82,15 +82,11 @@ than that at the next start (truncated, emptied) is reported with the runs it lo
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
 import json
 import logging
 import os
-import queue
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -101,29 +97,22 @@ import orjson
 
 from luftpause.runtime.errors import JournalWriteError
 from luftpause.runtime.runs.manifest import MANIFEST_NAME, Manifest, Shrunk, read_manifest, write_manifest
+from luftpause.runtime.runs.store import COMPACT_BYTES as COMPACT_BYTES
+from luftpause.runtime.runs.store import Pending, RecordStore
+from luftpause.runtime.runs.store import Record as Record
+from luftpause.runtime.runs.store import encode as encode
 
 log = logging.getLogger("luftpause.runtime.runs.journal")
 
 JOURNAL_NAME = "runs.jsonl"
 
 
-COMPACT_BYTES = 64 * 1024 * 1024
-"""Journal size (bytes) past which it is rewritten with finished runs as single records."""
-
-Record = dict[str, Any]
+TASKS_JOURNAL_NAME = "tasks.jsonl"
+"""The MCP tasks' journal beside it (:mod:`luftpause.runtime.mcp.tasks`): the same format rules."""
 
 _TAIL_PROBE_BYTES = 64 * 1024
 """How much of the file's end :meth:`Journal.open` reads to find a torn last record (bytes); a
 longer torn record is found by reading further back."""
-
-
-def encode(record: Record) -> bytes:
-    """``record`` as one journal line (JSON and ``\\n``). orjson refuses integers past 64 bits and
-    lone surrogates; such values are written by the standard library instead, escaped to ASCII."""
-    try:
-        return orjson.dumps(record) + b"\n"
-    except orjson.JSONEncodeError:
-        return json.dumps(record, ensure_ascii=True).encode("ascii") + b"\n"
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -216,7 +205,22 @@ def read_numbered(
     except FileNotFoundError:
         return
     lines = data.split(b"\n")
-    for number, line in enumerate(lines, start=1):
+    torn = len(lines) if not data.endswith(b"\n") else None
+    yield from parse_lines(enumerate(lines, start=1), str(path), torn, on_damaged)
+
+
+def parse_lines(
+    lines: Iterable[tuple[int, bytes]],
+    where: str,
+    torn: int | None = None,
+    on_damaged: Callable[[DamagedLine], None] | None = None,
+) -> Iterator[tuple[int, Record]]:
+    """The records of numbered journal ``lines`` (each one encoded record, as :func:`encode`
+    writes it, without its ``\\n``), with their numbers; ``where`` names the journal in the log.
+    A line numbered ``torn`` that is not a record is the torn last line (skipped with a warning);
+    any other line that is not a record is damaged (:func:`read_records`). Shared by the file
+    journal and the stores whose records are rows (:mod:`luftpause.runtime.runs.postgres`)."""
+    for number, line in lines:
         if not line.strip():
             continue
         problem = ""
@@ -230,60 +234,40 @@ def read_numbered(
         if isinstance(record, dict) and isinstance(record.get("handle"), str):
             yield number, record
             continue
-        if number == len(lines) and not data.endswith(b"\n"):
-            log.warning("%s line %d: torn last record (%d bytes), skipped", path, number, len(line))
+        if number == torn:
+            log.warning("%s line %d: torn last record (%d bytes), skipped", where, number, len(line))
             continue
         if not problem:
             shape = "an object" if isinstance(record, dict) else f"a JSON {type(record).__name__}"
             problem = f"not a journal record ({shape} with no handle)"
         damaged = DamagedLine(number, problem, salvage(record if isinstance(record, dict) else line))
-        log.error("%s, %d bytes, skipped", damaged.describe(path), len(line))
+        log.error("%s, %d bytes, skipped", damaged.describe(where), len(line))
         if on_damaged is not None:
             on_damaged(damaged)
 
 
-class _Compaction:
-    def __init__(self, records: list[Record]) -> None:
-        self.records = records
+class Journal(RecordStore):
+    """The file journal of one runtime process (:class:`RecordStore`, written as the module
+    docstring says): ``<state_dir>/runs.jsonl``, or ``file_name`` beside it (``tasks.jsonl``)."""
 
-
-_STOP = object()
-
-
-class Journal:
-    """The journal of one runtime process, opened by its owner (:meth:`open`), which gives it
-    what it needs then: ``snapshot``, the records that describe everything the owner holds, for
-    compaction (:meth:`RunRegistry.journal_snapshot`; called on the event loop, it must return
-    records that later changes do not alter: lists copied), and ``on_failure(record, error)``,
-    called on the event loop for each record that could not be written.
-    """
-
-    def __init__(self, state_dir: Path, compact_bytes: int = COMPACT_BYTES) -> None:
+    def __init__(
+        self, state_dir: Path, compact_bytes: int = COMPACT_BYTES, *, file_name: str = JOURNAL_NAME
+    ) -> None:
+        super().__init__(compact_bytes)
         self.state_dir = state_dir
-        self.path = state_dir / JOURNAL_NAME
-        self.manifest_path = state_dir / MANIFEST_NAME
-        self.compact_bytes = compact_bytes
-        self._held: set[str] = set()
-        self._held_lock = threading.Lock()
-        self._snapshot: Callable[[], Iterable[Record]] | None = None
-        self._on_failure: Callable[[Record, OSError], None] | None = None
+        self.path = state_dir / file_name
+        # Each file its own manifest (tasks.jsonl's once wrote runs.jsonl's, with its own size).
+        manifest = MANIFEST_NAME if file_name == JOURNAL_NAME else f"{file_name}.manifest"
+        self.manifest_path = state_dir / manifest
         self._fd: int | None = None
-        self._size = 0
-        self._queued_size = 0
-        self._compact_at = compact_bytes
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._last: concurrent.futures.Future[None] | None = None
 
     @property
-    def size(self) -> int:
-        """Bytes in the journal file (as of the last open, write or compaction)."""
-        return self._size
+    def label(self) -> str:
+        return str(self.path)
 
-    def records(self, on_damaged: Callable[[DamagedLine], None] | None = None) -> Iterator[Record]:
-        """The records on disk (see :func:`read_records`)."""
-        return read_records(self.path, on_damaged)
+    @property
+    def name(self) -> str:
+        return self.path.name
 
     def numbered(
         self, on_damaged: Callable[[DamagedLine], None] | None = None
@@ -321,32 +305,15 @@ class Journal:
         os.close(fd)
         probe.unlink()
 
-    def open(
-        self,
-        snapshot: Callable[[], Iterable[Record]] | None = None,
-        on_failure: Callable[[Record, OSError], None] | None = None,
-        held: Iterable[str] = (),
-    ) -> None:
-        """Open for appending and start the writer thread; ``snapshot`` and ``on_failure`` as the
-        class docstring says (without a ``snapshot`` the journal is never compacted). A torn last
-        line is cut off first, so the next record starts on a line of its own. ``held``: the runs
-        the replay found, written to the manifest with the journal's size (:class:`Manifest`).
-        Creates the state directory if needed; raises ``OSError``."""
-        self._snapshot = snapshot
-        self._on_failure = on_failure
+    def _open_medium(self, held: set[str]) -> int:
+        # A torn last line is cut off first, so the next record starts on a line of its own; the
+        # manifest records the runs the replay found with the journal's size (Manifest).
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._cut_torn_tail()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = self._queued_size = os.fstat(self._fd).st_size
-        with self._held_lock:
-            self._held = set(held)
-            self._write_manifest("open", self._size, self._held)
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
-        self._thread = threading.Thread(target=self._writer, name=f"journal {self.path.name}", daemon=True)
-        self._thread.start()
+        size = os.fstat(self._fd).st_size
+        self._write_manifest("open", size, held)
+        return size
 
     def _cut_torn_tail(self) -> None:
         # Reads only the end of the file (the replay has read the whole file once already).
@@ -372,105 +339,15 @@ class Journal:
         os.truncate(self.path, keep)
         log.warning("%s: cut a torn last record of %d bytes", self.path, size - keep)
 
-    def close(self) -> None:
-        """Write what is queued, stop the writer thread and close the file."""
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
+    def _close_medium(self, held: set[str]) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-            with self._held_lock:
-                self._write_manifest("close", self._size, self._held)
+            self._write_manifest("close", self._size, held)
 
-    def append(self, record: Record) -> concurrent.futures.Future[None]:
-        """Queue ``record`` for the writer thread; the future resolves once it is written and
-        fsynced, or fails with :class:`JournalWriteError`. Starts a compaction when the file has
-        grown past its threshold. On a closed journal the future is already failed."""
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        # Running from the start, so no awaiter can cancel it: a task awaiting it through
-        # asyncio.wrap_future and cancelled (a client gone, a run cancelled) would cancel it too,
-        # and the writer's set_result on a cancelled future raised and ended the writer thread,
-        # after which no record was written and every wait for one hung.
-        done.set_running_or_notify_cancel()
-        if self._thread is None:
-            done.set_exception(JournalWriteError(f"journal {self.path} is not open"))
-            return done
-        line = encode(record)
-        if record.get("type") == "start":
-            with self._held_lock:
-                self._held.add(str(record["handle"]))
-        done.add_done_callback(lambda f: self._settled(record, f))
-        self._queue.put((line, done))
-        self._last = done
-        self._queued_size += len(line)
-        if self._queued_size > self._compact_at and self._snapshot is not None:
-            self.compact_later(self._snapshot())
-        return done
-
-    async def write(self, record: Record) -> None:
-        """Append ``record`` and wait until it is durable; raises :class:`JournalWriteError`."""
-        await asyncio.wrap_future(self.append(record))
-
-    async def written(self) -> None:
-        """Wait until every record appended so far is written and fsynced, or has failed (the
-        writer keeps their order, so the last one's future settles after all of them; a failure
-        was logged and reported to ``on_failure``). For an answer that must not be given before
-        the change it reports is durable: a kill after the answer must not lose it."""
-        last = self._last
-        if last is None:
-            return
-        with contextlib.suppress(OSError):
-            await asyncio.wrap_future(last)
-
-    def _settled(self, record: Record, done: concurrent.futures.Future[None]) -> None:
-        exc = done.exception()
-        if exc is None:
-            return
-        log.error("%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
-        if self._on_failure is None or not isinstance(exc, OSError):
-            return
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._on_failure, record, exc)
-        else:
-            self._on_failure(record, exc)
-
-    def compact_later(self, records: Iterable[Record]) -> None:
-        """Queue a compaction to ``records`` (taken now; written by the writer thread in order
-        with the records around it)."""
-        self._compact_at = max(self.compact_bytes, 2 * self._queued_size)
-        self._queue.put(_Compaction(list(records)))
-
-    def _writer(self) -> None:
-        while True:
-            item = self._queue.get()
-            batch = [item]
-            while True:  # everything queued meanwhile shares one fsync
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            lines: list[tuple[bytes, concurrent.futures.Future[None]]] = []
-            stop = False
-            for entry in batch:
-                if entry is _STOP:
-                    stop = True
-                elif isinstance(entry, _Compaction):
-                    self._flush(lines)
-                    lines = []
-                    self._compact_now(entry.records)
-                else:
-                    lines.append(entry)
-            self._flush(lines)
-            if stop:
-                return
-
-    def _flush(self, lines: list[tuple[bytes, concurrent.futures.Future[None]]]) -> None:
-        if not lines:
-            return
+    def _write_batch(self, batch: list[Pending]) -> None:
         written: list[concurrent.futures.Future[None]] = []
-        for line, done in lines:
+        for line, _, done in batch:
             try:
                 if self._fd is None:
                     raise OSError(9, "journal closed")
@@ -490,14 +367,8 @@ class Journal:
         for done in written:
             done.set_result(None)
 
-    def compact(self, records: Iterable[Record]) -> None:
-        """Replace the journal by ``records`` now, on the calling thread (atomically: temporary
-        file, fsync, rename). For use before the writer thread runs (at start); later, use
-        :meth:`compact_later`."""
-        self._compact_now(records)
-
-    def _compact_now(self, records: Iterable[Record]) -> None:
-        records = list(records)
+    def _replace_all(self, records: list[Record]) -> int | None:
+        # Temporary file, fsync, rename over the journal, fsync of the directory.
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -522,12 +393,8 @@ class Journal:
                 os.close(dir_fd)
         except OSError as exc:
             log.error("journal %s: compaction failed, the journal is kept as it was: %s", self.path, exc)
-            return
-        before = self._size
+            return None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = self.path.stat().st_size
-        self._queued_size = self._size
-        self._compact_at = max(self.compact_bytes, 2 * self._size)
-        log.info("journal %s compacted: %d -> %d bytes", self.path, before, self._size)
+        return self.path.stat().st_size

@@ -13,9 +13,10 @@ started) that bound it and all its descendants, children spawned later included;
 before every turn and every tool call, after every turn and tool round, and the seconds by a
 timer; on excess the whole subtree is cancelled with ``budget exceeded: <which> <used>/<limit>``.
 
-With a :class:`~luftpause.runtime.runs.journal.Journal` the registry records every run's start, tool
-rounds and end, and replays the journal after a restart. A run the runtime's shutdown interrupts
-is not recorded as ended: it resumes on the next start.
+With a store (:class:`~luftpause.runtime.runs.store.RecordStore`: the file journal or
+PostgreSQL) the registry records every run's start, tool rounds and end, and replays the journal
+after a restart. A run the runtime's shutdown interrupts is not recorded as ended: it resumes on
+the next start.
 
 The :class:`RunRegistry` owns the asyncio task of every run in a task group entered in the
 server's lifespan (:meth:`RunRegistry.serving`, which is given the function that drives a run:
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import (
@@ -58,7 +60,6 @@ from typing import Any
 from luftpause.runtime.errors import ExpiredRun, UnknownRun
 from luftpause.runtime.runs.budgets import ancestors, budget_used, first_exceeded, subtree
 from luftpause.runtime.runs.changes import NetworkChanges
-from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.listeners import RunListener
 from luftpause.runtime.runs.loop_tasks import LoopTasks, confirm_start
 from luftpause.runtime.runs.record import (
@@ -83,6 +84,7 @@ from luftpause.runtime.runs.retention import (
     DEFAULT_RETENTION_SECONDS,
     FinishedRuns,
 )
+from luftpause.runtime.runs.store import RecordStore
 from luftpause.runtime.runs.tenants import Tenant, only_visible, visible
 from luftpause.runtime.runs.views import run_tree
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_SECONDS, WaitMode, wait_for_runs
@@ -152,7 +154,7 @@ class RunRegistry:
         max_expired_handles: int = DEFAULT_MAX_EXPIRED_HANDLES,
         retained_bytes: int = DEFAULT_RETAINED_BYTES,
         clock: Callable[[], float] = time.monotonic,
-        journal: Journal | None = None,
+        journal: RecordStore | None = None,
         changes: NetworkChanges | None = None,
         listeners: Sequence[RunListener] = (),
     ) -> None:
@@ -214,16 +216,51 @@ class RunRegistry:
         with`` does."""
         async with self:
             self._drive = drive
+            following = asyncio.create_task(self._follow_takeovers(), name="run takeovers")
             try:
                 self._resume()
                 self.ready = True
                 yield self
             finally:
                 self.ready = False
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await following
                 self._drive = None
+
+    async def _follow_takeovers(self) -> None:
+        """With a store several runtimes share: stop driving the runs another runtime took over,
+        and resume the runs this one took over from a dead runtime, as a restart resumes them."""
+        if self.journal is None:
+            return
+        async for change in self.journal.takeovers():
+            self._release(change.lost)
+            if change.took is not None:
+                replayed = replay_journal(change.took, self.listeners, self._foreign)
+                self._install(replayed)
+                for run in replayed.failed:
+                    self.append(run, {"type": "end", "handle": run.handle, **run.outcome_record()})
+                resumed = self._resume()
+                log.warning("took over %d runs (%d resumed) from a dead runtime", len(replayed.runs), resumed)
+                self.notify_changed()
+
+    def _release(self, handles: list[str]) -> None:
+        """Stop driving ``handles`` and forget them, without recording an end: another runtime
+        holds them now (their records would be refused anyway)."""
+        for handle in handles:
+            run = self._runs.pop(handle, None)
+            if run is None:
+                continue
+            if not run.done:
+                run.interrupted = True
+                self._loops.cancel(run)
+            log.error("run %s is held by another runtime now; this one stopped driving it", handle)
+        if handles:
+            self.notify_changed()
 
     async def __aenter__(self) -> RunRegistry:
         if self.journal is not None:
+            self.journal.claim()
             replayed = replay_journal(self.journal, self.listeners, self._foreign)
             self.journal_report = replayed.report
             self._install(replayed)
@@ -339,7 +376,7 @@ class RunRegistry:
         for run in runs:
             self.start(run)
         if runs:
-            log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.path)
+            log.info("resumed %d unfinished runs from %s", len(runs), self.journal and self.journal.label)
         return len(runs)
 
     def notify_changed(self) -> None:
@@ -526,7 +563,8 @@ class RunRegistry:
 
     def _install(self, replayed: Replayed) -> None:
         """Take the runs a replay rebuilt (:func:`~luftpause.runtime.runs.replay.replay_journal`):
-        hold them, date the finished ones for retention, then tell the listeners."""
+        hold them, date the finished ones for retention, then tell the listeners. At start, or
+        later for the runs taken over from a dead runtime (:meth:`serving`)."""
         now_wall = time.time()
         self._runs.update(replayed.runs)
         self._checkpoints.update(replayed.checkpoints)
@@ -534,7 +572,7 @@ class RunRegistry:
         for run in finished:
             self.retention.finished(run, ago=max(0.0, now_wall - (run.finished_at or now_wall)))
         self.evict_expired()
-        self._to_resume = [run for run in replayed.runs.values() if not run.done and run.handle in self._runs]
+        self._to_resume += [r for r in replayed.runs.values() if not r.done and r.handle in self._runs]
         for listener in self.listeners:
             listener.replayed(self._runs)
 

@@ -35,7 +35,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from luftpause.runtime.errors import RuntimeFault
@@ -51,8 +50,8 @@ from luftpause.runtime.runs.record import (
 from luftpause.runtime.runs.spec import RunSpec
 
 if TYPE_CHECKING:
-    from luftpause.runtime.runs.journal import Journal, Record
     from luftpause.runtime.runs.listeners import RunListener
+    from luftpause.runtime.runs.store import Record, Replayable
 
 log = logging.getLogger("luftpause.runtime.runs")
 
@@ -201,7 +200,7 @@ class _Damage:
     """The damage a replay met, by run: lines given by :func:`read_records` as they come, and
     start records that do not fit. A run's damage is *settled* by an outcome journaled after it."""
 
-    def __init__(self, runs: dict[str, Run], path: Path, report: JournalReport) -> None:
+    def __init__(self, runs: dict[str, Run], path: str, report: JournalReport) -> None:
         self.runs = runs
         self.path = path
         self.report = report
@@ -280,7 +279,7 @@ def _conversation(run: Run, record: Record) -> None:
 
 
 def replay_journal(
-    journal: Journal, listeners: Iterable[RunListener] = (), foreign: frozenset[str] = frozenset()
+    journal: Replayable, listeners: Iterable[RunListener] = (), foreign: frozenset[str] = frozenset()
 ) -> Replayed:
     """Rebuild the runs of ``journal``: finished ones as they ended, unfinished ones at their last
     completed tool round. Every record goes to each of ``listeners`` first; the types in
@@ -290,7 +289,7 @@ def replay_journal(
     runs = out.runs
     report = out.report
     listeners = tuple(listeners)
-    damage = _Damage(runs, journal.path, report)
+    damage = _Damage(runs, journal.label, report)
     shrunk = journal.shrunk()
     for number, record in journal.numbered(on_damaged=damage.line):
         kind, handle = record.get("type"), record["handle"]
@@ -302,7 +301,7 @@ def replay_journal(
                     report.skip(number, handle)
                     log.error(
                         "journal %s line %d: a %s record of %s could not be applied, skipped: %s",
-                        journal.path,
+                        journal.label,
                         number,
                         kind,
                         handle,
@@ -314,7 +313,7 @@ def replay_journal(
                 try:
                     run = Run.from_start_record(record)
                 except (KeyError, TypeError, ValueError) as exc:
-                    problem = f"{journal.path.name}: its {kind} record does not fit: {_short(exc)}"
+                    problem = f"{journal.name}: its {kind} record does not fit: {_short(exc)}"
                     run = damage.lost(handle, record, problem)
                 else:
                     runs[handle] = run
@@ -326,7 +325,7 @@ def replay_journal(
                 continue
             found = runs.get(handle)
             if found is None:  # a run's records with no start before them: its start was lost
-                problem = f"{journal.path.name}: its start record is missing (a {kind} record names it)"
+                problem = f"{journal.name}: its start record is missing (a {kind} record names it)"
                 found = damage.lost(handle, {}, problem)
             run = found
             if kind == "message":
@@ -373,26 +372,26 @@ def replay_journal(
             report.skip(number, handle)
             log.error(
                 "journal %s line %d: a %s record of %s could not be applied, skipped: %s",
-                journal.path,
+                journal.label,
                 number,
                 kind,
                 handle,
                 _short(exc),
             )
     if shrunk is not None:
-        report.shrunk = shrunk.describe(journal.path)
+        report.shrunk = shrunk.describe(journal.label)
         for run in runs.values():  # its later records may be what was cut off
             if not run.done:
                 damage.mark(run, f"{report.shrunk}: its records after the last one left may be lost")
                 report.runs.add(run.handle)
         report.lost = set(shrunk.held) - set(runs)
         lost = ", ".join(sorted(report.lost)) or "none of those it held then"
-        log.error("journal %s: %s; records are lost; runs lost: %s", journal.path, report.shrunk, lost)
+        log.error("journal %s: %s; records are lost; runs lost: %s", journal.label, report.shrunk, lost)
     out.failed = damage.fail_unsettled()
     if report.skipped:
         log.error(
             "journal %s: %s; runs that may have lost records: %s",
-            journal.path,
+            journal.label,
             report.summary(),
             ", ".join(sorted(report.runs)) or "none that could be told",
         )
@@ -404,7 +403,7 @@ def replay_journal(
     if runs:
         log.info(
             "journal %s: %d runs, %d finished, %d to resume",
-            journal.path,
+            journal.label,
             len(runs),
             len(runs) - unfinished,
             unfinished,

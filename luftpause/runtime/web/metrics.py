@@ -47,8 +47,8 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from luftpause.observe.metrics import build_info, counter_by
-from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.registry import FINAL_STATES, RunRegistry
+from luftpause.runtime.runs.store import RecordStore
 from luftpause.serving.health import Check
 
 __all__ = ["LoopCountsView", "RuntimeMetrics", "readiness"]
@@ -88,7 +88,7 @@ class RuntimeMetrics:
     def __init__(
         self,
         registry: RunRegistry,
-        journal: Journal,
+        journal: RecordStore,
         loop: LoopCountsView,
         upstream: Callable[[], Iterable[tuple[str, bool]]],
         mcp_sessions: Callable[[], int],
@@ -156,7 +156,7 @@ class RuntimeMetrics:
         )
         yield GaugeMetricFamily(
             "luftpause_runtime_journal_bytes",
-            "Size of the journal, runs.jsonl, in bytes.",
+            "Size of the runs' store (runs.jsonl, or its PostgreSQL rows as journal lines), in bytes.",
             value=self.journal.size,
         )
         yield GaugeMetricFamily(

@@ -31,8 +31,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def pod(tmp_path: Path) -> Iterator[Pod]:
-    with start_pod(tmp_path) as running:
+def pod(tmp_path: Path, store: str) -> Iterator[Pod]:
+    """The runtime process over the scripted engine, on each store (the file journal, PostgreSQL:
+    the scope ledger and the notifications are records of the same store)."""
+    with start_pod(tmp_path, store=store) as running:
         yield running
 
 

@@ -2,9 +2,10 @@
 does not undo it (CI's input: ``stop`` answered ``stopped``, the runtime was killed at once, and
 after the restart the run was ``idle`` again; its ``stop`` record was still queued for the journal).
 
-In-process: the runtime as ``luftpause up`` builds it, its journal in a temporary state directory,
-the real ``mcp`` client over the SDK's in-memory transport, and the journal's fsync held by a gate
-the test opens. Each changing tool (``stop``, ``send``, ``cancel``) must still be waiting while the
+In-process: the runtime as ``luftpause up`` builds it, on each store (the ``store`` fixture: its
+journal in a temporary state directory, or a PostgreSQL database), the real ``mcp`` client over
+the SDK's in-memory transport, and the journal's fsync (PostgreSQL: its commit) held by a gate the
+test opens. Each changing tool (``stop``, ``send``, ``cancel``) must still be waiting while the
 gate is shut, and must answer once it opens; ``list`` changes nothing and answers at once.
 """
 
@@ -21,11 +22,11 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, Implementation
-from runtime_helpers import MINIMAL_CONFIG, make_run, with_state_dir
+from runtime_helpers import MINIMAL_CONFIG, make_run, stored, with_store
 from starlette.applications import Starlette
 
 from luftpause.runtime.runs import journal as journal_module
-from luftpause.runtime.runs.journal import read_records
+from luftpause.runtime.runs.postgres import PostgresJournal
 from luftpause.runtime.web.monitor import monitor_routes
 from luftpause.runtime.wiring import build_runtime
 
@@ -33,17 +34,29 @@ CALLER = "durable-caller"
 
 
 @pytest.fixture
-def fsync_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """The journal's fsync waits until the returned event is set (set: fsync as usual)."""
+def fsync_gate(monkeypatch: pytest.MonkeyPatch, store: str) -> Iterator[threading.Event]:
+    """The journal's fsync (PostgreSQL: its commit) waits until the returned event is set (set:
+    as usual)."""
     gate = threading.Event()
     gate.set()
-    real_fsync = os.fsync
+    if store == "file":
+        real_fsync = os.fsync
 
-    def gated(fd: int) -> None:
-        gate.wait(30)
-        real_fsync(fd)
+        def gated(fd: int) -> None:
+            gate.wait(30)
+            real_fsync(fd)
 
-    monkeypatch.setattr(journal_module.os, "fsync", gated)
+        monkeypatch.setattr(journal_module.os, "fsync", gated)
+    else:
+        real_commit = PostgresJournal._commit
+
+        def gated_commit(
+            self: PostgresJournal, rows: list[tuple[Any, ...]], *, replace: bool = False
+        ) -> set[Any]:
+            gate.wait(30)
+            return real_commit(self, rows, replace=replace)
+
+        monkeypatch.setattr(PostgresJournal, "_commit", gated_commit)
     yield gate
     gate.set()
 
@@ -60,9 +73,9 @@ async def _answered_only_after_the_gate(
 
 
 def test_stop_send_and_cancel_answer_once_their_records_are_durable(
-    tmp_path: Path, fsync_gate: threading.Event
+    tmp_path: Path, store: str, fsync_gate: threading.Event
 ) -> None:
-    runtime = build_runtime(with_state_dir(MINIMAL_CONFIG, tmp_path))
+    runtime = build_runtime(with_store(MINIMAL_CONFIG, store, tmp_path))
     registry = runtime.registry
 
     async def idle(run: Any) -> None:  # a re-opened run's drive: this test sends no turns
@@ -91,19 +104,19 @@ def test_stop_send_and_cancel_answer_once_their_records_are_durable(
                 fsync_gate.set()
 
     asyncio.run(scenario())
-    kinds = {(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)}
+    kinds = {(r["type"], r.get("handle")) for r in stored(store, tmp_path)}
     assert {("stop", "run-stop"), ("stop", "run-cancel"), ("message", "run-send")} <= kinds, kinds
 
 
 def test_a_wait_for_the_journal_that_is_cancelled_leaves_the_journal_writing(
-    tmp_path: Path, fsync_gate: threading.Event
+    tmp_path: Path, store: str, fsync_gate: threading.Event
 ) -> None:
     """The input the fresh-clone suite hung on: sub-agents over MCP were cancelled at a deadline
     while their ``cancel`` answers waited for the journal. Cancelling such a wait cancelled the
     journal's own future through ``asyncio.wrap_future``; the writer's ``set_result`` on it raised
     and ended the writer thread, and every later ``cancel`` hung. A cancelled wait must cost
     nothing: the record is written, and so is every later one."""
-    runtime = build_runtime(with_state_dir(MINIMAL_CONFIG, tmp_path))
+    runtime = build_runtime(with_store(MINIMAL_CONFIG, store, tmp_path))
     registry = runtime.registry
 
     async def scenario() -> None:
@@ -122,17 +135,17 @@ def test_a_wait_for_the_journal_that_is_cancelled_leaves_the_journal_writing(
             assert later.durability.error is None
 
     asyncio.run(scenario())
-    records = [(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)]
+    records = [(r["type"], r.get("handle")) for r in stored(store, tmp_path)]
     runs = [record for record in records if record[0] in ("start", "end")]  # not the pods' events
     assert runs == [("start", "run-first"), ("end", "run-first"), ("start", "run-later")], records
 
 
 def test_the_monitors_stop_and_send_answer_once_their_records_are_durable(
-    tmp_path: Path, fsync_gate: threading.Event
+    tmp_path: Path, store: str, fsync_gate: threading.Event
 ) -> None:
     """The monitor page's ``stop`` and ``send`` routes wait as the MCP tools do (the same input:
     a kill right after the answer must not bring the run back or lose the message)."""
-    runtime = build_runtime(with_state_dir(MINIMAL_CONFIG, tmp_path))
+    runtime = build_runtime(with_store(MINIMAL_CONFIG, store, tmp_path))
     registry = runtime.registry
     app = Starlette(routes=monitor_routes(runtime.pods, listen_host="127.0.0.1"))
 
@@ -159,5 +172,5 @@ def test_the_monitors_stop_and_send_answer_once_their_records_are_durable(
                     assert answer.status_code == 200, answer.text
 
     asyncio.run(scenario())
-    kinds = {(r["type"], r.get("handle")) for r in read_records(tmp_path / journal_module.JOURNAL_NAME)}
+    kinds = {(r["type"], r.get("handle")) for r in stored(store, tmp_path)}
     assert {("stop", "run-stop"), ("message", "run-send")} <= kinds, kinds

@@ -1,4 +1,7 @@
-"""The journal in-process: replay of start / round / end records, a torn last line, compaction."""
+"""The journal in-process: replay of start / round / end records, a torn last line, compaction.
+
+What holds for every store (``[runtime] store``) runs on both, the file journal and PostgreSQL
+(the ``store`` fixture); a torn last line and short writes are the file's own."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime_helpers import make_run, replay_into_registry
+from runtime_helpers import make_run, open_store, replay_into_registry, seed_store, stored, stored_bytes
 
 from luftpause.runtime.runs.journal import JOURNAL_NAME, Journal, read_records
 from luftpause.runtime.runs.registry import Run, RunRegistry
@@ -67,15 +70,17 @@ def test_replay_rebuilds_finished_and_unfinished_runs_and_skips_a_torn_last_line
     assert [r["type"] for r in read_records(path)] == ["start", "round", "start", "end"]
 
 
-def test_shutdown_journals_no_end_for_the_runs_it_stops(tmp_path: Path) -> None:
-    _write(tmp_path / JOURNAL_NAME, [_start("run-a")])
-    asyncio.run(replay_into_registry(tmp_path))  # leaving the registry cancels run-a: a shutdown
-    assert [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)] == ["start"]
-    _, resumed = asyncio.run(replay_into_registry(tmp_path))
+def test_shutdown_journals_no_end_for_the_runs_it_stops(tmp_path: Path, store: str) -> None:
+    seed_store(store, tmp_path, [_start("run-a")])
+    asyncio.run(replay_into_registry(tmp_path, store))  # leaving the registry cancels run-a: a shutdown
+    assert [r["type"] for r in stored(store, tmp_path)] == ["start"]
+    _, resumed = asyncio.run(replay_into_registry(tmp_path, store))
     assert [run.handle for run in resumed] == ["run-a"]
 
 
-def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp_path: Path) -> None:
+def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(
+    tmp_path: Path, store: str
+) -> None:
     records = [
         _start("run-live"),
         {"type": "round", "handle": "run-live", "messages": ROUND, "counters": _counters(1)},
@@ -93,16 +98,17 @@ def test_compaction_keeps_finished_runs_as_one_record_and_running_ones_whole(tmp
                 "counters": _counters(1),
             },
         ]
-    _write(tmp_path / JOURNAL_NAME, records)
-    size = (tmp_path / JOURNAL_NAME).stat().st_size
-    asyncio.run(replay_into_registry(tmp_path, compact_bytes=size // 2))  # past the threshold: compacted
+    seed_store(store, tmp_path, records)
+    size = stored_bytes(store, tmp_path)
+    # past the threshold: compacted
+    asyncio.run(replay_into_registry(tmp_path, store, compact_bytes=size // 2))
 
-    kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
+    kinds = [r["type"] for r in stored(store, tmp_path)]
     assert kinds.count("run") == 40 and kinds.count("end") == 0
     assert kinds.count("start") == 1 and kinds.count("round") == 1  # the running run, whole
-    assert (tmp_path / JOURNAL_NAME).stat().st_size < size
+    assert stored_bytes(store, tmp_path) < size
 
-    registry, resumed = asyncio.run(replay_into_registry(tmp_path))
+    registry, resumed = asyncio.run(replay_into_registry(tmp_path, store))
     assert [run.handle for run in resumed] == ["run-live"] and resumed[0].messages[2:] == ROUND
     assert resumed[0].costs.tool_calls == 1
     assert registry.get("run-7").state == "failed" and registry.get("run-7").error == "e"
@@ -173,12 +179,13 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     assert run.durability.error is not None and run.result()["durable"] is False
 
 
-def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path: Path) -> None:
+def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path: Path, store: str) -> None:
     """The parent (budgetSeconds 1, started 100 s ago) ended; its child was running at the crash.
     After the restart nothing watched the parent's seconds and the child ran on unbounded."""
     long_ago = time.time() - 100
-    _write(
-        tmp_path / JOURNAL_NAME,
+    seed_store(
+        store,
+        tmp_path,
         [
             {**_start("run-parent", budget_seconds=1.0), "at": long_ago},
             {**_start("run-child", parent="run-parent"), "at": long_ago + 0.5},
@@ -196,7 +203,7 @@ def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path
         async def idle(run: Run) -> None:
             await asyncio.Event().wait()
 
-        registry = RunRegistry(journal=Journal(tmp_path))
+        registry = RunRegistry(journal=open_store(store, tmp_path))
         async with registry.serving(idle):
             child = registry.get("run-child")
             for _ in range(500):  # the timer fires at once (the budget ran out long ago)
@@ -231,10 +238,13 @@ def _call(index: int, turn: int = 2, failed: bool = False) -> dict[str, Any]:
     }
 
 
-def test_a_round_begun_is_replayed_with_the_calls_it_completed_and_kept_by_compaction(tmp_path: Path) -> None:
+def test_a_round_begun_is_replayed_with_the_calls_it_completed_and_kept_by_compaction(
+    tmp_path: Path, store: str
+) -> None:
     at_reply = {**_counters(1), "turns": 2, "promptTokens": 20}
-    _write(
-        tmp_path / JOURNAL_NAME,
+    seed_store(
+        store,
+        tmp_path,
         [
             _start("run-a"),
             {"type": "round", "handle": "run-a", "messages": ROUND, "counters": _counters(1)},
@@ -255,20 +265,21 @@ def test_a_round_begun_is_replayed_with_the_calls_it_completed_and_kept_by_compa
         assert (run.costs.turns, run.costs.tool_calls, run.costs.failed_tool_calls) == (2, 3, 1)
         assert run.costs.prompt_tokens == 20
 
-    _, resumed = asyncio.run(replay_into_registry(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path, store))
     check(resumed[0])
-    size = (tmp_path / JOURNAL_NAME).stat().st_size
-    asyncio.run(replay_into_registry(tmp_path, compact_bytes=size // 2))  # compacted at start
-    kinds = [r["type"] for r in read_records(tmp_path / JOURNAL_NAME)]
+    size = stored_bytes(store, tmp_path)
+    asyncio.run(replay_into_registry(tmp_path, store, compact_bytes=size // 2))  # compacted at start
+    kinds = [r["type"] for r in stored(store, tmp_path)]
     assert kinds == ["start", "round", "turn", "call", "call"], kinds
-    _, resumed = asyncio.run(replay_into_registry(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path, store))
     check(resumed[0])
 
 
-def test_a_completed_round_closes_the_round_its_turn_began(tmp_path: Path) -> None:
+def test_a_completed_round_closes_the_round_its_turn_began(tmp_path: Path, store: str) -> None:
     whole = [REPLY, *(_call(i)["message"] for i in range(3))]
-    _write(
-        tmp_path / JOURNAL_NAME,
+    seed_store(
+        store,
+        tmp_path,
         [
             _start("run-a"),
             {"type": "turn", "handle": "run-a", "turn": 1, "message": REPLY, "counters": _counters(0)},
@@ -276,6 +287,6 @@ def test_a_completed_round_closes_the_round_its_turn_began(tmp_path: Path) -> No
             {"type": "round", "handle": "run-a", "messages": whole, "counters": _counters(3)},
         ],
     )
-    _, resumed = asyncio.run(replay_into_registry(tmp_path))
+    _, resumed = asyncio.run(replay_into_registry(tmp_path, store))
     (run,) = resumed
     assert run.pending_round is None and run.messages[2:] == whole and run.costs.tool_calls == 3

@@ -1,7 +1,8 @@
 """What finished runs keep is bounded by bytes (``[runtime] retained_bytes``), and ``read``
 cursors stay stable across compaction and restart (issue 5/6 review).
 
-In-process: a run registry with a real journal in a temporary state directory, runs finished by
+In-process: a run registry with a real store (the file journal in a temporary state directory,
+or PostgreSQL: the ``store`` fixture), runs finished by
 hand (no engine), and :class:`~luftpause.runtime.pods.operations.Pods` for ``read`` and ``send``. The byte
 counts checked are the registry's own (:attr:`RunRegistry.retained_total`), never the process's
 RSS.
@@ -13,12 +14,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from runtime_helpers import make_run, pods_over
+from runtime_helpers import make_run, open_store, pods_over, stored_bytes
 
 from luftpause.config import DEFAULT_MODEL, parse_config
 from luftpause.runtime.errors import ExpiredRun, PodRefused
 from luftpause.runtime.pods.actors import Actor
-from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.record import KEPT_OUTPUT_CHARS, Run
 from luftpause.runtime.runs.registry import RunRegistry
 
@@ -41,7 +41,7 @@ def _answer(registry: RunRegistry, run: Run, *texts: str) -> None:
 
 
 def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compaction_shrinks(
-    tmp_path: Path,
+    tmp_path: Path, store: str
 ) -> None:
     # The review's input, scaled down: 100 finished runs with a big system prompt each (64 KiB
     # here, 1 MiB there) under a budget of 1 MiB: at the count cap alone they kept everything.
@@ -49,7 +49,7 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
     big = "s" * (64 * 1024)
 
     async def go() -> None:
-        journal = Journal(tmp_path, compact_bytes=1 << 40)  # compacted by the test only
+        journal = open_store(store, tmp_path, compact_bytes=1 << 40)  # compacted by the test only
         pods = pods_over(parse_config(CONFIG), journal=journal, retained_bytes=budget)
         async with pods.registry as registry:
             runs = [
@@ -90,12 +90,12 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
 
             # Compaction writes only what is retained: about the budget, not every prompt.
             journal.compact_later(registry.journal_snapshot())
-        after = journal.path.stat().st_size  # closing the journal wrote what was queued
+        after = stored_bytes(store, tmp_path)  # closing the journal wrote what was queued
         assert after <= budget + 64 * 1024, (before, after)
         assert after < before / 4, (before, after)
 
         # After a restart the same runs are held, the dropped ones still dropped, same entries.
-        pods = pods_over(parse_config(CONFIG), journal=Journal(tmp_path), retained_bytes=budget)
+        pods = pods_over(parse_config(CONFIG), journal=open_store(store, tmp_path), retained_bytes=budget)
         async with pods.registry as again:
             assert {r.handle for r in again.all()} == {r.handle for r in held}
             assert again.retained_total <= budget
@@ -110,11 +110,11 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
     asyncio.run(go())
 
 
-def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: Path) -> None:
+def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: Path, store: str) -> None:
     # The review's input: answer twice, stop, compact, restart. Compaction kept messages only for
     # idle runs, so read went from ['first', 'second'] cursor 2 to ['second'] cursor 1.
     async def go() -> None:
-        journal = Journal(tmp_path, compact_bytes=1)
+        journal = open_store(store, tmp_path, compact_bytes=1)
         pods = pods_over(parse_config(CONFIG), journal=journal)
         async with pods.registry as registry:
             run = registry.add(_run("run-stopped"))
@@ -127,7 +127,7 @@ def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: 
                 "stopped",
             )
             journal.compact_later(registry.journal_snapshot())
-        pods = pods_over(parse_config(CONFIG), journal=Journal(tmp_path))
+        pods = pods_over(parse_config(CONFIG), journal=open_store(store, tmp_path))
         async with pods.registry:
             after = pods.read(CALLER, "run-stopped")
             assert (after["entries"], after["cursor"], after["state"]) == (["first", "second"], 2, "stopped")
@@ -137,7 +137,7 @@ def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: 
 
 
 def test_dropped_output_entries_keep_their_indices_and_read_says_how_many_were_dropped(
-    tmp_path: Path,
+    tmp_path: Path, store: str
 ) -> None:
     # A run with more output than a dropped run keeps: the oldest entries go, the rest keep their
     # index; read(since=0) says how many were dropped, never renumbers.
@@ -145,7 +145,7 @@ def test_dropped_output_entries_keep_their_indices_and_read_says_how_many_were_d
     texts = [f"{i}:{entry}" for i in range(10)]
 
     async def go() -> None:
-        journal = Journal(tmp_path, compact_bytes=1 << 40)
+        journal = open_store(store, tmp_path, compact_bytes=1 << 40)
         pods = pods_over(parse_config(CONFIG), journal=journal, retained_bytes=1 << 30)
         async with pods.registry as registry:
             run = registry.add(_run("run-long"))
@@ -162,7 +162,7 @@ def test_dropped_output_entries_keep_their_indices_and_read_says_how_many_were_d
             assert pods.read(CALLER, run.handle, since=9)["entries"] == texts[9:]
             assert "dropped" not in pods.read(CALLER, run.handle, since=base)
             journal.compact_later(registry.journal_snapshot())
-        pods = pods_over(parse_config(CONFIG), journal=Journal(tmp_path), retained_bytes=1 << 30)
+        pods = pods_over(parse_config(CONFIG), journal=open_store(store, tmp_path), retained_bytes=1 << 30)
         async with pods.registry:
             read = pods.read(CALLER, "run-long", since=0)
             assert (read["dropped"], read["cursor"], read["entries"]) == (base, 10, texts[base:])

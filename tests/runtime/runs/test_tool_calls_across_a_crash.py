@@ -1,6 +1,6 @@
 """Tool calls across a runtime crash, with real processes: the runtime SIGKILLed while a round of
 three calls is in flight (two completed, the third held at the tool server by a gate), then
-restarted on the same state directory.
+restarted on the same store (the state directory's journal, or the same PostgreSQL database).
 
 The scripted engine (tests/pods_helpers.py) answers the run's first turn with three ``lookup``
 calls in one reply; the fake MCP server (``luftpause fake-mcp``) holds the query ``slow`` and
@@ -60,9 +60,10 @@ class ToolServer:
 
 
 @pytest.fixture()
-def rig(tmp_path: Path) -> Iterator[tuple[Pod, ToolServer]]:
-    """The runtime over the scripted engine, and a fake MCP server (``--destructive``: it also
-    serves ``delete_note``, which waits for a person) as its only tool server."""
+def rig(tmp_path: Path, store: str) -> Iterator[tuple[Pod, ToolServer]]:
+    """The runtime over the scripted engine on each store (the file journal, PostgreSQL), and a
+    fake MCP server (``--destructive``: it also serves ``delete_note``, which waits for a person)
+    as its only tool server."""
     port = free_port()
     tools = ChildProcess(
         "fake-mcp",
@@ -74,7 +75,7 @@ def rig(tmp_path: Path) -> Iterator[tuple[Pod, ToolServer]]:
     tools.start().wait_ready()
     try:
         extra = f'\n[[mcp_servers]]\nname = "tools"\nurl = "{url}"\n'
-        with start_pod(tmp_path, workspace=None, extra_toml=extra) as pod:
+        with start_pod(tmp_path, workspace=None, extra_toml=extra, store=store) as pod:
             yield pod, ToolServer(url)
     finally:
         tools.stop()

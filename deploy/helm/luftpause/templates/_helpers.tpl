@@ -55,6 +55,13 @@ env:
         name: {{ include "luftpause.tokenSecret" .root }}
         key: LUFTPAUSE_TOKEN
 {{- end }}
+{{- with .store }}
+  - name: LUFTPAUSE_RUNTIME__STORE
+    valueFrom:
+      secretKeyRef:
+        name: {{ .existingSecret | quote }}
+        key: {{ .key | quote }}
+{{- end }}
 {{- if and .engineKeys (or .root.Values.engineKeys.existingSecret .root.Values.engineKeys.values) }}
 envFrom:
   - secretRef:
