@@ -82,12 +82,14 @@ def test_a_shape_may_size_its_tool_calls_and_results_and_defaults_to_llama_3s_co
     assert (default.tool_call_tokens, default.tool_result_tokens) == (22, 18)
     sized = parse_shape({**_valid(), "tool_call_tokens": 800, "tool_result_tokens": 2000}).load
     assert (sized.tool_call_tokens, sized.tool_result_tokens) == (800, 2000)
-    calibration = load_shape_file(SHAPES / "thunderagent-hle-qwen3-8b.toml")
+    calibration = load_shape_file(SHAPES / "calibration" / "thunderagent-hle-qwen3-8b.toml")
     assert (calibration.profile, calibration.replicas, calibration.slots) == (
         "vllm-qwen3-8b-bf16-rtx5090",
         1,
         None,
     )
+    real = load_shape_file(SHAPES / "real-engine" / "llamacpp-forced.toml")
+    assert (real.slots, real.replicas, real.load.tool_call_tokens) == (4, 2, 24)
     with pytest.raises(ShapeError, match="tool_call_tokens"):
         parse_shape({**_valid(), "tool_call_tokens": 0})
 
