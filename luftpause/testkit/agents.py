@@ -39,11 +39,11 @@ How the tool is offered (``AgentSettings.tool_choice`` and ``forced_calls``):
 * ``forced_calls``: the forced-call recipe for a small model on llama.cpp's server, whose replica
   renders tools with a ChatML tools template in the Qwen2.5 style (``<tool_call>`` JSON
   ``</tool_call>``; :func:`luftpause.testkit.llama_server.tools_template`): every turn that offers
-  the tool also carries an assistant message that opens the call (:data:`CALL_PREFILL`), which
-  llama.cpp continues rather than answering anew, and ``stop`` at the call's end
-  (:data:`CALL_STOP`); the server parses what it generated as one ``lookup`` call
-  (``finish_reason: "tool_calls"``). The prefill is sent with that turn only: the conversation the
-  run keeps records the parsed call, as OpenAI's shape has it. A reply that comes back without a
+  the tool also carries an assistant message that opens the call up to its query
+  (:data:`CALL_PREFILL`), which llama.cpp continues rather than answering anew, ``stop`` at the
+  call's end (:data:`CALL_STOP`) and ``temperature`` 0; the server parses what it generated as one
+  ``lookup`` call (``finish_reason: "tool_calls"``). The prefill is sent with that turn only: the
+  conversation the run keeps records the parsed call, as OpenAI's shape has it. A reply that comes back without a
   call despite the prefill ends the run as an answer (with ``tool_rounds_by="model"``) and is
   counted in :attr:`RunOutcome.unforced`.
 
@@ -98,9 +98,11 @@ TOOL_ROUNDS_BY = ("model", "agent")
 """Who decides that a reply is a tool round (module docstring)."""
 TOOL_CHOICES = ("auto", "required", "none")
 """The ``tool_choice`` values an agent may send (OpenAI's string forms)."""
-CALL_PREFILL = "<tool_call>\n"
-"""The assistant message a forced turn ends with: the opening of a call in the Qwen2.5 ChatML
-tools format, which the model continues with the call's JSON."""
+CALL_PREFILL = '<tool_call>\n{"name": "lookup", "arguments": {"query": "'
+"""The assistant message a forced turn ends with: a ``lookup`` call in the Qwen2.5 ChatML tools
+format opened up to its query's first character, which the model continues with the query and the
+closing braces (with only ``<tool_call>`` opened, SmolLM2-135M wrote prose or broken JSON on long
+system prompts, and llama.cpp's parser refused the turn with 500)."""
 CALL_STOP = "</tool_call>"
 """Where a forced turn stops: the call's end in the same format."""
 
@@ -394,6 +396,7 @@ def _offer_tool(body: dict[str, Any], settings: AgentSettings) -> None:
     if settings.forced_calls:
         body["messages"] = [*body["messages"], {"role": "assistant", "content": CALL_PREFILL}]
         body["stop"] = [CALL_STOP]
+        body["temperature"] = 0
 
 
 def _agent_tool_call(run_id: str, round_: int, content: str) -> dict[str, Any]:

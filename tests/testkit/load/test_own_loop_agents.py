@@ -145,7 +145,7 @@ def test_forced_calls_open_the_call_on_each_turn_that_offers_the_tool_and_keep_t
     assert offered and answers
     for body in offered:
         assert body["messages"][-1] == {"role": "assistant", "content": CALL_PREFILL}
-        assert (body["stop"], body["tool_choice"]) == ([CALL_STOP], "required")
+        assert (body["stop"], body["tool_choice"], body["temperature"]) == ([CALL_STOP], "required", 0)
     for body in answers:  # the answer's turn: no tool, no prefill, no stop, no tool_choice
         assert body["messages"][-1]["role"] == "tool" and not {"stop", "tool_choice"} & set(body)
     # the prefill is sent with its turn only: the run's conversation keeps the call as parsed
