@@ -43,8 +43,8 @@ How the tool is offered (``AgentSettings.tool_choice`` and ``forced_calls``):
   (:data:`CALL_PREFILL`), which llama.cpp continues rather than answering anew, ``stop`` at the
   call's end (:data:`CALL_STOP`) and ``temperature`` 0; the server parses what it generated as one
   ``lookup`` call (``finish_reason: "tool_calls"``). The prefill is sent with that turn only: the
-  conversation the run keeps records the parsed call, as OpenAI's shape has it. A reply that comes back without a
-  call despite the prefill ends the run as an answer (with ``tool_rounds_by="model"``) and is
+  conversation the run keeps records the parsed call, as OpenAI's shape has it. A reply that comes
+  back without a call despite the prefill ends the run as an answer (with ``tool_rounds_by="model"``) and is
   counted in :attr:`RunOutcome.unforced`.
 
 A group may carry its own ``tool_rounds`` and tool time (``AgentGroup.tool_rounds``,
