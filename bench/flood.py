@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/flood.py                      # flood + light-load control, 2 repetitions
     .venv/bin/python bench/flood.py --duration-s 20 --repeat 1 --json /tmp/flood.json
+    .venv/bin/python bench/flood.py --shape bench/shapes/heavy-tail.toml --duration-s 60   # a load shape file
 
 Two simulated engine replicas (``luftpause fake-engine``: continuous batching, a FIFO waiting
 queue, a per-replica LRU prefix cache, decode slowing with the batch) are saturated by closed-loop
@@ -40,9 +41,26 @@ scheduler admits by the engines' reported load rather than by a count equal to t
 ``--engine llama-server`` runs the same comparison on real inference: ``--replicas`` llama.cpp
 ``llama-server`` replicas on CPU (SmolLM2-135M, ``--slots`` slots and ``--threads`` threads each;
 built once by ``bench/engines/llama_server.sh build`` and ``model``), the agents' tool rounds made
-by the agents themselves (``--tool-rounds-by agent``: this model never calls tools), and the
+by the agents themselves (``--tool-rounds-by agent``: this model calls no tool unless forced, see
+``--forced-calls``), and the
 engines reached directly (``direct``, agents spread over them) measured too; every figure is then
 REAL ENGINE, and the JSON carries ``"simulated": false`` and the llama.cpp build.
+
+``--shape FILE.toml`` runs a whole load shape instead of the flags above: the same files
+``bench/flood_sim.py --shape`` runs in virtual time (``bench/shapes/``; parsed by
+:mod:`luftpause.testkit.sim.shapes`), their agent groups, replicas, slots, engine profile, queue
+order, pool and seeds (one repetition per seed) on live processes; how each key maps is in
+``bench/flood_load.py``. ``--duration-s`` and ``--repeat`` given still win; the load's other flags
+are refused beside it.
+
+``--forced-calls`` (llama-server only) makes the model call the tool: the replicas render tools
+with a Qwen2.5-style ChatML tools template and every turn that offers the tool opens the call and
+stops at its end (:mod:`luftpause.testkit.load.agents`), so the replies carry real tool calls, the agents
+wait their tool time, and luftpause sees each run pause on its tool (``tool_paused``) as with a
+model that calls tools by itself; ``--tool-rounds-by`` is then ``model``. ``--tool-choice`` sends
+a ``tool_choice`` on each turn that offers the tool. ``--router-balance ABS,REL`` sets SGLang's
+router's balance thresholds for the pool (its defaults, 64 and 1.5, never trigger on a few slots,
+so a long prefix shared by every run sends every turn to one replica).
 
 ``--via mcp`` makes luftpause's runs sub-agents over MCP, as ``flood_sim.py --via mcp`` does in
 virtual time: its arrangements also start the fake MCP server and the runtime, and two MCP clients
@@ -62,8 +80,10 @@ only cache hit rate there is for sub-agents (their runtime keeps no cached-token
 
 ``--json PATH`` writes ``{"simulated": true, "settings": {...}, "flood": [rows], "control":
 [rows]}``, each row ``{"arrangement", "interactiveRunsPerMinute", "interactiveRunTimeP50",
-"batchRunsPerMinute", "cacheHitRate", "engineCacheHitRate", "retractions", "failed",
-"repetitions": [{... "loadAverage": [before, after]}]}``.
+"batchRunsPerMinute", "cacheHitRate", "engineCacheHitRate", "retractions", "failed", "toolRounds",
+"unforced", "repetitions": [{... "loadAverage": [before, after], "replicas", "groups": [{"class",
+"caller", "agents", "completed", "failed", "turns", "toolRounds"}]}]}``; with several groups of
+a class, its runs/min are their sum and its run time p50 that of all their runs.
 """
 
 from __future__ import annotations
@@ -81,13 +101,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flood_load import Load, real_engine_refusal, shape_engine_args, shape_load
 from pools import (
     ARRANGEMENTS,
     DEFAULT_ARRANGEMENTS,
     DIRECT,
-    SMG_HEADERS,
     LlamaEngines,
     Pool,
+    RouterBalance,
     unavailable,
 )  # bench/ is on sys.path: this script's directory
 from prometheus_client.parser import text_string_to_metric_families
@@ -95,51 +116,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from luftpause.testkit.commands.loadgen import summarize_agents
 from luftpause.testkit.fakes.fake_mcp import LOOKUP_DELAY_S
 from luftpause.testkit.launch import llama_server
-from luftpause.testkit.load.agents import TOOL_ROUNDS_BY, AgentGroup, AgentSettings, closed_loop
+from luftpause.testkit.load.agents import (
+    TOOL_CHOICES,
+    TOOL_ROUNDS_BY,
+    AgentSettings,
+    RunOutcome,
+    closed_loop,
+)
+from luftpause.testkit.load.agents_summary import percentile
 from luftpause.testkit.load.subagents import SubagentSettings, closed_loop_subagents
+from luftpause.testkit.sim.shapes import ShapeError, ShapeFile, load_shape_file
 
 VIAS = ("own_loop", "mcp")
-CALLERS = {"own_loop": ("ide", "bulk"), "mcp": ("claude-code", "batch-orchestrator")}
-"""The interactive and batch callers, as the virtual-time floods name them (``flood_sim.py --via``)."""
 MCP_TOOL_SECONDS = sum(LOOKUP_DELAY_S) / 2
 """What an own-loop agent's tool takes in the MCP shape: the fake MCP server's ``lookup`` on average."""
 TASK = "Research the question with the lookup tool, then answer briefly."
-
-
-@dataclass(frozen=True)
-class Load:
-    """What one pass sends; times in seconds."""
-
-    batch_agents: int
-    interactive_agents: int
-    duration_s: float
-    tool_rounds: int
-    context_tokens: int
-    tool_seconds: float
-    max_tokens: int
-    tool_rounds_by: str = "model"
-    via: str = "own_loop"
-
-    def groups(self, arrangement: str = "") -> list[AgentGroup]:
-        """The agent groups; through SGLang Model Gateway each also sends its ``x-smg-priority``,
-        through ThunderAgent its run as ``program_id``."""
-
-        def extra(service_class: str) -> tuple[tuple[str, str], ...]:
-            return (("x-smg-priority", SMG_HEADERS[service_class]),) if arrangement == "smg" else ()
-
-        interactive, batch = CALLERS[self.via]
-        program = arrangement == "thunderagent"
-        groups = [
-            AgentGroup(self.interactive_agents, "interactive", interactive, extra("interactive"), program)
-        ]
-        if self.batch_agents:
-            groups.append(AgentGroup(self.batch_agents, "batch", batch, extra("batch"), program))
-        return groups
-
-    def spawned(self, arrangement: str) -> bool:
-        """Whether ``arrangement``'s runs are sub-agents spawned over MCP: luftpause's, with
-        ``via="mcp"``; the others (router, gateway, direct) get own-loop agents of the same shape."""
-        return self.via == "mcp" and arrangement.startswith("luftpause")
 
 
 ENGINE_COUNTERS = {
@@ -173,19 +164,38 @@ def engine_counters(engines: list[str]) -> dict[str, float | None]:
     return totals
 
 
-def measure(
-    arrangement: str,
-    load: Load,
-    engine_args: list[str],
-    max_inflight: int | None,
-    llama: LlamaEngines | None = None,
-) -> dict[str, Any]:
-    """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary."""
+@dataclass(frozen=True)
+class Setup:
+    """How every pass of a series runs: the simulated engines' ``fake-engine`` flags (or ``llama``,
+    real replicas), how many simulated ``replicas``, luftpause's ``max_inflight`` per replica, the
+    router's ``router_balance`` (``None``: its defaults), and how the agents offer their tool
+    (``tool_choice``, ``forced_calls``: :mod:`luftpause.testkit.load.agents`)."""
+
+    engine_args: list[str]
+    max_inflight: int | None = None
+    llama: LlamaEngines | None = None
+    replicas: int = 2
+    router_balance: RouterBalance | None = None
+    tool_choice: str | None = None
+    forced_calls: bool = False
+
+
+def measure(arrangement: str, load: Load, setup: Setup, seed: int = 0) -> dict[str, Any]:
+    """One pass of ``load`` against fresh engines behind ``arrangement``: the loadgen summary;
+    ``seed``: what the agents' tool times are drawn from."""
     spawned = load.spawned(arrangement)
     with (
         tempfile.TemporaryDirectory(prefix=f"flood-{arrangement}-") as tmp,
         Pool(
-            Path(tmp), arrangement, engine_args, max_inflight, load.interactive_agents, llama, runtime=spawned
+            Path(tmp),
+            arrangement,
+            setup.engine_args,
+            setup.max_inflight,
+            load.interactive,
+            setup.llama,
+            runtime=spawned,
+            replicas=setup.replicas,
+            router_balance=setup.router_balance,
         ) as pool,
     ):
         groups = load.groups(arrangement)
@@ -209,23 +219,45 @@ def measure(
                 context_tokens=load.context_tokens,
                 tool_seconds=load.tool_seconds,
                 max_tokens=load.max_tokens,
+                tool_choice=setup.tool_choice,
+                forced_calls=setup.forced_calls,
+                seed=seed,
             )
             outcomes = asyncio.run(closed_loop(settings, groups, load.duration_s))
         summary = summarize_agents(groups, outcomes, load.duration_s)
         summary["spawned"] = spawned
         summary["loadAverage"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
-        summary["engines"] = engine_counters(pool.engines) if llama is None else None
+        summary["classes"] = by_class(outcomes, load.duration_s)
+        summary["replicas"] = len(pool.engines)
+        summary["engines"] = engine_counters(pool.engines) if setup.llama is None else None
         if any(group["failed"] for group in summary["groups"]):
             logs = "\n".join(f"--- {c.name}\n{c.log_tail(10)}" for c in pool.children)
             print(f"{arrangement}: failed runs: {summary['errors']}\n{logs}", file=sys.stderr)
         return summary
 
 
+def by_class(outcomes: list[RunOutcome], duration_s: float) -> dict[str, dict[str, float | None]]:
+    """Per service class over all its groups: ``{"runsPerMinute", "runTimeP50"}`` (completed runs
+    only; seconds)."""
+    figures: dict[str, dict[str, float | None]] = {}
+    for service_class in sorted({o.service_class for o in outcomes}):
+        done = sorted(
+            o.seconds for o in outcomes if o.service_class == service_class and o.state == "completed"
+        )
+        figures[service_class] = {
+            "runsPerMinute": round(len(done) * 60.0 / duration_s, 2),
+            "runTimeP50": percentile(done, 50),
+        }
+    return figures
+
+
 def row_of(summary: dict[str, Any]) -> dict[str, Any]:
-    """The figures of one pass: interactive and batch runs/min, run time p50, cache hit rate."""
-    by_class = {group["class"]: group for group in summary["groups"]}
-    interactive = by_class["interactive"]
-    batch = by_class.get("batch")
+    """The figures of one pass: interactive and batch runs/min, run time p50, cache hit rate (per
+    class over its groups: ``summary["classes"]`` when there, else the one group of each class)."""
+    classes = summary.get("classes") or {group["class"]: group for group in summary["groups"]}
+    empty = {"runsPerMinute": 0.0, "runTimeP50": None}
+    interactive = classes.get("interactive", empty)
+    batch = classes.get("batch") if any(g["class"] == "batch" for g in summary["groups"]) else None
     prompt = sum(g["promptTokens"] for g in summary["groups"])
     cached = sum((g["cacheHitRate"] or 0.0) * g["promptTokens"] for g in summary["groups"])
     engines = summary.get("engines")
@@ -244,7 +276,14 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
         # None: no engine showed a retraction or preemption counter (unknown, not none happened)
         "retractions": None if retractions is None else int(retractions),
         "failed": sum(g["failed"] for g in summary["groups"]),
+        "toolRounds": sum(g.get("toolRounds", 0) for g in summary["groups"]),
+        "unforced": sum(g.get("unforced", 0) for g in summary["groups"]),
         "loadAverage": summary.get("loadAverage"),
+        "replicas": summary.get("replicas"),
+        "groups": [
+            {k: g.get(k) for k in ("class", "caller", "agents", "completed", "failed", "turns", "toolRounds")}
+            for g in summary["groups"]
+        ],
     }
 
 
@@ -262,26 +301,23 @@ def median_row(arrangement: str, passes: list[dict[str, Any]]) -> dict[str, Any]
     for key in (*FIGURES, "retractions"):
         values = [p[key] for p in passes if p[key] is not None]
         row[key] = round(statistics.median(values), 4) if values else None
-    row["failed"] = sum(p["failed"] for p in passes)
+    for key in ("failed", "toolRounds", "unforced"):
+        row[key] = sum(p.get(key, 0) for p in passes)
     row["repetitions"] = passes
     return row
 
 
 def run_series(
-    name: str,
-    load: Load,
-    arrangements: list[str],
-    repeat: int,
-    engine_args: list[str],
-    max_inflight: int | None,
-    llama: LlamaEngines | None = None,
+    name: str, load: Load, arrangements: list[str], repeat: int, setup: Setup, seeds: list[int]
 ) -> list[dict[str, Any]]:
+    """``repeat`` repetitions of every arrangement, rotated (repetition ``i`` starts from the
+    ``i``-th and draws tool times from ``seeds[i % len(seeds)]``): one median row per arrangement."""
     passes: dict[str, list[dict[str, Any]]] = {a: [] for a in arrangements}
     for rep in range(repeat):
         order = arrangements[rep % len(arrangements) :] + arrangements[: rep % len(arrangements)]
         for arrangement in order:
             started = time.monotonic()
-            row = row_of(measure(arrangement, load, engine_args, max_inflight, llama))
+            row = row_of(measure(arrangement, load, setup, seeds[rep % len(seeds)]))
             print(
                 f"{name} #{rep + 1} {arrangement}: {row} ({time.monotonic() - started:.0f} s)",
                 file=sys.stderr,
@@ -327,17 +363,30 @@ def render(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration-s", type=float, default=60.0, help="seconds per pass (default 60)")
-    parser.add_argument("--repeat", type=int, default=2, help="repetitions (default 2)")
-    parser.add_argument("--batch", type=int, default=48, help="batch agents in the flood (default 48)")
-    parser.add_argument("--interactive", type=int, default=4, help="interactive agents (default 4)")
-    parser.add_argument("--slots", type=int, default=8, help="running slots per engine (default 8)")
     parser.add_argument(
-        "--context-tokens", type=int, default=2000, help="system prompt per run (default 2000)"
+        "--shape",
+        metavar="FILE.toml",
+        help="a load shape file (bench/shapes/, as flood_sim.py --shape): its agents, replicas, slots, "
+        "engine profile and seeds; --duration-s and --repeat given still win, the load's other flags "
+        "are refused with it",
     )
-    parser.add_argument("--tool-rounds", type=int, default=3, help="tool rounds per run (default 3)")
-    parser.add_argument("--tool-seconds", type=float, default=0.5, help="seconds per tool call (default 0.5)")
-    parser.add_argument("--max-tokens", type=int, default=48, help="reply tokens per turn (default 48)")
+    parser.add_argument(
+        "--duration-s", type=float, default=None, help="seconds per pass (default 60, or the shape file's)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="repetitions (default 2, or one per seed of the shape file)"
+    )
+    parser.add_argument("--batch", type=int, default=None, help="batch agents in the flood (default 48)")
+    parser.add_argument("--interactive", type=int, default=None, help="interactive agents (default 4)")
+    parser.add_argument("--slots", type=int, default=None, help="running slots per engine (default 8)")
+    parser.add_argument(
+        "--context-tokens", type=int, default=None, help="system prompt per run (default 2000)"
+    )
+    parser.add_argument("--tool-rounds", type=int, default=None, help="tool rounds per run (default 3)")
+    parser.add_argument(
+        "--tool-seconds", type=float, default=None, help="seconds per tool call (default 0.5)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=None, help="reply tokens per turn (default 48)")
     parser.add_argument(
         "--cache-tokens",
         type=int,
@@ -372,18 +421,41 @@ def main(argv: list[str] | None = None) -> int:
         default="sim",
         help="sim: the simulator (default); llama-server: real llama.cpp replicas on CPU",
     )
-    parser.add_argument("--replicas", type=int, default=2, help="llama-server replicas (default 2)")
+    parser.add_argument(
+        "--replicas", type=int, default=None, help="engine replicas (default 2, or the shape file's)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="threads per llama-server (default 1)")
     parser.add_argument(
         "--tool-rounds-by",
         choices=TOOL_ROUNDS_BY,
         default=None,
-        help="who makes a tool round (default: model on sim, agent on llama-server)",
+        help="who makes a tool round (default: the agent on llama-server without --forced-calls, "
+        "else the model)",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        choices=TOOL_CHOICES,
+        default=None,
+        help="the agents' tool_choice on every turn that offers the tool (default: none sent)",
+    )
+    parser.add_argument(
+        "--forced-calls",
+        action="store_true",
+        help="llama-server only: the replicas render tools with a Qwen2.5-style ChatML tools template "
+        "and every turn that offers the tool opens the call and stops at its end, so the model "
+        "calls the tool and luftpause sees the run pause on it (luftpause.testkit.load.agents)",
+    )
+    parser.add_argument(
+        "--router-balance",
+        metavar="ABS,REL",
+        default=None,
+        help="SGLang's router's --balance-abs-threshold and --balance-rel-threshold, for a pool "
+        "smaller than its defaults (64, 1.5) assume",
     )
     parser.add_argument(
         "--via",
         choices=VIAS,
-        default="own_loop",
+        default=None,
         help="own_loop: own-loop agents through each arrangement (default); mcp: luftpause's runs are "
         "sub-agents spawned over MCP on its runtime (with the fake MCP server's lookup as their tool), "
         "the other arrangements get own-loop agents of the same shape, their tool taking "
@@ -393,72 +465,134 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     real = args.engine == "llama-server"
-    if real and args.via == "mcp":
-        parser.error("--via mcp runs on the simulator only (SmolLM2-135M on llama-server calls no tools)")
+    shape: ShapeFile | None = None
+    if args.shape is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("--batch", args.batch), ("--interactive", args.interactive), ("--slots", args.slots),
+                ("--context-tokens", args.context_tokens), ("--tool-rounds", args.tool_rounds),
+                ("--tool-seconds", args.tool_seconds), ("--max-tokens", args.max_tokens),
+                ("--profile", args.profile), ("--replicas", args.replicas), ("--via", args.via),
+                ("--cache-tokens", args.cache_tokens),
+            )
+            if value is not None
+        ]  # fmt: skip
+        if given:
+            parser.error(f"{', '.join(given)}: the shape file says the load; leave these out with --shape")
+        try:
+            shape = load_shape_file(Path(args.shape))
+        except ShapeError as error:
+            parser.error(str(error))
+        if real and (why := real_engine_refusal(shape)):
+            parser.error(why)
+    via = args.via or (shape.load.groups[0].via if shape else "own_loop")
+    if real and via == "mcp":
+        parser.error("--via mcp runs on the simulator only")
+    if args.forced_calls and not real:
+        parser.error(
+            "--forced-calls is for --engine llama-server (the simulated model calls tools by itself)"
+        )
+    router_balance: RouterBalance | None = None
+    if args.router_balance is not None:
+        try:
+            absolute, relative = args.router_balance.split(",")
+            router_balance = RouterBalance(int(absolute), float(relative))
+        except ValueError:
+            parser.error(
+                f"--router-balance wants ABS,REL (an integer and a number), got {args.router_balance!r}"
+            )
     default = [*DEFAULT_ARRANGEMENTS, DIRECT] if real else list(DEFAULT_ARRANGEMENTS)
     wanted = [a for a in args.arrangements.split(",") if a] if args.arrangements else default
     if unknown := [a for a in wanted if a not in (*ARRANGEMENTS, DIRECT)]:
         parser.error(f"unknown arrangements {unknown}; choose from {(*ARRANGEMENTS, DIRECT)}")
+    slots = shape.slots if shape and shape.slots is not None else (args.slots or 8)
+    replicas = args.replicas or (shape.replicas if shape else 2)
     llama: LlamaEngines | None = None
     installed = llama_server.find()
     if real:
         if installed is None:
             parser.error(llama_server.missing())
-        options = llama_server.ReplicaOptions(parallel=args.slots, threads=args.threads)
-        llama = LlamaEngines(args.replicas, options)
+        template = llama_server.tools_template() if args.forced_calls else None
+        if args.forced_calls and template is None:
+            parser.error(llama_server.missing_template())
+        options = llama_server.ReplicaOptions(parallel=slots, threads=args.threads, chat_template=template)
+        llama = LlamaEngines(replicas, options)
     skipped = {a: why for a in wanted if (why := unavailable(a))}
     arrangements = [a for a in wanted if a not in skipped]
-    tool_rounds_by = args.tool_rounds_by or ("agent" if real else "model")
+    tool_rounds_by = args.tool_rounds_by or ("agent" if real and not args.forced_calls else "model")
+    duration_s = args.duration_s or (shape.load.duration_s if shape else 60.0)
+    seeds = list(shape.seeds) if shape else [0]
+    repeat = args.repeat or (len(seeds) if shape else 2)
+    if shape is not None:
+        flood = shape_load(shape, duration_s, tool_rounds_by)
+    else:
+        flood = Load(
+            args.batch if args.batch is not None else 48,
+            args.interactive if args.interactive is not None else 4,
+            duration_s=duration_s,
+            tool_rounds=args.tool_rounds if args.tool_rounds is not None else 3,
+            context_tokens=args.context_tokens or 2000,
+            tool_seconds=MCP_TOOL_SECONDS if via == "mcp" else (args.tool_seconds or 0.5),
+            max_tokens=args.max_tokens or 48,
+            tool_rounds_by=tool_rounds_by,
+            via=via,
+        )
     # agent-made tool rounds stand for a model that never calls tools: the simulated one makes none
-    model_rounds = str(0 if tool_rounds_by == "agent" else args.tool_rounds)
+    model_rounds = 0 if tool_rounds_by == "agent" else flood.tool_rounds
     engine_args = [
-        "--slots", str(args.slots), "--prefill-ms-per-1k", "40", "--decode-ms", "8",
+        "--slots", str(slots), "--prefill-ms-per-1k", "40", "--decode-ms", "8",
         "--batch-slowdown", "0.05",
-        "--tool-rounds", model_rounds, "--time-scale", str(args.time_scale),
+        "--tool-rounds", str(model_rounds), "--time-scale", str(args.time_scale),
     ]  # fmt: skip
-    if args.profile:
+    if shape is not None:
+        engine_args = shape_engine_args(shape, model_rounds, args.time_scale)
+    elif args.profile:
         engine_args = [
-            "--profile", args.profile, "--max-running", str(args.slots),
-            "--tool-rounds", model_rounds, "--time-scale", str(args.time_scale),
+            "--profile", args.profile, "--max-running", str(slots),
+            "--tool-rounds", str(model_rounds), "--time-scale", str(args.time_scale),
         ]  # fmt: skip
     if args.cache_tokens is not None:
         engine_args += ["--cache-tokens", str(args.cache_tokens)]
-    common = {
-        "duration_s": args.duration_s,
-        "tool_rounds": args.tool_rounds,
-        "context_tokens": args.context_tokens,
-        "tool_seconds": MCP_TOOL_SECONDS if args.via == "mcp" else args.tool_seconds,
-        "max_tokens": args.max_tokens,
-        "tool_rounds_by": tool_rounds_by,
-        "via": args.via,
-    }
-    flood = Load(args.batch, args.interactive, **common)
     engines = "SIMULATED engines"
     engine_settings: list[str] | dict[str, Any] = engine_args
     if llama is not None and installed is not None:
-        engines = f"REAL ENGINE: {llama.replicas} x llama-server, {args.slots} slots, CPU, SmolLM2-135M"
+        engines = f"REAL ENGINE: {llama.replicas} x llama-server, {slots} slots, CPU, SmolLM2-135M"
         engine_settings = {
             "llamaServer": installed.revision(),
             "replicas": llama.replicas,
             "argv": llama_server.replica_argv(installed, 0, llama.options)[1:],
         }
+    setup = Setup(
+        engine_args,
+        args.max_inflight,
+        llama,
+        replicas,
+        router_balance,
+        args.tool_choice,
+        args.forced_calls,
+    )
+    flood_settings = {k: v for k, v in vars(flood).items() if k != "shape_groups"}
     result: dict[str, Any] = {
         "simulated": not real,
         "settings": {
             "argv": sys.argv[1:] if argv is None else argv,
             "engine": engine_settings,
-            "flood": vars(flood),
-            "repeat": args.repeat,
+            "shapeFile": args.shape,
+            "flood": {**flood_settings, "groups": [repr(g) for g in flood.shape_groups]},
+            "repeat": repeat,
+            "seeds": seeds,
             "maxInflight": args.max_inflight,
+            "routerBalance": args.router_balance,
+            "toolChoice": args.tool_choice,
+            "forcedCalls": args.forced_calls,
             "skipped": skipped,
         },
     }
-    series = (arrangements, args.repeat, engine_args, args.max_inflight, llama)
-    result["flood"] = run_series("flood", flood, *series)
+    result["flood"] = run_series("flood", flood, arrangements, repeat, setup, seeds)
     print(render("Interactive under a batch flood", result["flood"], skipped, engines))
     if not args.no_control:
-        control = Load(0, args.interactive, **common)
-        result["control"] = run_series("control", control, *series)
+        result["control"] = run_series("control", flood.light(), arrangements, repeat, setup, seeds)
         print(render("Light-load control (no queue)", result["control"], skipped, engines))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

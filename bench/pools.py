@@ -1,13 +1,14 @@
-"""Two fresh engine replicas and one arrangement in front of them, as real processes; shared by
-``flood.py`` and ``fanout.py``.
+"""Fresh engine replicas (two unless told) and one arrangement in front of them, as real processes;
+shared by ``flood.py`` and ``fanout.py``.
 
 Engines: the simulator (``luftpause fake-engine``, the default) or, with ``llama=LlamaEngines(...)``,
 real llama.cpp ``llama-server`` replicas on CPU serving SmolLM2-135M
 (:mod:`luftpause.testkit.launch.llama_server`; built once by ``bench/engines/llama_server.sh``).
 
 Arrangements: ``router`` (SGLang's router, ``--policy cache_aware``, its Prometheus exporter on a
-free port rather than its fixed default :29000), ``smg`` (SGLang Model Gateway 1.13 at its best for
-a flood, see :data:`SMG_YAML`), ``luftpause`` (scheduler + dataplane) and
+free port rather than its fixed default :29000, its balance thresholds set by ``router_balance``),
+``smg`` (SGLang Model Gateway 1.13 at its best for a flood, see :data:`SMG_YAML`),
+``luftpause`` (scheduler + dataplane) and
 ``luftpause-no-affinity`` (the same with ``[scheduler] strict_affinity = false``: runs may move
 between replicas), ``luftpause-idle-off`` (the same with ``[scheduler] idle_affinity = "off"``:
 an idle run's next turn goes to the least loaded replica, as before idle affinity); and, when asked
@@ -53,6 +54,17 @@ class LlamaEngines:
     options: llama_server.ReplicaOptions = field(default_factory=llama_server.ReplicaOptions)
 
 
+@dataclass(frozen=True)
+class RouterBalance:
+    """SGLang's router's balance thresholds (``--balance-abs-threshold``,
+    ``--balance-rel-threshold``): it sends a turn to the least loaded worker, whatever its cache,
+    when the busiest has more than ``absolute`` turns in flight above the idlest and more than
+    ``relative`` times its count. Its defaults (64, 1.5) never trigger on a pool of a few slots."""
+
+    absolute: int
+    relative: float
+
+
 SMG_HEADERS = {"interactive": "interactive", "batch": "bulk"}
 """The ``x-smg-priority`` class each service class's agents send through SGLang Model Gateway."""
 
@@ -94,13 +106,14 @@ def _thunderagent() -> str | None:
 
 
 class Pool:
-    """Two fresh simulated engines (``fake-engine`` with ``engine_args``) and, in front of them,
+    """Fresh simulated engines (``fake-engine`` with ``engine_args``) and, in front of them,
     ``arrangement``; ``url`` is its base URL (no ``/v1``). A context manager: leaving it stops every
     process. ``max_inflight`` is each replica's ``max_inflight`` in luftpause's configuration;
     ``None`` leaves the configuration's default, so the scheduler admits by the engines' load.
     ``runtime`` (luftpause's arrangements only): also the fake MCP server (``luftpause fake-mcp``)
     and the runtime with it as its one upstream, ``runtime_url`` its MCP endpoint, for sub-agents
-    spawned over MCP."""
+    spawned over MCP. ``replicas``: how many simulated engines (real ones: ``llama.replicas``);
+    ``router_balance``: the router's balance thresholds (``None``: its defaults)."""
 
     def __init__(
         self,
@@ -111,7 +124,11 @@ class Pool:
         interactive_agents: int = 4,
         llama: LlamaEngines | None = None,
         runtime: bool = False,
+        replicas: int = 2,
+        router_balance: RouterBalance | None = None,
     ) -> None:
+        self.replicas = replicas
+        self.router_balance = router_balance
         self.workdir = workdir
         self.runtime = runtime
         self.runtime_url = ""
@@ -152,7 +169,7 @@ class Pool:
                 log = self.workdir / f"engine{i}.log"
                 self._child(llama_server.replica(installed, f"engine{i}", port, log, self.llama.options), 120)
             return [f"http://127.0.0.1:{port}" for port in ports]
-        ports = [free_port(), free_port()]
+        ports = [free_port() for _ in range(self.replicas)]
         for i, port in enumerate(ports):
             argv = ["fake-engine", "--port", str(port), "--model", DEFAULT_MODEL, "--seed", str(i)]
             self._child(
@@ -177,6 +194,11 @@ class Pool:
                 "--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines,
                 "--prometheus-port", str(free_port()), "--log-level", "warn",
             ]  # fmt: skip
+            if self.router_balance is not None:
+                argv += [
+                    "--balance-abs-threshold", str(self.router_balance.absolute),
+                    "--balance-rel-threshold", str(self.router_balance.relative),
+                ]  # fmt: skip
             router = ChildProcess(
                 "router",
                 argv,

@@ -13,7 +13,8 @@ With ``--profile NAME`` it runs the step model instead (:mod:`luftpause.testkit.
 one KV pool shared by running requests and the prefix cache, engine steps shared by every running
 request, and SGLang's, vLLM's or llama.cpp's admission, retraction and preemption
 (:mod:`luftpause.testkit.engine.model`); ``--pool-tokens``, ``--step-tokens`` and
-``--max-running`` resize the profile.
+``--max-running`` resize the profile, and ``--schedule-policy lpm`` orders the waiting queue by
+longest cached prefix as SGLang's ``--schedule-policy lpm`` does.
 
 With ``--apis chat,messages,responses`` it also serves ``POST /v1/messages`` (Anthropic Messages)
 and ``POST /v1/responses`` (OpenAI Responses) natively, as vLLM and llama.cpp's server do
@@ -47,7 +48,13 @@ from luftpause.serving.ports import port_number
 from luftpause.testkit.engine import EngineSettings, EngineStats, RunningEngine, SimulatedEngine, start_engine
 from luftpause.testkit.engine.faults import KINDS, Fault, parse_fault_option
 from luftpause.testkit.engine.model.profiles import PROFILES
-from luftpause.testkit.engine.settings import API_NAMES, DEFAULT_MODEL, METRIC_NAMINGS, PRIORITY_ORDERS
+from luftpause.testkit.engine.settings import (
+    API_NAMES,
+    DEFAULT_MODEL,
+    METRIC_NAMINGS,
+    PRIORITY_ORDERS,
+    SCHEDULE_POLICIES,
+)
 
 __all__ = [
     "EngineSettings",
@@ -188,6 +195,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --profile: requests running at once at most (default: the profile's)",
     )
     parser.add_argument(
+        "--schedule-policy",
+        choices=SCHEDULE_POLICIES,
+        default=defaults.schedule_policy,
+        help="with an sglang or vllm --profile: the waiting queue's order before each step, arrival "
+        "(fcfs) or SGLang's longest cached prefix first (lpm) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--idle-close-ms",
         type=float,
         default=None,
@@ -286,6 +300,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         step_tokens=args.step_tokens,
         max_running=args.max_running,
         idle_close_ms=args.idle_close_ms,
+        schedule_policy=args.schedule_policy,
     )
 
 

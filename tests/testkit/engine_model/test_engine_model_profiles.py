@@ -15,7 +15,7 @@ from luftpause.testkit.engine.model import (
     RequestFinished,
     profile,
 )
-from luftpause.testkit.engine.model.profiles import LLAMA_3_2_1B, SMOLLM2_135M
+from luftpause.testkit.engine.model.profiles import LLAMA_3_2_1B, QWEN3_8B, SMOLLM2_135M
 
 GIB = 1024**3
 
@@ -33,6 +33,11 @@ GIB = 1024**3
         # HuggingFaceTB/SmolLM2-135M: 135 M parameters; KV 2 x 30 x 3 x 64 x 2 bytes (F16).
         (SMOLLM2_135M.params, 134_515_008),
         (SMOLLM2_135M.kv_bytes_per_token, 23040),
+        # Qwen/Qwen3-8B: 8.19 B parameters (untied 151936 x 4096 embedding and LM head); KV 2 x 36
+        # layers x 8 KV heads x 128 x 2 bytes (BF16) = 144 KiB.
+        (QWEN3_8B.params, 8_190_726_144),
+        (QWEN3_8B.other_params - 2 * 151936 * 4096, 73 * 4096),
+        (QWEN3_8B.kv_bytes_per_token, 147456),
     ],
 )
 def test_model_shapes_give_the_published_sizes(figure: float, expected: float) -> None:
@@ -61,6 +66,21 @@ def test_the_vllm_profile_shares_the_hardware_and_takes_vllms_scheduler_defaults
     sglang, vllm = profile("sglang-llama-3.2-1b-fp8-8gb"), profile("vllm-llama-3.2-1b-fp8-8gb")
     assert (vllm.style, vllm.mixed, vllm.max_running, vllm.step_tokens) == ("vllm", True, 256, 2048)
     assert (vllm.pool_tokens, vllm.costs) == (sglang.pool_tokens, sglang.costs)
+
+
+def test_the_thunderagent_calibration_profile_is_derived_from_the_rtx_5090_and_qwen3_8b() -> None:
+    qwen = profile("vllm-qwen3-8b-bf16-rtx5090")
+    assert (qwen.style, qwen.mixed, qwen.max_running, qwen.step_tokens) == ("vllm", True, 256, 2048)
+    # (32 GiB x gpu_memory_utilization 0.9 - BF16 weights - 1.5 GiB) / 144 KiB per token.
+    weights = 2 * QWEN3_8B.params
+    assert qwen.pool_tokens == int((32 * GIB * 0.9 - weights - 1.5 * GIB) // 147456) == 87698
+    bandwidth = 1792e9 * 0.8
+    assert qwen.costs.fixed_s == pytest.approx(weights / bandwidth + 0.001)
+    assert qwen.costs.context_s_per_token == pytest.approx(147456 / bandwidth)
+    assert 1 / qwen.costs.compute_s_per_token == pytest.approx(
+        170 * 512 * 2.41e9 * 0.5 / QWEN3_8B.flops_per_token
+    )
+    assert "workload" in qwen.sources
 
 
 def test_the_llamacpp_profile_reproduces_the_rates_measured_here() -> None:

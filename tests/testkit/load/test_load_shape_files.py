@@ -77,6 +77,23 @@ def test_a_valid_shape_carries_its_engine_settings_into_the_spec() -> None:
     assert shape.load.groups[0].tool_seconds == ToolTime("constant", seconds=0.5)
 
 
+def test_a_shape_may_size_its_tool_calls_and_results_and_defaults_to_llama_3s_counts() -> None:
+    default = parse_shape(_valid()).load
+    assert (default.tool_call_tokens, default.tool_result_tokens) == (22, 18)
+    sized = parse_shape({**_valid(), "tool_call_tokens": 800, "tool_result_tokens": 2000}).load
+    assert (sized.tool_call_tokens, sized.tool_result_tokens) == (800, 2000)
+    calibration = load_shape_file(SHAPES / "calibration" / "thunderagent-hle-qwen3-8b.toml")
+    assert (calibration.profile, calibration.replicas, calibration.slots) == (
+        "vllm-qwen3-8b-bf16-rtx5090",
+        1,
+        None,
+    )
+    real = load_shape_file(SHAPES / "real-engine" / "llamacpp-forced.toml")
+    assert (real.slots, real.replicas, real.load.tool_call_tokens) == (4, 2, 24)
+    with pytest.raises(ShapeError, match="tool_call_tokens"):
+        parse_shape({**_valid(), "tool_call_tokens": 0})
+
+
 def _with(change: dict[str, Any], group: dict[str, Any] | None = None, drop: str = "") -> dict[str, Any]:
     data = {**_valid(), **change}
     if group is not None:

@@ -4,6 +4,7 @@ send, how they count tool rounds, how they end runs and how they back off after 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -13,7 +14,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from luftpause.testkit.load.agents import AgentGroup, AgentSettings, RunOutcome, closed_loop
+from luftpause.testkit.load.agents import (
+    CALL_PREFILL,
+    CALL_STOP,
+    AgentGroup,
+    AgentSettings,
+    RunOutcome,
+    closed_loop,
+)
 
 
 @dataclass
@@ -95,6 +103,7 @@ def _run(
     tool_rounds: int = 2,
     group: AgentGroup | None = None,
     tool_rounds_by: str = "model",
+    **more: Any,
 ) -> list[RunOutcome]:
     async def go() -> list[RunOutcome]:
         async with serving(proxy) as url:
@@ -106,6 +115,7 @@ def _run(
                 tool_seconds=0.0,
                 context_tokens=8,
                 tool_rounds_by=tool_rounds_by,
+                **more,
             )
             return await closed_loop(settings, [group or AgentGroup(1, "batch", "bulk")], duration_s)
 
@@ -124,6 +134,50 @@ def test_tool_rounds_count_replies_that_ask_for_tools_not_the_calls_in_them() ->
     for outcome in done:
         # Two rounds of two parallel calls each, then the answer: three turns.
         assert (outcome.tool_rounds, outcome.tool_calls, outcome.turns) == (2, 4, 3), outcome
+
+
+def test_forced_calls_open_the_call_on_each_turn_that_offers_the_tool_and_keep_the_parsed_call() -> None:
+    proxy = ScriptedProxy("parallel")
+    outcomes = _run(proxy, duration_s=0.3, tool_rounds=2, forced_calls=True, tool_choice="required")
+    assert _completed(outcomes) and all(o.unforced == 0 for o in outcomes)
+    offered = [b for b in proxy.bodies if b.get("tools")]
+    answers = [b for b in proxy.bodies if not b.get("tools")]
+    assert offered and answers
+    for body in offered:
+        assert body["messages"][-1] == {"role": "assistant", "content": CALL_PREFILL}
+        assert (body["stop"], body["tool_choice"], body["temperature"]) == ([CALL_STOP], "required", 0)
+    for body in answers:  # the answer's turn: no tool, no prefill, no stop, no tool_choice
+        assert body["messages"][-1]["role"] == "tool" and not {"stop", "tool_choice"} & set(body)
+    # the prefill is sent with its turn only: the run's conversation keeps the call as parsed
+    second = next(b for b in offered if len(b["messages"]) > 3)
+    kept = [m for m in second["messages"] if m["role"] == "assistant"]
+    assert kept[0]["tool_calls"] and kept[0]["content"] is None and kept[-1]["content"] == CALL_PREFILL
+
+
+def test_a_forced_turn_that_comes_back_without_a_call_is_counted_and_answers() -> None:
+    proxy = ScriptedProxy("text")
+    outcomes = _run(proxy, duration_s=0.3, tool_rounds=2, forced_calls=True)
+    done = _completed(outcomes)
+    assert done and all((o.turns, o.tool_rounds, o.unforced) == (1, 0, 1) for o in done)
+    with pytest.raises(ValueError, match="tool_choice"):
+        AgentSettings(proxy="p", model="m", task="t", tool_choice="always")
+
+
+@dataclass(frozen=True)
+class Fixed:
+    seconds: float
+
+    def draw(self, rng: random.Random) -> float:
+        return self.seconds
+
+
+def test_a_group_s_own_rounds_tool_time_and_priority_override_the_settings() -> None:
+    proxy = ScriptedProxy("parallel")
+    group = AgentGroup(1, "interactive", "ide", tool_rounds=1, tool_seconds=Fixed(0.0), priority=1)
+    outcomes = _run(proxy, duration_s=0.3, tool_rounds=3, group=group)
+    done = _completed(outcomes)
+    assert done and all((o.turns, o.tool_rounds) == (2, 1) for o in done)
+    assert {b["priority"] for b in proxy.bodies} == {1}
 
 
 def test_every_turn_carries_the_group_s_class_and_caller() -> None:

@@ -21,7 +21,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.testkit.engine import RunningEngine
+from luftpause.testkit.engine import EngineSettings, RunningEngine
 from luftpause.testkit.engine.model import PROFILES, EngineModel, EngineRequest
 from luftpause.testkit.engine.prefix_cache import prefix_path
 from luftpause.testkit.launch.procs import ChildProcess, free_port
@@ -216,6 +216,23 @@ def test_a_real_process_runs_the_profile_given_on_the_command_line(tmp_path: Pat
     finally:
         child.stop()
     assert child.poll() == 0
+
+
+async def test_the_schedule_policy_reaches_the_step_model_and_needs_a_shared_pool(
+    make_engine: Factory,
+) -> None:
+    engine = await make_engine(profile=SGLANG, schedule_policy="lpm", time_scale=0.01)
+    async with aiohttp.ClientSession() as session, session.get(engine.url + "/server_info") as resp:
+        info = await resp.json()
+    assert info["schedule_policy"] == "lpm"
+    for refused in (
+        {"profile": "llamacpp-smollm2-135m-cpu", "schedule_policy": "lpm"},  # a pool per slot
+        {"profile": SGLANG, "schedule_policy": "lpm", "priority_order": "higher_first"},
+        {"schedule_policy": "lpm"},  # the slot model has no step to order
+        {"profile": SGLANG, "schedule_policy": "program"},  # Continuum's, for the simulations only
+    ):
+        with pytest.raises(ValueError, match="schedule_policy"):
+            EngineSettings(**refused)
 
 
 def test_flags_that_size_the_step_model_need_a_profile() -> None:

@@ -28,6 +28,7 @@ from types import MappingProxyType
 __all__ = [
     "LLAMA_3_2_1B",
     "PROFILES",
+    "QWEN3_8B",
     "SMOLLM2_135M",
     "STYLES",
     "EngineProfile",
@@ -37,6 +38,7 @@ __all__ = [
     "profile",
     "sglang_llama_3_2_1b_fp8_8gb",
     "vllm_llama_3_2_1b_fp8_8gb",
+    "vllm_qwen3_8b_bf16_rtx5090",
 ]
 
 # Scheduler styles: admission, what happens when KV runs out, and what shares a step.
@@ -136,6 +138,26 @@ SMOLLM2_135M = ModelShape(
     tied=True,
     weight_bytes=1.0,
     embedding_bytes=1.0,
+    kv_bytes=2.0,
+)
+
+
+# Qwen/Qwen3-8B config.json (NVIDIA's Orchestrator-8B, which ThunderAgent's ToolOrchestra runs
+# serve, is a Qwen3-8B fine-tune of the same shape): hidden_size 4096, intermediate_size 12288,
+# 36 layers, 32 attention heads, 8 KV heads, head_dim 128, vocab 151936, tie_word_embeddings
+# false (8.19 B parameters). Served in BF16 ("FP16 precision" in the paper), KV in BF16.
+QWEN3_8B = ModelShape(
+    name="Qwen3-8B (BF16 weights, BF16 KV)",
+    hidden=4096,
+    intermediate=12288,
+    layers=36,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    vocab=151936,
+    tied=False,
+    weight_bytes=2.0,
+    embedding_bytes=2.0,
     kv_bytes=2.0,
 )
 
@@ -374,10 +396,70 @@ def llamacpp_smollm2_135m_cpu() -> EngineProfile:
     )
 
 
+def vllm_qwen3_8b_bf16_rtx5090() -> EngineProfile:
+    """Qwen3-8B in BF16 under vLLM on one RTX 5090: the engine of ThunderAgent's ToolOrchestra
+    (HLE) serving runs (arXiv 2602.13692, section 5.1: "Qwen3-8B with FP16 precision hosted on one
+    RTX 5090"; its repository's ``examples/inference/ToolOrchestra``: ``vllm serve`` 0.10.1 with
+    ``--enable-prefix-caching`` and no other sizing flag, so vLLM's defaults).
+
+    * GPU: RTX 5090, 32 GiB GDDR7 on a 512-bit bus at 28 Gbps = 1,792 GB/s; 170 Blackwell SMs at
+      up to 2.41 GHz: 170 x 512 BF16 FLOP/clock/SM with FP32 accumulation (GeForce rate, half the
+      FP16-accumulate rate) ~ 210 TFLOPS (NVIDIA's specifications).
+    * Achieved fractions as the first profile's (:func:`sglang_llama_3_2_1b_fp8_8gb`): 80 % of
+      peak bandwidth, 50 % of peak FLOPS.
+    * Pool: ``(32 GiB x gpu_memory_utilization 0.9 - weights - 1.5 GiB) / KV bytes per token``:
+      vLLM's default utilization; weights 8.19 B BF16 parameters = 16.4 GB; 1.5 GiB for what
+      vLLM's profiling run finds beyond the weights (activations of a 2,048-token step, CUDA
+      graphs, the non-torch allocations): an estimate, not a published figure; KV: 2 x 36 layers
+      x 8 heads x 128 x 2 bytes = 144 KiB per token.
+    * ``max_num_batched_tokens`` 2048 and ``max_num_seqs`` 256: vLLM's OpenAI-server defaults on a
+      GPU under 70 GiB, as :func:`vllm_llama_3_2_1b_fp8_8gb`.
+    * Step: fixed = weights read once (16.4 GB at 1,434 GB/s = 11.4 ms) + 1 ms of scheduler and
+      launch overhead; compute = 13.9 GFLOP per token at 105 TFLOPS = 133 us; context = 144 KiB
+      per token at 1,434 GB/s = 0.10 us per token of KV read.
+    """
+    shape = QWEN3_8B
+    bandwidth = 1792e9 * 0.8
+    flops = 170 * 512 * 2.41e9 * 0.5
+    pool = int((32 * GIB * 0.9 - shape.weights_bytes - 1.5 * GIB) // shape.kv_bytes_per_token)
+    costs = StepCosts(
+        fixed_s=shape.weights_bytes / bandwidth + 0.001,
+        compute_s_per_token=shape.flops_per_token / flops,
+        context_s_per_token=shape.kv_bytes_per_token / bandwidth,
+    )
+    return EngineProfile(
+        name="vllm-qwen3-8b-bf16-rtx5090",
+        style="vllm",
+        pool_tokens=pool,
+        max_running=256,
+        step_tokens=2048,
+        mixed=True,
+        costs=costs,
+        sources=MappingProxyType(
+            {
+                "pool_tokens": "(32 GiB x gpu_memory_utilization 0.9 (vLLM default) - 16.4 GB weights - "
+                "1.5 GiB profiled activations (estimate)) / 144 KiB per token (Qwen3-8B config.json)",
+                "max_running": "vLLM arg_utils: max_num_seqs 256 (OpenAI server, < 70 GiB)",
+                "step_tokens": "vLLM arg_utils: max_num_batched_tokens 2048 (OpenAI server, < 70 GiB)",
+                "mixed": "vLLM V1: running requests' decode tokens and prefill chunks in one step",
+                "fixed_s": "16.4 GB weights at 80 % of 1,792 GB/s (RTX 5090) + 1 ms overhead",
+                "compute_s_per_token": "13.9 GFLOP/token at 50 % of 210 TFLOPS BF16 (170 Blackwell SMs)",
+                "context_s_per_token": "144 KiB KV per token at 80 % of 1,792 GB/s",
+                "workload": "ThunderAgent arXiv 2602.13692 section 5.1 (ToolOrchestra on HLE)",
+            }
+        ),
+    )
+
+
 PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
     {
         p.name: p
-        for p in (sglang_llama_3_2_1b_fp8_8gb(), vllm_llama_3_2_1b_fp8_8gb(), llamacpp_smollm2_135m_cpu())
+        for p in (
+            sglang_llama_3_2_1b_fp8_8gb(),
+            vllm_llama_3_2_1b_fp8_8gb(),
+            llamacpp_smollm2_135m_cpu(),
+            vllm_qwen3_8b_bf16_rtx5090(),
+        )
     }
 )
 
