@@ -5,8 +5,9 @@ counts it ``tool_paused`` while the agent waits its tool time).
 
 Runs when a built ``llama-server``, the SmolLM2-135M GGUF and the tools template are present
 (:func:`luftpause.testkit.launch.llama_server.find` and
-:func:`~luftpause.testkit.launch.llama_server.tools_template`) and skips, saying how to get them, when they are not. One replica with 2 slots, the scheduler and
-the dataplane, as real processes on free loopback ports.
+:func:`~luftpause.testkit.launch.llama_server.tools_template`) and skips, saying how to get
+them, when they are not. One replica with 2 slots, the scheduler and the dataplane, as real
+processes on free loopback ports.
 """
 
 from __future__ import annotations
