@@ -8,6 +8,7 @@ re-exports each name.
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -53,18 +54,31 @@ def http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+SECRET_URL_PARAMETERS = frozenset({"password", "sslpassword"})
+"""Query parameters of a database URL that carry a secret (libpq's connection URI takes any
+connection keyword as a parameter: PostgreSQL's documentation, "Connection URIs")."""
+
+
 def without_password(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part, if any, shown as ``***`` (for
-    the log and ``check-config``: a database URL carries its credentials)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    """``url`` with every password it carries shown as ``***``: the one of its ``user:password@``
+    part and the value of a ``password`` or ``sslpassword`` query parameter (for the log, error
+    messages and ``check-config``: a database URL carries its credentials). A string that is no
+    URL comes back as it is."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.scheme or (not parts.netloc and not parts.query):
         return url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, host = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}{slash}{path}"
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    query = parts.query
+    if query:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        if any(key in SECRET_URL_PARAMETERS for key, _ in pairs):
+            masked = [(key, "***" if key in SECRET_URL_PARAMETERS else value) for key, value in pairs]
+            query = urllib.parse.urlencode(masked, safe="*")
+    shown = f"{parts.scheme}://{netloc}{parts.path}"  # urlunsplit drops an empty host's "//"
+    return shown + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 class TlsListener(Section):
