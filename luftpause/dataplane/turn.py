@@ -150,7 +150,7 @@ def with_priority(body: bytes, order: EnginePriority, service_class: int) -> byt
     """``body`` with ``"priority":N,`` spliced in right after its opening brace, ``N`` from
     :data:`PRIORITY_VALUES` for ``order`` and ``service_class`` (a ``ServiceClass``).
 
-    ``body`` must be what the front door took: a JSON object (``json_with_model`` in ``request_checks``:
+    ``body`` must be what the front door took: a JSON object (``json_with_model`` in ``intake.checks``:
     only JSON whitespace may precede its brace, and orjson refuses a byte order mark) with at least
     one member (``model``), so the comma is followed by one, and without a ``priority`` member of
     its own (a client's explicit choice is sent as it came; the caller checks). Nothing else is

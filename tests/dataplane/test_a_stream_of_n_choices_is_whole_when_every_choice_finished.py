@@ -179,7 +179,7 @@ def test_an_answer_whose_every_choice_finished_is_whole_without_done(
     ],
 )
 def test_the_choices_a_request_asks_for(n: object, choices: int) -> None:
-    """What the dataplane counts (``turn_intake.requested_choices``): ``n`` as an engine reads it,
+    """What the dataplane counts (``intake.turns.requested_choices``): ``n`` as an engine reads it,
     else 1; never more than a scanner can count."""
     payload = {} if n is ... else {"n": n}
     assert requested_choices(payload) == choices

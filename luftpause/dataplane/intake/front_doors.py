@@ -3,7 +3,7 @@ becomes before it is admitted, and each API's error shape.
 
 ``POST /v1/messages`` (Anthropic Messages; ``?beta=true``, which Claude Code adds, is ignored) and
 ``POST /v1/responses`` (OpenAI Responses) are scheduled like chat turns (the route in ``app.py``
-reads the body, ``turn_intake`` makes the turn, the scheduler places it). What differs is planned
+reads the body, ``intake.turns`` makes the turn, the scheduler places it). What differs is planned
 here, once per request, by :meth:`FrontDoors.plan`:
 
 * **Native**: a replica whose ``[[replicas]] apis`` names the request's API gets the client's bytes

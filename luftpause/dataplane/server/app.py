@@ -45,7 +45,7 @@ With ``LUFTPAUSE_TOKEN`` set every ``/v1`` route needs ``Authorization: Bearer <
 token as ``x-api-key`` (what the Anthropic clients send); with caller keys, a configured key
 instead (sent either way), which also decides the turn's caller and the service classes it may
 use (:mod:`luftpause.auth.callers`; 403 for another class): what a request becomes before it is
-admitted is ``turn_intake``. Errors on the Messages and Responses routes take their API's shape
+admitted is ``intake.turns``. Errors on the Messages and Responses routes take their API's shape
 (``front_doors.error_body``).
 
 Every answer to a chat turn carries ``x-luftpause-run-id`` (the client's, or the new run's); an

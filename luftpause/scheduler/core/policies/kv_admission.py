@@ -29,9 +29,9 @@ A run's count, in tokens, is what its next turn will leave in the pool: its last
 prompt and completion tokens (what the dataplane reads from the usage), plus the growth a turn
 adds (the tool call, its result and the reply: its caller's recent mean, else
 :data:`DEFAULT_GROWTH`). A run none of whose turns has finished yet is counted by its caller's
-recent first turns (else every caller's, else :data:`DEFAULT_FIRST`) plus the growth. A run is
-counted from its first placement on the replica until it goes ``idle``, ends or is forgotten; a
-replica without ``kv_tokens`` admits by slots alone, as before.
+recent first turns (else every caller's, else the replica's pool over :data:`FIRST_SHARE`) plus
+the growth. A run is counted from its first placement on the replica until it goes ``idle``, ends
+or is forgotten; a replica without ``kv_tokens`` admits by slots alone, as before.
 
 A counted run whose tool outlives what its caller's tools take (:func:`park_after`: twice the third
 quartile of the caller's recent pauses, at least 1 s; 10 s before 8 were seen) while turns are held
