@@ -10,8 +10,9 @@ split of every stream can be tested here directly.
 The rules of a streamed answer's end (docs/architecture.md "Failure contract"):
 
 1. A readable answer is whole at its last event (``data: [DONE]``, or the native API's own last
-   event): the outcome is decided then, whether the engine's body has ended or not. Bytes after it
-   are not taken in.
+   event): the outcome is decided then, whether the engine's body has ended or not. The read that
+   carried it goes to the client as it came (a relayed body is not cut mid-read); later reads are
+   not taken in.
 2. A body that ends cleanly before that event has answered whole only if every choice the turn
    asked for (``n``) said its finish reason, or it carried an error event; else the answer was cut
    short: :class:`Failed`, ``broken`` (the client's connection is aborted, never ended cleanly).
