@@ -138,15 +138,17 @@ class Router:
             elif place is not None and place.live and place.url:
                 try:
                     return await self._forward(place, name, arguments, ctx)
-                except httpx2.ConnectError as exc:  # nothing was sent: dead, its lease not expired yet
-                    log.warning("runtime %s at %s does not answer (%s)", owner, place.url, exc)
                 except (httpx2.HTTPError, OSError, ExceptionGroup) as exc:
-                    if name in CHANGING:
+                    if _never_sent(exc):  # dead, its lease not expired yet
+                        log.warning("runtime %s at %s does not answer (%s)", owner, place.url, _leaves(exc))
+                    elif name in CHANGING:
                         raise ToolError(
                             f"runtime {owner}, holding run {foreign[0]}, stopped answering during "
                             f"{name}: whether it took effect is unknown; see status({foreign[0]!r})"
                         ) from exc
-                    log.warning("runtime %s stopped answering during %s (%s)", owner, name, exc)
+                    else:
+                        log.warning("runtime %s stopped answering during %s (%s)", owner, name, _leaves(exc))
+                        deadline = time.monotonic() + self.wait_seconds  # its takeover starts now
             if time.monotonic() > deadline:
                 raise ToolError(
                     f"run {foreign[0]} is held by runtime {owner}, which does not answer, and no "
@@ -169,3 +171,15 @@ class Router:
         ):
             log.info("forwarding %s about %s to runtime %s", name, self._named(name, arguments), place.owner)
             return await client.call_tool(name, arguments)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``, exception groups (the SDK's task groups) flattened."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` says the call never reached the other runtime: its connection refused."""
+    return all(isinstance(leaf, httpx2.ConnectError | ConnectionRefusedError) for leaf in _leaves(exc))

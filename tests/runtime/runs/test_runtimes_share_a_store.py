@@ -231,6 +231,12 @@ async def _keyed_client(pod: Pod, key: str, **headers: str) -> AsyncIterator[Cli
             yield client
 
 
+def _user_messages(pod: Pod, handle: str) -> list[str]:
+    """The user messages of the last turn ``pod``'s engine was asked for ``handle``."""
+    asked = pod.engine.requests[handle][-1]["messages"]
+    return [m["content"] for m in asked if m["role"] == "user"]
+
+
 async def _refused(client: Client, tool: str, **arguments: Any) -> str:
     result = await client.call_tool(tool, arguments, read_timeout_seconds=60)
     assert result.is_error, (tool, result)
@@ -310,16 +316,21 @@ def test_every_call_about_a_run_works_from_the_runtime_that_does_not_hold_it(
 
 
 def test_an_await_on_the_other_runtime_ends_with_the_result_when_the_owner_is_killed(
-    two: tuple[Pod, Pod, str, Path],
+    two: tuple[Pod, Pod, str, Path], postgres: PostgresServer
 ) -> None:
     """b awaits a run of a's (forwarded to a); a is SIGKILLed; b takes the run over once its lease
-    expires, resumes it, and the same await call answers with the run's result."""
-    a, b, _, _ = two
+    expires, resumes it, and the same await call answers with the run's result. A ``send`` to
+    another of a's runs, made from b after the kill, waits for the takeover and is delivered."""
+    a, b, url, workspace = two
     handle = asyncio.run(_spawn(a, script({"hold": "first", "say": "done"}), 1))[0]
-    b.engine.release("first")  # b's engine answers at once; a's holds the run's turn
+    b.engine.release("first")  # b's engine answers it at once; a's holds its turn
+    # The other run is held at either engine's gate "other" until b has sent it the message: it is
+    # running throughout, so the message is taken at its next turn, after the tool round.
+    listing = {"call": "list_directory", "args": {"path": str(workspace)}}
+    other = asyncio.run(_spawn(a, script({"hold": "other", **listing}, {"say": "listed"}), 1))[0]
 
     async def held() -> bool:
-        return a.engine.holding(handle)
+        return a.engine.holding(handle) and a.engine.holding(other)
 
     asyncio.run(until(held, "the run's turn held at a's engine", seconds=60))
 
@@ -332,9 +343,17 @@ def test_an_await_on_the_other_runtime_ends_with_the_result_when_the_owner_is_ki
         await until(forwarded, "b forwarded the await to a", seconds=60)
         assert a.runtime is not None
         a.runtime.kill()
-        return await waiting
+        async with Client(f"{b.url}/mcp") as client:
+            sent = await call(client, "send", handle=other, message="after the kill")
+        assert sent["delivered"] == "next turn", sent
+        b.engine.release("other")
+        answered = await waiting
+        after = await _await(b, [other])  # its turn with the message sent
+        assert after["runs"][0]["state"] == "completed", after
+        return answered
 
     result = asyncio.run(scenario())
     assert result["timedOut"] is False, result
     assert [(run["state"], run["answer"]) for run in result["runs"]] == [("completed", "done")], result
-    assert "took over 1 runs" in b.runtime_log()
+    assert _user_messages(b, other)[-1].endswith("after the kill")
+    assert _holders(postgres, url, [handle, other]) == {runtime_identity(f"127.0.0.1:{b.port}")}
