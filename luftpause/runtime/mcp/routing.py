@@ -77,6 +77,11 @@ WAIT_SECONDS = LEASE_SECONDS + 4 * RENEW_SECONDS + 10.0
 """How long a call about a run whose owner died waits for the run to be taken over (seconds)."""
 
 
+SETTLE_TRIES = 8
+"""How many times (every ``RENEW_SECONDS / 4``) a call about a run whose lease this runtime has
+just taken looks again for the run, while its records are replayed, before answering here."""
+
+
 class Router:
     """Forwards the :data:`ROUTED` calls about runs ``registry`` does not hold to their owner
     (module docstring). ``database`` is the shared store (its custody names this runtime)."""
@@ -118,6 +123,7 @@ class Router:
         if not foreign:
             return None
         deadline = time.monotonic() + self.wait_seconds
+        settling = SETTLE_TRIES
         while True:
             places = await self._where(foreign)
             owners = {place.owner for place in places.values() if place is not None}
@@ -132,8 +138,9 @@ class Router:
             if owner is None:
                 return None  # no such run anywhere: answered here, as unknown
             if owner == self.custody.owner:
-                if all(self.registry.find(h) is not None for h in foreign):
-                    return None
+                settling -= 1
+                if settling < 0 or all(self.registry.find(h) is not None for h in foreign):
+                    return None  # held here (or dropped by retention here: answered as expired)
                 # Taken over by this runtime, its records not replayed yet: a moment.
             elif place is not None and place.live and place.url:
                 try:
