@@ -267,6 +267,11 @@ class RuntimeConfig(Section):
     ``state_dir``) or a PostgreSQL URL, ``postgresql://user:password@host:port/database``
     (the ``postgresql`` extra; several runtimes may share it; docs/runtime-store.md). Best given
     as ``LUFTPAUSE_RUNTIME__STORE``, from a secret; its password is never shown or logged."""
+    advertise_url: str | None = None
+    """The base URL other runtimes on the same PostgreSQL store reach this one at (``http://`` or
+    ``https://``, no path), to forward an MCP call about a run this runtime holds
+    (docs/runtime-store.md); unset: ``http://<listen>`` (``https://`` with ``tls``). Only read
+    with a PostgreSQL ``store``."""
     default_model: str | None = None
     """Model for ``spawn`` without one; by default the first model of the first generative replica."""
     workspace: str | None = None
@@ -322,6 +327,12 @@ class RuntimeConfig(Section):
     @field_serializer("store")
     def _store_shown(self, value: str) -> str:
         return without_password(value)
+
+    def advertised(self) -> str:
+        """:attr:`advertise_url` without a trailing ``/``, or ``http(s)://<listen>``."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        return f"{'https' if self.tls is not None else 'http'}://{self.listen}"
 
     def dataplane_key(self) -> str | None:
         """The caller key read from ``dataplane_key_env`` at call time, or ``None``."""

@@ -60,6 +60,7 @@ from luftpause.runtime.agent.upstream import UpstreamPool
 from luftpause.runtime.dataplane import DataplaneClient, RetryPolicy
 from luftpause.runtime.decide import Decider
 from luftpause.runtime.mcp.pod_tools import PodTools
+from luftpause.runtime.mcp.routing import Router
 from luftpause.runtime.mcp.run_tools import RunTools
 from luftpause.runtime.mcp.server import build_mcp_server
 from luftpause.runtime.mcp.spawn_tools import SpawnTools, render_run_result
@@ -165,6 +166,14 @@ class Runtime:
             yield self
 
 
+def _router(journal: RecordStore, registry: RunRegistry) -> Router | None:
+    """The router of calls about runs other runtimes hold: only on a shared PostgreSQL store."""
+    database = getattr(journal, "database", None)
+    if database is None or getattr(database, "custody", None) is None:
+        return None
+    return Router(registry, database)
+
+
 def build_runtime(
     config: Config,
     token: str | None = None,
@@ -249,6 +258,7 @@ def build_runtime(
         ),
         pod_tools=PodTools(pods),
         extensions=[TasksExtension(tasks)],
+        router=_router(journal, registry),
     )
     return Runtime(
         config=config,

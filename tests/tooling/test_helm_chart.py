@@ -193,14 +193,21 @@ def test_the_runtime_is_a_statefulset_with_its_journal_on_a_volume() -> None:
     assert runtime["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
 
 
-def test_runtimes_on_postgresql_share_the_url_from_a_secret_and_keep_each_client_on_one() -> None:
+def test_runtimes_on_postgresql_share_the_url_from_a_secret_and_reach_each_other_by_pod_ip() -> None:
     objects = render({"runtime": {"replicas": 3, "store": {"existingSecret": "lp-db", "key": "url"}}})
     runtime = workloads(objects)["runtime"]
     assert runtime["spec"]["replicas"] == 3
     from_secret, _ = env_sources(runtime)
     assert from_secret["LUFTPAUSE_RUNTIME__STORE"] == {"name": "lp-db", "key": "url"}
+    # Any runtime answers for any run (a call is forwarded to the runtime holding it, at the URL it
+    # advertises: its pod's address), so the Service needs no client affinity.
     service = by_kind(objects, "Service")[runtime["spec"]["serviceName"]]
-    assert service["spec"]["sessionAffinity"] == "ClientIP"
+    assert "sessionAffinity" not in service["spec"]
+    env = {e["name"]: e for e in container(runtime)["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    _, port = split_host_port(config_of(objects).runtime.listen)
+    assert env["LUFTPAUSE_RUNTIME__ADVERTISE_URL"]["value"] == f"http://$(POD_IP):{port}"
+    assert list(env).index("POD_IP") < list(env).index("LUFTPAUSE_RUNTIME__ADVERTISE_URL")
     assert "LUFTPAUSE_RUNTIME__STORE" not in env_sources(workloads(DEFAULT)["runtime"])[0]
     with pytest.raises(helm.HelmError, match=r"runtime\.replicas > 1 needs runtime\.store\.existingSecret"):
         render({"runtime": {"replicas": 2}})
@@ -271,7 +278,11 @@ def test_every_container_runs_a_command_the_cli_accepts(values: dict[str, Any] |
 
 def env_sources(workload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     one = container(workload)
-    from_secret = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in one["env"] if "valueFrom" in e}
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in one["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
     return from_secret, [s["secretRef"]["name"] for s in one.get("envFrom", [])]
 
 

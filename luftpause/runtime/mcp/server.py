@@ -40,10 +40,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import ConfigDict
 
 from luftpause import __version__
 from luftpause.runtime.mcp.pod_tools import PodTools
+from luftpause.runtime.mcp.routing import Router
 from luftpause.runtime.mcp.run_tools import RunTools
 from luftpause.runtime.mcp.spawn_tools import SpawnTools
 
@@ -60,14 +63,37 @@ Runs survive your disconnecting and a restart of the runtime: await a handle fro
 and you still get its answer."""
 
 
+class RuntimeMCPServer(MCPServer):
+    """``MCPServer`` whose tool calls about runs another runtime holds go to that runtime, when
+    it has a :class:`~luftpause.runtime.mcp.routing.Router` (a shared PostgreSQL store)."""
+
+    router: Router | None = None
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        if self.router is not None and context is not None:
+            forwarded = await self.router.route(name, arguments, context)
+            if forwarded is not None:
+                return forwarded
+        return await super().call_tool(name, arguments, context)
+
+
 def build_mcp_server(
-    *, spawn_tools: SpawnTools, run_tools: RunTools, pod_tools: PodTools, extensions: Sequence[Any] = ()
+    *,
+    spawn_tools: SpawnTools,
+    run_tools: RunTools,
+    pod_tools: PodTools,
+    extensions: Sequence[Any] = (),
+    router: Router | None = None,
 ) -> MCPServer:
-    """The ``MCPServer`` with the runtime's tools (each group bound to the parts it uses) and the
-    SDK ``Extension`` s given (the Tasks extension: :mod:`luftpause.runtime.mcp.tasks_extension`)."""
-    mcp: MCPServer = MCPServer(
+    """The ``MCPServer`` with the runtime's tools (each group bound to the parts it uses), the
+    SDK ``Extension`` s given (the Tasks extension: :mod:`luftpause.runtime.mcp.tasks_extension`)
+    and, on a shared store, the ``router`` of calls about other runtimes' runs."""
+    mcp = RuntimeMCPServer(
         "luftpause", instructions=INSTRUCTIONS, version=__version__, extensions=list(extensions)
     )
+    mcp.router = router
     spawn_tools.register(mcp)
     run_tools.register(mcp)
     pod_tools.register(mcp)

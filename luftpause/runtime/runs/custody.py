@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,13 +53,26 @@ def runtime_identity(listen: str) -> str:
     return f"{socket.gethostname()}/{listen}"
 
 
+@dataclass(frozen=True)
+class Whereabouts:
+    """Which runtime holds a run: its ``owner``, whether its lease is ``live`` (unexpired), and
+    the ``url`` it answers at (``None``: a runtime that wrote none)."""
+
+    owner: str
+    live: bool
+    url: str | None
+
+
 class Custody:
     """The leases of one runtime (``owner``): the generation it holds of each run, and the SQL
     that claims, renews and takes over leases. Thread-safe: the writer threads read
     :meth:`generation` while the event loop's takeovers add to it."""
 
-    def __init__(self, owner: str, lease_seconds: float = LEASE_SECONDS) -> None:
+    def __init__(self, owner: str, lease_seconds: float = LEASE_SECONDS, url: str | None = None) -> None:
         self.owner = owner
+        self.url = url
+        """Where other runtimes reach this one (``[runtime] advertise_url``), written to
+        ``luftpause_runtimes`` at start; ``None``: not written (a reader, a test)."""
         self.lease_seconds = lease_seconds
         self._held: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -106,8 +120,15 @@ class Custody:
 
     def claim_at_start(self, conn: Connection) -> list[str]:
         """Claim this runtime's own leases, the runs no lease names, and every expired lease
-        (module docstring); the runs held now. One transaction."""
+        (module docstring), and write where this runtime answers (:attr:`url`); the runs held
+        now. One transaction."""
         with conn.transaction():
+            if self.url is not None:
+                conn.execute(
+                    "INSERT INTO luftpause_runtimes (owner, url) VALUES (%s, %s) ON CONFLICT (owner) "
+                    "DO UPDATE SET url = excluded.url, started_at = now()",
+                    (self.owner, self.url),
+                )
             conn.execute(
                 "INSERT INTO luftpause_leases (handle, owner, generation, expires_at) "
                 "SELECT DISTINCT r.handle, %s, 0, now() FROM luftpause_records r "
@@ -126,6 +147,18 @@ class Custody:
             self._take_expired(conn)
         self.claimed = True
         return self.held()
+
+    @staticmethod
+    def whereabouts(conn: Connection, handle: str) -> Whereabouts | None:
+        """Who holds ``handle`` now, or ``None`` when no lease names it (no such run)."""
+        row = conn.execute(
+            "SELECT l.owner, l.expires_at > now(), r.url FROM luftpause_leases l "
+            "LEFT JOIN luftpause_runtimes r ON r.owner = l.owner WHERE l.handle = %s",
+            (handle,),
+        ).fetchone()
+        if row is None:
+            return None
+        return Whereabouts(str(row[0]), bool(row[1]), row[2])
 
     def renew(self, conn: Connection) -> list[str]:
         """Renew every lease held; returns the runs whose lease was lost (taken over by another

@@ -110,10 +110,11 @@ class PostgresDatabase:
         retry_seconds: float = 60.0,
         connect_timeout: int = 5,
         lease_seconds: float = LEASE_SECONDS,
+        advertise_url: str | None = None,
     ) -> None:
         self.url = url
         self.label = without_password(url)
-        self.custody = Custody(owner, lease_seconds) if owner is not None else None
+        self.custody = Custody(owner, lease_seconds, advertise_url) if owner is not None else None
         """The leases of the runtime ``owner`` (:mod:`luftpause.runtime.runs.custody`); without an
         owner (a reader, a test) no lease is taken and no record fenced."""
         self.retry_seconds = retry_seconds

@@ -371,7 +371,9 @@ def open_stores(settings: RuntimeConfig) -> Stores:
                 "pip install 'luftpause[postgresql]'"
             ) from None
 
-        database = PostgresDatabase(settings.store, owner=runtime_identity(settings.listen))
+        database = PostgresDatabase(
+            settings.store, owner=runtime_identity(settings.listen), advertise_url=settings.advertised()
+        )
         return Stores(database.journal("runs"), database.journal("tasks"))
     from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Journal
 

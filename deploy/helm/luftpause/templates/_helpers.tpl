@@ -61,6 +61,12 @@ env:
       secretKeyRef:
         name: {{ .existingSecret | quote }}
         key: {{ .key | quote }}
+  # Where the other runtimes forward MCP calls about the runs this one holds (docs/runtime-store.md).
+  - name: POD_IP
+    valueFrom:
+      fieldRef: {fieldPath: status.podIP}
+  - name: LUFTPAUSE_RUNTIME__ADVERTISE_URL
+    value: "http://$(POD_IP):7000"
 {{- end }}
 {{- if and .engineKeys (or .root.Values.engineKeys.existingSecret .root.Values.engineKeys.values) }}
 envFrom:
