@@ -250,7 +250,12 @@ def test_a_dead_dataplanes_turns_are_released_and_its_runs_go_on_elsewhere(tmp_p
             stream=True,
         )
         next(iter(stream))
-        dead_id = next(d["id"] for d in running.status()["dataplanes"] if d["turns_in_flight"] == 1)
+
+        def busy() -> list[str]:  # the scheduler hears of the turn in flight a moment after its bytes
+            return [d["id"] for d in running.status()["dataplanes"] if d["turns_in_flight"] >= 1]
+
+        assert wait_until(lambda: len(busy()) == 1, 20), running.status()["dataplanes"]
+        (dead_id,) = busy()
         running.children["dataplane0"].kill()
         stream.close()
 
