@@ -43,7 +43,7 @@ def port_of(url: str) -> int:
 
 def exchange(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
     """Send ``head`` (lines without the blank line) and ``body``; the status, head and body of the
-    answer (the connection is closed by the request)."""
+    answer (read until its ``Content-Length`` or the connection's end: the request closes it)."""
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(head + b"Connection: close\r\n\r\n")
         try:
@@ -59,10 +59,23 @@ def exchange(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes, byt
             if not chunk:
                 break
             answer += chunk
+            if _whole(answer):
+                break  # a server may linger before it closes (aiohttp reads what is still sent, 10 s)
     head_in, _, body_in = answer.partition(b"\r\n\r\n")
     if b"transfer-encoding: chunked" in head_in.lower():
         body_in = dechunk(body_in)
     return int(head_in.split(b" ", 2)[1]), head_in, body_in
+
+
+def _whole(answer: bytes) -> bool:
+    """Whether ``answer`` holds a whole answer with a ``Content-Length``."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":", 1)[1])
+    return False
 
 
 def dechunk(data: bytes) -> bytes:
@@ -190,6 +203,10 @@ def test_every_route_answers_every_kind_of_bad_input_with_a_json_error_in_its_sh
             status, got_head, got_body = exchange(port, head.replace(b"{path}", path.encode()), body)
             if status < 400:
                 continue  # the route took it (a GET's Host it serves anyway, say): nothing to shape
+            if kind == "oversize" and status == 408:
+                # the runtime's monitor routes waited 30 s for a body a refused client never sends
+                failures.append(f"{process} {path} {kind}: 408 after the body deadline, not 413 at once")
+                continue
             answered += 1
             try:
                 check_shape(shape_of(path), status, got_head, got_body)

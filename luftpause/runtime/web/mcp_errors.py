@@ -5,7 +5,8 @@ The MCP SDK answers some refusals of its own in plain text (``Invalid Content-Ty
 whole (granian reports a malformed chunked body as ``http.disconnect``, the connection still open)
 as a 500 ``Error handling POST request``. :class:`McpErrorBodies` sits in front of the SDK's app:
 
-* a ``Content-Length`` over the SDK's limit is refused 413 at once, before the body is read;
+* a ``Content-Length`` over the SDK's limit is refused 413 at once, before the body is read, on
+  every path (the monitor's own limit is lower);
 * it reads a ``POST`` body first (up to :data:`PREREAD_BYTES`, the rest passed through as it
   comes) and answers a body cut short 400 itself, JSON-RPC code -32700 (parse error); on the
   runtime's other paths (the monitor's ``send`` and ``stop``) the same 400 with the JSON error
@@ -66,10 +67,11 @@ class McpErrorBodies:
             return
         mcp = scope["path"] == self.path
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
-        if mcp and declared.isdigit() and int(declared) > PREREAD_BYTES:
-            # refused before a byte of it is read (the SDK would read it all first)
+        if declared.isdigit() and int(declared) > PREREAD_BYTES:
+            # refused before a byte of it is read: the SDK would read it all first, and the pre-read
+            # below would wait for bytes a client that is refused never sends (then 408)
             too_large = f"request body is {int(declared)} bytes; the limit is {PREREAD_BYTES}"
-            await _answer(send, 413, too_large, JSONRPC_INVALID_REQUEST)
+            await _answer(send, 413, too_large, JSONRPC_INVALID_REQUEST if mcp else None)
             return
         if scope["method"] == "POST":
             read: list[Message] = []
