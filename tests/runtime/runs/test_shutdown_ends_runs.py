@@ -129,7 +129,9 @@ def test_end_runs_gives_up_on_a_dataplane_that_never_answers() -> None:
 
     ended, received, open_tasks = asyncio.run(scenario())
     assert ended == 0
-    assert sorted(received) == HANDLES  # all were sent, none was answered
+    # none was answered; how many arrived within the 0.5 s depends on the machine's load (all 120
+    # arriving is the test above's point), so only that nothing else did
+    assert set(received) <= set(HANDLES)
     assert open_tasks == 0  # the unanswered requests were cancelled, not left to run on
 
 
