@@ -73,6 +73,9 @@ class SubagentSettings:
     max_tokens: int = 64
     tools: tuple[str, ...] = ("lookup",)
     token: str | None = None
+    first_backoff_s: float = FIRST_BACKOFF_S
+    """An agent's wait after its first refused spawn (seconds; doubled after each refusal since,
+    up to :data:`MAX_BACKOFF_S`)."""
 
 
 def spawn_arguments(settings: SubagentSettings, service_class: str) -> tuple[str, dict[str, object]]:
@@ -129,7 +132,7 @@ async def _group(
                     return
                 except RuntimeError as exc:  # the runtime refused: a failed run of this agent
                     outcome.state, outcome.error = "failed", f"spawn {own_id}: {describe_error(exc)}"
-                backoff = min(MAX_BACKOFF_S, backoff * 2) if backoff else FIRST_BACKOFF_S
+                backoff = min(MAX_BACKOFF_S, backoff * 2) if backoff else settings.first_backoff_s
                 await asyncio.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
 
         def start_spawn() -> None:

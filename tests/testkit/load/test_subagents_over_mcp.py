@@ -16,7 +16,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from luftpause.testkit.launch.stack import Stack
-from luftpause.testkit.load.agents import FIRST_BACKOFF_S, AgentGroup
+from luftpause.testkit.load.agents import AgentGroup
 from luftpause.testkit.load.agents_summary import summarize_agents
 from luftpause.testkit.load.subagents import SubagentSettings, closed_loop_subagents, spawn_arguments
 
@@ -129,7 +129,9 @@ class _Listening(uvicorn.Server):
         self.listening.set()
 
 
-async def _closed_loop_against(server: MCPServer, group: AgentGroup, duration_s: float) -> list[Any]:
+async def _closed_loop_against(
+    server: MCPServer, group: AgentGroup, duration_s: float, first_backoff_s: float
+) -> list[Any]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -138,7 +140,9 @@ async def _closed_loop_against(server: MCPServer, group: AgentGroup, duration_s:
     serving = asyncio.create_task(web.serve(sockets=[sock]))
     await web.listening.wait()
     try:
-        settings = SubagentSettings(runtime_url=f"http://127.0.0.1:{port}/mcp", task="t")
+        settings = SubagentSettings(
+            runtime_url=f"http://127.0.0.1:{port}/mcp", task="t", first_backoff_s=first_backoff_s
+        )
         return await closed_loop_subagents(settings, [group], duration_s)
     finally:
         web.should_exit = True
@@ -151,8 +155,12 @@ def test_a_refused_spawn_backing_off_holds_up_none_of_its_groups_other_runs() ->
     than the pass lasts. Before, the await loop waited for that back-off, so the group completed
     no run past its first two; now the other agent's runs go on ending and being replaced."""
     group = AgentGroup(2, "batch", "caller-a")
-    duration_s = FIRST_BACKOFF_S * 0.8  # the refused agent's back-off outlasts the pass
-    outcomes = asyncio.run(_closed_loop_against(_refusing_runtime(refused=3), group, duration_s))
+    # The refused agent's back-off outlasts the pass by far: a pass as short as the default
+    # back-off (1 s) left a loaded machine too little time for the other agent's third run.
+    duration_s = 3.0
+    outcomes = asyncio.run(
+        _closed_loop_against(_refusing_runtime(refused=3), group, duration_s, first_backoff_s=60.0)
+    )
     refused = [o for o in outcomes if o.state == "failed"]
     assert len(refused) == 1, refused
     assert refused[0].error.startswith("spawn loadgen-") and refused[0].error.endswith("try later")
