@@ -16,7 +16,7 @@
 ==============  ===================================================================================
 
 Beside them: ``turn`` (the turn's stages, shared by all four), ``errors`` (the exception tree and
-the HTTP status of each), ``apis/`` (the front-door translators, pure), and the hot path's
-selectors over ``_speedups/`` with their pure twins: ``sse`` (``_sse_py``) and ``tool_calls``
-(``_tool_calls_py``).
+the HTTP status of each), ``apis/`` (the front-door translators, pure), and the SSE scanner's
+selector over ``_speedups/`` with its pure twin: ``sse`` (``_sse_py``). The ``tool_call_id -> run``
+table, which the scheduler keeps too, is :mod:`luftpause.tool_calls`.
 """

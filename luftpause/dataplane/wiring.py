@@ -6,7 +6,7 @@ what it calls when it is built). The order, each line using only what is above i
 
     runs         the run table (phases, in-flight turns; what a resync carries)    link/runs.py
                  (this worker's ``dataplane_id`` on the link: worker_dataplane_id)
-    tool_calls   the ``tool_call_id -> run`` table (Cython or its twin)            tool_calls.py
+    tool_calls   the ``tool_call_id -> run`` table (Cython or its twin)   luftpause/tool_calls/
     ended_runs   runs ended by ``DELETE /v1/runs/{id}``
     identity     which run a turn belongs to      (runs, tool_calls, ended_runs)   intake/run_identity.py
     access       who may use the ``/v1`` routes, as which caller                   auth/callers.py
@@ -45,9 +45,9 @@ from luftpause.dataplane.relay.upstream import Upstream
 from luftpause.dataplane.server.app import Dataplane
 from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.server.turns import TurnRunner
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.observe import tracing
 from luftpause.serving.ports import hold_worker_slot
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1.contract import TURN_EXPIRY_S
 
 __all__ = [

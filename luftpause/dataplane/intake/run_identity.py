@@ -25,8 +25,8 @@ from luftpause.dataplane.apis.sessions import harness_session
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.intake.checks import RUN_ID_MAX_BYTES, acceptable_run_id
 from luftpause.dataplane.link.runs import RunTable
-from luftpause.dataplane.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, new_id
+from luftpause.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
 
 __all__ = ["RunIdentity"]
 

@@ -28,8 +28,8 @@ from luftpause.dataplane.intake.checks import (
 from luftpause.dataplane.intake.front_doors import FrontDoors
 from luftpause.dataplane.intake.run_identity import RunIdentity
 from luftpause.dataplane.server.asgi import Exchange
-from luftpause.dataplane.tool_calls import request_tool_call_ids
 from luftpause.dataplane.turn import Turn
+from luftpause.tool_calls import request_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["CLASSES", "TurnIntake", "requested_choices"]

@@ -42,9 +42,9 @@ from luftpause.dataplane.relay.machine import (
 from luftpause.dataplane.relay.upstream import EngineError, EngineExchange, EnginePool, Upstream
 from luftpause.dataplane.server.asgi import Exchange, Headers, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Admitted, Relayed, Turn, new_id, with_priority
 from luftpause.observe import tracing
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]

@@ -107,11 +107,11 @@ from luftpause.dataplane.server.metrics import CONTENT_TYPE as METRICS_CONTENT_T
 from luftpause.dataplane.server.metrics import DataplaneMetrics, Gauges
 from luftpause.dataplane.server.token_count import count_tokens
 from luftpause.dataplane.server.turns import TurnRunner
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER
 from luftpause.observe import tracing
 from luftpause.serving import health as probes
 from luftpause.supervise.orphans import exit_with_parent
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["DECIDE_PATH", "MAX_ENDED_RUNS", "TURN_PATHS", "Dataplane", "Route"]

@@ -25,9 +25,9 @@ from luftpause.dataplane.relay.loop import Relay
 from luftpause.dataplane.relay.upstream import Upstream
 from luftpause.dataplane.server.asgi import Exchange, StreamBroken
 from luftpause.dataplane.server.metrics import DataplaneMetrics
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import Admitted, Translation, Turn
 from luftpause.testkit.launch.procs import free_port
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 CALL = {"index": 0, "id": "call_hook_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
