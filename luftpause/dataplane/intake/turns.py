@@ -18,6 +18,7 @@ from typing import Any
 
 from luftpause.auth.callers import Access, CallerRefused
 from luftpause.dataplane.apis.errors import Api
+from luftpause.dataplane.asgi import Exchange
 from luftpause.dataplane.errors import BadRequest, Forbidden, Unauthorized
 from luftpause.dataplane.intake.checks import (
     header_of,
@@ -27,7 +28,6 @@ from luftpause.dataplane.intake.checks import (
 )
 from luftpause.dataplane.intake.front_doors import FrontDoors
 from luftpause.dataplane.intake.run_identity import RunIdentity
-from luftpause.dataplane.server.asgi import Exchange
 from luftpause.dataplane.turn import Turn
 from luftpause.tool_calls import request_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
