@@ -5,7 +5,7 @@
 # the container's loopback, unreachable from outside: use compose.yaml for the whole stack.
 #
 # Stage "build" compiles the Cython hot path (setup.py: luftpause.dataplane._sse_c,
-# luftpause.dataplane.apis._facts_c and luftpause.dataplane._tool_calls_c) into a wheel, beside
+# luftpause.dataplane.apis._facts_c and luftpause.tool_calls._tool_calls_c) into a wheel, beside
 # wheels of every dependency, so the runtime stage needs no compiler. setup.py keeps a failed
 # extension build quiet (the pure twins serve); an image must not ship without them, so the
 # runtime stage imports them all and fails the build if one is missing.
@@ -34,7 +34,7 @@ FROM ${BASE_IMAGE} AS runtime
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels 'luftpause[otel,postgresql]' \
     && rm -rf /wheels \
-    && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane.apis._facts_c, luftpause.dataplane._tool_calls_c"
+    && python -c "import luftpause.dataplane._sse_c, luftpause.dataplane.apis._facts_c, luftpause.tool_calls._tool_calls_c"
 # A fixed uid, so a volume's owner is the same on every host; no login shell, no home to write.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin luftpause \
     && mkdir -p /var/lib/luftpause /etc/luftpause \

@@ -96,4 +96,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check luftpause tests bench
 
 clean:
-	rm -rf build *.egg-info luftpause/dataplane/_sse_c*.so luftpause/dataplane/_tool_calls_c*.so luftpause/dataplane/apis/_facts_c*.so _speedups/*.c $(STAMP)
+	rm -rf build *.egg-info luftpause/dataplane/_sse_c*.so luftpause/tool_calls/_tool_calls_c*.so luftpause/dataplane/apis/_facts_c*.so _speedups/*.c $(STAMP)

@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 _EXTENSIONS = {
     "_speedups/_sse_c.pyx": "luftpause.dataplane._sse_c",
     "_speedups/_facts_c.pyx": "luftpause.dataplane.apis._facts_c",
-    "_speedups/_tool_calls_c.pyx": "luftpause.dataplane._tool_calls_c",
+    "_speedups/_tool_calls_c.pyx": "luftpause.tool_calls._tool_calls_c",
 }
 
 NO_EXTENSIONS = os.environ.get("LUFTPAUSE_NO_EXTENSIONS", "") not in ("", "0")

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The ``tool_call_id -> run`` table, compiled twin of ``luftpause/dataplane/_tool_calls_py.py``.
+"""The ``tool_call_id -> run`` table, compiled twin of ``luftpause/tool_calls/_tool_calls_py.py``.
 
 Same behaviour, same rules; see the pure twin for the full account (expiry at exactly ``ttl_s``,
 a reused id moves to its latest emitter, empty ids ignored, the most recently remembered id of a

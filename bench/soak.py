@@ -66,8 +66,8 @@ import functools, os, signal, sys, tracemalloc
 expiry = float(sys.argv[1])
 snapshots = sys.argv[2]
 import luftpause.dataplane.wiring as wiring
-import luftpause.dataplane.link.runs as runs
-from luftpause.dataplane.tool_calls import ToolCallTable
+import luftpause.dataplane.runs as runs
+from luftpause.tool_calls import ToolCallTable
 if expiry > 0:
     runs.RUN_IDLE_EXPIRY_S = expiry
     wiring.PRUNE_EVERY_S = expiry / 6

@@ -31,7 +31,7 @@ import grpc.aio
 import pytest
 
 from luftpause.dataplane.link.admission import SchedulerLink
-from luftpause.dataplane.link.runs import RunTable
+from luftpause.dataplane.runs import RunTable
 from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 

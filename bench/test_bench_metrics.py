@@ -6,9 +6,9 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_metrics.py --benchmark-only -
 * ``per turn`` -- one turn's updates as the dataplane makes them (held time, first token, bytes
   relayed, the turn's end): ``by class`` keys them by service class only, as the dataplane did
   before its metrics took a ``replica`` label (the same plain integers and histogram); ``by class
-  and replica`` is :class:`~luftpause.dataplane.server.metrics.DataplaneMetrics` as it was before the
+  and replica`` is :class:`~luftpause.dataplane.observe.metrics.DataplaneMetrics` as it was before the
   GenAI families; ``with the GenAI families`` adds what a finished turn now also records
-  (:meth:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics.finished`: its label set by model,
+  (:meth:`~luftpause.dataplane.observe.answer_metrics.AnswerMetrics.finished`: its label set by model,
   replica, class and caller root, four histograms, three token counts and the usage per caller) and
   the answer's status code. The ratios of the medians are each addition's cost.
 * ``scrape`` -- one ``GET /metrics`` body built (what the serving loop spends per scrape): the
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.config import parse_config
-from luftpause.dataplane.server.metrics import CLASS_NAMES, DataplaneMetrics
+from luftpause.dataplane.observe.metrics import CLASS_NAMES, DataplaneMetrics
 from luftpause.observe import metrics
 from luftpause.observe.metrics import Histogram
 from luftpause.scheduler.core import TurnArrived

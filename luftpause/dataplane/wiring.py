@@ -4,15 +4,15 @@
 nothing is assigned to a part from outside afterwards (no callback set later: the link is given
 what it calls when it is built). The order, each line using only what is above it::
 
-    runs         the run table (phases, in-flight turns; what a resync carries)    link/runs.py
+    runs         the run table (phases, in-flight turns; what a resync carries)    runs.py
                  (this worker's ``dataplane_id`` on the link: worker_dataplane_id)
-    tool_calls   the ``tool_call_id -> run`` table (Cython or its twin)            tool_calls.py
+    tool_calls   the ``tool_call_id -> run`` table (Cython or its twin)   luftpause/tool_calls/
     ended_runs   runs ended by ``DELETE /v1/runs/{id}``
     identity     which run a turn belongs to      (runs, tool_calls, ended_runs)   intake/run_identity.py
     access       who may use the ``/v1`` routes, as which caller                   auth/callers.py
     replicas     the replicas as the scheduler last said, and what derives from them  link/replicas.py
     intake       what a request becomes           (access, identity, replicas' token caps)  intake/turns.py
-    metrics      what ``/metrics`` serves (its gauges handed in at each scrape)     server/metrics.py
+    metrics      what ``/metrics`` serves (its gauges handed in at each scrape)     observe/metrics.py
     link         the scheduler link     (runs; metrics' held times, replicas.learn) link/admission.py
     placement    a turn's admission     (link, runs, metrics)                      link/placement.py
     upstream     the engine connections                                            relay/upstream/
@@ -39,15 +39,15 @@ from luftpause.dataplane.intake.turns import TurnIntake
 from luftpause.dataplane.link.admission import SchedulerLink
 from luftpause.dataplane.link.placement import Placement
 from luftpause.dataplane.link.replicas import Replicas
-from luftpause.dataplane.link.runs import RunTable
+from luftpause.dataplane.observe.metrics import DataplaneMetrics
 from luftpause.dataplane.relay.loop import Relay
 from luftpause.dataplane.relay.upstream import Upstream
+from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.server.app import Dataplane
-from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.server.turns import TurnRunner
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.observe import tracing
 from luftpause.serving.ports import hold_worker_slot
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1.contract import TURN_EXPIRY_S
 
 __all__ = [

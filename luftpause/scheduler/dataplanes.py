@@ -13,7 +13,7 @@ they are bookkeeping about the links rather than placement decisions:
 * **Which run emitted a tool call.** A finished turn's event carries the tool-call ids it emitted
   (``TurnEvent.tool_call_ids``; a resync carries each tool-paused run's,
   ``RunRecord.tool_call_ids``), remembered under its run in the same bounded
-  ``tool_call_id -> run`` table a dataplane keeps (:mod:`luftpause.dataplane.tool_calls`: the
+  ``tool_call_id -> run`` table a dataplane keeps (:mod:`luftpause.tool_calls`, shared: the
   ttl is ``[scheduler] run_expiry_s``, at most ``DEFAULT_MAX_ENTRIES`` ids). An admission whose
   dataplane did not know the ids its request answers sends them (``AdmitRequest.tool_call_ids``)
   and is admitted as the run found (:meth:`Dataplanes.run_of`): an agent that sends no run id
@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.scheduler.core import State
+from luftpause.tool_calls import ToolCallTable
 
 __all__ = ["FORGET_GONE_S", "MAX_ENDED_RUNS", "DataplaneSeen", "Dataplanes"]
 

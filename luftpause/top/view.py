@@ -43,8 +43,11 @@ its ``token`` used when ``--token`` is not given (``--token``, then the URL's to
 along). Ctrl-C, SIGTERM and SIGHUP end live mode with the terminal restored and exit code 0.
 
 This module is the command (its arguments, ``--once``, the live loop and its signals) and the
-drawing (:func:`fit`, :func:`frame`); reading the monitor (the ``--url``, the poll, the checks
-of its answer, the error lines) is :mod:`luftpause.top.monitor_client`.
+live drawing (:func:`frame`, with ``rich``); the tree fitted and the runs' words are
+:mod:`luftpause.top.network`, the columns and the plain ``--once`` frame
+:mod:`luftpause.top.columns`, reading the monitor (the ``--url``, the poll, the checks of its
+answer, the error lines) :mod:`luftpause.top.monitor_client`. The names of the first two are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -55,8 +58,7 @@ import shutil
 import signal
 import sys
 import time
-import unicodedata
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -65,7 +67,37 @@ from luftpause.config import listen_url
 from luftpause.config.arguments import add_config_argument, config_from_args
 from luftpause.extras import MissingExtra
 from luftpause.runtime.web.auth import TOKEN_ENV
+from luftpause.top.columns import COLUMN_CAPS, COLUMNS, column_widths, plain_frame
 from luftpause.top.monitor_client import NetworkPoller, TopError, one_line, parse_url
+from luftpause.top.network import (
+    Fitted,
+    count_text,
+    counts_line,
+    fit,
+    more_line,
+    short_scope,
+    state_word,
+    stopped,
+)
+
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_INTERVAL_SECONDS",
+    "Fitted",
+    "Frame",
+    "add_arguments",
+    "column_widths",
+    "counts_line",
+    "fit",
+    "frame",
+    "more_line",
+    "plain_frame",
+    "run",
+    "short_scope",
+    "state_text",
+    "state_word",
+    "stopped",
+]
 
 _rich_missing: ImportError | None = None
 try:
@@ -86,16 +118,6 @@ enough that a script reading it gets whole names and handles."""
 HEADER_LINES = 2
 """Lines above the tree: the title with the URL, and the counts (or the error)."""
 TABLE_HEADER_LINES = 1
-RUN_STATE_WORDS = {
-    "running": "running",
-    "AwaitingApproval": "awaiting approval",
-    "completed": "completed",
-    "failed": "failed",
-    "cancelled": "cancelled",
-}
-"""A run state (``runState``) in the words of the pages' shared script (``WORDS`` in
-``luftpause/scheduler/page.html`` and ``luftpause/runtime/web/monitor.html``); another state is
-shown as it is sent, none as ``-``."""
 STATE_STYLES = {
     "running": "green",
     "awaiting approval": "yellow",
@@ -116,137 +138,6 @@ def _cell(value: object, style: str = "") -> Text:
     return Text(one_line(str(value)), style=style, no_wrap=True, overflow="ellipsis")
 
 
-# --- the network ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fitted:
-    """What one frame shows: ``lines`` are ``(guide, run)`` in display order, ``guide`` the tree
-    lines drawn before the run's name (``""`` for a root, ``├─ `` / ``└─ `` below a spawner,
-    after ``│  `` or spaces for each level above); ``hidden`` the runs left out,
-    ``hidden_running`` and ``hidden_awaiting`` how many of them are running and awaiting approval."""
-
-    lines: list[tuple[str, Mapping[str, Any]]]
-    hidden: int = 0
-    hidden_running: int = 0
-    hidden_awaiting: int = 0
-
-
-def fit(runs: Sequence[Mapping[str, Any]], limit: int | None) -> Fitted:
-    """The runs of the monitor's ``runs`` list (oldest first, each with ``handle`` and
-    ``parent``) as a tree of at most ``limit`` lines (``None``: all of them).
-
-    A run whose parent is not in the list (evicted, or a caller's run) is a root. With ``limit``
-    below the count, one line is kept for the count of the rest, and runs are chosen active
-    first (running or awaiting approval: pod state ``running``; or a spawner of such a run), then
-    newest first, each with the ancestors
-    it hangs from (a run whose missing ancestors do not fit is left out; a later one with fewer
-    may still fit). Siblings are shown in the same order."""
-    by_handle = {str(r.get("handle")): i for i, r in enumerate(runs)}
-
-    def parent_of(i: int) -> int | None:
-        parent = runs[i].get("parent")
-        return by_handle.get(str(parent)) if parent is not None else None
-
-    # Active: in a turn or a tool round, or the spawner of such a run at any level. Active runs come first,
-    # then the newest (the monitor lists runs oldest first).
-    active: set[int] = set()
-    for i, run in enumerate(runs):
-        at: int | None = i if run.get("state") == "running" else None
-        while at is not None and at not in active:
-            active.add(at)
-            at = parent_of(at)
-    order = sorted(range(len(runs)), key=lambda i: (i not in active, -i))
-    if limit is None or len(runs) <= limit:
-        chosen = set(range(len(runs)))
-    else:
-        budget = max(0, limit - 1)  # the last line says how many more there are
-        chosen = set()
-        for i in order:
-            if len(chosen) >= budget:
-                break
-            path: list[int] = []
-            at = i
-            while at is not None and at not in chosen and at not in path:  # `path`: a cycle guard
-                path.append(at)
-                at = parent_of(at)
-            if len(chosen) + len(path) <= budget:
-                chosen.update(path)
-
-    children: dict[int | None, list[int]] = {}
-    for i in order:  # each sibling list in rank order
-        if i in chosen:
-            parent = parent_of(i)
-            children.setdefault(parent if parent in chosen else None, []).append(i)
-    lines: list[tuple[str, Mapping[str, Any]]] = []
-    roots = children.get(None, [])
-    # (run, the guide of its line, the guide its children's lines start with)
-    stack = [(i, "", "") for i in reversed(roots)]
-    seen: set[int] = set()
-    while stack:
-        i, guide, below = stack.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        lines.append((guide, runs[i]))
-        kids = children.get(i, [])
-        for n, c in reversed(list(enumerate(kids))):
-            last = n == len(kids) - 1
-            stack.append((c, below + ("└─ " if last else "├─ "), below + ("   " if last else "│  ")))
-    hidden = [r for i, r in enumerate(runs) if i not in seen]
-    words = [state_word(r) for r in hidden]
-    return Fitted(lines, len(hidden), words.count("running"), words.count("awaiting approval"))
-
-
-def state_word(run: Mapping[str, Any]) -> str:
-    """The run's own state (``runState``) in :data:`RUN_STATE_WORDS`: ``awaiting approval`` for
-    ``AwaitingApproval``, an unknown state as it is, ``-`` for none."""
-    own = run.get("runState")
-    key = own if isinstance(own, str) else ""
-    return RUN_STATE_WORDS.get(key, key or "-")
-
-
-def stopped(run: Mapping[str, Any]) -> bool:
-    """Stopped after it had completed or failed (pod state ``stopped``, run state not
-    ``cancelled``): it keeps its word and takes no more messages."""
-    return run.get("state") == "stopped" and run.get("runState") != "cancelled"
-
-
-def counts_line(runs: Iterable[Mapping[str, Any]]) -> str:
-    """``12 runs: 3 running, 1 awaiting approval, 7 completed, 1 failed`` (by
-    :func:`state_word`, in the order of :data:`RUN_STATE_WORDS`, other states after them, then
-    ``N with no state``)."""
-    by_word: dict[str, int] = {}
-    for run in runs:
-        word = state_word(run)
-        by_word[word] = by_word.get(word, 0) + 1
-    known = list(RUN_STATE_WORDS.values())
-    others = sorted(set(by_word) - {*known, "-"})
-    parts = [f"{by_word[w]:,} {w}" for w in (*known, *others) if w in by_word]
-    if "-" in by_word:
-        parts.append(f"{by_word['-']:,} with no state")
-    total = sum(by_word.values())
-    noun = "run" if total == 1 else "runs"
-    return f"{total:,} {noun}: " + ", ".join(parts) if parts else "no runs"
-
-
-def short_scope(scope: Mapping[str, Any] | None) -> str:
-    """The scope a run holds in a few characters: its first allow rule (``rw /ws/b``: read,
-    write, path), ``+N`` more rules, ``N lent`` parts held by its children; ``-`` for none."""
-    if not scope:
-        return "-"
-    rules = list(scope.get("granted") or ())
-    if not rules:
-        return "(empty)"
-    first = next((r for r in rules if r.get("effect") == "allow"), rules[0])
-    access = "".join(m[0] for m in first.get("access") or () if m)
-    text = f"{'' if first.get('effect') == 'allow' else 'deny '}{access} {first.get('path')}"
-    if len(rules) > 1:
-        text += f" +{len(rules) - 1}"
-    lent = len(scope.get("heldByChildren") or ())
-    return text + (f" ({lent} lent)" if lent else "")
-
-
 def state_text(run: Mapping[str, Any]) -> Text:
     """The run's state in the pages' words (:func:`state_word`), with `` (stopped)`` after it for a
     run :func:`stopped` after it had completed or failed: ``failed (stopped)``."""
@@ -257,56 +148,7 @@ def state_text(run: Mapping[str, Any]) -> Text:
     return text
 
 
-def _number(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "-"
-
-
 # --- one frame, fitted to the terminal's width ------------------------------------------------------
-
-COLUMNS = ("RUN", "HANDLE", "STATE", "CLASS", "TURNS", "TOOLS", "SCOPE", "LAST ANSWER")
-OPTIONAL_COLUMNS = ("TURNS", "TOOLS", "CLASS", "SCOPE")
-"""Shown while they fit whole beside a useful last answer; dropped last one first (SCOPE first)."""
-COLUMN_CAPS = {"RUN": 40, "SCOPE": 40}
-"""Widest a name (with its tree guide) or a scope is shown, in columns."""
-COLUMN_GAP = 2
-RUN_MIN_WIDTH = 12
-"""Columns a name keeps before handles and states are cut (a longer name is cut with ``…``)."""
-ANSWER_MIN_WIDTH = 24
-"""Columns the last answer keeps before an optional column is shown."""
-ANSWER_FLOOR_WIDTH = 8
-"""Below this many columns the last answer is not shown at all."""
-
-
-def column_widths(desired: Mapping[str, int], width: int) -> dict[str, int]:
-    """The columns shown in ``width`` terminal columns and the width of each (cells; gaps of
-    :data:`COLUMN_GAP` not counted), from the width each would take whole (``desired``: every
-    name of :data:`COLUMNS`). RUN, HANDLE and STATE are always shown: the name narrowed first
-    (to :data:`RUN_MIN_WIDTH`), handles and states cut only when even that does not fit. The last
-    answer comes next, then the optional columns while they fit whole beside
-    :data:`ANSWER_MIN_WIDTH` of answer; what is left widens the name, then the answer."""
-    shown = {
-        "RUN": min(desired["RUN"], RUN_MIN_WIDTH),
-        "HANDLE": desired["HANDLE"],
-        "STATE": desired["STATE"],
-    }
-
-    def used(columns: Mapping[str, int]) -> int:
-        return sum(columns.values()) + COLUMN_GAP * (len(columns) - 1)
-
-    for name in ("RUN", "STATE", "HANDLE"):  # a terminal too narrow for whole handles
-        shown[name] = max(1, shown[name] - max(0, used(shown) - width))
-    answer_min = min(desired["LAST ANSWER"], ANSWER_MIN_WIDTH)
-    room = width - used(shown) - COLUMN_GAP
-    if room >= ANSWER_FLOOR_WIDTH:
-        shown["LAST ANSWER"] = min(room, answer_min)
-        for name in OPTIONAL_COLUMNS:
-            if used(shown) + COLUMN_GAP + desired[name] > width:
-                break
-            shown[name] = desired[name]
-    for name in ("RUN", "LAST ANSWER"):
-        if name in shown:
-            shown[name] += max(0, min(desired[name] - shown[name], width - used(shown)))
-    return {name: shown[name] for name in COLUMNS if name in shown}
 
 
 def _row(guide: str, run: Mapping[str, Any]) -> dict[str, Text]:
@@ -317,8 +159,8 @@ def _row(guide: str, run: Mapping[str, Any]) -> dict[str, Text]:
         "HANDLE": _cell(run.get("handle")),
         "STATE": state_text(run),
         "CLASS": _cell(run.get("serviceClass") or "-"),
-        "TURNS": _cell(_number(run.get("turns"))),
-        "TOOLS": _cell(_number(run.get("toolCalls"))),
+        "TURNS": _cell(count_text(run.get("turns"))),
+        "TOOLS": _cell(count_text(run.get("toolCalls"))),
         "SCOPE": _cell(short_scope(run.get("scope"))),
         "LAST ANSWER": _cell(answer, "" if run.get("lastAnswer") else "dim"),
     }
@@ -380,13 +222,6 @@ class Frame:
         return Group(*parts)
 
 
-def more_line(fitted: Fitted) -> str:
-    """``… 9,961 more runs (2 running, 1 awaiting approval)``: the runs :func:`fit` left out."""
-    live = [(fitted.hidden_running, "running"), (fitted.hidden_awaiting, "awaiting approval")]
-    said = ", ".join(f"{n:,} {word}" for n, word in live if n)
-    return f"… {fitted.hidden:,} more runs" + (f" ({said})" if said else "")
-
-
 def _without_trailing_spaces(line: list[Segment]) -> Iterator[Segment]:
     end = len(line)
     while end and not line[end - 1].control and not line[end - 1].text.rstrip(" "):
@@ -414,72 +249,6 @@ def frame(
     if _rich_missing is not None:
         raise MissingExtra("tui", "its terminal view", _rich_missing)
     return Frame(runs, url, height, error, updated)
-
-
-# --- the same frame as plain text (--once: drawn by nothing, so rich is not needed) ---------------
-
-
-def cell_width(text: str) -> int:
-    """Terminal columns ``text`` takes: 2 for an East Asian wide or full-width character, 0 for a
-    combining one, else 1 (what rich's ``cell_len`` counts for the characters a run shows)."""
-    width = 0
-    for char in text:
-        if unicodedata.combining(char):
-            continue
-        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
-    return width
-
-
-def _cut(text: str, width: int) -> str:
-    """``text`` in at most ``width`` columns, cut with ``…`` as rich's ``overflow="ellipsis"``."""
-    if cell_width(text) <= width:
-        return text
-    kept, used = "", 0
-    for char in text:
-        step = cell_width(char)
-        if used + step > width - 1:
-            break
-        kept += char
-        used += step
-    return kept + " " * (width - 1 - used) + "…"  # a wide character that did not fit: a space
-
-
-def _plain_row(guide: str, run: Mapping[str, Any]) -> dict[str, str]:
-    name = run.get("name") or "(unnamed)"
-    answer = run.get("lastAnswer") or (f"error: {run['error']}" if run.get("error") else "")
-    return {
-        "RUN": guide + one_line(str(name)),
-        "HANDLE": one_line(str(run.get("handle"))),
-        "STATE": one_line(state_word(run)) + (" (stopped)" if stopped(run) else ""),
-        "CLASS": one_line(str(run.get("serviceClass") or "-")),
-        "TURNS": _number(run.get("turns")),
-        "TOOLS": _number(run.get("toolCalls")),
-        "SCOPE": one_line(short_scope(run.get("scope"))),
-        "LAST ANSWER": one_line(str(answer)),
-    }
-
-
-def plain_frame(runs: Sequence[Mapping[str, Any]] | None, url: str, width: int) -> str:
-    """What :func:`frame` shows of every run at ``width`` columns, as plain text with no style:
-    the same lines, columns and cuts, no line ending in spaces. ``luftpause top --once`` prints it."""
-    lines = [_cut(f"luftpause top  {one_line(url)}", width), _cut(one_line(counts_line(runs or ())), width)]
-    if runs:
-        rows = [_plain_row(guide, run) for guide, run in fit(runs, None).lines]
-        desired = {
-            name: min(
-                COLUMN_CAPS.get(name, width), max([len(name), *(cell_width(row[name]) for row in rows)])
-            )
-            for name in COLUMNS
-        }
-        widths = column_widths(desired, width)
-        for row in [{name: name for name in COLUMNS}, *rows]:
-            cells = []
-            for name, column_width in widths.items():
-                cell = _cut(row[name], column_width)
-                pad = " " * (column_width - cell_width(cell))
-                cells.append(pad + cell if name in ("TURNS", "TOOLS") else cell + pad)
-            lines.append((" " * COLUMN_GAP).join(cells).rstrip(" "))
-    return "\n".join(lines)
 
 
 # --- the command ----------------------------------------------------------------------------------

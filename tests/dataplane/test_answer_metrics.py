@@ -1,5 +1,5 @@
-"""The dataplane's figures of finished turns (:mod:`luftpause.dataplane.server.answer_metrics`) and the
-usage per caller folded from them (:mod:`luftpause.dataplane.server.usage`), without a network: what a
+"""The dataplane's figures of finished turns (:mod:`luftpause.dataplane.observe.answer_metrics`) and the
+usage per caller folded from them (:mod:`luftpause.dataplane.observe.usage`), without a network: what a
 turn adds, which callers get a series, how windows roll, and that ``promtool check metrics``
 accepts the exposition. Counted from real turns through a real dataplane:
 ``tests/dataplane/test_chat_route_headers_and_routes.py`` and ``tests/stack/test_caller_usage.py``;
@@ -13,8 +13,8 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.dataplane.server.metrics import DataplaneMetrics, Gauges
-from luftpause.dataplane.server.usage import CallerLabels
+from luftpause.dataplane.observe.metrics import DataplaneMetrics, Gauges
+from luftpause.dataplane.observe.usage import CallerLabels
 from luftpause.v1 import scheduler_pb2 as pb
 
 PROMTOOL = shutil.which("promtool")

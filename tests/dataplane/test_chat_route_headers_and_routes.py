@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.dataplane.intake.checks import CALLER_MAX_BYTES, truncate_caller
-from luftpause.dataplane.server.metrics import CONTENT_TYPE
+from luftpause.dataplane.observe.metrics import CONTENT_TYPE
 from luftpause.testkit.launch.procs import ChildProcess, free_port
 from luftpause.testkit.launch.stack import Stack
 

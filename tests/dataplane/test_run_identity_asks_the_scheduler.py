@@ -12,10 +12,10 @@ import pytest
 
 from luftpause.config import ConfigError, DataplaneConfig, load_config
 from luftpause.dataplane.intake.run_identity import RunIdentity
-from luftpause.dataplane.link.runs import InFlight, RunTable
-from luftpause.dataplane.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
+from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.wiring import dataplane_id_base, worker_dataplane_id
 from luftpause.serving.ports import hold_worker_slot
+from luftpause.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from luftpause.dataplane.link.admission import SchedulerLink
-from luftpause.dataplane.link.runs import InFlight, RunRecord, RunTable, resync_parts
+from luftpause.dataplane.runs import InFlight, RunRecord, RunTable, resync_parts
 from luftpause.testkit.launch.procs import ChildProcess, free_port
 from luftpause.v1 import scheduler_pb2 as pb
 

@@ -17,7 +17,7 @@ import pytest
 
 from luftpause.dataplane.link import admission
 from luftpause.dataplane.link.admission import SchedulerLink, _Outbox
-from luftpause.dataplane.link.runs import RunRecord, RunTable
+from luftpause.dataplane.runs import RunRecord, RunTable
 from luftpause.testkit.launch.procs import free_port
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc

@@ -27,7 +27,7 @@ def test_the_model_step_does_not_wait_for_a_build_in_progress(cache: Path) -> No
     model.parent.mkdir(parents=True)
     model.write_bytes(b"GGUF")  # already fetched: the step only takes its lock and returns
     found: list[Path] = []
-    with llama_server._locked(cache):  # a build holds the cache folder's lock
+    with llama_server.locked(cache):  # a build holds the cache folder's lock
         fetch = threading.Thread(target=lambda: found.append(llama_server.fetch_model()), daemon=True)
         fetch.start()
         fetch.join(FAILSAFE_S)
@@ -35,14 +35,17 @@ def test_the_model_step_does_not_wait_for_a_build_in_progress(cache: Path) -> No
     assert found == [model]
 
 
-def test_the_tools_template_is_copied_from_the_tree_and_found_there(cache: Path) -> None:
+def test_the_tools_template_is_copied_from_the_tree_and_found_there(cache: Path, tmp_path: Path) -> None:
     assert llama_server.tools_template() is None
     assert "LUFTPAUSE_LLAMA_TOOLS_TEMPLATE" in llama_server.missing_template()
-    tree = cache / "src" / "llama.cpp"
-    shipped = tree / "models" / "templates" / llama_server.TOOLS_TEMPLATE
+    built = cache / "bin" / "llama-server"
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")  # already built: the step only copies the template from the tree
+    sdist = tmp_path / "sdist"
+    shipped = sdist / "vendor" / "llama.cpp" / "models" / "templates" / llama_server.TOOLS_TEMPLATE
     shipped.parent.mkdir(parents=True)
     shipped.write_text("{{ '<tool_call>' }}")
-    llama_server._copy_template(tree, cache)
+    assert llama_server.build(source=sdist) == built
     assert llama_server.tools_template() == cache / "templates" / llama_server.TOOLS_TEMPLATE
     assert llama_server.tools_template().read_text() == "{{ '<tool_call>' }}"  # type: ignore[union-attr]
 

@@ -20,7 +20,7 @@ from luftpause.testkit.launch.procs import free_port
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from flood import engine_counters, row_of
+from flood_passes import engine_counters, row_of
 
 pytestmark = pytest.mark.anyio
 
@@ -90,7 +90,7 @@ async def test_a_figure_no_engine_shows_is_unknown_not_zero() -> None:
 
 
 def _group() -> dict[str, Any]:
-    """A pass's one group, as :func:`flood.row_of` reads it (its figures beside the point here)."""
+    """A pass's one group, as :func:`flood_passes.row_of` reads it (its figures beside the point here)."""
     return {
         "class": "interactive",
         "runsPerMinute": 1.0,

@@ -118,10 +118,8 @@ def test_twine_accepts_both_files(dist: Path) -> None:
 def test_the_wheel_carries_both_compiled_twins_the_pages_and_the_type_markers(dist: Path) -> None:
     with zipfile.ZipFile(the_wheel(dist)) as archive:
         names = archive.namelist()
-    for module in ("_sse_c", "_tool_calls_c", "apis/_facts_c"):
-        assert any(n.startswith(f"luftpause/dataplane/{module}.") and n.endswith(".so") for n in names), (
-            module
-        )
+    for module in ("dataplane/_sse_c", "tool_calls/_tool_calls_c", "dataplane/apis/_facts_c"):
+        assert any(n.startswith(f"luftpause/{module}.") and n.endswith(".so") for n in names), module
     for needed in (
         "luftpause/py.typed",
         "luftpause/v1/scheduler_pb2.pyi",
@@ -173,9 +171,10 @@ def test_the_installed_command_reports_its_version(venv: Path) -> None:
 
 def test_both_compiled_twins_were_built_from_the_sdist_and_are_the_ones_taken(venv: Path) -> None:
     code = (
-        "import luftpause.dataplane._sse_c as a, luftpause.dataplane._tool_calls_c as b\n"
+        "import luftpause.dataplane._sse_c as a, luftpause.tool_calls._tool_calls_c as b\n"
         "import luftpause.dataplane.apis._facts_c as c\n"
-        "from luftpause.dataplane import sse, tool_calls\n"
+        "from luftpause import tool_calls\n"
+        "from luftpause.dataplane import sse\n"
         "from luftpause.dataplane.apis import facts\n"
         "print(a.__file__); print(b.__file__); print(c.__file__)\n"
         "print(sse.USING_EXTENSION, tool_calls.USING_EXTENSION, facts.MessagesScanner is c.MessagesScanner)"

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
+from luftpause.dataplane.asgi import Exchange
 from luftpause.dataplane.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType
-from luftpause.dataplane.server.asgi import Exchange
 from luftpause.dataplane.turn import RUN_ID_HEADER
 
 __all__ = [

@@ -53,8 +53,7 @@ from luftpause.dataplane.apis.messages_request import messages_to_chat, tool_res
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
 from luftpause.dataplane.apis.responses_request import call_output_ids, responses_to_chat
 from luftpause.dataplane.apis.responses_stream import ResponsesStream, completion_to_response
-from luftpause.dataplane.errors import DataplaneError, NotFound
-from luftpause.dataplane.relay.upstream import EngineError
+from luftpause.dataplane.errors import DataplaneError, EngineError, NotFound
 from luftpause.dataplane.turn import Native, Translation, new_id
 
 __all__ = [

@@ -24,9 +24,9 @@ from typing import Any
 from luftpause.dataplane.apis.sessions import harness_session
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.intake.checks import RUN_ID_MAX_BYTES, acceptable_run_id
-from luftpause.dataplane.link.runs import RunTable
-from luftpause.dataplane.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
+from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, new_id
+from luftpause.tool_calls import MAX_LOOKUP_IDS, ToolCallTable
 
 __all__ = ["RunIdentity"]
 

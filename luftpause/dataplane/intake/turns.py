@@ -18,6 +18,7 @@ from typing import Any
 
 from luftpause.auth.callers import Access, CallerRefused
 from luftpause.dataplane.apis.errors import Api
+from luftpause.dataplane.asgi import Exchange
 from luftpause.dataplane.errors import BadRequest, Forbidden, Unauthorized
 from luftpause.dataplane.intake.checks import (
     header_of,
@@ -27,9 +28,8 @@ from luftpause.dataplane.intake.checks import (
 )
 from luftpause.dataplane.intake.front_doors import FrontDoors
 from luftpause.dataplane.intake.run_identity import RunIdentity
-from luftpause.dataplane.server.asgi import Exchange
-from luftpause.dataplane.tool_calls import request_tool_call_ids
 from luftpause.dataplane.turn import Turn
+from luftpause.tool_calls import request_tool_call_ids
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["CLASSES", "TurnIntake", "requested_choices"]
@@ -112,16 +112,13 @@ class TurnIntake:
         run_id, new_run, ask_ids = self.identity.run_of(
             header_of(exchange), service_class, caller, now, lambda: request_tool_call_ids(messages)
         )
-        return Turn(
-            turn_id=Turn.new_id(),
-            run_id=run_id,
-            model=model,
-            service_class=service_class,
-            caller=caller,
-            body=body,
-            traceparent=exchange.header(_TRACEPARENT),
-            tracestate=exchange.header(_TRACESTATE),
+        return _turn(
+            exchange,
+            model,
+            (service_class, caller),
+            body,
             arrived=now,
+            run_id=run_id,
             new_run=new_run,
             ask_ids=ask_ids,
             client_priority="priority" in payload,
@@ -142,16 +139,13 @@ class TurnIntake:
         run_id, new_run, ask_ids = self.identity.run_of(
             header_of(exchange), service_class, caller, now, lambda: planned.echoed_ids, payload
         )
-        return Turn(
-            turn_id=Turn.new_id(),
-            run_id=run_id,
-            model=model,
-            service_class=service_class,
-            caller=caller,
-            body=planned.body,
-            traceparent=exchange.header(_TRACEPARENT),
-            tracestate=exchange.header(_TRACESTATE),
+        return _turn(
+            exchange,
+            model,
+            (service_class, caller),
+            planned.body,
             arrived=now,
+            run_id=run_id,
             new_run=new_run,
             ask_ids=ask_ids,
             translation=planned.translation,
@@ -169,19 +163,38 @@ class TurnIntake:
             or (isinstance(given, list) and given and all(isinstance(item, str) for item in given))
         ):
             raise BadRequest("'input' must be a string or a non-empty array of strings")
-        service_class, caller = self.who(exchange)
-        return Turn(
-            turn_id=Turn.new_id(),
-            run_id="",
-            model=model,
-            service_class=service_class,
-            caller=caller,
-            body=body,
-            traceparent=exchange.header(_TRACEPARENT),
-            tracestate=exchange.header(_TRACESTATE),
-            single_pass=True,
-            arrived=self._now(),
-        )
+        who = self.who(exchange)
+        return _turn(exchange, model, who, body, arrived=self._now(), run_id="", single_pass=True)
+
+
+def _turn(
+    exchange: Exchange,
+    model: str,
+    who: tuple[int, str],
+    body: bytes,
+    *,
+    arrived: float,
+    run_id: str,
+    **decided: Any,
+) -> Turn:
+    """The one constructor of every turn intake makes (generative, front door or single-pass): a
+    new turn id, ``who`` (its ``ServiceClass`` and caller, from :meth:`TurnIntake.who`), the
+    engine's ``body``, the request's ``traceparent`` and ``tracestate`` as they came, ``arrived``
+    (seconds, the loop's clock) and ``run_id`` (``""`` for a single-pass turn); ``decided`` are the
+    further :class:`~luftpause.dataplane.turn.Turn` fields its kind sets."""
+    service_class, caller = who
+    return Turn(
+        turn_id=Turn.new_id(),
+        run_id=run_id,
+        model=model,
+        service_class=service_class,
+        caller=caller,
+        body=body,
+        traceparent=exchange.header(_TRACEPARENT),
+        tracestate=exchange.header(_TRACESTATE),
+        arrived=arrived,
+        **decided,
+    )
 
 
 def requested_choices(payload: dict[str, Any]) -> int:

@@ -69,7 +69,7 @@ import grpc
 import grpc.aio
 
 from luftpause.auth.grpc_link import LinkCredentials
-from luftpause.dataplane.link.runs import RunTable, resync_parts
+from luftpause.dataplane.runs import RunTable, resync_parts
 from luftpause.v1 import scheduler_pb2 as pb
 from luftpause.v1 import scheduler_pb2_grpc as pb_grpc
 

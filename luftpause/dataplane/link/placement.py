@@ -17,8 +17,8 @@ import grpc.aio
 
 from luftpause.dataplane.errors import DataplaneError, TooManyRequests
 from luftpause.dataplane.link.admission import SchedulerLink
-from luftpause.dataplane.link.runs import RunTable
-from luftpause.dataplane.server.metrics import DataplaneMetrics
+from luftpause.dataplane.observe.metrics import DataplaneMetrics
+from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.turn import Turn
 from luftpause.observe import tracing
 from luftpause.v1 import scheduler_pb2 as pb

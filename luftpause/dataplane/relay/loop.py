@@ -24,9 +24,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from luftpause.config import FailoverConfig, ReplicaConfig
+from luftpause.dataplane.asgi import Exchange, Headers, StreamBroken
 from luftpause.dataplane.errors import EngineUnreachable
 from luftpause.dataplane.link.admission import SchedulerLink
-from luftpause.dataplane.link.runs import InFlight, RunTable
+from luftpause.dataplane.observe.metrics import DataplaneMetrics
 from luftpause.dataplane.relay import turn_spans
 from luftpause.dataplane.relay.machine import (
     AnswerStream,
@@ -40,11 +41,10 @@ from luftpause.dataplane.relay.machine import (
     whole_answer,
 )
 from luftpause.dataplane.relay.upstream import EngineError, EngineExchange, EnginePool, Upstream
-from luftpause.dataplane.server.asgi import Exchange, Headers, StreamBroken
-from luftpause.dataplane.server.metrics import DataplaneMetrics
-from luftpause.dataplane.tool_calls import ToolCallTable
+from luftpause.dataplane.runs import InFlight, RunTable
 from luftpause.dataplane.turn import RUN_ID_HEADER, Admitted, Relayed, Turn, new_id, with_priority
 from luftpause.observe import tracing
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["HOP_BY_HOP", "RUN_ID_HEADER", "FailOver", "Relay", "Turn", "new_id", "relayable_headers"]
@@ -289,7 +289,7 @@ class Relay:
         (:func:`~luftpause.dataplane.turn.with_priority`) unless the client set one. Raises
         :class:`EngineUnreachable` (nothing sent to the client yet) when the engine cannot be
         connected to or breaks off before its answer has begun (:class:`FailOver` when the turn
-        may go to another replica), and :class:`~luftpause.dataplane.server.asgi.StreamBroken`
+        may go to another replica), and :class:`~luftpause.dataplane.asgi.StreamBroken`
         when the engine fails after the answer began (the client's connection is then aborted,
         never ended cleanly). Cancellation (the client left) closes the engine request at once.
         """

@@ -44,8 +44,8 @@ import orjson
 
 from luftpause.dataplane.relay.upstream import EngineError
 from luftpause.dataplane.sse import SSEScanner
-from luftpause.dataplane.tool_calls import completion_tool_call_ids
 from luftpause.dataplane.turn import Facts, StreamTranslation, Translation
+from luftpause.tool_calls import completion_tool_call_ids
 
 __all__ = [
     "AnswerStream",

@@ -27,9 +27,9 @@ count_tokens``                 turn: neither admitted nor scheduled
                                under a lease since start, with no round trip to the scheduler;
                                it was ``leased_turns``, which read as turns leased now: 12 on an
                                idle pool)
-``GET /metrics``               Prometheus text (``luftpause.dataplane.server.metrics``), no token needed
+``GET /metrics``               Prometheus text (``luftpause.dataplane.observe.metrics``), no token needed
 ``GET /status``                ``{"usage": usage}``: tokens per caller and model over the process's
-                               life and per window (:meth:`luftpause.dataplane.server.usage.Usage.report`);
+                               life and per window (:meth:`luftpause.dataplane.observe.usage.Usage.report`);
                                with ``LUFTPAUSE_TOKEN`` set, only with it (``Authorization: Bearer``)
 ``GET /admin/usage``           the same ``usage`` alone, for billing and budget scripts (the same token)
 ``GET /livez``, ``GET /readyz``  liveness and readiness (:mod:`luftpause.serving.health`), no token needed:
@@ -67,6 +67,16 @@ from luftpause.auth.callers import Access
 from luftpause.auth.tokens import bearer_matches
 from luftpause.dataplane.apis.errors import Api
 from luftpause.dataplane.apis.models import model_body, wants_anthropic
+from luftpause.dataplane.asgi import (
+    BodyCutShort,
+    ClientGone,
+    Exchange,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    StreamBroken,
+)
 from luftpause.dataplane.errors import (
     BadRequest,
     DataplaneError,
@@ -89,29 +99,19 @@ from luftpause.dataplane.intake.turns import TurnIntake
 from luftpause.dataplane.link.admission import SchedulerLink
 from luftpause.dataplane.link.placement import Placement
 from luftpause.dataplane.link.replicas import Replicas
-from luftpause.dataplane.link.runs import RunTable
+from luftpause.dataplane.observe.answer_metrics import CLIENT_LEFT
+from luftpause.dataplane.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from luftpause.dataplane.observe.metrics import DataplaneMetrics, Gauges
 from luftpause.dataplane.relay.loop import Relay
 from luftpause.dataplane.relay.upstream import Upstream
-from luftpause.dataplane.server.answer_metrics import CLIENT_LEFT
-from luftpause.dataplane.server.asgi import (
-    BodyCutShort,
-    ClientGone,
-    Exchange,
-    Headers,
-    Receive,
-    Scope,
-    Send,
-    StreamBroken,
-)
-from luftpause.dataplane.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from luftpause.dataplane.server.metrics import DataplaneMetrics, Gauges
+from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.server.token_count import count_tokens
 from luftpause.dataplane.server.turns import TurnRunner
-from luftpause.dataplane.tool_calls import ToolCallTable
 from luftpause.dataplane.turn import RUN_ID_HEADER
 from luftpause.observe import tracing
 from luftpause.serving import health as probes
 from luftpause.supervise.orphans import exit_with_parent
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 __all__ = ["DECIDE_PATH", "MAX_ENDED_RUNS", "TURN_PATHS", "Dataplane", "Route"]

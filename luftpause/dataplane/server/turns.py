@@ -18,13 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from luftpause.config import FailoverConfig
+from luftpause.dataplane.asgi import WATCH_AFTER_S, Exchange, StreamBroken
 from luftpause.dataplane.errors import DataplaneError, EngineUnreachable
 from luftpause.dataplane.link.placement import Placement
 from luftpause.dataplane.link.replicas import Replicas
+from luftpause.dataplane.observe.metrics import DataplaneMetrics
 from luftpause.dataplane.relay import turn_spans
 from luftpause.dataplane.relay.loop import FailOver, Relay
-from luftpause.dataplane.server.asgi import WATCH_AFTER_S, Exchange, StreamBroken
-from luftpause.dataplane.server.metrics import DataplaneMetrics
 from luftpause.dataplane.turn import Admitted, Relayed, Turn
 from luftpause.observe import tracing
 

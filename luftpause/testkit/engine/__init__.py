@@ -25,6 +25,7 @@
   seeded fraction of requests;
 * :mod:`.idle_close`: an idle close of kept-alive connections that crosses the client's next
   request, made certain (``idle_close_ms``);
+* :mod:`.sending`: how an answer's bytes are written, paced, or broken off (a fault's cut);
 * :mod:`.server`: the aiohttp routes, ``start_engine`` and ``RunningEngine``.
 """
 

@@ -38,7 +38,7 @@ cancelled when the client disconnects (aiohttp's ``handler_cancellation``), whic
 request out of the queue or frees its slot at once. A request may instead get a fault
 (:mod:`.faults`): a refusal, a stream cut, a stall, a slow stream or a closed connection. With
 ``idle_close_ms`` a request on a connection idle that long is dropped and the connection reset
-(:mod:`.idle_close`).
+(:mod:`.idle_close`). How the bytes are written, paced or broken off is :mod:`.sending`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, aclosing
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -77,8 +77,9 @@ from luftpause.testkit.engine.prefix_cache import PrefixCache, PrefixPath, prefi
 from luftpause.testkit.engine.recording import REQUEST_BYTES_KEPT, SENT_KEPT, KeptRequestBodies, keep
 from luftpause.testkit.engine.replies import Reply, plan_reply
 from luftpause.testkit.engine.scheduling import EngineStats
+from luftpause.testkit.engine.sending import abort, send_events, send_then_die, send_then_error, write_paced
 from luftpause.testkit.engine.settings import EngineSettings
-from luftpause.testkit.engine.slotted import MIN_SLEEP_S, SlottedBackend
+from luftpause.testkit.engine.slotted import SlottedBackend
 from luftpause.testkit.engine.stepped import SteppedBackend
 from luftpause.testkit.engine.tokenize import tokenize
 
@@ -370,10 +371,10 @@ class SimulatedEngine:
         try:
             await response.prepare(request)
             if isinstance(fault, DieMidStream):
-                await _abort(request)
+                await abort(request)
                 return response
             pieces = [body[i : i + SLOW_PIECE_BYTES] for i in range(0, len(body), SLOW_PIECE_BYTES)]
-            await _write_paced(response, pieces, fault.delay_ms / 1000, first=True)
+            await write_paced(response, pieces, fault.delay_ms / 1000, first=True)
             await response.write_eof()
         except asyncio.CancelledError:
             self.stats.disconnected += 1
@@ -407,14 +408,14 @@ class SimulatedEngine:
                     await response.prepare(request)
                 events = self._events(writer, reply, prompt_tokens, held)
                 if isinstance(fault, DieMidStream):
-                    await self._send_then_die(request, response, events, fault.after_chunks)
+                    await send_then_die(request, response, events, fault.after_chunks)
                     return response
                 if isinstance(fault, ErrorMidStream):
-                    await self._send_then_error(response, events, fault, writer)
+                    await send_then_error(response, events, fault, writer)
                     await response.write_eof()
                     return response
                 pace_s = fault.delay_ms / 1000 if isinstance(fault, Slow) else 0.0
-                sent = await self._send(response, events, pace_s)
+                sent = await send_events(response, events, pace_s)
             await response.write_eof()
         except asyncio.CancelledError:
             self.stats.disconnected += 1
@@ -468,89 +469,10 @@ class SimulatedEngine:
         tail = [] if opened else writer.opening(prompt_tokens, held.cached_tokens)
         yield tail + writer.closing(prompt_tokens, held.cached_tokens)
 
-    async def _send(
-        self, response: web.StreamResponse, events: AsyncGenerator[list[bytes], None], pace_s: float
-    ) -> bytes:
-        """Write ``events``: each list in one write, or with ``pace_s`` > 0 (seconds) each event
-        in its own write, ``pace_s`` apart. Returns every byte written, for ``GET /testkit/sent``."""
-        sent = bytearray()
-        async with aclosing(events):
-            async for batch in events:
-                if pace_s > 0:
-                    await _write_paced(response, batch, pace_s, first=not sent)
-                    sent += b"".join(batch)
-                    continue
-                data = b"".join(batch)
-                sent += data
-                await response.write(data)
-        return bytes(sent)
-
-    async def _send_then_die(
-        self,
-        request: web.Request,
-        response: web.StreamResponse,
-        events: AsyncGenerator[list[bytes], None],
-        after_chunks: int,
-    ) -> None:
-        """Write the first ``after_chunks`` events (never ``[DONE]``), then abort the connection."""
-        await _send_first(response, events, after_chunks)
-        await _abort(request)
-
-    async def _send_then_error(
-        self,
-        response: web.StreamResponse,
-        events: AsyncGenerator[list[bytes], None],
-        fault: ErrorMidStream,
-        writer: Writer,
-    ) -> None:
-        """Write the first ``after_chunks`` events, then the error event (chat: and ``[DONE]``)."""
-        await _send_first(response, events, fault.after_chunks)
-        await response.write(writer.failure(fault.message))
-
 
 async def _mark_simulated(request: web.BaseRequest, response: web.StreamResponse) -> None:
     """Every answer says it comes from a simulator, not a real engine."""
     response.headers[SIMULATED_HEADER] = "1"
-
-
-async def _write_paced(response: web.StreamResponse, pieces: list[bytes], pace_s: float, first: bool) -> None:
-    """Write each of ``pieces`` on its own, ``pace_s`` seconds apart (and after the previous
-    write, unless ``first``): a slow engine."""
-    for piece in pieces:
-        if not first:
-            await asyncio.sleep(pace_s)
-        first = False
-        await response.write(piece)
-
-
-async def _abort(request: web.BaseRequest) -> None:
-    """Abort the connection as a crashing engine would: no further byte, no clean end.
-
-    ``abort()`` drops what the transport still buffers, so the bytes already written are let out
-    first: a client must see the chunks sent so far, then the broken connection.
-    """
-    transport = request.transport
-    if transport is None:
-        return
-    # No transport event says "buffer empty" (resume_writing fires at the low-water mark), hence
-    # the poll; it ends when the client reads or leaves.
-    while transport.get_write_buffer_size() > 0 and not transport.is_closing():  # noqa: ASYNC110
-        await asyncio.sleep(MIN_SLEEP_S)
-    transport.abort()
-
-
-async def _send_first(
-    response: web.StreamResponse, events: AsyncGenerator[list[bytes], None], count: int
-) -> None:
-    """Write the first ``count`` events of ``events`` (never ``[DONE]``), then close the generator."""
-    written = 0
-    async with aclosing(events):
-        async for batch in events:
-            if written >= count:
-                break
-            batch = [event for event in batch if event != wire.SSE_DONE][: count - written]
-            await response.write(b"".join(batch))
-            written += len(batch)
 
 
 @dataclass(slots=True)

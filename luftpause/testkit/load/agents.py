@@ -230,8 +230,11 @@ def system_prompt(run_id: str, context_tokens: int) -> str:
     return (words * (size // len(words) + 1))[:size]
 
 
-def _merge_tool_call_delta(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
-    """Fold one streamed tool-call delta into ``calls`` (OpenAI's streaming shape, by ``index``)."""
+def merge_tool_call_delta(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
+    """Fold one streamed tool-call delta into ``calls`` (OpenAI's streaming shape, by ``index``):
+    ``calls`` grows to the delta's ``index`` with empty ``function`` calls, a non-empty ``id`` or
+    ``function.name`` replaces the call's, ``function.arguments`` is appended (a continuation's
+    empty id keeps the first one)."""
     index = delta.get("index", 0)
     while len(calls) <= index:
         calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
@@ -289,7 +292,7 @@ async def stream_turn(
                     ttft = ttft if ttft is not None else time.perf_counter() - started
                 for call in delta.get("tool_calls") or ():
                     ttft = ttft if ttft is not None else time.perf_counter() - started
-                    _merge_tool_call_delta(calls, call)
+                    merge_tool_call_delta(calls, call)
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
     if finish is None:

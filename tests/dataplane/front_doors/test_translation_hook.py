@@ -19,15 +19,15 @@ import pytest
 from luftpause.config import ReplicaConfig
 from luftpause.dataplane.apis.errors import engine_refusal_body
 from luftpause.dataplane.apis.messages_stream import MessagesStream, completion_to_message
+from luftpause.dataplane.asgi import Exchange, StreamBroken
 from luftpause.dataplane.link.admission import SchedulerLink
-from luftpause.dataplane.link.runs import RunTable
+from luftpause.dataplane.observe.metrics import DataplaneMetrics
 from luftpause.dataplane.relay.loop import Relay
 from luftpause.dataplane.relay.upstream import Upstream
-from luftpause.dataplane.server.asgi import Exchange, StreamBroken
-from luftpause.dataplane.server.metrics import DataplaneMetrics
-from luftpause.dataplane.tool_calls import ToolCallTable
+from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.turn import Admitted, Translation, Turn
 from luftpause.testkit.launch.procs import free_port
+from luftpause.tool_calls import ToolCallTable
 from luftpause.v1 import scheduler_pb2 as pb
 
 CALL = {"index": 0, "id": "call_hook_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}

@@ -19,7 +19,7 @@ from repo_paths import ROOT
 from luftpause.cli import main
 from luftpause.testkit.launch.procs import free_port
 from luftpause.testkit.launch.stack import Stack
-from luftpause.testkit.load.agents import _merge_tool_call_delta
+from luftpause.testkit.load.agents import merge_tool_call_delta
 
 
 def _loadgen(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -149,7 +149,7 @@ def test_streamed_tool_call_deltas_are_folded_by_index() -> None:
         {"index": 0, "id": "", "function": {"arguments": '{"query": "x"}'}},  # continuation: empty id
         {"index": 1, "function": {"arguments": '": 1}'}},
     ):
-        _merge_tool_call_delta(calls, delta)
+        merge_tool_call_delta(calls, delta)
     assert [c["id"] for c in calls] == ["call_0", "call_1"]
     assert [c["function"]["arguments"] for c in calls] == ['{"query": "x"}', '{"q": 1}']
 

@@ -64,12 +64,14 @@ an engine whose idle close crossed a request closed the connection before it cou
 re-send costs is the prompt read twice. A close that comes later may end a generation under way
 (a non-streamed answer sends no byte before it is whole), which is never sent again.
 
-Errors: every failure is an :class:`EngineError` (the message says what happened):
+Errors: every failure is an :class:`EngineError` (``luftpause.dataplane.errors``, where a front
+door's translation raises it too; the message says what happened):
 ``EngineConnectError`` (no connection), ``EngineClosed`` (the engine closed or reset the connection
 before its answer ended), ``EngineTimeout`` (the read timeout passed), ``EngineProtocolError`` (not
 HTTP/1.1 as the parser reads it).
 """
 
+from luftpause.dataplane.errors import EngineError
 from luftpause.dataplane.relay.upstream.connection import (
     BODY_END_GRACE_S,
     DEFAULT_MAX_IDLE,
@@ -79,7 +81,6 @@ from luftpause.dataplane.relay.upstream.connection import (
     RESEND_WINDOW_S,
     EngineClosed,
     EngineConnectError,
-    EngineError,
     EngineExchange,
     EngineProtocolError,
     EngineTimeout,

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from luftpause.dataplane.errors import EngineError
+
 if TYPE_CHECKING:
     from luftpause.dataplane.relay.upstream.pool import EnginePool
 
@@ -49,16 +51,6 @@ host, and missing it costs only a new connection for a later turn."""
 DEFAULT_MAX_IDLE = 32
 """Idle connections a pool keeps at most when built without ``max_idle`` (the default
 ``[[replicas]] max_inflight``)."""
-
-
-class EngineError(Exception):
-    """The engine request failed; ``str(err)`` says how (it goes into the client's 502).
-
-    ``undelivered``: no byte of an answer came before the failure, and no connection was made or
-    it ended (closed, reset, timed out) before its head: the turn may go to another replica
-    (docs/failover.md). Set by :meth:`EnginePool.send`."""
-
-    undelivered = False
 
 
 class EngineConnectError(EngineError):

@@ -2,10 +2,11 @@
 
 A client that sends no ``x-luftpause-run-id`` is still known by the tool-call ids in its messages: the
 dataplane remembers every id an engine emitted in a response, with the run of that turn, and looks up
-the ids a later request carries (docs/architecture.md "The proxy"; issue 4). Ids are the engine's own,
+the ids a later request carries (docs/architecture.md "The proxy"; issue 4); the scheduler keeps
+the same table for every dataplane's ids. Ids are the engine's own,
 byte-identical: nothing here rewrites them.
 
-Rules (both twins, ``tests/dataplane/test_tool_call_run_table.py`` checks them on each and
+Rules (both twins, ``tests/common/test_tool_call_run_table.py`` checks them on each and
 compares them on random operation sequences):
 
 * Time is an input. Every method takes ``now``, seconds on a monotonic clock (``loop.time()``); the

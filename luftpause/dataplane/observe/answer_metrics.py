@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.dataplane.server.usage import CallerLabels, Totals, Usage
+from luftpause.dataplane.observe.usage import CallerLabels, Totals, Usage
 from luftpause.observe.metrics import Histogram
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -108,7 +108,7 @@ class _Figures:
 
 
 class AnswerMetrics:
-    """The families of the module docstring, and the :class:`~luftpause.dataplane.server.usage.Usage`
+    """The families of the module docstring, and the :class:`~luftpause.dataplane.observe.usage.Usage`
     folded from them. ``AnswerMetrics(callers, usage_window_s, clock)``: the bounded caller labels,
     the usage's window (seconds) and wall clock (``time.time``)."""
 
@@ -120,7 +120,7 @@ class AnswerMetrics:
 
     def totals(self) -> Totals:
         """The tokens and turns of finished turns by (caller label, model), summed over replicas
-        and classes (:data:`~luftpause.dataplane.server.usage.Totals`)."""
+        and classes (:data:`~luftpause.dataplane.observe.usage.Totals`)."""
         folded: dict[tuple[str, str], list[int]] = {}
         for (model, _, _, caller), figures in list(self._by.items()):
             sums = folded.setdefault((caller, model), [0, 0, 0, 0])

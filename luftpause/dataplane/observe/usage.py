@@ -14,7 +14,7 @@ A window is kept in memory only; across restarts and across several dataplanes, 
 ``luftpause_dataplane_tokens_total`` in Prometheus instead (the same figures, by the same labels).
 
 Cost: nothing of its own per turn but a clock read (the tokens are the metrics'
-:class:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics` counts, folded when asked for).
+:class:`~luftpause.dataplane.observe.answer_metrics.AnswerMetrics` counts, folded when asked for).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The ``tool_call_id -> run`` table and the id extractors, both twins.
+"""The ``tool_call_id -> run`` table the dataplane and the scheduler share, and the id extractors,
+both twins.
 
 Every behaviour test runs on the pure twin (``py``) and the compiled one (``c``). The Hypothesis tests
 feed both the same random operation sequences and require them, and a naive model of the rules
@@ -7,6 +8,7 @@ written out in this file, to agree on every result.
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib
 import math
@@ -16,6 +18,7 @@ import sys
 import tracemalloc
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -23,15 +26,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.dataplane import _tool_calls_py, tool_calls
-from luftpause.dataplane.tool_calls import NO_EXTENSIONS
+from luftpause import tool_calls
+from luftpause.tool_calls import NO_EXTENSIONS, _tool_calls_py
 
 TTL = 1800.0
 
 TWINS: dict[str, ModuleType] = {"py": _tool_calls_py}
 if not NO_EXTENSIONS:
     # An ImportError here is a failure, not a skip: a normal install must have built the twin.
-    TWINS["c"] = importlib.import_module("luftpause.dataplane._tool_calls_c")
+    TWINS["c"] = importlib.import_module("luftpause.tool_calls._tool_calls_c")
 
 
 @pytest.fixture(params=["py", "c"])
@@ -468,18 +471,37 @@ def test_twins_and_the_model_agree_on_random_operations(
 @pytest.mark.skipif(NO_EXTENSIONS, reason="LUFTPAUSE_NO_EXTENSIONS is set: the pure twin is expected")
 def test_compiled_twin_is_loaded_in_a_normal_install() -> None:
     assert tool_calls.USING_EXTENSION, (
-        "luftpause.dataplane._tool_calls_c did not load: build it with pip install -e ."
+        "luftpause.tool_calls._tool_calls_c did not load: build it with pip install -e ."
     )
     for name in ("ToolCallTable", "request_tool_call_ids", "completion_tool_call_ids"):
-        assert getattr(tool_calls, name).__module__ == "luftpause.dataplane._tool_calls_c"
+        assert getattr(tool_calls, name).__module__ == "luftpause.tool_calls._tool_calls_c"
 
 
 def test_no_extensions_variable_selects_the_pure_twin() -> None:
     code = (
-        "from luftpause.dataplane import tool_calls as t; "
+        "from luftpause import tool_calls as t; "
         "print(t.USING_EXTENSION, t.ToolCallTable.__module__, t.request_tool_call_ids.__module__)"
     )
     env = {**os.environ, "LUFTPAUSE_NO_EXTENSIONS": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    pure = "luftpause.dataplane._tool_calls_py"
+    pure = "luftpause.tool_calls._tool_calls_py"
     assert out.stdout.split() == ["False", pure, pure]
+
+
+def test_the_shared_table_imports_neither_process_that_uses_it() -> None:
+    """The dataplane and the scheduler both import it, so it imports neither (nor anything else
+    of luftpause but itself)."""
+    package = Path(tool_calls.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                assert not name.startswith("luftpause.") or name.startswith("luftpause.tool_calls"), (
+                    f"{path.name} imports {name}"
+                )

@@ -1,8 +1,13 @@
-"""Pick the ``tool_call_id -> run`` table: the compiled twin if it was built, else the pure-Python one.
+"""The ``tool_call_id -> run`` table, shared by the dataplane (each worker's own table: which run
+emitted the tool calls a request answers) and the scheduler's shell (every dataplane's, for turns a
+worker did not know; docs/architecture.md "Several workers and several dataplanes"); so it sits
+beside both processes rather than inside either.
+
+This module picks the compiled twin if it was built, else the pure-Python one.
 
 ``LUFTPAUSE_NO_EXTENSIONS`` (any value but empty or ``0``) forces the pure twin, as it stops
 ``setup.py`` from building the extension. ``USING_EXTENSION`` tells which twin was taken; both behave
-the same (see ``luftpause.dataplane._tool_calls_py`` for the rules).
+the same (see ``luftpause.tool_calls._tool_calls_py`` for the rules).
 
 The interface, times in seconds on a monotonic clock (``loop.time()``), passed in:
 
@@ -38,7 +43,7 @@ NO_EXTENSIONS = os.environ.get("LUFTPAUSE_NO_EXTENSIONS", "") not in ("", "0")
 USING_EXTENSION: bool
 
 if TYPE_CHECKING:
-    from luftpause.dataplane._tool_calls_py import (
+    from luftpause.tool_calls._tool_calls_py import (
         DEFAULT_MAX_ENTRIES,
         DEFAULT_TTL_S,
         MAX_LOOKUP_IDS,
@@ -47,7 +52,7 @@ if TYPE_CHECKING:
         request_tool_call_ids,
     )
 elif NO_EXTENSIONS:
-    from luftpause.dataplane._tool_calls_py import (
+    from luftpause.tool_calls._tool_calls_py import (
         DEFAULT_MAX_ENTRIES,
         DEFAULT_TTL_S,
         MAX_LOOKUP_IDS,
@@ -59,7 +64,7 @@ elif NO_EXTENSIONS:
     USING_EXTENSION = False
 else:
     try:
-        from luftpause.dataplane._tool_calls_c import (
+        from luftpause.tool_calls._tool_calls_c import (
             DEFAULT_MAX_ENTRIES,
             DEFAULT_TTL_S,
             MAX_LOOKUP_IDS,
@@ -70,7 +75,7 @@ else:
 
         USING_EXTENSION = True
     except ImportError:
-        from luftpause.dataplane._tool_calls_py import (
+        from luftpause.tool_calls._tool_calls_py import (
             DEFAULT_MAX_ENTRIES,
             DEFAULT_TTL_S,
             MAX_LOOKUP_IDS,

@@ -42,7 +42,7 @@ replica}``                                                             read) to 
 
 The families of finished turns' latency and tokens (the OpenTelemetry GenAI names, by model,
 replica, class and caller) and the answers by status code are
-:mod:`luftpause.dataplane.server.answer_metrics`, in the same registry (``answers``).
+:mod:`luftpause.dataplane.observe.answer_metrics`, in the same registry (``answers``).
 
 Labels are bounded: ``outcome`` has four values, ``service_class`` two, ``replica`` the configured
 replicas and ``""``. Run ids and callers are never labels (unbounded cardinality). Cost on the hot
@@ -60,8 +60,8 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from luftpause.dataplane.server.answer_metrics import AnswerMetrics
-from luftpause.dataplane.server.usage import CallerLabels
+from luftpause.dataplane.observe.answer_metrics import AnswerMetrics
+from luftpause.dataplane.observe.usage import CallerLabels
 from luftpause.observe.metrics import CONTENT_TYPE, Histogram, build_info, exposition, new_registry
 from luftpause.v1 import scheduler_pb2 as pb
 
@@ -112,7 +112,7 @@ class DataplaneMetrics:
     ``replicas``: the configured replicas' names, whose series exist from the start (a replica
     named later gets its series when its first turn ends); ``callers``: the configured callers
     (caller keys', ``[scheduler.protection] callers``), whose roots are the caller labels of
-    ``answers`` (:class:`~luftpause.dataplane.server.answer_metrics.AnswerMetrics`), whose usage
+    ``answers`` (:class:`~luftpause.dataplane.observe.answer_metrics.AnswerMetrics`), whose usage
     windows are ``usage_window_s`` seconds long on ``wall_clock`` (seconds since the epoch). The
     gauges of what is going on now are not read from the other parts: the ``/metrics`` route hands
     them to :meth:`exposition` (:class:`Gauges`), so the metrics depend on nothing.
