@@ -75,14 +75,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from mcp import MCPError
 from mcp_types import (
@@ -94,7 +95,7 @@ from mcp_types import (
 )
 
 from luftpause.runtime.agent.approvals import Approvals, PendingApproval
-from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.errors import JournalWriteError, RuntimeFault, StoreUnusable
 from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
 from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Journal, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
@@ -125,10 +126,38 @@ def iso8601(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+TASK_ID = re.compile(r"task-[0-9a-f]{32}")
+"""What :func:`new_task_id` makes: an id of any other shape names no task."""
+
+FOUND_TASKS = 10_000
+"""Most task ids whose run :meth:`TaskRegistry.locate` remembers (a task's run never changes)."""
+
+
 def new_task_id() -> str:
     """A fresh task id, ``task-`` and 32 hex digits (128 random bits: unguessable, since any
     client that knows it may poll or cancel the task)."""
     return f"task-{secrets.token_hex(16)}"
+
+
+@runtime_checkable
+class SharedTaskRecords(Protocol):
+    """The tasks' records on a store several runtimes share
+    (:class:`~luftpause.runtime.runs.postgres.PostgresJournal`): what a runtime needs to adopt
+    the tasks of the runs it took over, and to find a task another runtime serves. Each raises
+    :class:`~luftpause.runtime.errors.StoreUnusable` when the store cannot be reached."""
+
+    @property
+    def shared(self) -> bool:
+        """Whether other runtimes share the store (else the rest is never called)."""
+
+    def records_of_others(self, handles: list[str]) -> list[Record]:
+        """The task records about runs ``handles`` that other runtimes wrote, in order."""
+
+    def drop_others(self, handles: list[str]) -> None:
+        """Delete those records (once this runtime's copies are durable)."""
+
+    def find_task(self, task_id: str) -> str | None:
+        """The run handle of the task ``task_id``, whoever recorded it; ``None``: none did."""
 
 
 @dataclass(eq=False)
@@ -208,8 +237,10 @@ class TaskRegistry:
         *,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         max_ended: int = DEFAULT_MAX_ENDED,
+        shared: SharedTaskRecords | None = None,
     ) -> None:
         self.journal = TaskJournal(journal) if isinstance(journal, Path) else journal
+        self.shared = shared
         self.runs = runs
         self.approvals = approvals
         self.retention_seconds = retention_seconds
@@ -218,21 +249,33 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        self._found: dict[str, str] = {}
+        runs.on_takeover(self._runs_moved)
 
     async def __aenter__(self) -> TaskRegistry:
         had_records = self._replay()
         self.journal.open(snapshot=self.snapshot)
+        elsewhere = 0
         for task in list(self._tasks.values()):
-            if not task.ended:
-                message = (
-                    f"the luftpause runtime restarted while this task was open; its run {task.handle} "
-                    f"resumed and goes on: await {task.handle} for its answer"
-                )
-                self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
-        if had_records:
+            if task.ended:
+                continue
+            if self.shared is not None and self.runs.find(task.handle) is None:
+                # Its run moved to another runtime while this one was down: that one adopts the
+                # task, from these records, which the compaction below would delete.
+                self._forget(task)
+                elsewhere += 1
+                continue
+            message = (
+                f"the luftpause runtime restarted while this task was open; its run {task.handle} "
+                f"resumed and goes on: await {task.handle} for its answer"
+            )
+            self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
+        if had_records and not elsewhere:
             self.journal.compact_later(self.snapshot())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
+        if self.shared is not None:  # runs taken over from a dead runtime as this one started
+            await self._adopt([run.handle for run in self.runs.all()])
         return self
 
     async def __aexit__(
@@ -279,15 +322,39 @@ class TaskRegistry:
         run = self.runs.find(task.handle) if task is not None else None
         if task is not None and tenant is not None and (run is None or not visible(run, tenant)):
             task = None
-        if task is None:
+        if task is not None and not task.ended:
+            self._observe(task)  # forgets it when its run moved to another runtime
+        if task is None or task.task_id not in self._tasks:
             raise MCPError(
                 INVALID_PARAMS,
                 f"Failed to retrieve task: no task {task_id!r} (unknown, or ended more than "
                 f"{self.retention_seconds:g} s ago and dropped)",
             )
-        if not task.ended:
-            self._observe(task)
         return task
+
+    def held_here(self, task_id: str) -> bool:
+        """Whether this runtime answers for the task ``task_id``: it holds the task and its run
+        (on a shared store a task is served by the runtime holding its run)."""
+        task = self._tasks.get(task_id)
+        return task is not None and self.runs.find(task.handle) is not None
+
+    async def locate(self, task_id: str) -> str | None:
+        """The run handle of the task ``task_id``: this runtime's, or on a shared store the one
+        its record names, whichever runtime wrote it; ``None`` for no such task. Raises
+        :class:`~luftpause.runtime.errors.StoreUnusable` when the store cannot be read."""
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task.handle
+        if self.shared is None or TASK_ID.fullmatch(task_id) is None:
+            return None
+        handle = self._found.get(task_id)
+        if handle is None:
+            handle = await asyncio.to_thread(self.shared.find_task, task_id)
+            if handle is not None:
+                if len(self._found) >= FOUND_TASKS:
+                    self._found.pop(next(iter(self._found)))
+                self._found[task_id] = handle
+        return handle
 
     def describe(self, task: Task) -> dict[str, Any]:
         """The task on the wire (``Task`` with its status's fields: ``inputRequests``, ``result``
@@ -390,6 +457,9 @@ class TaskRegistry:
         if task.ended:
             return
         run = self._run_of(task)
+        if run is None and self.shared is not None:  # taken over: its new runtime serves it
+            self._forget(task)
+            return
         if run is None:  # dropped while the task was open: only possible if a watcher died
             message = f"run {task.handle} is no longer held by the runtime"
             self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
@@ -433,7 +503,7 @@ class TaskRegistry:
         """Follow ``run`` until it ends, so the task's end is journaled when it happens (not when
         someone next polls) and ``lastUpdatedAt`` is the time of each status change."""
         try:
-            while not task.ended and not run.done:
+            while not task.ended and not run.done and task.task_id in self._tasks:
                 self._observe(task)
                 await self.runs.wait(
                     [run], "all", WATCH_SECONDS, interrupt=lambda: self._live(task, run)[0] != task.status
@@ -445,7 +515,68 @@ class TaskRegistry:
                 message = f"internal error of the luftpause runtime following run {task.handle}: {exc!r}"
                 self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
         finally:
-            self._watchers.pop(task.task_id, None)
+            if self._watchers.get(task.task_id) is asyncio.current_task():
+                del self._watchers[task.task_id]
+
+    # Runs that move between runtimes sharing a store: their tasks follow them.
+
+    def _forget(self, task: Task) -> None:
+        """Let go of ``task`` without recording anything: another runtime serves it now."""
+        self._tasks.pop(task.task_id, None)
+        watcher = self._watchers.pop(task.task_id, None)
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+
+    def _runs_moved(self, took: list[str], lost: list[str]) -> None:
+        """The run registry's takeover listener: the tasks of runs ``lost`` are left to the
+        runtime that took them; those of runs this runtime ``took`` are adopted."""
+        if self.shared is None or self._group is None:
+            return
+        gone = set(lost)
+        for task in [t for t in self._tasks.values() if t.handle in gone]:
+            self._forget(task)
+        if took:
+            self._group.create_task(self._adopt(took), name="adopt tasks")
+
+    async def _adopt(self, handles: list[str]) -> None:
+        """Adopt the tasks of the runs ``handles`` (taken over from another runtime) that other
+        runtimes recorded: rebuilt from their records, kept as they were (``elicits`` too), open
+        ones followed to their run's end; their records written again under this runtime, then
+        the other runtimes' removed (a crash in between leaves both: adopted again, once)."""
+        shared = self.shared
+        if shared is None or not handles:
+            return
+        try:
+            records = await asyncio.to_thread(shared.records_of_others, handles)
+        except StoreUnusable as exc:
+            log.error("the tasks of %d runs taken over could not be read: %s", len(handles), exc)
+            return
+        found: dict[str, Task] = {}
+        self._rebuild(records, found)
+        adopted = [task for task in found.values() if task.task_id not in self._tasks]
+        writes = []
+        for task in adopted:
+            self._tasks[task.task_id] = task
+            writes.append(self.journal.append(task.created_record()))
+            if task.ended:
+                writes.append(self.journal.append(task.end_record()))
+            else:
+                run = self._run_of(task)
+                if run is not None and self._group is not None:
+                    self._watchers[task.task_id] = self._group.create_task(
+                        self._watch(task, run), name=task.task_id
+                    )
+                else:
+                    self._observe(task)
+        if adopted:
+            log.warning("adopted %d tasks of runs taken over", len(adopted))
+        try:
+            for written in writes:
+                await asyncio.wrap_future(written)
+            if records:
+                await asyncio.to_thread(shared.drop_others, handles)
+        except (JournalWriteError, StoreUnusable) as exc:
+            log.error("the adopted tasks' records are kept where they were: %s", exc)
 
     def _evict(self) -> None:
         """Drop ended tasks past their retention, then the oldest ended beyond the cap."""
@@ -468,8 +599,15 @@ class TaskRegistry:
 
     def _replay(self) -> bool:
         """Rebuild the tasks of ``tasks.jsonl``; whether it held any record."""
+        seen = self._rebuild(self.journal.records(), self._tasks)
+        self._evict()
+        return seen
+
+    def _rebuild(self, records: Iterable[Record], tasks: dict[str, Task]) -> bool:
+        """Apply ``records`` to ``tasks`` (by task id); whether there was any. A record that
+        cannot be applied is skipped with a warning."""
         seen = False
-        for record in self.journal.records():
+        for record in records:
             seen = True
             kind, task_id = record.get("type"), record.get("taskId")
             try:
@@ -477,7 +615,7 @@ class TaskRegistry:
                     raise TypeError("taskId is not a string")
                 if kind == "task":
                     at = float(record["at"])
-                    self._tasks[task_id] = Task(
+                    tasks[task_id] = Task(
                         task_id=task_id,
                         handle=str(record["handle"]),
                         created_at=at,
@@ -485,7 +623,7 @@ class TaskRegistry:
                         elicits=bool(record.get("elicits")),
                     )
                 elif kind == "end":
-                    task = self._tasks[task_id]
+                    task = tasks[task_id]
                     status = record["status"]
                     if status not in TERMINAL:
                         raise ValueError(f"not a terminal status: {status!r}")
@@ -498,5 +636,4 @@ class TaskRegistry:
                     raise ValueError(f"unknown record type {kind!r}")
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("%s: a %s record of %s skipped: %r", self.journal.label, kind, task_id, exc)
-        self._evict()
         return seen
