@@ -25,6 +25,13 @@ durability before a changing answer, elicitation-less approvals, all its own.
 * The handles of one call held by two different runtimes are refused with the reason (call
   once per runtime's runs).
 
+The Tasks extension's ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` go the same way
+(:meth:`Router.reach`, called by :mod:`luftpause.runtime.mcp.tasks_extension`): a task is served
+by the runtime holding its run, found from the task's record in the store; ``tasks/update`` and
+``tasks/cancel`` are changing calls, answered ``-32603`` (outcome unknown) when that runtime dies
+under them. A runtime that takes a dead runtime's runs over adopts their tasks
+(:mod:`luftpause.runtime.mcp.tasks`).
+
 Why forwarding rather than changes written to the store and waits woken by ``LISTEN/NOTIFY``:
 every one of these calls already has one implementation, in the runtime driving the run, that
 keeps the run's invariants (an approval answered once, a message queued in order, a cancel that

@@ -7,7 +7,9 @@ input requests shaped as in the 2026-07-28 multi round-trip requests pattern. Th
 2.3.0 has no Tasks support; this is built on its public extension API (``mcp.server.extension``:
 an ``Extension`` with three ``MethodBinding`` s and a ``tools/call`` interceptor,
 :mod:`luftpause.runtime.mcp.tasks_extension`), not by patching it. This module is the tasks
-themselves: their states read from the runs, their journal and retention.
+themselves: their states read from the runs, their journal and retention, and how they follow
+their runs between runtimes sharing a store; their records are
+:mod:`luftpause.runtime.mcp.task_records`.
 
 Wire shapes (JSON, camelCase; all on 2026-07-28 only)::
 
@@ -49,9 +51,10 @@ Task states follow the run (:mod:`luftpause.runtime.runs.registry`):
   result, not a JSON-RPC error, so its task is ``completed``, as the spec requires).
 * ``cancelled``: ``tasks/cancel`` stopped the run, cascading to its running descendants as the
   ``cancel`` tool does. A run that had already ended keeps its task ``completed``.
-* ``failed``: the runtime stopped (crash or shutdown) while the task was open. On the next start
-  the task is failed with a JSON-RPC internal error saying so, while its run resumes from its
-  journal as every run does: ``await`` its handle (named in the message) for the answer.
+* ``failed``: the runtime serving the task stopped (crash or shutdown) while the task was open,
+  and started again. On that start the task is failed with a JSON-RPC internal error saying so,
+  while its run resumes from its journal as every run does: ``await`` its handle (named in the
+  message) for the answer. (A runtime that does not come back: see below.)
 
 Errors (JSON-RPC): ``-32602`` for an unknown or dropped ``taskId``; ``-32021`` (missing required
 client capability) when the request does not declare the extension. Other clients, and
@@ -59,31 +62,36 @@ client capability) when the request does not declare the extension. Other client
 
 Journal: ``<state_dir>/tasks.jsonl`` (or the ``tasks`` records of the PostgreSQL store,
 :mod:`luftpause.runtime.runs.store`), written like ``runs.jsonl`` (:mod:`luftpause.runtime.runs.journal`:
-one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning)::
-
-    {"type": "task", "taskId", "handle", "at", "elicits"}    created, written before the
-                                                             CreateTaskResult is sent
-    {"type": "end", "taskId", "handle", "at", "status", "statusMessage"?, "result"?, "error"?}
-                                                             the task reached a terminal state
-
+one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning);
+its two record types (``task``, ``end``): :mod:`luftpause.runtime.mcp.task_records`.
 ``working`` and ``input_required`` are not journaled: they are read from the run, and after a
 restart no task is in either. On start the journal is replayed, open tasks are failed (an ``end``
 record each) and the file is rewritten with the tasks still kept.
+
+Several runtimes on one PostgreSQL store (docs/runtime-store.md): a task is served by the runtime
+holding its run (its lease, :mod:`luftpause.runtime.runs.custody`), and its records are that
+runtime's (``owner``). Any other runtime forwards ``tasks/get``, ``tasks/update`` and
+``tasks/cancel`` there (:mod:`luftpause.runtime.mcp.tasks_extension`), finding the task's run
+from its ``task`` record (:meth:`TaskRegistry.locate`). When a runtime takes over a dead
+runtime's runs, it **adopts** their tasks (the run registry's takeover listener): rebuilt from the
+dead runtime's records, ``elicits`` kept, open ones followed as if created here (their state read
+from the run that goes on here, their end recorded when it ends), their records written again
+under this runtime and the dead runtime's removed. Tasks taken over this way are not failed, since
+nothing about them stopped: only their runtime did. The runtime that lost runs (one paused past its
+leases) lets their tasks go without recording anything. A runtime starting again fails only the
+open tasks of runs it still holds (as above); those of runs another runtime took meanwhile are left
+to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any
 
 from mcp import MCPError
 from mcp_types import (
@@ -97,10 +105,33 @@ from mcp_types import (
 from luftpause.runtime.agent.approvals import Approvals, PendingApproval
 from luftpause.runtime.errors import JournalWriteError, RuntimeFault, StoreUnusable
 from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
-from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Journal, Record
+from luftpause.runtime.mcp.task_records import (
+    TASK_ID,
+    TERMINAL,
+    SharedTaskRecords,
+    Task,
+    TaskJournal,
+    TaskStatus,
+    iso8601,
+    new_task_id,
+    rebuild_tasks,
+)
+from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.runs.store import RecordStore
 from luftpause.runtime.runs.tenants import Tenant, visible
+
+__all__ = [
+    "TASKS_JOURNAL_NAME",
+    "TERMINAL",
+    "SharedTaskRecords",
+    "Task",
+    "TaskJournal",
+    "TaskRegistry",
+    "TaskStatus",
+    "iso8601",
+    "new_task_id",
+]
 
 log = logging.getLogger("luftpause.runtime.mcp.tasks")
 
@@ -117,105 +148,8 @@ DEFAULT_MAX_ENDED = 10_000
 WATCH_SECONDS = 3600.0
 """Longest single wait of a task's watcher (a wait needs a finite bound; it just waits again)."""
 
-TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
-
-
-def iso8601(seconds: float) -> str:
-    """Unix ``seconds`` as an ISO 8601 UTC timestamp with milliseconds (``...T10:30:00.000Z``)."""
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-TASK_ID = re.compile(r"task-[0-9a-f]{32}")
-"""What :func:`new_task_id` makes: an id of any other shape names no task."""
-
 FOUND_TASKS = 10_000
 """Most task ids whose run :meth:`TaskRegistry.locate` remembers (a task's run never changes)."""
-
-
-def new_task_id() -> str:
-    """A fresh task id, ``task-`` and 32 hex digits (128 random bits: unguessable, since any
-    client that knows it may poll or cancel the task)."""
-    return f"task-{secrets.token_hex(16)}"
-
-
-@runtime_checkable
-class SharedTaskRecords(Protocol):
-    """The tasks' records on a store several runtimes share
-    (:class:`~luftpause.runtime.runs.postgres.PostgresJournal`): what a runtime needs to adopt
-    the tasks of the runs it took over, and to find a task another runtime serves. Each raises
-    :class:`~luftpause.runtime.errors.StoreUnusable` when the store cannot be reached."""
-
-    @property
-    def shared(self) -> bool:
-        """Whether other runtimes share the store (else the rest is never called)."""
-
-    def records_of_others(self, handles: list[str]) -> list[Record]:
-        """The task records about runs ``handles`` that other runtimes wrote, in order."""
-
-    def drop_others(self, handles: list[str]) -> None:
-        """Delete those records (once this runtime's copies are durable)."""
-
-    def find_task(self, task_id: str) -> str | None:
-        """The run handle of the task ``task_id``, whoever recorded it; ``None``: none did."""
-
-
-@dataclass(eq=False)
-class Task:
-    """One task: the ``run`` call of a client with the extension, bound to the run ``handle``.
-
-    ``elicits``: whether the creating request declared form elicitation (approvals are then asked
-    as ``input_required``). Times are Unix seconds. ``status`` is the last state observed (for
-    ``lastUpdatedAt``); ``result`` (completed: the CallToolResult wire object) and ``error``
-    (failed: a JSON-RPC error object) are set once it ended.
-    """
-
-    task_id: str
-    handle: str
-    created_at: float
-    elicits: bool
-    updated_at: float = 0.0
-    status: TaskStatus = "working"
-    status_message: str | None = None
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    ended_at: float | None = None
-    cancel_requested: bool = False
-
-    @property
-    def ended(self) -> bool:
-        return self.status in TERMINAL
-
-    def created_record(self) -> Record:
-        return {
-            "type": "task",
-            "taskId": self.task_id,
-            "handle": self.handle,
-            "at": self.created_at,
-            "elicits": self.elicits,
-        }
-
-    def end_record(self) -> Record:
-        record: Record = {
-            "type": "end",
-            "taskId": self.task_id,
-            "handle": self.handle,
-            "at": self.ended_at,
-            "status": self.status,
-        }
-        extra = (("statusMessage", self.status_message), ("result", self.result), ("error", self.error))
-        for key, value in extra:
-            if value is not None:
-                record[key] = value
-        return record
-
-
-class TaskJournal(Journal):
-    """``tasks.jsonl``: the runs journal's format rules (:class:`Journal`) under another name.
-    Every record carries the run's ``handle``, which the shared reader requires."""
-
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir, file_name=TASKS_JOURNAL_NAME)
 
 
 class TaskRegistry:
@@ -333,10 +267,11 @@ class TaskRegistry:
         return task
 
     def held_here(self, task_id: str) -> bool:
-        """Whether this runtime answers for the task ``task_id``: it holds the task and its run
-        (on a shared store a task is served by the runtime holding its run)."""
+        """Whether this runtime answers for the task ``task_id``: it holds the task, and its run
+        unless the task ended (on a shared store an open task is served by the runtime holding
+        its run; an ended one by whichever holds it, its run maybe dropped by retention)."""
         task = self._tasks.get(task_id)
-        return task is not None and self.runs.find(task.handle) is not None
+        return task is not None and (task.ended or self.runs.find(task.handle) is not None)
 
     async def locate(self, task_id: str) -> str | None:
         """The run handle of the task ``task_id``: this runtime's, or on a shared store the one
@@ -552,7 +487,7 @@ class TaskRegistry:
             log.error("the tasks of %d runs taken over could not be read: %s", len(handles), exc)
             return
         found: dict[str, Task] = {}
-        self._rebuild(records, found)
+        rebuild_tasks(records, found, self.journal.label)
         adopted = [task for task in found.values() if task.task_id not in self._tasks]
         writes = []
         for task in adopted:
@@ -599,41 +534,6 @@ class TaskRegistry:
 
     def _replay(self) -> bool:
         """Rebuild the tasks of ``tasks.jsonl``; whether it held any record."""
-        seen = self._rebuild(self.journal.records(), self._tasks)
+        seen = rebuild_tasks(self.journal.records(), self._tasks, self.journal.label)
         self._evict()
-        return seen
-
-    def _rebuild(self, records: Iterable[Record], tasks: dict[str, Task]) -> bool:
-        """Apply ``records`` to ``tasks`` (by task id); whether there was any. A record that
-        cannot be applied is skipped with a warning."""
-        seen = False
-        for record in records:
-            seen = True
-            kind, task_id = record.get("type"), record.get("taskId")
-            try:
-                if not isinstance(task_id, str):
-                    raise TypeError("taskId is not a string")
-                if kind == "task":
-                    at = float(record["at"])
-                    tasks[task_id] = Task(
-                        task_id=task_id,
-                        handle=str(record["handle"]),
-                        created_at=at,
-                        updated_at=at,
-                        elicits=bool(record.get("elicits")),
-                    )
-                elif kind == "end":
-                    task = tasks[task_id]
-                    status = record["status"]
-                    if status not in TERMINAL:
-                        raise ValueError(f"not a terminal status: {status!r}")
-                    task.status = status
-                    task.status_message = record.get("statusMessage")
-                    task.result = record.get("result")
-                    task.error = record.get("error")
-                    task.ended_at = task.updated_at = float(record["at"])
-                else:
-                    raise ValueError(f"unknown record type {kind!r}")
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("%s: a %s record of %s skipped: %r", self.journal.label, kind, task_id, exc)
         return seen

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
@@ -307,4 +308,6 @@ def test_a_killed_runtimes_open_tasks_are_served_by_the_runtime_that_takes_their
     assert {owner for _, _, owner in rows} == {b_owner}, rows  # a's records of them were removed
     for task_id in (running, asking):
         assert [kind for tid, kind, _ in rows if tid == task_id] == ["task", "end"], rows
-    assert "adopted 2 tasks" in b.runtime_log()
+    # Adopted once each (the two leases may expire, and be taken over, in separate rounds).
+    adopted = re.findall(r"adopted (\d+) tasks", b.runtime_log())
+    assert sum(int(n) for n in adopted) == 2, adopted
