@@ -4,7 +4,8 @@ PostgreSQL store, through the real ``mcp`` client: a task created on one runtime
 which forwards each request to the runtime serving the task (the one holding its run); another
 tenant's task id is unknown from every runtime; and a runtime SIGKILLed with tasks open has them
 adopted with its runs by the runtime that takes the runs over, which serves them to their end
-(``elicits`` kept: an approval asked again is ``input_required`` there too).
+(``elicits`` kept: an approval asked again is ``input_required`` there too); while a runtime
+restarted before any other took its runs fails the tasks it served, as on the file store.
 
 Each runtime runs over its own scripted engine (tests/pods_helpers.py), beside one fake MCP
 server whose ``delete_note`` waits for a person's approval, with the caller keys of two tenants.
@@ -16,7 +17,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,14 +131,17 @@ async def decline(context: ClientRequestContext, params: ElicitRequestParams) ->
 
 
 @asynccontextmanager
-async def tasks_client(pod: Pod, key: str, **headers: str) -> AsyncIterator[Client]:
-    """The real ``mcp`` client to ``pod`` on 2026-07-28, declaring the Tasks extension and form
-    elicitation, with the caller key ``key`` (and more ``headers``)."""
+async def tasks_client(pod: Pod, key: str, elicits: bool = True, **headers: str) -> AsyncIterator[Client]:
+    """The real ``mcp`` client to ``pod`` on 2026-07-28, declaring the Tasks extension and (if
+    ``elicits``) form elicitation, with the caller key ``key`` (and more ``headers``)."""
     sent = {"Authorization": f"Bearer {key}", **headers}
     async with httpx2.AsyncClient(headers=sent, timeout=httpx2.Timeout(30, read=120)) as http:
         transport = streamable_http_client(f"{pod.url}/mcp", http_client=http)
         async with Client(
-            transport, mode=MODERN, extensions=[TasksDeclared()], elicitation_callback=decline
+            transport,
+            mode=MODERN,
+            extensions=[TasksDeclared()],
+            elicitation_callback=decline if elicits else None,
         ) as client:
             yield client
 
@@ -159,10 +163,13 @@ async def refused(request: Any) -> MCPError:
 # Two runtimes on one database.
 
 
-@pytest.fixture()
-def two(tmp_path: Path, postgres: PostgresServer) -> Iterator[tuple[Pod, Pod, str]]:
-    """Two runtimes on one fresh database, with the caller keys of ``TEAM_A`` and ``TEAM_B`` and
-    a fake MCP server whose ``delete_note`` waits for a person's approval; and its URL."""
+@contextmanager
+def runtimes(
+    tmp_path: Path, postgres: PostgresServer, names: tuple[str, ...]
+) -> Iterator[tuple[list[Pod], str]]:
+    """Runtimes (one per name) on one fresh database, with the caller keys of ``TEAM_A`` and
+    ``TEAM_B`` and a fake MCP server whose ``delete_note`` waits for a person's approval; and
+    the database's URL."""
     url = postgres.database()
     keys = tmp_path / "callers.toml"
     keys.write_text(keys_file(*TEAMS))
@@ -181,15 +188,22 @@ def two(tmp_path: Path, postgres: PostgresServer) -> Iterator[tuple[Pod, Pod, st
     try:
         with ExitStack() as stack:
             pods = []
-            for name in ("a", "b"):
+            for name in names:
                 (tmp_path / name).mkdir()
                 pod = start_pod(
                     tmp_path / name, workspace=None, extra_toml=extra, env={CALLER_KEYS_ENV: ""}, store=url
                 )
                 pods.append(stack.enter_context(pod))
-            yield pods[0], pods[1], url
+            yield pods, url
     finally:
         tools.stop()
+
+
+@pytest.fixture()
+def two(tmp_path: Path, postgres: PostgresServer) -> Iterator[tuple[Pod, Pod, str]]:
+    """Two runtimes on one database (:func:`runtimes`), and its URL."""
+    with runtimes(tmp_path, postgres, ("a", "b")) as (pods, url):
+        yield pods[0], pods[1], url
 
 
 def _task_rows(postgres: PostgresServer, url: str) -> list[tuple[str, str, str]]:
@@ -292,7 +306,9 @@ def test_a_killed_runtimes_open_tasks_are_served_by_the_runtime_that_takes_their
             [key] = asked["inputRequests"]
             await update_task(on_b.session, asking, {key: {"action": "accept", "content": {"allow": True}}})
             answered = await poll(on_b.session, asking, lambda s: s["status"] in TERMINAL)
-            return done, asked, answered
+        async with tasks_client(b, TEAM_B) as other_on_b:  # adopted, still not another tenant's
+            assert (await refused(get_task(other_on_b.session, running))).error.code == INVALID_PARAMS
+        return done, asked, answered
 
     done, asked, answered = asyncio.run(scenario())
     assert done["status"] == "completed", done
@@ -311,3 +327,34 @@ def test_a_killed_runtimes_open_tasks_are_served_by_the_runtime_that_takes_their
     # Adopted once each (the two leases may expire, and be taken over, in separate rounds).
     adopted = re.findall(r"adopted (\d+) tasks", b.runtime_log())
     assert sum(int(n) for n in adopted) == 2, adopted
+
+
+def test_a_runtime_restarted_on_the_shared_store_fails_the_tasks_it_served_as_on_the_file_store(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """The restart rule is the file store's: a runtime SIGKILLed and started again (the same
+    name, before any other runtime took its runs) fails the task it served that was open, with
+    the run to await named, while the run resumes and asks its approval again."""
+    with runtimes(tmp_path, postgres, ("a",)) as ([a], _):
+
+        async def created() -> tuple[str, str]:
+            async with tasks_client(a, TEAM_A) as on_a:
+                task_id, handle = await start_task(on_a, DELETE)
+                await poll(on_a.session, task_id, lambda s: s["status"] == "input_required")
+            return task_id, handle
+
+        task_id, handle = asyncio.run(created())
+        assert a.runtime is not None
+        a.runtime.kill()
+        a.start_runtime()
+
+        async def after() -> tuple[dict[str, Any], dict[str, Any]]:
+            async with tasks_client(a, TEAM_A, elicits=False) as on_a:
+                failed = await get_task(on_a.session, task_id)
+                waiting = await call(on_a, "await", handles=[handle], timeout=60)
+            return failed, waiting
+
+        failed, waiting = asyncio.run(after())
+    assert failed["status"] == "failed", failed
+    assert "restarted" in failed["error"]["message"] and handle in failed["error"]["message"], failed
+    assert waiting["runs"][0]["state"] == "AwaitingApproval", waiting
