@@ -19,6 +19,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import httpx2
@@ -30,15 +31,26 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult
-from mcp_types import INVALID_PARAMS, Request, Result
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Request, Result
 from pods_helpers import Pod, call, script, start_pod, until
 from postgres_helpers import PostgresServer
 from pydantic import ConfigDict, TypeAdapter
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
-from luftpause.runtime.mcp.routing import FORWARDED_HEADER
-from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams, TaskUpdateParams
+from luftpause.runtime.agent.approvals import Approvals
+from luftpause.runtime.agent.upstream import UpstreamPool
+from luftpause.runtime.mcp.routing import FORWARDED_HEADER, Router
+from luftpause.runtime.mcp.spawn_tools import render_run_result
+from luftpause.runtime.mcp.tasks import TaskRegistry
+from luftpause.runtime.mcp.tasks_extension import (
+    TASKS_EXTENSION,
+    TaskIdParams,
+    TasksExtension,
+    TaskUpdateParams,
+)
 from luftpause.runtime.runs.custody import runtime_identity
+from luftpause.runtime.runs.postgres import PostgresDatabase
+from luftpause.runtime.runs.registry import RunRegistry
 from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -358,3 +370,50 @@ def test_a_runtime_restarted_on_the_shared_store_fails_the_tasks_it_served_as_on
     assert failed["status"] == "failed", failed
     assert "restarted" in failed["error"]["message"] and handle in failed["error"]["message"], failed
     assert waiting["runs"][0]["state"] == "AwaitingApproval", waiting
+
+
+def test_a_changing_tasks_request_whose_runtime_dies_under_it_is_answered_outcome_unknown_never_repeated(
+    postgres: PostgresServer,
+) -> None:
+    """``tasks/cancel`` forwarded to the runtime serving the task, which takes the request and
+    dies before answering (here a socket that reads it and closes: a real runtime cannot be
+    killed at that instant on purpose): answered ``-32603`` saying the outcome is unknown, and
+    sent once. In-process, on a real database whose lease names that runtime."""
+    url = postgres.database()
+    task_id = "task-" + "1" * 32
+    received: list[bytes] = []
+
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(65536))
+        writer.close()
+
+    async def go() -> MCPError:
+        server = await asyncio.start_server(dies, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        database = PostgresDatabase(url, owner="here/1")
+        database.migrate()
+        runtime = "INSERT INTO luftpause_runtimes (owner, url) VALUES ('gone/1', %s) RETURNING owner"
+        postgres.query(url, runtime, f"http://127.0.0.1:{port}")
+        lease = "INSERT INTO luftpause_leases VALUES ('run-1', 'gone/1', 1, now() + interval '1 hour')"
+        lease += " RETURNING 1"
+        postgres.query(url, lease)
+        created = {"type": "task", "taskId": task_id, "handle": "run-1", "at": 1.0, "elicits": False}
+        other = PostgresDatabase(url, owner="gone/1").journal("tasks")
+        other.compact([created])
+        runs = RunRegistry()
+        records = database.journal("tasks")
+        tasks = TaskRegistry(
+            records, runs, Approvals(runs, UpstreamPool([])), render_run_result, shared=records
+        )
+        extension = TasksExtension(tasks, Router(runs, database))
+        ctx: Any = SimpleNamespace(request=SimpleNamespace(headers={}))  # a request without headers
+        try:
+            return await refused(extension._routed("tasks/cancel", ctx, TaskIdParams(task_id=task_id)))
+        finally:
+            server.close()
+
+    error = asyncio.run(go())
+    assert error.error.code == INTERNAL_ERROR, error
+    assert "stopped answering during tasks/cancel" in error.error.message, error
+    assert "unknown" in error.error.message and task_id in error.error.message, error
+    assert len(received) == 1 and b"tasks/cancel" in received[0], received
