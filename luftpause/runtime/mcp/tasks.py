@@ -184,6 +184,7 @@ class TaskRegistry:
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._found: dict[str, str] = {}
+        self._adopting: set[asyncio.Task[None]] = set()
         runs.on_takeover(self._runs_moved)
 
     async def __aenter__(self) -> TaskRegistry:
@@ -219,7 +220,7 @@ class TaskRegistry:
         tb: TracebackType | None,
     ) -> None:
         group, self._group = self._group, None
-        for watcher in self._watchers.values():
+        for watcher in [*self._watchers.values(), *self._adopting]:
             watcher.cancel()
         try:
             if group is not None:
@@ -471,7 +472,9 @@ class TaskRegistry:
         for task in [t for t in self._tasks.values() if t.handle in gone]:
             self._forget(task)
         if took:
-            self._group.create_task(self._adopt(took), name="adopt tasks")
+            adopting = self._group.create_task(self._adopt(took), name="adopt tasks")
+            self._adopting.add(adopting)
+            adopting.add_done_callback(self._adopting.discard)
 
     async def _adopt(self, handles: list[str]) -> None:
         """Adopt the tasks of the runs ``handles`` (taken over from another runtime) that other
