@@ -18,8 +18,10 @@ above it::
     builtins       a sub-agent's own tools (scopes, pods, spawner)
     loop           drives runs  (registry, dataplane, upstream, approvals, notifications, builtins, scopes)
     decider        ``decide``              (dataplane)
-    tasks          the Tasks extension's tasks   (registry, approvals, run's result renderer)
-    mcp            the MCP server and its tools  (all of the above that a tool uses)
+    router         on a shared store: forwards calls about other runtimes' runs  (registry)
+    tasks          the Tasks extension's tasks   (registry, approvals, run's result renderer;
+                   on a shared store the tasks' records of other runtimes)
+    mcp            the MCP server, its tools and the Tasks extension  (all of the above)
     series         the monitor's runs by state over the last minutes  (registry)  runs/series.py
 
 A sub-agent's own ``spawn`` is then a path the imports show: the loop calls its built-in tools,
@@ -64,7 +66,7 @@ from luftpause.runtime.mcp.routing import Router
 from luftpause.runtime.mcp.run_tools import RunTools
 from luftpause.runtime.mcp.server import build_mcp_server
 from luftpause.runtime.mcp.spawn_tools import SpawnTools, render_run_result
-from luftpause.runtime.mcp.tasks import TaskRegistry
+from luftpause.runtime.mcp.tasks import SharedTaskRecords, TaskRegistry
 from luftpause.runtime.mcp.tasks_extension import TasksExtension
 from luftpause.runtime.pods.notifications import Notifications
 from luftpause.runtime.pods.operations import PodOperations
@@ -238,8 +240,15 @@ def build_runtime(
         path_check=scopes,
     )
     decider = Decider(dataplane)
+    router = _router(journal, registry)
+    shared = isinstance(stores.tasks, SharedTaskRecords) and stores.tasks.shared
     tasks = TaskRegistry(
-        stores.tasks, registry, approvals, render_run_result, retention_seconds=retention_seconds
+        stores.tasks,
+        registry,
+        approvals,
+        render_run_result,
+        retention_seconds=retention_seconds,
+        shared=stores.tasks if shared and isinstance(stores.tasks, SharedTaskRecords) else None,
     )
     mcp = build_mcp_server(
         spawn_tools=SpawnTools(
@@ -257,8 +266,8 @@ def build_runtime(
             models=models,
         ),
         pod_tools=PodTools(pods),
-        extensions=[TasksExtension(tasks)],
-        router=_router(journal, registry),
+        extensions=[TasksExtension(tasks, router)],
+        router=router,
     )
     return Runtime(
         config=config,

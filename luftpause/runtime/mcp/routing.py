@@ -25,6 +25,13 @@ durability before a changing answer, elicitation-less approvals, all its own.
 * The handles of one call held by two different runtimes are refused with the reason (call
   once per runtime's runs).
 
+The Tasks extension's ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` go the same way
+(:meth:`Router.reach`, called by :mod:`luftpause.runtime.mcp.tasks_extension`): a task is served
+by the runtime holding its run, found from the task's record in the store; ``tasks/update`` and
+``tasks/cancel`` are changing calls, answered ``-32603`` (outcome unknown) when that runtime dies
+under them. A runtime that takes a dead runtime's runs over adopts their tasks
+(:mod:`luftpause.runtime.mcp.tasks`).
+
 Why forwarding rather than changes written to the store and waits woken by ``LISTEN/NOTIFY``:
 every one of these calls already has one implementation, in the runtime driving the run, that
 keeps the run's invariants (an approval answered once, a message queued in order, a cancel that
@@ -37,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 from mcp import Client
@@ -54,6 +62,8 @@ if TYPE_CHECKING:
     from luftpause.runtime.runs.registry import RunRegistry
 
 log = logging.getLogger("luftpause.runtime.mcp.routing")
+
+T = TypeVar("T")
 
 FORWARDED_HEADER = "x-luftpause-forwarded-by"
 """Set on a forwarded call to the forwarding runtime's name: such a call is never forwarded."""
@@ -119,17 +129,49 @@ class Router:
         headers = ctx.headers
         if headers is not None and headers.get(FORWARDED_HEADER):
             return None
-        foreign = [h for h in self._named(name, arguments) if self.registry.find(h) is None]
+        named = self._named(name, arguments)
+        foreign = [h for h in named if self.registry.find(h) is None]
         if not foreign:
             return None
+        return await self.reach(
+            foreign,
+            name,
+            lambda place: self._forward(place, name, arguments, ctx),
+            changing=name in CHANGING,
+            held_here=lambda: all(self.registry.find(h) is not None for h in foreign),
+            refuse=ToolError,
+            all_named=len(foreign) == len(named),
+        )
+
+    async def reach(
+        self,
+        foreign: list[str],
+        name: str,
+        forward: Callable[[Whereabouts], Awaitable[T]],
+        *,
+        changing: bool,
+        held_here: Callable[[], bool],
+        refuse: Callable[[str], Exception],
+        all_named: bool = True,
+    ) -> T | None:
+        """``forward(place)`` at the runtime holding the runs ``foreign`` (none held here), the
+        call ``name`` about them, as :meth:`route` does for a tool call (module docstring); also
+        the Tasks extension's methods (:mod:`luftpause.runtime.mcp.tasks_extension`). ``None``:
+        this runtime's to answer (no such run anywhere, or held here: once ``held_here()`` says
+        its records are replayed, or after :data:`SETTLE_TRIES`). ``changing``: a call never made
+        twice when its runtime dies during it; ``all_named``: ``foreign`` is every run the call
+        names. ``forward`` raises ``httpx2.HTTPError``, ``OSError`` or an ``ExceptionGroup`` of
+        them when the other runtime does not answer. Raises ``refuse(reason)`` when the owner
+        cannot be reached within :attr:`wait_seconds`, when the runs are held by several
+        runtimes, or when the owner died during a changing call."""
         deadline = time.monotonic() + self.wait_seconds
         settling = SETTLE_TRIES
         while True:
             places = await self._where(foreign)
             owners = {place.owner for place in places.values() if place is not None}
-            if len(owners) > 1 or (owners and len(foreign) < len(self._named(name, arguments))):
+            if len(owners) > 1 or (owners and not all_named):
                 holders = ", ".join(sorted(owners | ({self.custody.owner} if len(owners) == 1 else set())))
-                raise ToolError(
+                raise refuse(
                     f"the runs named are held by different runtimes ({holders}); "
                     f"call {name} once for each runtime's runs"
                 )
@@ -139,17 +181,17 @@ class Router:
                 return None  # no such run anywhere: answered here, as unknown
             if owner == self.custody.owner:
                 settling -= 1
-                if settling < 0 or all(self.registry.find(h) is not None for h in foreign):
+                if settling < 0 or held_here():
                     return None  # held here (or dropped by retention here: answered as expired)
                 # Taken over by this runtime, its records not replayed yet: a moment.
             elif place is not None and place.live and place.url:
                 try:
-                    return await self._forward(place, name, arguments, ctx)
+                    return await forward(place)
                 except (httpx2.HTTPError, OSError, ExceptionGroup) as exc:
                     if _never_sent(exc):  # dead, its lease not expired yet
                         log.warning("runtime %s at %s does not answer (%s)", owner, place.url, _leaves(exc))
-                    elif name in CHANGING:
-                        raise ToolError(
+                    elif changing:
+                        raise refuse(
                             f"runtime {owner}, holding run {foreign[0]}, stopped answering during "
                             f"{name}: whether it took effect is unknown; see status({foreign[0]!r})"
                         ) from exc
@@ -157,7 +199,7 @@ class Router:
                         log.warning("runtime %s stopped answering during %s (%s)", owner, name, _leaves(exc))
                         deadline = time.monotonic() + self.wait_seconds  # its takeover starts now
             if time.monotonic() > deadline:
-                raise ToolError(
+                raise refuse(
                     f"run {foreign[0]} is held by runtime {owner}, which does not answer, and no "
                     f"runtime has taken it over yet; try again"
                 )

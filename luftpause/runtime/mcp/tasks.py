@@ -7,7 +7,9 @@ input requests shaped as in the 2026-07-28 multi round-trip requests pattern. Th
 2.3.0 has no Tasks support; this is built on its public extension API (``mcp.server.extension``:
 an ``Extension`` with three ``MethodBinding`` s and a ``tools/call`` interceptor,
 :mod:`luftpause.runtime.mcp.tasks_extension`), not by patching it. This module is the tasks
-themselves: their states read from the runs, their journal and retention.
+themselves: their states read from the runs, their journal and retention, and how they follow
+their runs between runtimes sharing a store; their records are
+:mod:`luftpause.runtime.mcp.task_records`.
 
 Wire shapes (JSON, camelCase; all on 2026-07-28 only)::
 
@@ -49,9 +51,10 @@ Task states follow the run (:mod:`luftpause.runtime.runs.registry`):
   result, not a JSON-RPC error, so its task is ``completed``, as the spec requires).
 * ``cancelled``: ``tasks/cancel`` stopped the run, cascading to its running descendants as the
   ``cancel`` tool does. A run that had already ended keeps its task ``completed``.
-* ``failed``: the runtime stopped (crash or shutdown) while the task was open. On the next start
-  the task is failed with a JSON-RPC internal error saying so, while its run resumes from its
-  journal as every run does: ``await`` its handle (named in the message) for the answer.
+* ``failed``: the runtime serving the task stopped (crash or shutdown) while the task was open,
+  and started again. On that start the task is failed with a JSON-RPC internal error saying so,
+  while its run resumes from its journal as every run does: ``await`` its handle (named in the
+  message) for the answer. (A runtime that does not come back: see below.)
 
 Errors (JSON-RPC): ``-32602`` for an unknown or dropped ``taskId``; ``-32021`` (missing required
 client capability) when the request does not declare the extension. Other clients, and
@@ -59,30 +62,36 @@ client capability) when the request does not declare the extension. Other client
 
 Journal: ``<state_dir>/tasks.jsonl`` (or the ``tasks`` records of the PostgreSQL store,
 :mod:`luftpause.runtime.runs.store`), written like ``runs.jsonl`` (:mod:`luftpause.runtime.runs.journal`:
-one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning)::
-
-    {"type": "task", "taskId", "handle", "at", "elicits"}    created, written before the
-                                                             CreateTaskResult is sent
-    {"type": "end", "taskId", "handle", "at", "status", "statusMessage"?, "result"?, "error"?}
-                                                             the task reached a terminal state
-
+one ``O_APPEND`` write and ``fsync`` per record, a torn last line cut and skipped with a warning);
+its two record types (``task``, ``end``): :mod:`luftpause.runtime.mcp.task_records`.
 ``working`` and ``input_required`` are not journaled: they are read from the run, and after a
 restart no task is in either. On start the journal is replayed, open tasks are failed (an ``end``
 record each) and the file is rewritten with the tasks still kept.
+
+Several runtimes on one PostgreSQL store (docs/runtime-store.md): a task is served by the runtime
+holding its run (its lease, :mod:`luftpause.runtime.runs.custody`), and its records are that
+runtime's (``owner``). Any other runtime forwards ``tasks/get``, ``tasks/update`` and
+``tasks/cancel`` there (:mod:`luftpause.runtime.mcp.tasks_extension`), finding the task's run
+from its ``task`` record (:meth:`TaskRegistry.locate`). When a runtime takes over a dead
+runtime's runs, it **adopts** their tasks (the run registry's takeover listener): rebuilt from the
+dead runtime's records, ``elicits`` kept, open ones followed as if created here (their state read
+from the run that goes on here, their end recorded when it ends), their records written again
+under this runtime and the dead runtime's removed. Tasks taken over this way are not failed, since
+nothing about them stopped: only their runtime did. The runtime that lost runs (one paused past its
+leases) lets their tasks go without recording anything. A runtime starting again fails only the
+open tasks of runs it still holds (as above); those of runs another runtime took meanwhile are left
+to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from mcp import MCPError
 from mcp_types import (
@@ -94,12 +103,35 @@ from mcp_types import (
 )
 
 from luftpause.runtime.agent.approvals import Approvals, PendingApproval
-from luftpause.runtime.errors import RuntimeFault
+from luftpause.runtime.errors import JournalWriteError, RuntimeFault, StoreUnusable
 from luftpause.runtime.mcp.elicitation import INPUT_KEY_PREFIX, allow_of, input_request
-from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Journal, Record
+from luftpause.runtime.mcp.task_records import (
+    TASK_ID,
+    TERMINAL,
+    SharedTaskRecords,
+    Task,
+    TaskJournal,
+    TaskStatus,
+    iso8601,
+    new_task_id,
+    rebuild_tasks,
+)
+from luftpause.runtime.runs.journal import TASKS_JOURNAL_NAME, Record
 from luftpause.runtime.runs.registry import Run, RunRegistry
 from luftpause.runtime.runs.store import RecordStore
 from luftpause.runtime.runs.tenants import Tenant, visible
+
+__all__ = [
+    "TASKS_JOURNAL_NAME",
+    "TERMINAL",
+    "SharedTaskRecords",
+    "Task",
+    "TaskJournal",
+    "TaskRegistry",
+    "TaskStatus",
+    "iso8601",
+    "new_task_id",
+]
 
 log = logging.getLogger("luftpause.runtime.mcp.tasks")
 
@@ -116,77 +148,8 @@ DEFAULT_MAX_ENDED = 10_000
 WATCH_SECONDS = 3600.0
 """Longest single wait of a task's watcher (a wait needs a finite bound; it just waits again)."""
 
-TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
-
-
-def iso8601(seconds: float) -> str:
-    """Unix ``seconds`` as an ISO 8601 UTC timestamp with milliseconds (``...T10:30:00.000Z``)."""
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def new_task_id() -> str:
-    """A fresh task id, ``task-`` and 32 hex digits (128 random bits: unguessable, since any
-    client that knows it may poll or cancel the task)."""
-    return f"task-{secrets.token_hex(16)}"
-
-
-@dataclass(eq=False)
-class Task:
-    """One task: the ``run`` call of a client with the extension, bound to the run ``handle``.
-
-    ``elicits``: whether the creating request declared form elicitation (approvals are then asked
-    as ``input_required``). Times are Unix seconds. ``status`` is the last state observed (for
-    ``lastUpdatedAt``); ``result`` (completed: the CallToolResult wire object) and ``error``
-    (failed: a JSON-RPC error object) are set once it ended.
-    """
-
-    task_id: str
-    handle: str
-    created_at: float
-    elicits: bool
-    updated_at: float = 0.0
-    status: TaskStatus = "working"
-    status_message: str | None = None
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    ended_at: float | None = None
-    cancel_requested: bool = False
-
-    @property
-    def ended(self) -> bool:
-        return self.status in TERMINAL
-
-    def created_record(self) -> Record:
-        return {
-            "type": "task",
-            "taskId": self.task_id,
-            "handle": self.handle,
-            "at": self.created_at,
-            "elicits": self.elicits,
-        }
-
-    def end_record(self) -> Record:
-        record: Record = {
-            "type": "end",
-            "taskId": self.task_id,
-            "handle": self.handle,
-            "at": self.ended_at,
-            "status": self.status,
-        }
-        extra = (("statusMessage", self.status_message), ("result", self.result), ("error", self.error))
-        for key, value in extra:
-            if value is not None:
-                record[key] = value
-        return record
-
-
-class TaskJournal(Journal):
-    """``tasks.jsonl``: the runs journal's format rules (:class:`Journal`) under another name.
-    Every record carries the run's ``handle``, which the shared reader requires."""
-
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir, file_name=TASKS_JOURNAL_NAME)
+FOUND_TASKS = 10_000
+"""Most task ids whose run :meth:`TaskRegistry.locate` remembers (a task's run never changes)."""
 
 
 class TaskRegistry:
@@ -208,8 +171,10 @@ class TaskRegistry:
         *,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         max_ended: int = DEFAULT_MAX_ENDED,
+        shared: SharedTaskRecords | None = None,
     ) -> None:
         self.journal = TaskJournal(journal) if isinstance(journal, Path) else journal
+        self.shared = shared
         self.runs = runs
         self.approvals = approvals
         self.retention_seconds = retention_seconds
@@ -218,21 +183,34 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        self._found: dict[str, str] = {}
+        self._adopting: set[asyncio.Task[None]] = set()
+        runs.on_takeover(self._runs_moved)
 
     async def __aenter__(self) -> TaskRegistry:
         had_records = self._replay()
         self.journal.open(snapshot=self.snapshot)
+        elsewhere = 0
         for task in list(self._tasks.values()):
-            if not task.ended:
-                message = (
-                    f"the luftpause runtime restarted while this task was open; its run {task.handle} "
-                    f"resumed and goes on: await {task.handle} for its answer"
-                )
-                self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
-        if had_records:
+            if task.ended:
+                continue
+            if self.shared is not None and self.runs.find(task.handle) is None:
+                # Its run moved to another runtime while this one was down: that one adopts the
+                # task, from these records, which the compaction below would delete.
+                self._forget(task)
+                elsewhere += 1
+                continue
+            message = (
+                f"the luftpause runtime restarted while this task was open; its run {task.handle} "
+                f"resumed and goes on: await {task.handle} for its answer"
+            )
+            self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
+        if had_records and not elsewhere:
             self.journal.compact_later(self.snapshot())
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
+        if self.shared is not None:  # runs taken over from a dead runtime as this one started
+            await self._adopt([run.handle for run in self.runs.all()])
         return self
 
     async def __aexit__(
@@ -242,7 +220,7 @@ class TaskRegistry:
         tb: TracebackType | None,
     ) -> None:
         group, self._group = self._group, None
-        for watcher in self._watchers.values():
+        for watcher in [*self._watchers.values(), *self._adopting]:
             watcher.cancel()
         try:
             if group is not None:
@@ -279,15 +257,40 @@ class TaskRegistry:
         run = self.runs.find(task.handle) if task is not None else None
         if task is not None and tenant is not None and (run is None or not visible(run, tenant)):
             task = None
-        if task is None:
+        if task is not None and not task.ended:
+            self._observe(task)  # forgets it when its run moved to another runtime
+        if task is None or task.task_id not in self._tasks:
             raise MCPError(
                 INVALID_PARAMS,
                 f"Failed to retrieve task: no task {task_id!r} (unknown, or ended more than "
                 f"{self.retention_seconds:g} s ago and dropped)",
             )
-        if not task.ended:
-            self._observe(task)
         return task
+
+    def held_here(self, task_id: str) -> bool:
+        """Whether this runtime answers for the task ``task_id``: it holds the task, and its run
+        unless the task ended (on a shared store an open task is served by the runtime holding
+        its run; an ended one by whichever holds it, its run maybe dropped by retention)."""
+        task = self._tasks.get(task_id)
+        return task is not None and (task.ended or self.runs.find(task.handle) is not None)
+
+    async def locate(self, task_id: str) -> str | None:
+        """The run handle of the task ``task_id``: this runtime's, or on a shared store the one
+        its record names, whichever runtime wrote it; ``None`` for no such task. Raises
+        :class:`~luftpause.runtime.errors.StoreUnusable` when the store cannot be read."""
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task.handle
+        if self.shared is None or TASK_ID.fullmatch(task_id) is None:
+            return None
+        handle = self._found.get(task_id)
+        if handle is None:
+            handle = await asyncio.to_thread(self.shared.find_task, task_id)
+            if handle is not None:
+                if len(self._found) >= FOUND_TASKS:
+                    self._found.pop(next(iter(self._found)))
+                self._found[task_id] = handle
+        return handle
 
     def describe(self, task: Task) -> dict[str, Any]:
         """The task on the wire (``Task`` with its status's fields: ``inputRequests``, ``result``
@@ -390,6 +393,9 @@ class TaskRegistry:
         if task.ended:
             return
         run = self._run_of(task)
+        if run is None and self.shared is not None:  # taken over: its new runtime serves it
+            self._forget(task)
+            return
         if run is None:  # dropped while the task was open: only possible if a watcher died
             message = f"run {task.handle} is no longer held by the runtime"
             self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
@@ -433,7 +439,7 @@ class TaskRegistry:
         """Follow ``run`` until it ends, so the task's end is journaled when it happens (not when
         someone next polls) and ``lastUpdatedAt`` is the time of each status change."""
         try:
-            while not task.ended and not run.done:
+            while not task.ended and not run.done and task.task_id in self._tasks:
                 self._observe(task)
                 await self.runs.wait(
                     [run], "all", WATCH_SECONDS, interrupt=lambda: self._live(task, run)[0] != task.status
@@ -445,7 +451,70 @@ class TaskRegistry:
                 message = f"internal error of the luftpause runtime following run {task.handle}: {exc!r}"
                 self._end(task, "failed", message, error={"code": INTERNAL_ERROR, "message": message})
         finally:
-            self._watchers.pop(task.task_id, None)
+            if self._watchers.get(task.task_id) is asyncio.current_task():
+                del self._watchers[task.task_id]
+
+    # Runs that move between runtimes sharing a store: their tasks follow them.
+
+    def _forget(self, task: Task) -> None:
+        """Let go of ``task`` without recording anything: another runtime serves it now."""
+        self._tasks.pop(task.task_id, None)
+        watcher = self._watchers.pop(task.task_id, None)
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+
+    def _runs_moved(self, took: list[str], lost: list[str]) -> None:
+        """The run registry's takeover listener: the tasks of runs ``lost`` are left to the
+        runtime that took them; those of runs this runtime ``took`` are adopted."""
+        if self.shared is None or self._group is None:
+            return
+        gone = set(lost)
+        for task in [t for t in self._tasks.values() if t.handle in gone]:
+            self._forget(task)
+        if took:
+            adopting = self._group.create_task(self._adopt(took), name="adopt tasks")
+            self._adopting.add(adopting)
+            adopting.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, handles: list[str]) -> None:
+        """Adopt the tasks of the runs ``handles`` (taken over from another runtime) that other
+        runtimes recorded: rebuilt from their records, kept as they were (``elicits`` too), open
+        ones followed to their run's end; their records written again under this runtime, then
+        the other runtimes' removed (a crash in between leaves both: adopted again, once)."""
+        shared = self.shared
+        if shared is None or not handles:
+            return
+        try:
+            records = await asyncio.to_thread(shared.records_of_others, handles)
+        except StoreUnusable as exc:
+            log.error("the tasks of %d runs taken over could not be read: %s", len(handles), exc)
+            return
+        found: dict[str, Task] = {}
+        rebuild_tasks(records, found, self.journal.label)
+        adopted = [task for task in found.values() if task.task_id not in self._tasks]
+        writes = []
+        for task in adopted:
+            self._tasks[task.task_id] = task
+            writes.append(self.journal.append(task.created_record()))
+            if task.ended:
+                writes.append(self.journal.append(task.end_record()))
+            else:
+                run = self._run_of(task)
+                if run is not None and self._group is not None:
+                    self._watchers[task.task_id] = self._group.create_task(
+                        self._watch(task, run), name=task.task_id
+                    )
+                else:
+                    self._observe(task)
+        if adopted:
+            log.warning("adopted %d tasks of runs taken over", len(adopted))
+        try:
+            for written in writes:
+                await asyncio.wrap_future(written)
+            if records:
+                await asyncio.to_thread(shared.drop_others, handles)
+        except (JournalWriteError, StoreUnusable) as exc:
+            log.error("the adopted tasks' records are kept where they were: %s", exc)
 
     def _evict(self) -> None:
         """Drop ended tasks past their retention, then the oldest ended beyond the cap."""
@@ -468,35 +537,6 @@ class TaskRegistry:
 
     def _replay(self) -> bool:
         """Rebuild the tasks of ``tasks.jsonl``; whether it held any record."""
-        seen = False
-        for record in self.journal.records():
-            seen = True
-            kind, task_id = record.get("type"), record.get("taskId")
-            try:
-                if not isinstance(task_id, str):
-                    raise TypeError("taskId is not a string")
-                if kind == "task":
-                    at = float(record["at"])
-                    self._tasks[task_id] = Task(
-                        task_id=task_id,
-                        handle=str(record["handle"]),
-                        created_at=at,
-                        updated_at=at,
-                        elicits=bool(record.get("elicits")),
-                    )
-                elif kind == "end":
-                    task = self._tasks[task_id]
-                    status = record["status"]
-                    if status not in TERMINAL:
-                        raise ValueError(f"not a terminal status: {status!r}")
-                    task.status = status
-                    task.status_message = record.get("statusMessage")
-                    task.result = record.get("result")
-                    task.error = record.get("error")
-                    task.ended_at = task.updated_at = float(record["at"])
-                else:
-                    raise ValueError(f"unknown record type {kind!r}")
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("%s: a %s record of %s skipped: %r", self.journal.label, kind, task_id, exc)
+        seen = rebuild_tasks(self.journal.records(), self._tasks, self.journal.label)
         self._evict()
         return seen

@@ -246,6 +246,51 @@ class PostgresJournal(RecordStore):
     def _read_runs(self, handles: list[str]) -> list[tuple[int, Record]]:
         return list(self._read("stream = 'runs' AND handle = ANY(%s)", [handles]))
 
+    # A shared store's records of runs another runtime wrote (the MCP tasks that follow their
+    # runs: :mod:`luftpause.runtime.mcp.tasks`).
+
+    @property
+    def shared(self) -> bool:
+        """Whether this store belongs to a runtime that shares the database with others (it has
+        a custody: leases, and records read by owner)."""
+        return self.database.custody is not None
+
+    def records_of_others(self, handles: list[str]) -> list[Record]:
+        """The records of this stream about the runs ``handles`` that another runtime wrote, in
+        order (the tasks of runs this runtime took over). Raises :class:`StoreUnusable`."""
+        custody = self.database.custody
+        owner = custody.owner if custody is not None else ""
+        where = "stream = %s AND handle = ANY(%s) AND owner IS DISTINCT FROM %s"
+        return [record for _, record in self._read(where, [self.stream, handles, owner])]
+
+    def drop_others(self, handles: list[str]) -> None:
+        """Delete the records :meth:`records_of_others` gave, once this runtime has written its
+        own copies of them. Raises :class:`StoreUnusable`."""
+        custody = self.database.custody
+        owner = custody.owner if custody is not None else ""
+        self.database.run(
+            lambda conn: conn.execute(
+                "DELETE FROM luftpause_records WHERE stream = %s AND handle = ANY(%s) "
+                "AND owner IS DISTINCT FROM %s",
+                (self.stream, handles, owner),
+            )
+        )
+
+    def find_task(self, task_id: str) -> str | None:
+        """The run of the MCP task ``task_id`` (its ``task`` record's ``handle``), whichever
+        runtime wrote it; ``None`` for a task no runtime recorded. ``task_id`` must be a task id
+        as :func:`luftpause.runtime.mcp.tasks.new_task_id` makes them (no quote, no backslash):
+        it is looked for as written in the record's JSON. Raises :class:`StoreUnusable`."""
+        needle = f'"taskId":"{task_id}"'
+        row = self.database.run(
+            lambda conn: conn.execute(
+                "SELECT handle FROM luftpause_records WHERE stream = %s AND kind = 'task' "
+                "AND strpos(body, %s) > 0 LIMIT 1",
+                (self.stream, needle),
+            ).fetchone()
+        )
+        return str(row[0]) if row is not None else None
+
     def claim(self) -> None:
         """Take this runtime's runs before the replay (:meth:`Custody.claim_at_start`)."""
         custody = self.database.custody

@@ -113,6 +113,11 @@ log = logging.getLogger("luftpause.runtime.runs")
 Drive = Callable[[Run], Coroutine[Any, Any, None]]
 """What drives one run from where it stands to its end (the sub-agent loop's ``drive``)."""
 
+TakeoverListener = Callable[[list[str], list[str]], None]
+"""Told of each change of custody on a shared store (:meth:`RunRegistry.on_takeover`): the
+handles this runtime ``took`` over (installed and resumed already) and those it ``lost``
+(released already). Called on the event loop; must not raise."""
+
 
 FINAL_STATES: tuple[RunState, ...] = ("completed", "failed", "cancelled")
 
@@ -187,6 +192,7 @@ class RunRegistry:
         self.ready = False
         """True from when the journal is replayed and its unfinished runs resumed (:meth:`serving`)
         until the registry is left: the runtime's readiness."""
+        self._takeover_listeners: list[TakeoverListener] = []
 
     @property
     def retained_total(self) -> int:
@@ -235,6 +241,7 @@ class RunRegistry:
             return
         async for change in self.journal.takeovers():
             self._release(change.lost)
+            took: list[str] = []
             if change.took is not None:
                 replayed = replay_journal(change.took, self.listeners, self._foreign)
                 self._install(replayed)
@@ -243,6 +250,15 @@ class RunRegistry:
                 resumed = self._resume()
                 log.warning("took over %d runs (%d resumed) from a dead runtime", len(replayed.runs), resumed)
                 self.notify_changed()
+                took = list(replayed.runs)
+            for listener in self._takeover_listeners:
+                listener(took, change.lost)
+
+    def on_takeover(self, listener: TakeoverListener) -> None:
+        """Tell ``listener`` of every later takeover (:data:`TakeoverListener`): a part that keeps
+        state about runs beside the registry (the MCP tasks) follows its runs to and from other
+        runtimes sharing the store. Nothing is ever told on a store of one runtime."""
+        self._takeover_listeners.append(listener)
 
     def _release(self, handles: list[str]) -> None:
         """Stop driving ``handles`` and forget them, without recording an end: another runtime
