@@ -67,10 +67,14 @@ ROUTED: dict[str, str] = {
     "send": "handle",
     "read": "handle",
     "stop": "handle",
+    "list": "handle",
+    "spawn": "parent",
+    "run": "parent",
 }
-"""The tools that name runs, and the argument that names them."""
+"""The tools that name runs, and the argument that names them (``spawn`` and ``run``: the
+parent, whose runtime holds the whole tree)."""
 
-CHANGING = frozenset({"cancel", "approve", "send", "stop"})
+CHANGING = frozenset({"cancel", "approve", "send", "stop", "spawn", "run"})
 """Routed tools that change a run: never made twice when the owner died during the call."""
 
 WAIT_SECONDS = LEASE_SECONDS + 4 * RENEW_SECONDS + 10.0
@@ -162,6 +166,18 @@ class Router:
                     f"runtime has taken it over yet; try again"
                 )
             await asyncio.sleep(RENEW_SECONDS / 4 if owner == self.custody.owner else RENEW_SECONDS)
+
+    async def where(self, handle: str) -> Whereabouts | None:
+        """Who holds ``handle`` now (``None``: no lease names it)."""
+        return (await self._where([handle]))[handle]
+
+    async def forward(
+        self, place: Whereabouts, name: str, arguments: dict[str, Any], ctx: Context
+    ) -> CallToolResult:
+        """The answer of the runtime at ``place`` to the call ``name(arguments)`` made for the
+        caller of ``ctx`` (never forwarded again there). Raises ``httpx2.HTTPError``, ``OSError``
+        or an ``ExceptionGroup`` of them when that runtime cannot be reached or stops answering."""
+        return await self._forward(place, name, arguments, ctx)
 
     async def _forward(
         self, place: Whereabouts, name: str, arguments: dict[str, Any], ctx: Context
