@@ -46,7 +46,7 @@ from mcp_types import CallToolResult, InputRequiredResult, TextContent
 
 from luftpause.runtime.mcp.callers import actor_of, caller_of
 from luftpause.runtime.mcp.routing import FORWARDED_HEADER, SETTLE_TRIES, Router
-from luftpause.runtime.mcp.run_tools import MAX_STATUS_LIST
+from luftpause.runtime.mcp.run_tools import DEFAULT_STATUS_LIST, MAX_STATUS_LIST
 from luftpause.runtime.runs.custody import RENEW_SECONDS, Whereabouts
 
 if TYPE_CHECKING:
@@ -144,10 +144,13 @@ class AcrossRuntimes:
 
     async def _status(self, arguments: dict[str, Any], ctx: Context, local: Call) -> dict[str, Any]:
         caller = caller_of(ctx)
-        limit = int(arguments.get("limit", 100))
+        events: list[Any] = []
+        # The call as asked, here first: its arguments are checked as the tool checks them (a bad
+        # limit is refused with the tool's own message) before anything is asked elsewhere.
+        events.extend(_structured(await local("status", arguments)).get("events", ()))
+        limit = int(arguments.get("limit", DEFAULT_STATUS_LIST))
         offset = int(arguments.get("offset", 0))
         wanted = offset + limit
-        events: list[Any] = []
 
         async def listing(call: Call) -> tuple[list[dict[str, Any]], int]:
             runs: list[dict[str, Any]] = []
@@ -180,8 +183,9 @@ class AcrossRuntimes:
         async def listing(call: Call) -> list[dict[str, Any]]:
             return list(_structured(await call("list", dict(arguments)))["runs"])
 
+        mine = await listing(local)  # first: a bad argument is refused before anything is asked elsewhere
         gathered, holders = await self._gather(caller, ctx, listing)
-        runs = await listing(local) + [run for runs in gathered.values() for run in runs]
+        runs = mine + [run for runs in gathered.values() for run in runs]
         runs.sort(key=lambda run: (_when(holders.at.get(run["handle"])), run["handle"]))
         return {"runs": runs}
 

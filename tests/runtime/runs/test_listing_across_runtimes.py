@@ -100,6 +100,11 @@ def test_listings_children_and_names_reach_every_runtime_within_the_tenant(
             assert page["total"] == 3 and page["nextOffset"] == 2, page
             last = await call(on_b, "status", limit=2, offset=2)
             assert [run["handle"] for run in last["runs"]] == [third] and "nextOffset" not in last, last
+            for bad in ({"limit": 0}, {"offset": -1}, {"limit": "many"}, {"limt": 5}):
+                refused = await on_a.call_tool("status", bad, read_timeout_seconds=60)
+                assert refused.is_error and next(iter(bad)) in tool_text(refused), (bad, tool_text(refused))
+            refused = await on_a.call_tool("list", {"caller": 7}, read_timeout_seconds=60)
+            assert refused.is_error and "caller" in tool_text(refused), tool_text(refused)
 
             # list(): the caller's top-level runs of both runtimes; list(caller=...) the same.
             for client in (on_a, on_b):
