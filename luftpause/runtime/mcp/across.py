@@ -1,7 +1,7 @@
 """MCP calls that name no held run, on a shared PostgreSQL store: answered across the runtimes.
 
 :mod:`~luftpause.runtime.mcp.routing` forwards a call naming a run to the runtime holding it.
-Three kinds of call name no such run, yet are about runs other runtimes may hold; this module
+Two kinds of call name no such run, yet are about runs other runtimes may hold; this module
 answers them as one runtime holding every run would (docs/runtime-store.md):
 
 * **Listings**: ``status`` without a handle (the caller's runs, paged), ``list()`` and
@@ -16,7 +16,10 @@ answers them as one runtime holding every run would (docs/runtime-store.md):
   ``run`` records (name, parent, caller, tenant), level by level as
   :meth:`~luftpause.runtime.pods.operations.PodOperations.resolve` does, a live run over a stopped
   one (asked of the runtime holding it), then the newest; the call is then made with the run's
-  handle, so it is forwarded to its runtime as any call naming a run.
+  handle, so it is forwarded to its runtime as any call naming a run. A top-level ``spawn`` or
+  ``run`` with a ``name`` is refused while a running or idle top-level run of the caller has it on
+  another runtime (this runtime's own are checked by the spawner); not atomically: two such
+  spawns at the same moment on two runtimes may both be accepted.
 
 Why listings ask each runtime rather than rebuild the runs from their records: a run's status is
 its runtime's (a pending approval, ``stopping``, the counters of a turn in flight are not all in
@@ -44,6 +47,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
 
+from luftpause.runtime.errors import StoreUnusable
 from luftpause.runtime.mcp.callers import actor_of, caller_of
 from luftpause.runtime.mcp.routing import FORWARDED_HEADER, SETTLE_TRIES, Router
 from luftpause.runtime.mcp.run_tools import DEFAULT_STATUS_LIST, MAX_STATUS_LIST
@@ -61,6 +65,9 @@ Call = Callable[[str, dict[str, Any]], Awaitable[CallToolResult | InputRequiredR
 
 NAMED_TOOLS = frozenset({"send", "read", "stop", "list"})
 """Tools whose ``handle`` may be a pod name."""
+
+SPAWNING = frozenset({"spawn", "run"})
+"""Tools that may name the run they start (``name``)."""
 
 _HOLDERS = (
     "SELECT DISTINCT ON (rec.handle) rec.handle, l.owner, l.expires_at > now(), r.url, "
@@ -134,6 +141,9 @@ class AcrossRuntimes:
             handle = await self._resolve(target, ctx)
             if handle is not None:
                 return await routed(name, {**arguments, "handle": handle})
+        pod_name = arguments.get("name")
+        if name in SPAWNING and isinstance(pod_name, str) and arguments.get("parent") is None:
+            await self._check_name_free(pod_name, ctx)
         return None
 
     def _maybe_name(self, target: str) -> bool:
@@ -193,7 +203,7 @@ class AcrossRuntimes:
         def look(conn: Connection) -> list[tuple[Any, ...]]:
             return conn.execute(_HOLDERS, (caller,)).fetchall()
 
-        rows = await asyncio.to_thread(self.database.run, look)
+        rows = await self._query(look)
         others: dict[str, Whereabouts] = {}
         settling = False
         for handle, owner, live, url, _ in rows:
@@ -242,20 +252,45 @@ class AcrossRuntimes:
 
     # --- pod names -------------------------------------------------------------------------------
 
-    async def _resolve(self, name: str, ctx: Context) -> str | None:
-        """The handle of the run ``name`` names for the MCP caller of ``ctx`` across the
-        runtimes (module docstring), or ``None`` when no run of the store has that name there."""
+    async def _directory(self, ctx: Context) -> tuple[list[Entry], list[Entry]]:
+        """Every run of the store the caller of ``ctx`` may see, oldest first, and of them the
+        caller's own top-level runs (the first level of a name's lookup)."""
 
         def look(conn: Connection) -> list[tuple[Any, ...]]:
             return conn.execute(_DIRECTORY).fetchall()
 
-        rows = await asyncio.to_thread(self.database.run, look)
+        rows = await self._query(look)
         entries = [Entry(str(h), n, p, c, t, float(a) if a is not None else 0.0) for h, n, p, c, t, a in rows]
         entries.sort(key=lambda entry: (entry.at, entry.handle))
         actor = actor_of(ctx)
         tenant = actor.tenant
         visible = [e for e in entries if tenant is None or tenant.admin or e.tenant == tenant.name]
-        level = [e for e in visible if e.parent is None and e.caller == actor.caller]
+        return visible, [e for e in visible if e.parent is None and e.caller == actor.caller]
+
+    async def _check_name_free(self, name: str, ctx: Context) -> None:
+        """Refuse a top-level spawn named ``name`` when a running or idle top-level run of the
+        caller has that name on any runtime (as :meth:`TreeLimits.check_spawn` does on one)."""
+        _, top = await self._directory(ctx)
+        for entry in top:
+            if entry.name == name and entry.handle not in self._held_here():
+                state = await self._pod_state(entry.handle, ctx)
+                if state is not None and state != "stopped":
+                    raise ToolError(f"name {name!r} is taken among the spawner's running or idle children")
+
+    def _held_here(self) -> set[str]:
+        return {run.handle for run in self.registry.all()}
+
+    async def _query(self, look: Callable[[Connection], T]) -> T:
+        """``look`` on the store; a store that cannot be reached is refused as a ``ToolError``."""
+        try:
+            return await asyncio.to_thread(self.database.run, look)
+        except StoreUnusable as exc:
+            raise ToolError(f"{exc}; try again") from None
+
+    async def _resolve(self, name: str, ctx: Context) -> str | None:
+        """The handle of the run ``name`` names for the MCP caller of ``ctx`` across the
+        runtimes (module docstring), or ``None`` when no run of the store has that name there."""
+        visible, level = await self._directory(ctx)
         seen: set[str] = set()
         while level:
             named = [e for e in level if e.name == name]

@@ -143,8 +143,16 @@ def test_listings_children_and_names_reach_every_runtime_within_the_tenant(
             await _done(on_a, reviewer)
             asked = b.engine.requests[reviewer][-1]["messages"]
             assert [m["content"] for m in asked if m["role"] == "user"][-1] == "again", asked
+            # A top-level name is the caller's across the runtimes: taken while b's reviewer lives.
+            taken = await on_a.call_tool("spawn", {"task": SAYS, "name": "reviewer"}, read_timeout_seconds=60)
+            assert taken.is_error and "name 'reviewer' is taken" in tool_text(taken), tool_text(taken)
             stopped = await call(on_a, "stop", handle="reviewer")
             assert stopped["handle"] == reviewer and stopped["state"] == "stopped", stopped
+            # Once it is stopped the name is free; the live one is found before the stopped one.
+            again = (await call(on_a, "spawn", task=SAYS, name="reviewer"))["handle"]
+            await _done(on_a, again)
+            for client in (on_a, on_b):
+                assert (await call(client, "read", handle="reviewer"))["handle"] == again
 
             # A name held on neither runtime is refused as before.
             refused = await on_a.call_tool(
