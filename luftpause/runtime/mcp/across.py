@@ -79,6 +79,9 @@ _HOLDERS = (
 """Every run of a caller in the store: its handle, holder, whether the lease is live, the
 holder's URL and the run's start time (Unix seconds)."""
 
+_OTHERS = "SELECT EXISTS (SELECT 1 FROM luftpause_leases WHERE owner <> %s)"
+"""Whether a runtime other than the one named holds a run."""
+
 _DIRECTORY = (
     "SELECT DISTINCT ON (handle) handle, b->>'name', b->>'parent', b->>'caller', b->>'tenant', "
     "(b->>'at')::float8 FROM (SELECT handle, body::jsonb AS b FROM luftpause_records "
@@ -138,13 +141,24 @@ class AcrossRuntimes:
         if name == "list" and target is None:
             return await self._list(arguments, ctx, local)
         if name in NAMED_TOOLS and isinstance(target, str) and self._maybe_name(target):
-            handle = await self._resolve(target, ctx)
-            if handle is not None:
-                return await routed(name, {**arguments, "handle": handle})
+            if await self._others():
+                handle = await self._resolve(target, ctx)
+                if handle is not None:
+                    return await routed(name, {**arguments, "handle": handle})
         pod_name = arguments.get("name")
         if name in SPAWNING and isinstance(pod_name, str) and arguments.get("parent") is None:
-            await self._check_name_free(pod_name, ctx)
+            if await self._others():
+                await self._check_name_free(pod_name, ctx)
         return None
+
+    async def _others(self) -> bool:
+        """Whether another runtime holds any run: if none does, a name is this runtime's to find."""
+
+        def look(conn: Connection) -> bool:
+            row = conn.execute(_OTHERS, (self.owner,)).fetchone()
+            return bool(row is not None and row[0])
+
+        return await self._query(look)
 
     def _maybe_name(self, target: str) -> bool:
         # Names never start "run-" (kept for handles); a run held here is answered here.
