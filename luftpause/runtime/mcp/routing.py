@@ -3,7 +3,8 @@
 With several runtimes on one database (docs/runtime-store.md), each run is driven by the one
 runtime holding its lease (:mod:`luftpause.runtime.runs.custody`). A tool call naming runs this
 runtime does not hold (``status``, ``await``, ``cancel``, ``approve``, ``tools``, ``send``,
-``read``, ``stop``: :data:`ROUTED`) is sent, as it came, to the runtime that holds them, at the
+``read``, ``stop``, ``list``; ``spawn`` and ``run`` by their ``parent``: :data:`ROUTED`) is
+sent, as it came, to the runtime that holds them, at the
 URL that runtime wrote in ``luftpause_runtimes`` (``[runtime] advertise_url``), and its answer
 is given back unchanged. The owner answers it exactly as a call made to it: tenant rules,
 durability before a changing answer, elicitation-less approvals, all its own.
@@ -22,6 +23,8 @@ durability before a changing answer, elicitation-less approvals, all its own.
   runtime that takes the run over; one that changes the run (``cancel``, ``approve``, ``send``,
   ``stop``) is answered with an error saying its outcome is unknown (``status`` tells): it is
   never repeated silently.
+* Calls that name no run held anywhere (listings, pod names) are answered across the runtimes by
+  :mod:`luftpause.runtime.mcp.across`.
 * The handles of one call held by two different runtimes are refused with the reason (call
   once per runtime's runs).
 
