@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
-from postgres_helpers import PostgresServer, find_binaries, postgres_server
+from postgres_helpers import STORES, PostgresServer, find_binaries, postgres_server, store_of
 
 from luftpause.testkit.engine import EngineSettings, RunningEngine, start_engine
 from luftpause.testkit.launch.stack import Stack
@@ -75,11 +75,9 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
-@pytest.fixture(params=["file", "postgresql"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest) -> str:
     """``[runtime] store`` for a test of the runs' behaviour that must hold on both stores:
-    ``"file"``, or the URL of a fresh database of :func:`postgres`."""
-    if request.param == "file":
-        return "file"
-    server: PostgresServer = request.getfixturevalue("postgres")
-    return server.database()
+    ``"file"``, or the URL of a fresh database of :func:`postgres`. A fixture of wider scope that
+    starts a runtime takes ``params=STORES`` and :func:`postgres_helpers.store_of` instead."""
+    return store_of(request)

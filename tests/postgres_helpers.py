@@ -30,6 +30,10 @@ from luftpause.testkit.launch.procs import free_port
 
 BINARIES = ("initdb", "pg_ctl")
 
+STORES = ("file", "postgresql")
+"""The runtime's two stores, as the params of a fixture that runs a test on each: :func:`store_of`
+gives the ``[runtime] store`` of one."""
+
 
 def find_binaries() -> tuple[dict[str, str], str | None]:
     """``({name: path}, None)`` for ``initdb`` and ``pg_ctl``, or ``({}, why not)``."""
@@ -108,6 +112,32 @@ class PostgresServer:
         with contextlib.suppress(OSError):
             return "\n".join((self.root / "server.log").read_text().splitlines()[-lines:])
         return ""
+
+
+def store_of(request: Any) -> str:
+    """``[runtime] store`` for a fixture parametrised with ``params=STORES``, of any scope
+    (``request``: its ``pytest.FixtureRequest``): ``"file"``, or the URL of a fresh database of the
+    session's PostgreSQL (the ``postgres`` fixture, which skips with the reason where PostgreSQL
+    is not installed)."""
+    if request.param == "file":
+        return "file"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.database()
+
+
+def on_the_file_journal(fixture: str) -> Any:
+    """A mark for a test of ``fixture`` (parametrised with ``params=STORES``) that the store cannot
+    change (arguments refused before any run, an upstream server's tool listing, the start-up
+    log): it runs on the default store only, on the same fixture as the other tests there."""
+    import pytest
+
+    return pytest.mark.parametrize(fixture, ["file"], indirect=True)
+
+
+def store_line(store: str) -> str:
+    """The ``[runtime]`` line that sets ``store`` in a configuration file (empty for the default,
+    the file journal)."""
+    return "" if store == "file" else f'store = "{store}"\n'
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from postgres_helpers import store_line
 from starlette.types import ASGIApp, Message
 
 from luftpause.config import DEFAULT_MODEL, Config, parse_config
@@ -148,9 +149,10 @@ async def asgi_request(
 
 
 @contextmanager
-def stack_with_destructive_tools(workdir: Path) -> Iterator[tuple[Stack, str]]:
+def stack_with_destructive_tools(workdir: Path, store: str = "file") -> Iterator[tuple[Stack, str]]:
     """The whole stack plus a second fake MCP server, ``danger``, that also serves ``delete_note``
-    (``destructiveHint: true``): yields the stack and that server's MCP URL; stops both."""
+    (``destructiveHint: true``): yields the stack and that server's MCP URL; stops both. ``store``:
+    the runtime's ``[runtime] store`` (``"file"``, or a PostgreSQL URL)."""
     port = free_port()
     danger = ChildProcess(
         "danger-mcp",
@@ -165,7 +167,8 @@ url = "http://127.0.0.1:{port}/mcp"
 """
     try:
         danger.start().wait_ready()
-        stack = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": ""})
+        sections = {"runtime": store_line(store)}
+        stack = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": ""}, sections=sections)
         try:
             yield stack, f"http://127.0.0.1:{port}/mcp"
         finally:

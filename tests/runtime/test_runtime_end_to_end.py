@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from mcp import Client
 from mcp.types import CallToolResult, Implementation, TextContent
+from postgres_helpers import STORES, on_the_file_journal, store_line, store_of
 from repo_paths import ROOT
 from runtime_helpers import make_run
 
@@ -42,9 +43,11 @@ class Runtime:
     child: ChildProcess
 
 
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
-    """fake-mcp, fake-engine (two tool rounds per run) and the runtime, stopped after the module."""
+@pytest.fixture(scope="module", params=STORES)
+def runtime(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """fake-mcp, fake-engine (two tool rounds per run) and the runtime, stopped after the module;
+    once on each store (tests/postgres_helpers.py)."""
+    store = store_of(request)
     workdir = tmp_path_factory.mktemp("runtime")
     mcp_port, engine_port, runtime_port = free_port(), free_port(), free_port()
     config = workdir / "luftpause.toml"
@@ -54,7 +57,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
 listen = "127.0.0.1:{runtime_port}"
 dataplane = "http://127.0.0.1:{engine_port}"
 state_dir = "{workdir / "state"}"
-
+{store_line(store)}
 [[replicas]]
 name = "sim"
 url = "http://127.0.0.1:{engine_port}"
@@ -195,6 +198,7 @@ def test_bad_service_class_and_mode_are_tool_errors(runtime: Runtime) -> None:
     assert bad_mode.is_error and "mode" in _text(bad_mode)
 
 
+@on_the_file_journal("runtime")
 def test_misspelt_arguments_are_refused_naming_the_key(runtime: Runtime) -> None:
     """``budgetToolcalls`` (lower-case c) was ignored and the run went without its budget."""
 
@@ -530,6 +534,7 @@ def test_turns_and_run_endings_carry_the_token_and_only_when_one_is_set() -> Non
     assert "Authorization" not in turn_without and "Authorization" not in dataplane.delete_headers[1]
 
 
+@on_the_file_journal("runtime")
 def test_without_a_token_the_runtime_warns_at_start_and_accepts_requests(runtime: Runtime) -> None:
     assert runtime.child.log_path is not None
     log = runtime.child.log_path.read_text()

@@ -38,8 +38,8 @@ def _await_one(pod: Pod, task: str, before: Any = None) -> tuple[str, dict[str, 
     return asyncio.run(go())
 
 
-def test_a_turn_answered_502_twice_then_200_completes(tmp_path: Path) -> None:
-    with start_pod(tmp_path, workspace=None, runtime_toml=SHORT_WAITS) as pod:
+def test_a_turn_answered_502_twice_then_200_completes(tmp_path: Path, store: str) -> None:
+    with start_pod(tmp_path, workspace=None, runtime_toml=SHORT_WAITS, store=store) as pod:
         handle, run = _await_one(
             pod, script({"refuse": 502, "times": 2, "error": "no engine", "say": "made it"})
         )
@@ -49,9 +49,11 @@ def test_a_turn_answered_502_twice_then_200_completes(tmp_path: Path) -> None:
         assert "dataplane answered 502: no engine; try 2 failed" in pod.runtime_log()
 
 
-def test_a_dataplane_down_at_first_and_back_within_the_window_completes_the_run(tmp_path: Path) -> None:
+def test_a_dataplane_down_at_first_and_back_within_the_window_completes_the_run(
+    tmp_path: Path, store: str
+) -> None:
     settings = "turn_retry_max_wait = 0.5\nturn_retry_seconds = 120\n"
-    with start_pod(tmp_path, workspace=None, runtime_toml=settings, engine_started=False) as pod:
+    with start_pod(tmp_path, workspace=None, runtime_toml=settings, engine_started=False, store=store) as pod:
 
         async def bring_it_back(handle: str) -> None:
             async def retried() -> bool:
@@ -65,9 +67,9 @@ def test_a_dataplane_down_at_first_and_back_within_the_window_completes_the_run(
         assert len(pod.engine.requests[handle]) == 1
 
 
-def test_past_the_window_the_run_fails_with_the_last_error(tmp_path: Path) -> None:
+def test_past_the_window_the_run_fails_with_the_last_error(tmp_path: Path, store: str) -> None:
     settings = SHORT_WAITS + "turn_retry_seconds = 1.5\n"
-    with start_pod(tmp_path, workspace=None, runtime_toml=settings) as pod:
+    with start_pod(tmp_path, workspace=None, runtime_toml=settings, store=store) as pod:
         handle, run = _await_one(pod, script({"refuse": 503, "error": "engine gone"}))
         assert run["state"] == "failed", run
         assert run["error"].startswith("dataplane answered 503: engine gone (tried "), run["error"]

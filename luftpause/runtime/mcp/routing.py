@@ -3,7 +3,8 @@
 With several runtimes on one database (docs/runtime-store.md), each run is driven by the one
 runtime holding its lease (:mod:`luftpause.runtime.runs.custody`). A tool call naming runs this
 runtime does not hold (``status``, ``await``, ``cancel``, ``approve``, ``tools``, ``send``,
-``read``, ``stop``: :data:`ROUTED`) is sent, as it came, to the runtime that holds them, at the
+``read``, ``stop``, ``list``; ``spawn`` and ``run`` by their ``parent``: :data:`ROUTED`) is
+sent, as it came, to the runtime that holds them, at the
 URL that runtime wrote in ``luftpause_runtimes`` (``[runtime] advertise_url``), and its answer
 is given back unchanged. The owner answers it exactly as a call made to it: tenant rules,
 durability before a changing answer, elicitation-less approvals, all its own.
@@ -22,6 +23,8 @@ durability before a changing answer, elicitation-less approvals, all its own.
   runtime that takes the run over; one that changes the run (``cancel``, ``approve``, ``send``,
   ``stop``) is answered with an error saying its outcome is unknown (``status`` tells): it is
   never repeated silently.
+* Calls that name no run held anywhere (listings, pod names) are answered across the runtimes by
+  :mod:`luftpause.runtime.mcp.across`.
 * The handles of one call held by two different runtimes are refused with the reason (call
   once per runtime's runs).
 
@@ -77,10 +80,14 @@ ROUTED: dict[str, str] = {
     "send": "handle",
     "read": "handle",
     "stop": "handle",
+    "list": "handle",
+    "spawn": "parent",
+    "run": "parent",
 }
-"""The tools that name runs, and the argument that names them."""
+"""The tools that name runs, and the argument that names them (``spawn`` and ``run``: the
+parent, whose runtime holds the whole tree)."""
 
-CHANGING = frozenset({"cancel", "approve", "send", "stop"})
+CHANGING = frozenset({"cancel", "approve", "send", "stop", "spawn", "run"})
 """Routed tools that change a run: never made twice when the owner died during the call."""
 
 WAIT_SECONDS = LEASE_SECONDS + 4 * RENEW_SECONDS + 10.0
@@ -204,6 +211,18 @@ class Router:
                     f"runtime has taken it over yet; try again"
                 )
             await asyncio.sleep(RENEW_SECONDS / 4 if owner == self.custody.owner else RENEW_SECONDS)
+
+    async def where(self, handle: str) -> Whereabouts | None:
+        """Who holds ``handle`` now (``None``: no lease names it)."""
+        return (await self._where([handle]))[handle]
+
+    async def forward(
+        self, place: Whereabouts, name: str, arguments: dict[str, Any], ctx: Context
+    ) -> CallToolResult:
+        """The answer of the runtime at ``place`` to the call ``name(arguments)`` made for the
+        caller of ``ctx`` (never forwarded again there). Raises ``httpx2.HTTPError``, ``OSError``
+        or an ``ExceptionGroup`` of them when that runtime cannot be reached or stops answering."""
+        return await self._forward(place, name, arguments, ctx)
 
     async def _forward(
         self, place: Whereabouts, name: str, arguments: dict[str, Any], ctx: Context

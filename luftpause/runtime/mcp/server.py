@@ -45,6 +45,7 @@ from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import ConfigDict
 
 from luftpause import __version__
+from luftpause.runtime.mcp.across import AcrossRuntimes
 from luftpause.runtime.mcp.pod_tools import PodTools
 from luftpause.runtime.mcp.routing import Router
 from luftpause.runtime.mcp.run_tools import RunTools
@@ -65,9 +66,12 @@ and you still get its answer."""
 
 class RuntimeMCPServer(MCPServer):
     """``MCPServer`` whose tool calls about runs another runtime holds go to that runtime, when
-    it has a :class:`~luftpause.runtime.mcp.routing.Router` (a shared PostgreSQL store)."""
+    it has a :class:`~luftpause.runtime.mcp.routing.Router` (a shared PostgreSQL store), and whose
+    listings and pod names take in every runtime's runs
+    (:class:`~luftpause.runtime.mcp.across.AcrossRuntimes`)."""
 
     router: Router | None = None
+    across: AcrossRuntimes | None = None
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -76,6 +80,22 @@ class RuntimeMCPServer(MCPServer):
             forwarded = await self.router.route(name, arguments, context)
             if forwarded is not None:
                 return forwarded
+        if self.across is not None and context is not None:
+            ctx = context
+
+            async def local(tool: str, args: dict[str, Any]) -> CallToolResult | InputRequiredResult:
+                return await MCPServer.call_tool(self, tool, args, ctx)
+
+            async def routed(tool: str, args: dict[str, Any]) -> CallToolResult | InputRequiredResult:
+                return await self.call_tool(tool, args, ctx)
+
+            answered = await self.across.answer(name, arguments, ctx, local, routed)
+            if isinstance(answered, dict):  # a merged listing: rendered as the tool renders it
+                tool = self._tool_manager.get_tool(name)
+                assert tool is not None, name
+                return tool.fn_metadata.convert_result(answered)
+            if answered is not None:
+                return answered
         return await super().call_tool(name, arguments, context)
 
 
@@ -94,6 +114,7 @@ def build_mcp_server(
         "luftpause", instructions=INSTRUCTIONS, version=__version__, extensions=list(extensions)
     )
     mcp.router = router
+    mcp.across = AcrossRuntimes(router) if router is not None else None
     spawn_tools.register(mcp)
     run_tools.register(mcp)
     pod_tools.register(mcp)

@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 from mcp import Client
 from mcp.types import CallToolResult, Implementation, TextContent
+from postgres_helpers import STORES, on_the_file_journal, store_line, store_of
 
 import luftpause
 from luftpause.config import DEFAULT_MODEL
@@ -213,9 +214,11 @@ class Setup:
     runtime: ChildProcess
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    """The scripted engine, fake-mcp (HTTP) and the runtime (which starts the stdio server)."""
+@pytest.fixture(scope="module", params=STORES)
+def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    """The scripted engine, fake-mcp (HTTP) and the runtime (which starts the stdio server); once
+    on each store."""
+    store = store_of(request)
     workdir = tmp_path_factory.mktemp("loop")
     mcp_port, runtime_port, nobody_port = free_port(), free_port(), free_port()
     stdio_calls = workdir / "stdio-calls.jsonl"
@@ -228,7 +231,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 listen = "127.0.0.1:{runtime_port}"
 dataplane = "{engine.url}"
 state_dir = "{workdir / "state"}"
-
+{store_line(store)}
 [[replicas]]
 name = "scripted"
 url = "{engine.url}"
@@ -520,6 +523,7 @@ def test_a_stdio_server_dying_mid_call_fails_that_call_once_and_is_restarted(set
     assert _calls(setup, "count_items")[-1]["pid"] != died["pid"]  # a new process answered
 
 
+@on_the_file_journal("setup")
 def test_tools_lists_tools_by_server_with_schemas_annotations_and_reachability(setup: Setup) -> None:
     async def scenario() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         async with Client(setup.mcp_url) as client:

@@ -20,21 +20,26 @@ import pytest
 from mcp import Client
 from mcp.client.context import ClientRequestContext
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
-from runtime_helpers import stack_with_destructive_tools
+from postgres_helpers import STORES, store_of
+from runtime_helpers import stack_with_destructive_tools, stored
 
 from luftpause.runtime.agent.approvals import DECLINED
-from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.launch.stack import Stack
 
 pytestmark = pytest.mark.integration
 
 
 class Tools:
-    """The destructive fake MCP server's URL next to the stack."""
+    """The destructive fake MCP server's URL next to the stack, and the runtime's store."""
 
-    def __init__(self, stack: Stack, url: str) -> None:
+    def __init__(self, stack: Stack, url: str, store: str) -> None:
         self.stack = stack
         self.url = url
+        self.store = store
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record of the runtime's runs store, in order (``runs.jsonl``, or the rows)."""
+        return stored(self.store, self.stack.workdir / "state")
 
     def calls(self, tool: str) -> int:
         with urllib.request.urlopen(self.url.removesuffix("/mcp") + "/testkit/calls", timeout=10) as response:
@@ -48,10 +53,14 @@ class Tools:
             pass
 
 
-@pytest.fixture(scope="module")
-def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
-    with stack_with_destructive_tools(tmp_path_factory.mktemp("approvals")) as (stack, danger_url):
-        yield Tools(stack, danger_url)
+@pytest.fixture(scope="module", params=STORES)
+def tools(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
+    store = store_of(request)
+    with stack_with_destructive_tools(tmp_path_factory.mktemp("approvals"), store=store) as (
+        stack,
+        danger_url,
+    ):
+        yield Tools(stack, danger_url, store)
 
 
 def _payload(result: CallToolResult) -> dict[str, Any]:
@@ -214,7 +223,7 @@ def test_an_approval_covers_one_execution_across_a_sigkill_and_an_unanswered_one
         stack.children["runtime"].kill()
     finally:
         tools.delete_note_gate("release")
-    journal = list(read_records(stack.workdir / "state" / JOURNAL_NAME))
+    journal = tools.records()
     decisions = [r for r in journal if r["type"] == "approval"]
     assert [(r["handle"], r["allow"]) for r in decisions if r["handle"] in handles.values()] == [
         (handles["A"], True)
@@ -242,6 +251,6 @@ def test_an_approval_covers_one_execution_across_a_sigkill_and_an_unanswered_one
     asked = {handle: [q for q in person.asked if handle in q] for handle in handles.values()}
     assert len(asked[handles["A"]]) == 1 and "may have run already" in asked[handles["A"]][0], person.asked
     assert len(asked[handles["B"]]) == 1 and "may have run already" not in asked[handles["B"]][0]
-    journal = list(read_records(stack.workdir / "state" / JOURNAL_NAME))
+    journal = tools.records()
     decided = [(r["handle"], r["allow"]) for r in journal if r["type"] == "approval"]
     assert decided.count((handles["A"], True)) == 2 and decided.count((handles["B"], True)) == 1

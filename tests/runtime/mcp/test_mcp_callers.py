@@ -22,13 +22,14 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 from pods_helpers import Pod, call, script, start_pod
+from postgres_helpers import STORES, store_of
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    with start_pod(tmp_path_factory.mktemp("callers"), workspace=None) as running:
+@pytest.fixture(scope="module", params=STORES)
+def pod(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    with start_pod(tmp_path_factory.mktemp("callers"), workspace=None, store=store_of(request)) as running:
         yield running
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
+from postgres_helpers import STORES, on_the_file_journal, store_line, store_of
 
 from luftpause.runtime.decide import label_prompt, score_labels
 from luftpause.runtime.runs.waiting import PROGRESS_INTERVAL_ENV
@@ -25,10 +26,12 @@ CLASSIFIER = "sim-classifier"
 CLASSES = ("negative", "positive")  # the fake engine's default classifier labels
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=STORES)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Engines at 20 ms a token (so a long reply outlasts one progress interval), and a
-    single-pass classifier replica."""
+    single-pass classifier replica; the runtime on each store (``decide`` records nothing: its
+    tests run on the file journal only)."""
+    store = store_of(request)
     workdir = tmp_path_factory.mktemp("run-decide")
     port = free_port()
     classifier = ChildProcess(
@@ -48,7 +51,8 @@ kind = "single_pass"
         classifier.start().wait_ready()
         # Progress every 0.2 s: a 6 s run sends many, not one that depends on 6 s beating 5 s.
         env = {"LUFTPAUSE_TOKEN": "", PROGRESS_INTERVAL_ENV: "0.2"}
-        running = Stack.start(workdir, decode_ms=20, extra_config=extra, env=env)
+        sections = {"runtime": store_line(store)}
+        running = Stack.start(workdir, decode_ms=20, extra_config=extra, env=env, sections=sections)
         try:
             running.wait_connected()
             yield running
@@ -115,6 +119,7 @@ def test_a_long_run_sends_progress_notifications_to_the_client(stack: Stack) -> 
     assert seen[0][2] == "0 of 1 runs finished"
 
 
+@on_the_file_journal("stack")
 def test_decide_with_labels_scores_the_labels_by_first_token_logprobs(stack: Stack) -> None:
     labels = ["positive", "negative", "neutral", "ok"]
     arguments = {"input": "The otters were delightful", "labels": labels}
@@ -154,6 +159,7 @@ def test_score_labels_sums_token_variants_and_normalizes_over_scored_labels() ->
     assert score_labels([], ["a", "b"]) == {"label": None, "probabilities": {}, "unscored": ["a", "b"]}
 
 
+@on_the_file_journal("stack")
 def test_decide_without_labels_asks_the_single_pass_replica(stack: Stack) -> None:
     result = call(stack, "decide", {"input": "Is this spam?"})
     payload = _payload(result)
@@ -182,6 +188,7 @@ def test_decide_without_labels_asks_the_single_pass_replica(stack: Stack) -> Non
         "labels-on-a-classifier",
     ],
 )
+@on_the_file_journal("stack")
 def test_decide_refuses_bad_input(stack: Stack, arguments: dict[str, Any], expected: str) -> None:
     result = call(stack, "decide", arguments)
     assert result.is_error

@@ -31,6 +31,7 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.types import CallToolResult
 from mcp_types import Result
 from pods_helpers import ScriptedEngine, call, script, start_pod, until
+from postgres_helpers import STORES, on_the_file_journal, store_of
 
 from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION
 
@@ -70,8 +71,9 @@ class Rig:
 
 
 @contextmanager
-def _rig(workdir: Path, with_workspace: bool) -> Iterator[Rig]:
-    """The scripted engine, the upstream stdio server and a runtime; all stopped on exit."""
+def _rig(workdir: Path, with_workspace: bool, store: str) -> Iterator[Rig]:
+    """The scripted engine, the upstream stdio server and a runtime on ``store``; all stopped on
+    exit."""
     upstream = workdir / "upstream_server.py"
     upstream.write_text(UPSTREAM_SERVER)
     server = f"""
@@ -80,21 +82,21 @@ name = "upstream"
 command = [{json.dumps(sys.executable)}, {json.dumps(str(upstream))}]
 """
     workspace = ("sub",) if with_workspace else None
-    with start_pod(workdir, workspace=workspace, max_children=None, extra_toml=server) as pod:
+    with start_pod(workdir, workspace=workspace, max_children=None, extra_toml=server, store=store) as pod:
         yield Rig(f"{pod.url}/mcp", pod.engine, pod.workspace)
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    """A runtime with a workspace."""
-    with _rig(tmp_path_factory.mktemp("tool-surface"), with_workspace=True) as running:
+@pytest.fixture(scope="module", params=STORES)
+def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """A runtime with a workspace, on each store."""
+    with _rig(tmp_path_factory.mktemp("tool-surface"), True, store_of(request)) as running:
         yield running
 
 
-@pytest.fixture(scope="module")
-def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    """A runtime without a workspace: its runs hold no filesystem scope."""
-    with _rig(tmp_path_factory.mktemp("tool-surface-bare"), with_workspace=False) as running:
+@pytest.fixture(scope="module", params=STORES)
+def bare(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """A runtime without a workspace: its runs hold no filesystem scope; on each store."""
+    with _rig(tmp_path_factory.mktemp("tool-surface-bare"), False, store_of(request)) as running:
         yield running
 
 
@@ -166,6 +168,7 @@ def _mine(listing: dict[str, Any], handle: str) -> dict[str, Any]:
 # run takes spawn's arguments.
 
 
+@on_the_file_journal("rig")
 def test_runs_input_schema_has_every_property_of_spawns_with_the_same_schema(rig: Rig) -> None:
     async def go() -> dict[str, dict[str, Any]]:
         async with Client(rig.url) as client:
@@ -362,6 +365,7 @@ EXPECTED_HINTS = {
 }
 
 
+@on_the_file_journal("rig")
 def test_every_tool_carries_its_annotations_and_a_title_on_the_wire(rig: Rig) -> None:
     # Codex refuses every MCP tool not annotated read-only (approval policy "never"): the runtime
     # published no annotations at all. Listed here through the real mcp client, over HTTP.
@@ -393,6 +397,7 @@ def test_every_tool_carries_its_annotations_and_a_title_on_the_wire(rig: Rig) ->
     assert read_only_tools == ["await", "decide", "list", "read", "status", "tools"]
 
 
+@on_the_file_journal("rig")
 def test_a_sub_agents_spawn_takes_what_the_mcp_spawn_takes_but_parent(rig: Rig) -> None:
     # One declaration of spawn's arguments: the sub-agent's built-in spawn has every property of
     # the MCP tool's (model, maxTokens, serviceClass, budgets, instruction among them) with the same

@@ -46,8 +46,8 @@ async def _refusal(client: Client, tool: str, **arguments: Any) -> str:
     return tool_text(result)
 
 
-def test_the_tools_name_the_models_served_and_the_callers_own_handles(tmp_path: Path) -> None:
-    with start_pod(tmp_path, workspace=None, extra_toml=REPLICAS) as pod:
+def test_the_tools_name_the_models_served_and_the_callers_own_handles(tmp_path: Path, store: str) -> None:
+    with start_pod(tmp_path, workspace=None, extra_toml=REPLICAS, store=store) as pod:
 
         async def go() -> None:
             async with Client(f"{pod.url}/mcp") as client:

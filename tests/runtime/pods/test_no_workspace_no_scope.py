@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 from mcp import Client
 from pods_helpers import Pod, call, script, start_pod, tool_text
+from postgres_helpers import STORES, on_the_file_journal, store_of
 
 from luftpause.runtime.pods.scopes import NO_WORKSPACE
 
@@ -25,15 +26,20 @@ pytestmark = pytest.mark.integration
 FILE_TOOLS = {"read_file", "write_file", "edit_file", "list_directory"}
 
 
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+@pytest.fixture(scope="module", params=STORES)
+def pod(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     with start_pod(
-        tmp_path_factory.mktemp("no-workspace"), workspace=None, max_depth=None, max_children=None
+        tmp_path_factory.mktemp("no-workspace"),
+        workspace=None,
+        max_depth=None,
+        max_children=None,
+        store=store_of(request),
     ) as running:
         yield running
 
 
 @pytest.mark.parametrize("path", ["/", "/etc", "/tmp", "src"])
+@on_the_file_journal("pod")
 def test_a_scope_asked_for_without_a_workspace_is_refused_naming_the_setting(pod: Pod, path: str) -> None:
     rules = [{"effect": "allow", "access": ["read", "write"], "path": path}]
 

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def pod(tmp_path: Path) -> Iterator[Pod]:
-    with start_pod(tmp_path, workspace=("src/core",)) as running:
+def pod(tmp_path: Path, store: str) -> Iterator[Pod]:
+    """The runtime process over the scripted engine, on each store."""
+    with start_pod(tmp_path, workspace=("src/core",), store=store) as running:
         yield running
 
 

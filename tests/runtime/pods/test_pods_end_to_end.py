@@ -432,7 +432,9 @@ def test_builtin_tools_never_raise_and_path_arguments_go_upstream_real(tmp_path:
     assert refusal is not None and "URI" in refusal
 
 
-def test_a_sub_agent_runs_its_child_on_another_model_with_shorter_replies_as_batch(tmp_path: Path) -> None:
+def test_a_sub_agent_runs_its_child_on_another_model_with_shorter_replies_as_batch(
+    tmp_path: Path, store: str
+) -> None:
     # The seed ticket's per-child provider overlay, end to end: the research child on the pool's
     # small model, replies of 64 tokens, batch; a child asking for more than its spawner has is
     # refused as the spawn's tool result, and nothing of it runs.
@@ -454,7 +456,7 @@ def test_a_sub_agent_runs_its_child_on_another_model_with_shorter_replies_as_bat
         {"call": "spawn", "args": {"task": child, "name": "elsewhere", "model": "huge"}},
         {"say": "delegated"},
     )
-    with start_pod(tmp_path, workspace=None, extra_toml=small) as pod:
+    with start_pod(tmp_path, workspace=None, extra_toml=small, store=store) as pod:
 
         async def go() -> tuple[dict[str, Any], list[str]]:
             async with Client(f"{pod.url}/mcp") as client:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.types import CallToolResult, Implementation, TextContent
+from postgres_helpers import STORES, store_line, store_of
 
 from luftpause.testkit.commands.loadgen import runtime_client
 from luftpause.testkit.launch.stack import Stack
@@ -22,10 +23,15 @@ from luftpause.testkit.launch.stack import Stack
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=STORES)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     running = Stack.start(
-        tmp_path_factory.mktemp("trees"), tool_rounds=3, decode_ms=30, slots=16, env={"LUFTPAUSE_TOKEN": ""}
+        tmp_path_factory.mktemp("trees"),
+        tool_rounds=3,
+        decode_ms=30,
+        slots=16,
+        env={"LUFTPAUSE_TOKEN": ""},
+        sections={"runtime": store_line(store_of(request))},
     )
     try:
         yield running

@@ -23,6 +23,7 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult
 from pods_helpers import ScriptedEngine, call, script, start_pod, tool_text
+from postgres_helpers import STORES, store_of
 
 from luftpause.testkit.launch.procs import ChildProcess, free_port
 
@@ -38,8 +39,9 @@ class Rig:
     engine: ScriptedEngine
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+@pytest.fixture(scope="module", params=STORES)
+def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    store = store_of(request)
     workdir = tmp_path_factory.mktemp("child-tools")
     mcp_port = free_port()
     tools = ChildProcess(
@@ -52,7 +54,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         tools.start()
         tools.wait_ready()
         fake = f'[[mcp_servers]]\nname = "fake"\nurl = "http://127.0.0.1:{mcp_port}/mcp"\n'
-        with start_pod(workdir, workspace=None, max_children=None, extra_toml=fake) as pod:
+        with start_pod(workdir, workspace=None, max_children=None, extra_toml=fake, store=store) as pod:
             yield Rig(pod.url, f"http://127.0.0.1:{mcp_port}", pod.engine)
     finally:
         tools.stop()

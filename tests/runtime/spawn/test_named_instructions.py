@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from pods_helpers import Pod, call, script, start_pod, tool_text, until
+from postgres_helpers import STORES, on_the_file_journal, store_of
 
 pytestmark = pytest.mark.integration
 
@@ -24,15 +25,17 @@ REVIEWER = "You review code changes. Name each problem with its file and line.\n
 DEFAULT = "You are a careful sub-agent. Answer briefly.\n"
 
 
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+@pytest.fixture(scope="module", params=STORES)
+def pod(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    store = store_of(request)
     workdir = tmp_path_factory.mktemp("instructions")
     folder = workdir / "instructions"
     folder.mkdir()
     (folder / "reviewer.md").write_text(REVIEWER)
     (folder / "default.md").write_text(DEFAULT)
     (folder / "notes.txt").write_text("not an instruction: only .md files are")
-    with start_pod(workdir, workspace=None, runtime_toml=f'instructions_dir = "{folder}"\n') as running:
+    settings = f'instructions_dir = "{folder}"\n'
+    with start_pod(workdir, workspace=None, runtime_toml=settings, store=store) as running:
         yield running
 
 
@@ -86,6 +89,7 @@ def test_a_named_instruction_a_default_and_an_inline_system_prompt(pod: Pod) -> 
     ],
     ids=["unknown", "not-md", "a-path", "dotfile", "both"],
 )
+@on_the_file_journal("pod")
 def test_an_instruction_that_cannot_be_used_is_refused_saying_why(
     pod: Pod, arguments: dict[str, Any], expected: str
 ) -> None:

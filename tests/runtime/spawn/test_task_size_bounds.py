@@ -14,7 +14,7 @@ from typing import Any
 
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
-from runtime_helpers import MINIMAL_CONFIG, asgi_request, make_run, with_state_dir
+from runtime_helpers import MINIMAL_CONFIG, asgi_request, make_run, with_store
 
 from luftpause.runtime.runs.registry import TASK_SUMMARY_CHARS, summarize
 from luftpause.runtime.runs.spec import MAX_TEXT_BYTES
@@ -66,12 +66,12 @@ def test_http_status_never_repeats_a_whole_long_task() -> None:
 
 
 async def _spawn_session(
-    calls: list[dict[str, Any]], state_dir: Path
+    calls: list[dict[str, Any]], state_dir: Path, store: str
 ) -> tuple[list[CallToolResult], Runtime]:
-    """``spawn`` with each of ``calls`` on a runtime whose dataplane is unreachable (its journal in
-    ``state_dir``), then ``status`` with and without each accepted handle; returns every result
-    in that order."""
-    config = with_state_dir(CONFIG, state_dir)
+    """``spawn`` with each of ``calls`` on a runtime whose dataplane is unreachable (its runs on
+    ``store``, its state in ``state_dir``), then ``status`` with and without each accepted handle;
+    returns every result in that order."""
+    config = with_store(CONFIG, store, state_dir)
     dead = config.runtime.model_copy(update={"dataplane": f"http://127.0.0.1:{free_port()}"})
     runtime = build_runtime(config.model_copy(update={"runtime": dead}), token=None)
     results: list[CallToolResult] = []
@@ -87,7 +87,7 @@ async def _spawn_session(
     return results, runtime
 
 
-def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it(tmp_path: Path) -> None:
+def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it(tmp_path: Path, store: str) -> None:
     at_limit = "a" * MAX_TEXT_BYTES
     over_in_bytes = "é" * (MAX_TEXT_BYTES // 2 + 1)  # 2 bytes each: fewer characters than the limit
     results, _ = asyncio.run(
@@ -100,6 +100,7 @@ def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it(tmp_pat
                 {"task": "t", "system": "s" * (2 * MAX_TEXT_BYTES)},
             ],
             tmp_path,
+            store,
         )
     )
     accepted_task, accepted_system, over_task, over_multibyte, over_system = results[:5]
@@ -111,8 +112,8 @@ def test_spawn_refuses_a_task_or_system_past_1_mib_and_accepts_one_at_it(tmp_pat
     assert over_system.is_error and "system is 2,097,152 bytes" in _text(over_system)
 
 
-def test_status_lists_runs_with_task_summaries_and_shows_one_run_whole(tmp_path: Path) -> None:
-    results, runtime = asyncio.run(_spawn_session([{"task": LONG_TASK}], tmp_path))
+def test_status_lists_runs_with_task_summaries_and_shows_one_run_whole(tmp_path: Path, store: str) -> None:
+    results, runtime = asyncio.run(_spawn_session([{"task": LONG_TASK}], tmp_path, store))
     spawned, listing, one = results
     assert isinstance(spawned.structured_content, dict)
     handle = spawned.structured_content["handle"]

@@ -96,12 +96,12 @@ class HoldingToolServer:
 
 
 @pytest.fixture()
-def pod(tmp_path: Path) -> Iterator[tuple[Pod, HoldingToolServer]]:
+def pod(tmp_path: Path, store: str) -> Iterator[tuple[Pod, HoldingToolServer]]:
     """The runtime with the scripted engine as its dataplane and the holding tool server."""
     with HoldingToolServer() as tools:
         holding = f'[[mcp_servers]]\nname = "holding"\nurl = "{tools.url}"\n'
         with start_pod(
-            tmp_path, workspace=None, max_depth=None, max_children=None, extra_toml=holding
+            tmp_path, workspace=None, max_depth=None, max_children=None, extra_toml=holding, store=store
         ) as running:
             yield running, tools
 
