@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
@@ -289,12 +290,15 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
     c2_scope = _scope(a, c2)
     assert c2_scope["granted"] == _rw(str(workspace / "pod" / "c2")), c2_scope
     assert asyncio.run(_knows(b, [lead, *asking])), "b answers for a's runs (forwarded to a)"
+    # Spawned just before the kill, after a's last renewal of its leases: its lease expires up to
+    # 2 s after the others', and is taken over with them, in one round.
+    late = asyncio.run(_spawn(a, task, 1))
 
     assert a.runtime is not None
     a.runtime.kill()
     killed = time.monotonic()
     b.engine.release("second")  # b's own runs go on while a's leases run out
-    unfinished = [*plain_a, *asking, lead, c2]
+    unfinished = [*plain_a, *late, *asking, lead, c2]
     b_owner = runtime_identity(f"127.0.0.1:{b.port}")
 
     async def taken_over() -> bool:
@@ -304,7 +308,7 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
     taken = time.monotonic() - killed
 
     async def resumed() -> bool:  # each asked its turn again at b's engine, or its approval at b
-        if not all(b.engine.requests.get(h) for h in [*plain_a, lead, c2]):
+        if not all(b.engine.requests.get(h) for h in [*plain_a, *late, lead, c2]):
             return False
         states = [(await _state(b, h))["state"] for h in asking]
         return states == ["AwaitingApproval"] * APPROVALS
@@ -337,13 +341,13 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
             await until(lambda: _idle(b, lead), "lead answered at b", seconds=60)
             sent = await call(client, "send", handle=lead, message="report")
             assert sent["delivered"] == "now", sent
-        return await _await(b, [*plain_a, *plain_b, *asking, lead, c1, c2])
+        return await _await(b, [*plain_a, *late, *plain_b, *asking, lead, c1, c2])
 
     result = asyncio.run(approve_and_report())
     assert result["timedOut"] is False, result
     runs = {run["handle"]: run for run in result["runs"]}
     assert all(run["state"] == "completed" for run in runs.values()), result  # none lost
-    for handle in plain_a + plain_b:
+    for handle in plain_a + late + plain_b:
         assert runs[handle]["answer"] == "done" and runs[handle]["toolCalls"] == 2, runs[handle]
     for handle in plain_a:  # resumed from the round a recorded, never the first turn again
         asked = [
@@ -372,6 +376,8 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
     monitor = get_json(f"{b.url}/monitor/runs")["runs"]
     assert all(run["scope"] is None for run in monitor), monitor  # every part returned
 
+    rounds = re.findall(r"took over (\d+) runs \(", b.runtime_log())
+    assert rounds == [str(len(unfinished) + 3)], rounds  # a's runs (c1 and alice's two too) at once
     _check_records(postgres, url, b_owner, resumed=[*unfinished, *plain_b], finished_at_a=[c1, *quick])
 
 
