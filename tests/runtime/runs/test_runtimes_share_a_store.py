@@ -319,9 +319,10 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
         return states == ["AwaitingApproval"] * len(later)
 
     asyncio.run(until(resumed, "b resumed a's runs", seconds=60))
-    assert answering.result(timeout=120)["tool"] == "delete_note"  # the early approval
     back = time.monotonic() - killed
     print(f"\ntakeover: a's leases at b {taken:.1f} s, its runs resumed at b {back:.1f} s after the SIGKILL")
+
+    assert answering.result(timeout=120)["tool"] == "delete_note"  # the early approval, answered at b
 
     # alice's event not given at a is given by b, once; the one a gave is not given again.
     alices = asyncio.run(_alices_status(b))
