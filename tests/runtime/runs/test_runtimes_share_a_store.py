@@ -17,6 +17,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.request
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +43,7 @@ from luftpause.testkit.launch.procs import ChildProcess, free_port
 pytestmark = pytest.mark.integration
 
 RUNS_EACH = 6
-APPROVALS = 3
+APPROVALS = 4
 
 
 def _steps(workspace: Path) -> str:
@@ -294,15 +295,26 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
     # Spawned just before the kill, after a's last renewal of its leases: its lease expires up to
     # 2 s after the others', and is taken over with them, in one round.
     late = asyncio.run(_spawn(a, task, 1))
+    # One approval is answered at a and its call is in flight (held at the tool server) at the kill.
+    early, *waiting, in_flight = asking
+    call_id = f"{in_flight}:1:0"
+    _tool_server(tools_port, "delete_note/hold")
+    asyncio.run(_approve(a, in_flight))
+
+    async def started() -> bool:
+        return call_id in get_json(f"http://127.0.0.1:{tools_port}/testkit/call-ids")
+
+    asyncio.run(until(started, "the approved call in flight at the tool server", seconds=60))
 
     assert a.runtime is not None
     a.runtime.kill()
     killed = time.monotonic()
+    _tool_server(tools_port, "delete_note/release")
     b.engine.release("second")  # b's own runs go on while a's leases run out
     unfinished = [*plain_a, *late, *asking, lead, c2]
     # A person answers one approval through b at once: the call waits out the takeover, then is
     # answered by b once the run, resumed there, has asked its question again.
-    early, later = asking[0], asking[1:]
+    later = [*waiting, in_flight]
     answering = ThreadPoolExecutor(1).submit(asyncio.run, _approve(b, early))
     b_owner = runtime_identity(f"127.0.0.1:{b.port}")
 
@@ -323,6 +335,9 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
     print(f"\ntakeover: a's leases at b {taken:.1f} s, its runs resumed at b {back:.1f} s after the SIGKILL")
 
     assert answering.result(timeout=120)["tool"] == "delete_note"  # the early approval, answered at b
+    # The call in flight at the kill is asked again, saying it may have run: never repeated unasked.
+    (question,) = asyncio.run(_state(b, in_flight))["pendingApprovals"]
+    assert question.get("repeat") is True, question
 
     # alice's event not given at a is given by b, once; the one a gave is not given again.
     alices = asyncio.run(_alices_status(b))
@@ -368,7 +383,8 @@ def test_a_killed_runtimes_runs_are_resumed_by_the_other_none_lost_none_driven_t
 
     # Each approved call made once, under its id (the server counts them).
     made = get_json(f"http://127.0.0.1:{tools_port}/testkit/call-ids")
-    assert {f"{handle}:1:0": 1 for handle in asking}.items() <= made.items(), made
+    expected = {f"{handle}:1:0": 1 for handle in [early, *waiting]} | {call_id: 2}  # approved twice
+    assert expected.items() <= made.items(), made
 
     # The pod: c2 wrote in its part, could not hand on more nor write c1's; lead heard of each once.
     c2_results = _conversation(b, c2, "tool")
@@ -428,6 +444,13 @@ def _check_records(
             assert [owner for kind, owner, _, _ in records if kind == "end"][-1] == b_owner, (handle, records)
     leases = postgres.query(url, "SELECT DISTINCT owner FROM luftpause_leases")
     assert leases == [(b_owner,)]
+
+
+def _tool_server(port: int, action: str) -> None:
+    """POST ``/testkit/<action>`` to the fake MCP server (``delete_note/hold``, ``.../release``)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/testkit/{action}", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
 
 
 async def _approve(pod: Pod, handle: str) -> dict[str, Any]:
