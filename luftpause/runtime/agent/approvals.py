@@ -19,7 +19,10 @@ answered, in any order.
   the client retries with its ``inputResponses``; a Tasks client sees them all as
   ``input_required``;
 * any client can answer with ``approve(handle, allow, call?)``: ``call`` is the approval id, needed
-  only when the run waits on more than one question.
+  only when the run waits on more than one question. A run just resumed (after a restart, or
+  taken over from a dead runtime) asks again the questions of the round it resumes; an
+  ``approve`` that comes before it has asked waits for the question, up to
+  :data:`ASK_AGAIN_SECONDS` (:meth:`Approvals.answer_when_asked`).
 
 ``accept`` with ``allow: true`` lets the call go; ``accept`` with ``allow: false`` or ``decline``
 refuses it, and the sub-agent gets the failed tool result :data:`DECLINED`; ``cancel`` (the form
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import itertools
 import json
@@ -58,6 +62,12 @@ if TYPE_CHECKING:
 
 DECLINED = "Error: the user declined this tool call"
 """The tool result a refused call gives the sub-agent (it counts as a failed tool call)."""
+
+ASK_AGAIN_SECONDS = 10.0
+"""How long an answer waits for a resumed run to ask again a question its recorded round holds
+(seconds): the run asks as soon as its loop reaches the call, in well under a second."""
+
+_LOOK_AGAIN_SECONDS = 0.05
 
 
 def call_key(run: Run, index: int, tool: str, arguments: dict[str, Any]) -> str:
@@ -193,6 +203,35 @@ class Approvals:
         approval.written = self.registry.append(run, record)
         approval.decided.set_result(allow)
         return True
+
+    def about_to_ask(self, run: Run) -> bool:
+        """Whether ``run`` waits on no question yet but is resuming a recorded round with a call
+        not yet made that needs a person (a run just resumed after a restart or a takeover, whose
+        loop has not reached the call): it will ask."""
+        pending = run.pending_round
+        if run.done or pending is None or run.approvals.open():
+            return False
+        for index, made in enumerate(pending.calls):
+            if index in pending.done or not isinstance(made, dict):
+                continue
+            function = made.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if isinstance(name, str) and self.needs_approval(run, name):
+                return True
+        return False
+
+    async def answer_when_asked(self, handle: str, allow: bool, call: str | None = None) -> PendingApproval:
+        """:meth:`answer`, once a run that is :meth:`about_to_ask` has asked (up to
+        :data:`ASK_AGAIN_SECONDS`): a person who answers right after a restart or a takeover
+        answers the question the run asks again, rather than being told it waits for none. Raises
+        what :meth:`answer` raises."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ASK_AGAIN_SECONDS
+        while self.about_to_ask(self.registry.get(handle)) and loop.time() < deadline:
+            changed = self.registry.changed_event
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), _LOOK_AGAIN_SECONDS)
+        return self.answer(handle, allow, call)
 
     def answer(self, handle: str, allow: bool, call: str | None = None) -> PendingApproval:
         """``approve(handle, allow, call?)``: answer the run's pending approval ``call`` (an

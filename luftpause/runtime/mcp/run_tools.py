@@ -192,7 +192,7 @@ class RunTools:
     ) -> dict[str, Any]:
         try:
             self.registry.get_for(handle, tenant_of(ctx))
-            approval = self.approvals.answer(handle, allow, call)
+            approval = await self.approvals.answer_when_asked(handle, allow, call)
         except UnknownRun as exc:
             waiting = "waiting for approval"
             raise self._unknown(

@@ -20,8 +20,14 @@ caller) that its message was not taken.
 Journal records::
 
     {"type": "event", "to", "id", "kind", "child", "handle", "pointer", "at"}   one queued
-    {"type": "eventsDelivered", "handle": key, "to": key, "ids": [event id]}   taken or dropped
+    {"type": "eventsDelivered", "handle", "to": key, "ids": [event id]}        taken or dropped
     a ``round`` record's "events": [event id]                                  delivered in it
+
+Every record names a run in ``handle``: an event the run it is about, ``eventsDelivered`` the run
+its events are about (one record per run). A store that several runtimes share keeps each record
+with its run, and writes it only while the runtime holds that run (docs/runtime-store.md): a
+record naming an MCP caller (``caller:<caller>``) would be no run's, and refused, so a caller's
+events would be given again after a restart or a takeover.
 """
 
 from __future__ import annotations
@@ -129,9 +135,16 @@ class Notifications:
 
     def _discard(self, key: str) -> None:
         """Drop ``key``'s queue for good (a spawner that will never take it), journaled."""
-        pending = self.events.pop(key, [])
-        if pending:
-            self._journal({"type": DELIVERED, "handle": key, "to": key, "ids": [e.id for e in pending]})
+        self._delivered(key, self.events.pop(key, []))
+
+    def _delivered(self, key: str, events: list[Event]) -> None:
+        """Journal ``events`` of ``key``'s queue as taken: one record per run they are about
+        (module docstring)."""
+        about: dict[str, list[str]] = {}
+        for event in events:
+            about.setdefault(event.handle, []).append(event.id)
+        for handle, ids in about.items():
+            self._journal({"type": DELIVERED, "handle": handle, "to": key, "ids": ids})
 
     def pending(self, key: str) -> list[dict[str, Any]]:
         """The events waiting for ``key`` (not consumed)."""
@@ -144,8 +157,7 @@ class Notifications:
         """An MCP caller's pending events, consumed (journaled as delivered): each is given once."""
         key = f"caller:{caller}"
         pending = self.events.pop(key, [])
-        if pending:
-            self._journal({"type": DELIVERED, "handle": key, "to": key, "ids": [e.id for e in pending]})
+        self._delivered(key, pending)
         return [e.to_json() for e in pending]
 
     def pointer(self, run: Run) -> str:

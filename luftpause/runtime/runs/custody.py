@@ -9,10 +9,12 @@ its ``generation`` and when it ``expires_at``. The rules:
 * it renews all its leases every :data:`RENEW_SECONDS` (one ``UPDATE``), to
   :data:`LEASE_SECONDS` from now; a lease it no longer finds was taken over: it has lost that run;
 * at start it claims its own leases (a restart of the same runtime resumes its runs at once),
-  the runs no lease names yet (a store written before leases), and every expired lease;
-* afterwards, every :data:`RENEW_SECONDS`, it takes over the expired leases of other runtimes:
-  for each owner that expired, under that owner's advisory lock (so one runtime takes all of a
-  dead runtime's runs, and a run tree is never split), ``SELECT ... FOR UPDATE SKIP LOCKED``,
+  the runs no lease names yet (a store written before leases), and the runs of dead runtimes;
+* afterwards, every :data:`RENEW_SECONDS`, it takes over the runs of dead runtimes: an owner
+  with a lease expired is dead (it renews all its leases in one statement, so its oldest lease
+  expires first), and all its leases are taken at once, those that expire later too (a run it
+  spawned after its last renewal): under that owner's advisory lock (so one runtime takes all of
+  a dead runtime's runs, and a run tree is never split), ``SELECT ... FOR UPDATE SKIP LOCKED``,
   then each lease moves to it with its generation one higher;
 * every record written is fenced (:mod:`luftpause.runtime.runs.postgres`): it carries its run's
   generation and is inserted only while the lease still has that owner and generation, so a
@@ -119,7 +121,7 @@ class Custody:
                 self._held.setdefault(handle, generation)
 
     def claim_at_start(self, conn: Connection) -> list[str]:
-        """Claim this runtime's own leases, the runs no lease names, and every expired lease
+        """Claim this runtime's own leases, the runs no lease names, and those of dead runtimes
         (module docstring), and write where this runtime answers (:attr:`url`); the runs held
         now. One transaction."""
         with conn.transaction():
@@ -181,7 +183,8 @@ class Custody:
         return lost
 
     def take_over(self, conn: Connection) -> list[str]:
-        """Take over the expired leases of other runtimes (module docstring); the runs taken."""
+        """Take over every lease of each other runtime that has a lease expired (module
+        docstring); the runs taken."""
         with conn.transaction():
             return self._take_expired(conn)
 
@@ -197,10 +200,10 @@ class Custody:
             ).fetchone()
             if locked is None or not locked[0]:
                 continue  # another runtime is taking this one's runs over
+            # All its leases, not only those expired: a spawner's lease may expire before that of
+            # a child it spawned after its last renewal, and a pod moves whole.
             rows = conn.execute(
-                "SELECT handle FROM luftpause_leases WHERE owner = %s AND expires_at < now() "
-                "FOR UPDATE SKIP LOCKED",
-                (owner,),
+                "SELECT handle FROM luftpause_leases WHERE owner = %s FOR UPDATE SKIP LOCKED", (owner,)
             ).fetchall()
             moved = conn.execute(
                 "UPDATE luftpause_leases SET owner = %s, generation = generation + 1, "

@@ -176,6 +176,35 @@ def test_a_runtime_whose_lease_was_taken_over_can_write_nothing_more_of_the_run(
     ]
 
 
+def test_a_dead_runtimes_runs_are_taken_over_all_at_once_though_their_leases_expire_apart(
+    postgres: PostgresServer,
+) -> None:
+    # The kill test's input: runtime a renewed its leases, then its spawner run-lead spawned
+    # run-child and a died. run-child's lease, created after that renewal, expires later than
+    # run-lead's; a takeover between the two took run-lead alone, so the pod was split across two
+    # rounds (or two runtimes): run-lead was resumed without its child in its tree (a replay
+    # links a child to a parent replayed with it), and the child's scope grant, replayed later,
+    # could name a parent b's ledger no longer held (damage).
+    url = postgres.database()
+    a = PostgresDatabase(url, owner="host-a/127.0.0.1:7000")
+    b = PostgresDatabase(url, owner="host-b/127.0.0.1:7000")
+    spawner, taker = a.custody, b.custody
+    assert spawner is not None and taker is not None
+    a.run(spawner.claim_at_start)
+    b.run(taker.claim_at_start)
+    a.run(lambda conn: [spawner.create(conn, handle) for handle in ("run-lead", "run-child")])
+    postgres.query(
+        url,
+        "UPDATE luftpause_leases SET expires_at = now() + CASE handle WHEN 'run-lead' "
+        "THEN interval '-1 second' ELSE interval '8 seconds' END RETURNING 1",
+    )
+    assert sorted(b.run(taker.take_over)) == ["run-child", "run-lead"]
+    assert postgres.query(url, "SELECT DISTINCT owner, generation FROM luftpause_leases") == [
+        ("host-b/127.0.0.1:7000", 2)
+    ]
+    assert b.run(taker.take_over) == []  # b's own now: not taken again
+
+
 def test_a_renewal_while_a_spawn_is_being_committed_does_not_take_that_run_for_lost(
     postgres: PostgresServer,
 ) -> None:
