@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/runtime_store.py                 # 90 runs per arrangement
     .venv/bin/python bench/runtime_store.py --runs 60 --json /tmp/store.json
+    .venv/bin/python bench/runtime_store.py --runs 60 --runtimes 1 --no-takeover  # short
 
 One simulated engine (``luftpause fake-engine``, 64 slots, 1 ms per output token, no tool rounds)
 is every runtime's dataplane, so a run is one short turn and what is measured is the runtime's own
@@ -202,12 +203,20 @@ def main() -> int:
     )
     parser.add_argument("--runs", type=int, default=90, help="runs per arrangement (default: 90)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument(
+        "--runtimes",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3],
+        help="how many runtimes share the database, one arrangement each (default: 1 2 3)",
+    )
+    parser.add_argument("--no-takeover", action="store_true", help="leave the takeover out")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="store-bench-") as tmp, postgres_server() as postgres:
         workdir = Path(tmp)
         arrangements = [("file", "file", 1)] + [
-            (f"postgresql x{n}", postgres.database(), n) for n in (1, 2, 3)
+            (f"postgresql x{n}", postgres.database(), n) for n in args.runtimes
         ]
         base = None
         for name, store, runtimes in arrangements:
@@ -218,12 +227,13 @@ def main() -> int:
             print(
                 f"{name:16} {runtimes} runtime(s)  {rate:7.1f} runs/s  x{rate / base:.2f} of file", flush=True
             )
-        seconds = takeover(workdir, postgres.database())
-        print(
-            f"takeover: {seconds:.1f} s from the SIGKILL to every run held and driven by the other runtime "
-            f"(lease {LEASE_SECONDS:.0f} s, renewed every {RENEW_SECONDS:.0f} s)"
-        )
-        rows.append({"arrangement": "takeover", "seconds": seconds, "leaseSeconds": LEASE_SECONDS})
+        if not args.no_takeover:
+            seconds = takeover(workdir, postgres.database())
+            print(
+                f"takeover: {seconds:.1f} s from the SIGKILL to every run held and driven by the other "
+                f"runtime (lease {LEASE_SECONDS:.0f} s, renewed every {RENEW_SECONDS:.0f} s)"
+            )
+            rows.append({"arrangement": "takeover", "seconds": seconds, "leaseSeconds": LEASE_SECONDS})
     if args.json is not None:
         args.json.write_text(json.dumps({"simulated": True, "rows": rows}, indent=2))
     return 0
