@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from luftpause.runtime.errors import JournalWriteError, StoreUnusable
+from luftpause.runtime.errors import JournalWriteError, LeaseLost, StoreUnusable
 
 if TYPE_CHECKING:
     from luftpause.config import RuntimeConfig
@@ -284,7 +284,10 @@ class RecordStore(ABC):
         exc = done.exception()
         if exc is None:
             return
-        log.error("%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
+        # A record refused by fencing is about a run another runtime holds now: the loss itself is
+        # logged as an error once (the lease renewal that found it), not once per record.
+        level = logging.WARNING if isinstance(exc, LeaseLost) else logging.ERROR
+        log.log(level, "%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
         if self._on_failure is None or not isinstance(exc, OSError):
             return
         if self._loop is not None and not self._loop.is_closed():

@@ -30,7 +30,7 @@ from luftpause.runtime.runs.journal import Journal
 from luftpause.runtime.runs.postgres import PostgresDatabase
 from luftpause.runtime.runs.record import Run
 from luftpause.runtime.runs.registry import RunRegistry
-from luftpause.runtime.runs.store import Record, Takeover
+from luftpause.runtime.runs.store import Record, RecordStore, Takeover
 
 FOLLOWER = "luftpause.runtime.runs.takeovers"
 
@@ -41,11 +41,13 @@ async def idle(run: Run) -> None:
 
 
 class Heard:
-    """A run listener that writes down what it hears."""
+    """A run listener that writes down what it hears, and journals each run dropped (as pods'
+    scopes and notifications do) when given a ``store``."""
 
-    record_types: frozenset[str] = frozenset()
+    record_types: frozenset[str] = frozenset({"heard"})
 
-    def __init__(self) -> None:
+    def __init__(self, store: RecordStore | None = None) -> None:
+        self.store = store
         self.dropped: list[str] = []
         self.ended: list[str] = []
 
@@ -60,6 +62,8 @@ class Heard:
 
     def run_dropped(self, handle: str) -> None:
         self.dropped.append(handle)
+        if self.store is not None:
+            self.store.append({"type": "heard", "handle": handle})
 
     def snapshot(self) -> Iterable[Record]:
         return []
@@ -170,15 +174,18 @@ def test_failures_are_logged_once_per_kind_while_they_last_and_again_after_a_rec
     assert len(_lines(caplog, logging.DEBUG)) == 4  # the repeats, quietly
 
 
-def test_a_run_taken_over_by_another_runtime_leaves_nothing_behind(postgres: PostgresServer) -> None:
+def test_a_run_taken_over_by_another_runtime_leaves_nothing_behind(
+    postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
     # Runtime a holds two runs: one running (its tool round's checkpoint, its seconds budget's
     # timer), one finished (retention counts its bytes). Runtime b takes both over (a stalled
     # past its leases); a's next renewal finds them lost.
     url = postgres.database()
     a = PostgresDatabase(url, owner="host-a/127.0.0.1:7000", lease_seconds=30.0, renew_seconds=0.1)
     b = PostgresDatabase(url, owner="host-b/127.0.0.1:7000")
-    heard = Heard()
-    registry = RunRegistry(store=a.journal("runs"), listeners=(heard,))
+    store = a.journal("runs")
+    heard = Heard(store)
+    registry = RunRegistry(store=store, listeners=(heard,))
     handles = ["run-running", "run-finished"]
     written: list[int] = []
 
@@ -209,6 +216,7 @@ def test_a_run_taken_over_by_another_runtime_leaves_nothing_behind(postgres: Pos
                 return sorted(heard.dropped) == sorted(handles)
 
             await until(released, "a to release both runs")
+            await store.written()  # the listener's records about them: refused by fencing
             for handle in handles:
                 assert registry.find(handle) is None
                 with pytest.raises(UnknownRun):  # not "expired": it lives on elsewhere
@@ -224,8 +232,17 @@ def test_a_run_taken_over_by_another_runtime_leaves_nothing_behind(postgres: Pos
             assert running.exceeded is None
             assert not any(registry.counts.budget_cancellations.values())
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
     assert len(postgres.query(url, "SELECT seq FROM luftpause_records")) == written[0]  # nothing more
+    refused = [r for r in caplog.records if "a heard record of" in r.getMessage()]
+    # Refused records of a run known lost are warnings; its loss is the one error.
+    assert len(refused) == 2 and {r.levelno for r in refused} == {logging.WARNING}
+    losses = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sorted(losses) == sorted(
+        [f"run {h} is held by another runtime now; this one stopped driving it" for h in handles]
+        + ["runtime host-a/127.0.0.1:7000 lost the lease of 2 runs: " + ", ".join(handles)]
+    )
 
 
 def test_the_pool_is_open_while_serving_closed_at_shutdown_and_survives_a_database_restart(
