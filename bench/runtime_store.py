@@ -3,6 +3,8 @@
 
     .venv/bin/python bench/runtime_store.py                 # 90 runs per arrangement
     .venv/bin/python bench/runtime_store.py --runs 60 --json /tmp/store.json
+    .venv/bin/python bench/runtime_store.py --runs 60 --runtimes 1 --no-takeover  # short
+    .venv/bin/python bench/runtime_store.py --lookups 500   # the store's operations, pooled or not
 
 One simulated engine (``luftpause fake-engine``, 64 slots, 1 ms per output token, no tool rounds)
 is every runtime's dataplane, so a run is one short turn and what is measured is the runtime's own
@@ -19,6 +21,11 @@ against ``file`` measured in the same run; then the takeover: two runtimes on Po
 runs on the first, the first SIGKILLed; the seconds until the second holds and drives every one of
 them (its ``status`` answers for each), against the lease (10 s, renewed every 2 s). SIMULATED
 engine; ``--json PATH`` writes the rows.
+
+``--lookups N`` measures instead one of the store's own operations, in this process: N lookups of
+which runtime holds a run (what a call about a run held elsewhere asks first), each on a pooled
+connection (the store open) and each on a connection of its own (the store closed), alternately
+in rounds of 50; operations per second of each and their ratio.
 """
 
 from __future__ import annotations
@@ -196,18 +203,67 @@ def takeover(workdir: Path, store: str, runs: int = 20) -> float:
         engine.stop()
 
 
+def lookups(url: str, count: int) -> dict[str, float]:
+    """Operations per second of ``count`` lookups of a run's lease, pooled and on connections of
+    their own (module docstring)."""
+    from luftpause.runtime.runs.custody import Custody
+    from luftpause.runtime.runs.postgres import PostgresDatabase
+
+    database = PostgresDatabase(url, owner="bench/127.0.0.1:1")
+    runs = database.journal("runs")
+    runs.claim()
+    spent = {"pooled": 0.0, "own connection": 0.0}
+
+    def look(conn: Any) -> Any:
+        return Custody.whereabouts(conn, "run-bench")
+
+    for _ in range(max(1, count // 50)):
+        for kind in spent:
+            if kind == "pooled":
+                database.open_pool()
+            try:
+                database.run(look)  # a first use (the pool's first connection) not timed
+                started = time.perf_counter()
+                for _ in range(50):
+                    database.run(look)
+                spent[kind] += time.perf_counter() - started
+            finally:
+                if kind == "pooled":
+                    database.close_pool()
+    done = 50 * max(1, count // 50)
+    return {kind: done / seconds for kind, seconds in spent.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=90, help="runs per arrangement (default: 90)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument(
+        "--runtimes",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3],
+        help="how many runtimes share the database, one arrangement each (default: 1 2 3)",
+    )
+    parser.add_argument("--no-takeover", action="store_true", help="leave the takeover out")
+    parser.add_argument("--lookups", type=int, help="measure N lookups of a run's lease instead")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
+    if args.lookups:
+        with postgres_server() as postgres:
+            rates = lookups(postgres.database(), args.lookups)
+        for kind, rate in rates.items():
+            print(f"lookups, {kind:15} {rate:8.0f} /s  x{rate / rates['own connection']:.1f}")
+            rows.append({"arrangement": f"lookups, {kind}", "operationsPerSecond": rate})
+        if args.json is not None:
+            args.json.write_text(json.dumps({"simulated": True, "rows": rows}, indent=2))
+        return 0
     with tempfile.TemporaryDirectory(prefix="store-bench-") as tmp, postgres_server() as postgres:
         workdir = Path(tmp)
         arrangements = [("file", "file", 1)] + [
-            (f"postgresql x{n}", postgres.database(), n) for n in (1, 2, 3)
+            (f"postgresql x{n}", postgres.database(), n) for n in args.runtimes
         ]
         base = None
         for name, store, runtimes in arrangements:
@@ -218,12 +274,13 @@ def main() -> int:
             print(
                 f"{name:16} {runtimes} runtime(s)  {rate:7.1f} runs/s  x{rate / base:.2f} of file", flush=True
             )
-        seconds = takeover(workdir, postgres.database())
-        print(
-            f"takeover: {seconds:.1f} s from the SIGKILL to every run held and driven by the other runtime "
-            f"(lease {LEASE_SECONDS:.0f} s, renewed every {RENEW_SECONDS:.0f} s)"
-        )
-        rows.append({"arrangement": "takeover", "seconds": seconds, "leaseSeconds": LEASE_SECONDS})
+        if not args.no_takeover:
+            seconds = takeover(workdir, postgres.database())
+            print(
+                f"takeover: {seconds:.1f} s from the SIGKILL to every run held and driven by the other "
+                f"runtime (lease {LEASE_SECONDS:.0f} s, renewed every {RENEW_SECONDS:.0f} s)"
+            )
+            rows.append({"arrangement": "takeover", "seconds": seconds, "leaseSeconds": LEASE_SECONDS})
     if args.json is not None:
         args.json.write_text(json.dumps({"simulated": True, "rows": rows}, indent=2))
     return 0

@@ -105,7 +105,7 @@ async def replay_into_registry(
         resumed.append(run)
         await asyncio.Event().wait()
 
-    registry = RunRegistry(journal=open_store(store, state_dir, **journal))
+    registry = RunRegistry(store=open_store(store, state_dir, **journal))
     async with registry.serving(idle):
         await asyncio.sleep(0)
     return registry, resumed
@@ -194,8 +194,8 @@ class Parts:
 
 def parts_over(config: Config, **registry_options: Any) -> Parts:
     """:class:`Parts` of ``config``; ``registry_options`` go to the :class:`RunRegistry`
-    (``journal``, ``retained_bytes``, ...; no journal by default)."""
-    journal = registry_options.get("journal")
+    (``store``, ``retained_bytes``, ...; no store by default)."""
+    journal = registry_options.get("store")
     changes = NetworkChanges()
     scopes = RunScopes(config, journal, changes)
     notifications = Notifications(journal, changes)

@@ -199,7 +199,7 @@ def build_runtime(
     notifications = Notifications(journal, changes)
     tree = TreeLimits(settings.max_depth, settings.max_children, journal, changes)
     registry = RunRegistry(
-        journal=journal,
+        store=journal,
         changes=changes,
         listeners=(scopes, notifications, tree),
         retained_bytes=settings.retained_bytes,

@@ -67,15 +67,27 @@ class Whereabouts:
 
 class Custody:
     """The leases of one runtime (``owner``): the generation it holds of each run, and the SQL
-    that claims, renews and takes over leases. Thread-safe: the writer threads read
-    :meth:`generation` while the event loop's takeovers add to it."""
+    that claims, renews and takes over leases, every ``renew_seconds``, each for
+    ``lease_seconds`` (the defaults :data:`RENEW_SECONDS` and :data:`LEASE_SECONDS`; tests shorten
+    them). Thread-safe: the writer threads read :meth:`generation` while the event loop's
+    takeovers add to it."""
 
-    def __init__(self, owner: str, lease_seconds: float = LEASE_SECONDS, url: str | None = None) -> None:
+    def __init__(
+        self,
+        owner: str,
+        lease_seconds: float = LEASE_SECONDS,
+        url: str | None = None,
+        *,
+        renew_seconds: float = RENEW_SECONDS,
+    ) -> None:
+        if not 0 < renew_seconds < lease_seconds:
+            raise ValueError(f"renew_seconds must be > 0 and below lease_seconds, got {renew_seconds!r}")
         self.owner = owner
         self.url = url
         """Where other runtimes reach this one (``[runtime] advertise_url``), written to
         ``luftpause_runtimes`` at start; ``None``: not written (a reader, a test)."""
         self.lease_seconds = lease_seconds
+        self.renew_seconds = renew_seconds
         self._held: dict[str, int] = {}
         self._lock = threading.Lock()
         self.claimed = False

@@ -32,7 +32,9 @@ class RunListener(Protocol):
         stopped."""
 
     def run_dropped(self, handle: str) -> None:
-        """The finished run ``handle`` left the registry (retention)."""
+        """The run ``handle`` left the registry: a finished run retention dropped, or a run (maybe
+        running) another runtime sharing the store took over (:mod:`~luftpause.runtime.runs.held`).
+        Forget it; a record written about it then is refused by fencing, never stored."""
 
     def snapshot(self) -> Iterable[Record]:
         """Its records that rebuild its state, for a compaction (lists copied)."""

@@ -10,14 +10,20 @@ transaction, then resolves its futures, as the file journal does with one ``fsyn
 Why psycopg 3 (not asyncpg): the store's writer is a thread that group-commits in order, the
 file journal's design; psycopg's synchronous connection fits it as it is, where asyncpg would need
 an event loop of its own in that thread. psycopg also binds libpq's connection URIs and
-``LISTEN``/``NOTIFY``, and its ``binary`` wheel needs no PostgreSQL on the runtime's host. One
-connection per store, held by its writer, is all a runtime needs, so no pool.
+``LISTEN``/``NOTIFY``, and its ``binary`` wheel needs no PostgreSQL on the runtime's host.
 
-Retries: a connection that fails (the database restarting, a network cut) is opened again and the
-batch written again, with exponential backoff for up to :attr:`PostgresDatabase.retry_seconds`
-(tenacity). Every record carries its own id (``rid``, unique): a batch whose commit went through
-but whose answer was lost is not written twice. Past the retries the batch's futures fail with
-:class:`~luftpause.runtime.errors.JournalWriteError`, as a failed ``fsync`` does.
+Connections: each store's writer thread holds one connection of its own (its group commits).
+Everything else (the reads, the lease renewals and takeovers, where a run is held) borrows one
+from a small pool (``psycopg_pool``, :data:`POOL_SIZE` at most, each checked as it is taken), open
+while a store of the database is open and closed with the last of them; before that (the replay
+at start) each operation opens a connection of its own.
+
+Retries: a connection that fails (the database restarting, a network cut) is opened again (a pooled
+one is replaced) and the batch or the operation made again, with exponential backoff for up to
+:attr:`PostgresDatabase.retry_seconds` (tenacity). Every record carries its own id (``rid``,
+unique): a batch whose commit went through but whose answer was lost is not written twice. Past the
+retries the batch's futures fail with :class:`~luftpause.runtime.errors.JournalWriteError`, as a
+failed ``fsync`` does.
 
 Schema: versioned SQL files in ``migrations/`` (``NNNN_<what>.sql``), applied in order at start
 in one transaction under an advisory lock (several runtimes may start at once); the versions
@@ -28,15 +34,17 @@ refused (:class:`~luftpause.runtime.errors.StoreUnusable`), never written to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg_pool import ConnectionPool
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -62,6 +70,11 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 
 MIGRATION_LOCK = 0x6C75_6674  # "luft": the advisory lock migrations take
 """The advisory lock key that serializes runtimes migrating the same database at once."""
+
+POOL_SIZE = 4
+"""Most pooled connections one database keeps (besides each writer's own): the reads and lease
+operations are short, and few run at once (a renewal, a takeover, calls about runs held
+elsewhere)."""
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
@@ -100,7 +113,9 @@ SCHEMA_VERSION = len(migrations())
 class PostgresDatabase:
     """One PostgreSQL database holding a runtime's records: its URL (libpq's
     ``postgresql://user:password@host:port/database?...``), the schema's migrations and the
-    retries every connection gets. :meth:`journal` gives a store per stream."""
+    retries every connection gets. :meth:`journal` gives a store per stream. ``lease_seconds`` and
+    ``renew_seconds`` are the leases' (:mod:`luftpause.runtime.runs.custody`; tests shorten them),
+    ``pool_size`` the most connections its pool keeps (module docstring)."""
 
     def __init__(
         self,
@@ -110,17 +125,27 @@ class PostgresDatabase:
         retry_seconds: float = 60.0,
         connect_timeout: int = 5,
         lease_seconds: float = LEASE_SECONDS,
+        renew_seconds: float = RENEW_SECONDS,
         advertise_url: str | None = None,
+        pool_size: int = POOL_SIZE,
     ) -> None:
         self.url = url
         self.label = without_password(url)
-        self.custody = Custody(owner, lease_seconds, advertise_url) if owner is not None else None
+        self.custody = (
+            Custody(owner, lease_seconds, advertise_url, renew_seconds=renew_seconds)
+            if owner is not None
+            else None
+        )
         """The leases of the runtime ``owner`` (:mod:`luftpause.runtime.runs.custody`); without an
         owner (a reader, a test) no lease is taken and no record fenced."""
         self.retry_seconds = retry_seconds
         self.connect_timeout = connect_timeout
+        self.pool_size = pool_size
         self._migrated = False
         self._lock = threading.Lock()
+        self._pool: ConnectionPool[Connection] | None = None
+        self._pool_users = 0
+        self._pool_lock = threading.Lock()
 
     def journal(self, stream: str, compact_bytes: int = COMPACT_BYTES) -> PostgresJournal:
         """The store of ``stream`` (``"runs"`` or ``"tasks"``) in this database."""
@@ -129,6 +154,54 @@ class PostgresDatabase:
     def connect(self) -> Connection:
         """A new connection (not autocommit). Raises ``psycopg.OperationalError``."""
         return psycopg.connect(self.url, connect_timeout=self.connect_timeout)
+
+    def open_pool(self) -> None:
+        """Borrow :meth:`run` 's connections from a pool from now until the matching
+        :meth:`close_pool` (counted: each store of the database opens it once, when it opens)."""
+        with self._pool_lock:
+            self._pool_users += 1
+            if self._pool is not None:
+                return
+            self._pool = ConnectionPool(
+                self.url,
+                open=False,
+                min_size=1,
+                max_size=self.pool_size,
+                kwargs={"connect_timeout": self.connect_timeout},
+                # A connection the database closed (a restart) is found before it is used, and
+                # replaced; waiting for one is bounded, then the operation's own retries go on.
+                check=ConnectionPool.check_connection,
+                timeout=float(self.connect_timeout),
+                name=f"luftpause store {self.label}",
+            )
+            self._pool.open(wait=False)
+
+    def close_pool(self) -> None:
+        """The store that opened the pool closed; the last one closes the pool and its
+        connections. :meth:`run` opens connections of its own again."""
+        with self._pool_lock:
+            self._pool_users = max(0, self._pool_users - 1)
+            if self._pool_users > 0 or self._pool is None:
+                return
+            pool, self._pool = self._pool, None
+        pool.close()
+
+    @property
+    def pooled(self) -> bool:
+        """Whether :meth:`run` borrows pooled connections now."""
+        return self._pool is not None
+
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[Connection]:
+        """A connection for one operation, committed at the end (rolled back on an error): from
+        the pool while it is open, else one of its own, closed after."""
+        pool = self._pool
+        if pool is None:
+            with self.connect() as conn:
+                yield conn
+        else:
+            with pool.connection() as conn:
+                yield conn
 
     def retrying(self) -> Retrying:
         """Retries of an operation whose connection failed: exponential backoff with jitter, up
@@ -146,12 +219,13 @@ class PostgresDatabase:
         log.warning("store %s: %s; trying again (attempt %d)", self.label, error, state.attempt_number)
 
     def run(self, operation: Callable[[Connection], T]) -> T:
-        """``operation`` on a connection of its own (migrated first), retried on a connection
-        failure; raises :class:`StoreUnusable` once the retries are spent."""
+        """``operation`` in a transaction on a connection of the pool (or of its own: module
+        docstring), migrated first, retried on a connection failure; raises
+        :class:`StoreUnusable` once the retries are spent."""
         self.migrate()
         try:
             for attempt in self.retrying():
-                with attempt, self.connect() as conn:
+                with attempt, self._borrowed() as conn:
                     return operation(conn)
         except psycopg.Error as exc:
             raise StoreUnusable(f"store {self.label}: {exc}") from exc
@@ -204,6 +278,11 @@ class PostgresJournal(RecordStore):
         self.database = database
         self.stream = stream
         self._conn: Connection | None = None
+        self._pool_open = False
+        # What a custody round found and has not yet handed over (a later step of the round
+        # failed): the runs lost, and the runs taken whose records are still to be read.
+        self._lost: list[str] = []
+        self._took: list[str] = []
 
     @property
     def label(self) -> str:
@@ -298,23 +377,28 @@ class PostgresJournal(RecordStore):
             held = self.database.run(custody.claim_at_start)
             log.info("store %s: runtime %s holds %d runs", self.label, custody.owner, len(held))
 
-    async def takeovers(self) -> AsyncIterator[Takeover]:
-        """Every :data:`RENEW_SECONDS`: renew this runtime's leases, then take over the expired
-        leases of others; yields what changed (the records of the runs taken, read here)."""
+    @property
+    def custody_period(self) -> float | None:
+        """The runs' store of a runtime that holds leases: its renewal period (seconds)."""
+        custody = self.database.custody
+        return custody.renew_seconds if custody is not None and self.stream == "runs" else None
+
+    async def custody_round(self) -> Takeover:
+        """Renew this runtime's leases, then take over the expired leases of others; what changed
+        (the records of the runs taken, read here). Raises what a step met
+        (:class:`StoreUnusable`, or a fault); what the steps before it found is kept, and handed
+        over by the next round that gets through (a lease renewal reports a lost run only once)."""
         custody = self.database.custody
         if custody is None or self.stream != "runs":
-            return
-        while True:
-            await asyncio.sleep(RENEW_SECONDS)
-            try:
-                lost = await asyncio.to_thread(self.database.run, custody.renew)
-                took = await asyncio.to_thread(self.database.run, custody.take_over)
-                records = await asyncio.to_thread(self._read_runs, took) if took else []
-            except StoreUnusable as exc:
-                log.error("%s; the leases are renewed again in %.0f s", exc, RENEW_SECONDS)
-                continue
-            if lost or took:
-                yield Takeover(lost, _TakenRuns(self.label, records) if took else None)
+            return Takeover()
+        lost = await asyncio.to_thread(self.database.run, custody.renew)
+        self._lost += lost
+        self._took = [handle for handle in self._took if handle not in lost]
+        self._took += await asyncio.to_thread(self.database.run, custody.take_over)
+        records = await asyncio.to_thread(self._read_runs, self._took) if self._took else []
+        change = Takeover(self._lost, _TakenRuns(self.label, records) if self._took else None)
+        self._lost, self._took = [], []
+        return change
 
     def _connection(self) -> Connection:
         self.database.migrate()
@@ -331,16 +415,28 @@ class PostgresJournal(RecordStore):
             self._conn = None
 
     def _open_medium(self, held: set[str]) -> int:
-        row = self.database.run(
-            lambda conn: conn.execute(
-                "SELECT coalesce(sum(octet_length(body) + 1), 0) FROM luftpause_records WHERE stream = %s",
-                (self.stream,),
-            ).fetchone()
-        )
+        if not self._pool_open:
+            self.database.open_pool()
+        try:
+            row = self.database.run(
+                lambda conn: conn.execute(
+                    "SELECT coalesce(sum(octet_length(body) + 1), 0) FROM luftpause_records "
+                    "WHERE stream = %s",
+                    (self.stream,),
+                ).fetchone()
+            )
+        except BaseException:
+            if not self._pool_open:
+                self.database.close_pool()
+            raise
+        self._pool_open = True
         return int(row[0]) if row is not None else 0
 
     def _close_medium(self, held: set[str]) -> None:
         self._drop_connection()
+        if self._pool_open:
+            self._pool_open = False
+            self.database.close_pool()
 
     def _rows(self, records: list[tuple[bytes, Record]]) -> list[tuple[Any, ...]]:
         rows = []

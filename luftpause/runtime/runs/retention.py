@@ -88,6 +88,14 @@ class FinishedRuns:
         self._ended_at.pop(run.handle, None)
         self._uncount(run)
 
+    def release(self, run: Run) -> None:
+        """Forget ``run`` without remembering its handle as expired: it left this registry for
+        another runtime (:meth:`~luftpause.runtime.runs.held.HeldRuns.release`), not by age."""
+        self._ended_at.pop(run.handle, None)
+        self._uncount(run)
+        self._expired.pop(run.handle, None)
+        self.changes.bump()
+
     def recount(self, run: Run) -> None:
         """Count finished ``run`` toward :attr:`retained_total` (once; its size is taken now)."""
         self._uncount(run)

@@ -29,14 +29,14 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from luftpause.runtime.errors import JournalWriteError, StoreUnusable
+from luftpause.runtime.errors import JournalWriteError, LeaseLost, StoreUnusable
 
 if TYPE_CHECKING:
     from luftpause.config import RuntimeConfig
@@ -189,11 +189,18 @@ class RecordStore(ABC):
         """Before the replay: take the runs this runtime is to hold (a store shared by several
         runtimes: :mod:`luftpause.runtime.runs.custody`); nothing for a store of its own."""
 
-    async def takeovers(self) -> AsyncIterator[Takeover]:
-        """While serving, what changes in the runs held (:class:`Takeover`), as it happens; a
-        store no other runtime shares has nothing to say, and ends at once."""
-        return
-        yield  # an async generator that yields nothing
+    @property
+    def custody_period(self) -> float | None:
+        """How often (seconds) :meth:`custody_round` is to run while serving, for a store several
+        runtimes share (:mod:`luftpause.runtime.runs.takeovers` runs it); ``None`` for a store of
+        this runtime's own: nothing to follow."""
+        return None
+
+    async def custody_round(self) -> Takeover:
+        """Renew this runtime's hold on its runs and take over those of dead runtimes: what
+        changed (:class:`Takeover`). Raises what it met (a store unreachable, a fault): the
+        follower logs it and tries again. Nothing for a store of this runtime's own."""
+        return Takeover()
 
     # The shared machinery.
 
@@ -277,7 +284,10 @@ class RecordStore(ABC):
         exc = done.exception()
         if exc is None:
             return
-        log.error("%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
+        # A record refused by fencing is about a run another runtime holds now: the loss itself is
+        # logged as an error once (the lease renewal that found it), not once per record.
+        level = logging.WARNING if isinstance(exc, LeaseLost) else logging.ERROR
+        log.log(level, "%s (a %s record of %s)", exc, record.get("type"), record.get("handle"))
         if self._on_failure is None or not isinstance(exc, OSError):
             return
         if self._loop is not None and not self._loop.is_closed():

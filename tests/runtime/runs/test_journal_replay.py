@@ -150,9 +150,9 @@ def test_a_spawn_whose_start_cannot_be_journaled_is_refused_and_never_runs(tmp_p
     turns: list[str] = []
 
     async def scenario() -> Run:
-        registry = RunRegistry(journal=Journal(tmp_path))
+        registry = RunRegistry(store=Journal(tmp_path))
         async with registry:
-            journal = registry.journal
+            journal = registry.store
             assert journal is not None and journal._fd is not None
             os.dup2(os.open("/dev/full", os.O_WRONLY), journal._fd)
             run = registry.add(make_run("run-full"))
@@ -203,7 +203,7 @@ def test_a_finished_ancestors_seconds_budget_is_rearmed_after_a_restart(tmp_path
         async def idle(run: Run) -> None:
             await asyncio.Event().wait()
 
-        registry = RunRegistry(journal=open_store(store, tmp_path))
+        registry = RunRegistry(store=open_store(store, tmp_path))
         async with registry.serving(idle):
             child = registry.get("run-child")
             for _ in range(500):  # the timer fires at once (the budget ran out long ago)

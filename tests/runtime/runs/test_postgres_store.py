@@ -54,7 +54,7 @@ def test_each_run_is_stored_with_its_tenant(postgres: PostgresServer, tmp_path: 
     url = postgres.database()
 
     async def scenario() -> None:
-        registry = RunRegistry(journal=PostgresDatabase(url).journal("runs"))
+        registry = RunRegistry(store=PostgresDatabase(url).journal("runs"))
         async with registry:
             alice = registry.add(make_run("run-alice", caller="alice"))
             registry.add(make_run("run-bob", caller="bob"))

@@ -50,7 +50,7 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
 
     async def go() -> None:
         journal = open_store(store, tmp_path, compact_bytes=1 << 40)  # compacted by the test only
-        pods = pods_over(parse_config(CONFIG), journal=journal, retained_bytes=budget)
+        pods = pods_over(parse_config(CONFIG), store=journal, retained_bytes=budget)
         async with pods.registry as registry:
             runs = [
                 registry.add(_run(f"run-{i:03d}", system=big, task=f"task {i} " + "x" * 1000))
@@ -95,7 +95,7 @@ def test_finished_runs_with_big_prompts_stay_within_the_byte_budget_and_compacti
         assert after < before / 4, (before, after)
 
         # After a restart the same runs are held, the dropped ones still dropped, same entries.
-        pods = pods_over(parse_config(CONFIG), journal=open_store(store, tmp_path), retained_bytes=budget)
+        pods = pods_over(parse_config(CONFIG), store=open_store(store, tmp_path), retained_bytes=budget)
         async with pods.registry as again:
             assert {r.handle for r in again.all()} == {r.handle for r in held}
             assert again.retained_total <= budget
@@ -115,7 +115,7 @@ def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: 
     # idle runs, so read went from ['first', 'second'] cursor 2 to ['second'] cursor 1.
     async def go() -> None:
         journal = open_store(store, tmp_path, compact_bytes=1)
-        pods = pods_over(parse_config(CONFIG), journal=journal)
+        pods = pods_over(parse_config(CONFIG), store=journal)
         async with pods.registry as registry:
             run = registry.add(_run("run-stopped"))
             _answer(registry, run, "first", "second")
@@ -127,7 +127,7 @@ def test_read_cursor_of_a_stopped_run_survives_compaction_and_restart(tmp_path: 
                 "stopped",
             )
             journal.compact_later(registry.journal_snapshot())
-        pods = pods_over(parse_config(CONFIG), journal=open_store(store, tmp_path))
+        pods = pods_over(parse_config(CONFIG), store=open_store(store, tmp_path))
         async with pods.registry:
             after = pods.read(CALLER, "run-stopped")
             assert (after["entries"], after["cursor"], after["state"]) == (["first", "second"], 2, "stopped")
@@ -146,7 +146,7 @@ def test_dropped_output_entries_keep_their_indices_and_read_says_how_many_were_d
 
     async def go() -> None:
         journal = open_store(store, tmp_path, compact_bytes=1 << 40)
-        pods = pods_over(parse_config(CONFIG), journal=journal, retained_bytes=1 << 30)
+        pods = pods_over(parse_config(CONFIG), store=journal, retained_bytes=1 << 30)
         async with pods.registry as registry:
             run = registry.add(_run("run-long"))
             _answer(registry, run, *texts)
@@ -162,7 +162,7 @@ def test_dropped_output_entries_keep_their_indices_and_read_says_how_many_were_d
             assert pods.read(CALLER, run.handle, since=9)["entries"] == texts[9:]
             assert "dropped" not in pods.read(CALLER, run.handle, since=base)
             journal.compact_later(registry.journal_snapshot())
-        pods = pods_over(parse_config(CONFIG), journal=open_store(store, tmp_path), retained_bytes=1 << 30)
+        pods = pods_over(parse_config(CONFIG), store=open_store(store, tmp_path), retained_bytes=1 << 30)
         async with pods.registry:
             read = pods.read(CALLER, "run-long", since=0)
             assert (read["dropped"], read["cursor"], read["entries"]) == (base, 10, texts[base:])
