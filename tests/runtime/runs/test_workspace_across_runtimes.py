@@ -63,14 +63,17 @@ async def _await(pod: Pod, handle: str) -> dict[str, Any]:
 
 
 def _grants(postgres: PostgresServer, url: str) -> list[str]:
-    return [str(h) for (h,) in postgres.query(url, "SELECT handle FROM luftpause_root_grants ORDER BY handle")]
+    return [
+        str(h) for (h,) in postgres.query(url, "SELECT handle FROM luftpause_root_grants ORDER BY handle")
+    ]
 
 
 def test_a_write_held_on_one_runtime_is_refused_on_the_other_until_its_run_is_idle(
     two: tuple[Pod, Pod, str, Path], postgres: PostgresServer
 ) -> None:
     a, b, url, workspace = two
-    held = asyncio.run(_spawn(a, script({"hold": "a", "say": "done"}), "src"))["handle"]
+    first = script({"hold": "a", "say": "done"}, {"hold": "again", "say": "twice"})
+    held = asyncio.run(_spawn(a, first, "src"))["handle"]
     assert _grants(postgres, url) == [held]
 
     refusal = asyncio.run(_refused(b, script({"say": "never"}), "src/x"))
@@ -84,10 +87,33 @@ def test_a_write_held_on_one_runtime_is_refused_on_the_other_until_its_run_is_id
     a.engine.release("a")
     assert asyncio.run(_await(a, held))["runs"][0]["answer"] == "done"
     assert _grants(postgres, url) == []  # idle: its scope went back, and its row with it
-    task = script({"call": "write_file", "args": {"path": "src/x/b.txt", "content": "from b"}}, {"say": "ok"})
+    task = script(
+        {"hold": "b", "call": "write_file", "args": {"path": "src/x/b.txt", "content": "from b"}},
+        {"say": "ok"},
+    )
     taken = asyncio.run(_spawn(b, task, "src/x"))["handle"]
+
+    # a's idle run, sent more work, would need src again: refused while b's run writes src/x.
+    async def send(handle: str) -> Any:
+        async with Client(f"{a.url}/mcp") as client:
+            return await client.call_tool(
+                "send", {"handle": handle, "message": "again"}, read_timeout_seconds=60
+            )
+
+    again = asyncio.run(send(held))
+    assert again.is_error, again
+    assert f"held by run {taken!r} on another runtime" in tool_text(again), tool_text(again)
+
+    b.engine.release("b")
     assert asyncio.run(_await(b, taken))["runs"][0]["answer"] == "ok"
     assert (workspace / "src/x/b.txt").read_text() == "from b"
+    assert _grants(postgres, url) == []
+    resent = asyncio.run(send(held))  # free again: it gets src back and goes on
+    assert not resent.is_error, tool_text(resent)
+    assert _grants(postgres, url) == [held]  # its second turn is held at a's engine
+    a.engine.release("again")
+    assert asyncio.run(_await(a, held))["runs"][0]["answer"] == "twice"
+    assert _grants(postgres, url) == []
 
 
 def test_the_runtime_taking_over_a_killed_ones_run_keeps_its_grant(
