@@ -109,14 +109,20 @@ class SharedRoots:
     def publish(self, roots: Mapping[str, Scope], gone: Collection[str] = ()) -> None:
         """Make this runtime's rows what its ledger holds: the rows of ``roots`` (its live roots
         that write, by handle) written, and those of ``gone`` and of every other run it holds
-        deleted. Failures are logged (the next publish puts the rows right)."""
+        deleted, unless another runtime holds that run now. Failures are logged (the next
+        publish puts the rows right)."""
         bodies = {h: json.dumps(s.to_json(), separators=(",", ":")) for h, s in roots.items()}
 
         def operation(conn: Connection) -> None:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (ROOTS_LOCK,))
                 drop = sorted({*gone, *self.custody.held()} - bodies.keys())
-                conn.execute("DELETE FROM luftpause_root_grants WHERE handle = ANY(%s)", (drop,))
+                # Never the row of a run another runtime holds now (one this runtime lost).
+                conn.execute(
+                    "DELETE FROM luftpause_root_grants g WHERE handle = ANY(%s) AND NOT EXISTS "
+                    "(SELECT 1 FROM luftpause_leases l WHERE l.handle = g.handle AND l.owner <> %s)",
+                    (drop, self.custody.owner),
+                )
                 self._upsert(conn, bodies)
 
         try:
