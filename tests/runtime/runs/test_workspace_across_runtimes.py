@@ -132,6 +132,10 @@ def test_the_runtime_taking_over_a_killed_ones_run_keeps_its_grant(
     asyncio.run(until(holding, "the run's turn held at a's engine", seconds=60))
     assert a.runtime is not None
     a.runtime.kill()
+    # Dead, its run not taken over yet: what it held is still held (the takeover would find the
+    # run's grant overlapping one b gave meanwhile).
+    meanwhile = asyncio.run(_refused(b, script({"say": "never"}), "src/x"))
+    assert "write" in meanwhile and f"{workspace}/src" in meanwhile, meanwhile
     b_owner = runtime_identity(f"127.0.0.1:{b.port}")
 
     async def taken_over() -> bool:
