@@ -45,9 +45,9 @@ def _rw(path: str) -> list[dict[str, Any]]:
     return [{"effect": "allow", "access": ["read", "write"], "path": path}]
 
 
-async def _spawn(pod: Pod, task: str, path: str) -> dict[str, Any]:
+async def _spawn(pod: Pod, task: str, path: str, **more: Any) -> dict[str, Any]:
     async with Client(f"{pod.url}/mcp") as client:
-        return await call(client, "spawn", task=task, scope=_rw(path))
+        return await call(client, "spawn", task=task, scope=_rw(path), **more)
 
 
 async def _refused(pod: Pod, task: str, path: str) -> str:
@@ -151,3 +151,35 @@ def test_the_runtime_taking_over_a_killed_ones_run_keeps_its_grant(
     assert asyncio.run(_await(b, handle))["runs"][0]["answer"] == "wrote"
     assert (workspace / "src/after.txt").read_text() == "kept"  # it still held its scope at b
     assert _grants(postgres, url) == []
+
+
+def test_a_child_outliving_its_spawner_keeps_its_part_held_across_runtimes(
+    two: tuple[Pod, Pod, str, Path], postgres: PostgresServer
+) -> None:
+    """a's run holding ``src`` hands ``src/x`` to a child, then answers: its grant ends, the
+    child's part stays held (the child is a root now), so b may not write ``src/x`` nor ``src``
+    until the child ends."""
+    a, b, url, _ = two
+    child = script({"hold": "child", "say": "child done"})
+    lead = script(
+        {"call": "spawn", "args": {"task": child, "name": "c", "scope": _rw("src/x")}},
+        {"say": "lead done"},
+    )
+    spawner = asyncio.run(_spawn(a, lead, "src", orchestrate=True))["handle"]
+    assert asyncio.run(_await(a, spawner))["runs"][0]["answer"] == "lead done"
+
+    async def child_handle() -> str | None:
+        async with Client(f"{a.url}/mcp") as client:
+            runs = (await call(client, "list", handle=spawner))["runs"]
+        return runs[0]["handle"] if runs else None
+
+    held = asyncio.run(until(child_handle, "the child listed at a"))
+    assert _grants(postgres, url) == [held]
+    for path in ("src/x", "src"):
+        refusal = asyncio.run(_refused(b, script({"say": "never"}), path))
+        assert f"held by run {held!r} on another runtime" in refusal, refusal
+    a.engine.release("child")
+    assert asyncio.run(_await(a, held))["runs"][0]["answer"] == "child done"
+    assert _grants(postgres, url) == []
+    free = asyncio.run(_spawn(b, script({"say": "mine"}), "src"))["handle"]
+    assert asyncio.run(_await(b, free))["runs"][0]["answer"] == "mine"
