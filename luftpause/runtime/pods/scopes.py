@@ -29,6 +29,11 @@ records) is ended then.
 Upstream tools' declared path arguments (``[[mcp_servers]] path_arguments``) are checked against
 the scope of a run before the call (:meth:`RunScopes.upstream_refusal`); a run that holds no scope
 may not pass them at all.
+
+On a store several runtimes share, the roots' write grants are exclusive across them too
+(:mod:`luftpause.runtime.pods.shared_roots`): a root grant (a spawn's, or a ``send``'s re-grant
+from the workspace) is checked against the other runtimes' and recorded in the store before it is
+given, and its record goes when the root's scope ends.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from luftpause.runtime.pods.scope import (
     normalize_path,
     workspace_scope,
 )
+from luftpause.runtime.pods.shared_roots import shared_roots, writes
 from luftpause.runtime.pods.workspace import check_path_arguments, path_arguments
 from luftpause.runtime.runs.changes import NetworkChanges
 from luftpause.runtime.runs.record import Run
@@ -81,6 +87,9 @@ class SpawnPlan:
 
     ledger_parent: str | None
     scope: Scope | None
+    claimed: str | None = None
+    """The handle whose root grant was recorded in the shared store (:meth:`RunScopes.abandon`
+    deletes it when the run is never made)."""
 
 
 def read_only(scope: Scope) -> Scope:
@@ -122,6 +131,8 @@ class RunScopes:
                 self.path_arguments.setdefault(tool, declared)
         self.returned: dict[str, Scope] = {}
         """What each idle run gave back when it went idle, re-granted by a ``send`` (journaled)."""
+        self.shared = shared_roots(journal) if self.workspace is not None else None
+        """The root write grants of every runtime on a shared store; ``None`` on a store of one."""
 
     def _journal(self, record: Record) -> None:
         self.changes.bump()
@@ -151,6 +162,7 @@ class RunScopes:
             run = runs.get(handle)
             if run is None or run.done:
                 self._give_back(handle, keep=run is not None and run.pod_state == "idle")
+        self._publish(())
 
     def run_ended(self, run: Run) -> None:
         if run.pod_state == "stopped":
@@ -175,7 +187,10 @@ class RunScopes:
         if handle not in self.ledger:
             return
         scope = self.ledger.granted(handle)
+        root = self.ledger.parent(handle) == WORKSPACE
         self._journal(self.ledger.end(handle))
+        if root:  # its row goes; its live children, roots now, hold their parts in their own rows
+            self._publish((handle,))
         if keep:
             self.returned[handle] = scope
             self._journal({"type": RETURNED, "handle": handle, "scope": scope.to_json()})
@@ -196,10 +211,40 @@ class RunScopes:
             rules.append(item)
         return Scope.from_json(rules)
 
-    def plan(self, parent: Run | None, scope_json: Any) -> SpawnPlan:
+    def _publish(self, gone: Iterable[str]) -> None:
+        """Bring this runtime's rows of the shared root grants to its live roots that write."""
+        if self.shared is None:
+            return
+        roots = {
+            holder: self.ledger.granted(holder)
+            for holder in self.ledger.children(WORKSPACE)
+            if writes(self.ledger.granted(holder))
+        }
+        self.shared.publish(roots, tuple(gone))
+
+    def _claim(self, handle: str, scope: Scope) -> bool:
+        """Record the root grant of ``scope`` to ``handle`` in the shared store, once no run of
+        another runtime writes any of it; whether a record was made. Raises
+        :class:`ScopeExceeded` or :class:`StoreUnusable`."""
+        if self.shared is None or not writes(scope):
+            return False
+        # Only the other runtimes' roots are checked here: the ledger checks this runtime's own.
+        workspace = EffectiveScope(self.ledger.granted(WORKSPACE))
+        self.shared.claim(handle, scope, workspace, self.ledger.live())
+        return True
+
+    def abandon(self, plan: SpawnPlan) -> None:
+        """Delete the shared record of ``plan``'s root grant: its run was never made."""
+        if plan.claimed is not None and self.shared is not None:
+            self.shared.release(plan.claimed)
+
+    def plan(self, parent: Run | None, scope_json: Any, handle: str | None = None) -> SpawnPlan:
         """The scope of a new run under ``parent`` (``None``: an MCP caller's), before it exists:
         ``scope_json`` (rules) within the spawner's effective scope, or the read part of its grant
-        when ``None``. Raises :class:`PodRefused`, :class:`BadScope` or :class:`ScopeExceeded`."""
+        when ``None``. A root grant that writes, on a shared store, is recorded there for the new
+        run ``handle`` before this returns (:meth:`abandon` if the run is not made). Raises
+        :class:`PodRefused`, :class:`BadScope`, :class:`ScopeExceeded` (also for a path a run of
+        another runtime writes) or :class:`StoreUnusable`."""
         if parent is not None:
             ledger_parent: str | None = parent.handle if parent.handle in self.ledger else None
             if ledger_parent is None:
@@ -220,6 +265,8 @@ class RunScopes:
         excess = is_within(scope, self.ledger.effective(ledger_parent))
         if excess is not None:
             raise ScopeExceeded(excess)
+        if ledger_parent == WORKSPACE and handle is not None and self._claim(handle, scope):
+            return SpawnPlan(ledger_parent, scope, claimed=handle)
         return SpawnPlan(ledger_parent, scope)
 
     def grant(self, run: Run, plan: SpawnPlan) -> None:
@@ -254,6 +301,12 @@ class RunScopes:
         ]
         try:
             record = self.ledger.grant(run.handle, scope, parent=source, name=run.name, adopt=adopt)
+            if source == WORKSPACE:
+                try:
+                    self._claim(run.handle, scope)
+                except BaseException:
+                    self.ledger.end(run.handle)  # never journaled: the grant is undone here
+                    raise
         except (ScopeExceeded, BadScope) as exc:
             detail = exc.excess if isinstance(exc, ScopeExceeded) else exc
             raise PodRefused(

@@ -201,7 +201,31 @@ class Spawner:
             else [r for r in self.registry.of_caller(caller) if r.parent is None]
         )
         level = self.tree.check_spawn(parent, arguments.name, siblings)
-        plan = self.scopes.plan(parent, arguments.scope)
+        handle = new_handle()
+        plan = self.scopes.plan(parent, arguments.scope, handle)
+        try:
+            run = self._add(handle, parent, arguments, model, system, instruction, caller, by)
+        except BaseException:
+            self.scopes.abandon(plan)  # a root grant recorded for runtimes sharing the store
+            raise
+        self.tree.record(run, level)
+        self.scopes.grant(run, plan)
+        spans.spawned(run, trace)  # where its invoke_agent span belongs, when tracing
+        self.registry.start(run)
+        return run
+
+    def _add(
+        self,
+        handle: str,
+        parent: Run | None,
+        arguments: SpawnArguments,
+        model: str,
+        system: str | None,
+        instruction: str | None,
+        caller: str,
+        by: Actor,
+    ) -> Run:
+        """Record the new run ``handle`` in the registry (not started)."""
         spec = RunSpec.model_validate(
             {
                 **arguments.model_dump(by_alias=False, exclude={"scope"}),
@@ -215,12 +239,7 @@ class Spawner:
                 "approve_tools": sorted(arguments.approve_tools or ()),
             }
         )
-        run = self.registry.add(Run.new(new_handle(), spec))
-        self.tree.record(run, level)
-        self.scopes.grant(run, plan)
-        spans.spawned(run, trace)  # where its invoke_agent span belongs, when tracing
-        self.registry.start(run)
-        return run
+        return self.registry.add(Run.new(handle, spec))
 
     def _parent(self, arguments: SpawnArguments, by: Actor) -> tuple[Run | None, SpawnArguments]:
         """The new run's parent and its arguments narrowed as that parent requires."""
