@@ -5,9 +5,9 @@ The client declares the extension through the SDK's own client-side extension AP
 ``ClientExtension`` whose ``ResultClaim`` claims ``resultType: "task"`` (so the SDK advertises it in
 every request's client capabilities and parses the task instead of refusing it). ``tasks/get``,
 ``tasks/update`` and ``tasks/cancel`` go out through ``ClientSession.send_request`` with request
-models defined here (the SDK has none for the 2026-07-28 extension); their ``name_param`` makes the
-SDK set the ``Mcp-Name`` header to the task id, as the extension requires. Tests poll faster than
-the suggested ``pollIntervalMs`` to stay quick.
+models from tests/tasks_client_helpers.py (the SDK has none for the 2026-07-28 extension); their
+``name_param`` makes the SDK set the ``Mcp-Name`` header to the task id, as the extension requires.
+Tests poll faster than the suggested ``pollIntervalMs`` to stay quick.
 
 A second fake MCP server runs with ``--destructive`` (as in ``test_runtime_approvals.py``): a run
 spawned with :data:`DELETE` makes one ``delete_note`` call, which waits for approval, so a task
@@ -21,25 +21,24 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.client.session import ClientSession
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY, Request, Result
-from pydantic import TypeAdapter
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
 from runtime_helpers import stack_with_destructive_tools
+from tasks_client_helpers import TERMINAL, CreatedTask, cancel_task, get_task, poll, update_task
 
 from luftpause.runtime.agent.approvals import Approvals
 from luftpause.runtime.agent.upstream import UpstreamPool
 from luftpause.runtime.mcp.spawn_tools import render_run_result
 from luftpause.runtime.mcp.tasks import TASKS_JOURNAL_NAME, TaskJournal, TaskRegistry
-from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams, TaskUpdateParams
+from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION
 from luftpause.runtime.runs.journal import read_records
 from luftpause.runtime.runs.postgres import PostgresDatabase
 from luftpause.runtime.runs.registry import RunRegistry
@@ -50,71 +49,9 @@ pytestmark = pytest.mark.integration
 
 MODERN = "2026-07-28"
 DELETE = {"task": "remove the obsolete note", "tools": ["delete_note"], "maxToolCalls": 1, "maxTokens": 32}
-TERMINAL = ("completed", "failed", "cancelled")
 
 
-# The client side of the extension, on the SDK's public client extension API.
-
-
-class CreatedTask(Result):
-    """``CreateTaskResult``: ``resultType: "task"`` and the task's fields."""
-
-    result_type: Literal["task"] = "task"
-    task_id: str
-    status: str
-    status_message: str | None = None
-    created_at: str
-    last_updated_at: str
-    ttl_ms: int | None = None
-    poll_interval_ms: int | None = None
-
-
-class GetTask(Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-class UpdateTask(Request[TaskUpdateParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    params: TaskUpdateParams
-    name_param = "taskId"
-
-
-class CancelTask(Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-RAW = TypeAdapter(dict[str, Any])
-
-
-async def get_task(session: ClientSession, task_id: str) -> dict[str, Any]:
-    return await session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), RAW)
-
-
-async def update_task(session: ClientSession, task_id: str, responses: dict[str, Any]) -> dict[str, Any]:
-    params = TaskUpdateParams.model_validate({"taskId": task_id, "inputResponses": responses})
-    return await session.send_request(UpdateTask(params=params), RAW)
-
-
-async def cancel_task(session: ClientSession, task_id: str) -> dict[str, Any]:
-    return await session.send_request(CancelTask(params=TaskIdParams(task_id=task_id)), RAW)
-
-
-async def poll(
-    session: ClientSession, task_id: str, until: Callable[[dict[str, Any]], bool], seconds: float = 60
-) -> dict[str, Any]:
-    """``tasks/get`` until ``until(state)``; fails with the last state after ``seconds``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        state = await get_task(session, task_id)
-        if until(state):
-            return state
-        assert loop.time() < deadline, f"task never got there: {state}"
-        await asyncio.sleep(0.05)
+# The client side of the extension: tests/tasks_client_helpers.py.
 
 
 class Tasks(ClientExtension):

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any
 
 import httpx2
 import pytest
@@ -28,13 +28,12 @@ from caller_keys_helpers import TEAM_A, TEAM_B, TEAMS, keys_file
 from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Request, Result
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from pods_helpers import Pod, call, script, start_pod, until
 from postgres_helpers import PostgresServer
-from pydantic import ConfigDict, TypeAdapter
+from tasks_client_helpers import TERMINAL, CreatedTask, cancel_task, get_task, poll, update_task
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
 from luftpause.runtime.agent.approvals import Approvals
@@ -46,7 +45,6 @@ from luftpause.runtime.mcp.tasks_extension import (
     TASKS_EXTENSION,
     TaskIdParams,
     TasksExtension,
-    TaskUpdateParams,
 )
 from luftpause.runtime.runs.custody import runtime_identity
 from luftpause.runtime.runs.postgres import PostgresDatabase
@@ -56,7 +54,6 @@ from luftpause.testkit.launch.procs import ChildProcess, free_port
 pytestmark = pytest.mark.integration
 
 MODERN = "2026-07-28"
-TERMINAL = ("completed", "failed", "cancelled")
 DELETE = {
     "task": script({"call": "delete_note", "args": {"title": "draft"}}, {"say": "deleted"}),
     "tools": ["delete_note"],
@@ -65,16 +62,6 @@ DELETE = {
 
 
 # The client side of the extension (the SDK has no request models for the 2026-07-28 extension).
-
-
-class CreatedTask(Result):
-    """``CreateTaskResult``: ``resultType: "task"`` and the task's fields."""
-
-    model_config = ConfigDict(extra="allow")
-    result_type: Literal["task"] = "task"
-    task_id: str
-    status: str
-    status_message: str | None = None
 
 
 class TasksDeclared(ClientExtension):
@@ -87,54 +74,6 @@ class TasksDeclared(ClientExtension):
 
     async def resolve(self, task: CreatedTask, ctx: ClaimContext) -> CallToolResult:
         raise AssertionError("tasks are polled by the tests themselves")
-
-
-class GetTask(Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-class UpdateTask(Request[TaskUpdateParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    params: TaskUpdateParams
-    name_param = "taskId"
-
-
-class CancelTask(Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-RAW = TypeAdapter(dict[str, Any])
-
-
-async def get_task(session: ClientSession, task_id: str) -> dict[str, Any]:
-    return await session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), RAW)
-
-
-async def update_task(session: ClientSession, task_id: str, responses: dict[str, Any]) -> dict[str, Any]:
-    params = TaskUpdateParams.model_validate({"taskId": task_id, "inputResponses": responses})
-    return await session.send_request(UpdateTask(params=params), RAW)
-
-
-async def cancel_task(session: ClientSession, task_id: str) -> dict[str, Any]:
-    return await session.send_request(CancelTask(params=TaskIdParams(task_id=task_id)), RAW)
-
-
-async def poll(
-    session: ClientSession, task_id: str, done: Callable[[dict[str, Any]], bool], seconds: float = 90
-) -> dict[str, Any]:
-    """``tasks/get`` until ``done(state)``; a fail-safe bound only."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        state = await get_task(session, task_id)
-        if done(state):
-            return state
-        assert loop.time() < deadline, f"the task never got there: {state}"
-        await asyncio.sleep(0.1)
 
 
 async def decline(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
