@@ -149,32 +149,41 @@ async def asgi_request(
 
 
 @contextmanager
+def destructive_tools(workdir: Path, name: str = "fake-mcp") -> Iterator[str]:
+    """A fake MCP server that also serves ``delete_note`` (``destructiveHint: true``: its calls
+    wait for a person's approval), on a free port, its log ``<name>.log`` in ``workdir``: yields
+    its MCP URL; stops it."""
+    port = free_port()
+    server = ChildProcess(
+        name,
+        ["fake-mcp", "--port", str(port), "--destructive"],
+        workdir / f"{name}.log",
+        ready_port=("127.0.0.1", port),
+    )
+    try:
+        server.start().wait_ready()
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.stop()
+
+
+@contextmanager
 def stack_with_destructive_tools(workdir: Path, store: str = "file") -> Iterator[tuple[Stack, str]]:
     """The whole stack plus a second fake MCP server, ``danger``, that also serves ``delete_note``
     (``destructiveHint: true``): yields the stack and that server's MCP URL; stops both. ``store``:
     the runtime's ``[runtime] store`` (``"file"``, or a PostgreSQL URL)."""
-    port = free_port()
-    danger = ChildProcess(
-        "danger-mcp",
-        ["fake-mcp", "--port", str(port), "--destructive"],
-        workdir / "danger.log",
-        ready_port=("127.0.0.1", port),
-    )
-    extra = f"""
+    with destructive_tools(workdir, "danger") as url:
+        extra = f"""
 [[mcp_servers]]
 name = "danger"
-url = "http://127.0.0.1:{port}/mcp"
+url = "{url}"
 """
-    try:
-        danger.start().wait_ready()
         sections = {"runtime": store_line(store)}
         stack = Stack.start(workdir, extra_config=extra, env={"LUFTPAUSE_TOKEN": ""}, sections=sections)
         try:
-            yield stack, f"http://127.0.0.1:{port}/mcp"
+            yield stack, url
         finally:
             stack.stop()
-    finally:
-        danger.stop()
 
 
 @dataclass

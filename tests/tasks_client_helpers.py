@@ -9,11 +9,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Literal
 
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
+from mcp.types import CallToolResult
 from mcp_types import Request, Result
 from pydantic import TypeAdapter
 
-from luftpause.runtime.mcp.tasks_extension import TaskIdParams, TaskUpdateParams
+from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams, TaskUpdateParams
 
 TERMINAL = ("completed", "failed", "cancelled")
 """A task's states after which it changes no more."""
@@ -78,3 +80,15 @@ async def poll(
             return state
         assert loop.time() < deadline, f"task never got there: {state}"
         await asyncio.sleep(0.05)
+
+
+class TasksDeclared(ClientExtension):
+    """Declares the extension; ``run`` answers with the task itself (``allow_claimed``)."""
+
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreatedTask, resolve=self.resolve)]
+
+    async def resolve(self, task: CreatedTask, ctx: ClaimContext) -> CallToolResult:
+        raise AssertionError("tasks are polled by the tests themselves")

@@ -18,22 +18,20 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx2
 import pytest
 from caller_keys_helpers import RUNTIME, TEAM_A, TEAM_B, TEAMS, keyed_stack, keys_file
 from mcp import Client, MCPError
-from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
-from mcp_types import Request, Result
 from pods_helpers import script, start_pod, until
-from pydantic import TypeAdapter
+from tasks_client_helpers import RAW, CancelTask, CreatedTask, GetTask, TasksDeclared
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
-from luftpause.runtime.mcp.tasks_extension import TASKS_EXTENSION, TaskIdParams
+from luftpause.runtime.mcp.tasks_extension import TaskIdParams
 from luftpause.runtime.runs.journal import JOURNAL_NAME, read_records
 from luftpause.testkit.launch.stack import Stack
 
@@ -53,40 +51,6 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
 
 
-# The Tasks extension, as a 2026-07-28 client declares it.
-
-
-class _CreatedTask(Result):
-    result_type: Literal["task"] = "task"
-    task_id: str
-    status: str
-
-
-class _GetTask(Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-class _CancelTask(Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-class _Tasks(ClientExtension):
-    identifier = TASKS_EXTENSION
-
-    def claims(self) -> list[ResultClaim[Any]]:
-        return [ResultClaim(result_type="task", model=_CreatedTask, resolve=self.resolve)]
-
-    async def resolve(self, task: _CreatedTask, ctx: ClaimContext) -> CallToolResult:
-        raise AssertionError("the test reads its tasks itself")
-
-
-RAW = TypeAdapter(dict[str, Any])
-
-
 @asynccontextmanager
 async def _client(stack: Stack | str, key: str, *, tasks: bool = False) -> AsyncIterator[Client]:
     """An MCP client of the runtime (a stack's, or at a URL) carrying ``key``; with ``tasks``, a
@@ -95,7 +59,9 @@ async def _client(stack: Stack | str, key: str, *, tasks: bool = False) -> Async
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
         transport = streamable_http_client(url, http_client=http)
-        client = Client(transport, mode="2026-07-28", extensions=[_Tasks()]) if tasks else Client(transport)
+        client = (
+            Client(transport, mode="2026-07-28", extensions=[TasksDeclared()]) if tasks else Client(transport)
+        )
         async with client:
             yield client
 
@@ -202,17 +168,17 @@ def test_another_tenants_run_is_not_found_by_any_tool_or_route(keyed: Stack) -> 
                 read_timeout_seconds=30,
                 allow_claimed=True,
             )
-            assert isinstance(created, _CreatedTask), created
+            assert isinstance(created, CreatedTask), created
             answers = []
             for task_id in (created.task_id, "task-00000000000000000000000000000000"):
-                for kind in (_GetTask, _CancelTask):
+                for kind in (GetTask, CancelTask):
                     with pytest.raises(MCPError) as raised:
                         await _send(b_tasks.session, kind, task_id)
                     answers.append(
                         (raised.value.error.code, raised.value.error.message.replace(task_id, "?"))
                     )
             assert answers[:2] == answers[2:], answers
-            got = await _send(a_tasks.session, _GetTask, created.task_id)
+            got = await _send(a_tasks.session, GetTask, created.task_id)
             assert got["taskId"] == created.task_id
 
         return handle, theirs["handle"]

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -32,13 +33,13 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from pods_helpers import Pod, call, get_json, payload, script, start_pod, tool_text, until
 from postgres_helpers import PostgresServer
+from runtime_helpers import destructive_tools
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
 from luftpause.runtime.errors import UnknownRun
 from luftpause.runtime.mcp.callers import CALLER_HEADER
 from luftpause.runtime.mcp.routing import FORWARDED_HEADER
 from luftpause.runtime.runs.custody import runtime_identity
-from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -84,20 +85,12 @@ def _two_runtimes(
 
 @contextmanager
 def _fake_tools(tmp_path: Path) -> Iterator[int]:
-    """The fake MCP server with ``delete_note`` (``destructiveHint``: its calls wait for a
-    person's approval), on a free port (given)."""
-    port = free_port()
-    tools = ChildProcess(
-        "fake-mcp",
-        ["fake-mcp", "--port", str(port), "--destructive"],
-        tmp_path / "fake-mcp.log",
-        ready_port=("127.0.0.1", port),
-    )
-    tools.start().wait_ready()
-    try:
+    """The fake MCP server with ``delete_note`` (:func:`runtime_helpers.destructive_tools`), on a
+    free port (given)."""
+    with destructive_tools(tmp_path) as url:
+        port = urlsplit(url).port
+        assert port is not None
         yield port
-    finally:
-        tools.stop()
 
 
 def _tools_toml(port: int) -> str:

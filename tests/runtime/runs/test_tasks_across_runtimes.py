@@ -27,13 +27,21 @@ import pytest
 from caller_keys_helpers import TEAM_A, TEAM_B, TEAMS, keys_file
 from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
-from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult
+from mcp.types import ElicitRequestParams, ElicitResult
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from pods_helpers import Pod, call, script, start_pod, until
 from postgres_helpers import PostgresServer
-from tasks_client_helpers import TERMINAL, CreatedTask, cancel_task, get_task, poll, update_task
+from runtime_helpers import destructive_tools
+from tasks_client_helpers import (
+    TERMINAL,
+    CreatedTask,
+    TasksDeclared,
+    cancel_task,
+    get_task,
+    poll,
+    update_task,
+)
 
 from luftpause.auth.callers import CALLER_KEYS_ENV
 from luftpause.runtime.agent.approvals import Approvals
@@ -42,14 +50,12 @@ from luftpause.runtime.mcp.routing import FORWARDED_HEADER, Router
 from luftpause.runtime.mcp.spawn_tools import render_run_result
 from luftpause.runtime.mcp.tasks import TaskRegistry
 from luftpause.runtime.mcp.tasks_extension import (
-    TASKS_EXTENSION,
     TaskIdParams,
     TasksExtension,
 )
 from luftpause.runtime.runs.custody import runtime_identity
 from luftpause.runtime.runs.postgres import PostgresDatabase
 from luftpause.runtime.runs.registry import RunRegistry
-from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -62,18 +68,6 @@ DELETE = {
 
 
 # The client side of the extension (the SDK has no request models for the 2026-07-28 extension).
-
-
-class TasksDeclared(ClientExtension):
-    """Declares the extension; ``run`` answers with the task itself (``allow_claimed``)."""
-
-    identifier = TASKS_EXTENSION
-
-    def claims(self) -> list[ResultClaim[Any]]:
-        return [ResultClaim(result_type="task", model=CreatedTask, resolve=self.resolve)]
-
-    async def resolve(self, task: CreatedTask, ctx: ClaimContext) -> CallToolResult:
-        raise AssertionError("tasks are polled by the tests themselves")
 
 
 async def decline(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
@@ -124,30 +118,18 @@ def runtimes(
     url = postgres.database()
     keys = tmp_path / "callers.toml"
     keys.write_text(keys_file(*TEAMS))
-    port = free_port()
-    tools = ChildProcess(
-        "fake-mcp",
-        ["fake-mcp", "--port", str(port), "--destructive"],
-        tmp_path / "fake-mcp.log",
-        ready_port=("127.0.0.1", port),
-    )
-    tools.start().wait_ready()
-    extra = (
-        f'\n[[mcp_servers]]\nname = "tools"\nurl = "http://127.0.0.1:{port}/mcp"\n'
-        f'\n[dataplane]\ncaller_keys = "{keys}"\n'
-    )
-    try:
-        with ExitStack() as stack:
-            pods = []
-            for name in names:
-                (tmp_path / name).mkdir()
-                pod = start_pod(
-                    tmp_path / name, workspace=None, extra_toml=extra, env={CALLER_KEYS_ENV: ""}, store=url
-                )
-                pods.append(stack.enter_context(pod))
-            yield pods, url
-    finally:
-        tools.stop()
+    with destructive_tools(tmp_path) as tools_url, ExitStack() as stack:
+        extra = (
+            f'\n[[mcp_servers]]\nname = "tools"\nurl = "{tools_url}"\n\n[dataplane]\ncaller_keys = "{keys}"\n'
+        )
+        pods = []
+        for name in names:
+            (tmp_path / name).mkdir()
+            pod = start_pod(
+                tmp_path / name, workspace=None, extra_toml=extra, env={CALLER_KEYS_ENV: ""}, store=url
+            )
+            pods.append(stack.enter_context(pod))
+        yield pods, url
 
 
 @pytest.fixture()

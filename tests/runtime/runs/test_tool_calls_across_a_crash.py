@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from mcp import Client
 from pods_helpers import Pod, call, script, start_pod, until
+from runtime_helpers import destructive_tools
 
 from luftpause.runtime.agent.upstream import call_id
-from luftpause.testkit.launch.procs import ChildProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -64,21 +64,10 @@ def rig(tmp_path: Path, store: str) -> Iterator[tuple[Pod, ToolServer]]:
     """The runtime over the scripted engine on each store (the file journal, PostgreSQL), and a
     fake MCP server (``--destructive``: it also serves ``delete_note``, which waits for a person)
     as its only tool server."""
-    port = free_port()
-    tools = ChildProcess(
-        "fake-mcp",
-        ["fake-mcp", "--port", str(port), "--destructive"],
-        tmp_path / "fake-mcp.log",
-        ready_port=("127.0.0.1", port),
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-    tools.start().wait_ready()
-    try:
+    with destructive_tools(tmp_path) as url:
         extra = f'\n[[mcp_servers]]\nname = "tools"\nurl = "{url}"\n'
         with start_pod(tmp_path, workspace=None, extra_toml=extra, store=store) as pod:
             yield pod, ToolServer(url)
-    finally:
-        tools.stop()
 
 
 def _of(records: list[dict[str, Any]], handle: str, kind: str) -> list[dict[str, Any]]:
